@@ -1,0 +1,40 @@
+# Two commands: `make run` (set up, then run the whole system) and `make test`.
+# Everything is installed from the pinned constraints.txt into .venv.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+UV_VERSION := 0.13.9
+
+.PHONY: setup system-deps run test bench lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
+	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e ".[test]"
+	touch $@
+
+# Debian packages the tests use: kcat (a real librdkafka CLI client).
+system-deps:
+	@command -v kcat >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; }
+
+run: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up
+
+test: setup system-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/produce_consume.py
+
+lint: setup
+	$(BIN)/ruff check broker tests bench
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .icefall

@@ -1,0 +1,1 @@
+"""Icefall broker: a Kafka-compatible server whose log lives in object storage."""

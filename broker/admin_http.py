@@ -1,0 +1,166 @@
+"""The admin HTTP API (JSON) the commit coordinator uses.
+
+Offsets per table topic and partition, "the last offset appended before T",
+and the segment byte ranges covering an offset range: everything a commit
+round needs to plan its work without speaking Kafka.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from aiohttp import web
+
+from broker import manifest, topic_configs
+from broker.cluster import Cluster
+from broker.config import BrokerConfig
+from broker.logstore import LogStore, PartitionLog
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error_code": status, "message": message}, status=status)
+
+
+def end_offset_before(part: PartitionLog, append_ms: int) -> tuple[int, bool]:
+    """(first offset whose append time is >= append_ms, whether every batch
+    appended before append_ms is already in a segment object)."""
+    end = part.log_start_offset
+    for chunk in part.chunks:
+        if chunk.min_append_ms >= append_ms:
+            return end, True
+        for ref in chunk.batches():
+            if ref.append_ms >= append_ms:
+                return ref.base_offset, True
+        end = chunk.end_offset
+    flushed = True
+    for batch in part.tail:
+        if batch.append_ms >= append_ms:
+            break
+        end, flushed = batch.end_offset, False
+    return end, flushed
+
+
+def ranges_for(part: PartitionLog, start: int, end: int) -> list[dict[str, Any]]:
+    """Object byte ranges covering [start, end): whole batches, so the first
+    range may begin before ``start`` and readers skip the extra records."""
+    out: list[dict[str, Any]] = []
+    if start >= end:
+        return out
+    i = max(bisect.bisect_right(part.chunk_bases, start) - 1, 0)
+    for chunk in part.chunks[i:]:
+        if chunk.base_offset >= end:
+            break
+        if chunk.end_offset <= start:
+            continue
+        refs = list(chunk.batches())
+        first = max(bisect.bisect_right([r.base_offset for r in refs], start) - 1, 0)
+        last = bisect.bisect_left([r.base_offset for r in refs], end)
+        selected = refs[first:last]
+        out.append({
+            "object_key": chunk.object_key,
+            "byte_start": chunk.byte_start + selected[0].position,
+            "byte_end": chunk.byte_start + selected[-1].position + selected[-1].size,
+            "first_offset": selected[0].base_offset,
+            "end_offset": min(chunk.end_offset, refs[last].base_offset if last < len(refs) else chunk.end_offset),
+            "max_append_ms": max(r.append_ms for r in selected),
+        })
+    return out
+
+
+class AdminApi:
+    def __init__(self, config: BrokerConfig, cluster: Cluster, logs: LogStore) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.logs = logs
+        self.app = web.Application()
+        self.app.add_routes([
+            web.get("/healthz", self.health),
+            web.get("/v1/table-topics", self.table_topics),
+            web.get("/v1/topics/{topic}/offsets", self.offsets),
+            web.get("/v1/topics/{topic}/plan", self.plan),
+            web.get("/v1/topics/{topic}/partitions/{partition}/ranges", self.ranges),
+            web.post("/v1/flush", self.flush),
+        ])
+        self.runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self.runner = web.AppRunner(self.app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, host, port).start()
+
+    async def close(self) -> None:
+        if self.runner:
+            await self.runner.cleanup()
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "object_store": self.logs.store.describe(),
+                                  "segments_written": self.logs.segments_written,
+                                  "flush_failures": self.logs.flush_failures,
+                                  "unflushed_bytes": self.logs.unflushed_bytes})
+
+    async def table_topics(self, request: web.Request) -> web.Response:
+        return web.json_response(manifest.read(self.config.manifest_path))
+
+    def _topic(self, request: web.Request) -> Any:
+        topic = self.cluster.topics.get(request.match_info["topic"])
+        if topic is None:
+            raise web.HTTPNotFound(text=f'{{"error_code": 404, "message": "topic {request.match_info["topic"]} does not exist"}}',
+                                   content_type="application/json")
+        return topic
+
+    async def offsets(self, request: web.Request) -> web.Response:
+        topic = self._topic(request)
+        partitions = []
+        for p in range(topic.partitions):
+            part = self.logs.partitions[(topic.name, p)]
+            partitions.append({
+                "partition": p, "log_start_offset": part.log_start_offset, "high_watermark": part.high_watermark,
+                "flushed_offset": part.flushed_offset,
+                "last_append_ms": (part.tail[-1].append_ms if part.tail else
+                                   part.chunks[-1].max_append_ms if part.chunks else None),
+            })
+        return web.json_response({"topic": topic.name, "topic_id": str(topic.topic_id),
+                                  "table_topic": topic_configs.is_table_topic(topic.configs), "partitions": partitions})
+
+    async def plan(self, request: web.Request) -> web.Response:
+        """Per partition: the end offset for ``until_append_ms`` (exclusive) or
+        the current flushed end, and whether the broker has flushed that far."""
+        topic = self._topic(request)
+        until = request.query.get("until_append_ms")
+        try:
+            until_ms = int(until) if until is not None else None
+        except ValueError:
+            return _error(400, f"until_append_ms must be an integer, got {until!r}")
+        partitions = []
+        for p in range(topic.partitions):
+            part = self.logs.partitions[(topic.name, p)]
+            if until_ms is None:
+                end, flushed = part.flushed_offset, part.flushed_offset >= part.high_watermark
+            else:
+                end, flushed = end_offset_before(part, until_ms)
+            partitions.append({"partition": p, "log_start_offset": part.log_start_offset, "end_offset": end,
+                               "flushed": flushed, "high_watermark": part.high_watermark})
+        return web.json_response({"topic": topic.name, "until_append_ms": until_ms, "partitions": partitions})
+
+    async def ranges(self, request: web.Request) -> web.Response:
+        topic = self._topic(request)
+        try:
+            partition = int(request.match_info["partition"])
+            start = int(request.query["start"])
+            end = int(request.query["end"])
+        except (KeyError, ValueError):
+            return _error(400, "need integer partition, start and end")
+        part = self.logs.partitions.get((topic.name, partition))
+        if part is None:
+            return _error(404, f"partition {partition} of {topic.name} does not exist")
+        if start < part.log_start_offset:
+            return _error(416, f"offset {start} is before the log start {part.log_start_offset}")
+        if end > part.flushed_offset:
+            return _error(409, f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})")
+        return web.json_response({"topic": topic.name, "partition": partition, "start": start, "end": end,
+                                  "object_store": self.config.store.url, "ranges": ranges_for(part, start, end)})
+
+    async def flush(self, request: web.Request) -> web.Response:
+        written = await self.logs.flush()
+        return web.json_response({"bytes_written": written})

@@ -1,0 +1,69 @@
+"""Wires one broker process together: metadata, object store, logs, Kafka
+listener, group coordinator and the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from broker.admin_http import AdminApi
+from broker.cluster import Cluster
+from broker.config import BrokerConfig
+from broker.kafka.groups import GroupCoordinator
+from broker.kafka.handlers import KafkaHandlers
+from broker.kafka.server import KafkaServer
+from broker.logstore import LogStore
+from broker.metadata import MetadataStore
+from broker.objectstore import open_object_store
+
+log = logging.getLogger(__name__)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        config.home.mkdir(parents=True, exist_ok=True)
+        self.metadata = MetadataStore(config.metadata_db)
+        self.store = open_object_store(config.store)
+        self.logs = LogStore(config, self.metadata, self.store)
+        self.cluster = Cluster(config, self.metadata, self.logs)
+        self.groups = GroupCoordinator(config.group_initial_rebalance_delay_ms)
+        self.handlers = KafkaHandlers(config, self.cluster, self.logs, self.groups)
+        self.kafka = KafkaServer(self.handlers, config.max_request_bytes)
+        self.admin = AdminApi(config, self.cluster, self.logs)
+
+    async def start(self) -> None:
+        await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
+        self.cluster.write_manifest()
+        self.groups.start()
+        await self.kafka.start(self.config.host, self.config.kafka_port)
+        await self.admin.start(self.config.host, self.config.admin_port)
+        log.info(
+            "icefall broker up: kafka %s:%d, admin http://%s:%d, object store %s, home %s",
+            self.config.host, self.config.kafka_port, self.config.host, self.config.admin_port,
+            self.store.describe(), self.config.home,
+        )
+
+    async def stop(self) -> None:
+        await self.admin.close()
+        await self.kafka.close()
+        await self.groups.close()
+        await self.logs.close()
+        self.metadata.close()
+        log.info("icefall broker stopped")
+
+
+async def serve(config: BrokerConfig, ready_file: str | None = None) -> None:
+    broker = Broker(config)
+    await broker.start()
+    if ready_file:
+        with open(ready_file, "w") as fh:
+            fh.write(str(os.getpid()))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()

@@ -1,0 +1,180 @@
+"""Request parsing and response building on top of kio's generated types.
+
+Handlers are written once for every version of an API: they read request
+fields with ``field()`` (absent in old versions → default) and build responses
+with ``build()``, which drops keyword arguments the version does not have and
+turns plain ints into kio's error codes and timedeltas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import struct
+import sys
+import types
+import typing
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map, schema_name_map
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+
+_FIXED_HEADER = struct.Struct(">hhi")
+
+
+class UnsupportedRequest(Exception):
+    """An API key or version the broker does not serve."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, message: str) -> None:
+        super().__init__(message)
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """api key, api version, correlation id."""
+    if len(frame) < _FIXED_HEADER.size:
+        raise ValueError(f"request of {len(frame)} bytes is shorter than a request header")
+    api_key, api_version, correlation_id = _FIXED_HEADER.unpack_from(frame, 0)
+    return api_key, api_version, correlation_id
+
+
+def known_versions(api_key: int) -> tuple[int, int] | None:
+    name = api_key_map.get(api_key)
+    if name is None:
+        return None
+    versions = sorted(v for v, types in schema_name_map[name].items() if EntityType.request in types)
+    return (versions[0], versions[-1]) if versions else None
+
+
+@cache
+def _request_reader(api_key: int, api_version: int) -> tuple[Any, Any]:
+    schema = load_request_schema(api_key, api_version)
+    header_schema = schema.__header_schema__
+    return entity_reader(header_schema), entity_reader(schema)
+
+
+def parse_request(frame: bytes) -> tuple[Any, Any]:
+    """(header, request) or ValueError for bytes that do not parse."""
+    api_key, api_version, _ = peek_header(frame)
+    header_reader, body_reader = _request_reader(api_key, api_version)
+    header, header_size = header_reader(frame, 0)
+    # Like Kafka's own parser, trailing bytes are ignored: librdkafka sends an
+    # extra field in Metadata v12 that the real broker tolerates.
+    request, _ = body_reader(frame, header_size)
+    return header, request
+
+
+@cache
+def response_schema(api_key: int, api_version: int) -> type[Any]:
+    return load_response_schema(api_key, api_version)
+
+
+def response_module(api_key: int, api_version: int) -> ModuleType:
+    return sys.modules[response_schema(api_key, api_version).__module__]
+
+
+@cache
+def _response_writers(schema: type[Any]) -> tuple[Any, Any, Any]:
+    header_schema = schema.__header_schema__
+    return header_schema, entity_writer(header_schema), entity_writer(schema)
+
+
+def encode_response(correlation_id: int, response: Any) -> bytes:
+    header_schema, header_writer, body_writer = _response_writers(type(response))
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    header_writer(buf, header_schema(correlation_id=correlation_id))
+    body_writer(buf, response)
+    data = buf.getbuffer()
+    struct.pack_into(">i", data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
+    kafka_type = field.metadata.get("kafka_type")
+    if kafka_type == "error_code" and not isinstance(value, ErrorCode):
+        return ErrorCode(value)
+    if kafka_type in ("timedelta_i32", "timedelta_i64") and not isinstance(value, datetime.timedelta):
+        return datetime.timedelta(milliseconds=value)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+@cache
+def _entity_type(field: dataclasses.Field[Any]) -> tuple[bool, type[Any] | None]:
+    """(is a tuple, nested entity class) of a field's annotation."""
+    annotation: Any = field.type
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is tuple:
+        inner = typing.get_args(annotation)[0]
+        return True, inner if dataclasses.is_dataclass(inner) else None
+    return False, annotation if dataclasses.is_dataclass(annotation) else None
+
+
+@cache
+def _fields(cls: type[Any]) -> tuple[dataclasses.Field[Any], ...]:
+    return tuple(dataclasses.fields(cls))
+
+
+def build(cls: type[Any], data: dict[str, Any]) -> Any:
+    """Instantiate a kio entity of any version from nested dicts holding the
+    superset of fields: keys the version lacks are dropped."""
+    kwargs: dict[str, Any] = {}
+    for f in _fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        many, entity = _entity_type(f)
+        if entity is not None and value is not None:
+            if many:
+                value = tuple(build(entity, v) if isinstance(v, dict) else v for v in value)
+            elif isinstance(value, dict):
+                value = build(entity, value)
+        kwargs[f.name] = _coerce(f, value)
+    return cls(**kwargs)
+
+
+class Responder:
+    """Builds the response of the request's API and version from nested dicts."""
+
+    def __init__(self, api_key: int, api_version: int) -> None:
+        self.schema = response_schema(api_key, api_version)
+        self.version = api_version
+
+    def __call__(self, **data: Any) -> Any:
+        data.setdefault("throttle_time", 0)
+        return build(self.schema, data)
+
+
+def field(request: Any, name: str, default: Any = None) -> Any:
+    return getattr(request, name, default)
+
+
+def ms(value: Any) -> int:
+    """Milliseconds from a kio timedelta (or an int)."""
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    return int(value)
+
+
+__all__ = [
+    "Responder",
+    "UnsupportedRequest",
+    "build",
+    "encode_response",
+    "field",
+    "known_versions",
+    "ms",
+    "parse_request",
+    "peek_header",
+]

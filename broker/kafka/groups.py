@@ -1,0 +1,372 @@
+"""The classic consumer-group protocol (JoinGroup/SyncGroup/Heartbeat/LeaveGroup).
+
+One coordinator serves every group. A rebalance waits until every known member
+has rejoined (or the rebalance timeout drops the laggards), then the leader
+gets the member list, computes the assignment and hands it back in SyncGroup.
+Committed offsets live in the metadata store, not in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+# Kafka error codes used here
+NONE = 0
+COORDINATOR_NOT_AVAILABLE = 15
+ILLEGAL_GENERATION = 22
+INCONSISTENT_GROUP_PROTOCOL = 23
+UNKNOWN_MEMBER_ID = 25
+INVALID_SESSION_TIMEOUT = 26
+REBALANCE_IN_PROGRESS = 27
+INVALID_GROUP_ID = 24
+GROUP_ID_NOT_FOUND = 69
+NON_EMPTY_GROUP = 68
+MEMBER_ID_REQUIRED = 79
+FENCED_INSTANCE_ID = 82
+
+EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
+
+
+@dataclass
+class JoinResult:
+    error: int
+    generation: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    members: list[tuple[str, str | None, bytes]] = field(default_factory=list)
+
+
+@dataclass
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    last_seen: float = field(default_factory=time.monotonic)
+    join_future: asyncio.Future[JoinResult] | None = None
+    sync_future: asyncio.Future[tuple[int, bytes]] | None = None
+
+    def metadata_for(self, protocol: str) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        return b""
+
+
+@dataclass
+class Group:
+    group_id: str
+    state: str = EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+    pending_members: set[str] = field(default_factory=set)
+    rebalance_task: asyncio.Task[None] | None = None
+    new_member_added: bool = False
+    initial_join: bool = False
+
+    def select_protocol(self) -> str | None:
+        candidates: set[str] | None = None
+        for member in self.members.values():
+            names = {name for name, _ in member.protocols}
+            candidates = names if candidates is None else candidates & names
+        if not candidates:
+            return None
+        votes: dict[str, int] = {}
+        for member in self.members.values():
+            for name, _ in member.protocols:
+                if name in candidates:
+                    votes[name] = votes.get(name, 0) + 1
+                    break
+        return max(sorted(votes), key=lambda n: votes[n])
+
+
+class GroupCoordinator:
+    def __init__(self, initial_rebalance_delay_ms: int = 300) -> None:
+        self.groups: dict[str, Group] = {}
+        self.initial_rebalance_delay = initial_rebalance_delay_ms / 1000
+        self._reaper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._reaper = asyncio.create_task(self._expire_sessions(), name="group-session-reaper")
+
+    async def close(self) -> None:
+        if self._reaper:
+            self._reaper.cancel()
+        for group in self.groups.values():
+            if group.rebalance_task:
+                group.rebalance_task.cancel()
+
+    def group(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        return group
+
+    # ------------------------------------------------------------ join
+
+    async def join(
+        self,
+        group_id: str,
+        member_id: str,
+        group_instance_id: str | None,
+        client_id: str,
+        client_host: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+        require_known_member_id: bool,
+    ) -> JoinResult:
+        if not group_id:
+            return JoinResult(INVALID_GROUP_ID)
+        if not 1000 <= session_timeout_ms <= 30 * 60 * 1000:
+            return JoinResult(INVALID_SESSION_TIMEOUT)
+        group = self.group(group_id)
+        if group.state == DEAD:
+            return JoinResult(COORDINATOR_NOT_AVAILABLE)
+        if group.protocol_type is not None and group.members and protocol_type != group.protocol_type:
+            return JoinResult(INCONSISTENT_GROUP_PROTOCOL)
+        if group.members and not self._supports_common_protocol(group, protocols, member_id):
+            return JoinResult(INCONSISTENT_GROUP_PROTOCOL)
+
+        if group_instance_id is not None and not member_id:
+            # static member rejoining: reuse its identity
+            for existing in group.members.values():
+                if existing.group_instance_id == group_instance_id:
+                    member_id = existing.member_id
+                    break
+        if not member_id:
+            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            if require_known_member_id:
+                group.pending_members.add(member_id)
+                return JoinResult(MEMBER_ID_REQUIRED, member_id=member_id)
+        elif member_id not in group.members and member_id not in group.pending_members:
+            return JoinResult(UNKNOWN_MEMBER_ID, member_id=member_id)
+        group.pending_members.discard(member_id)
+
+        member = group.members.get(member_id)
+        if member is None:
+            member = Member(
+                member_id, group_instance_id, client_id, client_host, session_timeout_ms,
+                rebalance_timeout_ms, protocols,
+            )
+            group.members[member_id] = member
+            group.new_member_added = True
+        else:
+            member.protocols = protocols
+            member.session_timeout_ms = session_timeout_ms
+            member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.last_seen = time.monotonic()
+        group.protocol_type = protocol_type
+        if member.join_future and not member.join_future.done():
+            member.join_future.set_result(JoinResult(UNKNOWN_MEMBER_ID))
+        member.join_future = asyncio.get_running_loop().create_future()
+        self._prepare_rebalance(group)
+        self._maybe_complete_join(group)
+        return await member.join_future
+
+    def _supports_common_protocol(self, group: Group, protocols: list[tuple[str, bytes]], member_id: str) -> bool:
+        offered = {name for name, _ in protocols}
+        for other in group.members.values():
+            if other.member_id == member_id:
+                continue
+            if not offered & {name for name, _ in other.protocols}:
+                return False
+        return True
+
+    def _prepare_rebalance(self, group: Group) -> None:
+        if group.state == PREPARING:
+            return
+        initial = group.state == EMPTY
+        for member in group.members.values():
+            if member.sync_future and not member.sync_future.done():
+                member.sync_future.set_result((REBALANCE_IN_PROGRESS, b""))
+        group.state = PREPARING
+        group.initial_join = initial
+        timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
+        delay = self.initial_rebalance_delay if initial else timeout
+        if group.rebalance_task:
+            group.rebalance_task.cancel()
+        group.rebalance_task = asyncio.create_task(self._rebalance_deadline(group, delay, initial))
+
+    async def _rebalance_deadline(self, group: Group, delay: float, initial: bool) -> None:
+        """Initial delay lets more members join an empty group; otherwise the
+        rebalance timeout drops members that did not rejoin."""
+        if initial:
+            # keep extending while members arrive, up to the rebalance timeout
+            deadline = time.monotonic() + max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
+            while True:
+                group.new_member_added = False
+                await asyncio.sleep(delay)
+                if not group.new_member_added or time.monotonic() >= deadline:
+                    break
+        else:
+            await asyncio.sleep(delay)
+        group.initial_join = False
+        if group.state != PREPARING:
+            return
+        for member in list(group.members.values()):
+            if member.join_future is None or member.join_future.done():
+                log.info("group %s: member %s did not rejoin in time, removing", group.group_id, member.member_id)
+                del group.members[member.member_id]
+        group.rebalance_task = None
+        self._complete_join(group)
+
+    def _maybe_complete_join(self, group: Group) -> None:
+        if group.state != PREPARING:
+            return
+        if group.initial_join:
+            return  # the initial delay is still gathering members
+        if all(m.join_future is not None and not m.join_future.done() for m in group.members.values()):
+            if group.rebalance_task:
+                group.rebalance_task.cancel()
+                group.rebalance_task = None
+            self._complete_join(group)
+
+    def _complete_join(self, group: Group) -> None:
+        if not group.members:
+            group.state = EMPTY
+            group.generation += 1
+            group.leader = None
+            group.protocol_name = None
+            return
+        group.generation += 1
+        group.protocol_name = group.select_protocol()
+        if group.leader not in group.members:
+            group.leader = next(iter(group.members))
+        group.state = COMPLETING
+        assert group.protocol_name is not None
+        member_list = [
+            (m.member_id, m.group_instance_id, m.metadata_for(group.protocol_name)) for m in group.members.values()
+        ]
+        for member in group.members.values():
+            member.assignment = b""
+            result = JoinResult(
+                NONE, group.generation, group.protocol_type, group.protocol_name, group.leader or "",
+                member.member_id, member_list if member.member_id == group.leader else [],
+            )
+            if member.join_future and not member.join_future.done():
+                member.join_future.set_result(result)
+            member.last_seen = time.monotonic()
+        log.info(
+            "group %s: generation %d with %d members, leader %s",
+            group.group_id, group.generation, len(group.members), group.leader,
+        )
+
+    # ------------------------------------------------------------ sync
+
+    async def sync(
+        self, group_id: str, generation: int, member_id: str, assignments: dict[str, bytes]
+    ) -> tuple[int, bytes, str | None, str | None]:
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return UNKNOWN_MEMBER_ID, b"", None, None
+        if generation != group.generation:
+            return ILLEGAL_GENERATION, b"", None, None
+        if group.state == PREPARING:
+            return REBALANCE_IN_PROGRESS, b"", None, None
+        member = group.members[member_id]
+        member.last_seen = time.monotonic()
+        if group.state == STABLE:
+            return NONE, member.assignment, group.protocol_type, group.protocol_name
+        if member_id == group.leader:
+            for mid, m in group.members.items():
+                m.assignment = assignments.get(mid, b"")
+            group.state = STABLE
+            for m in group.members.values():
+                if m.sync_future and not m.sync_future.done():
+                    m.sync_future.set_result((NONE, m.assignment))
+            return NONE, member.assignment, group.protocol_type, group.protocol_name
+        member.sync_future = asyncio.get_running_loop().create_future()
+        error, assignment = await member.sync_future
+        return error, assignment, group.protocol_type, group.protocol_name
+
+    # ------------------------------------------------------------ heartbeat / leave
+
+    def heartbeat(self, group_id: str, generation: int, member_id: str) -> int:
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return UNKNOWN_MEMBER_ID
+        group.members[member_id].last_seen = time.monotonic()
+        if group.state == PREPARING:
+            return REBALANCE_IN_PROGRESS
+        if generation != group.generation:
+            return ILLEGAL_GENERATION
+        return NONE
+
+    def leave(self, group_id: str, member_id: str, group_instance_id: str | None) -> int:
+        group = self.groups.get(group_id)
+        if group is None:
+            return UNKNOWN_MEMBER_ID
+        if not member_id and group_instance_id:
+            for m in group.members.values():
+                if m.group_instance_id == group_instance_id:
+                    member_id = m.member_id
+        if member_id not in group.members:
+            return UNKNOWN_MEMBER_ID
+        self._remove_member(group, member_id)
+        return NONE
+
+    def _remove_member(self, group: Group, member_id: str) -> None:
+        member = group.members.pop(member_id)
+        if member.join_future and not member.join_future.done():
+            member.join_future.set_result(JoinResult(UNKNOWN_MEMBER_ID))
+        if member.sync_future and not member.sync_future.done():
+            member.sync_future.set_result((UNKNOWN_MEMBER_ID, b""))
+        if group.leader == member_id:
+            group.leader = None
+        if group.state in (STABLE, COMPLETING):
+            self._prepare_rebalance(group)
+        if group.state == PREPARING:
+            self._maybe_complete_join(group)
+        if not group.members and group.state != PREPARING:
+            group.state = EMPTY
+
+    def validate_member(self, group_id: str, generation: int, member_id: str) -> int:
+        """For OffsetCommit: simple (generation -1) commits pass; group members must be current."""
+        if generation < 0 and not member_id:
+            return NONE  # a standalone (assign-mode) consumer or an admin tool
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return UNKNOWN_MEMBER_ID
+        if group.state == PREPARING:
+            return REBALANCE_IN_PROGRESS
+        if generation != group.generation:
+            return ILLEGAL_GENERATION
+        group.members[member_id].last_seen = time.monotonic()
+        return NONE
+
+    async def _expire_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for group in list(self.groups.values()):
+                for member in list(group.members.values()):
+                    waiting = member.join_future is not None and not member.join_future.done()
+                    if waiting:
+                        continue
+                    if now - member.last_seen > member.session_timeout_ms / 1000:
+                        log.info("group %s: member %s session expired", group.group_id, member.member_id)
+                        self._remove_member(group, member.member_id)
+
+    def delete(self, group_id: str) -> int:
+        group = self.groups.get(group_id)
+        if group is not None and group.members:
+            return NON_EMPTY_GROUP
+        self.groups.pop(group_id, None)
+        return NONE

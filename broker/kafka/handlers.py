@@ -1,0 +1,654 @@
+"""Handlers for every Kafka API the broker serves, written once for all versions.
+
+A handler gets the parsed request and a ``Responder`` for its version and
+returns the response, ``None`` (acks=0 produce), or an awaitable of the
+response (a produce waiting for the WAL's fsync), so the connection can read
+the next request meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from broker import topic_configs
+from broker.cluster import Cluster, TopicError
+from broker.config import BrokerConfig
+from broker.kafka.codec import Responder, field, ms
+from broker.kafka.groups import GroupCoordinator
+from broker.logstore import LogStore, ProduceError
+
+log = logging.getLogger(__name__)
+
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+COORDINATOR_NOT_AVAILABLE = 15
+INVALID_TOPIC_EXCEPTION = 17
+UNSUPPORTED_VERSION = 35
+INVALID_REQUEST = 42
+INVALID_CONFIG = 40
+GROUP_ID_NOT_FOUND = 69
+KAFKA_STORAGE_ERROR = 56
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+SOURCE_DYNAMIC_TOPIC = 1
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+
+# The versions served: kio's range, capped where a newer version switches to
+# topic ids in place of names or needs transactions.
+SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
+    0: (3, 12),  # Produce
+    1: (4, 12),  # Fetch
+    2: (1, 10),  # ListOffsets
+    3: (0, 12),  # Metadata
+    8: (2, 9),  # OffsetCommit
+    9: (1, 9),  # OffsetFetch
+    10: (0, 6),  # FindCoordinator
+    11: (0, 9),  # JoinGroup
+    12: (0, 4),  # Heartbeat
+    13: (0, 5),  # LeaveGroup
+    14: (0, 5),  # SyncGroup
+    15: (0, 6),  # DescribeGroups
+    16: (0, 5),  # ListGroups
+    18: (0, 4),  # ApiVersions
+    19: (2, 7),  # CreateTopics
+    20: (1, 6),  # DeleteTopics
+    22: (0, 5),  # InitProducerId
+    23: (2, 4),  # OffsetForLeaderEpoch
+    32: (1, 4),  # DescribeConfigs
+    33: (0, 2),  # AlterConfigs
+    37: (0, 3),  # CreatePartitions
+    42: (0, 2),  # DeleteGroups
+    44: (0, 1),  # IncrementalAlterConfigs
+    60: (0, 1),  # DescribeCluster
+}
+
+# A few broker-level configs, so DescribeConfigs(BROKER) answers admin tools.
+def _broker_configs(config: BrokerConfig) -> dict[str, str]:
+    return {
+        "broker.id": str(config.node_id),
+        "node.id": str(config.node_id),
+        "auto.create.topics.enable": str(config.auto_create_topics).lower(),
+        "num.partitions": str(config.default_partitions),
+        "message.max.bytes": "1048588",
+        "socket.request.max.bytes": str(config.max_request_bytes),
+        "log.retention.ms": "604800000",
+        "default.replication.factor": "1",
+        "offsets.topic.replication.factor": "1",
+        "icefall.segment.flush.ms": str(config.segment_flush_ms),
+        "icefall.segment.flush.bytes": str(config.segment_flush_bytes),
+        "icefall.object.store": config.store.url,
+    }
+
+
+@dataclass
+class ConnectionContext:
+    client_id: str
+    client_host: str
+
+
+Handler = Callable[[ConnectionContext, Any, Responder], Awaitable[Any]]
+
+
+class KafkaHandlers:
+    def __init__(self, config: BrokerConfig, cluster: Cluster, logs: LogStore, groups: GroupCoordinator) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.logs = logs
+        self.groups = groups
+        self.by_key: dict[int, Handler] = {
+            0: self.produce,
+            1: self.fetch,
+            2: self.list_offsets,
+            3: self.metadata,
+            8: self.offset_commit,
+            9: self.offset_fetch,
+            10: self.find_coordinator,
+            11: self.join_group,
+            12: self.heartbeat,
+            13: self.leave_group,
+            14: self.sync_group,
+            15: self.describe_groups,
+            16: self.list_groups,
+            18: self.api_versions,
+            19: self.create_topics,
+            20: self.delete_topics,
+            22: self.init_producer_id,
+            23: self.offset_for_leader_epoch,
+            32: self.describe_configs,
+            33: self.alter_configs,
+            37: self.create_partitions,
+            42: self.delete_groups,
+            44: self.incremental_alter_configs,
+            60: self.describe_cluster,
+        }
+
+    def _broker(self) -> dict[str, Any]:
+        return {"node_id": self.config.node_id, "broker_id": self.config.node_id, "host": self.config.advertised,
+                "port": self.config.kafka_port, "rack": None}
+
+    def _partition(self, topic: str, partition: int) -> Any:
+        return self.logs.partitions.get((topic, partition))
+
+    # ------------------------------------------------------------ versions / cluster
+
+    async def api_versions(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        return api_versions_response(R, NONE)
+
+    async def describe_cluster(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        return R(
+            error_code=NONE, error_message=None, endpoint_type=1, cluster_id=self.config.cluster_id,
+            controller_id=self.config.node_id, brokers=[self._broker()],
+            cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+        )
+
+    async def metadata(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        requested = field(req, "topics")
+        if R.version == 0 and requested == ():
+            requested = None
+        names: list[tuple[str | None, Any]]
+        if requested is None:
+            names = [(name, None) for name in sorted(self.cluster.topics)]
+        else:
+            names = []
+            for t in requested:
+                name = field(t, "name")
+                topic_id = field(t, "topic_id")
+                if name is None and topic_id is not None:
+                    found = self.cluster.topics_by_id.get(topic_id)
+                    name = found.name if found else None
+                names.append((name, topic_id))
+        auto_create = field(req, "allow_auto_topic_creation", True) and self.config.auto_create_topics
+        topics = []
+        for name, topic_id in names:
+            topic = self.cluster.topics.get(name) if name else None
+            if topic is None and name and auto_create:
+                try:
+                    topic = self.cluster.create_topic(name, -1, {})
+                except TopicError as exc:
+                    topics.append(self._metadata_error(name, topic_id, exc.code))
+                    continue
+            if topic is None:
+                topics.append(self._metadata_error(name, topic_id, UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            node = self.config.node_id
+            topics.append({
+                "error_code": NONE, "name": topic.name, "topic_id": topic.topic_id, "is_internal": topic.is_internal,
+                "partitions": [
+                    {"error_code": NONE, "partition_index": p, "leader_id": node, "leader_epoch": 0,
+                     "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
+                    for p in range(topic.partitions)
+                ],
+                "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+            })
+        return R(
+            brokers=[self._broker()], cluster_id=self.config.cluster_id, controller_id=self.config.node_id,
+            topics=topics, cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+        )
+
+    @staticmethod
+    def _metadata_error(name: str | None, topic_id: Any, code: int) -> dict[str, Any]:
+        import uuid
+
+        return {"error_code": code, "name": name or "", "topic_id": topic_id or uuid.UUID(int=0),
+                "is_internal": False, "partitions": [],
+                "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED}
+
+    # ------------------------------------------------------------ produce / fetch
+
+    async def produce(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        acks = req.acks
+        results: list[tuple[str, list[dict[str, Any]]]] = []
+        last_seq = 0
+        for td in req.topic_data:
+            topic = self.cluster.topics.get(td.name)
+            partitions = []
+            for pd in td.partition_data:
+                entry: dict[str, Any] = {
+                    "index": pd.index, "error_code": NONE, "base_offset": -1, "log_append_time": None,
+                    "log_start_offset": -1, "record_errors": [], "error_message": None,
+                }
+                part = self._partition(td.name, pd.index) if topic else None
+                if req.transactional_id is not None:
+                    entry.update(error_code=53, error_message="transactions are not supported by this broker")
+                elif part is None:
+                    entry.update(error_code=UNKNOWN_TOPIC_OR_PARTITION,
+                                 error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}")
+                elif pd.records is None:
+                    entry.update(error_code=87, error_message="produce request has no records")
+                else:
+                    try:
+                        base, seq = await self.logs.append(part, bytes(pd.records), topic.max_message_bytes)
+                        last_seq = max(last_seq, seq)
+                        entry.update(base_offset=base, log_start_offset=part.log_start_offset)
+                    except ProduceError as exc:
+                        log.info("produce to %s-%d refused: %s", td.name, pd.index, exc.message)
+                        entry.update(error_code=exc.code, error_message=exc.message)
+                partitions.append(entry)
+            results.append((td.name, partitions))
+
+        async def respond() -> Any:
+            try:
+                await self.logs.wal.wait_durable(last_seq)
+            except OSError as exc:
+                for _, partitions in results:
+                    for entry in partitions:
+                        if entry["error_code"] == NONE:
+                            entry.update(error_code=KAFKA_STORAGE_ERROR, error_message=str(exc), base_offset=-1)
+            return R(responses=[{"name": name, "partition_responses": parts} for name, parts in results])
+
+        if acks == 0:
+            return None
+        return respond()
+
+    async def fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        deadline = time.monotonic() + ms(req.max_wait) / 1000
+        min_bytes = req.min_bytes
+        max_bytes = field(req, "max_bytes", 2**31 - 1)
+        while True:
+            total = 0
+            errors = False
+            responses = []
+            for ft in req.topics:
+                partitions = []
+                for fp in ft.partitions:
+                    part = self._partition(ft.topic, fp.partition)
+                    entry: dict[str, Any] = {
+                        "partition_index": fp.partition, "error_code": NONE, "high_watermark": -1,
+                        "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
+                        "preferred_read_replica": -1, "records": b"",
+                    }
+                    if part is None:
+                        entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                        errors = True
+                    else:
+                        hw = part.high_watermark
+                        entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=part.log_start_offset)
+                        if req.isolation_level == 1:
+                            entry["aborted_transactions"] = []
+                        offset = fp.fetch_offset
+                        if offset < part.log_start_offset or offset > hw:
+                            entry["error_code"] = OFFSET_OUT_OF_RANGE
+                            errors = True
+                        elif offset < hw and total < max_bytes:
+                            budget = min(fp.partition_max_bytes, max_bytes - total)
+                            data = await self.logs.read(part, offset, budget)
+                            entry["records"] = data
+                            total += len(data)
+                    partitions.append(entry)
+                responses.append({"topic": ft.topic, "partitions": partitions})
+            remaining = deadline - time.monotonic()
+            if total >= min_bytes or errors or remaining <= 0:
+                return R(error_code=NONE, session_id=0, responses=responses)
+            await self.logs.wait_for_data(remaining)
+
+    async def list_offsets(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        topics = []
+        for t in req.topics:
+            partitions = []
+            for p in t.partitions:
+                part = self._partition(t.name, p.partition_index)
+                entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": NONE,
+                                         "timestamp": -1, "offset": -1, "leader_epoch": 0}
+                if part is None:
+                    entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                elif p.timestamp == -1:  # latest
+                    entry["offset"] = part.high_watermark
+                elif p.timestamp in (-2, -4, -5):  # earliest (and earliest local / tiered)
+                    entry["offset"] = part.log_start_offset
+                elif p.timestamp == -3:  # max timestamp
+                    entry["offset"], entry["timestamp"] = self.logs.max_timestamp(part)
+                elif p.timestamp >= 0:
+                    entry["offset"], entry["timestamp"] = self.logs.offset_for_timestamp(part, p.timestamp)
+                else:
+                    entry["error_code"] = INVALID_REQUEST
+                partitions.append(entry)
+            topics.append({"name": t.name, "partitions": partitions})
+        return R(topics=topics)
+
+    async def offset_for_leader_epoch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        topics = []
+        for t in req.topics:
+            partitions = []
+            for p in t.partitions:
+                part = self._partition(t.topic, p.partition)
+                if part is None:
+                    partitions.append({"error_code": UNKNOWN_TOPIC_OR_PARTITION, "partition": p.partition})
+                else:
+                    partitions.append({"error_code": NONE, "partition": p.partition, "leader_epoch": 0,
+                                       "end_offset": part.high_watermark})
+            topics.append({"topic": t.topic, "partitions": partitions})
+        return R(topics=topics)
+
+    async def init_producer_id(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        if req.transactional_id is not None:
+            return R(error_code=UNSUPPORTED_VERSION, producer_id=-1, producer_epoch=-1)
+        producer_id = field(req, "producer_id", -1)
+        epoch = field(req, "producer_epoch", -1)
+        if producer_id >= 0 and 0 <= epoch < 32767:
+            return R(error_code=NONE, producer_id=producer_id, producer_epoch=epoch + 1)
+        return R(error_code=NONE, producer_id=self.cluster.metadata.next_producer_id(), producer_epoch=0)
+
+    # ------------------------------------------------------------ topics and configs
+
+    async def create_topics(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        results = []
+        for t in req.topics:
+            configs = {c.name: c.value for c in t.configs}
+            result: dict[str, Any] = {"name": t.name, "topic_id": None, "error_code": NONE, "error_message": None,
+                                      "num_partitions": -1, "replication_factor": -1, "configs": None}
+            try:
+                partitions = t.num_partitions
+                if t.assignments:
+                    partitions = len(t.assignments)
+                    if any(b != self.config.node_id for a in t.assignments for b in a.broker_ids):
+                        raise TopicError(39, f"replica assignment may only name broker {self.config.node_id}")
+                if req.validate_only:
+                    self.cluster.validate_new_topic(t.name, partitions, configs)
+                    topic_partitions = partitions if partitions > 0 else self.config.default_partitions
+                    result.update(num_partitions=topic_partitions, replication_factor=1)
+                else:
+                    topic = self.cluster.create_topic(t.name, partitions, configs)
+                    result.update(topic_id=topic.topic_id, num_partitions=topic.partitions, replication_factor=1,
+                                  configs=[{"name": k, "value": v, "read_only": False,
+                                            "config_source": SOURCE_DYNAMIC_TOPIC, "is_sensitive": False}
+                                           for k, v in sorted(topic.configs.items())])
+            except TopicError as exc:
+                result.update(error_code=exc.code, error_message=exc.message)
+            if result["topic_id"] is None:
+                import uuid
+
+                result["topic_id"] = uuid.UUID(int=0)
+            results.append(result)
+        return R(topics=results)
+
+    async def delete_topics(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        import uuid
+
+        wanted: list[tuple[str | None, Any]] = []
+        if field(req, "topics") is not None:
+            for t in req.topics:
+                name = t.name
+                if name is None and t.topic_id is not None:
+                    found = self.cluster.topics_by_id.get(t.topic_id)
+                    name = found.name if found else None
+                wanted.append((name, t.topic_id))
+        else:
+            wanted = [(name, None) for name in req.topic_names]
+        responses = []
+        for name, topic_id in wanted:
+            entry: dict[str, Any] = {"name": name, "topic_id": topic_id or uuid.UUID(int=0), "error_code": NONE,
+                                     "error_message": None}
+            try:
+                if name is None:
+                    raise TopicError(100, f"Topic id {topic_id} does not exist.")
+                topic = self.cluster.delete_topic(name)
+                entry["topic_id"] = topic.topic_id
+            except TopicError as exc:
+                entry.update(error_code=exc.code, error_message=exc.message)
+            responses.append(entry)
+        return R(responses=responses)
+
+    async def create_partitions(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        results = []
+        for t in req.topics:
+            entry: dict[str, Any] = {"name": t.name, "error_code": NONE, "error_message": None}
+            try:
+                self.cluster.add_partitions(t.name, t.count, req.validate_only)
+            except TopicError as exc:
+                entry.update(error_code=exc.code, error_message=exc.message)
+            results.append(entry)
+        return R(results=results)
+
+    async def describe_configs(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        synonyms = field(req, "include_synonyms", False)
+        documentation = field(req, "include_documentation", False)
+        results = []
+        for res in req.resources:
+            entry: dict[str, Any] = {"error_code": NONE, "error_message": None, "resource_type": res.resource_type,
+                                     "resource_name": res.resource_name, "configs": []}
+            keys = res.configuration_keys
+            if res.resource_type == RESOURCE_TOPIC:
+                topic = self.cluster.topics.get(res.resource_name)
+                if topic is None:
+                    entry.update(error_code=UNKNOWN_TOPIC_OR_PARTITION,
+                                 error_message=f"Topic '{res.resource_name}' does not exist.")
+                else:
+                    for name, key in topic_configs.KEYS.items():
+                        if keys is not None and name not in keys:
+                            continue
+                        dynamic = name in topic.configs
+                        value = topic.configs.get(name, key.default)
+                        source = SOURCE_DYNAMIC_TOPIC if dynamic else SOURCE_DEFAULT
+                        syn = [{"name": name, "value": value, "source": source}] if synonyms else []
+                        if synonyms and dynamic:
+                            syn.append({"name": name, "value": key.default, "source": SOURCE_DEFAULT})
+                        entry["configs"].append({
+                            "name": name, "value": value, "read_only": False, "is_default": not dynamic,
+                            "config_source": source, "is_sensitive": False, "synonyms": syn,
+                            "config_type": key.config_type, "documentation": key.doc if documentation else None,
+                        })
+            elif res.resource_type == RESOURCE_BROKER:
+                for name, value in _broker_configs(self.config).items():
+                    if keys is not None and name not in keys:
+                        continue
+                    entry["configs"].append({
+                        "name": name, "value": value, "read_only": True, "is_default": False,
+                        "config_source": SOURCE_STATIC_BROKER, "is_sensitive": False, "synonyms": [],
+                        "config_type": 2, "documentation": None,
+                    })
+            else:
+                entry.update(error_code=INVALID_REQUEST,
+                             error_message=f"resource type {res.resource_type} is not supported")
+            results.append(entry)
+        return R(results=results)
+
+    async def alter_configs(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        responses = []
+        for res in req.resources:
+            configs = {c.name: c.value for c in res.configs}
+            responses.append(self._apply_configs(res, lambda _old: configs, req.validate_only))
+        return R(responses=responses)
+
+    async def incremental_alter_configs(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        responses = []
+        for res in req.resources:
+
+            def change(old: dict[str, str], res: Any = res) -> dict[str, str | None]:
+                new: dict[str, str | None] = dict(old)
+                for c in res.configs:
+                    known = topic_configs.KEYS.get(c.name)
+                    current = new.get(c.name, known.default if known else "") or ""
+                    items = [i for i in current.split(",") if i]
+                    if c.config_operation == 0:  # SET
+                        new[c.name] = c.value
+                    elif c.config_operation == 1:  # DELETE
+                        new.pop(c.name, None)
+                        topic_configs.validate(c.name, None)
+                    elif c.config_operation == 2:  # APPEND
+                        add = [i for i in (c.value or "").split(",") if i and i not in items]
+                        new[c.name] = ",".join(items + add)
+                    elif c.config_operation == 3:  # SUBTRACT
+                        remove = set((c.value or "").split(","))
+                        new[c.name] = ",".join(i for i in items if i not in remove)
+                    else:
+                        raise topic_configs.InvalidConfigError(f"unknown config operation {c.config_operation}")
+                return new
+
+            responses.append(self._apply_configs(res, change, req.validate_only))
+        return R(responses=responses)
+
+    def _apply_configs(self, res: Any, change: Callable[[dict[str, str]], dict[str, Any]], validate_only: bool) -> dict[str, Any]:
+        entry: dict[str, Any] = {"error_code": NONE, "error_message": None, "resource_type": res.resource_type,
+                                 "resource_name": res.resource_name}
+        if res.resource_type != RESOURCE_TOPIC:
+            entry.update(error_code=INVALID_REQUEST, error_message="only topic configs can be altered")
+            return entry
+        topic = self.cluster.topics.get(res.resource_name)
+        if topic is None:
+            entry.update(error_code=UNKNOWN_TOPIC_OR_PARTITION, error_message=f"Topic '{res.resource_name}' does not exist.")
+            return entry
+        try:
+            new = change(dict(topic.configs))
+            self.cluster.set_configs(topic.name, {k: v for k, v in new.items() if v is not None}, validate_only)
+        except topic_configs.InvalidConfigError as exc:
+            entry.update(error_code=INVALID_CONFIG, error_message=str(exc))
+        except TopicError as exc:
+            entry.update(error_code=exc.code, error_message=exc.message)
+        return entry
+
+    # ------------------------------------------------------------ groups
+
+    async def find_coordinator(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        key_type = field(req, "key_type", 0)
+        error, message = (NONE, None) if key_type == 0 else (
+            COORDINATOR_NOT_AVAILABLE, "transactions are not supported by this broker")
+        node = self._broker()
+        if R.version >= 4:
+            return R(coordinators=[{"key": key, "node_id": node["node_id"], "host": node["host"],
+                                    "port": node["port"], "error_code": error, "error_message": message}
+                                   for key in req.coordinator_keys])
+        return R(error_code=error, error_message=message, node_id=node["node_id"], host=node["host"], port=node["port"])
+
+    async def join_group(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        session_ms = ms(req.session_timeout)
+        result = await self.groups.join(
+            req.group_id, req.member_id, field(req, "group_instance_id"), ctx.client_id, ctx.client_host,
+            session_ms, ms(field(req, "rebalance_timeout", session_ms)), req.protocol_type,
+            [(p.name, p.metadata) for p in req.protocols], require_known_member_id=R.version >= 4,
+        )
+        return R(
+            error_code=result.error, generation_id=result.generation, protocol_type=result.protocol_type,
+            protocol_name=result.protocol_name if R.version >= 7 else (result.protocol_name or ""),
+            leader=result.leader, skip_assignment=False, member_id=result.member_id,
+            members=[{"member_id": m, "group_instance_id": g, "metadata": md} for m, g, md in result.members],
+        )
+
+    async def sync_group(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        error, assignment, ptype, pname = await self.groups.sync(
+            req.group_id, req.generation_id, req.member_id, {a.member_id: a.assignment for a in req.assignments}
+        )
+        return R(error_code=error, protocol_type=ptype, protocol_name=pname, assignment=assignment)
+
+    async def heartbeat(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        return R(error_code=self.groups.heartbeat(req.group_id, req.generation_id, req.member_id))
+
+    async def leave_group(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        if R.version < 3:
+            return R(error_code=self.groups.leave(req.group_id, req.member_id, None))
+        members = []
+        for m in req.members:
+            members.append({"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                            "error_code": self.groups.leave(req.group_id, m.member_id, m.group_instance_id)})
+        return R(error_code=NONE, members=members)
+
+    async def offset_commit(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        generation = field(req, "generation_id_or_member_epoch", field(req, "generation_id", -1))
+        error = self.groups.validate_member(req.group_id, generation, req.member_id)
+        topics = []
+        to_store = []
+        for t in req.topics:
+            partitions = []
+            for p in t.partitions:
+                code = error
+                if code == NONE and self._partition(t.name, p.partition_index) is None:
+                    code = UNKNOWN_TOPIC_OR_PARTITION
+                if code == NONE:
+                    to_store.append((t.name, p.partition_index, p.committed_offset,
+                                     field(p, "committed_leader_epoch", -1), p.committed_metadata))
+                partitions.append({"partition_index": p.partition_index, "error_code": code})
+            topics.append({"name": t.name, "partitions": partitions})
+        if to_store:
+            self.cluster.metadata.commit_offsets(req.group_id, to_store)
+        return R(topics=topics)
+
+    async def offset_fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        if R.version >= 8:
+            groups = [{"group_id": g.group_id, "topics": self._fetched_offsets(g.group_id, g.topics, "partition_indexes"),
+                       "error_code": NONE} for g in req.groups]
+            return R(groups=groups)
+        return R(topics=self._fetched_offsets(req.group_id, req.topics, "partition_indexes"), error_code=NONE)
+
+    def _fetched_offsets(self, group_id: str, topics: Any, partitions_field: str) -> list[dict[str, Any]]:
+        committed = self.cluster.metadata.committed_offsets(group_id)
+        wanted: dict[str, list[int]] = {}
+        if topics is None:
+            for (t, p) in committed:
+                wanted.setdefault(t, []).append(p)
+        else:
+            for t in topics:
+                wanted[t.name] = list(getattr(t, partitions_field))
+        result = []
+        for name, partitions in wanted.items():
+            entries = []
+            for p in sorted(partitions):
+                c = committed.get((name, p))
+                entries.append({"partition_index": p, "committed_offset": c.offset if c else -1,
+                                "committed_leader_epoch": c.leader_epoch if c else -1,
+                                "metadata": c.metadata if c else "", "error_code": NONE})
+            result.append({"name": name, "partitions": entries})
+        return result
+
+    async def describe_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        known_offsets = set(self.cluster.metadata.groups_with_offsets())
+        groups = []
+        for group_id in req.groups:
+            group = self.groups.groups.get(group_id)
+            if group is None and group_id not in known_offsets:
+                groups.append({"error_code": GROUP_ID_NOT_FOUND if R.version >= 6 else NONE,
+                               "error_message": f"Group {group_id} not found." if R.version >= 6 else None,
+                               "group_id": group_id, "group_state": "Dead", "protocol_type": "",
+                               "protocol_data": "", "members": [],
+                               "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})
+                continue
+            state = group.state if group else "Empty"
+            members = []
+            if group:
+                for m in group.members.values():
+                    members.append({"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                                    "client_id": m.client_id, "client_host": m.client_host,
+                                    "member_metadata": m.metadata_for(group.protocol_name or ""),
+                                    "member_assignment": m.assignment})
+            groups.append({"error_code": NONE, "error_message": None, "group_id": group_id, "group_state": state,
+                           "protocol_type": (group.protocol_type or "") if group else "consumer",
+                           "protocol_data": (group.protocol_name or "") if group else "", "members": members,
+                           "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})
+        return R(groups=groups)
+
+    async def list_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        states = {s.lower() for s in field(req, "states_filter", ()) or ()}
+        types = {s.lower() for s in field(req, "types_filter", ()) or ()}
+        listed: dict[str, dict[str, Any]] = {}
+        for group_id in self.cluster.metadata.groups_with_offsets():
+            listed[group_id] = {"group_id": group_id, "protocol_type": "consumer", "group_state": "Empty",
+                                "group_type": "classic"}
+        for group in self.groups.groups.values():
+            listed[group.group_id] = {"group_id": group.group_id, "protocol_type": group.protocol_type or "",
+                                      "group_state": group.state, "group_type": "classic"}
+        groups = [g for g in listed.values()
+                  if (not states or g["group_state"].lower() in states) and (not types or "classic" in types)]
+        return R(error_code=NONE, groups=groups)
+
+    async def delete_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        results = []
+        for group_id in req.groups_names:
+            code = self.groups.delete(group_id)
+            if code == NONE:
+                self.cluster.metadata.delete_group_offsets(group_id)
+            results.append({"group_id": group_id, "error_code": code})
+        return R(results=results)
+
+
+def api_versions_response(R: Responder, error: int) -> Any:
+    return R(
+        error_code=error,
+        api_keys=[{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())],
+        supported_features=[], finalized_features_epoch=-1, finalized_features=[], zk_migration_ready=False,
+    )

@@ -1,0 +1,456 @@
+"""Partition logs over the WAL and the object store.
+
+A batch is accepted into a partition's in-memory tail (its base offset
+rewritten), appended to the WAL, and becomes visible to consumers once the
+WAL has fsync'd it (the high watermark). Every ``segment_flush_ms`` or
+``segment_flush_bytes`` the tails of all partitions go into one segment object
+and the segment index; the closed WAL files are then deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from broker import records
+from broker.config import BrokerConfig
+from broker.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
+from broker.objectstore import ObjectStore
+from broker.wal import WalEntry, WriteAheadLog, read_entries
+
+log = logging.getLogger(__name__)
+
+MAX_RECENT_PRODUCER_BATCHES = 5
+
+
+class ProduceError(Exception):
+    """A produce refused for one partition; ``code`` is the Kafka error code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(slots=True)
+class TailBatch:
+    base_offset: int
+    end_offset: int
+    data: bytes
+    append_ms: int
+    max_timestamp: int
+
+
+@dataclass(slots=True)
+class ProducerState:
+    epoch: int
+    # (first sequence, last sequence, base offset) of the last few batches, oldest first
+    recent: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def last_sequence(self) -> int:
+        return self.recent[-1][1] if self.recent else -1
+
+    def to_json(self) -> dict[str, object]:
+        return {"epoch": self.epoch, "recent": self.recent}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> ProducerState:
+        recent = data.get("recent", [])
+        assert isinstance(recent, list)
+        epoch = data["epoch"]
+        assert isinstance(epoch, int)
+        return cls(epoch, [tuple(r) for r in recent])  # type: ignore[misc]
+
+
+class PartitionLog:
+    def __init__(self, topic: str, partition: int, chunks: list[Chunk], log_start_offset: int = 0) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.chunks = chunks
+        self.chunk_bases = [c.base_offset for c in chunks]
+        self.tail: list[TailBatch] = []
+        self.log_start_offset = log_start_offset
+        self.next_offset = chunks[-1].end_offset if chunks else log_start_offset
+        self.high_watermark = self.next_offset
+        self.producers: dict[int, ProducerState] = {}
+        self.dirty_producers: set[int] = set()
+
+    @property
+    def flushed_offset(self) -> int:
+        """Offsets below this are in segment objects."""
+        return self.chunks[-1].end_offset if self.chunks else self.log_start_offset
+
+    def check_producer(self, header: records.BatchHeader) -> int | None:
+        """Kafka's idempotence rules. Returns the original base offset for a
+        duplicate, None for a new batch, or raises ProduceError."""
+        if header.producer_id < 0 or header.base_sequence < 0:
+            return None
+        state = self.producers.get(header.producer_id)
+        if state is None:
+            return None
+        if header.producer_epoch < state.epoch:
+            raise ProduceError(90, f"producer epoch {header.producer_epoch} is fenced by {state.epoch}")
+        if header.producer_epoch > state.epoch:
+            if header.base_sequence != 0:
+                raise ProduceError(
+                    45, f"new producer epoch {header.producer_epoch} must start at sequence 0, got {header.base_sequence}"
+                )
+            return None
+        for first, last, base in state.recent:
+            if first == header.base_sequence and last == header.last_sequence:
+                return base
+        expected = (state.last_sequence + 1) % (2**31)
+        if header.base_sequence != expected:
+            raise ProduceError(
+                45, f"out of order sequence {header.base_sequence} for producer {header.producer_id}, expected {expected}"
+            )
+        return None
+
+    def record_producer(self, header: records.BatchHeader, base_offset: int) -> None:
+        if header.producer_id < 0 or header.base_sequence < 0:
+            return
+        state = self.producers.get(header.producer_id)
+        if state is None or header.producer_epoch > state.epoch:
+            state = ProducerState(header.producer_epoch)
+            self.producers[header.producer_id] = state
+        state.recent.append((header.base_sequence, header.last_sequence, base_offset))
+        del state.recent[:-MAX_RECENT_PRODUCER_BATCHES]
+        self.dirty_producers.add(header.producer_id)
+
+    def accept(self, batch: bytes, header: records.BatchHeader, append_ms: int) -> TailBatch:
+        base = self.next_offset
+        data = records.with_base_offset(batch, base)
+        tail = TailBatch(base, base + header.last_offset_delta + 1, data, append_ms, header.max_timestamp)
+        self.tail.append(tail)
+        self.next_offset = tail.end_offset
+        self.record_producer(header, base)
+        return tail
+
+    def tail_index(self, offset: int) -> int:
+        """Index of the tail batch containing ``offset``."""
+        lo, hi = 0, len(self.tail)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.tail[mid].end_offset <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+
+class LogStore:
+    def __init__(self, config: BrokerConfig, metadata: MetadataStore, store: ObjectStore) -> None:
+        self.config = config
+        self.metadata = metadata
+        self.store = store
+        self.partitions: dict[tuple[str, int], PartitionLog] = {}
+        self.wal = WriteAheadLog(config.wal_dir, fsync=config.wal_fsync)
+        self.unflushed_bytes = 0
+        self.max_unflushed_bytes = max(256 * 1024 * 1024, 8 * config.segment_flush_bytes)
+        self._flush_needed = asyncio.Event()
+        self._flush_done = asyncio.Event()
+        self._data_arrived = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._flush_lock = asyncio.Lock()
+        self._object_cache: OrderedDict[str, bytes] = OrderedDict()
+        self._object_cache_bytes = 0
+        self.object_cache_limit = 64 * 1024 * 1024
+        self.flush_failures = 0
+        self.segments_written = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def open(self, topics: dict[str, int]) -> None:
+        """Load the segment index, replay the WAL, flush what it held."""
+        log_starts = self.metadata.log_start_offsets()
+        for topic, partitions in topics.items():
+            for p in range(partitions):
+                self.add_partition(topic, p, log_starts.get((topic, p), 0))
+        for (topic, p, pid), state in self.metadata.producer_states().items():
+            part = self.partitions.get((topic, p))
+            if part:
+                part.producers[pid] = ProducerState.from_json(state)
+        replayed = 0
+        old_files = self.wal.files()
+        old_files.remove(self.wal.current_file)
+        for path in old_files:
+            for entry in read_entries(path):
+                part = self.partitions.get((entry.topic, entry.partition))
+                if part is None:
+                    continue
+                header = records.read_header(entry.batch)
+                if header.base_offset < part.next_offset:
+                    continue  # already in a segment object
+                if header.base_offset != part.next_offset:
+                    log.error(
+                        "WAL gap in %s-%d: expected offset %d, found %d",
+                        entry.topic, entry.partition, part.next_offset, header.base_offset,
+                    )
+                tail = TailBatch(
+                    header.base_offset, header.base_offset + header.last_offset_delta + 1,
+                    entry.batch, entry.append_ms, header.max_timestamp,
+                )
+                part.tail.append(tail)
+                part.next_offset = part.high_watermark = tail.end_offset
+                part.record_producer(header, header.base_offset)
+                self.unflushed_bytes += len(entry.batch)
+                replayed += 1
+        if replayed:
+            log.info("replayed %d batches from %d WAL files", replayed, len(old_files))
+        self.wal.start()
+        await self.flush()
+        for path in old_files:
+            path.unlink(missing_ok=True)
+        self._flusher = asyncio.create_task(self._flush_loop(), name="segment-flusher")
+
+    async def close(self) -> None:
+        if self._flusher:
+            self._flusher.cancel()
+            try:
+                await self._flusher
+            except asyncio.CancelledError:
+                pass
+        try:
+            await self.flush()
+        except Exception as exc:  # the WAL still has it
+            log.warning("final flush failed (data stays in the WAL): %s", exc)
+        await self.wal.close()
+
+    def add_partition(self, topic: str, partition: int, log_start_offset: int = 0) -> PartitionLog:
+        part = PartitionLog(topic, partition, self.metadata.chunks(topic, partition), log_start_offset)
+        self.partitions[(topic, partition)] = part
+        return part
+
+    def drop_topic(self, topic: str) -> None:
+        for key in [k for k in self.partitions if k[0] == topic]:
+            part = self.partitions.pop(key)
+            self.unflushed_bytes -= sum(len(b.data) for b in part.tail)
+
+    # ------------------------------------------------------------ produce
+
+    async def append(self, part: PartitionLog, records_bytes: bytes, max_message_bytes: int) -> tuple[int, int]:
+        """Append a partition's records; returns (base offset, WAL sequence to await)."""
+        try:
+            headers = records.split_batches(records_bytes)
+        except records.CorruptBatchError as exc:
+            raise ProduceError(2, str(exc)) from None
+        if not headers:
+            raise ProduceError(87, "produce request carries no record batch")
+        for header in headers:
+            if header.size > max_message_bytes:
+                raise ProduceError(10, f"record batch of {header.size} bytes exceeds max.message.bytes {max_message_bytes}")
+            if header.is_control:
+                raise ProduceError(87, "clients may not produce control batches")
+        if self.unflushed_bytes > self.max_unflushed_bytes:
+            await self._wait_for_room()
+        now = int(time.time() * 1000)
+        first_base = -1
+        seq = 0
+        pos = 0
+        for header in headers:
+            batch = records_bytes[pos : pos + header.size]
+            pos += header.size
+            duplicate = part.check_producer(header)
+            if duplicate is not None:
+                if first_base < 0:
+                    first_base = duplicate
+                continue
+            tail = part.accept(batch, header, now)
+            if first_base < 0:
+                first_base = tail.base_offset
+            self.unflushed_bytes += len(tail.data)
+            end = tail.end_offset
+            seq = self.wal.append(
+                WalEntry(part.topic, part.partition, now, tail.data),
+                lambda part=part, end=end: self._on_durable(part, end),
+            )
+        if self.unflushed_bytes >= self.config.segment_flush_bytes:
+            self._flush_needed.set()
+        return first_base, seq
+
+    async def _wait_for_room(self) -> None:
+        deadline = time.monotonic() + 30
+        while self.unflushed_bytes > self.max_unflushed_bytes:
+            self._flush_needed.set()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ProduceError(56, "object store is not keeping up; the broker is holding back produces")
+            self._flush_done.clear()
+            try:
+                await asyncio.wait_for(self._flush_done.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    def _on_durable(self, part: PartitionLog, end_offset: int) -> None:
+        if end_offset > part.high_watermark:
+            part.high_watermark = end_offset
+        self._data_arrived.set()
+
+    async def wait_for_data(self, timeout: float) -> None:
+        self._data_arrived.clear()
+        try:
+            await asyncio.wait_for(self._data_arrived.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    # ------------------------------------------------------------ fetch
+
+    async def read(self, part: PartitionLog, offset: int, max_bytes: int) -> bytes:
+        """Whole batches from the one holding ``offset``, up to ``max_bytes``
+        (but at least one batch), never past the high watermark."""
+        out: list[bytes] = []
+        size = 0
+        hw = part.high_watermark
+        full = False
+        i = max(bisect.bisect_right(part.chunk_bases, offset) - 1, 0)
+        while i < len(part.chunks) and offset < part.flushed_offset:
+            chunk = part.chunks[i]
+            i += 1
+            if chunk.end_offset <= offset:
+                continue
+            refs = list(chunk.batches())
+            k = max(bisect.bisect_right([r.base_offset for r in refs], offset) - 1, 0)
+            start = end = refs[k].position
+            while k < len(refs) and ((not out and end == start) or size + end - start + refs[k].size <= max_bytes):
+                end = refs[k].position + refs[k].size
+                k += 1
+            if end == start:
+                full = True
+                break
+            out.append(await self._read_object(chunk.object_key, chunk.byte_start + start, chunk.byte_start + end))
+            size += end - start
+            if k < len(refs):
+                full = True
+                break
+            offset = chunk.end_offset
+        if not full:
+            j = part.tail_index(offset)
+            while j < len(part.tail):
+                batch = part.tail[j]
+                if batch.end_offset > hw or (out and size + len(batch.data) > max_bytes):
+                    break
+                out.append(batch.data)
+                size += len(batch.data)
+                j += 1
+        return b"".join(out)
+
+    async def _read_object(self, key: str, start: int, end: int) -> bytes:
+        cached = self._object_cache.get(key)
+        if cached is not None:
+            self._object_cache.move_to_end(key)
+            return cached[start:end]
+        return await asyncio.get_running_loop().run_in_executor(None, self.store.get_range, key, start, end)
+
+    def _cache_object(self, key: str, data: bytes) -> None:
+        self._object_cache[key] = data
+        self._object_cache_bytes += len(data)
+        while self._object_cache_bytes > self.object_cache_limit and len(self._object_cache) > 1:
+            _, evicted = self._object_cache.popitem(last=False)
+            self._object_cache_bytes -= len(evicted)
+
+    # ------------------------------------------------------------ offsets
+
+    def offset_for_timestamp(self, part: PartitionLog, timestamp: int) -> tuple[int, int]:
+        """First batch whose max timestamp >= timestamp: (offset, timestamp), or (-1, -1)."""
+        for chunk in part.chunks:
+            for ref in chunk.batches():
+                if ref.max_timestamp >= timestamp:
+                    return max(ref.base_offset, part.log_start_offset), ref.max_timestamp
+        for batch in part.tail:
+            if batch.end_offset > part.high_watermark:
+                break
+            if batch.max_timestamp >= timestamp:
+                return batch.base_offset, batch.max_timestamp
+        return -1, -1
+
+    def max_timestamp(self, part: PartitionLog) -> tuple[int, int]:
+        best = (-1, -1)
+        for chunk in part.chunks:
+            for ref in chunk.batches():
+                if ref.max_timestamp > best[1]:
+                    best = (ref.base_offset, ref.max_timestamp)
+        for batch in part.tail:
+            if batch.end_offset <= part.high_watermark and batch.max_timestamp > best[1]:
+                best = (batch.base_offset, batch.max_timestamp)
+        return best
+
+    # ------------------------------------------------------------ flush
+
+    async def _flush_loop(self) -> None:
+        interval = self.config.segment_flush_ms / 1000
+        backoff = interval
+        while True:
+            try:
+                await asyncio.wait_for(self._flush_needed.wait(), interval)
+            except TimeoutError:
+                pass
+            self._flush_needed.clear()
+            try:
+                await self.flush()
+                backoff = interval
+            except Exception as exc:
+                self.flush_failures += 1
+                log.error("segment flush failed, retrying in %.1fs (data is safe in the WAL): %s", backoff, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def flush(self) -> int:
+        """Write every partition's tail into one segment object. Returns bytes written."""
+        async with self._flush_lock:
+            closed, snapshot = await self.wal.roll(self._snapshot)
+            if not snapshot:
+                for path in closed:
+                    path.unlink(missing_ok=True)
+                return 0
+            key = f"segments/{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}.seg"
+            parts: list[bytes] = []
+            chunks: list[tuple[PartitionLog, Chunk, int]] = []
+            position = 0
+            for part, batches in snapshot:
+                refs: list[BatchRef] = []
+                chunk_start = position
+                for batch in batches:
+                    refs.append(
+                        BatchRef(batch.base_offset, position - chunk_start, len(batch.data), batch.append_ms, batch.max_timestamp)
+                    )
+                    parts.append(batch.data)
+                    position += len(batch.data)
+                chunk = Chunk(
+                    part.topic, part.partition, batches[0].base_offset, batches[-1].end_offset, key,
+                    chunk_start, position, min(b.append_ms for b in batches), max(b.append_ms for b in batches),
+                    pack_batch_index(refs),
+                )
+                chunks.append((part, chunk, len(batches)))
+            data = b"".join(parts)
+            await asyncio.get_running_loop().run_in_executor(None, self.store.put, key, data)
+            producer_states = {
+                (part.topic, part.partition, pid): part.producers[pid].to_json()
+                for part, _, _ in chunks
+                for pid in part.dirty_producers
+                if pid in part.producers
+            }
+            self.metadata.add_chunks([c for _, c, _ in chunks], producer_states)
+            for part, chunk, count in chunks:
+                if self.partitions.get((part.topic, part.partition)) is not part:
+                    continue  # topic deleted meanwhile
+                part.chunks.append(chunk)
+                part.chunk_bases.append(chunk.base_offset)
+                del part.tail[:count]
+                part.dirty_producers.clear()
+            self.unflushed_bytes -= len(data)
+            self._cache_object(key, data)
+            for path in closed:
+                path.unlink(missing_ok=True)
+            self.segments_written += 1
+            self._flush_done.set()
+            return len(data)
+
+    def _snapshot(self) -> list[tuple[PartitionLog, list[TailBatch]]]:
+        return [(part, list(part.tail)) for part in self.partitions.values() if part.tail]
+

@@ -1,0 +1,64 @@
+"""The table-topic manifest: the file the Airflow DAG factory reads at parse
+time (no network or database calls there), rewritten atomically on every
+topic or config change."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from broker import topic_configs
+from broker.metadata import TopicRecord
+
+MANIFEST_VERSION = 1
+
+
+def render(topics: Iterable[TopicRecord], admin_url: str) -> dict[str, object]:
+    tables = []
+    for topic in topics:
+        if not topic_configs.is_table_topic(topic.configs):
+            continue
+        configs = topic_configs.effective(topic.configs)
+        tables.append(
+            {
+                "topic": topic.name,
+                "topic_id": str(topic.topic_id),
+                "partitions": topic.partitions,
+                "namespace": configs[topic_configs.TABLE_PREFIX + "namespace"],
+                "table": topic_configs.table_name(topic.name),
+                "commit_interval_ms": int(configs[topic_configs.TABLE_PREFIX + "commit.interval.ms"]),
+                "configs": {k: v for k, v in configs.items() if k.startswith(topic_configs.TABLE_PREFIX)},
+            }
+        )
+    return {"version": MANIFEST_VERSION, "admin_url": admin_url, "table_topics": tables}
+
+
+def write_atomically(path: Path, content: dict[str, object]) -> None:
+    """tmp file + fsync + rename + directory fsync: a reader sees the old or the new file, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(content, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read(path: Path) -> dict[str, object]:
+    if not path.exists():
+        return {"version": MANIFEST_VERSION, "table_topics": []}
+    data: dict[str, object] = json.loads(path.read_text())
+    return data

@@ -1,0 +1,137 @@
+"""Segment object storage: a local directory (the embedded default) or S3.
+
+The interface is synchronous and small on purpose: the broker calls it from a
+worker thread, and the Spark executors call it directly to read byte ranges.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from broker.config import ObjectStoreConfig
+
+
+class ObjectStore(Protocol):
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of an object."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def list(self, prefix: str) -> list[str]: ...
+
+    def describe(self) -> str: ...
+
+
+class LocalObjectStore:
+    """Objects as files under a root directory, written atomically (tmp + rename)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root.resolve() not in path.parents:
+            raise ValueError(f"object key escapes the store: {key!r}")
+        return path
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        fd = os.open(self._path(key), os.O_RDONLY)
+        try:
+            return os.pread(fd, end - start, start)
+        finally:
+            os.close(fd)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def list(self, prefix: str) -> list[str]:
+        return sorted(
+            str(p.relative_to(self.root))
+            for p in self.root.rglob("*")
+            if p.is_file() and not p.name.endswith(".tmp") and str(p.relative_to(self.root)).startswith(prefix)
+        )
+
+    def describe(self) -> str:
+        return str(self.root)
+
+
+class S3ObjectStore:
+    """Objects under ``s3://bucket/prefix`` (AWS, MinIO or moto's server)."""
+
+    def __init__(self, config: ObjectStoreConfig) -> None:
+        import boto3
+        from botocore.config import Config
+
+        parsed = urlparse(config.url)
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.url = config.url
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=config.endpoint_url,
+            region_name=config.region or "us-east-1",
+            aws_access_key_id=config.access_key_id,
+            aws_secret_access_key=config.secret_access_key,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+        )
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        response = self.client.get_object(
+            Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{end - 1}"
+        )
+        body: bytes = response["Body"].read()
+        return body
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def list(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def describe(self) -> str:
+        return self.url
+
+
+def open_object_store(config: ObjectStoreConfig) -> ObjectStore:
+    if config.is_s3:
+        return S3ObjectStore(config)
+    parsed = urlparse(config.url)
+    return LocalObjectStore(Path(parsed.path if parsed.scheme == "file" else config.url))

@@ -1,0 +1,133 @@
+"""confluent-kafka (librdkafka) end to end: admin, produce with every codec, consume, groups."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from tests.support import BrokerProcess, wait_for
+
+
+def _create(admin: AdminClient, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+    for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
+        future.result(10)
+
+
+def _consume(bootstrap: str, topic: str, count: int, **conf: object) -> list[object]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4()}",
+                         "auto.offset.reset": "earliest", **conf})
+    consumer.subscribe([topic])
+    got: list[object] = []
+    try:
+        def poll() -> bool:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg)
+            return len(got) >= count
+        wait_for(poll, 30, interval=0, what=f"{count} records from {topic}")
+    finally:
+        consumer.close()
+    return got
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_produce_and_consume_every_codec(broker: BrokerProcess, codec: str) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topic = f"codec-{codec}"
+    _create(admin, topic, 3)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True,
+                         "compression.type": codec, "linger.ms": 5})
+    sent = {f"key-{i}": f"value-{i}-{codec}" for i in range(2000)}
+    for key, value in sent.items():
+        producer.produce(topic, key=key, value=value, headers={"h": key.encode()})
+    assert producer.flush(30) == 0
+    got = _consume(broker.bootstrap, topic, len(sent))
+    assert {m.key().decode(): m.value().decode() for m in got} == sent  # type: ignore[attr-defined]
+    assert all(dict(m.headers())["h"] == m.key() for m in got)  # type: ignore[attr-defined]
+    by_partition: dict[int, list[int]] = {}
+    for m in got:
+        by_partition.setdefault(m.partition(), []).append(m.offset())  # type: ignore[attr-defined]
+    for offsets in by_partition.values():
+        assert offsets == list(range(len(offsets)))
+
+
+@pytest.mark.parametrize("acks", ["0", "1", "all"])
+def test_acks_levels(broker: BrokerProcess, acks: str) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topic = f"acks-{acks}"
+    _create(admin, topic)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": acks})
+    delivered: list[int] = []
+    for i in range(100):
+        producer.produce(topic, value=str(i).encode(), on_delivery=lambda err, msg: delivered.append(0 if err else 1))
+    assert producer.flush(30) == 0
+    assert sum(delivered) == 100
+    assert sorted(int(m.value()) for m in _consume(broker.bootstrap, topic, 100)) == list(range(100))  # type: ignore[attr-defined]
+
+
+def test_consume_from_offset_and_timestamp(broker: BrokerProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    _create(admin, "seek")
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    for i in range(50):
+        producer.produce("seek", value=str(i).encode(), timestamp=1_700_000_000_000 + i * 1000)
+        producer.flush(10)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "seek", "enable.auto.commit": False})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition("seek", 0), timeout=10)
+        assert (low, high) == (0, 50)
+        found = consumer.offsets_for_times([TopicPartition("seek", 0, 1_700_000_000_000 + 20_500)], timeout=10)
+        assert found[0].offset == 21
+        consumer.assign([TopicPartition("seek", 0, 30)])
+        msgs: list[object] = []
+        wait_for(lambda: msgs.append(consumer.poll(0.5)) or sum(1 for m in msgs if m is not None) >= 20, 20)
+        values = [int(m.value()) for m in msgs if m is not None]  # type: ignore[attr-defined]
+        assert values == list(range(30, 50))
+    finally:
+        consumer.close()
+
+
+def test_configs_describe_alter_and_reject_unknown(broker: BrokerProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    _create(admin, "cfg", config={"retention.ms": "3600000"})
+    resource = ConfigResource("topic", "cfg")
+    described = admin.describe_configs([resource])[resource].result(10)
+    assert described["retention.ms"].value == "3600000"
+    assert described["automq.table.topic.enable"].value == "false"
+
+    enable = ConfigResource("topic", "cfg", set_config={
+        "automq.table.topic.enable": "true", "automq.table.topic.commit.interval.ms": "30000"})
+    admin.alter_configs([enable])[enable].result(10)
+    described = admin.describe_configs([resource])[resource].result(10)
+    assert described["automq.table.topic.enable"].value == "true"
+    assert described["automq.table.topic.commit.interval.ms"].value == "30000"
+    manifest = broker.admin("/v1/table-topics")
+    assert [t["topic"] for t in manifest["table_topics"]] == ["cfg"]  # type: ignore[index]
+
+    for bad in ({"no.such.key": "1"}, {"automq.table.topic.commit.interval.ms": "soon"},
+                {"automq.table.topic.convert.value.type": "xml"}):
+        res = ConfigResource("topic", "cfg", set_config=bad)
+        with pytest.raises(KafkaException) as info:
+            admin.alter_configs([res])[res].result(10)
+        assert info.value.args[0].code() == 40  # INVALID_CONFIG
+        assert list(bad)[0] in info.value.args[0].str()
+
+    with pytest.raises(KafkaException) as info:
+        _create(admin, "cfg-bad", config={"automq.table.topic.enable": "maybe"})
+    assert info.value.args[0].code() == 40
+
+
+def test_delete_topic_and_produce_to_missing_topic(broker: BrokerProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    _create(admin, "doomed")
+    for future in admin.delete_topics(["doomed"]).values():
+        future.result(10)
+    assert "doomed" not in admin.list_topics(timeout=10).topics
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 3000})
+    errors: list[object] = []
+    producer.produce("doomed", value=b"x", on_delivery=lambda err, msg: errors.append(err))
+    producer.flush(10)
+    assert errors and errors[0] is not None

@@ -1,0 +1,107 @@
+"""Test helpers: free ports, polling with a deadline, a broker in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(condition: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.05, what: str = "condition") -> T:
+    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:  # keep polling; report the last error on timeout
+            last_error = exc
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+
+
+class BrokerProcess:
+    """``icefall broker`` in its own process group, on free ports."""
+
+    def __init__(self, home: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.kafka_port = free_port()
+        self.admin_port = free_port()
+        self.extra_args = extra_args or []
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = home.parent / f"{home.name}-broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        ready = self.home.parent / f"{self.home.name}.ready"
+        ready.unlink(missing_ok=True)
+        cmd = [
+            sys.executable, "-m", "broker.cli", "broker", "--home", str(self.home),
+            "--kafka-port", str(self.kafka_port), "--admin-port", str(self.admin_port),
+            "--ready-file", str(ready), *self.extra_args,
+        ]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        log.close()
+        wait_for(lambda: ready.exists() or self._check_alive(), timeout, what=f"broker to start (log: {self.log_path})")
+        return self
+
+    def _check_alive(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
+        return False
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+            raise
+
+    def admin(self, path: str, method: str = "GET") -> dict[str, object]:
+        req = urllib.request.Request(self.admin_url + path, method=method)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            data: dict[str, object] = json.loads(resp.read())
+            return data
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
