@@ -99,9 +99,11 @@ def split_batches(records: bytes, verify_crc: bool = True) -> list[BatchHeader]:
     return headers
 
 
-def with_base_offset(batch: bytes | memoryview, base_offset: int) -> bytes:
-    """The same batch with its base offset set; the CRC stays valid (it starts at attributes)."""
-    return struct.pack(">q", base_offset) + bytes(batch[8:])
+def with_base_offset(batch: bytes | memoryview, base_offset: int) -> bytearray:
+    """A copy of the batch with its base offset set; the CRC stays valid (it starts at attributes)."""
+    copy = bytearray(batch)
+    struct.pack_into(">q", copy, 0, base_offset)
+    return copy
 
 
 def iter_batches(data: bytes | memoryview) -> Iterator[tuple[BatchHeader, memoryview]]:

@@ -34,10 +34,12 @@ class WalEntry:
     batch: bytes
 
 
-def encode_entry(entry: WalEntry) -> bytes:
+def encode_entry(entry: WalEntry) -> list[bytes]:
+    """The entry as buffers to write in order; the batch itself is not copied."""
     topic = entry.topic.encode()
-    rest = struct.pack(">Hiq", len(topic), entry.partition, entry.append_ms) + topic + entry.batch
-    return struct.pack(">II", len(rest), crc32c(rest)) + rest
+    head = struct.pack(">Hiq", len(topic), entry.partition, entry.append_ms) + topic
+    crc = crc32c(entry.batch, crc32c(head))
+    return [struct.pack(">II", len(head) + len(entry.batch), crc) + head, entry.batch]
 
 
 def read_entries(path: Path) -> Iterator[WalEntry]:
@@ -66,7 +68,8 @@ class WriteAheadLog:
         existing = self.files()
         self._seq = (int(existing[-1].stem) + 1) if existing else 1
         self._file = self._open_new()
-        self._pending = bytearray()
+        self._pending: list[bytes] = []
+        self._pending_size = 0
         self._pending_callbacks: list[Callable[[], None]] = []
         self._appended = 0
         self._durable = 0
@@ -112,7 +115,9 @@ class WriteAheadLog:
         """Queue an entry; returns its sequence number for ``wait_durable``."""
         if self._failure is not None:
             raise OSError(f"write-ahead log failed: {self._failure}")
-        self._pending += encode_entry(entry)
+        buffers = encode_entry(entry)
+        self._pending.extend(buffers)
+        self._pending_size += sum(len(b) for b in buffers)
         self._pending_callbacks.append(on_durable)
         self._appended += 1
         self._wakeup.set()
@@ -120,7 +125,7 @@ class WriteAheadLog:
 
     @property
     def pending_bytes(self) -> int:
-        return len(self._pending)
+        return self._pending_size
 
     async def wait_durable(self, seq: int) -> None:
         while self._durable < seq:
@@ -139,12 +144,12 @@ class WriteAheadLog:
         async with self._write_lock:
             await self._write_locked(self._take_pending())
 
-    def _take_pending(self) -> tuple[bytes, list[Callable[[], None]]]:
-        taken = (bytes(self._pending), self._pending_callbacks)
-        self._pending, self._pending_callbacks = bytearray(), []
+    def _take_pending(self) -> tuple[list[bytes], list[Callable[[], None]]]:
+        taken = (self._pending, self._pending_callbacks)
+        self._pending, self._pending_callbacks, self._pending_size = [], [], 0
         return taken
 
-    async def _write_locked(self, taken: tuple[bytes, list[Callable[[], None]]]) -> None:
+    async def _write_locked(self, taken: tuple[list[bytes], list[Callable[[], None]]]) -> None:
         data, callbacks = taken
         if not data:
             return
@@ -160,11 +165,8 @@ class WriteAheadLog:
         self._durable += len(callbacks)
         self._durable_event.set()
 
-    def _write_sync(self, fd: int, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+    def _write_sync(self, fd: int, buffers: list[bytes]) -> None:
+        write_all(fd, buffers)
         if self.fsync:
             os.fdatasync(fd)
 
@@ -178,7 +180,23 @@ class WriteAheadLog:
             await self._write_locked(taken)
             closed = [p for p in self.files() if p != self._file[0]]
             if os.fstat(self._file[1]).st_size > 0:
-                os.close(self._file[1])
-                closed.append(self._file[0])
-                self._file = self._open_new()
+                old = self._file
+                self._file = self._open_new()  # if this fails, the old file stays in use
+                os.close(old[1])
+                closed.append(old[0])
             return closed, result
+
+
+def write_all(fd: int, buffers: list[bytes]) -> None:
+    """writev every buffer, resuming after partial writes (at most IOV_MAX at a time)."""
+    views = [memoryview(b) for b in buffers if len(b)]
+    while views:
+        batch = views[:1024]
+        written = os.writev(fd, batch)
+        consumed = 0
+        while consumed < len(batch) and written >= len(batch[consumed]):
+            written -= len(batch[consumed])
+            consumed += 1
+        views = views[consumed:]
+        if written:
+            views[0] = views[0][written:]
