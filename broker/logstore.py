@@ -57,7 +57,7 @@ class ProducerState:
         return self.recent[-1][1] if self.recent else -1
 
     def to_json(self) -> dict[str, object]:
-        return {"epoch": self.epoch, "recent": self.recent}
+        return {"epoch": self.epoch, "recent": list(self.recent)}  # a copy: later batches must not leak in
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> ProducerState:
@@ -204,14 +204,26 @@ class LogStore:
         if replayed:
             log.info("replayed %d batches from %d WAL files", replayed, len(old_files))
         self.wal.start()
-        await self.flush()
-        for path in old_files:
-            path.unlink(missing_ok=True)
+        try:
+            await self.flush()
+        except Exception as exc:
+            # The replayed batches are served from memory and stay in the old WAL
+            # files (the flusher's next roll includes them) until a flush succeeds:
+            # an object store outage must not keep the broker from starting.
+            self.flush_failures += 1
+            log.error("flushing the replayed WAL failed, the flusher will retry (data is safe in the WAL): %s", exc)
+        else:
+            for path in old_files:
+                path.unlink(missing_ok=True)
         self._flusher = asyncio.create_task(self._flush_loop(), name="segment-flusher")
 
     async def close(self) -> None:
         if self._flusher:
-            self._flusher.cancel()
+            # Never cancel the flusher halfway through a flush: cancelled inside the
+            # WAL roll's write, the durability callbacks of that write never run and
+            # wal.close() below waits for them forever.
+            async with self._flush_lock:
+                self._flusher.cancel()
             try:
                 await self._flusher
             except asyncio.CancelledError:
@@ -260,6 +272,9 @@ class LogStore:
             if duplicate is not None:
                 if first_base < 0:
                     first_base = duplicate
+                # the original may still be on its way to disk: acknowledge the retry
+                # only once everything appended so far is durable
+                seq = max(seq, self.wal.last_sequence)
                 continue
             tail = part.accept(batch, header, now)
             if first_base < 0:
@@ -412,7 +427,7 @@ class LogStore:
             parts: list[bytes] = []
             chunks: list[tuple[PartitionLog, Chunk, int]] = []
             position = 0
-            for part, batches in snapshot:
+            for part, batches, _ in snapshot:
                 refs: list[BatchRef] = []
                 chunk_start = position
                 for batch in batches:
@@ -429,21 +444,30 @@ class LogStore:
                 chunks.append((part, chunk, len(batches)))
             data = b"".join(parts)
             await asyncio.get_running_loop().run_in_executor(None, self.store.put, key, data)
+            # Topics deleted during the put: their chunks must not reach the index (a
+            # topic created again under the same name would inherit them), and
+            # drop_topic already took their bytes off unflushed_bytes.
+            live = {id(part) for part, _, _ in snapshot if self.partitions.get((part.topic, part.partition)) is part}
+            chunks = [c for c in chunks if id(c[0]) in live]
+            # Producer states as of the WAL roll, i.e. matching the batches in this
+            # segment. Taken now they could include batches not yet in the WAL, and a
+            # broker restarted after a crash would acknowledge those as duplicates.
             producer_states = {
-                (part.topic, part.partition, pid): part.producers[pid].to_json()
-                for part, _, _ in chunks
-                for pid in part.dirty_producers
-                if pid in part.producers
+                (part.topic, part.partition, pid): state
+                for part, _, states in snapshot
+                if id(part) in live
+                for pid, state in states.items()
             }
             self.metadata.add_chunks([c for _, c, _ in chunks], producer_states)
             for part, chunk, count in chunks:
-                if self.partitions.get((part.topic, part.partition)) is not part:
-                    continue  # topic deleted meanwhile
                 part.chunks.append(chunk)
                 part.chunk_bases.append(chunk.base_offset)
                 del part.tail[:count]
-                part.dirty_producers.clear()
-            self.unflushed_bytes -= len(data)
+                self.unflushed_bytes -= chunk.byte_end - chunk.byte_start
+            for part, _, states in snapshot:  # saved, unless they changed since the roll
+                for pid, state in states.items():
+                    if pid in part.producers and part.producers[pid].to_json() == state:
+                        part.dirty_producers.discard(pid)
             self._cache_object(key, data)
             for path in closed:
                 path.unlink(missing_ok=True)
@@ -451,6 +475,12 @@ class LogStore:
             self._flush_done.set()
             return len(data)
 
-    def _snapshot(self) -> list[tuple[PartitionLog, list[TailBatch]]]:
-        return [(part, list(part.tail)) for part in self.partitions.values() if part.tail]
+    def _snapshot(self) -> list[tuple[PartitionLog, list[TailBatch], dict[int, dict[str, object]]]]:
+        """Each partition's tail and the state of its changed producers, at the WAL roll point."""
+        return [
+            (part, list(part.tail),
+             {pid: part.producers[pid].to_json() for pid in part.dirty_producers if pid in part.producers})
+            for part in self.partitions.values()
+            if part.tail
+        ]
 

@@ -90,13 +90,46 @@ def split_batches(records: bytes, verify_crc: bool = True) -> list[BatchHeader]:
             raise CorruptBatchError(
                 f"record batch at byte {pos} claims {header.size} bytes, only {len(records) - pos} present"
             )
-        if header.last_offset_delta < 0 or header.record_count < 0:
-            raise CorruptBatchError("record batch has a negative record count")
+        if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
+            raise CorruptBatchError(
+                f"record batch at byte {pos} has {header.record_count} records but a last offset delta "
+                f"of {header.last_offset_delta}"
+            )
         if verify_crc and crc32c(view[pos + 21 : end]) != header.crc:
             raise CorruptBatchError(f"record batch at byte {pos} fails its CRC check")
+        if header.compression == COMPRESSION_NONE:
+            check_record_framing(view[pos + HEADER_SIZE : end], header.record_count)
         headers.append(header)
         pos = end
     return headers
+
+
+def check_record_framing(body: memoryview, count: int) -> None:
+    """Walk the record length prefixes of an uncompressed batch: a batch whose
+    CRC is right but whose records do not add up is refused, as Kafka does.
+    (Compressed batches are checked when decoded.)"""
+    pos = 0
+    size = len(body)
+    for _ in range(count):
+        shift = 0
+        raw = 0
+        while True:
+            if pos >= size:
+                raise CorruptBatchError("record length runs past the end of the batch")
+            byte = body[pos]
+            pos += 1
+            raw |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+            shift += 7
+            if shift > 28:
+                raise CorruptBatchError("record length varint is too long")
+        length = (raw >> 1) ^ -(raw & 1)
+        if length < 6:  # attributes, timestamp, offset, key, value, header count
+            raise CorruptBatchError(f"record of {length} bytes is too short")
+        pos += length
+    if pos != size:
+        raise CorruptBatchError(f"records take {pos} bytes but the batch holds {size}")
 
 
 def with_base_offset(batch: bytes | memoryview, base_offset: int) -> bytearray:

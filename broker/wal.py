@@ -124,6 +124,11 @@ class WriteAheadLog:
         return self._appended
 
     @property
+    def last_sequence(self) -> int:
+        """The sequence number of the latest append: waiting for it covers all earlier ones."""
+        return self._appended
+
+    @property
     def pending_bytes(self) -> int:
         return self._pending_size
 

@@ -72,14 +72,14 @@ class BrokerProcess:
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         log.close()
-        wait_for(lambda: ready.exists() or self._check_alive(), timeout, what=f"broker to start (log: {self.log_path})")
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"broker did not start within {timeout}s (log: {self.log_path})")
+            time.sleep(0.05)
         return self
-
-    def _check_alive(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
-        return False
 
     def kill9(self) -> None:
         assert self.proc is not None

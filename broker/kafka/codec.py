@@ -69,7 +69,41 @@ def parse_request(frame: bytes) -> tuple[Any, Any]:
     # Like Kafka's own parser, trailing bytes are ignored: librdkafka sends an
     # extra field in Metadata v12 that the real broker tolerates.
     request, _ = body_reader(frame, header_size)
+    check_nulls(request)
     return header, request
+
+
+@cache
+def _null_rules(cls: Any) -> tuple[tuple[str, bool, bool, type[Any] | None], ...]:
+    """(name, nullable, is a tuple, nested entity) of the fields ``check_nulls`` looks at."""
+    rules = []
+    for f in dataclasses.fields(cls):
+        annotation: Any = f.type
+        nullable = typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(
+            annotation
+        )
+        many, entity = _entity_type(f)
+        if nullable and entity is None:
+            continue  # nothing to check
+        rules.append((f.name, nullable, many, entity))
+    return tuple(rules)
+
+
+def check_nulls(entity: Any, path: str = "") -> None:
+    """ValueError if a field the schema does not let be null is null.
+
+    kio reads a length of -1 as null even for arrays that may not be null;
+    Kafka's parser refuses such a request, and handlers rely on it.
+    """
+    for name, nullable, many, nested in _null_rules(entity.__class__):
+        value = getattr(entity, name)
+        if value is None:
+            if not nullable:
+                raise ValueError(f"{path}{name} is null, which its schema does not allow")
+            continue
+        if nested is not None:
+            for item in value if many else (value,):
+                check_nulls(item, f"{path}{name}.")
 
 
 @cache
@@ -171,6 +205,7 @@ __all__ = [
     "Responder",
     "UnsupportedRequest",
     "build",
+    "check_nulls",
     "encode_response",
     "field",
     "known_versions",

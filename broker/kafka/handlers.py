@@ -70,6 +70,13 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     60: (0, 1),  # DescribeCluster
 }
 
+# What ApiVersions lists. As Apache Kafka 4 does (KAFKA-18659), Produce is listed
+# from v0 though only v3+ is served (an older request still closes the connection):
+# librdkafka before the fix of its issue #4956 (2.0.2 in Debian's kcat, say)
+# compresses with gzip, snappy or lz4 only if the broker lists Produce v0, and
+# otherwise sends every batch uncompressed without a word.
+ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = {**SUPPORTED_VERSIONS, 0: (0, SUPPORTED_VERSIONS[0][1])}
+
 # A few broker-level configs, so DescribeConfigs(BROKER) answers admin tools.
 def _broker_configs(config: BrokerConfig) -> dict[str, str]:
     return {
@@ -86,6 +93,11 @@ def _broker_configs(config: BrokerConfig) -> dict[str, str]:
         "icefall.segment.flush.bytes": str(config.segment_flush_bytes),
         "icefall.object.store": config.store.url,
     }
+
+
+class CloseConnection(Exception):
+    """Close the client's connection instead of answering (how Kafka tells an
+    acks=0 producer that its produce failed)."""
 
 
 @dataclass
@@ -205,6 +217,14 @@ class KafkaHandlers:
 
     async def produce(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         acks = req.acks
+        if acks not in (0, 1, -1):
+            return R(responses=[
+                {"name": td.name, "partition_responses": [
+                    {"index": pd.index, "error_code": 21, "base_offset": -1, "log_append_time": None,
+                     "log_start_offset": -1, "record_errors": [],
+                     "error_message": f"acks must be 0, 1 or -1 (all), got {acks}"}
+                    for pd in td.partition_data]}
+                for td in req.topic_data])
         results: list[tuple[str, list[dict[str, Any]]]] = []
         last_seq = 0
         for td in req.topic_data:
@@ -225,7 +245,7 @@ class KafkaHandlers:
                     entry.update(error_code=87, error_message="produce request has no records")
                 else:
                     try:
-                        base, seq = await self.logs.append(part, bytes(pd.records), topic.max_message_bytes)
+                        base, seq = await self.logs.append(part, pd.records, topic.max_message_bytes)
                         last_seq = max(last_seq, seq)
                         entry.update(base_offset=base, log_start_offset=part.log_start_offset)
                     except ProduceError as exc:
@@ -245,6 +265,9 @@ class KafkaHandlers:
             return R(responses=[{"name": name, "partition_responses": parts} for name, parts in results])
 
         if acks == 0:
+            failed = [e for _, parts in results for e in parts if e["error_code"] != NONE]
+            if failed:
+                raise CloseConnection(f"acks=0 produce refused: {failed[0]['error_message']}")
             return None
         return respond()
 
@@ -649,6 +672,6 @@ class KafkaHandlers:
 def api_versions_response(R: Responder, error: int) -> Any:
     return R(
         error_code=error,
-        api_keys=[{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())],
+        api_keys=[{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(ADVERTISED_VERSIONS.items())],
         supported_features=[], finalized_features_epoch=-1, finalized_features=[], zk_migration_ready=False,
     )

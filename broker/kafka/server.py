@@ -17,7 +17,7 @@ from typing import Any
 from kio.schema.index import api_key_map
 
 from broker.kafka import codec
-from broker.kafka.handlers import SUPPORTED_VERSIONS, ConnectionContext, KafkaHandlers, api_versions_response
+from broker.kafka.handlers import SUPPORTED_VERSIONS, CloseConnection, ConnectionContext, KafkaHandlers, api_versions_response
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class KafkaServer:
         peer = writer.get_extra_info("peername")
         host = f"/{peer[0]}" if peer else "/unknown"
         outbox: asyncio.Queue[Any] = asyncio.Queue(MAX_IN_FLIGHT)
-        sender = asyncio.create_task(self._send(outbox, writer))
+        sender = asyncio.create_task(self._send(outbox, writer, host))
         ctx = ConnectionContext(client_id="", client_host=host)
         try:
             while not sender.done():
@@ -68,21 +68,24 @@ class KafkaServer:
                 item = await self._dispatch(ctx, frame, host)
                 if item is None:
                     break
-                if item is not _NO_RESPONSE:
-                    await outbox.put(item)
+                if item is not _NO_RESPONSE and not await _put(outbox, sender, item):
+                    _discard(item)
+                    break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except asyncio.CancelledError:
             sender.cancel()
             raise
         finally:
-            await outbox.put(None)
+            # Whatever goes wrong here, the socket is closed and the connection forgotten.
             try:
-                await asyncio.wait_for(sender, 30)
-            except (asyncio.TimeoutError, asyncio.CancelledError, ConnectionError):
+                if await _put(outbox, sender, None):
+                    await asyncio.wait_for(sender, 30)
+            except BaseException:  # noqa: BLE001 - timeout, cancellation, or the sender's own failure
                 sender.cancel()
-            writer.close()
-            self.connections.discard(task)
+            finally:
+                writer.close()
+                self.connections.discard(task)
 
     async def _dispatch(self, ctx: ConnectionContext, frame: bytes, host: str) -> Any:
         """The response (bytes or an awaitable of bytes), _NO_RESPONSE, or None to close."""
@@ -111,6 +114,9 @@ class KafkaServer:
         responder = codec.Responder(api_key, api_version)
         try:
             result = await self.handlers.by_key[api_key](ctx, request, responder)
+        except CloseConnection as exc:
+            log.info("%s: %s; closing", host, exc)
+            return None
         except Exception:
             log.exception("%s: %s v%d handler failed; closing", host, api_key_map[api_key], api_version)
             return None
@@ -118,21 +124,65 @@ class KafkaServer:
             return _NO_RESPONSE
         if inspect.isawaitable(result):
             return _deferred(correlation_id, result)
-        return codec.encode_response(correlation_id, result)
+        try:
+            return codec.encode_response(correlation_id, result)
+        except Exception:
+            log.exception("%s: %s v%d response could not be encoded; closing", host, api_key_map[api_key], api_version)
+            return None
 
     @staticmethod
-    async def _send(outbox: asyncio.Queue[Any], writer: asyncio.StreamWriter) -> None:
+    async def _send(outbox: asyncio.Queue[Any], writer: asyncio.StreamWriter, host: str) -> None:
+        """Writes responses in order until None. If one cannot be produced or written,
+        the connection is closed (so the reader stops) and the rest are discarded."""
+        failed = False
         while True:
             item = await outbox.get()
             if item is None:
                 return
-            if inspect.isawaitable(item):
-                item = await item
-            writer.write(item)
-            await writer.drain()
+            if failed:
+                _discard(item)
+                continue
+            try:
+                if inspect.isawaitable(item):
+                    item = await item
+                writer.write(item)
+                await writer.drain()
+            except ConnectionError:
+                failed = True
+                writer.close()
+            except Exception:
+                log.exception("%s: a response could not be sent; closing", host)
+                failed = True
+                writer.close()
 
 
 _NO_RESPONSE = object()
+
+
+async def _put(outbox: asyncio.Queue[Any], sender: asyncio.Task[None], item: Any) -> bool:
+    """Queue ``item`` for the sender; False if the sender has stopped (it would never be taken)."""
+    if sender.done():
+        return False
+    try:
+        outbox.put_nowait(item)
+        return True
+    except asyncio.QueueFull:
+        pass
+    put = asyncio.ensure_future(outbox.put(item))
+    try:
+        await asyncio.wait({put, sender}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not put.done():
+            put.cancel()
+    return put.done() and not put.cancelled()
+
+
+def _discard(item: Any) -> None:
+    """Drop a response that will not be sent without leaving a never-awaited coroutine."""
+    if inspect.iscoroutine(item):
+        item.close()
+    elif isinstance(item, asyncio.Future):
+        item.cancel()
 
 
 async def _deferred(correlation_id: int, pending: Any) -> bytes:
