@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 import time
 import uuid
@@ -41,7 +42,7 @@ class ProduceError(Exception):
 class TailBatch:
     base_offset: int
     end_offset: int
-    data: bytes
+    data: records.Buffer
     append_ms: int
     max_timestamp: int
 
@@ -283,7 +284,7 @@ class LogStore:
             end = tail.end_offset
             seq = self.wal.append(
                 WalEntry(part.topic, part.partition, now, tail.data),
-                lambda part=part, end=end: self._on_durable(part, end),
+                functools.partial(self._on_durable, part, end),
             )
         if self.unflushed_bytes >= self.config.segment_flush_bytes:
             self._flush_needed.set()
@@ -319,7 +320,7 @@ class LogStore:
     async def read(self, part: PartitionLog, offset: int, max_bytes: int) -> bytes:
         """Whole batches from the one holding ``offset``, up to ``max_bytes``
         (but at least one batch), never past the high watermark."""
-        out: list[bytes] = []
+        out: list[records.Buffer] = []
         size = 0
         hw = part.high_watermark
         full = False
@@ -424,7 +425,7 @@ class LogStore:
                     path.unlink(missing_ok=True)
                 return 0
             key = f"segments/{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}.seg"
-            parts: list[bytes] = []
+            parts: list[records.Buffer] = []
             chunks: list[tuple[PartitionLog, Chunk, int]] = []
             position = 0
             for part, batches, _ in snapshot:

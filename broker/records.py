@@ -22,6 +22,9 @@ COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRES
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 
+Buffer = bytes | bytearray | memoryview
+"""Whatever holds batch bytes: received (bytes), rewritten (bytearray) or sliced (memoryview)."""
+
 
 class CorruptBatchError(ValueError):
     """The bytes are not a well-formed v2 record batch."""
@@ -67,7 +70,7 @@ class BatchHeader:
         return (self.base_sequence + self.last_offset_delta) % (2**31)
 
 
-def read_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+def read_header(buf: Buffer, pos: int = 0) -> BatchHeader:
     if len(buf) - pos < HEADER_SIZE:
         raise CorruptBatchError(f"record batch truncated: {len(buf) - pos} bytes, header needs {HEADER_SIZE}")
     header = BatchHeader(*_HEADER.unpack_from(buf, pos))
@@ -78,7 +81,7 @@ def read_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
     return header
 
 
-def split_batches(records: bytes, verify_crc: bool = True) -> list[BatchHeader]:
+def split_batches(records: Buffer, verify_crc: bool = True) -> list[BatchHeader]:
     """Headers of every batch in a produce request's records field, validated."""
     headers: list[BatchHeader] = []
     pos = 0
@@ -132,14 +135,14 @@ def check_record_framing(body: memoryview, count: int) -> None:
         raise CorruptBatchError(f"records take {pos} bytes but the batch holds {size}")
 
 
-def with_base_offset(batch: bytes | memoryview, base_offset: int) -> bytearray:
+def with_base_offset(batch: Buffer, base_offset: int) -> bytearray:
     """A copy of the batch with its base offset set; the CRC stays valid (it starts at attributes)."""
     copy = bytearray(batch)
     struct.pack_into(">q", copy, 0, base_offset)
     return copy
 
 
-def iter_batches(data: bytes | memoryview) -> Iterator[tuple[BatchHeader, memoryview]]:
+def iter_batches(data: Buffer) -> Iterator[tuple[BatchHeader, memoryview]]:
     """Walk concatenated batches (a segment byte range) without copying."""
     view = memoryview(data)
     pos = 0
@@ -217,7 +220,7 @@ def decompress(codec: int, data: bytes) -> bytes:
     raise CorruptBatchError(f"unknown compression codec {codec}")
 
 
-def decode_batch(batch: bytes | memoryview) -> tuple[BatchHeader, list[Record]]:
+def decode_batch(batch: Buffer) -> tuple[BatchHeader, list[Record]]:
     """Every record of one batch, with absolute offsets and timestamps."""
     header = read_header(batch)
     body = decompress(header.compression, bytes(batch[HEADER_SIZE : header.size]))
@@ -251,3 +254,52 @@ def decode_batch(batch: bytes | memoryview) -> tuple[BatchHeader, list[Record]]:
             )
         )
     return header, records
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _zigzag_varint(value: int) -> bytes:
+    raw = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while True:
+        byte = raw & 0x7F
+        raw >>= 7
+        if raw:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _bytes_or_null(value: bytes | None) -> bytes:
+    if value is None:
+        return _zigzag_varint(-1)
+    return _zigzag_varint(len(value)) + value
+
+
+def encode_batch(
+    entries: list[tuple[bytes | None, bytes | None]],
+    timestamp_ms: int,
+    headers: list[list[tuple[str, bytes | None]]] | None = None,
+) -> bytes:
+    """An uncompressed v2 batch (base offset 0) of (key, value) records: what the
+    broker writes into its own topics (``_schemas``) and what tests produce raw."""
+    if not entries:
+        raise ValueError("a record batch needs at least one record")
+    body = bytearray()
+    for i, (key, value) in enumerate(entries):
+        record = bytearray(b"\x00")  # attributes
+        record += _zigzag_varint(0)  # timestamp delta
+        record += _zigzag_varint(i)  # offset delta
+        record += _bytes_or_null(key) + _bytes_or_null(value)
+        record_headers = headers[i] if headers else []
+        record += _zigzag_varint(len(record_headers))
+        for hkey, hvalue in record_headers:
+            record += _bytes_or_null(hkey.encode()) + _bytes_or_null(hvalue)
+        body += _zigzag_varint(len(record)) + record
+    after_crc = struct.pack(
+        ">hiqqqhii", 0, len(entries) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(entries)
+    ) + bytes(body)
+    batch_length = 4 + 1 + 4 + len(after_crc)  # leader epoch, magic, crc, rest
+    return struct.pack(">qiib", 0, batch_length, -1, 2) + struct.pack(">I", crc32c(after_crc)) + after_crc

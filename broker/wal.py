@@ -19,6 +19,8 @@ from typing import TypeVar
 
 from crc32c import crc32c
 
+from broker.records import Buffer
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -31,10 +33,10 @@ class WalEntry:
     topic: str
     partition: int
     append_ms: int
-    batch: bytes
+    batch: Buffer
 
 
-def encode_entry(entry: WalEntry) -> list[bytes]:
+def encode_entry(entry: WalEntry) -> list[Buffer]:
     """The entry as buffers to write in order; the batch itself is not copied."""
     topic = entry.topic.encode()
     head = struct.pack(">Hiq", len(topic), entry.partition, entry.append_ms) + topic
@@ -68,7 +70,7 @@ class WriteAheadLog:
         existing = self.files()
         self._seq = (int(existing[-1].stem) + 1) if existing else 1
         self._file = self._open_new()
-        self._pending: list[bytes] = []
+        self._pending: list[Buffer] = []
         self._pending_size = 0
         self._pending_callbacks: list[Callable[[], None]] = []
         self._appended = 0
@@ -149,12 +151,12 @@ class WriteAheadLog:
         async with self._write_lock:
             await self._write_locked(self._take_pending())
 
-    def _take_pending(self) -> tuple[list[bytes], list[Callable[[], None]]]:
+    def _take_pending(self) -> tuple[list[Buffer], list[Callable[[], None]]]:
         taken = (self._pending, self._pending_callbacks)
         self._pending, self._pending_callbacks, self._pending_size = [], [], 0
         return taken
 
-    async def _write_locked(self, taken: tuple[list[bytes], list[Callable[[], None]]]) -> None:
+    async def _write_locked(self, taken: tuple[list[Buffer], list[Callable[[], None]]]) -> None:
         data, callbacks = taken
         if not data:
             return
@@ -170,7 +172,7 @@ class WriteAheadLog:
         self._durable += len(callbacks)
         self._durable_event.set()
 
-    def _write_sync(self, fd: int, buffers: list[bytes]) -> None:
+    def _write_sync(self, fd: int, buffers: list[Buffer]) -> None:
         write_all(fd, buffers)
         if self.fsync:
             os.fdatasync(fd)
@@ -192,7 +194,7 @@ class WriteAheadLog:
             return closed, result
 
 
-def write_all(fd: int, buffers: list[bytes]) -> None:
+def write_all(fd: int, buffers: list[Buffer]) -> None:
     """writev every buffer, resuming after partial writes (at most IOV_MAX at a time)."""
     views = [memoryview(b) for b in buffers if len(b)]
     while views:

@@ -116,13 +116,13 @@ def response_module(api_key: int, api_version: int) -> ModuleType:
 
 
 @cache
-def _response_writers(schema: type[Any]) -> tuple[Any, Any, Any]:
+def _response_writers(schema: Any) -> tuple[Any, Any, Any]:
     header_schema = schema.__header_schema__
     return header_schema, entity_writer(header_schema), entity_writer(schema)
 
 
 def encode_response(correlation_id: int, response: Any) -> bytes:
-    header_schema, header_writer, body_writer = _response_writers(type(response))
+    header_schema, header_writer, body_writer = _response_writers(typing.cast(Any, type(response)))
     buf = io.BytesIO()
     buf.write(b"\0\0\0\0")
     header_writer(buf, header_schema(correlation_id=correlation_id))
@@ -151,12 +151,12 @@ def _entity_type(field: dataclasses.Field[Any]) -> tuple[bool, type[Any] | None]
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
     if typing.get_origin(annotation) is tuple:
         inner = typing.get_args(annotation)[0]
-        return True, inner if dataclasses.is_dataclass(inner) else None
-    return False, annotation if dataclasses.is_dataclass(annotation) else None
+        return True, typing.cast(type[Any], inner) if dataclasses.is_dataclass(inner) else None
+    return False, typing.cast(type[Any], annotation) if dataclasses.is_dataclass(annotation) else None
 
 
 @cache
-def _fields(cls: type[Any]) -> tuple[dataclasses.Field[Any], ...]:
+def _fields(cls: Any) -> tuple[dataclasses.Field[Any], ...]:
     return tuple(dataclasses.fields(cls))
 
 
@@ -164,7 +164,7 @@ def build(cls: type[Any], data: dict[str, Any]) -> Any:
     """Instantiate a kio entity of any version from nested dicts holding the
     superset of fields: keys the version lacks are dropped."""
     kwargs: dict[str, Any] = {}
-    for f in _fields(cls):
+    for f in _fields(typing.cast(Any, cls)):
         if f.name not in data:
             continue
         value = data[f.name]

@@ -8,6 +8,7 @@ the next request meanwhile.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from typing import Any
 from broker import topic_configs
 from broker.cluster import Cluster, TopicError
 from broker.config import BrokerConfig
+from broker.gate import DataQualityGate, GateRejection, gate_applies
 from broker.kafka.codec import Responder, field, ms
 from broker.kafka.groups import GroupCoordinator
 from broker.logstore import LogStore, ProduceError
@@ -115,6 +117,7 @@ class KafkaHandlers:
         self.cluster = cluster
         self.logs = logs
         self.groups = groups
+        self.gate: DataQualityGate | None = None  # set once the schema registry is up
         self.by_key: dict[int, Handler] = {
             0: self.produce,
             1: self.fetch,
@@ -238,11 +241,16 @@ class KafkaHandlers:
                 part = self._partition(td.name, pd.index) if topic else None
                 if req.transactional_id is not None:
                     entry.update(error_code=53, error_message="transactions are not supported by this broker")
-                elif part is None:
+                elif topic is None or part is None:
                     entry.update(error_code=UNKNOWN_TOPIC_OR_PARTITION,
                                  error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}")
                 elif pd.records is None:
                     entry.update(error_code=87, error_message="produce request has no records")
+                elif (rejection := self._gate_rejection(topic.configs, pd.records)) is not None:
+                    log.info("produce to %s-%d refused by the data quality gate: %s", td.name, pd.index,
+                             rejection.message)
+                    entry.update(error_code=87, error_message=rejection.message, record_errors=[
+                        {"batch_index": rejection.batch_index, "batch_index_error_message": rejection.message}])
                 else:
                     try:
                         base, seq = await self.logs.append(part, pd.records, topic.max_message_bytes)
@@ -270,6 +278,11 @@ class KafkaHandlers:
                 raise CloseConnection(f"acks=0 produce refused: {failed[0]['error_message']}")
             return None
         return respond()
+
+    def _gate_rejection(self, configs: dict[str, str], records_bytes: bytes) -> GateRejection | None:
+        if self.gate is None or not gate_applies(configs):
+            return None
+        return self.gate.check(records_bytes)
 
     async def fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         deadline = time.monotonic() + ms(req.max_wait) / 1000
@@ -302,9 +315,16 @@ class KafkaHandlers:
                             errors = True
                         elif offset < hw and total < max_bytes:
                             budget = min(fp.partition_max_bytes, max_bytes - total)
-                            data = await self.logs.read(part, offset, budget)
-                            entry["records"] = data
-                            total += len(data)
+                            try:
+                                data = await self.logs.read(part, offset, budget)
+                            except Exception as exc:  # the object store failed: a retriable per-partition error
+                                log.warning("fetch %s-%d at %d: object store read failed: %s",
+                                            ft.topic, fp.partition, offset, exc)
+                                entry["error_code"] = KAFKA_STORAGE_ERROR
+                                errors = True
+                            else:
+                                entry["records"] = data
+                                total += len(data)
                     partitions.append(entry)
                 responses.append({"topic": ft.topic, "partitions": partitions})
             remaining = deadline - time.monotonic()
@@ -476,8 +496,8 @@ class KafkaHandlers:
     async def alter_configs(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         responses = []
         for res in req.resources:
-            configs = {c.name: c.value for c in res.configs}
-            responses.append(self._apply_configs(res, lambda _old: configs, req.validate_only))
+            replacement: dict[str, Any] = {c.name: c.value for c in res.configs}
+            responses.append(self._apply_configs(res, functools.partial(_replace_all, replacement), req.validate_only))
         return R(responses=responses)
 
     async def incremental_alter_configs(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
@@ -667,6 +687,11 @@ class KafkaHandlers:
                 self.cluster.metadata.delete_group_offsets(group_id)
             results.append({"group_id": group_id, "error_code": code})
         return R(results=results)
+
+
+def _replace_all(replacement: dict[str, Any], _old: dict[str, str]) -> dict[str, Any]:
+    """AlterConfigs semantics: the given set replaces every dynamic config."""
+    return replacement
 
 
 def api_versions_response(R: Responder, error: int) -> Any:

@@ -60,3 +60,14 @@ def test_corrupt_batches_are_refused(mutate: object, message: str) -> None:
 def test_iter_batches_walks_concatenated_batches() -> None:
     raw = b"".join(bytes(records.with_base_offset(_batch([b"x"] * n), base)) for base, n in [(0, 2), (2, 3), (5, 1)])
     assert [(h.base_offset, h.record_count) for h, _ in records.iter_batches(raw)] == [(0, 2), (2, 3), (5, 1)]
+
+
+def test_encode_batch_round_trips_through_the_validator() -> None:
+    raw = records.encode_batch([(b"k1", b"v1"), (None, None), (b"k3", b"")], 1_700_000_000_000,
+                               headers=[[("a", b"1")], [], [("b", None)]])
+    (header,) = records.split_batches(raw)
+    assert header.record_count == 3
+    _, decoded = records.decode_batch(raw)
+    assert [(r.key, r.value) for r in decoded] == [(b"k1", b"v1"), (None, None), (b"k3", b"")]
+    assert decoded[0].headers == (("a", b"1"),) and decoded[2].headers == (("b", None),)
+    assert all(r.timestamp == 1_700_000_000_000 for r in decoded)
