@@ -74,8 +74,9 @@ class KafkaServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except asyncio.CancelledError:
+            # broker shutdown: end quietly (asyncio's stream callback would log a
+            # re-raised CancelledError as an error)
             sender.cancel()
-            raise
         finally:
             # Whatever goes wrong here, the socket is closed and the connection forgotten.
             try:
