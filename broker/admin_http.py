@@ -53,9 +53,9 @@ def ranges_for(part: PartitionLog, start: int, end: int) -> list[dict[str, Any]]
             break
         if chunk.end_offset <= start:
             continue
-        refs = list(chunk.batches())
-        first = max(bisect.bisect_right([r.base_offset for r in refs], start) - 1, 0)
-        last = bisect.bisect_left([r.base_offset for r in refs], end)
+        refs = chunk.refs
+        first = max(bisect.bisect_right(chunk.ref_bases, start) - 1, 0)
+        last = bisect.bisect_left(chunk.ref_bases, end)
         selected = refs[first:last]
         out.append({
             "object_key": chunk.object_key,

@@ -330,8 +330,8 @@ class LogStore:
             i += 1
             if chunk.end_offset <= offset:
                 continue
-            refs = list(chunk.batches())
-            k = max(bisect.bisect_right([r.base_offset for r in refs], offset) - 1, 0)
+            refs = chunk.refs
+            k = max(bisect.bisect_right(chunk.ref_bases, offset) - 1, 0)
             start = end = refs[k].position
             while k < len(refs) and ((not out and end == start) or size + end - start + refs[k].size <= max_bytes):
                 end = refs[k].position + refs[k].size

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 _SCHEMA = """
@@ -88,7 +89,7 @@ class BatchRef:
     max_timestamp: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Chunk:
     """A contiguous run of one partition's batches inside one segment object."""
 
@@ -104,8 +105,16 @@ class Chunk:
     batch_index: bytes
 
     def batches(self) -> Iterator[BatchRef]:
-        for fields in BATCH_INDEX_ENTRY.iter_unpack(self.batch_index):
-            yield BatchRef(*fields)
+        return iter(self.refs)
+
+    @cached_property
+    def refs(self) -> list[BatchRef]:
+        """The unpacked batch index, once per chunk (fetches look it up often)."""
+        return [BatchRef(*fields) for fields in BATCH_INDEX_ENTRY.iter_unpack(self.batch_index)]
+
+    @cached_property
+    def ref_bases(self) -> list[int]:
+        return [ref.base_offset for ref in self.refs]
 
 
 def pack_batch_index(batches: Iterable[BatchRef]) -> bytes:
