@@ -1,5 +1,5 @@
 """Wires one broker process together: metadata, object store, logs, Kafka
-listener, group coordinator and the admin API."""
+listener, group coordinator, the admin API and the schema registry."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ import signal
 from broker.admin_http import AdminApi
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
+from broker.gate import DataQualityGate
+from broker.internal_topics import InternalTopic
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.handlers import KafkaHandlers
 from broker.kafka.server import KafkaServer
 from broker.logstore import LogStore
 from broker.metadata import MetadataStore
 from broker.objectstore import open_object_store
+from broker.registry import store as registry_store
+from broker.registry.api import RegistryApi
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +37,27 @@ class Broker:
         self.handlers = KafkaHandlers(config, self.cluster, self.logs, self.groups)
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes)
         self.admin = AdminApi(config, self.cluster, self.logs)
+        self.schemas = registry_store.SchemaStore(
+            InternalTopic(self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS))
+        self.registry = RegistryApi(self.schemas)
+        self.handlers.gate = DataQualityGate(self.schemas)
 
     async def start(self) -> None:
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
         self.cluster.write_manifest()
+        await self.schemas.load()  # before the listener: the produce gate needs every schema id
         self.groups.start()
         await self.kafka.start(self.config.host, self.config.kafka_port)
         await self.admin.start(self.config.host, self.config.admin_port)
+        await self.registry.start(self.config.host, self.config.registry_port)
         log.info(
-            "icefall broker up: kafka %s:%d, admin http://%s:%d, object store %s, home %s",
+            "icefall broker up: kafka %s:%d, admin http://%s:%d, schema registry http://%s:%d, object store %s, home %s",
             self.config.host, self.config.kafka_port, self.config.host, self.config.admin_port,
-            self.store.describe(), self.config.home,
+            self.config.host, self.config.registry_port, self.store.describe(), self.config.home,
         )
 
     async def stop(self) -> None:
+        await self.registry.close()
         await self.admin.close()
         await self.kafka.close()
         await self.groups.close()

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.config import BrokerConfig
@@ -42,6 +43,34 @@ def _ensure_demo_topic(bootstrap: str) -> None:
         future.result(10)
 
 
+DEMO_SCHEMA = json.dumps({
+    "type": "record", "name": "Click", "namespace": "icefall.demo",
+    "fields": [
+        {"name": "user_id", "type": "long"},
+        {"name": "page", "type": "string"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+})
+
+
+def _demo_serializer(registry_url: str) -> Callable[[dict[str, object]], bytes]:
+    """Confluent's Avro serializer against the built-in registry (it registers
+    ``clicks-value`` on first use), so the demo passes the data quality gate."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serializer = AvroSerializer(SchemaRegistryClient({"url": registry_url}), DEMO_SCHEMA)
+    context = SerializationContext(DEMO_TOPIC, MessageField.VALUE)
+
+    def serialize(event: dict[str, object]) -> bytes:
+        data = serializer(event, context)
+        assert data is not None
+        return data
+
+    return serialize
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is not None:
         return
@@ -64,6 +93,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
     ready.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "broker.cli", "broker", "--home", str(home), "--host", config.host,
            "--kafka-port", str(config.kafka_port), "--admin-port", str(config.admin_port),
+           "--registry-port", str(config.registry_port), "--catalog-port", str(config.catalog_port),
            "--ready-file", str(ready)]
     if config.object_store is not None:
         cmd += ["--object-store", config.object_store.url]
@@ -84,6 +114,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
             f"\nIcefall is up.\n"
             f"  Kafka bootstrap:  {bootstrap}\n"
             f"  Admin API:        {config.admin_url}/v1/table-topics\n"
+            f"  Schema registry:  http://{config.advertised}:{config.registry_port}/subjects\n"
             f"  Home:             {home}\n"
             f"  Demo producer:    {demo_rate:g} records/s to topic '{DEMO_TOPIC}'\n"
             f"  Try:              kcat -b {bootstrap} -C -t {DEMO_TOPIC} -o -5 -e\n"
@@ -92,6 +123,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
         )
         producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                              "linger.ms": 50})
+        serialize = _demo_serializer(f"http://{config.advertised}:{config.registry_port}")
         pages = ["/", "/pricing", "/docs", "/blog", "/signup"]
         sent = 0
         next_at = time.monotonic()
@@ -101,7 +133,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
                 return 1
             user = random.randrange(1000)
             event = {"user_id": user, "page": random.choice(pages), "ts": int(time.time() * 1000)}
-            producer.produce(DEMO_TOPIC, key=str(user).encode(), value=json.dumps(event).encode())
+            producer.produce(DEMO_TOPIC, key=str(user).encode(), value=serialize(event))
             producer.poll(0)
             sent += 1
             next_at += 1 / demo_rate

@@ -23,10 +23,11 @@ def _pid_alive(pid: int) -> bool:
 
 def test_up_runs_demo_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    kafka, admin = free_port(), free_port()
+    kafka, admin, registry, catalog = free_port(), free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "broker.cli", "up", "--home", str(home), "--kafka-port", str(kafka),
-         "--admin-port", str(admin), "--demo-rate", "200"],
+         "--admin-port", str(admin), "--registry-port", str(registry), "--catalog-port", str(catalog),
+         "--demo-rate", "200"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
@@ -38,6 +39,9 @@ def test_up_runs_demo_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
                 return sum(p["high_watermark"] for p in json.loads(r.read())["partitions"])
 
         wait_for(lambda: demo_records() >= 50, 60, what="the demo producer to write 50 records")
+        with urllib.request.urlopen(f"http://127.0.0.1:{registry}/subjects/clicks-value/versions/latest",
+                                    timeout=5) as r:
+            assert "user_id" in json.loads(r.read())["schema"]
         manifest = json.loads((home / "table_topics.json").read_text())
         assert [t["topic"] for t in manifest["table_topics"]] == ["clicks"]
 

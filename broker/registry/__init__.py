@@ -1,0 +1,1 @@
+"""Confluent-compatible Schema Registry served by the broker."""

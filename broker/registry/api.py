@@ -1,0 +1,365 @@
+"""The Confluent Schema Registry REST API (the subset every Confluent serializer
+and ``SchemaRegistryClient`` uses), served by the broker on ``registry_port``.
+
+Answers are ``application/vnd.schemaregistry.v1+json``; errors are
+``{"error_code": ..., "message": ...}`` with Confluent's statuses and codes (see
+api_errors). Bad input never becomes a 500: bodies, paths and query parameters are
+checked here, schemas by the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from broker.registry import api_errors as errors
+from broker.registry.api_errors import RegistryError
+from broker.registry.errors import InvalidSchemaError
+from broker.registry.schemas import (
+    SCHEMA_TYPES,
+    Reference,
+    flatten_references,
+    normalize_type,
+    references_from_json,
+)
+from broker.registry.store import LATEST, MAX_VERSION, RegisteredSchema, SchemaStore, SubjectVersion
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def reply(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(obj, ensure_ascii=False), status=status, content_type=CONTENT_TYPE)
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "false").strip().lower() == "true"
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    value = request.query.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise errors.bad_request(f"Query parameter '{name}' must be an integer, got {value!r}") from None
+
+
+def _page(request: web.Request, items: list[Any]) -> list[Any]:
+    offset = max(_int_param(request, "offset", 0), 0)
+    limit = _int_param(request, "limit", -1)
+    items = items[offset:]
+    return items if limit < 0 else items[:limit]
+
+
+def parse_version(text: str) -> int:
+    """A version path segment: 1..2^31-1, or "latest" / -1 (LATEST); else 42202."""
+    if text.strip().lower() == "latest":
+        return LATEST
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise errors.invalid_version(text) from None
+    if value == LATEST or 1 <= value <= MAX_VERSION:
+        return value
+    raise errors.invalid_version(text)
+
+
+def _subject(request: web.Request) -> str:
+    subject = request.match_info["subject"]
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in subject):
+        raise errors.invalid_subject(subject)
+    return subject
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    """The JSON object in the request body: 400 when it is not JSON or not an
+    object (rest-utils' Json{Parse,Mapping}ExceptionMapper), 422 when it is empty."""
+    raw = await request.read()
+    if not raw.strip():
+        raise errors.unprocessable("Request body is empty: a JSON object is required")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise errors.bad_request(f"Unexpected content in the request body: not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise errors.bad_request(f"Cannot deserialize the request body: expected a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _schema_request(body: dict[str, Any]) -> tuple[str, Any, list[Reference]]:
+    """(schemaType, schema text, references) of a register/lookup/compatibility body."""
+    text = body.get("schema")
+    if isinstance(text, (dict, list)):
+        raise errors.bad_request("Cannot deserialize value of type `java.lang.String` from an object or array "
+                                 "(field 'schema' must be a string)")
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)
+    try:
+        refs = references_from_json(body.get("references"))
+    except ValueError as exc:
+        raise errors.bad_request(f"Cannot deserialize field 'references': {exc}") from None
+    try:
+        schema_type = normalize_type(body.get("schemaType"))
+    except InvalidSchemaError as exc:
+        raise errors.invalid_schema(str(exc)) from None
+    return schema_type, text, refs
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RegistryError as exc:
+        return reply(exc.body(), exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return reply({"error_code": exc.status, "message": f"HTTP {exc.status} {exc.reason}"}, exc.status)
+    except Exception as exc:  # a bug; still answer in the registry's format
+        log.exception("schema registry: %s %s failed", request.method, request.path)
+        return reply({"error_code": 500, "message": f"Internal Server Error: {type(exc).__name__}"}, 500)
+
+
+class RegistryApi:
+    def __init__(self, store: SchemaStore) -> None:
+        self.store = store
+        self.app = web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024)
+        s = "{subject}"
+        self.app.add_routes([
+            web.get("/", self.root),
+            web.get("/contexts", self.contexts),
+            web.get("/subjects", self.list_subjects),
+            web.post(f"/subjects/{s}", self.lookup),
+            web.delete(f"/subjects/{s}", self.delete_subject),
+            web.get(f"/subjects/{s}/versions", self.list_versions),
+            web.post(f"/subjects/{s}/versions", self.register),
+            web.get(f"/subjects/{s}/versions/{{version}}", self.get_version),
+            web.delete(f"/subjects/{s}/versions/{{version}}", self.delete_version),
+            web.get(f"/subjects/{s}/versions/{{version}}/schema", self.get_version_schema),
+            web.get(f"/subjects/{s}/versions/{{version}}/referencedby", self.referenced_by),
+            web.get("/schemas", self.list_schemas),
+            web.get("/schemas/types", self.schema_types),
+            web.get("/schemas/ids/{id}", self.get_by_id),
+            web.get("/schemas/ids/{id}/schema", self.get_by_id_schema),
+            web.get("/schemas/ids/{id}/subjects", self.subjects_of_id),
+            web.get("/schemas/ids/{id}/versions", self.versions_of_id),
+            web.post(f"/compatibility/subjects/{s}/versions/{{version}}", self.compatibility_version),
+            web.post(f"/compatibility/subjects/{s}/versions", self.compatibility_all),
+            web.get("/config", self.get_config),
+            web.put("/config", self.put_config),
+            web.delete("/config", self.delete_config),
+            web.get(f"/config/{s}", self.get_config),
+            web.put(f"/config/{s}", self.put_config),
+            web.delete(f"/config/{s}", self.delete_config),
+            web.get("/mode", self.get_mode),
+            web.put("/mode", self.put_mode),
+            web.delete("/mode", self.delete_mode),
+            web.get(f"/mode/{s}", self.get_mode),
+            web.put(f"/mode/{s}", self.put_mode),
+            web.delete(f"/mode/{s}", self.delete_mode),
+        ])
+        self.runner: web.AppRunner | None = None
+        self._serialized: dict[int, str] = {}  # protobuf id -> base64 descriptor (an id's schema never changes)
+
+    async def start(self, host: str, port: int) -> None:
+        self.runner = web.AppRunner(self.app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, host, port).start()
+
+    async def close(self) -> None:
+        if self.runner:
+            await self.runner.cleanup()
+
+    # ------------------------------------------------------------------ rendering
+
+    def _schema_text(self, rs: RegisteredSchema, fmt: str | None) -> str:
+        if rs.schema_type != "PROTOBUF":
+            return rs.schema
+        from broker.registry import proto_text
+
+        if fmt == "serialized":
+            cached = self._serialized.get(rs.id)
+            if cached is not None:
+                return cached
+            try:
+                deps = {name: proto_text.as_text(text)
+                        for name, text in flatten_references(self.store.resolve(rs.references)).items()}
+                self._serialized[rs.id] = proto_text.as_serialized(rs.schema, deps)
+                return self._serialized[rs.id]
+            except Exception as exc:
+                log.warning("schema id %d: no serialized form: %s", rs.id, exc)
+                raise errors.invalid_schema(f"Schema {rs.id} cannot be returned in the serialized format: {exc}") \
+                    from None
+        return proto_text.as_text(rs.schema)
+
+    def _schema_json(self, rs: RegisteredSchema, fmt: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if rs.schema_type != "AVRO":
+            out["schemaType"] = rs.schema_type
+        if rs.references:
+            out["references"] = [r.to_json() for r in rs.references]
+        out["schema"] = self._schema_text(rs, fmt)
+        return out
+
+    def _version_json(self, sv: SubjectVersion, fmt: str | None) -> dict[str, Any]:
+        rs = self.store.schema_of(sv)
+        return {"subject": sv.subject, "version": sv.version, "id": rs.id, **self._schema_json(rs, fmt)}
+
+    def _schema_id(self, request: web.Request) -> int:
+        try:
+            return int(request.match_info["id"])
+        except ValueError:
+            raise errors.not_found() from None
+
+    # ------------------------------------------------------------------ handlers
+
+    async def root(self, request: web.Request) -> web.Response:
+        return reply({})
+
+    async def contexts(self, request: web.Request) -> web.Response:
+        return reply(["."])
+
+    async def list_subjects(self, request: web.Request) -> web.Response:
+        deleted_only = _flag(request, "deletedOnly") or _flag(request, "deleted_only")
+        subjects = self.store.list_subjects(_flag(request, "deleted"), deleted_only,
+                                            request.query.get("subjectPrefix", ""))
+        return reply(_page(request, subjects))
+
+    async def list_versions(self, request: web.Request) -> web.Response:
+        deleted_only = _flag(request, "deletedOnly") or _flag(request, "deleted_only")
+        versions = self.store.list_versions(_subject(request), _flag(request, "deleted"), deleted_only)
+        return reply(_page(request, versions))
+
+    async def register(self, request: web.Request) -> web.Response:
+        subject = _subject(request)
+        body = await _body(request)
+        schema_type, text, refs = _schema_request(body)
+        schema_id, version = body.get("id"), body.get("version")
+        for name, value in (("id", schema_id), ("version", version)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise errors.bad_request(f"Cannot deserialize field '{name}': expected an integer")
+        if schema_id is not None and schema_id < 0:
+            schema_id = None  # -1 is the Java client's "no id"
+        if version is not None and version <= 0:
+            version = None
+        sv, rs = await self.store.register(subject, schema_type, text, refs, schema_id, version)
+        return reply({"id": rs.id, "version": sv.version})
+
+    async def lookup(self, request: web.Request) -> web.Response:
+        subject = _subject(request)
+        body = await _body(request)
+        schema_type, text, refs = _schema_request(body)
+        sv, _ = self.store.lookup(subject, schema_type, text, refs, _flag(request, "deleted"))
+        return reply(self._version_json(sv, request.query.get("format")))
+
+    async def get_version(self, request: web.Request) -> web.Response:
+        sv = self.store.get_version(_subject(request), parse_version(request.match_info["version"]),
+                                    _flag(request, "deleted"))
+        return reply(self._version_json(sv, request.query.get("format")))
+
+    async def get_version_schema(self, request: web.Request) -> web.Response:
+        sv = self.store.get_version(_subject(request), parse_version(request.match_info["version"]),
+                                    _flag(request, "deleted"))
+        text = self._schema_text(self.store.schema_of(sv), request.query.get("format"))
+        return web.Response(text=text, content_type=CONTENT_TYPE)
+
+    async def referenced_by(self, request: web.Request) -> web.Response:
+        sv = self.store.get_version(_subject(request), parse_version(request.match_info["version"]), True)
+        return reply(_page(request, self.store.referenced_by(sv)))
+
+    async def delete_subject(self, request: web.Request) -> web.Response:
+        versions = await self.store.delete_subject(_subject(request), _flag(request, "permanent"))
+        return reply(versions)
+
+    async def delete_version(self, request: web.Request) -> web.Response:
+        subject = _subject(request)
+        version = await self.store.delete_version(subject, parse_version(request.match_info["version"]),
+                                                  _flag(request, "permanent"))
+        return reply(version)
+
+    async def list_schemas(self, request: web.Request) -> web.Response:
+        prefix = request.query.get("subjectPrefix", "")
+        deleted, latest_only = _flag(request, "deleted"), _flag(request, "latestOnly")
+        out = []
+        for subject in self.store.list_subjects(deleted, False, prefix):
+            versions = self.store.subjects[subject].included(deleted)
+            for sv in versions[-1:] if latest_only else versions:
+                out.append(self._version_json(sv, request.query.get("format")))
+        return reply(_page(request, out))
+
+    async def schema_types(self, request: web.Request) -> web.Response:
+        return reply(list(SCHEMA_TYPES))
+
+    async def get_by_id(self, request: web.Request) -> web.Response:
+        schema_id = self._schema_id(request)
+        rs = self.store.schema_by_id(schema_id)
+        if rs is None:
+            raise errors.schema_not_found(schema_id)
+        return reply(self._schema_json(rs, request.query.get("format")))
+
+    async def get_by_id_schema(self, request: web.Request) -> web.Response:
+        schema_id = self._schema_id(request)
+        rs = self.store.schema_by_id(schema_id)
+        if rs is None:
+            raise errors.schema_not_found(schema_id)
+        return web.Response(text=self._schema_text(rs, request.query.get("format")), content_type=CONTENT_TYPE)
+
+    async def subjects_of_id(self, request: web.Request) -> web.Response:
+        versions = self.store.versions_of_id(self._schema_id(request), _flag(request, "deleted"),
+                                             request.query.get("subject"))
+        return reply(_page(request, sorted({sv.subject for sv in versions})))
+
+    async def versions_of_id(self, request: web.Request) -> web.Response:
+        versions = self.store.versions_of_id(self._schema_id(request), _flag(request, "deleted"),
+                                             request.query.get("subject"))
+        return reply(_page(request, [{"subject": sv.subject, "version": sv.version} for sv in versions]))
+
+    async def _compatibility(self, request: web.Request, version: int | None) -> web.Response:
+        subject = _subject(request)
+        body = await _body(request)
+        schema_type, text, refs = _schema_request(body)
+        messages = self.store.test_compatibility(subject, version, schema_type, text, refs)
+        answer: dict[str, Any] = {"is_compatible": not messages}
+        if _flag(request, "verbose"):
+            answer["messages"] = messages
+        return reply(answer)
+
+    async def compatibility_version(self, request: web.Request) -> web.Response:
+        return await self._compatibility(request, parse_version(request.match_info["version"]))
+
+    async def compatibility_all(self, request: web.Request) -> web.Response:
+        return await self._compatibility(request, None)
+
+    async def get_config(self, request: web.Request) -> web.Response:
+        subject = _subject(request) if "subject" in request.match_info else None
+        return reply(self.store.get_config(subject, _flag(request, "defaultToGlobal")))
+
+    async def put_config(self, request: web.Request) -> web.Response:
+        subject = _subject(request) if "subject" in request.match_info else None
+        body = await _body(request)
+        return reply(await self.store.set_config(subject, body))
+
+    async def delete_config(self, request: web.Request) -> web.Response:
+        subject = _subject(request) if "subject" in request.match_info else None
+        return reply(await self.store.delete_config(subject))
+
+    async def get_mode(self, request: web.Request) -> web.Response:
+        subject = _subject(request) if "subject" in request.match_info else None
+        return reply({"mode": self.store.get_mode(subject, _flag(request, "defaultToGlobal"))})
+
+    async def put_mode(self, request: web.Request) -> web.Response:
+        subject = _subject(request) if "subject" in request.match_info else None
+        body = await _body(request)
+        return reply({"mode": await self.store.set_mode(subject, body.get("mode"), _flag(request, "force"))})
+
+    async def delete_mode(self, request: web.Request) -> web.Response:
+        subject = _subject(request) if "subject" in request.match_info else None
+        return reply({"mode": await self.store.delete_mode(subject)})

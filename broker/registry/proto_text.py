@@ -1,0 +1,55 @@
+"""Protobuf schemas in their two wire forms, on top of compat_protobuf's parser.
+
+Clients register ``.proto`` text, or (confluent-kafka's ProtobufSerializer) the
+base64 of a serialized ``FileDescriptorProto``; deserializers ask for the text (the
+default) or ``?format=serialized``. Like Confluent's registry, this one stores the
+canonical ``.proto`` text (so both forms of one schema are the same schema, with one
+id) and converts on the way out.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from broker.registry.errors import InvalidSchemaError
+
+
+def parse(text: str, deps: dict[str, str]) -> Any:
+    """compat_protobuf's ProtoFile for ``text`` (either form); InvalidSchemaError."""
+    from broker.registry.compat_protobuf import parse_proto
+
+    try:
+        return parse_proto(text, deps)
+    except InvalidSchemaError:
+        raise
+    except RecursionError:
+        raise InvalidSchemaError("Invalid Protobuf schema: nested too deeply") from None
+    except Exception as exc:  # a parser gap must still be a 42201, never a 500
+        raise InvalidSchemaError(f"Invalid Protobuf schema: {exc}") from None
+
+
+def canonical(text: str, deps: dict[str, str]) -> tuple[str, Any]:
+    """(canonical ``.proto`` text, ProtoFile) of a schema in either form."""
+    from broker.registry.proto_descriptor import render_proto
+
+    model = parse(text, deps)
+    return render_proto(model), model
+
+
+def as_text(stored: str) -> str:
+    """The ``.proto`` text of a stored schema (records written by other registries may
+    hold the serialized form)."""
+    from broker.registry.compat_protobuf import is_serialized_descriptor
+
+    if not is_serialized_descriptor(stored):
+        return stored
+    return canonical(stored, {})[0]
+
+
+def as_serialized(stored: str, deps: dict[str, str], name: str = "schema.proto") -> str:
+    """The base64 FileDescriptorProto of a stored schema (``?format=serialized``)."""
+    from broker.registry.proto_descriptor import to_descriptor
+
+    fd = to_descriptor(parse(stored, deps), name)
+    return base64.standard_b64encode(fd.SerializeToString()).decode("ascii")
