@@ -1,0 +1,13 @@
+"""Spark applications of the commit round and the helpers they run on the driver and executors.
+
+- ``jars``: where the Iceberg Spark runtime jar comes from.
+- ``segments``: read segment byte ranges from the object store and decode the
+  Kafka record batches in them (offset window, control batches, aborted transactions).
+- ``avro_schema``: Avro schema -> Iceberg schema (as Iceberg's AvroSchemaUtil does),
+  the Icefall system columns, the Arrow schema of the rows, and schema-evolution planning.
+- ``rows``: Confluent wire-format keys/values -> Arrow record batches for the table,
+  with decode failures turned into error records for the DLQ instead of exceptions.
+
+``segments``, ``avro_schema`` and ``rows`` import no Spark: they run inside
+``mapInArrow`` on executors and in plain unit tests.
+"""

@@ -1,0 +1,432 @@
+"""Read Kafka records for a commit round straight from the broker's segment objects.
+
+The coordinator asks the broker's admin API for the byte ranges that cover a
+partition's offsets [start, end) (``GET .../ranges``) and hands them to Spark
+tasks. A task reads each range with one ranged GET, walks the record batches
+in it and keeps the records whose offset is in the window. Why here and not
+through a Kafka consumer: the commit round must be exact and repeatable for a
+window of offsets, must not depend on the broker being up for the bulk of the
+data, and reads from S3 in parallel.
+
+Kafka semantics kept:
+
+- the first range may begin with a batch that starts before ``start`` and the
+  last batch may run past ``end``: records outside [start, end) are dropped;
+- control batches (transaction markers) are never data and are skipped;
+- records of aborted transactions are dropped when the caller passes the
+  partition's aborted transactions (``aborted``: (producer id, first offset)
+  pairs, as a Kafka FetchResponse carries them), using the consumer's
+  ``read_committed`` algorithm. The broker rejects transactional producers
+  today, so it has no aborted list to give; without one every non-control
+  record is returned (``read_uncommitted``);
+- ``LogAppendTime`` batches give every record the batch's max timestamp.
+
+Speed: the range is fetched once into one ``bytes`` object; uncompressed
+batches are decoded in place from it (no copy per batch), compressed ones are
+decompressed once; records become column lists (``RecordChunk``), not objects,
+because the next step (``spark_jobs.rows``) builds Arrow columns from them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from crc32c import crc32c
+
+from broker.config import ObjectStoreConfig
+from broker.objectstore import ObjectStore, open_object_store
+from broker.records import (
+    COMPRESSION_NONE,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    BatchHeader,
+    CorruptBatchError,
+    decompress,
+    read_header,
+)
+
+ATTR_LOG_APPEND_TIME = 0x08
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+DEFAULT_CHUNK_RECORDS = 10_000
+
+Headers = tuple[tuple[str, bytes | None], ...]
+_NO_HEADERS: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRange:
+    """One byte range of a segment object and the offsets wanted from it.
+
+    ``start``/``end`` are the round's window for the partition, not the
+    range's own first/last offsets: a range holds whole batches, so it may
+    begin before ``start`` or end after ``end``.
+    """
+
+    object_key: str
+    byte_start: int
+    byte_end: int
+    partition: int
+    start: int
+    end: int
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> SegmentRange:
+        """From a plain mapping, e.g. a Spark ``Row.asDict()`` or an Arrow ``to_pylist()`` row."""
+        return cls(str(row["object_key"]), int(row["byte_start"]), int(row["byte_end"]),
+                   int(row["partition"]), int(row["start"]), int(row["end"]))
+
+
+def ranges_from_admin(answer: Mapping[str, Any]) -> list[SegmentRange]:
+    """The ranges of one ``GET /v1/topics/{t}/partitions/{p}/ranges?start=A&end=B`` answer."""
+    partition, start, end = int(answer["partition"]), int(answer["start"]), int(answer["end"])
+    return [
+        SegmentRange(str(r["object_key"]), int(r["byte_start"]), int(r["byte_end"]), partition, start, end)
+        for r in answer["ranges"]
+    ]
+
+
+class AbortedTransaction(NamedTuple):
+    """An aborted transaction as Kafka's FetchResponse lists it."""
+
+    producer_id: int
+    first_offset: int
+
+
+class SegmentRecord(NamedTuple):
+    partition: int
+    offset: int
+    timestamp: int  # milliseconds since the epoch
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+@dataclass(slots=True)
+class RecordChunk:
+    """Records of one partition as parallel column lists, in offset order."""
+
+    partition: int
+    offsets: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    headers: list[Headers] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def records(self) -> Iterator[SegmentRecord]:
+        p = self.partition
+        for o, t, k, v, h in zip(self.offsets, self.timestamps, self.keys, self.values, self.headers, strict=True):
+            yield SegmentRecord(p, o, t, k, v, h)
+
+
+@dataclass
+class ReadStats:
+    """Counters for the round's result JSON and for tests."""
+
+    ranges: int = 0
+    bytes_read: int = 0
+    batches: int = 0
+    batches_outside_window: int = 0
+    control_batches: int = 0
+    aborted_batches: int = 0
+    records: int = 0
+
+
+@functools.lru_cache(maxsize=8)
+def cached_store(config: ObjectStoreConfig) -> ObjectStore:
+    """One store (and boto3 client) per config per process: Spark reuses Python workers across tasks."""
+    return open_object_store(config)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_ranges(
+    store: ObjectStore,
+    ranges: Iterable[SegmentRange],
+    *,
+    aborted: Mapping[int, Sequence[tuple[int, int]]] | Sequence[tuple[int, int]] | None = None,
+    max_records: int = DEFAULT_CHUNK_RECORDS,
+    verify_crc: bool = True,
+    stats: ReadStats | None = None,
+) -> Iterator[RecordChunk]:
+    """Chunks of records for ranges of any partitions.
+
+    Ranges are grouped by partition (first appearance order); within a
+    partition they must be in offset order, as the admin API returns them.
+    ``aborted``: the aborted transactions (see module doc), a mapping
+    partition -> list, or a plain list when every range is of one partition.
+    """
+    by_partition: dict[int, list[SegmentRange]] = {}
+    for rng in ranges:
+        by_partition.setdefault(rng.partition, []).append(rng)
+    if aborted is not None and not isinstance(aborted, Mapping):
+        if len(by_partition) > 1:
+            raise ValueError("aborted transactions are per partition: pass a mapping for ranges of several")
+        aborted = {p: aborted for p in by_partition}
+    for partition, group in by_partition.items():
+        yield from read_partition(
+            store, group,
+            aborted=None if aborted is None else aborted.get(partition, ()),
+            max_records=max_records, verify_crc=verify_crc, stats=stats,
+        )
+
+
+def read_records(store: ObjectStore, ranges: Iterable[SegmentRange], **kwargs: Any) -> Iterator[SegmentRecord]:
+    """Record by record (convenient, slower than consuming ``read_ranges`` chunks)."""
+    for chunk in read_ranges(store, ranges, **kwargs):
+        yield from chunk.records()
+
+
+def read_partition(
+    store: ObjectStore,
+    ranges: Sequence[SegmentRange],
+    *,
+    aborted: Sequence[tuple[int, int]] | None = None,
+    max_records: int = DEFAULT_CHUNK_RECORDS,
+    verify_crc: bool = True,
+    stats: ReadStats | None = None,
+) -> Iterator[RecordChunk]:
+    """Chunks of about ``max_records`` records of one partition's ranges.
+
+    ``aborted=None`` reads uncommitted (no transaction filtering); a sequence,
+    even empty, reads committed. Overlapping ranges never yield an offset twice.
+    """
+    if not ranges:
+        return
+    partition = ranges[0].partition
+    txn = _TransactionFilter(aborted) if aborted is not None else None
+    stats = stats if stats is not None else ReadStats()
+    chunk = RecordChunk(partition)
+    next_offset = -1  # offsets below this were already yielded (or skipped as non-data)
+    for rng in ranges:
+        if rng.partition != partition:
+            raise ValueError(f"read_partition got ranges of partitions {partition} and {rng.partition}")
+        if rng.byte_end <= rng.byte_start or rng.end <= rng.start:
+            continue
+        data = store.get_range(rng.object_key, rng.byte_start, rng.byte_end)
+        stats.ranges += 1
+        stats.bytes_read += len(data)
+        if len(data) != rng.byte_end - rng.byte_start:
+            raise CorruptBatchError(
+                f"{rng.object_key}[{rng.byte_start}:{rng.byte_end}] returned {len(data)} bytes"
+            )
+        try:
+            next_offset = _read_range(data, rng, chunk, txn, next_offset, verify_crc, stats)
+        except (IndexError, ValueError) as exc:
+            if isinstance(exc, CorruptBatchError):
+                raise CorruptBatchError(f"{rng.object_key}[{rng.byte_start}:{rng.byte_end}]: {exc}") from exc
+            raise CorruptBatchError(
+                f"{rng.object_key}[{rng.byte_start}:{rng.byte_end}]: malformed record: {exc}"
+            ) from exc
+        if len(chunk) >= max_records:
+            stats.records += len(chunk)
+            yield chunk
+            chunk = RecordChunk(partition)
+    if len(chunk):
+        stats.records += len(chunk)
+        yield chunk
+
+
+def _read_range(
+    data: bytes,
+    rng: SegmentRange,
+    chunk: RecordChunk,
+    txn: _TransactionFilter | None,
+    next_offset: int,
+    verify_crc: bool,
+    stats: ReadStats,
+) -> int:
+    """Decode the batches of one range into ``chunk``; return the new ``next_offset``."""
+    view = memoryview(data)
+    size = len(data)
+    hi = rng.end
+    pos = 0
+    while pos < size:
+        if size - pos < LOG_OVERHEAD:
+            raise CorruptBatchError(f"{size - pos} stray bytes after the last batch")
+        header = read_header(data, pos)
+        end = pos + header.size
+        if end > size:
+            raise CorruptBatchError(f"batch at byte {pos} runs past the end of the range")
+        stats.batches += 1
+        if verify_crc and crc32c(view[pos + 21 : end]) != header.crc:
+            raise CorruptBatchError(f"batch at offset {header.base_offset} fails its CRC check")
+        last = header.base_offset + header.last_offset_delta
+        lo = max(rng.start, next_offset)
+        skip = False
+        if txn is not None and header.producer_id >= 0:
+            skip = txn.skip(header, data, pos, end)
+        if header.is_control:
+            stats.control_batches += 1
+            skip = True
+        elif skip:
+            stats.aborted_batches += 1
+        if last < lo or header.base_offset >= hi:
+            if not skip:
+                stats.batches_outside_window += 1
+        elif not skip:
+            _decode_batch(data, pos, end, header, lo, hi, chunk)
+        if last >= lo:
+            next_offset = max(next_offset, min(last + 1, hi))
+        pos = end
+    return next_offset
+
+
+class _TransactionFilter:
+    """Kafka's ``read_committed`` consumer logic (CompletedFetch): an aborted
+    transaction becomes active once a batch reaches its first offset, the
+    producer's transactional batches are dropped while it is active, and its
+    ABORT marker ends it."""
+
+    def __init__(self, aborted: Sequence[tuple[int, int]]) -> None:
+        self.pending = sorted((AbortedTransaction(int(p), int(o)) for p, o in aborted), key=lambda a: a.first_offset)
+        self.next = 0
+        self.active: set[int] = set()
+
+    def skip(self, header: BatchHeader, data: bytes, pos: int, end: int) -> bool:
+        last = header.base_offset + header.last_offset_delta
+        while self.next < len(self.pending) and self.pending[self.next].first_offset <= last:
+            self.active.add(self.pending[self.next].producer_id)
+            self.next += 1
+        if header.is_control:
+            if _control_type(data, pos, end, header) == CONTROL_ABORT:
+                self.active.discard(header.producer_id)
+            return True
+        return header.is_transactional and header.producer_id in self.active
+
+
+def _control_type(data: bytes, pos: int, end: int, header: BatchHeader) -> int:
+    """The type of a control batch's marker (key: int16 version, int16 type)."""
+    probe = RecordChunk(-1)
+    _decode_batch(data, pos, end, header, header.base_offset, header.base_offset + 1, probe)
+    key = probe.keys[0] if probe.keys else None
+    if key is None or len(key) < 4:
+        raise CorruptBatchError(f"control batch at offset {header.base_offset} has no marker key")
+    return int.from_bytes(key[2:4], "big", signed=True)
+
+
+# ---------------------------------------------------------------- record decoding
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A zigzag varint of more than one byte (the one-byte case is inlined by callers)."""
+    shift = 0
+    raw = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        raw |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (raw >> 1) ^ -(raw & 1), pos
+        shift += 7
+        if shift > 63:
+            raise CorruptBatchError("varint too long")
+
+
+def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int, hi: int, chunk: RecordChunk) -> None:
+    """Append the batch's records with lo <= offset < hi to ``chunk``."""
+    if header.compression == COMPRESSION_NONE:
+        buf, p, stop = data, pos + HEADER_SIZE, end
+    else:
+        try:
+            buf = decompress(header.compression, data[pos + HEADER_SIZE : end])
+        except CorruptBatchError:
+            raise
+        except Exception as exc:  # cramjam's DecompressionError and friends
+            raise CorruptBatchError(f"batch at offset {header.base_offset} does not decompress: {exc}") from exc
+        p, stop = 0, len(buf)
+    base_offset = header.base_offset
+    base_ts = header.base_timestamp
+    append_time = header.max_timestamp if header.attributes & ATTR_LOG_APPEND_TIME else None
+    offsets, timestamps, keys, values, headers = (
+        chunk.offsets.append, chunk.timestamps.append, chunk.keys.append, chunk.values.append, chunk.headers.append
+    )
+    for _ in range(header.record_count):
+        b = buf[p]
+        if b < 0x80:
+            length = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            length, p = _varint(buf, p)
+        rec_end = p + length
+        if length < 6 or rec_end > stop:
+            raise CorruptBatchError(f"record of {length} bytes does not fit batch at offset {base_offset}")
+        p += 1  # record attributes (unused in v2)
+        b = buf[p]
+        if b < 0x80:
+            ts_delta = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            ts_delta, p = _varint(buf, p)
+        b = buf[p]
+        if b < 0x80:
+            offset = base_offset + ((b >> 1) ^ -(b & 1))
+            p += 1
+        else:
+            delta, p = _varint(buf, p)
+            offset = base_offset + delta
+        if offset < lo or offset >= hi:
+            p = rec_end
+            continue
+        b = buf[p]
+        if b < 0x80:
+            n = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            n, p = _varint(buf, p)
+        if n < 0:
+            key = None
+        else:
+            key = buf[p : p + n]
+            p += n
+        b = buf[p]
+        if b < 0x80:
+            n = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            n, p = _varint(buf, p)
+        if n < 0:
+            value = None
+        else:
+            value = buf[p : p + n]
+            p += n
+        b = buf[p]
+        if b == 0:
+            record_headers = _NO_HEADERS
+            p += 1
+        else:
+            record_headers, p = _headers(buf, p)
+        if p != rec_end:
+            raise CorruptBatchError(f"record at offset {offset} does not add up to its length")
+        offsets(offset)
+        timestamps(base_ts + ts_delta if append_time is None else append_time)
+        keys(key)
+        values(value)
+        headers(record_headers)
+    if p != stop:
+        raise CorruptBatchError(f"batch at offset {base_offset} has {stop - p} bytes after its last record")
+
+
+def _headers(buf: bytes, p: int) -> tuple[Headers, int]:
+    count, p = _varint(buf, p)
+    out: list[tuple[str, bytes | None]] = []
+    for _ in range(count):
+        n, p = _varint(buf, p)
+        if n < 0:
+            raise CorruptBatchError("record header with a null key")
+        name = bytes(buf[p : p + n]).decode("utf-8", "replace")
+        p += n
+        n, p = _varint(buf, p)
+        if n < 0:
+            out.append((name, None))
+        else:
+            out.append((name, buf[p : p + n]))
+            p += n
+    return tuple(out), p
