@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="icefall-bench-") as tmp:
         broker = BrokerProcess(Path(tmp) / "home").start()
         try:
             schema_id = register(broker.registry_url)
@@ -120,8 +120,11 @@ def main() -> None:
             results = {}
             for topic in ("gate-off", "gate-on", "gate-off", "gate-on"):  # interleaved, best of two
                 results[topic] = max(results.get(topic, 0.0), produce_mib_s(broker.bootstrap, topic, values))
+        except BaseException:
+            print(broker.log_text()[-4000:], file=sys.stderr)
+            raise
         finally:
-            broker.stop()
+            broker.stop(60)
     print(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
         "lookups_per_s": round(lookups), "http_floor_per_s": round(floor),

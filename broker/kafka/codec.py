@@ -38,7 +38,7 @@ class UnsupportedRequest(Exception):
         self.correlation_id = correlation_id
 
 
-def peek_header(frame: bytes) -> tuple[int, int, int]:
+def peek_header(frame: bytes | bytearray) -> tuple[int, int, int]:
     """api key, api version, correlation id."""
     if len(frame) < _FIXED_HEADER.size:
         raise ValueError(f"request of {len(frame)} bytes is shorter than a request header")
@@ -61,10 +61,12 @@ def _request_reader(api_key: int, api_version: int) -> tuple[Any, Any]:
     return entity_reader(header_schema), entity_reader(schema)
 
 
-def parse_request(frame: bytes) -> tuple[Any, Any]:
+def parse_request(frame: bytes | bytearray) -> tuple[Any, Any]:
     """(header, request) or ValueError for bytes that do not parse."""
     api_key, api_version, _ = peek_header(frame)
     header_reader, body_reader = _request_reader(api_key, api_version)
+    if isinstance(frame, bytearray):  # kio's reader wants a read-only buffer; this view copies nothing
+        frame = memoryview(frame).toreadonly()  # type: ignore[assignment]
     header, header_size = header_reader(frame, 0)
     # Like Kafka's own parser, trailing bytes are ignored: librdkafka sends an
     # extra field in Metadata v12 that the real broker tolerates.

@@ -9,9 +9,9 @@ closes that connection only.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
-import struct
 from typing import Any
 
 from kio.schema.index import api_key_map
@@ -35,7 +35,9 @@ class KafkaServer:
         self.malformed_requests = 0
 
     async def start(self, host: str, port: int) -> None:
-        self.server = await asyncio.start_server(self._serve, host, port, limit=2**20, backlog=1024)
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: _KafkaProtocol(self._serve, self.max_request_bytes), host, port, backlog=1024)
 
     async def close(self) -> None:
         if self.server:
@@ -47,7 +49,7 @@ class KafkaServer:
         if self.server:
             await self.server.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: _KafkaProtocol, writer: _KafkaProtocol) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.connections.add(task)
@@ -58,13 +60,11 @@ class KafkaServer:
         ctx = ConnectionContext(client_id="", client_host=host)
         try:
             while not sender.done():
-                size_bytes = await reader.readexactly(4)
-                (size,) = struct.unpack(">i", size_bytes)
-                if size < 8 or size > self.max_request_bytes:
+                frame = await reader.read_frame()
+                if isinstance(frame, int):
                     self.malformed_requests += 1
-                    log.warning("%s: request size %d outside [8, %d]; closing", host, size, self.max_request_bytes)
+                    log.warning("%s: request size %d outside [8, %d]; closing", host, frame, self.max_request_bytes)
                     break
-                frame = await reader.readexactly(size)
                 item = await self._dispatch(ctx, frame, host)
                 if item is None:
                     break
@@ -88,7 +88,7 @@ class KafkaServer:
                 writer.close()
                 self.connections.discard(task)
 
-    async def _dispatch(self, ctx: ConnectionContext, frame: bytes, host: str) -> Any:
+    async def _dispatch(self, ctx: ConnectionContext, frame: bytes | bytearray, host: str) -> Any:
         """The response (bytes or an awaitable of bytes), _NO_RESPONSE, or None to close."""
         api_key, api_version, correlation_id = codec.peek_header(frame)
         versions = SUPPORTED_VERSIONS.get(api_key)
@@ -132,7 +132,7 @@ class KafkaServer:
             return None
 
     @staticmethod
-    async def _send(outbox: asyncio.Queue[Any], writer: asyncio.StreamWriter, host: str) -> None:
+    async def _send(outbox: asyncio.Queue[Any], writer: _KafkaProtocol, host: str) -> None:
         """Writes responses in order until None. If one cannot be produced or written,
         the connection is closed (so the reader stops) and the rest are discarded."""
         failed = False
@@ -158,6 +158,152 @@ class KafkaServer:
 
 
 _NO_RESPONSE = object()
+_SCRATCH_BYTES = 64 * 1024
+_MAX_QUEUED_FRAMES = 8
+
+
+class _KafkaProtocol(asyncio.BufferedProtocol):
+    """Frames Kafka requests straight out of the socket: a large request is
+    received into its own buffer (one copy, kernel to frame), small ones are cut
+    from a scratch buffer. Also the connection's writer (write/drain/close)."""
+
+    def __init__(self, serve: Any, max_request_bytes: int) -> None:
+        self._serve = serve
+        self._max = max_request_bytes
+        self._scratch = bytearray(_SCRATCH_BYTES)
+        self._scratch_len = 0
+        self._frame: bytearray | None = None
+        self._frame_pos = 0
+        self._frames: collections.deque[bytes | bytearray | int] = collections.deque()
+        self._frame_waiter: asyncio.Future[None] | None = None
+        self._eof = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    # ---- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport is not an asyncio.Transport subclass
+        self.task = asyncio.get_running_loop().create_task(self._serve(self, self))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._frame is not None:
+            return memoryview(self._frame)[self._frame_pos:]
+        return memoryview(self._scratch)[self._scratch_len:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._frame is not None:
+            self._frame_pos += nbytes
+            if self._frame_pos == len(self._frame):
+                self._push(self._frame)
+                self._frame = None
+            return
+        self._scratch_len += nbytes
+        self._cut_scratch()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake_reader()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._wake_reader()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("connection lost"))
+        self._drain_waiters.clear()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    # ---- framing
+
+    def _cut_scratch(self) -> None:
+        view = memoryview(self._scratch)
+        pos = 0
+        end = self._scratch_len
+        while end - pos >= 4:
+            size = int.from_bytes(view[pos : pos + 4], "big", signed=True)
+            if size < 8 or size > self._max:
+                self._push(size)  # the reader reports it and closes
+                pos = end
+                self._pause_reading()
+                break
+            available = end - pos - 4
+            if available >= size:
+                self._push(bytes(view[pos + 4 : pos + 4 + size]))
+                pos += 4 + size
+                continue
+            frame = bytearray(size)
+            frame[:available] = view[pos + 4 : end]
+            self._frame, self._frame_pos = frame, available
+            pos = end
+        remaining = end - pos
+        if remaining and pos:
+            self._scratch[:remaining] = bytes(view[pos:end])  # overlapping: copy first
+        self._scratch_len = remaining
+        view.release()
+
+    def _push(self, frame: bytes | bytearray | int) -> None:
+        self._frames.append(frame)
+        if len(self._frames) >= _MAX_QUEUED_FRAMES:
+            self._pause_reading()
+        self._wake_reader()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _wake_reader(self) -> None:
+        if self._frame_waiter is not None and not self._frame_waiter.done():
+            self._frame_waiter.set_result(None)
+
+    async def read_frame(self) -> bytes | bytearray | int:
+        """The next request (without its size prefix), or the bad size prefix as an int."""
+        while not self._frames:
+            if self._eof:
+                raise asyncio.IncompleteReadError(b"", None)
+            self._frame_waiter = asyncio.get_running_loop().create_future()
+            await self._frame_waiter
+        frame = self._frames.popleft()
+        if self._reading_paused and len(self._frames) < _MAX_QUEUED_FRAMES // 2 and not isinstance(frame, int):
+            self._reading_paused = False
+            if self.transport is not None:
+                self.transport.resume_reading()
+        return frame
+
+    # ---- writer side
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("connection closed")
+        if self._writing_paused:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.transport.get_extra_info(name) if self.transport is not None else None
 
 
 async def _put(outbox: asyncio.Queue[Any], sender: asyncio.Task[None], item: Any) -> bool:

@@ -17,7 +17,8 @@ from tests.support import BrokerProcess, wait_for
 
 def test_plan_and_ranges_cover_exactly_the_records_before_the_cut(broker: BrokerProcess) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    for f in admin.create_topics([NewTopic("planned", 2, 1, config={"automq.table.topic.enable": "true"})]).values():
+    config = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "raw"}
+    for f in admin.create_topics([NewTopic("planned", 2, 1, config=config)]).values():
         f.result(10)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     for i in range(40):
