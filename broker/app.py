@@ -1,5 +1,6 @@
 """Wires one broker process together: metadata, object store, logs, Kafka
-listener, group coordinator, the admin API and the schema registry."""
+listener, group coordinator, the admin API, the schema registry and the Iceberg
+REST catalog."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 
 from broker.admin_http import AdminApi
+from broker.catalog import open_catalog
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate
@@ -41,6 +43,7 @@ class Broker:
             InternalTopic(self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS))
         self.registry = RegistryApi(self.schemas)
         self.handlers.gate = DataQualityGate(self.schemas)
+        self.catalog = open_catalog(config)
 
     async def start(self) -> None:
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
@@ -50,13 +53,17 @@ class Broker:
         await self.kafka.start(self.config.host, self.config.kafka_port)
         await self.admin.start(self.config.host, self.config.admin_port)
         await self.registry.start(self.config.host, self.config.registry_port)
+        await self.catalog.start(self.config.host, self.config.catalog_port)
         log.info(
             "icefall broker up: kafka %s:%d, admin http://%s:%d, schema registry http://%s:%d, object store %s, home %s",
             self.config.host, self.config.kafka_port, self.config.host, self.config.admin_port,
             self.config.host, self.config.registry_port, self.store.describe(), self.config.home,
         )
+        log.info("iceberg REST catalog http://%s:%d, warehouse %s", self.config.host, self.config.catalog_port,
+                 self.config.catalog_warehouse)
 
     async def stop(self) -> None:
+        await self.catalog.close()
         await self.registry.close()
         await self.admin.close()
         await self.kafka.close()

@@ -16,7 +16,7 @@ from broker.config import BrokerConfig, object_store_from_env
 def _broker_config(args: argparse.Namespace) -> BrokerConfig:
     values: dict[str, object] = {"home": Path(args.home)}
     for name in ("host", "advertised_host", "kafka_port", "admin_port", "registry_port", "catalog_port",
-                 "segment_flush_ms", "segment_flush_bytes"):
+                 "segment_flush_ms", "segment_flush_bytes", "catalog_uri", "warehouse"):
         value = getattr(args, name)
         if value is not None:
             values[name] = value
@@ -35,6 +35,9 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-port", type=int, default=None, help="admin HTTP API (default 8090)")
     parser.add_argument("--registry-port", type=int, default=None, help="schema registry (default 8081)")
     parser.add_argument("--catalog-port", type=int, default=None, help="Iceberg REST catalog (default 8181)")
+    parser.add_argument("--catalog-uri", default=None,
+                        help="catalog database, a SQLAlchemy URL (default sqlite:///HOME/catalog.sqlite)")
+    parser.add_argument("--warehouse", default=None, help="where Iceberg tables live (default file://HOME/warehouse)")
     parser.add_argument("--object-store", default=None,
                         help="s3://bucket/prefix (endpoint and credentials from AWS_* variables); default: HOME/objects")
     parser.add_argument("--segment-flush-ms", type=int, default=None, help="flush segments at least this often")

@@ -62,6 +62,8 @@ class BrokerConfig(BaseModel):
     default_partitions: int = Field(default=1, ge=1)
     auto_create_topics: bool = False
     group_initial_rebalance_delay_ms: int = Field(default=300, ge=0)
+    catalog_uri: str | None = None  # SQLAlchemy URL of the catalog database; default SQLite HOME/catalog.sqlite
+    warehouse: str | None = None  # where table data and metadata live; default file://HOME/warehouse
 
     @property
     def advertised(self) -> str:
@@ -86,6 +88,21 @@ class BrokerConfig(BaseModel):
     @property
     def admin_url(self) -> str:
         return f"http://{self.advertised}:{self.admin_port}"
+
+    @property
+    def catalog_db_uri(self) -> str:
+        return self.catalog_uri or f"sqlite:///{(self.home / 'catalog.sqlite').resolve()}"
+
+    @property
+    def catalog_warehouse(self) -> str:
+        warehouse = self.warehouse or str(self.home / "warehouse")
+        if not urlparse(warehouse).scheme:  # a plain directory
+            warehouse = Path(warehouse).resolve().as_uri()
+        return warehouse.rstrip("/")
+
+    @property
+    def catalog_url(self) -> str:
+        return f"http://{self.advertised}:{self.catalog_port}"
 
 
 def object_store_from_env(url: str) -> ObjectStoreConfig:

@@ -10,12 +10,28 @@ partitions in the same request are unaffected.
 
 from __future__ import annotations
 
+import importlib
 import io
+import logging
 import struct
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
 
-from broker import records, topic_configs
+from crc32c import crc32c
+
+from broker import avro_program, records, topic_configs
+
+log = logging.getLogger(__name__)
+
+_gate: ModuleType | None  # the C validator (broker/_gate.c), built at install time
+_import_error = ""
+try:
+    _gate = importlib.import_module("broker._gate")
+except ImportError as exc:  # not built: the gate checks records in Python (fastavro), ~10x slower
+    _gate = None
+    _import_error = str(exc)
+_fallback_logged = False
 
 CONVERT_VALUE = topic_configs.TABLE_PREFIX + "convert.value.type"
 VALIDATION = topic_configs.TABLE_PREFIX + "schema.validation"
@@ -45,12 +61,81 @@ def gate_applies(configs: dict[str, str]) -> bool:
 
 
 class DataQualityGate:
-    def __init__(self, schemas: SchemaLookup) -> None:
+    """Checks the values of a partition's produce records against their schemas.
+
+    With the ``broker._gate`` extension the records are walked and the Avro values
+    validated in C, by programs compiled from each schema (``broker.avro_program``,
+    cached per schema id); JSON values, and the rare Avro values a program defers
+    (uuid strings that are not plain hex, unusual decimals), are checked here in
+    Python as before. Without the extension, everything is checked in Python."""
+
+    def __init__(self, schemas: SchemaLookup, use_extension: bool = True) -> None:
+        global _fallback_logged
         self.schemas = schemas
+        self._ext = _gate if use_extension else None
+        # schema id -> (the registered schema, its parsed form, the program): a program
+        # is valid while the registry serves the same objects for the id
+        self._programs: dict[int, tuple[Any, Any, bytes | None]] = {}
+        if use_extension and _gate is None and not _fallback_logged:
+            _fallback_logged = True
+            log.warning("broker._gate is not built (%s): the data quality gate checks records in Python",
+                        _import_error)
 
     def check(self, records_bytes: records.Buffer) -> GateRejection | None:
         """The first record that would not decode, or None. Batches are assumed
         already framed and CRC-checked (``records.split_batches``)."""
+        if self._ext is not None:
+            return self._check_c(self._ext, records_bytes)
+        return self._check_python(records_bytes)
+
+    def _check_c(self, ext: ModuleType, records_bytes: records.Buffer) -> GateRejection | None:
+        if not _well_formed(ext, records_bytes):
+            return None  # the log refuses it as CORRUPT_MESSAGE, with its own message
+        programs = _ProgramTable(self)
+        index = 0
+        for header, batch in records.iter_batches(records_bytes):
+            deferred: list[tuple[int, int, int]] = []
+            try:
+                body: records.Buffer = batch[records.HEADER_SIZE : header.size]
+                if header.compression != records.COMPRESSION_NONE:
+                    body = records.decompress(header.compression, bytes(body))
+                bad = ext.check_values(body, header.record_count, programs, deferred)
+            except (records.CorruptBatchError, ext.FramingError) as exc:
+                return GateRejection(index, f"record batch does not decode: {exc}")
+            for i, start, end in deferred:  # all before `bad`, in order
+                problem = self._problem(bytes(body[start:end]))
+                if problem is not None:
+                    return _rejection(index + i, problem)
+            if bad is not None:
+                return _rejection(index + bad[0], bad[1])
+            index += header.record_count
+        return None
+
+    def program(self, schema_id: int) -> bytes | None:
+        """The validator program for a schema id: None hands its values to ``_problem``;
+        KeyError if the registry does not know the id."""
+        schema = self.schemas.schema_by_id(schema_id)
+        if schema is None:
+            raise KeyError(schema_id)
+        cached = self._programs.get(schema_id)
+        if cached is not None and cached[0] is schema and cached[1] is schema.parsed:
+            return cached[2]
+        program: bytes | None
+        if schema.schema_type == "AVRO":
+            try:
+                program = avro_program.compile_schema(schema.parsed)
+            except Exception as exc:  # noqa: BLE001 - fastavro judges this schema's values
+                log.warning("schema id %d: no validator program (%s); its values are checked with fastavro",
+                            schema_id, exc)
+                program = None
+        elif schema.schema_type == "JSON":
+            program = None
+        else:
+            program = avro_program.accept_all_program()  # PROTOBUF: not checked
+        self._programs[schema_id] = (schema, schema.parsed, program)
+        return program
+
+    def _check_python(self, records_bytes: records.Buffer) -> GateRejection | None:
         try:
             records.split_batches(records_bytes)
         except records.CorruptBatchError:
@@ -64,7 +149,7 @@ class DataQualityGate:
             for record in decoded:
                 problem = self._problem(record.value)
                 if problem is not None:
-                    return GateRejection(index, f"record {index} (offset delta {index}) {problem}")
+                    return _rejection(index, problem)
                 index += 1
         return None
 
@@ -89,6 +174,49 @@ class DataQualityGate:
         return None
 
 
+class _ProgramTable(dict[int, "bytes | None"]):
+    """Schema id -> program for one ``check`` call, filled on first use; ``_gate``
+    reads it with ``programs[id]`` (a KeyError: an unknown schema id)."""
+
+    def __init__(self, gate: DataQualityGate) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def __missing__(self, schema_id: int) -> bytes | None:
+        program = self.gate.program(schema_id)
+        self[schema_id] = program
+        return program
+
+
+def _rejection(index: int, problem: str) -> GateRejection:
+    return GateRejection(index, f"record {index} (offset delta {index}) {problem}")
+
+
+def _well_formed(ext: ModuleType, records_bytes: records.Buffer) -> bool:
+    """Whether ``records.split_batches`` accepts the records; the same checks, with
+    the per-record framing walk (``check_record_framing``) in C."""
+    view = memoryview(records_bytes)
+    pos = 0
+    try:
+        while pos < len(view):
+            header = records.read_header(view, pos)
+            end = pos + header.size
+            if end > len(view):
+                return False
+            if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
+                return False
+            if crc32c(view[pos + 21 : end]) != header.crc:
+                return False
+            if header.compression == records.COMPRESSION_NONE and ext.record_framing_problem(
+                view[pos + records.HEADER_SIZE : end], header.record_count
+            ) is not None:
+                return False
+            pos = end
+    except records.CorruptBatchError:
+        return False
+    return True
+
+
 def _avro_problem(value: bytes, parsed: Any, schema_id: int) -> str | None:
     from fastavro import schemaless_reader
 
@@ -96,7 +224,7 @@ def _avro_problem(value: bytes, parsed: Any, schema_id: int) -> str | None:
     stream.seek(5)
     try:
         schemaless_reader(stream, parsed, None)
-    except Exception as exc:  # fastavro raises many kinds on garbage
+    except Exception as exc:  # noqa: BLE001 - fastavro raises many kinds on garbage
         return f"does not decode with Avro schema id {schema_id}: {type(exc).__name__}: {exc}"
     if stream.tell() != len(value):
         return f"has {len(value) - stream.tell()} bytes left over after decoding with Avro schema id {schema_id}"

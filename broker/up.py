@@ -97,6 +97,10 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
            "--ready-file", str(ready)]
     if config.object_store is not None:
         cmd += ["--object-store", config.object_store.url]
+    if config.catalog_uri is not None:
+        cmd += ["--catalog-uri", config.catalog_uri]
+    if config.warehouse is not None:
+        cmd += ["--warehouse", config.warehouse]
     proc = subprocess.Popen(cmd, start_new_session=True)
     stopping = False
 
@@ -115,6 +119,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
             f"  Kafka bootstrap:  {bootstrap}\n"
             f"  Admin API:        {config.admin_url}/v1/table-topics\n"
             f"  Schema registry:  http://{config.advertised}:{config.registry_port}/subjects\n"
+            f"  Iceberg catalog:  {config.catalog_url} (REST; warehouse {config.catalog_warehouse})\n"
             f"  Home:             {home}\n"
             f"  Demo producer:    {demo_rate:g} records/s to topic '{DEMO_TOPIC}'\n"
             f"  Try:              kcat -b {bootstrap} -C -t {DEMO_TOPIC} -o -5 -e\n"

@@ -48,6 +48,7 @@ class BrokerProcess:
         self.kafka_port = free_port()
         self.admin_port = free_port()
         self.registry_port = free_port()
+        self.catalog_port = free_port()
         self.extra_args = extra_args or []
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -65,13 +66,18 @@ class BrokerProcess:
     def registry_url(self) -> str:
         return f"http://127.0.0.1:{self.registry_port}"
 
+    @property
+    def catalog_url(self) -> str:
+        return f"http://127.0.0.1:{self.catalog_port}"
+
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         ready = self.home.parent / f"{self.home.name}.ready"
         ready.unlink(missing_ok=True)
         cmd = [
             sys.executable, "-m", "broker.cli", "broker", "--home", str(self.home),
             "--kafka-port", str(self.kafka_port), "--admin-port", str(self.admin_port),
-            "--registry-port", str(self.registry_port), "--ready-file", str(ready), *self.extra_args,
+            "--registry-port", str(self.registry_port), "--catalog-port", str(self.catalog_port),
+            "--ready-file", str(ready), *self.extra_args,
         ]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,

@@ -1,0 +1,189 @@
+"""The catalog's state: pyiceberg's SQL catalog (SQLite file or Postgres) plus
+the warehouse policy. Every method blocks (SQL, metadata files), so the HTTP
+layer calls them from a thread pool and the broker's event loop stays free.
+
+pyiceberg does the Iceberg work (metadata building, files, SQL rows); this
+class adds what a server needs on top: checks that turn bad input into 4xx
+instead of half-done work (locations, unreadable metadata, races on create).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.exceptions import (
+    NamespaceAlreadyExistsError,
+    NamespaceNotEmptyError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.io import load_file_io
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table import TableProperties
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.metadata import TableMetadata, new_table_metadata
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+from sqlalchemy import ColumnElement, event, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from broker.catalog.errors import BadRequest
+from broker.catalog.locations import Warehouse, check_readable
+from broker.catalog.models import CreateTableRequest
+
+log = logging.getLogger(__name__)
+
+CATALOG_NAME = "icefall"  # the catalog_name column of pyiceberg's SQL tables
+# pyiceberg's row for a namespace without properties; kept on every namespace, hidden from clients
+EXISTS_MARKER = {"exists": "true"}
+
+Identifier = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LoadedTable:
+    """A table's metadata and where it is stored (None for a staged create)."""
+
+    metadata_location: str | None
+    metadata: TableMetadata
+
+
+class CatalogStore:
+    def __init__(self, uri: str, warehouse: str) -> None:
+        self.warehouse = Warehouse(warehouse)
+        self.sql = SqlCatalog(CATALOG_NAME, uri=uri, warehouse=self.warehouse.root)
+        if self.sql.engine.dialect.name == "sqlite":
+            # readers do not wait for the writer; a writer waits up to 10 s for another
+            event.listen(self.sql.engine, "connect", _sqlite_pragmas)
+            self.sql.engine.dispose()
+
+    def close(self) -> None:
+        self.sql.close()
+
+    # ------------------------------------------------------------ namespaces
+
+    def list_namespaces(self, parent: Identifier) -> list[Identifier]:
+        return sorted(self.sql.list_namespaces(parent))
+
+    def create_namespace(self, namespace: Identifier, properties: dict[str, str]) -> dict[str, str]:
+        try:
+            self.sql.create_namespace(namespace, {**properties, **EXISTS_MARKER})
+        except IntegrityError as exc:  # created concurrently between pyiceberg's check and insert
+            raise NamespaceAlreadyExistsError(f"Namespace {'.'.join(namespace)} already exists") from exc
+        return self.load_namespace(namespace)
+
+    def load_namespace(self, namespace: Identifier) -> dict[str, str]:
+        properties = self.sql.load_namespace_properties(namespace)
+        return {k: v for k, v in properties.items() if k not in EXISTS_MARKER}
+
+    def namespace_exists(self, namespace: Identifier) -> bool:
+        return self.sql.namespace_exists(namespace)
+
+    def drop_namespace(self, namespace: Identifier) -> None:
+        if self.sql.namespace_exists(namespace) and self.sql.list_namespaces(namespace):
+            raise NamespaceNotEmptyError(f"Namespace {'.'.join(namespace)} has child namespaces")
+        self.sql.drop_namespace(namespace)
+
+    def update_namespace(self, namespace: Identifier, removals: set[str], updates: dict[str, str]) -> dict[str, list[str]]:
+        # the marker is rewritten every time: a namespace left without rows would cease to exist
+        summary = self.sql.update_namespace_properties(namespace, removals, {**updates, **EXISTS_MARKER})
+        return {"updated": sorted(set(summary.updated) - EXISTS_MARKER.keys()), "removed": sorted(summary.removed),
+                "missing": sorted(summary.missing)}
+
+    # ------------------------------------------------------------ tables
+
+    def list_tables(self, namespace: Identifier) -> list[Identifier]:
+        return sorted(self.sql.list_tables(namespace))
+
+    def current_location(self, identifier: Identifier) -> str | None:
+        """The table's metadata location from its SQL row alone (no file read), or None."""
+        stmt = select(IcebergTables.metadata_location).where(*self.row_filter(identifier))
+        with Session(self.sql.engine) as session:
+            return session.scalar(stmt)
+
+    def row_filter(self, identifier: Identifier) -> list[ColumnElement[bool]]:
+        """The WHERE clause selecting a table's row in pyiceberg's iceberg_tables."""
+        clauses: list[ColumnElement[bool]] = [
+            IcebergTables.catalog_name == CATALOG_NAME,
+            IcebergTables.table_namespace == Catalog.namespace_to_string(identifier[:-1]),
+            IcebergTables.table_name == identifier[-1],
+        ]
+        if (type_filter := self.sql._iceberg_type_filter()) is not None:
+            clauses.append(type_filter)
+        return clauses
+
+    def load_table(self, identifier: Identifier) -> LoadedTable:
+        table = self.sql.load_table(identifier)
+        return LoadedTable(table.metadata_location, table.metadata)
+
+    def create_table(self, identifier: Identifier, request: CreateTableRequest) -> LoadedTable:
+        """Create the table, or with ``stage-create`` only build its first metadata
+        (nothing is written; the client commits it with ``assert-create``)."""
+        namespace, name = identifier[:-1], identifier[-1]
+        if not self.sql.namespace_exists(namespace):
+            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
+        if self.current_location(identifier) is not None:
+            raise TableAlreadyExistsError(f"Table {'.'.join(identifier)} already exists")
+        location = self.sql._resolve_table_location(request.location, Catalog.namespace_to_string(namespace), name)
+        self.warehouse.check(location)
+        properties = dict(request.properties)
+        metadata_location = load_location_provider(location, properties).new_table_metadata_file_location()
+        self.warehouse.check(metadata_location, "metadata location")
+        if properties.get(TableProperties.FORMAT_VERSION, "2") not in ("1", "2", "3"):
+            raise BadRequest(f"unsupported format-version {properties[TableProperties.FORMAT_VERSION]!r}")
+        spec = request.partition_spec or UNPARTITIONED_PARTITION_SPEC
+        order = request.write_order or UNSORTED_SORT_ORDER
+        if request.stage_create:
+            metadata = new_table_metadata(request.table_schema, spec, order, location, properties)
+            return LoadedTable(None, metadata)
+        table = self.sql.create_table(identifier, request.table_schema, location, spec, order, properties)
+        return LoadedTable(table.metadata_location, table.metadata)
+
+    def drop_table(self, identifier: Identifier, purge: bool) -> None:
+        if purge:
+            self.sql.purge_table(identifier)
+        else:
+            self.sql.drop_table(identifier)
+
+    def rename_table(self, source: Identifier, destination: Identifier) -> None:
+        if self.current_location(source) is None:
+            raise NoSuchTableError(f"Table does not exist: {'.'.join(source)}")
+        if not self.sql.namespace_exists(destination[:-1]):
+            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(destination[:-1])}")
+        if self.current_location(destination) is not None:
+            raise TableAlreadyExistsError(f"Table {'.'.join(destination)} already exists")
+        self.sql.rename_table(source, destination)
+
+    def register_table(self, identifier: Identifier, metadata_location: str, overwrite: bool) -> LoadedTable:
+        """Point the catalog at an existing metadata file, read first so a bad
+        location is a 400 and never leaves a row behind."""
+        check_readable(metadata_location)
+        if not self.sql.namespace_exists(identifier[:-1]):
+            raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(identifier[:-1])}")
+        try:
+            io = load_file_io(self.sql.properties, metadata_location)
+            metadata = FromInputFile.table_metadata(io.new_input(metadata_location))
+        except Exception as exc:  # whatever the FileIO raises, the request is at fault
+            raise BadRequest(f"cannot read table metadata at {metadata_location!r}: {type(exc).__name__}") from exc
+        if self.current_location(identifier) is None:
+            self.sql.register_table(identifier, metadata_location)
+        elif overwrite:
+            with Session(self.sql.engine) as session:
+                session.execute(update(IcebergTables).where(*self.row_filter(identifier))
+                                .values(metadata_location=metadata_location, previous_metadata_location=None))
+                session.commit()
+        else:
+            raise TableAlreadyExistsError(f"Table {'.'.join(identifier)} already exists")
+        return LoadedTable(metadata_location, metadata)
+
+
+def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
+    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.close()
