@@ -63,14 +63,23 @@ class Broker:
                  self.config.catalog_warehouse)
 
     async def stop(self) -> None:
-        await self.catalog.close()
-        await self.registry.close()
-        await self.admin.close()
-        await self.kafka.close()
-        await self.groups.close()
-        await self.logs.close()
+        for name, close in [("catalog", self.catalog.close), ("registry", self.registry.close),
+                            ("admin API", self.admin.close), ("kafka listener", self.kafka.close),
+                            ("group coordinator", self.groups.close), ("logs", self.logs.close)]:
+            log.debug("stopping the %s", name)
+            await close()
         self.metadata.close()
         log.info("icefall broker stopped")
+
+
+def _log_tasks() -> None:
+    """SIGUSR1: log where every task is waiting (for a broker that seems stuck)."""
+    import io
+
+    for task in asyncio.all_tasks():
+        out = io.StringIO()
+        task.print_stack(limit=12, file=out)
+        log.warning("task %s:\n%s", task.get_name(), out.getvalue())
 
 
 async def serve(config: BrokerConfig, ready_file: str | None = None) -> None:
@@ -83,5 +92,6 @@ async def serve(config: BrokerConfig, ready_file: str | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _log_tasks)
     await stop.wait()
     await broker.stop()

@@ -159,6 +159,7 @@ class LogStore:
         self._data_arrived = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
+        self._closing = False
         self._object_cache: OrderedDict[str, bytes] = OrderedDict()
         self._object_cache_bytes = 0
         self.object_cache_limit = 64 * 1024 * 1024
@@ -220,15 +221,9 @@ class LogStore:
 
     async def close(self) -> None:
         if self._flusher:
-            # Never cancel the flusher halfway through a flush: cancelled inside the
-            # WAL roll's write, the durability callbacks of that write never run and
-            # wal.close() below waits for them forever.
-            async with self._flush_lock:
-                self._flusher.cancel()
-            try:
-                await self._flusher
-            except asyncio.CancelledError:
-                pass
+            self._closing = True
+            self._flush_needed.set()
+            await self._flusher
         try:
             await self.flush()
         except Exception as exc:  # the WAL still has it
@@ -298,10 +293,7 @@ class LogStore:
             if remaining <= 0:
                 raise ProduceError(56, "object store is not keeping up; the broker is holding back produces")
             self._flush_done.clear()
-            try:
-                await asyncio.wait_for(self._flush_done.wait(), remaining)
-            except TimeoutError:
-                pass
+            await _wait_event(self._flush_done, remaining)
 
     def _on_durable(self, part: PartitionLog, end_offset: int) -> None:
         if end_offset > part.high_watermark:
@@ -310,10 +302,7 @@ class LogStore:
 
     async def wait_for_data(self, timeout: float) -> None:
         self._data_arrived.clear()
-        try:
-            await asyncio.wait_for(self._data_arrived.wait(), timeout)
-        except TimeoutError:
-            pass
+        await _wait_event(self._data_arrived, timeout)
 
     # ------------------------------------------------------------ fetch
 
@@ -399,21 +388,23 @@ class LogStore:
     # ------------------------------------------------------------ flush
 
     async def _flush_loop(self) -> None:
+        """Flush every interval or when enough bytes wait, until close() asks it to
+        stop. It is never cancelled: a flush cut off inside the WAL roll would leave
+        durability callbacks unrun (and close() waiting for them)."""
         interval = self.config.segment_flush_ms / 1000
         backoff = interval
-        while True:
-            try:
-                await asyncio.wait_for(self._flush_needed.wait(), interval)
-            except TimeoutError:
-                pass
+        while not self._closing:
+            await _wait_event(self._flush_needed, interval)
             self._flush_needed.clear()
+            if self._closing:
+                return
             try:
                 await self.flush()
                 backoff = interval
             except Exception as exc:
                 self.flush_failures += 1
                 log.error("segment flush failed, retrying in %.1fs (data is safe in the WAL): %s", backoff, exc)
-                await asyncio.sleep(backoff)
+                await _wait_event(self._flush_needed, backoff)
                 backoff = min(backoff * 2, 30.0)
 
     async def flush(self) -> int:
@@ -485,3 +476,13 @@ class LogStore:
             if part.tail
         ]
 
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+    """Wait for ``event`` at most ``timeout`` seconds (without asyncio.wait_for,
+    whose cancellation can hang on Python 3.11)."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=timeout)
+    finally:
+        if not waiter.done():
+            waiter.cancel()

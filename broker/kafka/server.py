@@ -81,7 +81,9 @@ class KafkaServer:
             # Whatever goes wrong here, the socket is closed and the connection forgotten.
             try:
                 if await _put(outbox, sender, None):
-                    await asyncio.wait_for(sender, 30)
+                    await asyncio.wait({sender}, timeout=30)  # not wait_for: its cancellation can hang on 3.11
+                    if not sender.done():
+                        sender.cancel()
             except BaseException:  # noqa: BLE001 - timeout, cancellation, or the sender's own failure
                 sender.cancel()
             finally:
@@ -207,7 +209,7 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._wake_reader()
-        return False
+        return True  # half-close: answer what was sent before the EOF, then close
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True
