@@ -8,7 +8,9 @@ commit round's segment reader.
 
 from __future__ import annotations
 
+import importlib
 import struct
+from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,6 +26,18 @@ ATTR_CONTROL = 0x20
 
 Buffer = bytes | bytearray | memoryview
 """Whatever holds batch bytes: received (bytes), rewritten (bytearray) or sliced (memoryview)."""
+
+
+def _load_framing_check() -> Callable[[memoryview, int], str | None] | None:
+    try:
+        module = importlib.import_module("broker._gate")
+    except ImportError:
+        return None
+    check: Callable[[memoryview, int], str | None] = module.record_framing_problem
+    return check
+
+
+_framing_in_c = _load_framing_check()
 
 
 class CorruptBatchError(ValueError):
@@ -110,7 +124,17 @@ def split_batches(records: Buffer, verify_crc: bool = True) -> list[BatchHeader]
 def check_record_framing(body: memoryview, count: int) -> None:
     """Walk the record length prefixes of an uncompressed batch: a batch whose
     CRC is right but whose records do not add up is refused, as Kafka does.
-    (Compressed batches are checked when decoded.)"""
+    (Compressed batches are checked when decoded.) In C when the extension is
+    built: this runs for every produced record."""
+    if _framing_in_c is not None:
+        problem = _framing_in_c(body, count)
+        if problem is not None:
+            raise CorruptBatchError(problem)
+        return
+    _check_record_framing_py(body, count)
+
+
+def _check_record_framing_py(body: memoryview, count: int) -> None:
     pos = 0
     size = len(body)
     for _ in range(count):
