@@ -15,6 +15,7 @@ from aiohttp import web
 from broker import manifest, topic_configs
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
+from broker.http_service import HttpService
 from broker.logstore import LogStore, PartitionLog
 
 
@@ -68,7 +69,7 @@ def ranges_for(part: PartitionLog, start: int, end: int) -> list[dict[str, Any]]
     return out
 
 
-class AdminApi:
+class AdminApi(HttpService):
     def __init__(self, config: BrokerConfig, cluster: Cluster, logs: LogStore) -> None:
         self.config = config
         self.cluster = cluster
@@ -82,16 +83,7 @@ class AdminApi:
             web.get("/v1/topics/{topic}/partitions/{partition}/ranges", self.ranges),
             web.post("/v1/flush", self.flush),
         ])
-        self.runner: web.AppRunner | None = None
 
-    async def start(self, host: str, port: int) -> None:
-        self.runner = web.AppRunner(self.app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, host, port).start()
-
-    async def close(self) -> None:
-        if self.runner:
-            await self.runner.cleanup()
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "object_store": self.logs.store.describe(),

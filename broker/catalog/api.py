@@ -50,6 +50,7 @@ from broker.catalog.models import (
     read_body,
 )
 from broker.catalog.store import CatalogStore, Identifier, LoadedTable
+from broker.http_service import HttpService
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -147,7 +148,7 @@ def _page(request: web.Request, items: list[T]) -> tuple[list[T], dict[str, Any]
     return items[start:end], {"next-page-token": str(end) if end < len(items) else None}
 
 
-class CatalogApi:
+class CatalogApi(HttpService):
     def __init__(self, store: CatalogStore, workers: int = 4) -> None:
         self.store = store
         self.locks = TableLocks()
@@ -190,16 +191,10 @@ class CatalogApi:
             web.get(NS + "/functions", self.list_functions),
             web.get(NS + "/functions/{function}", self.no_such_function, allow_head=False),
         ])
-        self.runner: web.AppRunner | None = None
-
-    async def start(self, host: str, port: int) -> None:
-        self.runner = web.AppRunner(self.app, access_log=(log if log.isEnabledFor(logging.DEBUG) else None))
-        await self.runner.setup()
-        await web.TCPSite(self.runner, host, port).start()
+        self.access_log = log if log.isEnabledFor(logging.DEBUG) else None
 
     async def close(self) -> None:
-        if self.runner:
-            await self.runner.cleanup()
+        await super().close()
         self.pool.shutdown(wait=True)
         self.store.close()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.http_service import HttpService
 from broker.registry import api_errors as errors
 from broker.registry.api_errors import RegistryError
 from broker.registry.errors import InvalidSchemaError
@@ -128,7 +129,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return reply({"error_code": 500, "message": f"Internal Server Error: {type(exc).__name__}"}, 500)
 
 
-class RegistryApi:
+class RegistryApi(HttpService):
     def __init__(self, store: SchemaStore) -> None:
         self.store = store
         self.app = web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024)
@@ -166,17 +167,8 @@ class RegistryApi:
             web.put(f"/mode/{s}", self.put_mode),
             web.delete(f"/mode/{s}", self.delete_mode),
         ])
-        self.runner: web.AppRunner | None = None
         self._serialized: dict[int, str] = {}  # protobuf id -> base64 descriptor (an id's schema never changes)
 
-    async def start(self, host: str, port: int) -> None:
-        self.runner = web.AppRunner(self.app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, host, port).start()
-
-    async def close(self) -> None:
-        if self.runner:
-            await self.runner.cleanup()
 
     # ------------------------------------------------------------------ rendering
 
