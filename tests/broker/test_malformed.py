@@ -14,7 +14,6 @@ with its readers; the broker's own codec is not used to build or read them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import io
