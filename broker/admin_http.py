@@ -77,6 +77,7 @@ class AdminApi(HttpService):
         self.app = web.Application()
         self.app.add_routes([
             web.get("/healthz", self.health),
+            web.get("/v1/cluster", self.cluster_info),
             web.get("/v1/table-topics", self.table_topics),
             web.get("/v1/topics/{topic}/offsets", self.offsets),
             web.get("/v1/topics/{topic}/plan", self.plan),
@@ -90,6 +91,16 @@ class AdminApi(HttpService):
                                   "segments_written": self.logs.segments_written,
                                   "flush_failures": self.logs.flush_failures,
                                   "unflushed_bytes": self.logs.unflushed_bytes})
+
+    async def cluster_info(self, request: web.Request) -> web.Response:
+        """Where the other services are: a commit round needs only the admin URL to find them.
+        Object store credentials are never served: jobs take them from their own environment."""
+        return web.json_response({
+            "cluster_id": self.config.cluster_id, "bootstrap": f"{self.config.advertised}:{self.config.kafka_port}",
+            "registry_url": self.config.registry_url, "catalog_url": self.config.catalog_url,
+            "object_store": self.config.store.url, "object_store_endpoint": self.config.store.endpoint_url,
+            "warehouse": self.config.catalog_warehouse,
+        })
 
     async def table_topics(self, request: web.Request) -> web.Response:
         return web.json_response(manifest.read(self.config.manifest_path))

@@ -104,6 +104,10 @@ class BrokerConfig(BaseModel):
     def catalog_url(self) -> str:
         return f"http://{self.advertised}:{self.catalog_port}"
 
+    @property
+    def registry_url(self) -> str:
+        return f"http://{self.advertised}:{self.registry_port}"
+
 
 def object_store_from_env(url: str) -> ObjectStoreConfig:
     """Build the object store settings from a URL plus the usual AWS variables."""

@@ -1,0 +1,107 @@
+"""Where a table keeps the Kafka offsets it has committed: the exactly-once checkpoint.
+
+A commit round writes, in the snapshot summary of the snapshot it adds:
+
+- ``icefall.offsets``: JSON ``{"<partition>": next offset}`` for every
+  partition of the topic (the end of the committed range, exclusive), i.e.
+  where the next round starts;
+- ``icefall.round-id``, ``icefall.topic``, ``icefall.topic-id``.
+
+and moves the tag ``icefall-checkpoint`` to that snapshot in the same atomic
+catalog commit. The offsets live in the snapshot summary (DESIGN: no second
+store that could disagree with the table); other writers (compaction,
+``rewrite_manifests``) add snapshots without them, so readers walk back along
+``main`` to the newest snapshot that has them. The tag protects that snapshot
+from ``expire_snapshots`` (tags are never expired by age), so when expiry has
+cut ``main``'s ancestry short the tag still answers.
+
+The broker (segment retention), the commit round and the DAGs all read the
+checkpoint through this module. It needs only table metadata (pyiceberg's
+``TableMetadata``), so the broker can call it on its own catalog without Spark.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+OFFSETS = "icefall.offsets"
+ROUND_ID = "icefall.round-id"
+TOPIC = "icefall.topic"
+TOPIC_ID = "icefall.topic-id"
+CHECKPOINT_TAG = "icefall-checkpoint"
+ROUND_BRANCH_PREFIX = "icefall-round-"
+MAIN = "main"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The offsets a table holds, and the snapshot that recorded them."""
+
+    offsets: dict[int, int]
+    snapshot_id: int | None
+    round_id: str | None = None
+    topic_id: str | None = None
+    timestamp_ms: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.snapshot_id is None
+
+
+NO_CHECKPOINT = Checkpoint({}, None)
+
+
+def encode_offsets(offsets: Mapping[int, int]) -> str:
+    return json.dumps({str(p): int(o) for p, o in sorted(offsets.items())}, separators=(",", ":"))
+
+
+def decode_offsets(text: str) -> dict[int, int]:
+    """The summary's offsets; a value that is not a JSON object of int -> int is refused, not guessed."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{OFFSETS} must be a JSON object, got {text!r}")
+    return {int(p): int(o) for p, o in raw.items()}
+
+
+def summary_properties(snapshot: Any) -> dict[str, str]:
+    """A pyiceberg snapshot's summary as a plain dict (operation excluded)."""
+    summary = getattr(snapshot, "summary", None)
+    return dict(summary.additional_properties) if summary is not None else {}
+
+
+def _from_snapshot(snapshot: Any) -> Checkpoint | None:
+    props = summary_properties(snapshot)
+    text = props.get(OFFSETS)
+    if text is None:
+        return None
+    return Checkpoint(decode_offsets(text), snapshot.snapshot_id, props.get(ROUND_ID), props.get(TOPIC_ID),
+                      snapshot.timestamp_ms)
+
+
+def read_checkpoint(metadata: Any, branch: str = MAIN) -> Checkpoint:
+    """The newest checkpoint on ``branch``'s ancestry, else the tag's, else none.
+
+    ``metadata`` is a pyiceberg ``TableMetadata`` (``table.metadata``).
+    """
+    refs = metadata.refs
+    ref = refs.get(branch)
+    snapshot_id = ref.snapshot_id if ref is not None else None
+    seen: set[int] = set()
+    while snapshot_id is not None and snapshot_id not in seen:
+        seen.add(snapshot_id)
+        snapshot = metadata.snapshot_by_id(snapshot_id)
+        if snapshot is None:  # ancestry cut short by expire_snapshots
+            break
+        found = _from_snapshot(snapshot)
+        if found is not None:
+            return found
+        snapshot_id = snapshot.parent_snapshot_id
+    tag = refs.get(CHECKPOINT_TAG)
+    if tag is not None:
+        snapshot = metadata.snapshot_by_id(tag.snapshot_id)
+        if snapshot is not None and (found := _from_snapshot(snapshot)) is not None:
+            return found
+    return NO_CHECKPOINT
