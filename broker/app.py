@@ -9,8 +9,11 @@ import logging
 import os
 import signal
 
+from pyiceberg.exceptions import NoSuchTableError
+
 from broker.admin_http import AdminApi
 from broker.catalog import open_catalog
+from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate
@@ -23,6 +26,7 @@ from broker.metadata import MetadataStore
 from broker.objectstore import open_object_store
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
+from broker.retention import Retention
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,16 @@ class Broker:
         self.registry = RegistryApi(self.schemas)
         self.handlers.gate = DataQualityGate(self.schemas)
         self.catalog = open_catalog(config)
+        self.retention = Retention(self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms)
+
+    def table_checkpoint(self, namespace: str, table: str) -> Checkpoint:
+        """The offsets a table topic's table holds, from the broker's own catalog
+        (blocking: retention calls it from a thread). No table yet: nothing committed."""
+        try:
+            loaded = self.catalog.store.load_table((namespace, table))
+        except NoSuchTableError:
+            return NO_CHECKPOINT
+        return read_checkpoint(loaded.metadata)
 
     async def start(self) -> None:
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
@@ -54,6 +68,7 @@ class Broker:
         await self.admin.start(self.config.host, self.config.admin_port)
         await self.registry.start(self.config.host, self.config.registry_port)
         await self.catalog.start(self.config.host, self.config.catalog_port)
+        self.retention.start()
         log.info(
             "icefall broker up: kafka %s:%d, admin http://%s:%d, schema registry http://%s:%d, object store %s, home %s",
             self.config.host, self.config.kafka_port, self.config.host, self.config.admin_port,
@@ -63,7 +78,7 @@ class Broker:
                  self.config.catalog_warehouse)
 
     async def stop(self) -> None:
-        for name, close in [("catalog", self.catalog.close), ("registry", self.registry.close),
+        for name, close in [("segment retention", self.retention.close), ("catalog", self.catalog.close), ("registry", self.registry.close),
                             ("admin API", self.admin.close), ("kafka listener", self.kafka.close),
                             ("group coordinator", self.groups.close), ("logs", self.logs.close)]:
             log.debug("stopping the %s", name)

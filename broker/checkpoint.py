@@ -62,7 +62,7 @@ def decode_offsets(text: str) -> dict[int, int]:
     """The summary's offsets; a value that is not a JSON object of int -> int is refused, not guessed."""
     raw = json.loads(text)
     if not isinstance(raw, dict):
-        raise ValueError(f"{OFFSETS} must be a JSON object, got {text!r}")
+        raise ValueError(f"{OFFSETS} must be a JSON object, got {text!r}")  # noqa: TRY004 - bad data, not a bad call
     return {int(p): int(o) for p, o in raw.items()}
 
 

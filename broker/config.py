@@ -62,6 +62,8 @@ class BrokerConfig(BaseModel):
     default_partitions: int = Field(default=1, ge=1)
     auto_create_topics: bool = False
     group_initial_rebalance_delay_ms: int = Field(default=300, ge=0)
+    # how often segment retention runs (Kafka's log.retention.check.interval.ms, same default)
+    retention_check_interval_ms: int = Field(default=300_000, ge=1)
     catalog_uri: str | None = None  # SQLAlchemy URL of the catalog database; default SQLite HOME/catalog.sqlite
     warehouse: str | None = None  # where table data and metadata live; default file://HOME/warehouse
 

@@ -22,6 +22,7 @@ from broker import records
 from broker.config import BrokerConfig
 from broker.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
 from broker.objectstore import ObjectStore
+from broker.retention import RetentionStatus
 from broker.wal import WalEntry, WriteAheadLog, read_entries
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ class LogStore:
         self.object_cache_limit = 64 * 1024 * 1024
         self.flush_failures = 0
         self.segments_written = 0
+        self.retention = RetentionStatus()  # what segment retention did and what tables hold back
 
     # ------------------------------------------------------------ lifecycle
 
@@ -234,6 +236,31 @@ class LogStore:
         part = PartitionLog(topic, partition, self.metadata.chunks(topic, partition), log_start_offset)
         self.partitions[(topic, partition)] = part
         return part
+
+    def drop_chunks(self, part: PartitionLog, count: int) -> list[str]:
+        """Segment retention: drop the partition's oldest ``count`` chunks and move its
+        log start past them (persisted first, then in memory, with no await between,
+        so fetches see either the old log or the new one). Returns the object keys no
+        chunk refers to any more, for the caller to delete."""
+        new_start = part.chunks[count - 1].end_offset
+        keys = self.metadata.drop_chunks_before(part.topic, part.partition, new_start)
+        del part.chunks[:count]
+        del part.chunk_bases[:count]
+        part.log_start_offset = max(part.log_start_offset, new_start)
+        return keys
+
+    async def unreferenced_objects(self, keys: list[str]) -> list[str]:
+        """Those of ``keys`` no chunk refers to. Checked under the flush lock: a flush
+        puts its object before it indexes it, so outside the lock a new object could
+        look orphaned."""
+        async with self._flush_lock:
+            referenced = self.metadata.object_keys()
+        return [k for k in keys if k not in referenced]
+
+    def forget_cached(self, key: str) -> None:
+        data = self._object_cache.pop(key, None)
+        if data is not None:
+            self._object_cache_bytes -= len(data)
 
     def drop_topic(self, topic: str) -> None:
         for key in [k for k in self.partitions if k[0] == topic]:
@@ -313,12 +340,17 @@ class LogStore:
         size = 0
         hw = part.high_watermark
         full = False
-        i = max(bisect.bisect_right(part.chunk_bases, offset) - 1, 0)
-        while i < len(part.chunks) and offset < part.flushed_offset:
+        while offset < part.flushed_offset:
+            if offset < part.log_start_offset:  # retention dropped it (maybe during the await below)
+                full = True
+                break
+            # looked up on every pass: retention may drop leading chunks during the await below
+            i = max(bisect.bisect_right(part.chunk_bases, offset) - 1, 0)
+            while i < len(part.chunks) and part.chunks[i].end_offset <= offset:
+                i += 1
+            if i == len(part.chunks):
+                break
             chunk = part.chunks[i]
-            i += 1
-            if chunk.end_offset <= offset:
-                continue
             refs = chunk.refs
             k = max(bisect.bisect_right(chunk.ref_bases, offset) - 1, 0)
             start = end = refs[k].position

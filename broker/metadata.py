@@ -235,6 +235,28 @@ class MetadataStore:
             for t, p, pid, state in self.db.execute("SELECT topic, partition, producer_id, state FROM producer_state")
         }
 
+    def drop_chunks_before(self, topic: str, partition: int, offset: int) -> list[str]:
+        """Segment retention: forget the partition's chunks below ``offset`` and make
+        ``offset`` its log start, in one transaction; returns the object keys that no
+        chunk refers to any more. The caller deletes those objects only after this
+        commits, so the index never points at a deleted object, whatever crashes when."""
+        where = "topic = ? AND partition = ? AND end_offset <= ?"
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            keys = [k for (k,) in self.db.execute(f"SELECT DISTINCT object_key FROM chunks WHERE {where}",
+                                                  (topic, partition, offset))]
+            self.db.execute(f"DELETE FROM chunks WHERE {where}", (topic, partition, offset))
+            self.db.execute("INSERT OR REPLACE INTO partition_state VALUES (?, ?, ?)", (topic, partition, offset))
+            unreferenced = [
+                k for k in keys
+                if self.db.execute("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1", (k,)).fetchone() is None
+            ]
+        return unreferenced
+
+    def object_keys(self) -> set[str]:
+        """Every object some chunk refers to (the orphan sweep keeps these)."""
+        return {k for (k,) in self.db.execute("SELECT DISTINCT object_key FROM chunks")}
+
     def log_start_offsets(self) -> dict[tuple[str, int], int]:
         return {(t, p): o for t, p, o in self.db.execute("SELECT * FROM partition_state")}
 

@@ -1,0 +1,138 @@
+"""Helpers shared by the benchmark scripts: the machine, CPU time, a broker on free ports."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.support import BrokerProcess
+
+MIB = 1024 * 1024
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+__all__ = ["MIB", "REPO", "BrokerProcess", "Measure", "become_subreaper", "machine", "measure", "pid_cpu_seconds",
+           "reap_orphans"]
+
+
+def machine() -> dict[str, str | int]:
+    """nproc, CPU model, memory, kernel and Python: what a BENCHMARKS.md row names."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 1024 / 1024)
+    except OSError:
+        pass
+    return {"nproc": len(os.sched_getaffinity(0)), "cpu": model, "mem_gib": mem_gib,
+            "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+            "python": platform.python_version()}
+
+
+def pid_cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a live process (not its children), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15 of stat)
+
+
+def _rusage_seconds(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+@dataclass
+class Measure:
+    """Wall time and CPU time of a block: this process, its reaped children, other watched pids."""
+
+    wall: float = 0.0
+    cpu_self: float = 0.0
+    cpu_children: float = 0.0
+    cpu_watched: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cpu_total(self) -> float:
+        return self.cpu_self + self.cpu_children + sum(self.cpu_watched.values())
+
+
+@contextmanager
+def measure(watch: dict[str, int] | None = None) -> Iterator[Measure]:
+    """Measure the block. ``watch``: name -> pid of other live processes (e.g. the
+    broker) whose CPU time spent during the block counts too."""
+    watch = watch or {}
+    m = Measure()
+    before = {name: pid_cpu_seconds(pid) for name, pid in watch.items()}
+    s0, c0 = _rusage_seconds(resource.RUSAGE_SELF), _rusage_seconds(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    try:
+        yield m
+    finally:
+        m.wall = time.perf_counter() - t0
+        m.cpu_self = _rusage_seconds(resource.RUSAGE_SELF) - s0
+        m.cpu_children = _rusage_seconds(resource.RUSAGE_CHILDREN) - c0
+        m.cpu_watched = {name: pid_cpu_seconds(pid) - before[name] for name, pid in watch.items()}
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``), so the CPU time of
+    processes their parent never waits for (PySpark's JVM, its Python workers) can be
+    collected by ``reap_orphans`` and shows up in ``RUSAGE_CHILDREN``."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+def reap_orphans(exclude: set[int], timeout: float = 60.0) -> int:
+    """Wait until this process has no children outside ``exclude`` (adopted orphans
+    exiting); return how many were reaped. Those still alive at ``timeout`` are left."""
+    deadline = time.monotonic() + timeout
+    reaped = 0
+    while time.monotonic() < deadline:
+        pending = _children(os.getpid()) - exclude
+        if not pending:
+            break
+        for pid in pending:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            reaped += bool(done)
+        time.sleep(0.05)
+    return reaped

@@ -1,0 +1,504 @@
+"""Commit round throughput against a plain-consumer baseline measured in the same run (issue 4).
+
+Workload: N MiB of ~500-byte Avro values with 16 fields (Confluent wire format,
+schema registered with the broker's registry under ``<topic>-value``) in a
+table topic (``automq.table.topic.enable=true``) with 4 partitions, produced
+with confluent-kafka (lz4, 1 MiB batches, acks=all). Produce time is printed
+but is no part of the figures.
+
+Baseline: one Python process, the way one would write it without Icefall: a
+confluent-kafka ``Consumer`` assigned to every partition from offset 0 up to
+the end offsets, fastavro ``schemaless_reader`` per value (5-byte header
+skipped), ``pyarrow.RecordBatch.from_pylist`` per 20,000 records, and ONE
+pyiceberg ``Table.append`` of all the batches at the end (one commit, like the
+round), into a table with exactly the round's schema (value fields flattened
+plus ``_kafka_key``, ``_kafka_headers``, ``_kafka_metadata``) in the broker's
+REST catalog (namespace ``baseline``).
+
+Round: ``python -m spark_jobs.commit_round --admin-url URL --topic T
+--until-now --result PATH`` in a subprocess (its own Spark, ``local[CORES]``),
+wall time including Spark start-up, and the phases from its result JSON; then
+the same command again with nothing new: the fixed cost of an empty round.
+
+Figures: rows/s and MiB/s of record value bytes; "per core" = MiB/s divided by
+the cores the round was given (``--cores``); "MiB per CPU-s" = MiB divided by
+all CPU seconds spent (bench process, children, and the broker for the
+baseline's fetches). Target (issue 4): round ≥ 25 MiB/s per core and ≥ 3× the
+baseline's MiB/s.
+
+    .venv/bin/python bench/commit_round.py [--mib 1024] [--cores 2]
+        [--partitions 4] [--compression lz4] [--no-baseline] [--no-round] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import shutil
+import string
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    MIB,
+    REPO,
+    BrokerProcess,
+    Measure,
+    become_subreaper,
+    machine,
+    measure,
+    reap_orphans,
+)
+
+RECORD_BYTES = 500
+POOL = 32_768  # distinct pre-encoded value tails; id and event_time are encoded per record
+BASELINE_BATCH = 20_000
+
+SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "PageEvent", "namespace": "icefall.bench",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "user_id", "type": "long"},
+        {"name": "session_id", "type": "string"},
+        {"name": "event_type", "type": "string"},
+        {"name": "page_url", "type": "string"},
+        {"name": "referrer", "type": ["null", "string"], "default": None},
+        {"name": "user_agent", "type": "string"},
+        {"name": "country", "type": "string"},
+        {"name": "device_id", "type": "int"},
+        {"name": "quantity", "type": "int"},
+        {"name": "price", "type": "double"},
+        {"name": "discount", "type": ["null", "double"], "default": None},
+        {"name": "is_mobile", "type": "boolean"},
+        {"name": "received_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "payload", "type": "string"},
+    ],
+}
+assert len(SCHEMA["fields"]) == 16
+
+EVENT_TYPES = ["view", "click", "add_to_cart", "purchase", "search", "scroll", "login", "logout"]
+COUNTRIES = ["US", "DE", "FR", "GB", "JP", "BR", "IN", "CA", "NL", "SE", "ES", "IT"]
+USER_AGENTS = [
+    f"Mozilla/5.0 ({os_}) AppleWebKit/537.36 (KHTML, like Gecko) {browser}/{v}.0.{v * 7}.{v % 13} Safari/537.36"
+    for os_ in ("Windows NT 10.0; Win64; x64", "Macintosh; Intel Mac OS X 10_15_7", "X11; Linux x86_64",
+                "Linux; Android 14; Pixel 8", "iPhone; CPU iPhone OS 17_4 like Mac OS X")
+    for browser in ("Chrome", "Firefox", "Edg") for v in (118, 119, 120, 121)
+]
+
+
+# ------------------------------------------------------------------ workload
+
+
+def _zigzag_varint(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _tails(count: int, seed: int = 4) -> tuple[list[bytes], list[bytes]]:
+    """``count`` Avro encodings of fields 3..16 (the record minus id and event_time), sized so a
+    whole wire-format value is ~RECORD_BYTES, and a matching Kafka key (the user id) for each."""
+    from fastavro import parse_schema, schemaless_writer
+
+    rnd = random.Random(seed)
+    tail_schema = parse_schema({**SCHEMA, "name": "Tail", "fields": SCHEMA["fields"][2:]})
+    alphabet = string.ascii_letters + string.digits
+    now_ms = int(time.time() * 1000)
+    tails, keys = [], []
+    for _ in range(count):
+        user = rnd.randrange(1, 5_000_000)
+        value = {
+            "user_id": user,
+            "session_id": "-".join(f"{rnd.getrandbits(4 * n):0{n}x}" for n in (8, 4, 4, 4, 12)),
+            "event_type": rnd.choice(EVENT_TYPES),
+            "page_url": "https://shop.example.com/" + "/".join(
+                "".join(rnd.choices(string.ascii_lowercase, k=rnd.randrange(4, 12))) for _ in range(4))
+            + f"?item={rnd.randrange(100000)}&ref={rnd.randrange(1000)}",
+            "referrer": None if rnd.random() < 0.3 else "https://www.example.org/search?q="
+            + "".join(rnd.choices(string.ascii_lowercase, k=rnd.randrange(8, 40))),
+            "user_agent": rnd.choice(USER_AGENTS),
+            "country": rnd.choice(COUNTRIES),
+            "device_id": rnd.randrange(1, 2_000_000),
+            "quantity": rnd.randrange(1, 10),
+            "price": round(rnd.uniform(0.5, 500.0), 2),
+            "discount": None if rnd.random() < 0.5 else round(rnd.random() * 0.3, 3),
+            "is_mobile": rnd.random() < 0.6,
+            "received_at": now_ms + rnd.randrange(0, 5000),
+            "payload": "",
+        }
+        buf = io.BytesIO()
+        schemaless_writer(buf, tail_schema, value)
+        # header 5 + id ~4 + event_time 6 + tail + payload's length prefix (2) + payload
+        pad = max(0, RECORD_BYTES - 5 - 4 - 6 - len(buf.getvalue()) - 1 + rnd.randrange(-20, 21))
+        value["payload"] = "".join(rnd.choices(alphabet, k=pad))
+        buf = io.BytesIO()
+        schemaless_writer(buf, tail_schema, value)
+        tails.append(buf.getvalue())
+        keys.append(str(user).encode())
+    return tails, keys
+
+
+def register_schema(registry_url: str, subject: str) -> int:
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    client = SchemaRegistryClient({"url": registry_url})
+    return int(client.register_schema(subject, Schema(json.dumps(SCHEMA), "AVRO")))
+
+
+def create_table_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = {"automq.table.topic.enable": "true", "max.message.bytes": str(2 * MIB)}
+    for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
+        future.result(15)
+
+
+def produce(bootstrap: str, topic: str, schema_id: int, total: int, compression: str) -> dict[str, Any]:
+    """Produce values until ``total`` value bytes; return counts and timing."""
+    from confluent_kafka import Producer
+
+    tails, keys = _tails(POOL)
+    failures: list[object] = []
+
+    def delivered(err: object, msg: object) -> None:
+        if err is not None:
+            failures.append(err)
+
+    producer = Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "batch.size": MIB,
+        "batch.num.messages": 1_000_000, "message.max.bytes": 2 * MIB, "compression.type": compression,
+        "queue.buffering.max.kbytes": 512 * 1024, "queue.buffering.max.messages": 10_000_000,
+        "on_delivery": delivered,
+    })
+    header = b"\x00" + struct.pack(">I", schema_id)
+    base_ms = int(time.time() * 1000) - 3_600_000
+    count = size = 0
+    start = time.perf_counter()
+    produce_ = producer.produce
+    while size < total:
+        i = count % POOL
+        value = header + _zigzag_varint(count) + _zigzag_varint(base_ms + count) + tails[i]
+        while True:
+            try:
+                produce_(topic, value, keys[i])
+                break
+            except BufferError:
+                producer.poll(0.01)
+        count += 1
+        size += len(value)
+        if count % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(600) == 0, "producer did not drain"
+    elapsed = time.perf_counter() - start
+    assert not failures, failures[:3]
+    return {"rows": count, "value_bytes": size, "seconds": elapsed}
+
+
+def flush_broker(broker: BrokerProcess, topic: str, rows: int) -> None:
+    """Make every produced record part of a segment object (the round reads only those)."""
+    broker.admin("/v1/flush", method="POST")
+    offsets = broker.admin(f"/v1/topics/{topic}/offsets")
+    parts = offsets["partitions"]
+    assert isinstance(parts, list)
+    assert sum(p["high_watermark"] - p["log_start_offset"] for p in parts) == rows, offsets
+    assert all(p["flushed_offset"] == p["high_watermark"] for p in parts), offsets
+
+
+# ------------------------------------------------------------------ baseline
+
+
+def _table_identifier(topic: str) -> str:
+    return topic.replace(".", "_").replace("-", "_")
+
+
+def load_catalog(catalog_url: str) -> Any:
+    from pyiceberg.catalog import load_catalog as _load
+
+    return _load("bench", type="rest", uri=catalog_url)
+
+
+def baseline(broker: BrokerProcess, topic: str, partitions: int) -> dict[str, Any]:
+    """confluent-kafka Consumer + fastavro + pyarrow + one pyiceberg append; returns the figures."""
+    import pyarrow as pa
+    from confluent_kafka import Consumer, TopicPartition
+    from fastavro import parse_schema, schemaless_reader
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError
+
+    from spark_jobs import avro_schema
+
+    catalog = load_catalog(broker.catalog_url)
+    try:
+        catalog.create_namespace("baseline")
+    except NamespaceAlreadyExistsError:
+        pass
+    iceberg_schema = avro_schema.table_schema(SCHEMA)  # exactly the round's table schema
+    identifier = ("baseline", _table_identifier(topic))
+    table = catalog.create_table(identifier, schema=iceberg_schema)
+    arrow = avro_schema.arrow_schema(table.schema())
+    parsed = parse_schema(SCHEMA)
+
+    timings = {"consume_decode": 0.0, "arrow": 0.0, "append": 0.0}
+    with measure({"broker": broker.proc.pid}) as m:  # type: ignore[union-attr]
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "bench-baseline",
+                             "enable.auto.commit": False, "fetch.max.bytes": 64 * MIB,
+                             "max.partition.fetch.bytes": 16 * MIB, "queued.max.messages.kbytes": 256 * 1024})
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])
+        remaining = {p for p, end in ends.items() if end > 0}
+        batches: list[pa.RecordBatch] = []
+        rows: list[dict[str, Any]] = []
+        value_bytes = count = 0
+        t = time.perf_counter()
+        while remaining:
+            for msg in consumer.consume(10_000, 1.0):
+                if msg.error():
+                    raise RuntimeError(msg.error())
+                p, offset = msg.partition(), msg.offset()
+                assert p is not None and offset is not None
+                if offset >= ends[p]:
+                    continue
+                value = msg.value()
+                assert value is not None
+                value_bytes += len(value)
+                row: dict[str, Any] = schemaless_reader(io.BytesIO(value[5:]), parsed, None)  # type: ignore[assignment]
+                key = msg.key()
+                row["_kafka_key"] = None if key is None else key.decode()
+                row["_kafka_headers"] = msg.headers()
+                row["_kafka_metadata"] = {"partition": p, "offset": offset, "timestamp": msg.timestamp()[1] * 1000}
+                rows.append(row)
+                if offset + 1 >= ends[p]:
+                    remaining.discard(p)
+                if len(rows) >= BASELINE_BATCH:
+                    t1 = time.perf_counter()
+                    timings["consume_decode"] += t1 - t
+                    batches.append(pa.RecordBatch.from_pylist(rows, schema=arrow))
+                    count += len(rows)
+                    rows = []
+                    t = time.perf_counter()
+                    timings["arrow"] += t - t1
+        t1 = time.perf_counter()
+        timings["consume_decode"] += t1 - t
+        if rows:
+            batches.append(pa.RecordBatch.from_pylist(rows, schema=arrow))
+            count += len(rows)
+        consumer.close()
+        t = time.perf_counter()
+        timings["arrow"] += t - t1
+        table.append(pa.Table.from_batches(batches, schema=arrow))
+        timings["append"] = time.perf_counter() - t
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and int(snapshot.summary["total-records"]) == count == sum(ends.values())
+    return _figures(m, count, value_bytes) | {
+        "phases": {k: round(v, 2) for k, v in timings.items()},
+        "data_files": int(snapshot.summary["added-data-files"]),
+        "table": ".".join(identifier),
+    }
+
+
+def _figures(m: Measure, rows: int, value_bytes: int, cores: int | None = None) -> dict[str, Any]:
+    mib = value_bytes / MIB
+    out = {
+        "rows": rows, "mib": round(mib, 1), "wall_s": round(m.wall, 2),
+        "rows_per_s": round(rows / m.wall), "mib_per_s": round(mib / m.wall, 2),
+        "cpu_s": round(m.cpu_total, 1),
+        "cpu_split_s": {"self": round(m.cpu_self, 1), "children": round(m.cpu_children, 1),
+                        **{k: round(v, 1) for k, v in m.cpu_watched.items()}},
+        "mib_per_cpu_s": round(mib / m.cpu_total, 2) if m.cpu_total else None,
+    }
+    if cores:
+        out["mib_per_s_per_core"] = round(mib / m.wall / cores, 2)
+        out["rows_per_s_per_core"] = round(rows / m.wall / cores)
+    return out
+
+
+# ------------------------------------------------------------------ the round
+
+
+JOB = REPO / "spark_jobs" / "commit_round.py"
+
+
+def round_command(broker: BrokerProcess, topic: str, result: Path, cores: int) -> list[str]:
+    cmd = [sys.executable, "-m", "spark_jobs.commit_round", "--admin-url", broker.admin_url, "--topic", topic,
+           "--until-now", "--result", str(result)]
+    help_text = subprocess.run([sys.executable, "-m", "spark_jobs.commit_round", "--help"], cwd=REPO,
+                               capture_output=True, text=True, timeout=120, check=False).stdout
+    if "--master" in help_text:
+        cmd += ["--master", f"local[{cores}]"]
+    return cmd
+
+
+def run_round(broker: BrokerProcess, topic: str, workdir: Path, cores: int, name: str,
+              profile: bool = False) -> tuple[Measure, dict[str, Any]]:
+    """One round in a subprocess, pinned to ``cores`` CPUs when the machine has more; with
+    ``profile``, under ``py-spy record --subprocesses`` (collapsed stacks in ``<name>.pyspy.txt``)."""
+    result = workdir / f"{name}.json"
+    log = workdir / f"{name}.log"
+    result.unlink(missing_ok=True)
+    cmd = round_command(broker, topic, result, cores)
+    if profile:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        cmd = [spy, "record", "--subprocesses", "--nonblocking", "--rate", "50", "--format", "raw",
+               "-o", str(workdir / f"{name}.pyspy.txt"), "--", *cmd]
+    if cores < len(os.sched_getaffinity(0)):
+        cmd = ["taskset", "-c", ",".join(map(str, sorted(os.sched_getaffinity(0))[:cores])), *cmd]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    print(f"[round] {' '.join(cmd)}  (log: {log})", file=sys.stderr)
+    with open(log, "wb") as out, measure() as m:
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=7200,
+                              check=False)
+        wall = time.perf_counter() - t0
+        reap_orphans(exclude={broker.proc.pid} if broker.proc else set())  # the JVM exits after the driver
+    m.wall = wall
+    if proc.returncode != 0 or not result.exists():
+        tail = log.read_text(errors="replace")[-4000:]
+        raise RuntimeError(f"round {name} failed with exit code {proc.returncode}:\n{tail}")
+    return m, json.loads(result.read_text())
+
+
+def the_round(broker: BrokerProcess, topic: str, workdir: Path, cores: int, rows: int, value_bytes: int,
+              profile: bool = False) -> dict[str, Any]:
+    """The full round over everything produced, then an empty round (nothing new)."""
+    m, result = run_round(broker, topic, workdir, cores, "round", profile)
+    assert result.get("status") == "committed", f"round did not commit: {result}"
+    got = int(result.get("rows", -1))
+    assert got == rows, f"round wrote {got} rows, expected {rows}: {result}"
+    full = _figures(m, rows, value_bytes, cores) | {
+        "phases_s": result.get("seconds"), "bytes_read": result.get("bytes_read"),
+        "data_files": result.get("data_files"), "snapshot_id": result.get("snapshot_id"),
+    }
+    seconds = result.get("seconds") or {}
+    if isinstance(seconds, dict) and "total" in seconds:
+        full["outside_job_s"] = round(m.wall - float(seconds["total"]), 2)  # JVM + Spark start-up, imports, exit
+        rw = seconds.get("read_write")
+        if rw:
+            full["read_write_mib_per_s_per_core"] = round(value_bytes / MIB / float(rw) / cores, 2)
+    me, empty = run_round(broker, topic, workdir, cores, "empty-round")
+    assert empty.get("status") == "nothing_new" and int(empty.get("rows", 0)) == 0, f"empty round: {empty}"
+    return {"full": full, "empty": {"wall_s": round(me.wall, 2), "cpu_s": round(me.cpu_total, 1),
+                                     "phases_s": empty.get("seconds"), "snapshot_id": empty.get("snapshot_id")},
+            "results": {"round": result, "empty": empty}}
+
+
+# ------------------------------------------------------------------ report
+
+
+def markdown(args: argparse.Namespace, info: dict[str, Any], prod: dict[str, Any], base: dict[str, Any] | None,
+             rnd: dict[str, Any] | None) -> str:
+    mach = info["machine"]
+    lines = [
+        (f"Date {info['date']}; machine: {mach['nproc']} cores ({mach['cpu']}), {mach['mem_gib']} GiB, "
+         f"{mach['os']}, Python {mach['python']}; broker, bench and Spark share the cores."),
+        "",
+        (f"Command: `{info['command']}` ({prod['rows']:,} records, {prod['value_bytes'] / MIB:.0f} MiB of values, "
+         f"mean {prod['value_bytes'] / prod['rows']:.0f} B, 16 fields; {args.partitions} partitions, "
+         f"{args.compression}; produced in {prod['seconds']:.1f} s = "
+         f"{prod['value_bytes'] / MIB / prod['seconds']:.0f} MiB/s, not counted)."),
+        "",
+        ("| date | MiB | baseline MiB/s | baseline MiB/CPU-s | round MiB/s | round MiB/s per core "
+         "| round rows/s per core | round / baseline | round MiB/CPU-s | empty round s | note |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    b = base or {}
+    f = (rnd or {}).get("full", {})
+    e = (rnd or {}).get("empty", {})
+    ratio = f"{f['mib_per_s'] / b['mib_per_s']:.2f}" if f and b else "—"
+    lines.append(
+        f"| {info['date']} | {prod['value_bytes'] / MIB:.0f} | {b.get('mib_per_s', '—')} | {b.get('mib_per_cpu_s', '—')} "
+        f"| {f.get('mib_per_s', '—')} | {f.get('mib_per_s_per_core', '—')} | {f.get('rows_per_s_per_core', '—')} "
+        f"| {ratio} | {f.get('mib_per_cpu_s', '—')} | {e.get('wall_s', '—')} | local[{args.cores}] |")
+    lines.append("")
+    if b:
+        lines.append(f"Baseline: {b['wall_s']} s wall ({b['rows_per_s']:,} rows/s), phases {b['phases']}, "
+                     f"CPU {b['cpu_s']} s {b['cpu_split_s']}, {b['data_files']} data file(s), one append.")
+    if f:
+        lines.append(f"Round: {f['wall_s']} s wall incl. Spark start-up ({f['rows_per_s']:,} rows/s), "
+                     f"job phases {f.get('phases_s')}, outside the job {f.get('outside_job_s', '—')} s, "
+                     f"CPU {f['cpu_s']} s, {f.get('data_files')} data file(s).")
+        if "read_write_mib_per_s_per_core" in f:
+            lines.append(f"Read+write phase alone: {f['read_write_mib_per_s_per_core']} MiB/s per core.")
+    if e:
+        lines.append(f"Empty round: {e['wall_s']} s wall, phases {e.get('phases_s')}.")
+    lines.append("Targets: round ≥ 25 MiB/s per core, round / baseline ≥ 3.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=1024, help="MiB of record values to produce (default 1024)")
+    parser.add_argument("--cores", type=int, default=2, help="cores for the round: local[N] (default 2)")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--compression", default="lz4", choices=["none", "lz4", "snappy", "zstd", "gzip"])
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the baseline")
+    parser.add_argument("--no-round", dest="round", action="store_false", help="skip the Spark round")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the broker home and logs in this directory")
+    parser.add_argument("--json", type=Path, default=None, help="also write all figures to this JSON file")
+    parser.add_argument("--profile", action="store_true",
+                        help="run the full round under py-spy (needs --keep; slows the round: not for figures)")
+    args = parser.parse_args()
+    run_round_too = args.round and JOB.exists()
+    if args.round and not run_round_too:
+        print(f"[bench] {JOB.relative_to(REPO)} does not exist yet: baseline only", file=sys.stderr)
+
+    info = {"date": time.strftime("%Y-%m-%d"), "machine": machine(),
+            "command": " ".join([".venv/bin/python", "bench/commit_round.py", *sys.argv[1:]])}
+    topic = "bench-events"
+    become_subreaper()  # so the Spark JVM's CPU time is counted (PySpark never waits for it)
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if args.keep:  # kept after the run, failed or not: broker home and log, round logs and results
+            workdir = Path(tempfile.mkdtemp(prefix=f"run-{time.strftime('%Y%m%d-%H%M%S')}-", dir=args.keep))
+            print(f"[bench] working in {workdir}", file=sys.stderr)
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="icefall-bench-round-",
+                                                                           dir=Path.home())))
+        broker = BrokerProcess(workdir / "home").start()
+        try:
+            schema_id = register_schema(broker.registry_url, f"{topic}-value")
+            create_table_topic(broker.bootstrap, topic, args.partitions)
+            prod = produce(broker.bootstrap, topic, schema_id, args.mib * MIB, args.compression)
+            flush_broker(broker, topic, prod["rows"])
+            print(f"[produce] {prod['rows']:,} rows, {prod['value_bytes'] / MIB:.1f} MiB in {prod['seconds']:.1f} s",
+                  file=sys.stderr)
+            base = baseline(broker, topic, args.partitions) if args.baseline else None
+            if base:
+                print(f"[baseline] {json.dumps(base)}", file=sys.stderr)
+            rnd = (the_round(broker, topic, workdir, args.cores, prod["rows"], prod["value_bytes"], args.profile)
+                   if run_round_too else None)
+            if rnd:
+                print(f"[round] {json.dumps({k: rnd[k] for k in ('full', 'empty')})}", file=sys.stderr)
+        except BaseException:
+            print(broker.log_text()[-3000:], file=sys.stderr)
+            raise
+        finally:
+            broker.stop(60)
+    figures = {"info": info, "produce": prod, "baseline": base, "round": rnd}
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2, default=str))
+    print(json.dumps({k: v for k, v in figures.items() if k != "round"} | {
+        "round": rnd and {k: rnd[k] for k in ("full", "empty")}}, indent=2, default=str))
+    print()
+    print(markdown(args, info, prod, base, rnd))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""The asset a table topic's commits are published on: ``icefall/<namespace>/<table>``.
+
+One constructor, so the commit DAGs and the data teams' DAGs that schedule on
+them build the very same asset (name, URI and group).
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Asset
+
+from icefall_airflow import settings
+
+
+def table_asset(namespace: str, table: str) -> Asset:
+    name = settings.asset_name(namespace, table)
+    return Asset(name=name, uri=name, group="icefall")

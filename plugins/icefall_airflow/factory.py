@@ -1,0 +1,131 @@
+"""The DAG factory: one commit-round DAG per table topic, ``icefall_commit__<topic>``.
+
+Built from the broker's manifest file only (no network, no database at parse
+time). The schedule is the topic's commit interval as a data-interval
+timetable, so each run is one round for [a, b), the UI's Backfill works, and a
+re-run commits nothing new. ``max_active_runs=1`` keeps one round in flight
+per DAG; the commit task takes the table's one-slot pool, which maintenance
+DAGs share, so two writers never race on the table.
+
+Tasks: ``plan`` (broker end offsets for the interval, waiting until they are in
+segment objects) >> ``commit`` (spark-submit of ``commit_round.py``) >>
+``publish`` (asset event ``icefall/<namespace>/<table>``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, Asset, DeltaDataIntervalTimetable, Metadata, Param, get_current_context, task
+
+from icefall_airflow import manifest, planning, publish
+from icefall_airflow.assets import table_asset
+from icefall_airflow.broker_client import BrokerClient, BrokerError
+from icefall_airflow.commit_operator import CommitRoundOperator
+from icefall_airflow.lag import measure
+
+log = logging.getLogger(__name__)
+
+# Fixed, in the past: the scheduler starts at the latest interval (catchup off);
+# earlier intervals are there for the UI's Backfill.
+START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+PLAN_DEADLINE_ENV = "ICEFALL_PLAN_DEADLINE_S"
+
+DOC = """\
+### Commit rounds of topic `{topic}` into `{namespace}.{table}`
+
+Every {interval_s:g} s (the topic's `automq.table.topic.commit.interval.ms`) one round commits,
+per partition, the offsets appended before the end of the run's data interval. Re-running a run
+or backfilling committed intervals commits nothing new.
+
+Manual run params: `until` = `interval` (default; a run without a logical date commits up to now),
+`now`, or `offsets` with `until_offsets` = `{{"0": 1234, ...}}` (exclusive ends); `max_records`
+caps the round. Each commit emits an event on the asset `{asset}`.
+"""
+
+
+def round_params() -> dict[str, Param]:
+    return {
+        "until": Param(planning.UNTIL_INTERVAL, enum=list(planning.UNTIL_CHOICES),
+                       description="interval: the run's data interval end (now if it has none); "
+                                   "now: the broker's current end; offsets: until_offsets"),
+        "until_offsets": Param(None, type=["null", "object"],
+                               description='with until=offsets: {"<partition>": <exclusive end offset>}'),
+        "max_records": Param(None, type=["null", "integer"], minimum=1,
+                             description="commit at most this many records in this round"),
+    }
+
+
+def _plan(entry: manifest.TableTopic) -> dict[str, Any]:
+    context = get_current_context()
+    request = planning.round_request(entry.topic, context["params"], context.get("data_interval_end"),
+                                     context["run_id"], int(time.time() * 1000))
+    client = BrokerClient(manifest.admin_url())
+    plan = planning.plan_round(client, request, float(os.environ.get(PLAN_DEADLINE_ENV, "120")))
+    log.info("round %s of %s: end offsets %s (high watermarks %s, until append time %s)",
+             request.round_id, entry.topic, plan.end_offsets, plan.high_watermarks, request.until_append_ms)
+    return plan.to_xcom()
+
+
+def _publish(entry: manifest.TableTopic, asset: Asset, result: dict[str, Any],
+             plan: dict[str, Any]) -> Iterator[Metadata]:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    publish.check_result(result)
+    log.info(publish.summary_line(result))
+    if result["status"] == "nothing_new":
+        raise AirflowSkipException(f"nothing new committed in round {result.get('round_id')}: no asset event")
+    try:
+        lag = measure(BrokerClient(manifest.admin_url()), entry.topic, publish.committed_offsets(result),
+                      int(time.time() * 1000)).to_json()
+    except BrokerError as exc:  # the commit is done; a missing lag figure must not fail it
+        log.warning("could not measure the lag after the commit: %s", exc)
+        lag = None
+    yield Metadata(asset, publish.asset_extra(result, plan, lag))
+
+
+def build_commit_dag(entry: manifest.TableTopic) -> DAG:
+    asset = table_asset(entry.namespace, entry.table)
+    with DAG(
+        dag_id=entry.dag_id,
+        description=f"Commit rounds: Kafka topic {entry.topic} -> Iceberg {entry.namespace}.{entry.table}",
+        schedule=DeltaDataIntervalTimetable(timedelta(milliseconds=entry.schedule_ms)),
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=False,
+        dagrun_timeout=timedelta(hours=1),
+        params=round_params(),
+        tags=["icefall", "commit", f"namespace:{entry.namespace}"],
+        doc_md=DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
+                          interval_s=entry.schedule_ms / 1000, asset=entry.asset_name),
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
+    ) as dag:
+        plan = task(task_id="plan")(_plan)(entry)
+        commit = CommitRoundOperator(
+            task_id="commit", plan_task_id="plan", pool=entry.pool, name=f"icefall-commit-{entry.topic}",
+            execution_timeout=timedelta(minutes=30),
+        )
+        published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(entry, asset, commit.output, plan)
+        plan >> commit >> published
+    return dag
+
+
+def build_all(path: Path | None = None) -> dict[str, DAG]:
+    """One DAG per enabled table topic of the manifest at ``path`` (default ``HOME/table_topics.json``).
+
+    A topic whose table-topic flag is turned off drops out of the broker's
+    manifest, so its DAG disappears (Airflow marks it stale, keeping its history
+    and paused state for when the topic is enabled again).
+    """
+    dags: dict[str, DAG] = {}
+    for entry in manifest.read(path).table_topics:
+        if entry.enabled:
+            dags[entry.dag_id] = build_commit_dag(entry)
+    return dags

@@ -1,0 +1,157 @@
+"""The plan step of a commit round: which offsets this run commits.
+
+A run for the data interval [a, b) commits, per partition, the offsets whose
+broker append time is before b. That bound does not depend on when the run
+executes, so re-running a run, or backfilling an interval, asks for the same
+offsets again and the commit round finds nothing new. A manual run without a
+logical date (or with ``until=now``) commits up to the broker's current end;
+``until=offsets`` commits up to an explicit offset map.
+
+Before the commit may read them, those offsets must be in segment objects: the
+plan waits, with a deadline, until the broker reports them flushed (asking it
+to flush now rather than waiting for its timer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from icefall_airflow.broker_client import BrokerClient
+
+log = logging.getLogger(__name__)
+
+UNTIL_INTERVAL = "interval"
+UNTIL_NOW = "now"
+UNTIL_OFFSETS = "offsets"
+UNTIL_CHOICES = (UNTIL_INTERVAL, UNTIL_NOW, UNTIL_OFFSETS)
+
+
+class PlanError(RuntimeError):
+    """The round cannot be planned (bad parameters, or the broker did not flush in time)."""
+
+
+@dataclass(frozen=True)
+class RoundRequest:
+    """What a run asked for, before the broker is asked anything."""
+
+    topic: str
+    round_id: str
+    until_append_ms: int | None = None  # commit offsets appended before this time
+    until_offsets: dict[int, int] | None = None  # or up to these offsets (exclusive)
+    max_records: int | None = None
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The offsets the commit step is told to commit up to, and where the log stood."""
+
+    request: RoundRequest
+    end_offsets: dict[int, int]
+    high_watermarks: dict[int, int] = field(default_factory=dict)
+    log_start_offsets: dict[int, int] = field(default_factory=dict)
+    planned_at_ms: int = 0
+
+    def to_xcom(self) -> dict[str, Any]:
+        return {
+            "topic": self.request.topic,
+            "round_id": self.request.round_id,
+            "until_append_ms": self.request.until_append_ms,
+            "max_records": self.request.max_records,
+            "end_offsets": {str(p): o for p, o in sorted(self.end_offsets.items())},
+            "high_watermarks": {str(p): o for p, o in sorted(self.high_watermarks.items())},
+            "log_start_offsets": {str(p): o for p, o in sorted(self.log_start_offsets.items())},
+            "planned_at_ms": self.planned_at_ms,
+        }
+
+
+def parse_offsets(value: object) -> dict[int, int]:
+    """An offset map from a Param: a dict or its JSON text, partition -> offset (exclusive end)."""
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    if not isinstance(value, Mapping):
+        raise PlanError(f"until_offsets must be a JSON object of partition -> offset, got {value!r}")
+    try:
+        offsets = {int(p): int(o) for p, o in value.items()}
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"until_offsets must map partition numbers to offsets, got {value!r}") from exc
+    if not offsets or any(o < 0 or p < 0 for p, o in offsets.items()):
+        raise PlanError(f"until_offsets needs at least one partition and no negative numbers, got {value!r}")
+    return offsets
+
+
+def round_request(topic: str, params: Mapping[str, Any], data_interval_end: datetime | None, run_id: str,
+                  now_ms: int) -> RoundRequest:
+    """Turn a run's params and data interval into what the round commits.
+
+    Scheduled and backfill runs (``until=interval``) are bounded by the interval
+    end and get a round id derived from it, so every re-run of the interval is
+    recognisably the same round.
+    """
+    until = str(params.get("until") or UNTIL_INTERVAL)
+    if until not in UNTIL_CHOICES:
+        raise PlanError(f"param until must be one of {', '.join(UNTIL_CHOICES)}, got {until!r}")
+    max_records = params.get("max_records")
+    max_records = int(max_records) if max_records not in (None, "", 0) else None
+    if until == UNTIL_OFFSETS:
+        offsets = parse_offsets(params.get("until_offsets"))
+        return RoundRequest(topic, f"{topic}@{run_id}", until_offsets=offsets, max_records=max_records)
+    if until == UNTIL_INTERVAL and data_interval_end is not None:
+        until_ms = int(data_interval_end.timestamp() * 1000)
+        return RoundRequest(topic, f"{topic}@{until_ms}", until_append_ms=until_ms, max_records=max_records)
+    return RoundRequest(topic, f"{topic}@{run_id}", until_append_ms=now_ms, max_records=max_records)
+
+
+def _by_partition(rows: list[dict[str, Any]], key: str) -> dict[int, int]:
+    return {int(row["partition"]): int(row[key]) for row in rows}
+
+
+def plan_round(client: BrokerClient, request: RoundRequest, deadline_s: float = 120.0, poll_s: float = 0.25,
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+               ) -> RoundPlan:
+    """Ask the broker for the round's end offsets; wait until they are all in segment objects."""
+    deadline = clock() + deadline_s
+    hurried = False
+    while True:
+        plan, waiting_for = _try_plan(client, request)
+        if plan is not None:
+            return plan
+        if clock() > deadline:
+            raise PlanError(f"the broker did not flush {request.topic} partitions {waiting_for} within "
+                            f"{deadline_s:g} s; is its object store reachable? (see its /healthz)")
+        if not hurried:  # the flush timer would get there too; a round should not wait for it
+            client.flush()
+            hurried = True
+        sleep(poll_s)
+
+
+def _try_plan(client: BrokerClient, request: RoundRequest) -> tuple[RoundPlan | None, list[int]]:
+    now_ms = int(time.time() * 1000)
+    if request.until_offsets is None:
+        answer = client.plan(request.topic, request.until_append_ms)
+        rows = answer["partitions"]
+        waiting = [int(r["partition"]) for r in rows if not r["flushed"]]
+        if waiting:
+            return None, waiting
+        return RoundPlan(request, _by_partition(rows, "end_offset"), _by_partition(rows, "high_watermark"),
+                         _by_partition(rows, "log_start_offset"), now_ms), []
+    answer = client.offsets(request.topic)
+    rows = answer["partitions"]
+    known = {int(r["partition"]): r for r in rows}
+    unknown = sorted(set(request.until_offsets) - set(known))
+    if unknown:
+        raise PlanError(f"{request.topic} has no partitions {unknown} (it has {len(known)})")
+    beyond = {p: o for p, o in request.until_offsets.items() if o > int(known[p]["high_watermark"])}
+    if beyond:
+        raise PlanError(f"until_offsets {beyond} are beyond the end of {request.topic}: "
+                        f"{ {p: known[p]['high_watermark'] for p in beyond} }")
+    waiting = [p for p, o in request.until_offsets.items() if int(known[p]["flushed_offset"]) < o]
+    if waiting:
+        return None, waiting
+    return RoundPlan(request, dict(request.until_offsets), _by_partition(rows, "high_watermark"),
+                     _by_partition(rows, "log_start_offset"), now_ms), []

@@ -1,0 +1,64 @@
+"""The publish step: from the commit round's result to an asset event.
+
+Data teams schedule their DAGs on ``Asset("icefall/<namespace>/<table>")``;
+each event's extra says which snapshot to read and which offsets it added. A
+round that committed nothing emits no event (the step is skipped), so
+downstream DAGs run once per new snapshot, never for a re-run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RESULT_STATUSES = ("committed", "nothing_new")
+
+
+class ResultError(ValueError):
+    """The commit round's result JSON is not what the contract says."""
+
+
+def check_result(result: Any) -> dict[str, Any]:
+    if not isinstance(result, dict):
+        raise ResultError(f"the commit round returned {type(result).__name__}, not a result object")
+    status = result.get("status")
+    if status not in RESULT_STATUSES:
+        raise ResultError(f"unknown commit round status {status!r} (expected one of {RESULT_STATUSES})")
+    if status == "committed" and result.get("snapshot_id") is None:
+        raise ResultError("a committed round must name its snapshot_id")
+    return result
+
+
+def committed_offsets(result: dict[str, Any]) -> dict[int, int]:
+    return {int(p): int(o) for p, o in (result.get("offsets_after") or {}).items()}
+
+
+def asset_extra(result: dict[str, Any], plan: dict[str, Any], lag: dict[str, Any] | None) -> dict[str, Any]:
+    """The event's extra: JSON-serialisable, small, enough to read exactly this commit."""
+    return {
+        "topic": result.get("topic", plan.get("topic")),
+        "namespace": result.get("namespace"),
+        "table": result.get("table"),
+        "snapshot_id": result.get("snapshot_id"),
+        "round_id": result.get("round_id", plan.get("round_id")),
+        "offsets_before": result.get("offsets_before") or {},
+        "offsets_after": result.get("offsets_after") or {},
+        "until_append_ms": plan.get("until_append_ms"),
+        "rows": result.get("rows"),
+        "dlq_rows": result.get("dlq_rows"),
+        "records": result.get("records"),
+        "bytes": result.get("bytes_read"),
+        "data_files": result.get("data_files"),
+        "seconds": result.get("seconds"),
+        "lag_records": None if lag is None else lag["records"],
+        "lag_seconds": None if lag is None else lag["seconds"],
+    }
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    if result["status"] == "nothing_new":
+        return (f"round {result.get('round_id')}: nothing new to commit to "
+                f"{result.get('namespace')}.{result.get('table')} (offsets {result.get('offsets_after')})")
+    return (f"round {result.get('round_id')}: committed snapshot {result['snapshot_id']} to "
+            f"{result.get('namespace')}.{result.get('table')}: {result.get('rows')} rows, "
+            f"{result.get('dlq_rows')} DLQ rows, offsets {result.get('offsets_before')} -> "
+            f"{result.get('offsets_after')}")

@@ -1,0 +1,54 @@
+"""Names and locations every Icefall DAG, task and view agrees on.
+
+Everything comes from :class:`broker.config.BrokerConfig` (``ICEFALL_*``
+variables), so the DAGs see the broker that ``icefall up`` started without a
+setting of their own. Nothing here touches the network: DAG files call it at
+parse time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from broker.config import BrokerConfig
+
+COMMIT_DAG_PREFIX = "icefall_commit__"
+POOL_PREFIX = "icefall_table__"
+ASSET_PREFIX = "icefall/"
+ADMIN_URL_ENV = "ICEFALL_ADMIN_URL"
+# The shortest schedule a commit DAG gets: the topic config allows 1 ms, but
+# an Airflow run costs about a second of scheduling, so faster is meaningless.
+MIN_SCHEDULE_MS = 5_000
+
+
+def broker_config() -> BrokerConfig:
+    """The broker settings from the environment (``ICEFALL_HOME`` etc.)."""
+    return BrokerConfig()
+
+
+def manifest_path() -> Path:
+    return broker_config().manifest_path
+
+
+def default_admin_url() -> str:
+    """``$ICEFALL_ADMIN_URL``, else the URL a default broker on this machine listens on."""
+    return os.environ.get(ADMIN_URL_ENV) or broker_config().admin_url
+
+
+def commit_dag_id(topic: str) -> str:
+    return COMMIT_DAG_PREFIX + topic
+
+
+def pool_name(topic: str) -> str:
+    """The one-slot pool that serialises every writer of the topic's table (commit and maintenance)."""
+    return POOL_PREFIX + topic
+
+
+def asset_name(namespace: str, table: str) -> str:
+    return f"{ASSET_PREFIX}{namespace}/{table}"
+
+
+def dlq_table(table: str) -> str:
+    """Where the commit round puts records it could not convert (errors.tolerance)."""
+    return f"{table}__dlq"

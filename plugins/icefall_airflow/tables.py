@@ -1,0 +1,66 @@
+"""What the Iceberg catalog says about a table topic's table (and its DLQ table).
+
+Read through pyiceberg's REST client against the broker's catalog (the URL
+comes from the admin API's ``/v1/cluster``), so it works wherever the status
+view or a task runs. The commit checkpoint is read with ``broker.checkpoint``,
+the same code the commit round uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
+
+REPLACE = "replace"  # the snapshot operation of rewrite_data_files / rewrite_manifests
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    exists: bool
+    checkpoint: Checkpoint = NO_CHECKPOINT
+    rows: int | None = None
+    current_snapshot_id: int | None = None
+    last_maintenance_ms: int | None = None
+
+
+def open_catalog(catalog_url: str) -> Any:
+    from pyiceberg.catalog import load_catalog
+
+    return load_catalog("icefall", type="rest", uri=catalog_url)
+
+
+def _load(catalog: Any, namespace: str, table: str) -> Any | None:
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        return catalog.load_table((namespace, table))
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+
+
+def _total_records(snapshot: Any) -> int | None:
+    if snapshot is None or snapshot.summary is None:
+        return 0 if snapshot is None else None
+    value = snapshot.summary.get("total-records")
+    return int(value) if value is not None else None
+
+
+def table_facts(catalog: Any, namespace: str, table: str) -> TableFacts:
+    """Checkpoint, row count (from the snapshot summary, no scan) and last compaction of a table."""
+    loaded = _load(catalog, namespace, table)
+    if loaded is None:
+        return TableFacts(exists=False)
+    metadata = loaded.metadata
+    current = loaded.current_snapshot()
+    replaced = [s.timestamp_ms for s in metadata.snapshots
+                if s.summary is not None and s.summary.operation.value == REPLACE]
+    return TableFacts(True, read_checkpoint(metadata), _total_records(current),
+                      current.snapshot_id if current is not None else None, max(replaced, default=None))
+
+
+def row_count(catalog: Any, namespace: str, table: str) -> int | None:
+    """Rows in a table's current snapshot, None when the table does not exist."""
+    loaded = _load(catalog, namespace, table)
+    return None if loaded is None else _total_records(loaded.current_snapshot())

@@ -1,0 +1,89 @@
+"""The "Table topics" view: a FastAPI app the Airflow API server mounts at ``/icefall``.
+
+``GET /icefall/api/tables`` is the JSON status of every table topic (lag in
+records and seconds, last commit, DLQ rows, last maintenance); ``GET
+/icefall/`` renders it as a page the Airflow UI embeds (external view). The
+handlers are plain ``def``s: they make blocking HTTP calls to the broker and
+the catalog, which FastAPI runs in its thread pool.
+"""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime, timezone
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+
+from icefall_airflow import status
+
+app = FastAPI(title="Icefall table topics", description="Kafka topic -> Iceberg table commit status")
+
+
+@app.get("/api/tables")
+def tables() -> dict[str, Any]:
+    return status.all_statuses()
+
+
+@app.get("/api/tables/{topic}")
+def table(topic: str) -> dict[str, Any]:
+    answer = status.all_statuses()
+    for row in answer["tables"]:
+        if row["topic"] == topic:
+            return dict(row)
+    raise HTTPException(404, f"{topic} is not a table topic" + (f" ({answer['error']})" if answer["error"] else ""))
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "—"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _cell(value: object) -> str:
+    return "—" if value is None else html.escape(str(value))
+
+
+def render(answer: dict[str, Any]) -> str:
+    rows = []
+    for t in answer["tables"]:
+        runs = html.escape(f"../{t['dag_runs_url']}")
+        if t["error"]:
+            detail = f'<td colspan="7" class="error">{html.escape(t["error"])}</td>'
+        else:
+            detail = (f"<td class=num>{t['lag_records']}</td><td class=num>{t['lag_seconds']:.1f}</td>"
+                      f"<td>{_time(t['last_commit_ms'])}</td><td class=mono>{_cell(t['snapshot_id'])}</td>"
+                      f"<td class=num>{_cell(t['rows'])}</td><td class=num>{_cell(t['dlq_rows'])}</td>"
+                      f"<td>{_time(t['last_maintenance_ms'])}</td>")
+        rows.append(
+            f"<tr><td><b>{html.escape(t['topic'])}</b></td>"
+            f"<td class=mono>{html.escape(t['namespace'])}.{html.escape(t['table'])}</td>{detail}"
+            f'<td><a href="{runs}" target="_top">{html.escape(t["dag_id"])}</a></td></tr>')
+    body = "\n".join(rows) or '<tr><td colspan="10">No table topics yet: set automq.table.topic.enable=true on a topic.</td></tr>'
+    error = f'<p class="error">{html.escape(answer["error"])}</p>' if answer.get("error") else ""
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Icefall table topics</title>
+<meta http-equiv="refresh" content="10">
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5rem; color: #1a202c; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ border-bottom: 1px solid #e2e8f0; padding: .45rem .6rem; text-align: left; font-size: 14px; }}
+th {{ background: #f7fafc; }} .num {{ text-align: right; font-variant-numeric: tabular-nums; }}
+.mono {{ font-family: ui-monospace, monospace; }} .error {{ color: #c53030; }} small {{ color: #718096; }}
+</style></head><body>
+<h2>Table topics</h2>
+<small>broker {html.escape(answer.get("admin_url") or "")} · catalog {html.escape(answer.get("catalog_url") or "—")}
+· as of {_time(answer.get("generated_at_ms"))} · refreshes every 10 s · JSON: <a href="api/tables">api/tables</a></small>
+{error}
+<table><thead><tr><th>topic</th><th>table</th><th class=num>lag (records)</th><th class=num>lag (s)</th>
+<th>last commit</th><th>snapshot</th><th class=num>rows</th><th class=num>DLQ rows</th><th>last maintenance</th>
+<th>DAG runs</th></tr></thead>
+<tbody>
+{body}
+</tbody></table></body></html>"""
+
+
+@app.get("/", response_class=HTMLResponse)
+def page() -> str:
+    return render(status.all_statuses())

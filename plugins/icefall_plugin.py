@@ -1,0 +1,23 @@
+"""Airflow plugin "icefall": the Table topics status view in the Airflow UI.
+
+Mounts the FastAPI app of ``icefall_airflow.view`` on the API server at
+``/icefall`` and adds a "Table topics" entry to the navigation that embeds it.
+"""
+
+from __future__ import annotations
+
+from airflow.plugins_manager import AirflowPlugin
+
+from icefall_airflow.view import app
+
+
+class IcefallPlugin(AirflowPlugin):
+    name = "icefall"
+    fastapi_apps = [{"app": app, "url_prefix": "/icefall", "name": "Icefall table topics"}]
+    external_views = [{
+        "name": "Table topics",
+        "href": "icefall/",
+        "url_route": "icefall-table-topics",
+        "destination": "nav",
+        "category": "browse",
+    }]

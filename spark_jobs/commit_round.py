@@ -1,0 +1,401 @@
+"""One commit round: the offsets of a table topic that arrived since the last round -> one Iceberg commit.
+
+Run it with spark-submit (the Iceberg runtime jar on ``--jars``)::
+
+    spark-submit --jars "$(python -c 'from spark_jobs.jars import iceberg_jars; print(",".join(iceberg_jars()))')" \\
+        spark_jobs/commit_round.py --topic clicks --until-append-time 1732270000000 --result /tmp/round.json
+
+or as ``python -m spark_jobs.commit_round ...``, which starts its own Spark
+(``--master``, default ``local[*]``) with the jar. The broker's admin URL
+(``--admin-url``, default ``$ICEFALL_ADMIN_URL`` or http://127.0.0.1:8090) is
+all it needs: the broker names its registry, catalog and object store;
+object-store credentials come from this process's ``AWS_*`` environment.
+
+The round: plan (start offsets from the table's checkpoint, end offsets from
+the broker for the cut), create/evolve the table, read and decode the segment
+ranges on the executors and write them to a round branch, then publish with
+one conditional catalog commit (``round_commit``). A round that loses a race
+to another writer starts over from the new checkpoint, so a round run twice,
+two rounds at once, or a round killed and re-run commit each record once.
+The result JSON says what happened; the exit code is 0 for ``committed`` and
+``nothing_new``, 1 for a failed round (the message is on stderr and in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker import checkpoint
+from broker.config import ObjectStoreConfig, object_store_from_env
+from spark_jobs import round_plan, table_setup
+from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
+from spark_jobs.round_commit import (
+    LostRace,
+    UnexpectedBranchState,
+    branch_name,
+    create_branch,
+    drop_branch,
+    main_snapshot_id,
+    publish,
+    round_snapshot,
+)
+from spark_jobs.round_tasks import TaskReport, TaskReportParam, TaskSpec, encode_group, map_function
+from spark_jobs.rows import INCOMPATIBLE_SCHEMA, TABLE_SCHEMA_BEHIND, DecodeError
+from spark_jobs.segments import cached_store, read_partition
+
+log = logging.getLogger("icefall.commit_round")
+SPARK_CATALOG = "icefall_round"
+MAX_ATTEMPTS = 5
+ERRORS_SHOWN = 5
+KILL_POINT_ENV = "ICEFALL_ROUND_KILL_AT"  # tests: exit abruptly at a named point (see _kill_point)
+
+
+class RoundFailed(RuntimeError):
+    """The round cannot commit; the message says why and which records."""
+
+
+@dataclass
+class RoundResult:
+    status: str
+    topic: str
+    namespace: str
+    table: str
+    round_id: str
+    until_append_ms: int | None
+    snapshot_id: int | None = None
+    parent_snapshot_id: int | None = None
+    offsets_before: dict[int, int] = field(default_factory=dict)
+    offsets_after: dict[int, int] = field(default_factory=dict)
+    records: int = 0
+    rows: int = 0
+    dlq_rows: int = 0
+    skipped_records: int = 0
+    bytes_read: int = 0
+    data_files: int = 0
+    attempts: int = 0
+    schema_changes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["offsets_before"] = {str(p): o for p, o in sorted(self.offsets_before.items())}
+        out["offsets_after"] = {str(p): o for p, o in sorted(self.offsets_after.items())}
+        return out
+
+
+def _kill_point(name: str) -> None:
+    """Exit at once (no cleanup, like kill -9) when the test harness names this point."""
+    if os.environ.get(KILL_POINT_ENV) == name:
+        os._exit(137)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="commit_round", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topic", required=True)
+    until = parser.add_mutually_exclusive_group()
+    until.add_argument("--until-append-time", type=int, metavar="MS",
+                       help="commit the offsets the broker appended before this time (ms since the epoch)")
+    until.add_argument("--until-offsets", metavar="JSON", help='commit up to these offsets, e.g. {"0": 1200}')
+    until.add_argument("--until-now", action="store_true", help="commit everything appended so far (the default)")
+    parser.add_argument("--result", type=Path, help="write the result JSON here")
+    parser.add_argument("--round-id", default=None, help="recorded in the snapshot summary (default: a new uuid)")
+    parser.add_argument("--max-records", type=int, default=None, help="at most this many offsets per partition")
+    parser.add_argument("--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090"))
+    parser.add_argument("--catalog-url", default=None, help="Iceberg REST catalog (default: the broker's)")
+    parser.add_argument("--master", default=None, help="Spark master when not run by spark-submit (default local[*])")
+    parser.add_argument("--flush-deadline-s", type=float, default=60.0,
+                        help="how long to wait for the broker to flush the planned offsets to segment objects")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    if args.until_offsets is not None:
+        try:
+            args.until_offsets = {int(p): int(o) for p, o in json.loads(args.until_offsets).items()}
+        except (ValueError, AttributeError, TypeError) as exc:
+            parser.error(f'--until-offsets must be a JSON object of partition -> offset, e.g. {{"0": 1200}}: {exc}')
+    if args.max_records is not None and args.max_records < 1:
+        parser.error("--max-records must be at least 1")
+    return args
+
+
+# ---------------------------------------------------------------- Spark
+
+
+def spark_session(app_name: str, catalog_url: str, master: str | None) -> Any:
+    """The session, with the Iceberg catalog under ``SPARK_CATALOG``. Under spark-submit the
+    master and jars come from spark-submit; started from Python, we launch local Spark here."""
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.jars import iceberg_jars
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if not _under_spark_submit():
+        builder = (builder.master(master or "local[*]").config("spark.jars", ",".join(iceberg_jars()))
+                   .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false"))
+    elif master:
+        builder = builder.master(master)
+    prefix = f"spark.sql.catalog.{SPARK_CATALOG}"
+    session = (
+        builder.config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        .config(prefix, "org.apache.iceberg.spark.SparkCatalog")
+        .config(f"{prefix}.type", "rest")
+        .config(f"{prefix}.uri", catalog_url)
+        .config(f"{prefix}.cache-enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def _under_spark_submit() -> bool:
+    """spark-submit starts the JVM before our code runs (PySpark then finds a gateway)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+@dataclass
+class _Write:
+    report: TaskReport
+    seconds: float
+
+
+def write_branch(spark: Any, spec: TaskSpec, groups: list[list[Any]], target: str,
+                 properties: dict[str, str], spark_schema: Any) -> _Write:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    started = time.monotonic()
+    accumulator = spark.sparkContext.accumulator(TaskReport(), TaskReportParam())
+    rdd = spark.sparkContext.parallelize([(encode_group(g),) for g in groups], max(len(groups), 1))
+    frame = spark.createDataFrame(rdd, StructType([StructField("ranges", StringType(), False)]))
+    rows = frame.mapInArrow(map_function(spec, accumulator), spark_schema)
+    writer = rows.writeTo(target)
+    for key, value in properties.items():
+        writer = writer.option(f"snapshot-property.{key}", value)
+    writer.append()
+    return _Write(accumulator.value, time.monotonic() - started)
+
+
+# ---------------------------------------------------------------- the round
+
+
+class CommitRound:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.admin = AdminClient(args.admin_url)
+        cluster = self.admin.cluster()
+        self.topic: TableTopic = self.admin.table_topic(args.topic)
+        self.registry = RegistryClient(cluster["registry_url"])
+        self.catalog_url = args.catalog_url or cluster["catalog_url"]
+        self.catalog = table_setup.catalog_for(self.catalog_url)
+        store = object_store_from_env(cluster["object_store"])
+        if store.endpoint_url is None and cluster.get("object_store_endpoint"):
+            store = store.model_copy(update={"endpoint_url": cluster["object_store_endpoint"]})
+        self.store: ObjectStoreConfig = store
+        self.options = table_setup.TableOptions.of(self.topic)
+        self.round_id = args.round_id or uuid.uuid4().hex
+        self.branch = branch_name(self.round_id)
+        self._spark: Any = None
+        self.seconds: dict[str, float] = {}
+
+    def spark(self) -> Any:
+        if self._spark is None:
+            started = time.monotonic()
+            self._spark = spark_session(f"icefall-commit-{self.topic.topic}", self.catalog_url, self.args.master)
+            self.seconds["spark_start"] = round(time.monotonic() - started, 3)
+        return self._spark
+
+    def result(self, status: str, **values: Any) -> RoundResult:
+        return RoundResult(status, self.topic.topic, self.topic.namespace, self.topic.table, self.round_id,
+                           self.args.until_append_time, **values)
+
+    def run(self) -> RoundResult:
+        started = time.monotonic()
+        broker_plan = self.admin.flushed_plan(self.topic.topic, self.args.until_append_time,
+                                              self.args.flush_deadline_s)
+        self.seconds["plan"] = round(time.monotonic() - started, 3)
+        extra_ids: set[int] = set()
+        changes: list[str] = []
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                result = self._attempt(broker_plan, extra_ids, changes)
+                result.attempts = attempt
+                result.schema_changes = changes
+                return result
+            except LostRace as exc:
+                log.warning("round %s lost a race (attempt %d): %s", self.round_id, attempt, exc)
+            except _Evolve as again:
+                extra_ids |= again.schema_ids
+        raise RoundFailed(f"gave up after {MAX_ATTEMPTS} attempts: other writers kept moving main")
+
+    def _first_schema_id(self, ranges: list[Any]) -> Callable[[], int | None]:
+        def first() -> int | None:
+            from spark_jobs.avro_decode import wire_schema_id
+
+            for chunk in read_partition(cached_store(self.store), ranges[:1], max_records=1):
+                return wire_schema_id(chunk.values[0]) if len(chunk) else None
+            return None
+
+        return first
+
+    def _attempt(self, broker_plan: dict[str, Any], extra_ids: set[int], changes: list[str]) -> RoundResult:
+        t0 = time.monotonic()
+        table = self.catalog.load_table(self.topic.identifier) if self.catalog.table_exists(
+            self.topic.identifier) else None
+        found = checkpoint.read_checkpoint(table.metadata) if table is not None else checkpoint.NO_CHECKPOINT
+        windows = round_plan.windows(broker_plan, found, self.topic.topic_id,
+                                     until_offsets=self.args.until_offsets, max_records=self.args.max_records)
+        plan = round_plan.RoundPlan(windows, self.args.until_append_time)
+        skipped = sum(w.skipped for w in windows)
+        if skipped:
+            log.warning("%d records of %s were deleted by retention before any round committed them",
+                        skipped, self.topic.topic)
+        if plan.empty:
+            return self.result("nothing_new", snapshot_id=found.snapshot_id, offsets_before=plan.offsets_before,
+                               offsets_after=plan.offsets_after, seconds=self.seconds,
+                               message="no new offsets since the last committed round")
+        plan.ranges = round_plan.fetch_ranges(self.admin, self.topic.topic, windows)
+        table = table_setup.load_or_create(self.catalog, self.topic, self.registry, self.options,
+                                           self._first_schema_id(plan.ranges))
+        evolved = table_setup.evolve(table, table_setup.value_schemas(self.registry, self.topic.topic, extra_ids),
+                                     self.options)
+        changes.extend(evolved.applied)
+        table = table_setup.ensure_base_snapshot(table.refresh())
+        parent = main_snapshot_id(table)
+        if found.snapshot_id is not None and checkpoint.read_checkpoint(table.metadata).offsets != found.offsets:
+            raise LostRace("another round committed while this one planned")
+        self.seconds["prepare"] = round(time.monotonic() - t0, 3)
+        _kill_point("before_write")
+
+        spark = self.spark()
+        assert parent is not None  # ensure_base_snapshot
+        create_branch(self.catalog, table, self.branch, parent)
+        spec = TaskSpec(self.store, table.schema().model_dump_json(), self.options.key_type, self.options.value_type,
+                        self.registry.url, tuple(sorted(self.registry.known().items())))
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from spark_jobs.avro_schema import arrow_schema
+
+        spark_schema = from_arrow_schema(arrow_schema(table.schema(), "spark"))
+        properties = {
+            checkpoint.OFFSETS: checkpoint.encode_offsets(plan.offsets_after),
+            checkpoint.ROUND_ID: self.round_id,
+            checkpoint.TOPIC: self.topic.topic,
+            checkpoint.TOPIC_ID: self.topic.topic_id,
+        }
+        target = f"{SPARK_CATALOG}.`{self.topic.namespace}`.`{self.topic.table}`.`branch_{self.branch}`"
+        groups = round_plan.task_groups(plan.ranges, spark.sparkContext.defaultParallelism)
+        try:
+            written = write_branch(spark, spec, groups, target, properties, spark_schema)
+        except Exception:
+            drop_branch(self.catalog, table.refresh(), self.branch)
+            raise
+        self.seconds["read_write"] = round(written.seconds, 3)
+        _kill_point("after_write")
+        report = written.report
+        self._check_errors(report.errors, report.errors_dropped, table)
+
+        t1 = time.monotonic()
+        table = table.refresh()
+        try:
+            snapshot_id = round_snapshot(table, self.branch, parent)
+        except UnexpectedBranchState as exc:
+            drop_branch(self.catalog, table, self.branch)
+            raise LostRace(str(exc)) from exc
+        snapshot = table.metadata.snapshot_by_id(snapshot_id)
+        assert snapshot is not None
+        _kill_point("before_publish")
+        try:
+            publish(self.catalog, table, self.branch, parent, snapshot_id)
+        except LostRace:
+            drop_branch(self.catalog, table.refresh(), self.branch)
+            raise
+        _kill_point("after_publish")
+        self.seconds["commit"] = round(time.monotonic() - t1, 3)
+        summary = checkpoint.summary_properties(snapshot)
+        return self.result(
+            "committed", snapshot_id=snapshot_id, parent_snapshot_id=parent,
+            offsets_before=plan.offsets_before, offsets_after=plan.offsets_after,
+            records=sum(w.records for w in windows), rows=report.rows, skipped_records=skipped,
+            bytes_read=report.bytes_read, data_files=int(summary.get("added-data-files", 0)),
+            seconds=self.seconds, message=f"committed {report.rows} rows",
+        )
+
+    def _check_errors(self, errors: list[DecodeError], dropped: int, table: Any) -> None:
+        if not errors:
+            return
+        behind = {int(m.group(1)) for e in errors if e.error_class == TABLE_SCHEMA_BEHIND
+                  and (m := re.match(r"schema id (\d+)", e.message))}
+        if behind:
+            drop_branch(self.catalog, table.refresh(), self.branch)
+            raise _Evolve(behind)
+        drop_branch(self.catalog, table.refresh(), self.branch)
+        errors = sorted(errors, key=lambda e: (e.partition, e.offset))
+        shown = "; ".join(f"partition {e.partition} offset {e.offset}: {e.error_class}: {e.message}"
+                          for e in errors[:ERRORS_SHOWN])
+        total = len(errors) + dropped
+        kind = "schema" if any(e.error_class == INCOMPATIBLE_SCHEMA for e in errors) else "record"
+        raise RoundFailed(f"{total} records of {self.topic.topic} cannot be written ({kind} errors), "
+                          f"nothing committed: {shown}")
+
+
+class _Evolve(Exception):
+    def __init__(self, schema_ids: set[int]) -> None:
+        super().__init__(f"records use schema ids {sorted(schema_ids)} the table was not evolved for")
+        self.schema_ids = schema_ids
+
+
+def _message(exc: BaseException) -> str:
+    """One readable line or few: a JVM error without its Java stack trace."""
+    if isinstance(exc, RoundFailed):
+        return str(exc)
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        return f"{java.getClass().getName()}: {java.getMessage()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    started = time.monotonic()
+    round_: CommitRound | None = None
+    try:
+        round_ = CommitRound(args)
+        result = round_.run()
+        code = 0
+    except Exception as exc:  # every failure ends as a clear message + result JSON
+        log.debug("round failed", exc_info=True)
+        message = _message(exc)
+        print(f"commit round of {args.topic} failed: {message}", file=sys.stderr)
+        if round_ is not None:
+            result = round_.result("failed", message=message, seconds=round_.seconds)
+        else:
+            result = RoundResult("failed", args.topic, "", "", args.round_id or "", args.until_append_time,
+                                 message=message)
+        code = 1
+    result.seconds["total"] = round(time.monotonic() - started, 3)
+    if args.result is not None:
+        args.result.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.result.with_suffix(args.result.suffix + ".tmp")
+        tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        os.replace(tmp, args.result)
+    log.info("round %s of %s: %s %s", result.round_id, args.topic, result.status, result.message)
+    if round_ is not None and round_._spark is not None:
+        round_._spark.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The exactly-once step: a round's data becomes visible on ``main`` in one conditional catalog commit.
+
+The round writes its data to its own branch ``icefall-round-<id>``, created at
+the snapshot ``main`` had when the round read its start offsets (the planned
+parent, P). The data snapshot S on that branch carries the new offsets in its
+summary. Then one REST commit, with no retry, asks the catalog to
+
+- require: the table is the same table (uuid) and ``main`` is still P;
+- update: ``main`` -> S, tag ``icefall-checkpoint`` -> S, drop the round branch.
+
+If another writer moved ``main`` since P (a concurrent round, compaction), the
+catalog refuses (409) and nothing of this round is visible; the round starts
+over from the new checkpoint. Iceberg's own commit retry is never in this
+path: it would re-apply the append on top of the other writer's snapshot and
+commit the same offsets twice. Before asking, the round checks that S's parent
+is P, so ``main`` only ever moves forward by exactly this round's data.
+
+Branches of rounds that died before publishing are left behind; they hold no
+visible data and are removed by later rounds once older than ``STALE_BRANCH_MS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.table import Table
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    RemoveSnapshotRefUpdate,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+)
+
+from broker.checkpoint import CHECKPOINT_TAG, MAIN, ROUND_BRANCH_PREFIX
+
+log = logging.getLogger(__name__)
+STALE_BRANCH_MS = 60 * 60 * 1000
+
+
+class LostRace(RuntimeError):
+    """``main`` moved since the round planned: the round's data was not published."""
+
+
+class UnexpectedBranchState(RuntimeError):
+    """The round branch does not hold exactly one new snapshot on top of the planned parent."""
+
+
+@dataclass(frozen=True)
+class Published:
+    snapshot_id: int
+    parent_snapshot_id: int | None
+
+
+def _set_ref(name: str, kind: SnapshotRefType, snapshot_id: int) -> SetSnapshotRefUpdate:
+    return SetSnapshotRefUpdate.model_validate({"ref-name": name, "type": kind, "snapshot-id": snapshot_id})
+
+
+def _remove_ref(name: str) -> RemoveSnapshotRefUpdate:
+    return RemoveSnapshotRefUpdate.model_validate({"ref-name": name})
+
+
+def _assert_ref(name: str, snapshot_id: int | None) -> AssertRefSnapshotId:
+    """``snapshot_id=None``: the ref must not exist (a table no round has written yet)."""
+    return AssertRefSnapshotId.model_validate({"ref": name, "snapshot-id": snapshot_id})
+
+
+def branch_name(round_id: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in round_id)
+    return ROUND_BRANCH_PREFIX + safe
+
+
+def main_snapshot_id(table: Table) -> int | None:
+    ref = table.metadata.refs.get(MAIN)
+    return ref.snapshot_id if ref is not None else None
+
+
+def create_branch(catalog: Catalog, table: Table, name: str, parent: int) -> None:
+    """The round branch at the planned parent, only if ``main`` is still there
+    (otherwise the round planned from a stale checkpoint and must start over)."""
+    requirements: tuple[TableRequirement, ...] = (
+        AssertTableUUID(uuid=table.metadata.table_uuid),
+        _assert_ref(MAIN, parent),
+    )
+    updates: tuple[TableUpdate, ...] = (
+        _set_ref(name, SnapshotRefType.BRANCH, parent),
+    )
+    try:
+        catalog.commit_table(table, requirements, updates)
+    except CommitFailedException as exc:
+        raise LostRace(f"main moved before the round could branch from snapshot {parent}: {exc}") from exc
+
+
+def round_snapshot(table: Table, name: str, parent: int | None) -> int:
+    """The one snapshot the round's write added on its branch (checked, not assumed)."""
+    ref = table.metadata.refs.get(name)
+    if ref is None:
+        raise UnexpectedBranchState(f"branch {name} does not exist after the write")
+    snapshot = table.metadata.snapshot_by_id(ref.snapshot_id)
+    if snapshot is None or snapshot.snapshot_id == parent or snapshot.parent_snapshot_id != parent:
+        raise UnexpectedBranchState(
+            f"branch {name} is at snapshot {ref.snapshot_id} whose parent is "
+            f"{getattr(snapshot, 'parent_snapshot_id', None)}, not the planned parent {parent}")
+    return snapshot.snapshot_id
+
+
+def _stale_branches(table: Table, keep: str, now_ms: int) -> list[str]:
+    out = []
+    for name, ref in table.metadata.refs.items():
+        if not name.startswith(ROUND_BRANCH_PREFIX) or name == keep:
+            continue
+        snapshot = table.metadata.snapshot_by_id(ref.snapshot_id)
+        if snapshot is None or now_ms - snapshot.timestamp_ms > STALE_BRANCH_MS:
+            out.append(name)
+    return out
+
+
+def publish(catalog: Catalog, table: Table, name: str, parent: int | None, snapshot_id: int) -> Published:
+    """Fast-forward ``main`` from ``parent`` to ``snapshot_id`` and move the checkpoint tag, or raise ``LostRace``."""
+    requirements: tuple[TableRequirement, ...] = (
+        AssertTableUUID(uuid=table.metadata.table_uuid),
+        _assert_ref(MAIN, parent),
+    )
+    updates: list[TableUpdate] = [
+        _set_ref(MAIN, SnapshotRefType.BRANCH, snapshot_id),
+        _set_ref(CHECKPOINT_TAG, SnapshotRefType.TAG, snapshot_id),
+        _remove_ref(name),
+    ]
+    updates += [_remove_ref(stale)
+                for stale in _stale_branches(table, name, int(time.time() * 1000))]
+    try:
+        catalog.commit_table(table, requirements, tuple(updates))
+    except CommitFailedException as exc:
+        raise LostRace(f"main moved from snapshot {parent} while the round wrote: {exc}") from exc
+    except CommitStateUnknownException:
+        # the catalog may or may not have applied it: the table says which
+        if main_snapshot_id(table.refresh()) != snapshot_id:
+            raise
+    log.info("published snapshot %d on %s (parent %s)", snapshot_id, table.name(), parent)
+    return Published(snapshot_id, parent)
+
+
+def drop_branch(catalog: Catalog, table: Table, name: str) -> None:
+    """Best effort: a round that gives up removes its branch (a later round would anyway)."""
+    try:
+        if name in table.metadata.refs:
+            catalog.commit_table(table, (), (_remove_ref(name),))
+    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the round's own error
+        log.warning("could not remove branch %s: %s", name, exc)

@@ -1,0 +1,72 @@
+"""Every DAG file imports cleanly, and the factory follows the broker's manifest."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dags import manifests
+from tests.support import REPO
+
+
+def dagbag(home: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("ICEFALL_HOME", str(home))
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def test_every_dag_file_imports_without_a_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bag = dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert set(bag.dag_ids) == {"icefall_example_downstream__clicks"}
+
+
+def test_every_dag_file_imports_with_table_topics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifests.write(tmp_path, manifests.entry("clicks"), manifests.entry("shop.orders-v2", 30_000, "shop", 3))
+    bag = dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    files = {Path(d.fileloc).name for d in bag.dags.values()}
+    assert files == {p.name for p in (REPO / "dags").glob("*.py")}, "a DAG file defines no DAG"
+    assert {"icefall_commit__clicks", "icefall_commit__shop.orders-v2"} <= set(bag.dag_ids)
+
+
+def test_commit_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifests.write(tmp_path, manifests.entry("shop.orders-v2", 30_000, "shop", 3))
+    dag = dagbag(tmp_path, monkeypatch).dags["icefall_commit__shop.orders-v2"]
+    assert type(dag.timetable).__name__ == "DeltaDataIntervalTimetable"
+    assert dag.timetable.delta == timedelta(seconds=30)  # the commit interval
+    assert dag.max_active_runs == 1 and dag.catchup is False
+    assert [t.task_id for t in dag.topological_sort()] == ["plan", "commit", "publish"]
+    assert dag.task_dict["commit"].pool == "icefall_table__shop.orders-v2"
+    assert type(dag.task_dict["commit"]).__name__ == "CommitRoundOperator"
+    outlets = dag.task_dict["publish"].outlets
+    assert [(a.name, a.uri) for a in outlets] == [("icefall/shop/shop_orders_v2",) * 2]
+    assert set(dag.params.keys()) == {"until", "until_offsets", "max_records"}
+    assert dag.params["until"] == "interval"
+
+
+def test_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifests.write(tmp_path, manifests.entry("a", 60_000), manifests.entry("b", 1))
+    bag = dagbag(tmp_path, monkeypatch)
+    assert {d for d in bag.dag_ids if d.startswith("icefall_commit__")} == {"icefall_commit__a", "icefall_commit__b"}
+    # A 1 ms commit interval is clamped to the shortest schedule Airflow can keep.
+    assert bag.dags["icefall_commit__b"].timetable.delta == timedelta(seconds=5)
+
+    # b is no longer a table topic (the broker drops it from the manifest), c became one,
+    # a's interval changed: the next parse follows.
+    manifests.write(tmp_path, manifests.entry("a", 120_000), manifests.entry("c", 10_000, "ns"))
+    bag = dagbag(tmp_path, monkeypatch)
+    assert {d for d in bag.dag_ids if d.startswith("icefall_commit__")} == {"icefall_commit__a", "icefall_commit__c"}
+    assert bag.dags["icefall_commit__a"].timetable.delta == timedelta(minutes=2)
+    assert bag.dags["icefall_commit__c"].task_dict["commit"].pool == "icefall_table__c"
+
+
+def test_a_broken_manifest_is_an_import_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "table_topics.json").write_text('{"no": "manifest"}')
+    bag = dagbag(tmp_path, monkeypatch)
+    assert [Path(f).name for f in bag.import_errors] == ["icefall_commit.py"]
+    assert "not an Icefall table-topic manifest" in next(iter(bag.import_errors.values()))

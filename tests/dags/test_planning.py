@@ -1,0 +1,103 @@
+"""The plan step: which offsets a run commits, and waiting for the broker to flush them."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from icefall_airflow.planning import PlanError, RoundRequest, plan_round, round_request
+
+END = datetime(2026, 11, 22, 12, 0, 30, tzinfo=timezone.utc)
+END_MS = int(END.timestamp() * 1000)
+
+
+def test_a_scheduled_run_commits_up_to_its_interval_end_with_a_stable_round_id() -> None:
+    request = round_request("clicks", {"until": "interval"}, END, "scheduled__x", now_ms=1)
+    assert request == RoundRequest("clicks", f"clicks@{END_MS}", until_append_ms=END_MS)
+    again = round_request("clicks", {}, END, "manual__rerun", now_ms=2)
+    assert again.round_id == request.round_id and again.until_append_ms == END_MS
+
+
+def test_a_manual_run_without_logical_date_commits_up_to_now() -> None:
+    request = round_request("clicks", {"until": "interval", "max_records": 10}, None, "manual__1", now_ms=1234)
+    assert request.until_append_ms == 1234 and request.max_records == 10
+    assert round_request("clicks", {"until": "now"}, END, "manual__2", 99).until_append_ms == 99
+
+
+def test_until_offsets_param() -> None:
+    request = round_request("clicks", {"until": "offsets", "until_offsets": {"0": 5, "2": 7}}, END, "m", 1)
+    assert request.until_offsets == {0: 5, 2: 7} and request.until_append_ms is None
+    assert round_request("clicks", {"until": "offsets", "until_offsets": '{"1": 3}'}, END, "m", 1).until_offsets == {1: 3}
+    for bad in ({"until": "offsets"}, {"until": "offsets", "until_offsets": {"x": 1}},
+                {"until": "offsets", "until_offsets": {"0": -1}}, {"until": "tomorrow"}):
+        with pytest.raises(PlanError):
+            round_request("clicks", bad, END, "m", 1)
+
+
+class FakeBroker:
+    """The admin API's plan/offsets answers; partition 1 becomes flushed after ``flush_after`` polls."""
+
+    def __init__(self, flush_after: int) -> None:
+        self.polls = 0
+        self.flushes = 0
+        self.flush_after = flush_after
+
+    def _flushed(self) -> bool:
+        return self.polls > self.flush_after
+
+    def plan(self, topic: str, until_append_ms: int | None) -> dict[str, Any]:
+        self.polls += 1
+        return {"partitions": [
+            {"partition": 0, "log_start_offset": 0, "end_offset": 10, "flushed": True, "high_watermark": 12},
+            {"partition": 1, "log_start_offset": 2, "end_offset": 8, "flushed": self._flushed(), "high_watermark": 8},
+        ]}
+
+    def offsets(self, topic: str) -> dict[str, Any]:
+        self.polls += 1
+        flushed = 8 if self._flushed() else 5
+        return {"partitions": [
+            {"partition": 0, "log_start_offset": 0, "high_watermark": 12, "flushed_offset": 12},
+            {"partition": 1, "log_start_offset": 2, "high_watermark": 8, "flushed_offset": flushed},
+        ]}
+
+    def flush(self) -> dict[str, Any]:
+        self.flushes += 1
+        return {"bytes_written": 0}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_plan_waits_until_flushed_and_hurries_the_broker_once() -> None:
+    broker, clock = FakeBroker(flush_after=3), Clock()
+    plan = plan_round(broker, RoundRequest("t", "r", until_append_ms=5), 10, 0.5, clock, clock.sleep)  # type: ignore[arg-type]
+    assert plan.end_offsets == {0: 10, 1: 8}
+    assert plan.high_watermarks == {0: 12, 1: 8} and plan.log_start_offsets == {0: 0, 1: 2}
+    assert broker.flushes == 1 and broker.polls == 4
+    assert plan.to_xcom()["end_offsets"] == {"0": 10, "1": 8}
+
+
+def test_plan_gives_up_at_the_deadline() -> None:
+    broker, clock = FakeBroker(flush_after=1_000), Clock()
+    with pytest.raises(PlanError, match=r"did not flush t partitions \[1\] within 3 s"):
+        plan_round(broker, RoundRequest("t", "r", until_append_ms=5), 3, 0.5, clock, clock.sleep)  # type: ignore[arg-type]
+
+
+def test_plan_for_explicit_offsets_checks_them_against_the_log() -> None:
+    broker, clock = FakeBroker(flush_after=2), Clock()
+    plan = plan_round(broker, RoundRequest("t", "r", until_offsets={1: 7}), 10, 0.5, clock, clock.sleep)  # type: ignore[arg-type]
+    assert plan.end_offsets == {1: 7} and broker.flushes == 1
+    with pytest.raises(PlanError, match="beyond the end"):
+        plan_round(broker, RoundRequest("t", "r", until_offsets={0: 13}), 10, 0.5, clock, clock.sleep)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="no partitions"):
+        plan_round(broker, RoundRequest("t", "r", until_offsets={5: 1}), 10, 0.5, clock, clock.sleep)  # type: ignore[arg-type]

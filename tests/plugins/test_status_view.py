@@ -1,0 +1,74 @@
+"""The "Table topics" view answers lag against a real broker and is a registered Airflow plugin."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.support import BrokerProcess, wait_for
+
+
+def make_table_topic(broker: BrokerProcess, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    config = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "raw",
+              "automq.table.topic.commit.interval.ms": "30000"}
+    for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
+        future.result(10)
+
+
+def test_endpoint_reports_lag_in_records_and_seconds(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from icefall_airflow.view import app
+
+    monkeypatch.setenv("ICEFALL_ADMIN_URL", broker.admin_url)
+    make_table_topic(broker, "page-views", 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    for i in range(30):
+        producer.produce("page-views", value=f"v{i}".encode(), partition=i % 2)
+    assert producer.flush(10) == 0
+    produced_ms = int(time.time() * 1000)
+    broker.admin("/v1/flush", method="POST")
+
+    client = TestClient(app)
+    answer = client.get("/api/tables").json()
+    assert answer["error"] is None and answer["catalog_url"] == broker.catalog_url
+    [row] = answer["tables"]
+    assert row["error"] is None, row["error"]
+    assert (row["topic"], row["namespace"], row["table"]) == ("page-views", "default", "page_views")
+    assert row["table_exists"] is False and row["snapshot_id"] is None and row["dlq_rows"] is None
+    assert row["lag_records"] == 30 and row["end_offsets"] == {"0": 15, "1": 15}
+    assert [p["lag_records"] for p in row["lag"]["partitions"]] == [15, 15]
+    # Seconds of append time: how long ago the oldest record not in the table arrived.
+    wait_for(lambda: int(time.time() * 1000) > produced_ms + 300, 5, what="300 ms to pass")
+    row = client.get("/api/tables/page-views").json()
+    assert 0.3 <= row["lag_seconds"] < 60
+    assert row["dag_runs_url"] == "dags/icefall_commit__page-views/runs"
+    assert client.get("/api/tables/nope").status_code == 404
+
+    page = client.get("/")
+    assert page.status_code == 200 and "page-views" in page.text and "icefall_commit__page-views" in page.text
+
+
+def test_endpoint_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from icefall_airflow.view import app
+
+    monkeypatch.setenv("ICEFALL_ADMIN_URL", "http://127.0.0.1:9")
+    answer = TestClient(app).get("/api/tables").json()
+    assert answer["tables"] == [] and "127.0.0.1:9" in answer["error"]
+    assert "127.0.0.1:9" in TestClient(app).get("/").text
+
+
+def test_the_plugin_registers_the_app_and_the_view() -> None:
+    from airflow import plugins_manager
+
+    plugins, errors = plugins_manager._get_plugins()
+    assert not errors
+    [icefall] = [p for p in plugins if p.name == "icefall"]
+    assert icefall.fastapi_apps[0]["url_prefix"] == "/icefall"
+    assert icefall.external_views[0]["name"] == "Table topics"
