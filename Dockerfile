@@ -22,9 +22,11 @@ ENV JAVA_HOME=/usr/lib/jvm/default-java \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# uid 50000, group 0 as in Airflow's image; the directories named volumes mount on
+# exist here and belong to it, so Docker initialises the volumes writable for it
 RUN useradd --create-home --uid 50000 --gid 0 icefall \
-    && mkdir -p /opt/icefall /var/lib/icefall /opt/airflow \
-    && chown -R icefall:0 /opt/icefall /var/lib/icefall /opt/airflow
+    && mkdir -p /opt/icefall /var/lib/icefall /opt/airflow/logs /home/icefall/.ivy2 \
+    && chown -R icefall:0 /opt/icefall /var/lib/icefall /opt/airflow /home/icefall/.ivy2
 
 WORKDIR /opt/icefall
 # Dependencies first (cached while only the sources change), pinned by constraints.txt;

@@ -83,6 +83,7 @@ class AdminApi(HttpService):
             web.get("/v1/topics/{topic}/plan", self.plan),
             web.get("/v1/topics/{topic}/partitions/{partition}/ranges", self.ranges),
             web.post("/v1/flush", self.flush),
+            web.get("/metrics", self.metrics),
         ])
 
 
@@ -167,3 +168,10 @@ class AdminApi(HttpService):
     async def flush(self, request: web.Request) -> web.Response:
         written = await self.logs.flush()
         return web.json_response({"bytes_written": written})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text format: the log per partition, and lag per table topic (broker.metrics)."""
+        from broker import metrics
+
+        text = await metrics.scrape(self.config, self.cluster, self.logs)
+        return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})

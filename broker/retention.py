@@ -184,7 +184,7 @@ class _Candidate:
     topic: Topic
     part: PartitionLog
     policy: Policy
-    chunks: list[Chunk]  # the partition's chunks when the pass looked
+    chunks: list[Chunk]  # the partition's first ``count`` chunks when the pass looked
     count: int  # leading chunks retention wants gone
 
 
@@ -244,15 +244,15 @@ class Retention:
                 part = self.logs.partitions.get((topic.name, p))
                 if policy is None or part is None:
                     continue
-                chunks = list(part.chunks)
                 unflushed = sum(len(b.data) for b in part.tail)
-                count = expired_chunks(chunks, unflushed, policy, now_ms)
-                if count:
-                    out.append(_Candidate(topic, part, policy, chunks, count))
+                count = expired_chunks(part.chunks, unflushed, policy, now_ms)
+                if count:  # a copy of the prefix: the pass awaits before it trims
+                    out.append(_Candidate(topic, part, policy, part.chunks[:count], count))
                 else:
                     self.status.blocked.pop((topic.name, p), None)
         for key in [k for k in self.status.blocked if k not in seen]:  # deleted topics
             del self.status.blocked[key]
+            self._warned.pop(key, None)
         return out
 
     async def _committed(self, candidates: Iterable[_Candidate]) -> dict[str, dict[int, int] | None]:

@@ -1,8 +1,14 @@
 """``icefall up``: the whole system on the embedded defaults.
 
-Starts the broker in its own process group, creates the demo table topic
-``clicks`` and runs a demo producer until Ctrl-C, then stops every process it
-started. (Airflow joins this command with the coordinator work.)
+Starts the broker and Airflow 3 (api-server, scheduler, dag-processor,
+triggerer; SQLite, LocalExecutor; ``AIRFLOW_HOME`` = ``HOME/airflow``), each in
+its own process group, creates the demo table topic ``clicks`` and runs a demo
+producer until Ctrl-C, then stops every process group it started (so the
+LocalExecutor's workers and the spark-submit JVMs they run go too).
+
+``ICEFALL_AIRFLOW_PORT`` (default 8080) moves the Airflow UI;
+``ICEFALL_NO_AIRFLOW=1`` runs without Airflow; ``ICEFALL_DEMO_COMMIT_INTERVAL_MS``
+sets the demo topic's commit interval (default 60000).
 """
 
 from __future__ import annotations
@@ -13,13 +19,18 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from broker.config import BrokerConfig
 
 DEMO_TOPIC = "clicks"
+REPO = Path(__file__).resolve().parent.parent
+AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 
 def _wait_ready(ready: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -38,7 +49,8 @@ def _ensure_demo_topic(bootstrap: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     if DEMO_TOPIC in admin.list_topics(timeout=10).topics:
         return
-    config = {"automq.table.topic.enable": "true", "automq.table.topic.commit.interval.ms": "60000"}
+    interval = os.environ.get("ICEFALL_DEMO_COMMIT_INTERVAL_MS", "60000")
+    config = {"automq.table.topic.enable": "true", "automq.table.topic.commit.interval.ms": interval}
     for future in admin.create_topics([NewTopic(DEMO_TOPIC, 3, 1, config=config)]).values():
         future.result(10)
 
@@ -71,26 +83,170 @@ def _demo_serializer(registry_url: str) -> Callable[[dict[str, object]], bytes]:
     return serialize
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
+class AirflowStack:
+    """Airflow 3 as ``airflow standalone`` runs it, but with Icefall's settings and
+    every component in a process group of its own (logs in ``AIRFLOW_HOME/logs``)."""
+
+    def __init__(self, config: BrokerConfig, home: Path, port: int) -> None:
+        self.home = home / "airflow"
+        self.port = port
+        self.url = f"http://{config.advertised}:{port}"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.pool_sync: subprocess.Popen[bytes] | None = None
+        self.manifest = config.manifest_path
+        self.manifest_mtime = -1.0
+        bin_dir = str(Path(sys.executable).parent)  # `airflow` and `spark-submit` of this venv
+        self.env = {
+            **os.environ,
+            "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "plugins"), os.environ.get("PYTHONPATH")])),
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            # The factory file is re-parsed this often: a newly enabled table topic's DAG appears within it.
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+            "AIRFLOW_CONN_SPARK_DEFAULT": os.environ.get(
+                "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"})),
+            "ICEFALL_HOME": str(home),
+            "ICEFALL_ADMIN_URL": config.admin_url,
+        }
+
+    def _log(self, name: str) -> Any:
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        return open(self.home / "logs" / f"{name}.log", "ab")
+
+    def migrate(self) -> None:
+        """Create or upgrade the metadata database (and airflow.cfg, whose generated
+        secrets every component then shares)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        with self._log("db-migrate") as log:
+            done = subprocess.run(["airflow", "db", "migrate"], check=False, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        if done.returncode != 0:
+            raise SystemExit(f"icefall: `airflow db migrate` failed; see {self.home / 'logs' / 'db-migrate.log'}")
+
+    def start(self) -> None:
+        for name in AIRFLOW_COMPONENTS:
+            args = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
+            with self._log(name) as log:
+                self.procs[name] = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                    start_new_session=True)
+
+    def wait_ready(self, should_stop: Callable[[], bool], timeout: float = 180) -> str | None:
+        """Wait for the API server; return the admin password it generated (None if set elsewhere)."""
+        deadline = time.monotonic() + timeout
+        while not should_stop():
+            self.check()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v2/monitor/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"icefall: the Airflow API server did not answer within {timeout:g} s "
+                                 f"(logs: {self.home / 'logs'})")
+            time.sleep(0.5)
+        passwords = self.home / "simple_auth_manager_passwords.json.generated"
+        if passwords.exists():
+            return str(json.loads(passwords.read_text()).get("admin"))
+        return None
+
+    def check(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise SystemExit(f"icefall: airflow {name} exited with code {proc.returncode} "
+                                 f"(log: {self.home / 'logs' / (name + '.log')})")
+
+    def sync_pools(self) -> None:
+        """Create the table pools when the manifest changed (one at a time, in the background)."""
+        if self.pool_sync is not None and self.pool_sync.poll() is None:
+            return
+        try:
+            mtime = self.manifest.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if mtime == self.manifest_mtime:
+            return
+        self.manifest_mtime = mtime
+        with self._log("pools") as log:
+            self.pool_sync = subprocess.Popen([sys.executable, "-m", "icefall_airflow.pools"], env=self.env,
+                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        procs = list(self.procs.values()) + ([self.pool_sync] if self.pool_sync is not None else [])
+        for proc in procs:  # all at once: they shut down in parallel
+            _signal_group(proc, signal.SIGTERM)
+        for proc in procs:
+            _stop(proc)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        os.killpg(proc.pid, signum)
     except ProcessLookupError:
         pass
 
 
-def run_up(config: BrokerConfig, demo_rate: float) -> int:
-    from confluent_kafka import Producer
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group, SIGKILL what is left after 30 s (children too: they share the group)."""
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc, signal.SIGKILL)  # the leader may be gone while children of its group live on
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
 
-    home = config.home.resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    ready = home / "broker.ready"
-    ready.unlink(missing_ok=True)
+
+def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: AirflowStack | None,
+                   password: str | None) -> str:
+    bootstrap = f"{config.advertised}:{config.kafka_port}"
+    table = f"default.{DEMO_TOPIC}"
+    if airflow is None:
+        ui = "  Airflow:          not started (ICEFALL_NO_AIRFLOW)\n"
+    else:
+        login = f"admin / {password}" if password else f"see {airflow.home / 'simple_auth_manager_passwords.json.generated'}"
+        ui = (f"  Airflow UI:       {airflow.url}  (login {login})\n"
+              f"  Commit DAG:       {airflow.url}/dags/icefall_commit__{DEMO_TOPIC}\n"
+              f"  Table topics:     {airflow.url}/plugin/icefall-table-topics\n"
+              f"  Airflow logs:     {airflow.home / 'logs'}\n")
+    return (
+        f"\nIcefall is up.\n"
+        f"  Kafka bootstrap:  {bootstrap}\n"
+        f"  Admin API:        {config.admin_url}/v1/table-topics  (Prometheus: {config.admin_url}/metrics)\n"
+        f"  Schema registry:  {config.registry_url}/subjects\n"
+        f"  Iceberg catalog:  {config.catalog_url} (REST; warehouse {config.catalog_warehouse})\n"
+        f"{ui}"
+        f"  Home:             {home}\n"
+        f"  Demo producer:    {demo_rate:g} records/s to topic '{DEMO_TOPIC}' -> table {table}\n"
+        f"  Try:              kcat -b {bootstrap} -C -t {DEMO_TOPIC} -o -5 -e\n"
+        f"Query the table (rows appear after the first commit round):\n"
+        f"  pyiceberg:  load_catalog('icefall', type='rest', uri='{config.catalog_url}')"
+        f".load_table('{table}').scan().to_arrow()\n"
+        f"  DuckDB:     from broker.catalog import duckdb_local; con = duckdb_local.connect(); "
+        f"duckdb_local.attach_catalog(con, '{config.catalog_url}', 'lake'); "
+        f"con.sql('SELECT page, count(*) FROM lake.default.{DEMO_TOPIC} GROUP BY page')\n"
+        f"  Spark SQL:  spark-sql --jars \"$(python -c 'from spark_jobs.jars import iceberg_jars; print(*iceberg_jars())')\" "
+        f"--conf spark.sql.catalog.icefall=org.apache.iceberg.spark.SparkCatalog "
+        f"--conf spark.sql.catalog.icefall.type=rest --conf spark.sql.catalog.icefall.uri={config.catalog_url} "
+        f"-e 'SELECT count(*) FROM icefall.default.{DEMO_TOPIC}'\n"
+        f"Press Ctrl-C to stop everything.\n"
+    )
+
+
+def _start_broker(config: BrokerConfig, home: Path, ready: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "broker.cli", "broker", "--home", str(home), "--host", config.host,
            "--kafka-port", str(config.kafka_port), "--admin-port", str(config.admin_port),
            "--registry-port", str(config.registry_port), "--catalog-port", str(config.catalog_port),
@@ -101,41 +257,57 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
         cmd += ["--catalog-uri", config.catalog_uri]
     if config.warehouse is not None:
         cmd += ["--warehouse", config.warehouse]
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    stopping = False
+    return subprocess.Popen(cmd, start_new_session=True)
+
+
+def run_up(config: BrokerConfig, demo_rate: float) -> int:
+    from confluent_kafka import Producer
+
+    home = config.home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    ready = home / "broker.ready"
+    ready.unlink(missing_ok=True)
+    stopping = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        stopping.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    proc = _start_broker(config, home, ready)
+    airflow: AirflowStack | None = None
+    if os.environ.get("ICEFALL_NO_AIRFLOW", "") not in ("1", "true", "yes"):
+        airflow = AirflowStack(config, home, int(os.environ.get("ICEFALL_AIRFLOW_PORT", "8080")))
     try:
         _wait_ready(ready, proc)
         bootstrap = f"{config.advertised}:{config.kafka_port}"
         _ensure_demo_topic(bootstrap)
-        print(
-            f"\nIcefall is up.\n"
-            f"  Kafka bootstrap:  {bootstrap}\n"
-            f"  Admin API:        {config.admin_url}/v1/table-topics\n"
-            f"  Schema registry:  http://{config.advertised}:{config.registry_port}/subjects\n"
-            f"  Iceberg catalog:  {config.catalog_url} (REST; warehouse {config.catalog_warehouse})\n"
-            f"  Home:             {home}\n"
-            f"  Demo producer:    {demo_rate:g} records/s to topic '{DEMO_TOPIC}'\n"
-            f"  Try:              kcat -b {bootstrap} -C -t {DEMO_TOPIC} -o -5 -e\n"
-            f"Press Ctrl-C to stop everything.\n",
-            flush=True,
-        )
+        password = None
+        if airflow is not None and not stopping.is_set():
+            print(f"starting Airflow (AIRFLOW_HOME {airflow.home}; first start migrates its database)...",
+                  flush=True)
+            airflow.migrate()
+            airflow.sync_pools()
+            if not stopping.is_set():
+                airflow.start()
+                password = airflow.wait_ready(should_stop=stopping.is_set)
+        if not stopping.is_set():
+            print(_where_to_look(config, home, demo_rate, airflow, password), flush=True)
         producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                              "linger.ms": 50})
-        serialize = _demo_serializer(f"http://{config.advertised}:{config.registry_port}")
+        serialize = _demo_serializer(config.registry_url)
         pages = ["/", "/pricing", "/docs", "/blog", "/signup"]
         sent = 0
         next_at = time.monotonic()
-        while not stopping:
+        checked_at = 0.0
+        while not stopping.is_set():
             if proc.poll() is not None:
                 print(f"icefall: the broker exited with code {proc.returncode}", file=sys.stderr)
                 return 1
+            if airflow is not None and time.monotonic() - checked_at > 2:
+                checked_at = time.monotonic()
+                airflow.check()
+                airflow.sync_pools()
             user = random.randrange(1000)
             event = {"user_id": user, "page": random.choice(pages), "ts": int(time.time() * 1000)}
             producer.produce(DEMO_TOPIC, key=str(user).encode(), value=serialize(event))
@@ -146,6 +318,11 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
         producer.flush(10)
         print(f"\nstopping (demo producer sent {sent} records)...", flush=True)
         return 0
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 1
     finally:
+        if airflow is not None:
+            airflow.stop()
         _stop(proc)
         ready.unlink(missing_ok=True)

@@ -7,14 +7,14 @@ Mounts the FastAPI app of ``icefall_airflow.view`` on the API server at
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
-
 from icefall_airflow.view import app
 
 
 class IcefallPlugin(AirflowPlugin):
     name = "icefall"
-    fastapi_apps = [{"app": app, "url_prefix": "/icefall", "name": "Icefall table topics"}]
-    external_views = [{
+    # AirflowPlugin declares these as plain class attributes.
+    fastapi_apps = [{"app": app, "url_prefix": "/icefall", "name": "Icefall table topics"}]  # noqa: RUF012
+    external_views = [{  # noqa: RUF012
         "name": "Table topics",
         "href": "icefall/",
         "url_route": "icefall-table-topics",

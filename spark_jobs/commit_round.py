@@ -24,6 +24,7 @@ The result JSON says what happened; the exit code is 0 for ``committed`` and
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -132,9 +133,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---------------------------------------------------------------- Spark
 
 
-def spark_session(app_name: str, catalog_url: str, master: str | None) -> Any:
-    """The session, with the Iceberg catalog under ``SPARK_CATALOG``. Under spark-submit the
-    master and jars come from spark-submit; started from Python, we launch local Spark here."""
+def spark_session(app_name: str, master: str | None) -> Any:
+    """Under spark-submit the master and jars come from spark-submit; started
+    from Python, we launch local Spark here with the Iceberg jar."""
     from pyspark.sql import SparkSession
 
     from spark_jobs.jars import iceberg_jars
@@ -146,18 +147,25 @@ def spark_session(app_name: str, catalog_url: str, master: str | None) -> Any:
                    .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false"))
     elif master:
         builder = builder.master(master)
-    prefix = f"spark.sql.catalog.{SPARK_CATALOG}"
     session = (
         builder.config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-        .config(prefix, "org.apache.iceberg.spark.SparkCatalog")
-        .config(f"{prefix}.type", "rest")
-        .config(f"{prefix}.uri", catalog_url)
-        .config(f"{prefix}.cache-enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def use_catalog(spark: Any, catalog_url: str) -> str:
+    """A Spark catalog name for the REST catalog at ``catalog_url``, configured at run time
+    (Spark loads catalogs by name on first use), so one session can serve rounds of several
+    brokers (tests) and a user's own ``spark.sql.catalog.*`` settings are left alone."""
+    name = f"{SPARK_CATALOG}_{hashlib.sha1(catalog_url.encode()).hexdigest()[:8]}"
+    prefix = f"spark.sql.catalog.{name}"
+    for key, value in ((prefix, "org.apache.iceberg.spark.SparkCatalog"), (f"{prefix}.type", "rest"),
+                       (f"{prefix}.uri", catalog_url), (f"{prefix}.cache-enabled", "false")):
+        spark.conf.set(key, value)
+    return name
 
 
 def _under_spark_submit() -> bool:
@@ -191,7 +199,7 @@ def write_branch(spark: Any, spec: TaskSpec, groups: list[list[Any]], target: st
 
 
 class CommitRound:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, spark: Any = None) -> None:
         self.args = args
         self.admin = AdminClient(args.admin_url)
         cluster = self.admin.cluster()
@@ -206,13 +214,14 @@ class CommitRound:
         self.options = table_setup.TableOptions.of(self.topic)
         self.round_id = args.round_id or uuid.uuid4().hex
         self.branch = branch_name(self.round_id)
-        self._spark: Any = None
+        self._spark: Any = spark
+        self._own_spark = spark is None
         self.seconds: dict[str, float] = {}
 
     def spark(self) -> Any:
         if self._spark is None:
             started = time.monotonic()
-            self._spark = spark_session(f"icefall-commit-{self.topic.topic}", self.catalog_url, self.args.master)
+            self._spark = spark_session(f"icefall-commit-{self.topic.topic}", self.args.master)
             self.seconds["spark_start"] = round(time.monotonic() - started, 3)
         return self._spark
 
@@ -294,7 +303,7 @@ class CommitRound:
             checkpoint.TOPIC: self.topic.topic,
             checkpoint.TOPIC_ID: self.topic.topic_id,
         }
-        target = f"{SPARK_CATALOG}.`{self.topic.namespace}`.`{self.topic.table}`.`branch_{self.branch}`"
+        target = f"{use_catalog(spark, self.catalog_url)}.`{self.topic.namespace}`.`{self.topic.table}`.`branch_{self.branch}`"
         groups = round_plan.task_groups(plan.ranges, spark.sparkContext.defaultParallelism)
         try:
             written = write_branch(spark, spec, groups, target, properties, spark_schema)
@@ -366,13 +375,13 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundResult]:
+    """One round from command-line arguments; ``spark``: a session to use (else one is started and stopped)."""
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started = time.monotonic()
     round_: CommitRound | None = None
     try:
-        round_ = CommitRound(args)
+        round_ = CommitRound(args, spark)
         result = round_.run()
         code = 0
     except Exception as exc:  # every failure ends as a clear message + result JSON
@@ -392,9 +401,15 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n")
         os.replace(tmp, args.result)
     log.info("round %s of %s: %s %s", result.round_id, args.topic, result.status, result.message)
-    if round_ is not None and round_._spark is not None:
+    if round_ is not None and round_._own_spark and round_._spark is not None:
         round_._spark.stop()
-    return code
+    return code, result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(argv)[0]
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def ensure_spark_connection(conn_id: str) -> None:
 
     try:
         Connection.get(conn_id)
-    except Exception:  # not defined anywhere: fall back to the single-machine default
+    except Exception:  # noqa: BLE001 -- not defined anywhere: fall back to the single-machine default
         os.environ[SPARK_CONN_ENV] = LOCAL_SPARK_CONNECTION
 
 
@@ -63,10 +63,9 @@ class CommitRoundOperator(SparkSubmitOperator):
         self.plan_task_id = plan_task_id
         self.admin_url = admin_url
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from spark_jobs.jars import iceberg_jars
-
+    def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
         from icefall_airflow import manifest
+        from spark_jobs.jars import iceberg_jars
 
         plan = context["ti"].xcom_pull(task_ids=self.plan_task_id)
         if not plan:

@@ -18,11 +18,19 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, Asset, DeltaDataIntervalTimetable, Metadata, Param, get_current_context, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    DeltaDataIntervalTimetable,
+    Metadata,
+    Param,
+    get_current_context,
+    task,
+)
 
 from icefall_airflow import manifest, planning, publish
 from icefall_airflow.assets import table_asset
@@ -34,7 +42,7 @@ log = logging.getLogger(__name__)
 
 # Fixed, in the past: the scheduler starts at the latest interval (catchup off);
 # earlier intervals are there for the UI's Backfill.
-START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 PLAN_DEADLINE_ENV = "ICEFALL_PLAN_DEADLINE_S"
 
 DOC = """\
@@ -112,7 +120,8 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
             task_id="commit", plan_task_id="plan", pool=entry.pool, name=f"icefall-commit-{entry.topic}",
             execution_timeout=timedelta(minutes=30),
         )
-        published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(entry, asset, commit.output, plan)
+        published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(
+            entry, asset, commit.output, plan)  # type: ignore[arg-type]  # XComArgs resolve at run time
         plan >> commit >> published
     return dag
 

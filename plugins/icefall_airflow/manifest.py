@@ -78,7 +78,7 @@ def read(path: Path | None = None) -> Manifest:
         return Manifest([])
     raw = json.loads(path.read_text())
     if not isinstance(raw, dict) or not isinstance(raw.get("table_topics"), list):
-        raise ValueError(f"{path} is not an Icefall table-topic manifest")
+        raise ValueError(f"{path} is not an Icefall table-topic manifest")  # noqa: TRY004
     return Manifest([TableTopic.from_json(t) for t in raw["table_topics"]], raw.get("admin_url"))
 
 

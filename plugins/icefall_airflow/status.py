@@ -40,7 +40,7 @@ def table_status(client: BrokerClient, catalog: Any, entry: manifest.TableTopic,
         })
     except (BrokerError, OSError, ValueError) as exc:
         row["error"] = str(exc)
-    except Exception as exc:  # a catalog error must not take the whole view down
+    except Exception as exc:  # noqa: BLE001 -- a catalog error must not take the whole view down
         row["error"] = f"{type(exc).__name__}: {exc}"
     return row
 

@@ -10,7 +10,7 @@ the catalog, which FastAPI runs in its thread pool.
 from __future__ import annotations
 
 import html
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
@@ -38,7 +38,7 @@ def table(topic: str) -> dict[str, Any]:
 def _time(ms: int | None) -> str:
     if ms is None:
         return "—"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _cell(value: object) -> str:

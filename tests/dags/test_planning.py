@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-
 from icefall_airflow.planning import PlanError, RoundRequest, plan_round, round_request
 
-END = datetime(2026, 11, 22, 12, 0, 30, tzinfo=timezone.utc)
+END = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
 END_MS = int(END.timestamp() * 1000)
 
 

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-
 from icefall_airflow import publish
 from icefall_airflow.commit_operator import commit_round_args, commit_round_script
 
@@ -48,7 +47,6 @@ def test_results_outside_the_contract_are_refused(bad: Any) -> None:
 
 def test_nothing_new_skips_the_asset_event(tmp_path: Any) -> None:
     from airflow.sdk.exceptions import AirflowSkipException
-
     from icefall_airflow.factory import _publish
     from icefall_airflow.manifest import TableTopic
 

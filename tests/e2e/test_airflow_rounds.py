@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from tests.dags import airflow_env
 
 airflow_env.configure()
 
-from tests.support import BrokerProcess, wait_for  # noqa: E402
+from tests.support import BrokerProcess, wait_for
 
 TOPIC = "orders"
 SCHEMA = json.dumps({
@@ -47,7 +47,7 @@ def cut_after_now() -> datetime:
     """A data interval end strictly after every record produced so far (append times are in ms)."""
     cut_ms = int(time.time() * 1000) + 2
     wait_for(lambda: int(time.time() * 1000) > cut_ms, 5, what="the clock to pass the cut")
-    return datetime.fromtimestamp(cut_ms / 1000, timezone.utc)
+    return datetime.fromtimestamp(cut_ms / 1000, UTC)
 
 
 def asset_events() -> list[dict[str, Any]]:
@@ -77,7 +77,6 @@ def run_round(dag: Any, logical_date: datetime) -> dict[str, str]:
 def test_two_rounds_rerun_and_rebuild(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     airflow_env.migrate_db()
     from confluent_kafka.admin import AdminClient, NewTopic
-
     from icefall_airflow.tables import open_catalog
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -124,7 +123,6 @@ def test_two_rounds_rerun_and_rebuild(broker: BrokerProcess, monkeypatch: pytest
 
     # The status view agrees: 5 records behind.
     from fastapi.testclient import TestClient
-
     from icefall_airflow.view import app
 
     [row] = TestClient(app).get("/api/tables").json()["tables"]

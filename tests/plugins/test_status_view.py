@@ -21,7 +21,6 @@ def make_table_topic(broker: BrokerProcess, topic: str, partitions: int) -> None
 
 def test_endpoint_reports_lag_in_records_and_seconds(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient
-
     from icefall_airflow.view import app
 
     monkeypatch.setenv("ICEFALL_ADMIN_URL", broker.admin_url)
@@ -55,7 +54,6 @@ def test_endpoint_reports_lag_in_records_and_seconds(broker: BrokerProcess, monk
 
 def test_endpoint_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient
-
     from icefall_airflow.view import app
 
     monkeypatch.setenv("ICEFALL_ADMIN_URL", "http://127.0.0.1:9")

@@ -1,0 +1,218 @@
+"""Prometheus metrics of the broker (``GET /metrics`` on the admin API).
+
+Two kinds of series, in the text exposition format (no client library: the
+format is a few lines and the broker has no other use for one):
+
+- the log: per partition the log start, high watermark, flushed offset and
+  last append time; the flusher's counters;
+- the tables, the same figures as Airflow's "Table topics" view: per table
+  topic the committed offsets (from the Iceberg checkpoint), lag in records
+  and in seconds of append time, last commit time, rows and DLQ rows.
+
+The catalog reads block, so they run in a thread; the log is read on the event
+loop in one synchronous step (no flush or produce changes it half-way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from broker import topic_configs
+from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
+
+if TYPE_CHECKING:
+    from broker.cluster import Cluster
+    from broker.config import BrokerConfig
+    from broker.logstore import LogStore, PartitionLog
+
+log = logging.getLogger(__name__)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    """What the catalog says about one table topic's table (and its ``<table>__dlq``)."""
+
+    checkpoint: Checkpoint = NO_CHECKPOINT
+    rows: int | None = None
+    dlq_rows: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class Family:
+    """One metric family: HELP/TYPE lines and its samples."""
+
+    name: str
+    kind: str
+    help: str
+    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+
+    def add(self, labels: dict[str, str], value: float) -> None:
+        self.samples.append((labels, value))
+
+    def render(self) -> str:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        for labels, value in self.samples:
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            lines.append(f"{self.name}{{{text}}} {_number(value)}" if text else f"{self.name} {_number(value)}")
+        return "\n".join(lines)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _total_records(table: Any) -> int | None:
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return 0
+    value = snapshot.summary.get("total-records") if snapshot.summary is not None else None
+    return int(value) if value is not None else None
+
+
+class CatalogReader:
+    """Reads checkpoints and row counts through the broker's own REST catalog (pyiceberg's client)."""
+
+    def __init__(self, catalog_url: str) -> None:
+        self.catalog_url = catalog_url
+        self._catalog: Any = None
+
+    def _load(self, namespace: str, table: str) -> Any | None:
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        if self._catalog is None:
+            self._catalog = load_catalog("icefall-metrics", type="rest", uri=self.catalog_url)
+        try:
+            return self._catalog.load_table((namespace, table))
+        except (NoSuchTableError, NoSuchNamespaceError):
+            return None
+
+    def facts(self, namespace: str, table: str) -> TableFacts:
+        try:
+            loaded = self._load(namespace, table)
+            if loaded is None:
+                return TableFacts()
+            dlq = self._load(namespace, f"{table}__dlq")
+            return TableFacts(read_checkpoint(loaded.metadata), _total_records(loaded),
+                              _total_records(dlq) if dlq is not None else None)
+        except Exception as exc:  # noqa: BLE001 -- a scrape reports what it can; the error is a series of its own
+            self._catalog = None
+            return TableFacts(error=f"{type(exc).__name__}: {exc}")
+
+
+_readers: dict[str, CatalogReader] = {}
+
+
+def catalog_reader(catalog_url: str) -> CatalogReader:
+    return _readers.setdefault(catalog_url, CatalogReader(catalog_url))
+
+
+def append_ms_at(part: PartitionLog, offset: int) -> int | None:
+    """Append time of the batch holding ``offset`` (segment index, else the WAL tail)."""
+    for chunk in part.chunks:
+        if chunk.end_offset <= offset:
+            continue
+        if chunk.base_offset > offset:  # the offset fell in a gap: the next batch is the oldest
+            return chunk.min_append_ms
+        index = max(bisect.bisect_right(chunk.ref_bases, offset) - 1, 0)
+        return int(chunk.refs[index].append_ms)
+    for batch in part.tail:
+        if batch.end_offset > offset:
+            return batch.append_ms
+    return None
+
+
+def _table_topics(cluster: Cluster) -> list[Any]:
+    return [t for t in cluster.topics.values() if topic_configs.is_table_topic(t.configs)]
+
+
+def _ident(topic: Any) -> tuple[str, str]:
+    configs = topic_configs.effective(topic.configs)
+    return configs[topic_configs.TABLE_PREFIX + "namespace"], topic_configs.table_name(topic.name)
+
+
+def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts], now_ms: int) -> str:
+    """The exposition text; synchronous, so it sees one consistent state of the log."""
+    f = {name: Family(name, kind, text) for name, kind, text in [
+        ("icefall_partition_log_start_offset", "gauge", "First offset still readable"),
+        ("icefall_partition_high_watermark", "gauge", "Offset the next record gets"),
+        ("icefall_partition_flushed_offset", "gauge", "Offsets below this are in segment objects"),
+        ("icefall_partition_last_append_timestamp_seconds", "gauge", "Broker append time of the newest batch"),
+        ("icefall_segments_written_total", "counter", "Segment objects written"),
+        ("icefall_flush_failures_total", "counter", "Failed segment flushes"),
+        ("icefall_unflushed_bytes", "gauge", "Bytes in the write-ahead log not yet in segment objects"),
+        ("icefall_table_committed_offset", "gauge", "Next offset the table holds (its Iceberg checkpoint)"),
+        ("icefall_table_lag_records", "gauge", "Records in the topic not yet in the table"),
+        ("icefall_table_lag_seconds", "gauge", "Age of the oldest record not yet in the table (append time)"),
+        ("icefall_table_last_commit_timestamp_seconds", "gauge", "Time of the snapshot holding the checkpoint"),
+        ("icefall_table_rows", "gauge", "Rows in the table's current snapshot"),
+        ("icefall_table_dlq_rows", "gauge", "Rows in the table's DLQ table <table>__dlq"),
+        ("icefall_table_catalog_up", "gauge", "1 when the catalog answered for this table"),
+    ]}
+    f["icefall_segments_written_total"].add({}, logs.segments_written)
+    f["icefall_flush_failures_total"].add({}, logs.flush_failures)
+    f["icefall_unflushed_bytes"].add({}, logs.unflushed_bytes)
+    for topic in sorted(cluster.topics.values(), key=lambda t: t.name):
+        for p in range(topic.partitions):
+            part = logs.partitions.get((topic.name, p))
+            if part is None:
+                continue
+            labels = {"topic": topic.name, "partition": str(p)}
+            f["icefall_partition_log_start_offset"].add(labels, part.log_start_offset)
+            f["icefall_partition_high_watermark"].add(labels, part.high_watermark)
+            f["icefall_partition_flushed_offset"].add(labels, part.flushed_offset)
+            last = part.tail[-1].append_ms if part.tail else part.chunks[-1].max_append_ms if part.chunks else None
+            if last is not None:
+                f["icefall_partition_last_append_timestamp_seconds"].add(labels, last / 1000)
+    for topic in sorted(_table_topics(cluster), key=lambda t: t.name):
+        namespace, table = _ident(topic)
+        got = facts.get(topic.name, TableFacts(error="not read"))
+        labels = {"topic": topic.name, "namespace": namespace, "table": table}
+        f["icefall_table_catalog_up"].add(labels, 0 if got.error else 1)
+        if got.error:
+            continue
+        same_topic = got.checkpoint.topic_id in (None, str(topic.topic_id))
+        behind, oldest = 0, []
+        for p in range(topic.partitions):
+            part = logs.partitions.get((topic.name, p))
+            if part is None:
+                continue
+            committed = got.checkpoint.offsets.get(p) if same_topic else None
+            start = max(committed if committed is not None else part.log_start_offset, part.log_start_offset)
+            f["icefall_table_committed_offset"].add({**labels, "partition": str(p)}, committed or 0)
+            if part.high_watermark > start:
+                behind += part.high_watermark - start
+                if (appended := append_ms_at(part, start)) is not None:
+                    oldest.append(appended)
+        f["icefall_table_lag_records"].add(labels, behind)
+        f["icefall_table_lag_seconds"].add(labels, max(0.0, (now_ms - min(oldest)) / 1000) if oldest else 0.0)
+        if got.checkpoint.timestamp_ms is not None:
+            f["icefall_table_last_commit_timestamp_seconds"].add(labels, got.checkpoint.timestamp_ms / 1000)
+        if got.rows is not None:
+            f["icefall_table_rows"].add(labels, got.rows)
+        if got.dlq_rows is not None:
+            f["icefall_table_dlq_rows"].add(labels, got.dlq_rows)
+    return "\n".join(family.render() for family in f.values()) + "\n"
+
+
+def _read_facts(reader: CatalogReader, tables: Iterable[tuple[str, str, str]]) -> dict[str, TableFacts]:
+    return {topic: reader.facts(namespace, table) for topic, namespace, table in tables}
+
+
+async def scrape(config: BrokerConfig, cluster: Cluster, logs: LogStore) -> str:
+    """Catalog facts in a thread, then the log on the loop."""
+    tables = [(t.name, *_ident(t)) for t in _table_topics(cluster)]
+    facts = await asyncio.to_thread(_read_facts, catalog_reader(config.catalog_url), tables)
+    return render_metrics(cluster, logs, facts, int(time.time() * 1000))

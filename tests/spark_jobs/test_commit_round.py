@@ -1,0 +1,232 @@
+"""The commit round end to end: real broker, Avro from the Confluent serializer,
+real Spark (local[2]) with the Iceberg runtime, rows read back with Spark SQL,
+pyiceberg and DuckDB. One broker and one Spark session for the module (Spark
+takes 10-20 s to start); tests keep apart by their topics."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker import checkpoint
+from broker.catalog import duckdb_local
+from spark_jobs import commit_round
+from spark_jobs.broker_client import http_json
+from tests.spark_jobs.round_support import (
+    CLICK_V1,
+    AvroProducer,
+    catalog,
+    new_topic,
+    round_args,
+    run_round,
+    table,
+    table_offsets,
+)
+from tests.support import BrokerProcess
+
+AT = 1_700_000_000_000
+
+
+def clicks(start: int, n: int, **extra: Any) -> list[dict[str, Any]]:
+    return [{"id": i, "page": None if i % 4 == 0 else f"/p/{i}", "score": i % 100,
+             "at": datetime.fromtimestamp((AT + i) / 1000, UTC), **extra} for i in range(start, start + n)]
+
+
+@pytest.fixture(scope="module")
+def round_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path_factory.mktemp("rounds") / "home", ["--segment-flush-ms", "100"]).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = commit_round.spark_session("icefall-round-tests", "local[2]")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def test_a_round_writes_every_record_once_with_system_columns(spark: Any, round_broker: BrokerProcess,
+                                                               tmp_path: Path) -> None:
+    topic = new_topic(round_broker, partitions=2)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 300), key=lambda v: f"k{v['id']}".encode(), headers=[("trace", b"abc")])
+    result_path = tmp_path / "round.json"
+    code, result = commit_round.run(round_args(round_broker, topic, result_path), spark)
+    assert code == 0, result.message
+    assert result.status == "committed" and result.rows == 300 and result.records == 300
+    written = json.loads(result_path.read_text())
+    assert written["snapshot_id"] == result.snapshot_id
+    assert sum(written["offsets_after"].values()) == 300 and set(written["offsets_before"].values()) == {0}
+    assert written["bytes_read"] > 0 and written["data_files"] >= 1
+    assert {"plan", "read_write", "commit", "total"} <= written["seconds"].keys()
+
+    assert table_offsets(round_broker, topic) == sorted(producer.acked)
+    rows = {r["id"]: r for r in table(round_broker, topic).scan().to_arrow().to_pylist()}
+    assert set(rows) == set(range(300))
+    row = rows[5]
+    assert row["page"] == "/p/5" and row["score"] == 5 and row["_kafka_key"] == "k5"
+    assert row["at"] == datetime.fromtimestamp((AT + 5) / 1000, UTC)
+    assert dict(row["_kafka_headers"]) == {"trace": b"abc"}
+    assert rows[4]["page"] is None
+    assert row["_kafka_metadata"]["timestamp"].tzinfo is not None
+
+    summary = checkpoint.read_checkpoint(table(round_broker, topic).metadata)
+    assert summary.snapshot_id == result.snapshot_id and sum(summary.offsets.values()) == 300
+
+
+def test_spark_sql_pyiceberg_and_duckdb_read_the_same_rows(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1)
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 50))
+    assert run_round(spark, round_broker, topic).status == "committed"
+
+    name = commit_round.use_catalog(spark, round_broker.catalog_url)
+    from_spark = sorted((r["id"], r["page"], r["offset"]) for r in spark.sql(
+        f"SELECT id, page, _kafka_metadata.offset AS offset FROM {name}.default.{topic}").collect())
+    from_pyiceberg = sorted(
+        (r["id"], r["page"], r["_kafka_metadata"]["offset"])
+        for r in table(round_broker, topic).scan().to_arrow().to_pylist())
+    con = duckdb_local.connect()
+    duckdb_local.attach_catalog(con, round_broker.catalog_url, "lake")
+    from_duckdb = sorted(con.execute(
+        f"SELECT id, page, _kafka_metadata.offset FROM lake.default.{topic}").fetchall())
+    assert from_spark == from_pyiceberg == from_duckdb
+    assert [r[0] for r in from_spark] == list(range(50))
+
+
+def test_a_second_round_commits_only_what_arrived_since(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 100))
+    first = run_round(spark, round_broker, topic)
+    again = run_round(spark, round_broker, topic)
+    assert again.status == "nothing_new" and again.snapshot_id == first.snapshot_id
+    assert len(table(round_broker, topic).metadata.snapshots) == 2  # base + first round
+
+    producer.send(clicks(100, 40))
+    second = run_round(spark, round_broker, topic)
+    assert second.status == "committed" and second.rows == 40
+    assert second.offsets_before == first.offsets_after
+    assert table_offsets(round_broker, topic) == sorted(producer.acked)
+    tbl = table(round_broker, topic)
+    assert tbl.metadata.refs[checkpoint.CHECKPOINT_TAG].snapshot_id == second.snapshot_id
+    assert not [r for r in tbl.metadata.refs if r.startswith(checkpoint.ROUND_BRANCH_PREFIX)]
+
+
+def test_until_append_time_cuts_by_broker_append_time(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 30))
+    cut = int(time.time() * 1000) + 5
+    while int(time.time() * 1000) <= cut:  # the next appends must get a later append time
+        time.sleep(0.002)
+    producer.send(clicks(30, 20))
+    first = run_round(spark, round_broker, topic, "--until-append-time", str(cut))
+    assert first.rows == 30 and first.offsets_after == {0: 30} and first.until_append_ms == cut
+    assert run_round(spark, round_broker, topic, "--until-append-time", str(cut)).status == "nothing_new"
+    rest = run_round(spark, round_broker, topic)
+    assert rest.rows == 20 and rest.offsets_before == {0: 30}
+    assert table_offsets(round_broker, topic) == [(0, o) for o in range(50)]
+
+
+def test_until_offsets_and_max_records(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1)
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 60))
+    assert run_round(spark, round_broker, topic, "--until-offsets", '{"0": 25}').offsets_after == {0: 25}
+    assert run_round(spark, round_broker, topic, "--max-records", "10").offsets_after == {0: 35}
+    assert run_round(spark, round_broker, topic).offsets_after == {0: 60}
+    assert table_offsets(round_broker, topic) == [(0, o) for o in range(60)]
+
+
+def test_the_schema_evolves_with_the_registry(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1)
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 10))
+    run_round(spark, round_broker, topic)
+    v2 = json.loads(json.dumps(CLICK_V1))
+    v2["fields"][2]["type"] = "long"  # int -> long
+    v2["fields"].append({"name": "referrer", "type": ["null", {"type": "record", "name": "Ref", "fields": [
+        {"name": "host", "type": "string"}, {"name": "port", "type": "int"}]}], "default": None})
+    AvroProducer(round_broker, topic, v2).send(
+        [{**c, "score": 2**40 + c["id"], "referrer": {"host": "h", "port": c["id"]}} for c in clicks(10, 10)])
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "committed" and result.rows == 10, result.message
+    assert any("referrer" in change for change in result.schema_changes)
+    schema = table(round_broker, topic).schema()
+    assert str(schema.find_field("score").field_type) == "long"
+    assert schema.find_field("referrer.port") is not None
+    rows = {r["id"]: r for r in table(round_broker, topic).scan().to_arrow().to_pylist()}
+    assert rows[3]["referrer"] is None and rows[3]["score"] == 3
+    assert rows[12]["referrer"] == {"host": "h", "port": 12} and rows[12]["score"] == 2**40 + 12
+
+
+def test_an_incompatible_schema_fails_that_round_only(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1, configs={"automq.table.topic.schema.validation": "false"})
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 5))
+    run_round(spark, round_broker, topic)
+    http_json(f"{round_broker.registry_url}/config/{topic}-value", "PUT", {"compatibility": "NONE"})
+    bad = json.loads(json.dumps(CLICK_V1))
+    bad["fields"][1] = {"name": "page", "type": "long"}  # string -> long is no Iceberg promotion
+    AvroProducer(round_broker, topic, bad).send([{**c, "page": 7} for c in clicks(5, 3)])
+    failed = run_round(spark, round_broker, topic)
+    assert failed.status == "failed"
+    assert "page" in failed.message and "offset 5" in failed.message, failed.message
+    assert table_offsets(round_broker, topic) == [(0, o) for o in range(5)]  # nothing of the failed round
+
+    other = new_topic(round_broker, partitions=1)
+    AvroProducer(round_broker, other, CLICK_V1).send(clicks(0, 5))
+    assert run_round(spark, round_broker, other).status == "committed"
+
+
+def test_raw_and_string_values(spark: Any, round_broker: BrokerProcess) -> None:
+    from confluent_kafka import Producer
+
+    for kind, expect in (("raw", b"\x00\xffbytes"), ("string", "héllo")):
+        topic = new_topic(round_broker, partitions=1, configs={"automq.table.topic.convert.value.type": kind})
+        producer = Producer({"bootstrap.servers": round_broker.bootstrap})
+        payload = expect if isinstance(expect, bytes) else expect.encode()
+        for _ in range(3):
+            producer.produce(topic, value=payload)
+        producer.produce(topic, value=None)
+        assert producer.flush(30) == 0
+        result = run_round(spark, round_broker, topic)
+        assert result.rows == 4, result.message
+        values = table(round_broker, topic).scan().to_arrow().column("_kafka_value").to_pylist()
+        assert sorted(values, key=lambda v: v is None) == [expect, expect, expect, None]
+
+
+def test_a_round_after_compaction_starts_from_the_round_before(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    for i in range(3):
+        producer.send(clicks(i * 10, 10))
+        run_round(spark, round_broker, topic)
+    name = commit_round.use_catalog(spark, round_broker.catalog_url)
+    spark.sql(f"CALL {name}.system.rewrite_data_files(table => 'default.{topic}', "
+              "options => map('min-input-files', '2'))").collect()
+    tbl = table(round_broker, topic)
+    assert tbl.current_snapshot() is not None and tbl.current_snapshot().summary.operation.value == "replace"
+    producer.send(clicks(30, 10))
+    result = run_round(spark, round_broker, topic)
+    assert result.offsets_before == {0: 30} and result.rows == 10
+    assert table_offsets(round_broker, topic) == [(0, o) for o in range(40)]
+
+
+def test_an_unknown_topic_fails_clearly(spark: Any, round_broker: BrokerProcess) -> None:
+    code, result = commit_round.run(round_args(round_broker, "no_such_topic"), spark)
+    assert code == 1 and result.status == "failed" and "not a table topic" in result.message
+
+
+def test_catalog_sees_no_table_until_the_first_round(round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1)
+    assert not catalog(round_broker).table_exists(("default", topic))

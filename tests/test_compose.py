@@ -1,0 +1,402 @@
+"""docker-compose.yml, checked without a Docker engine (none runs here).
+
+The file is parsed as Compose would read it (YAML merge keys, ``${VAR:-default}``
+with the defaults a fresh checkout gets) and checked for what makes a stack
+fail at ``up`` or, worse, half-work: services the design needs, dependencies
+and their conditions, healthchecks, port collisions, volumes, every URL in the
+environment naming a service that listens there, databases that exist, a broker
+command the real CLI accepts, and Spark pulling the Iceberg build that matches
+the installed PySpark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from broker import cli
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSE = REPO / "docker-compose.yml"
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+_URL = re.compile(r"\b([a-z][a-z0-9+.-]*)://([^\s'\",]+)")
+LOCAL = {"localhost", "127.0.0.1", "0.0.0.0"}
+
+REQUIRED = {"postgres", "minio", "broker", "airflow-init", "airflow-apiserver", "airflow-scheduler",
+            "airflow-dag-processor", "airflow-triggerer", "spark-master", "spark-worker"}
+AIRFLOW_COMMANDS = {"airflow-init": ["db", "migrate"], "airflow-apiserver": ["api-server"],
+                    "airflow-scheduler": ["scheduler"], "airflow-dag-processor": ["dag-processor"],
+                    "airflow-triggerer": ["triggerer"]}
+CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+
+
+def _interpolate(value: Any) -> Any:
+    """Compose's variable substitution with the defaults (no .env: what a fresh checkout runs)."""
+    if isinstance(value, str):
+        return _VARIABLE.sub(lambda m: m.group(2) or "", value).replace("$$", "$")
+    if isinstance(value, list):
+        return [_interpolate(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _interpolate(v) for k, v in value.items()}
+    return value
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    raw = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(raw, dict)
+    data: dict[str, Any] = _interpolate(raw)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    result: dict[str, dict[str, Any]] = compose["services"]
+    return result
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+def _command(service: dict[str, Any]) -> list[str]:
+    command = service.get("command") or []
+    return command.split() if isinstance(command, str) else [str(c) for c in command]
+
+
+def _depends_on(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return {d: "service_started" for d in deps}
+    return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
+
+
+def _one_shot(service: dict[str, Any]) -> bool:
+    return service.get("restart", "no") == "no"
+
+
+def _published(service: dict[str, Any]) -> list[tuple[int, int]]:
+    """(host port, container port) of every ``ports`` entry."""
+    out = []
+    for entry in service.get("ports") or []:
+        parts = str(entry).split("/")[0].split(":")
+        assert len(parts) in (2, 3), f"publish ports as [ip:]host:container, got {entry!r}"
+        out.append((int(parts[-2]), int(parts[-1])))
+    return out
+
+
+def _listens(service: dict[str, Any]) -> set[int]:
+    """Container ports a service declares (published or exposed)."""
+    return {c for _, c in _published(service)} | {int(str(p).split("/")[0]) for p in service.get("expose") or []}
+
+
+def _hostnames(services: dict[str, dict[str, Any]]) -> dict[str, str]:
+    names = {name: name for name in services}
+    names.update({s["hostname"]: name for name, s in services.items() if "hostname" in s})
+    return names
+
+
+def _config_text(compose: dict[str, Any], name: str) -> str:
+    text: str = compose["configs"][name]["content"]
+    return text
+
+
+def _spark_defaults(compose: dict[str, Any]) -> dict[str, str]:
+    pairs = (line.split(None, 1) for line in _config_text(compose, "spark-defaults").splitlines()
+             if line.strip() and not line.lstrip().startswith("#"))
+    return {p[0]: p[1].strip() for p in pairs}
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+
+
+def _constraint(name: str) -> str:
+    match = re.search(rf"^{re.escape(name)}==(\S+)$", (REPO / "constraints.txt").read_text(), re.MULTILINE)
+    assert match, f"{name} is not pinned in constraints.txt"
+    return match.group(1)
+
+
+def _broker_args(services: dict[str, dict[str, Any]]) -> argparse.Namespace:
+    command = _command(services["broker"])
+    assert command[:2] == ["icefall", "broker"], command
+    parser = argparse.ArgumentParser(prog="icefall broker", exit_on_error=False)
+    cli._add_broker_flags(parser)
+    args, unknown = parser.parse_known_args(command[2:])
+    assert not unknown, f"flags broker/cli.py does not have: {unknown}"
+    return args
+
+
+# ---------------------------------------------------------------- services and dependencies
+
+
+def test_the_stack_has_every_service_of_the_design(services: dict[str, dict[str, Any]]) -> None:
+    assert REQUIRED <= set(services), f"missing: {REQUIRED - set(services)}"
+    for name, args in AIRFLOW_COMMANDS.items():
+        command = _command(services[name])
+        assert command[0] == "airflow" and command[1:1 + len(args)] == args, name
+
+
+def test_dependencies_exist_and_their_conditions_can_be_met(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        for target, condition in _depends_on(service).items():
+            assert target in services, f"{name} depends on unknown service {target}"
+            assert target != name
+            assert condition in CONDITIONS, f"{name} -> {target}: unknown condition {condition}"
+            if condition == "service_healthy":
+                assert "healthcheck" in services[target], f"{name} waits for {target} to be healthy; it has no check"
+            if condition == "service_completed_successfully":
+                assert _one_shot(services[target]), f"{name} waits for {target} to exit, but it restarts"
+    # no cycles: Compose could not order the start
+    done: set[str] = set()
+    remaining = dict(services)
+    while remaining:
+        ready = [n for n, s in remaining.items() if set(_depends_on(s)) <= done]
+        assert ready, f"dependency cycle among {sorted(remaining)}"
+        for n in ready:
+            done.add(n)
+            del remaining[n]
+
+
+def test_every_long_running_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        if not _one_shot(service):
+            check = service.get("healthcheck")
+            assert check and check.get("test"), f"{name} has no healthcheck"
+            assert check["test"][0] in ("CMD", "CMD-SHELL"), name
+
+
+def test_the_broker_waits_for_its_stores_and_airflow_for_its_database(services: dict[str, dict[str, Any]]) -> None:
+    broker = _depends_on(services["broker"])
+    assert broker["postgres"] == "service_healthy"
+    assert broker["minio-init"] == "service_completed_successfully"
+    assert _depends_on(services["minio-init"])["minio"] == "service_healthy"
+    for name in AIRFLOW_COMMANDS:
+        deps = _depends_on(services[name])
+        assert deps["postgres"] == "service_healthy", name
+        if name != "airflow-init":
+            assert deps["airflow-init"] == "service_completed_successfully", name
+    scheduler = _depends_on(services["airflow-scheduler"])
+    assert scheduler["broker"] == scheduler["spark-master"] == "service_healthy"
+    assert _depends_on(services["spark-worker"])["spark-master"] == "service_healthy"
+
+
+# ---------------------------------------------------------------- ports and volumes
+
+
+def test_host_ports_do_not_collide_and_the_readme_lists_them(services: dict[str, dict[str, Any]]) -> None:
+    owners: dict[int, str] = {}
+    for name, service in services.items():
+        for host, _ in _published(service):
+            assert host not in owners, f"host port {host} published by {owners[host]} and {name}"
+            owners[host] = name
+    assert {p: owners.get(p) for p in (9092, 8090, 8081, 8181)} == dict.fromkeys((9092, 8090, 8081, 8181), "broker")
+    assert owners.get(8080) == "airflow-apiserver" and owners.get(9000) == "minio"
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Production-shaped stack (docker-compose)", 1)
+    assert len(section) == 2, "README has no 'Production-shaped stack (docker-compose)' section"
+    for port in owners:
+        assert f"{port}" in section[1].split("\n## ", 1)[0], f"README's compose section does not mention port {port}"
+
+
+def test_broker_ports_match_the_cli_defaults(services: dict[str, dict[str, Any]]) -> None:
+    args = _broker_args(services)
+    config = cli._broker_config(args)
+    published = {c: h for h, c in _published(services["broker"])}
+    for port in (config.kafka_port, config.admin_port, config.registry_port, config.catalog_port):
+        assert published.get(port) == port, f"broker port {port} is not published as itself"
+
+
+def test_named_volumes_are_declared_used_and_shared_where_needed(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+) -> None:
+    declared = set(compose.get("volumes") or {})
+    used: set[str] = set()
+    mounts: dict[str, dict[str, str]] = {}
+    for name, service in services.items():
+        for entry in service.get("volumes") or []:
+            source, target, *mode = str(entry).split(":")
+            if source.startswith((".", "/")):
+                assert (REPO / source).exists(), f"{name} bind-mounts missing {source}"
+                continue
+            assert source in declared, f"{name} mounts undeclared volume {source}"
+            used.add(source)
+            mounts.setdefault(name, {})[source] = target + (":" + mode[0] if mode else "")
+    assert declared == used, f"declared but unused volumes: {declared - used}"
+
+    broker_home = _broker_args(services).home
+    assert mounts["broker"]["broker-home"] == broker_home, "the broker's --home must be on its volume"
+    assert mounts["minio"]["minio-data"] == "/data" and "postgres-data" in mounts["postgres"]
+    for name in ("airflow-scheduler", "airflow-dag-processor"):  # they read the table-topic manifest
+        assert mounts[name]["broker-home"] == f"{_env(services[name])['ICEFALL_HOME']}:ro", name
+
+
+# ---------------------------------------------------------------- environment and URLs
+
+
+def test_every_url_names_a_service_listening_on_that_port(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+) -> None:
+    hosts = _hostnames(services)
+    found = 0
+    texts = [*(t for s in services.values() for t in _strings([s.get("environment"), s.get("command")])),
+             *(c["content"] for c in compose.get("configs", {}).values())]
+    for text in texts:
+        if text.startswith("{"):
+            continue  # an Airflow connection as JSON: checked below
+        for scheme, rest in _URL.findall(text):
+            if scheme in ("s3", "s3a", "file"):
+                continue
+            parsed = urlparse(f"{scheme}://{rest}")
+            assert parsed.hostname, text
+            if parsed.hostname in LOCAL:
+                continue
+            assert parsed.hostname in hosts, f"{text!r} names {parsed.hostname}, which is no service"
+            assert parsed.port, f"{text!r}: give the port explicitly"
+            assert parsed.port in _listens(services[hosts[parsed.hostname]]), \
+                f"{text!r}: {parsed.hostname} does not listen on {parsed.port}"
+            found += 1
+    assert found >= 10
+
+    spark = json.loads(_env(services["airflow-scheduler"])["AIRFLOW_CONN_SPARK_DEFAULT"])
+    master = urlparse(spark["host"])
+    assert master.scheme == "spark" and master.hostname in hosts
+    assert int(spark["port"]) in _listens(services[hosts[master.hostname]])
+
+
+def test_databases_and_credentials_in_connection_strings_exist(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+) -> None:
+    postgres = _env(services["postgres"])
+    databases = {postgres["POSTGRES_DB"]}
+    databases |= set(re.findall(r"CREATE DATABASE (\w+)", _config_text(compose, "postgres-databases")))
+    mounted = {c["source"]: c["target"] for c in services["postgres"].get("configs", [])}
+    assert mounted["postgres-databases"].startswith("/docker-entrypoint-initdb.d/")
+    seen = set()
+    for text in (t for s in services.values() for t in _strings([s.get("environment"), s.get("command")])):
+        for match in re.finditer(r"postgresql(?:\+\w+)?://[^\s'\"]+", text):
+            url = urlparse(match.group(0))
+            assert url.username == postgres["POSTGRES_USER"] and url.password == postgres["POSTGRES_PASSWORD"]
+            database = url.path.lstrip("/")
+            assert database in databases, f"{match.group(0)}: database {database} is never created"
+            seen.add(database)
+    assert {"airflow", "iceberg_catalog"} <= seen
+
+
+def test_s3_settings_agree_between_minio_the_broker_and_spark(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+) -> None:
+    minio = _env(services["minio"])
+    for name in ("broker", "minio-init", "spark-worker", "airflow-scheduler"):
+        env = _env(services[name])
+        assert env["AWS_ACCESS_KEY_ID"] == minio["MINIO_ROOT_USER"], name
+        assert env["AWS_SECRET_ACCESS_KEY"] == minio["MINIO_ROOT_PASSWORD"], name
+        assert env["AWS_ENDPOINT_URL"] == "http://minio:9000", name
+    assert len(minio["MINIO_ROOT_PASSWORD"]) >= 8  # MinIO refuses shorter ones
+    args = _broker_args(services)
+    bucket = _env(services["minio-init"])["ICEFALL_BUCKET"]
+    assert urlparse(args.object_store).netloc == bucket
+    assert urlparse(args.warehouse).netloc == bucket
+    defaults = _spark_defaults(compose)
+    for catalog in ("icefall", "icefall_round"):
+        assert defaults[f"spark.sql.catalog.{catalog}.s3.endpoint"] == "http://minio:9000"
+        assert defaults[f"spark.sql.catalog.{catalog}.s3.path-style-access"] == "true"
+        assert defaults[f"spark.sql.catalog.{catalog}.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+
+
+def test_airflow_components_share_one_configuration(services: dict[str, dict[str, Any]]) -> None:
+    envs = {name: _env(services[name]) for name in AIRFLOW_COMMANDS}
+    first = envs["airflow-scheduler"]
+    for name, env in envs.items():
+        assert env == first, f"{name}'s Airflow settings differ from the scheduler's"
+    assert first["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert urlparse(first["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"]).hostname == "airflow-apiserver"
+    assert first["AIRFLOW__API_AUTH__JWT_SECRET"] and first["AIRFLOW__API__SECRET_KEY"]
+    assert first["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "true"  # the scheduler's healthcheck needs it
+    for key in ("AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER"):
+        folder = Path(first[key])
+        assert folder.parent == Path("/opt/icefall") and (REPO / folder.name).is_dir(), key
+    assert urlparse(first["ICEFALL_ADMIN_URL"]).hostname == "broker"
+
+
+# ---------------------------------------------------------------- the broker command
+
+
+def test_the_broker_command_is_one_the_cli_accepts(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = _broker_args(services)
+    for key, value in _env(services["broker"]).items():
+        monkeypatch.setenv(key, value)
+    config = cli._broker_config(args)
+    assert config.host == "0.0.0.0" and config.advertised == "broker"
+    assert config.store.is_s3 and config.store.endpoint_url == "http://minio:9000"
+    assert config.catalog_db_uri.startswith("postgresql+psycopg2://")
+    assert config.catalog_warehouse.startswith("s3://")
+    assert config.retention_check_interval_ms > 0
+
+
+# ---------------------------------------------------------------- Spark and the image
+
+
+def test_spark_pulls_the_iceberg_build_of_the_installed_pyspark(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+) -> None:
+    from spark_jobs.jars import scala_version
+
+    spark_minor = ".".join(_constraint("pyspark").split(".")[:2])
+    packages = _spark_defaults(compose)["spark.jars.packages"].split(",")
+    assert f"org.apache.iceberg:iceberg-spark-runtime-{spark_minor}_{scala_version()}:1.10.0" in packages
+    assert "org.apache.iceberg:iceberg-aws-bundle:1.10.0" in packages
+    image = services["spark-master"]["image"]
+    assert image.startswith(f"apache/spark:{spark_minor}."), f"{image}: the master must run Spark {spark_minor}"
+    # the worker runs executors for the Airflow-side driver: same image, same Python and packages
+    assert services["spark-worker"]["image"] == services["airflow-scheduler"]["image"]
+    for name in ("spark-worker", "airflow-scheduler"):
+        conf_dir = _env(services[name])["SPARK_CONF_DIR"]
+        targets = {c["source"]: c["target"] for c in services[name]["configs"]}
+        assert targets["spark-defaults"] == f"{conf_dir}/spark-defaults.conf", name
+
+
+def test_the_commit_rounds_catalog_gets_the_s3_settings(compose: dict[str, Any]) -> None:
+    from spark_jobs.commit_round import SPARK_CATALOG
+
+    assert f"spark.sql.catalog.{SPARK_CATALOG}.io-impl" in _spark_defaults(compose)
+
+
+def test_the_image_is_built_from_this_repository_with_the_pinned_constraints(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-", dockerfile, re.MULTILINE), "the image must run Python 3.11"
+    assert re.search(r"pip install .*-c constraints\.txt \.", dockerfile)
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    for match in re.finditer(r"^COPY (?:--\S+ )*(.+) \S+$", dockerfile, re.MULTILINE):
+        for source in match.group(1).split():
+            assert (REPO / source).exists(), f"Dockerfile copies missing {source}"
+            assert source not in ignored, f"Dockerfile copies {source}, which .dockerignore leaves out"
+    built = [n for n, s in services.items() if "build" in s]
+    assert built and all(services[n]["build"]["context"] == "." for n in built)
+    images = {services[n]["image"] for n in built}
+    assert len(images) == 1, f"one Icefall image, got {images}"
+    for name in ["broker", "spark-worker", "minio-init", *AIRFLOW_COMMANDS]:
+        assert services[name]["image"] in images, f"{name} must run the Icefall image"
