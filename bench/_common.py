@@ -6,8 +6,9 @@ import os
 import platform
 import resource
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from tests.support import BrokerProcess
 MIB = 1024 * 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-__all__ = ["MIB", "REPO", "BrokerProcess", "Measure", "become_subreaper", "machine", "measure", "pid_cpu_seconds",
+__all__ = ["MIB", "REPO", "BrokerProcess", "CpuByProcess", "Measure", "become_subreaper", "machine", "measure", "pid_cpu_seconds",
            "reap_orphans"]
 
 
@@ -136,3 +137,60 @@ def reap_orphans(exclude: set[int], timeout: float = 60.0) -> int:
             reaped += bool(done)
         time.sleep(0.05)
     return reaped
+
+
+class CpuByProcess:
+    """Samples the CPU time of a process tree (every ``interval`` s) and sums it per kind of
+    process (``classify(cmdline) -> name``): where a multi-process job spends its CPU.
+    A process that ends between two samples loses at most ``interval`` of CPU here."""
+
+    def __init__(self, classify: Callable[[str], str], interval: float = 0.25) -> None:
+        self.classify = classify
+        self.interval = interval
+        self.last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.root: int | None = None
+
+    def start(self, root: int) -> None:
+        self.root = root
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        if self.root is None:
+            return
+        parents: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+        tree = {self.root}
+        grew = True
+        while grew:
+            new = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+            tree |= new
+            grew = bool(new)
+        for pid in tree:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            kind = self.last[pid][0] if pid in self.last else self.classify(cmd)
+            self.last[pid] = (kind, pid_cpu_seconds(pid))
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        out: dict[str, float] = {}
+        for kind, cpu in self.last.values():
+            out[kind] = round(out.get(kind, 0.0) + cpu, 1)
+        return out

@@ -105,6 +105,7 @@ class AirflowStack:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__PARALLELISM": "8",  # LocalExecutor worker processes (the default 32 costs ~4 GB)
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
             "AIRFLOW__API__PORT": str(port),
@@ -182,11 +183,15 @@ class AirflowStack:
                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
-        procs = list(self.procs.values()) + ([self.pool_sync] if self.pool_sync is not None else [])
-        for proc in procs:  # all at once: they shut down in parallel
+        """The API server goes last: running tasks talk to it (execution API) until they are stopped."""
+        first = [p for name, p in self.procs.items() if name != "api-server"]
+        first += [self.pool_sync] if self.pool_sync is not None else []
+        for proc in first:  # in parallel: the scheduler's group holds its workers and their spark-submits
             _signal_group(proc, signal.SIGTERM)
-        for proc in procs:
-            _stop(proc)
+        for proc in first:
+            _stop(proc, 15)
+        if "api-server" in self.procs:
+            _stop(self.procs["api-server"], 15)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -196,11 +201,11 @@ def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group, SIGKILL what is left after 30 s (children too: they share the group)."""
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM the process group, SIGKILL what is left after ``timeout`` (children too: they share the group)."""
     _signal_group(proc, signal.SIGTERM)
     try:
-        proc.wait(30)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         pass
     _signal_group(proc, signal.SIGKILL)  # the leader may be gone while children of its group live on
@@ -246,6 +251,42 @@ def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: 
     )
 
 
+class DemoProducer(threading.Thread):
+    """Produces demo clicks from the start (Airflow takes a while to come up) until ``stopping``;
+    the producer is flushed and closed before the broker stops."""
+
+    def __init__(self, config: BrokerConfig, rate: float, stopping: threading.Event) -> None:
+        super().__init__(name="demo-producer", daemon=True)
+        self.config, self.rate, self.stopping = config, rate, stopping
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._produce()
+        except Exception as exc:  # noqa: BLE001 -- reported by the main thread, which then exits 1
+            self.error = exc
+            self.stopping.set()
+
+    def _produce(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": f"{self.config.advertised}:{self.config.kafka_port}",
+                             "acks": "all", "enable.idempotence": True, "linger.ms": 50})
+        serialize = _demo_serializer(self.config.registry_url)
+        pages = ["/", "/pricing", "/docs", "/blog", "/signup"]
+        next_at = time.monotonic()
+        while not self.stopping.is_set():
+            user = random.randrange(1000)
+            event = {"user_id": user, "page": random.choice(pages), "ts": int(time.time() * 1000)}
+            producer.produce(DEMO_TOPIC, key=str(user).encode(), value=serialize(event))
+            producer.poll(0)
+            self.sent += 1
+            next_at += 1 / self.rate
+            self.stopping.wait(max(0.0, next_at - time.monotonic()))
+        producer.flush(10)
+
+
 def _start_broker(config: BrokerConfig, home: Path, ready: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "broker.cli", "broker", "--home", str(home), "--host", config.host,
            "--kafka-port", str(config.kafka_port), "--admin-port", str(config.admin_port),
@@ -261,8 +302,6 @@ def _start_broker(config: BrokerConfig, home: Path, ready: Path) -> subprocess.P
 
 
 def run_up(config: BrokerConfig, demo_rate: float) -> int:
-    from confluent_kafka import Producer
-
     home = config.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     ready = home / "broker.ready"
@@ -282,6 +321,8 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
         _wait_ready(ready, proc)
         bootstrap = f"{config.advertised}:{config.kafka_port}"
         _ensure_demo_topic(bootstrap)
+        demo = DemoProducer(config, demo_rate, stopping)
+        demo.start()
         password = None
         if airflow is not None and not stopping.is_set():
             print(f"starting Airflow (AIRFLOW_HOME {airflow.home}; first start migrates its database)...",
@@ -293,30 +334,18 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
                 password = airflow.wait_ready(should_stop=stopping.is_set)
         if not stopping.is_set():
             print(_where_to_look(config, home, demo_rate, airflow, password), flush=True)
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                             "linger.ms": 50})
-        serialize = _demo_serializer(config.registry_url)
-        pages = ["/", "/pricing", "/docs", "/blog", "/signup"]
-        sent = 0
-        next_at = time.monotonic()
-        checked_at = 0.0
-        while not stopping.is_set():
+        while not stopping.wait(1.0):
             if proc.poll() is not None:
                 print(f"icefall: the broker exited with code {proc.returncode}", file=sys.stderr)
                 return 1
-            if airflow is not None and time.monotonic() - checked_at > 2:
-                checked_at = time.monotonic()
+            if airflow is not None:
                 airflow.check()
                 airflow.sync_pools()
-            user = random.randrange(1000)
-            event = {"user_id": user, "page": random.choice(pages), "ts": int(time.time() * 1000)}
-            producer.produce(DEMO_TOPIC, key=str(user).encode(), value=serialize(event))
-            producer.poll(0)
-            sent += 1
-            next_at += 1 / demo_rate
-            time.sleep(max(0.0, next_at - time.monotonic()))
-        producer.flush(10)
-        print(f"\nstopping (demo producer sent {sent} records)...", flush=True)
+        demo.join(30)
+        if demo.error is not None:
+            print(f"icefall: the demo producer failed: {demo.error!r}", file=sys.stderr)
+            return 1
+        print(f"\nstopping (demo producer sent {demo.sent} records)...", flush=True)
         return 0
     except SystemExit as exc:
         print(exc, file=sys.stderr)

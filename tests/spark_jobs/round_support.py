@@ -87,7 +87,7 @@ def run_round_process(broker: BrokerProcess, topic: str, result: Path, *extra: s
     return subprocess.run(
         [sys.executable, "-m", "spark_jobs.commit_round", *round_args(broker, topic, result, "--master", "local[2]",
                                                                       *extra)],
-        cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+        check=False, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
 def catalog(broker: BrokerProcess) -> Catalog:
