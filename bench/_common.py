@@ -183,8 +183,7 @@ class CpuByProcess:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            kind = self.last[pid][0] if pid in self.last else self.classify(cmd)
-            self.last[pid] = (kind, pid_cpu_seconds(pid))
+            self.last[pid] = (self.classify(cmd), pid_cpu_seconds(pid))  # classified anew: exec changes it
 
     def stop(self) -> dict[str, float]:
         self._stop.set()

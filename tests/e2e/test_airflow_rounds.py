@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,12 @@ def test_two_rounds_rerun_and_rebuild(broker: BrokerProcess, monkeypatch: pytest
 
     [row] = TestClient(app).get("/api/tables").json()["tables"]
     assert (row["lag_records"], row["rows"], row["snapshot_id"]) == (5, 80, snapshot_after_two)
+    with urllib.request.urlopen(broker.admin_url + "/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    labels = '{topic="orders",namespace="shop",table="orders"}'
+    assert f"icefall_table_lag_records{labels} 5\n" in metrics
+    assert f"icefall_table_rows{labels} 80\n" in metrics
+    assert f'icefall_table_committed_offset{labels[:-1]},partition="1"}} 40\n' in metrics
 
     # Drop and recreate the table, re-run both intervals: rebuilt from the retained segments.
     catalog.drop_table(("shop", "orders"))

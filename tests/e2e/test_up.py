@@ -63,7 +63,7 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(tmp_path: Path
     started: set[int] = set()
     try:
         ready = home / "broker.ready"
-        broker_pid = int(wait_for(lambda: ready.exists() and ready.read_text().strip(), 60, what="broker ready"))
+        broker_pid = int(str(wait_for(lambda: ready.exists() and ready.read_text().strip(), 60, what="broker ready")))
 
         def demo_records() -> int:
             answer: Any = _get_json(f"http://127.0.0.1:{admin}/v1/topics/clicks/offsets")

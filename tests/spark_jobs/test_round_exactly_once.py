@@ -55,24 +55,45 @@ def round_branches(broker: BrokerProcess, topic: str) -> list[str]:
     return [r for r in table(broker, topic).metadata.refs if r.startswith(checkpoint.ROUND_BRANCH_PREFIX)]
 
 
+class SimulatedCrash(BaseException):
+    """Not an ``Exception``: the round's error handling (branch cleanup) never sees it, as after kill -9."""
+
+
 @pytest.mark.parametrize("point", ["before_write", "after_write", "before_publish", "after_publish"])
-def test_a_round_killed_at_each_point_then_rerun_commits_each_record_once(
-        point: str, spark: Any, round_broker: BrokerProcess, tmp_path: Path) -> None:
+def test_a_round_crashing_at_each_point_then_rerun_commits_each_record_once(
+        point: str, spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     topic = new_topic(round_broker)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 50))
     run_round(spark, round_broker, topic)  # the table exists and holds a first round
     producer.send(clicks(50, 70))
 
-    killed = run_round_process(round_broker, topic, tmp_path / "killed.json",
-                               env={commit_round.KILL_POINT_ENV: point})
-    assert killed.returncode == 137, killed.stderr[-2000:]
-    assert not (tmp_path / "killed.json").exists()
-    committed = table_offsets(round_broker, topic)
-    assert len(committed) == (120 if point == "after_publish" else 50)
+    def crash(name: str) -> None:
+        if name == point:
+            raise SimulatedCrash(name)
+
+    monkeypatch.setattr(commit_round, "_kill_point", crash)
+    with pytest.raises(SimulatedCrash):
+        commit_round.run(round_args(round_broker, topic), spark)
+    monkeypatch.undo()
+    assert len(table_offsets(round_broker, topic)) == (120 if point == "after_publish" else 50)
 
     rerun = run_round(spark, round_broker, topic)
     assert rerun.status == ("nothing_new" if point == "after_publish" else "committed"), rerun.message
+    assert table_offsets(round_broker, topic) == sorted(producer.acked)
+
+
+def test_a_round_process_exiting_before_publish_then_rerun(spark: Any, round_broker: BrokerProcess,
+                                                           tmp_path: Path) -> None:
+    topic = new_topic(round_broker)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 70))
+    killed = run_round_process(round_broker, topic, tmp_path / "killed.json",
+                               env={commit_round.KILL_POINT_ENV: "before_publish"})
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    assert not (tmp_path / "killed.json").exists()
+    assert table_offsets(round_broker, topic) == [] and round_branches(round_broker, topic)
+    assert run_round(spark, round_broker, topic).status == "committed"
     assert table_offsets(round_broker, topic) == sorted(producer.acked)
 
 
