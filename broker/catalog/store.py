@@ -54,9 +54,9 @@ class LoadedTable:
 
 
 class CatalogStore:
-    def __init__(self, uri: str, warehouse: str) -> None:
+    def __init__(self, uri: str, warehouse: str, io_properties: dict[str, str] | None = None) -> None:
         self.warehouse = Warehouse(warehouse)
-        self.sql = SqlCatalog(CATALOG_NAME, uri=uri, warehouse=self.warehouse.root)
+        self.sql = SqlCatalog(CATALOG_NAME, uri=uri, warehouse=self.warehouse.root, **(io_properties or {}))
         if self.sql.engine.dialect.name == "sqlite":
             # readers do not wait for the writer; a writer waits up to 10 s for another
             event.listen(self.sql.engine, "connect", _sqlite_pragmas)
