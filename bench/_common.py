@@ -183,7 +183,9 @@ class CpuByProcess:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            self.last[pid] = (self.classify(cmd), pid_cpu_seconds(pid))  # classified anew: exec changes it
+            # classified anew while it has a command line (exec changes it); a zombie has none
+            kind = self.classify(cmd) if cmd.strip() or pid not in self.last else self.last[pid][0]
+            self.last[pid] = (kind, pid_cpu_seconds(pid))
 
     def stop(self) -> dict[str, float]:
         self._stop.set()

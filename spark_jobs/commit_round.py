@@ -39,9 +39,10 @@ from typing import Any
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from spark_jobs import round_plan, table_setup
+from spark_jobs import dlq, round_plan, table_setup
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
+    BranchHead,
     LostRace,
     UnexpectedBranchState,
     branch_name,
@@ -51,7 +52,7 @@ from spark_jobs.round_commit import (
     publish,
     round_snapshot,
 )
-from spark_jobs.round_tasks import TaskReport, TaskReportParam, TaskSpec, encode_group, map_function
+from spark_jobs.round_tasks import TaskReport, TaskSpec, run_tasks
 from spark_jobs.rows import INCOMPATIBLE_SCHEMA, TABLE_SCHEMA_BEHIND, DecodeError
 from spark_jobs.segments import cached_store, read_partition
 
@@ -173,28 +174,6 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-@dataclass
-class _Write:
-    report: TaskReport
-    seconds: float
-
-
-def write_branch(spark: Any, spec: TaskSpec, groups: list[list[Any]], target: str,
-                 properties: dict[str, str], spark_schema: Any) -> _Write:
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    started = time.monotonic()
-    accumulator = spark.sparkContext.accumulator(TaskReport(), TaskReportParam())
-    rdd = spark.sparkContext.parallelize([(encode_group(g),) for g in groups], max(len(groups), 1))
-    frame = spark.createDataFrame(rdd, StructType([StructField("ranges", StringType(), False)]))
-    rows = frame.mapInArrow(map_function(spec, accumulator), spark_schema)
-    writer = rows.writeTo(target)
-    for key, value in properties.items():
-        writer = writer.option(f"snapshot-property.{key}", value)
-    writer.append()
-    return _Write(accumulator.value, time.monotonic() - started)
-
-
 # ---------------------------------------------------------------- the round
 
 
@@ -290,32 +269,32 @@ class CommitRound:
         spark = self.spark()
         assert parent is not None  # ensure_base_snapshot
         create_branch(self.catalog, table, self.branch, parent)
-        spec = TaskSpec(self.store, table.schema().model_dump_json(), self.options.key_type, self.options.value_type,
-                        self.registry.url, tuple(sorted(self.registry.known().items())))
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        from spark_jobs.avro_schema import arrow_schema
-
-        spark_schema = from_arrow_schema(arrow_schema(table.schema(), "spark"))
+        spec = TaskSpec(self.store, table.metadata.model_dump_json(), tuple(sorted(table.io.properties.items())),
+                        self.options.key_type, self.options.value_type, self.registry.url,
+                        tuple(sorted(self.registry.known().items())))
         properties = {
             checkpoint.OFFSETS: checkpoint.encode_offsets(plan.offsets_after),
             checkpoint.ROUND_ID: self.round_id,
             checkpoint.TOPIC: self.topic.topic,
             checkpoint.TOPIC_ID: self.topic.topic_id,
         }
-        target = f"{use_catalog(spark, self.catalog_url)}.`{self.topic.namespace}`.`{self.topic.table}`.`branch_{self.branch}`"
         groups = round_plan.task_groups(plan.ranges, spark.sparkContext.defaultParallelism)
+        started = time.monotonic()
         try:
-            written = write_branch(spark, spec, groups, target, properties, spark_schema)
+            output = run_tasks(spark, spec, groups)
         except Exception:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise
-        self.seconds["read_write"] = round(written.seconds, 3)
-        _kill_point("after_write")
-        report = written.report
-        self._check_errors(report.errors, report.errors_dropped, table)
+        self.seconds["read_write"] = round(time.monotonic() - started, 3)
+        report = output.report
+        skipped_records = self._check_errors(report, table)
 
         t1 = time.monotonic()
+        with table.transaction() as tx, \
+                tx.update_snapshot(properties, branch=self.branch).fast_append() as append:
+            for data_file in output.data_files:
+                append.append_data_file(data_file)
+        _kill_point("after_write")
         table = table.refresh()
         try:
             snapshot_id = round_snapshot(table, self.branch, parent)
@@ -324,39 +303,67 @@ class CommitRound:
             raise LostRace(str(exc)) from exc
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         assert snapshot is not None
+        heads = [BranchHead(table, self.branch, parent, snapshot_id)]
+        if skipped_records:
+            heads.append(self._dlq_head(skipped_records))
         _kill_point("before_publish")
         try:
-            publish(self.catalog, table, self.branch, parent, snapshot_id)
+            publish(self.catalog, heads, self.catalog_url)
         except LostRace:
-            drop_branch(self.catalog, table.refresh(), self.branch)
+            for head in heads:
+                drop_branch(self.catalog, head.table.refresh(), self.branch)
             raise
         _kill_point("after_publish")
         self.seconds["commit"] = round(time.monotonic() - t1, 3)
         summary = checkpoint.summary_properties(snapshot)
+        dlq_note = f", {len(skipped_records)} records to {dlq.dlq_name(self.topic.table)}" if skipped_records else ""
         return self.result(
             "committed", snapshot_id=snapshot_id, parent_snapshot_id=parent,
             offsets_before=plan.offsets_before, offsets_after=plan.offsets_after,
-            records=sum(w.records for w in windows), rows=report.rows, skipped_records=skipped,
-            bytes_read=report.bytes_read, data_files=int(summary.get("added-data-files", 0)),
-            seconds=self.seconds, message=f"committed {report.rows} rows",
+            records=sum(w.records for w in windows), rows=report.rows, dlq_rows=len(skipped_records),
+            skipped_records=skipped, bytes_read=report.bytes_read,
+            data_files=int(summary.get("added-data-files", 0)),
+            seconds=self.seconds, message=f"committed {report.rows} rows{dlq_note}",
         )
 
-    def _check_errors(self, errors: list[DecodeError], dropped: int, table: Any) -> None:
+    def _dlq_head(self, errors: list[DecodeError]) -> BranchHead:
+        """The DLQ rows on the DLQ table's own round branch, published with the round's rows."""
+        table = table_setup.ensure_base_snapshot(
+            dlq.load_or_create(self.catalog, (self.topic.namespace, dlq.dlq_name(self.topic.table))))
+        parent = main_snapshot_id(table)
+        assert parent is not None
+        create_branch(self.catalog, table, self.branch, parent)
+        table = table.refresh()
+        table.append(dlq.to_arrow(errors, self.topic.topic, self.round_id, table.schema()),
+                               snapshot_properties={checkpoint.ROUND_ID: self.round_id}, branch=self.branch)
+        table = table.refresh()
+        return BranchHead(table, self.branch, parent, round_snapshot(table, self.branch, parent),
+                          tag_checkpoint=False)
+
+    def _check_errors(self, report: TaskReport, table: Any) -> list[DecodeError]:
+        """The records to send to the DLQ; raises when the tolerance does not allow skipping them all."""
+        errors = report.errors
         if not errors:
-            return
+            return []
         behind = {int(m.group(1)) for e in errors if e.error_class == TABLE_SCHEMA_BEHIND
                   and (m := re.match(r"schema id (\d+)", e.message))}
         if behind:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise _Evolve(behind)
+        tolerance = self.topic.config("errors.tolerance")
+        sorted_out = dlq.triage(errors, tolerance)
+        if not sorted_out.fatal and not report.errors_dropped:
+            return sorted_out.skipped
         drop_branch(self.catalog, table.refresh(), self.branch)
-        errors = sorted(errors, key=lambda e: (e.partition, e.offset))
+        if report.errors_dropped:
+            raise RoundFailed(f"more than {len(errors)} bad records in one round of {self.topic.topic}; "
+                              "nothing committed (run smaller rounds with --max-records)")
+        fatal = sorted_out.fatal
         shown = "; ".join(f"partition {e.partition} offset {e.offset}: {e.error_class}: {e.message}"
-                          for e in errors[:ERRORS_SHOWN])
-        total = len(errors) + dropped
-        kind = "schema" if any(e.error_class == INCOMPATIBLE_SCHEMA for e in errors) else "record"
-        raise RoundFailed(f"{total} records of {self.topic.topic} cannot be written ({kind} errors), "
-                          f"nothing committed: {shown}")
+                          for e in fatal[:ERRORS_SHOWN])
+        kind = "schema" if any(e.error_class == INCOMPATIBLE_SCHEMA for e in fatal) else "record"
+        raise RoundFailed(f"{len(fatal)} records of {self.topic.topic} cannot be written ({kind} errors; "
+                          f"errors.tolerance={tolerance}), nothing committed: {shown}")
 
 
 class _Evolve(Exception):

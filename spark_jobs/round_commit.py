@@ -121,29 +121,71 @@ def _stale_branches(table: Table, keep: str, now_ms: int) -> list[str]:
     return out
 
 
-def publish(catalog: Catalog, table: Table, name: str, parent: int | None, snapshot_id: int) -> Published:
-    """Fast-forward ``main`` from ``parent`` to ``snapshot_id`` and move the checkpoint tag, or raise ``LostRace``."""
+@dataclass(frozen=True)
+class BranchHead:
+    """A table's round branch, ready to publish: ``main`` goes from ``parent`` to ``snapshot_id``."""
+
+    table: Table
+    branch: str
+    parent: int | None
+    snapshot_id: int
+    tag_checkpoint: bool = True
+
+
+def _change(head: BranchHead) -> tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]]:
     requirements: tuple[TableRequirement, ...] = (
-        AssertTableUUID(uuid=table.metadata.table_uuid),
-        _assert_ref(MAIN, parent),
+        AssertTableUUID(uuid=head.table.metadata.table_uuid),
+        _assert_ref(MAIN, head.parent),
     )
-    updates: list[TableUpdate] = [
-        _set_ref(MAIN, SnapshotRefType.BRANCH, snapshot_id),
-        _set_ref(CHECKPOINT_TAG, SnapshotRefType.TAG, snapshot_id),
-        _remove_ref(name),
-    ]
-    updates += [_remove_ref(stale)
-                for stale in _stale_branches(table, name, int(time.time() * 1000))]
+    updates: list[TableUpdate] = [_set_ref(MAIN, SnapshotRefType.BRANCH, head.snapshot_id)]
+    if head.tag_checkpoint:
+        updates.append(_set_ref(CHECKPOINT_TAG, SnapshotRefType.TAG, head.snapshot_id))
+    updates.append(_remove_ref(head.branch))
+    updates += [_remove_ref(stale) for stale in _stale_branches(head.table, head.branch, int(time.time() * 1000))]
+    return requirements, tuple(updates)
+
+
+def publish(catalog: Catalog, heads: list[BranchHead], catalog_url: str | None = None) -> None:
+    """Fast-forward every table's ``main`` to its round snapshot in ONE catalog commit
+    (a multi-table transaction when there are several), or raise ``LostRace``."""
     try:
-        catalog.commit_table(table, requirements, tuple(updates))
+        if len(heads) == 1:
+            requirements, updates = _change(heads[0])
+            catalog.commit_table(heads[0].table, requirements, updates)
+        else:
+            assert catalog_url is not None, "a multi-table publish needs the catalog URL"
+            _commit_transaction(catalog_url, heads)
     except CommitFailedException as exc:
-        raise LostRace(f"main moved from snapshot {parent} while the round wrote: {exc}") from exc
+        raise LostRace(f"main moved while the round wrote: {exc}") from exc
     except CommitStateUnknownException:
-        # the catalog may or may not have applied it: the table says which
-        if main_snapshot_id(table.refresh()) != snapshot_id:
+        # the catalog may or may not have applied it: the first table says which (all or none changed)
+        if main_snapshot_id(heads[0].table.refresh()) != heads[0].snapshot_id:
             raise
-    log.info("published snapshot %d on %s (parent %s)", snapshot_id, table.name(), parent)
-    return Published(snapshot_id, parent)
+    for head in heads:
+        log.info("published snapshot %d on %s (parent %s)", head.snapshot_id, head.table.name(), head.parent)
+
+
+def _commit_transaction(catalog_url: str, heads: list[BranchHead]) -> None:
+    """``POST /v1/transactions/commit`` (pyiceberg has no client for it)."""
+    from spark_jobs.broker_client import BrokerRequestError, http_json
+
+    changes = []
+    for head in heads:
+        requirements, updates = _change(head)
+        namespace, name = head.table.name()[-2:]
+        changes.append({
+            "identifier": {"namespace": [namespace], "name": name},
+            "requirements": [r.model_dump(mode="json", by_alias=True) for r in requirements],
+            "updates": [u.model_dump(mode="json", by_alias=True) for u in updates],
+        })
+    try:
+        http_json(catalog_url.rstrip("/") + "/v1/transactions/commit", "POST", {"table-changes": changes})
+    except BrokerRequestError as exc:
+        if exc.status == 409:
+            raise CommitFailedException(str(exc)) from exc
+        if exc.status is None or exc.status >= 500:
+            raise CommitStateUnknownException(str(exc)) from exc
+        raise
 
 
 def drop_branch(catalog: Catalog, table: Table, name: str) -> None:

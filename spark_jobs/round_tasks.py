@@ -1,41 +1,48 @@
-"""The executor side of a commit round: segment ranges in, Arrow record batches of table rows out.
+"""The executor side of a commit round: segment ranges in, Parquet data files of table rows out.
 
 Each Spark task gets one group of ranges of one partition (``round_plan.task_groups``),
-reads them straight from the object store, decodes the batches and values and
-yields Arrow batches in the table's Spark schema (``mapInArrow``). Records that
-cannot become rows go back to the driver through an accumulator (they are few,
-and Spark applies a successful task's accumulator updates exactly once for an
-action), with read counters beside them.
+reads them straight from the object store, decodes the batches and values into
+Arrow record batches of the table's rows, and streams them into Parquet data
+files with pyarrow, in the table's location, with Iceberg's column statistics
+(pyiceberg's writer). The task returns the files' ``DataFile`` entries and what
+it read; the driver commits all the files in one snapshot. Why not Spark's own
+Iceberg writer: it would copy every Arrow batch into JVM rows and encode
+Parquet again there, which cost as much CPU as the whole decode (bench/).
+
+Records that cannot become rows come back with the task's result (they are
+few); Spark returns exactly one successful attempt per task to ``collect``,
+so retried or speculative attempts never count twice (their files, if any,
+are orphans no snapshot references).
 
 Everything a task needs travels in ``TaskSpec`` (a small picklable value):
-the object store settings, the table schema as JSON, the convert types and the
-Avro schemas the driver already fetched, so a task asks the registry only for
-an id the driver did not know.
+the object store settings, the table metadata as JSON, the FileIO settings,
+the convert types and the Avro schemas the driver already fetched, so a task
+asks the registry only for an id the driver did not know.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pyspark.accumulators import AccumulatorParam
 
 from broker.config import ObjectStoreConfig
 from spark_jobs.rows import DecodeError, RowConverter
 from spark_jobs.segments import ReadStats, SegmentRange, cached_store, read_partition
 
-RANGES_COLUMN = "ranges"
 MAX_ERRORS_KEPT = 100_000
 
 
 @dataclass(frozen=True)
 class TaskSpec:
     store: ObjectStoreConfig
-    table_schema_json: str
+    table_metadata_json: str
+    io_properties: tuple[tuple[str, str], ...]
     key_type: str
     value_type: str
     registry_url: str
@@ -67,14 +74,6 @@ class TaskReport:
         return self
 
 
-class TaskReportParam(AccumulatorParam[TaskReport]):
-    def zero(self, value: TaskReport) -> TaskReport:
-        return TaskReport()
-
-    def addInPlace(self, value1: TaskReport, value2: TaskReport) -> TaskReport:
-        return value1.merge(value2)
-
-
 def encode_group(group: list[SegmentRange]) -> str:
     return json.dumps([[r.object_key, r.byte_start, r.byte_end, r.partition, r.start, r.end] for r in group])
 
@@ -84,10 +83,15 @@ def decode_group(text: str) -> list[SegmentRange]:
 
 
 @functools.lru_cache(maxsize=4)
+def _metadata(spec: TaskSpec) -> Any:
+    from pyiceberg.table.metadata import TableMetadataUtil
+
+    return TableMetadataUtil.parse_raw(spec.table_metadata_json)
+
+
+@functools.lru_cache(maxsize=4)
 def _converter(spec: TaskSpec) -> RowConverter:
     """One converter per spec per Python worker (workers are reused across tasks): decode plans stay compiled."""
-    from pyiceberg.schema import Schema
-
     from spark_jobs.broker_client import RegistryClient
 
     registry = RegistryClient(spec.registry_url)
@@ -97,41 +101,52 @@ def _converter(spec: TaskSpec) -> RowConverter:
         known = schemas.get(schema_id)
         return known if known is not None else registry.avro_schema(schema_id)
 
-    table = Schema.model_validate_json(spec.table_schema_json)
-    return RowConverter(table, lookup, key_type=spec.key_type, value_type=spec.value_type, flavor="spark")
+    return RowConverter(_metadata(spec).schema(), lookup, key_type=spec.key_type, value_type=spec.value_type)
 
 
-def convert_groups(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch | None, TaskReport]]:
-    """Rows of every group of ranges in the input batches (column ``ranges``), with what was read
-    (the read counters come with a last ``None`` per group)."""
+@dataclass
+class TaskOutput:
+    data_files: list[Any]  # pyiceberg DataFile
+    report: TaskReport
+
+
+def write_group(spec: TaskSpec, text: str) -> TaskOutput:
+    """Read one group of ranges and write its rows as data files of the table."""
+    from pyiceberg.io import load_file_io
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
     converter = _converter(spec)
+    metadata = _metadata(spec)
     store = cached_store(spec.store)
-    for batch in batches:
-        for text in batch.column(RANGES_COLUMN).to_pylist():
-            stats = ReadStats()
-            report = TaskReport()
-            for chunk in read_partition(store, decode_group(text), verify_crc=spec.verify_crc, stats=stats):
-                rows = converter.convert(chunk)
-                report.rows += rows.batch.num_rows
-                report.errors.extend(rows.errors)
-                if rows.batch.num_rows:
-                    yield rows.batch, report
-                    report = TaskReport()
-            report.ranges, report.bytes_read, report.batches = stats.ranges, stats.bytes_read, stats.batches
-            report.control_batches, report.aborted_batches = stats.control_batches, stats.aborted_batches
-            report.records = stats.records
-            yield None, report
+    stats = ReadStats()
+    report = TaskReport()
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for chunk in read_partition(store, decode_group(text), verify_crc=spec.verify_crc, stats=stats):
+            rows = converter.convert(chunk)
+            report.rows += rows.batch.num_rows
+            report.errors.extend(rows.errors)
+            if rows.batch.num_rows:
+                yield rows.batch
+
+    data: pa.RecordBatchReader | pa.Table = pa.RecordBatchReader.from_batches(converter.arrow_schema, batches())
+    if not metadata.spec().is_unpartitioned():  # pyiceberg splits partitions of a whole table only
+        data = data.read_all()
+    io = load_file_io(dict(spec.io_properties), metadata.location)
+    files = list(_dataframe_to_data_files(metadata, data, io, write_uuid=uuid.uuid4()))
+    report.ranges, report.bytes_read, report.batches = stats.ranges, stats.bytes_read, stats.batches
+    report.control_batches, report.aborted_batches = stats.control_batches, stats.aborted_batches
+    report.records = stats.records
+    return TaskOutput(files, report)
 
 
-def map_function(spec: TaskSpec, accumulator: Any) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function: rows out, reports into the accumulator."""
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        total = TaskReport()
-        for rows, report in convert_groups(spec, batches):
-            total.merge(report)
-            if rows is not None:
-                yield rows
-        accumulator.add(total)
-
-    return run
+def run_tasks(spark: Any, spec: TaskSpec, groups: list[list[SegmentRange]]) -> TaskOutput:
+    """Every group as one Spark task; the files and reports of all of them."""
+    texts = [encode_group(g) for g in groups]
+    outputs = spark.sparkContext.parallelize(texts, max(len(texts), 1)).map(
+        functools.partial(write_group, spec)).collect()
+    total = TaskOutput([], TaskReport())
+    for output in outputs:
+        total.data_files.extend(output.data_files)
+        total.report.merge(output.report)
+    return total

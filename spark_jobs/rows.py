@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructType
 
-from spark_jobs import avro_schema, evolution
+from spark_jobs import avro_columns, avro_schema, evolution
 from spark_jobs.avro_decode import (
     MAGIC,
     WIRE_HEADER,
@@ -136,6 +136,7 @@ class RowConverter:
         key_type: str = "string",
         value_type: str = "by_schema_id",
         flavor: ArrowFlavor = "iceberg",
+        use_extension: bool = True,
     ) -> None:
         for name, kind in (("key", key_type), ("value", value_type)):
             if kind == "by_latest_schema":
@@ -167,6 +168,10 @@ class RowConverter:
         )
         self.key_target = table.find_field(KAFKA_KEY).field_type
         self._plans: dict[tuple[str, int], DecodePlan | _Failure] = {}
+        # flat records decode straight into Arrow columns with the C extension (avro_columns)
+        self._use_columns = use_extension and avro_columns.available()
+        self._writers: dict[tuple[str, int], Any] = {}
+        self._column_plans: dict[tuple[str, int], avro_columns.ColumnPlan | None] = {}
 
     # ------------------------------------------------------------ plans
 
@@ -189,6 +194,7 @@ class RowConverter:
             writer = avro_schema.parse_avro(self.lookup(schema_id))
         except Exception as exc:
             raise _Failure(UNKNOWN_SCHEMA, f"schema id {schema_id}: {type(exc).__name__}: {exc}") from exc
+        self._writers[(role, schema_id)] = writer
         target = self.value_target if role == "value" else self.key_target
         try:
             changes = self._changes(role, writer)
@@ -285,7 +291,67 @@ class RowConverter:
             return pa.array(data, pa.binary())
         if kind == "string":
             return _utf8(data, role, bad)
+        if self._use_columns and isinstance(target, StructType):
+            array = self._columns(role, data, bad)
+            if array is not None:
+                return array
         return _to_arrow(self._decode_all(role, data, bad), arrow_type, role, bad)
+
+    def _column_plan(self, role: str, schema_id: int) -> avro_columns.ColumnPlan | None:
+        """The C decoder's plan for a schema id, None when the id fails (``_plan``
+        decides how) or its schema is beyond the C decoder."""
+        key = (role, schema_id)
+        if key not in self._column_plans:
+            try:
+                self._plan(role, schema_id)
+            except _Failure:
+                plan = None
+            else:
+                target = self.value_target if role == "value" else self.key_target
+                plan = avro_columns.compile_columns(self._writers[key], target, self.flavor)
+            self._column_plans[key] = plan
+        return self._column_plans[key]
+
+    def _columns(self, role: str, data: list[bytes | None], bad: dict[int, _Failure]) -> pa.Array | None:
+        """The column decoded by the C decoder (``avro_columns``), or None when the
+        first schema id in ``data`` needs the general path. Values of other schema ids
+        (or without the wire format) are converted by a recursive call or the general
+        path and merged in, row for row."""
+        first = next((item for item in data
+                      if item is not None and len(item) >= WIRE_HEADER and item[0] == MAGIC), None)
+        if first is None:
+            return None
+        schema_id = int.from_bytes(first[1:WIRE_HEADER], "big")
+        plan = self._column_plan(role, schema_id)
+        if plan is None:
+            return None
+        try:
+            decoded = plan.decode(data, first[:WIRE_HEADER])
+        except OverflowError:  # more string data than one Arrow array holds: the general path
+            return None
+        for i, kind, message in decoded.bad:
+            if kind == avro_columns.TRAILING:
+                failure = _Failure(TRAILING_BYTES, f"{role} with schema id {schema_id}: {message}")
+            elif kind == avro_columns.CONVERSION:
+                failure = _Failure(ARROW_CONVERSION, f"{role} does not fit the table: {message}")
+            else:
+                failure = _Failure(AVRO_DECODE, f"{role} with schema id {schema_id}: {message}")
+            bad.setdefault(i, failure)
+        if not decoded.others:
+            return decoded.array
+        n = len(data)
+        rest: list[bytes | None] = [None] * n
+        for i in decoded.others:
+            rest[i] = data[i]
+        other = self._columns(role, rest, bad)
+        if other is None:
+            arrow_type = avro_schema.arrow_type(self.value_target if role == "value" else self.key_target,
+                                                self.flavor)
+            other = _to_arrow(self._decode_all(role, rest, bad), arrow_type, role, bad)
+        take = list(range(n))
+        for i in decoded.others:
+            take[i] = n + i
+        return pa.concat_arrays([decoded.array, other]).take(pa.array(take, pa.int64()))
 
     def _metadata(self, chunk: RecordChunk) -> pa.StructArray:
         n = len(chunk)

@@ -24,7 +24,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table
 
 from spark_jobs import avro_schema, evolution
-from spark_jobs.broker_client import RegistryClient, TableTopic
+from spark_jobs.broker_client import BrokerRequestError, RegistryClient, TableTopic
 
 log = logging.getLogger(__name__)
 EVOLVE_ATTEMPTS = 5
@@ -72,19 +72,22 @@ def load_or_create(
     catalog: Catalog, topic: TableTopic, registry: RegistryClient, options: TableOptions,
     first_value_schema_id: Callable[[], int | None],
 ) -> Table:
-    """The table, created (with its namespace) from the value subject's latest schema if missing.
-
-    ``first_value_schema_id`` names the schema of the round's first record, for
-    topics whose producers register under another subject (RecordNameStrategy)."""
+    """The table, created (with its namespace) if missing, from the schema of the round's
+    first record (``first_value_schema_id``; it also covers producers that register under
+    another subject, RecordNameStrategy), else the value subject's latest schema."""
     try:
         return catalog.load_table(topic.identifier)
     except NoSuchTableError:
         pass
     value_schema: str | None = None
     if options.value_type in ("by_schema_id", "by_latest_schema"):
-        value_schema = _latest(registry, value_subject(topic.topic))
-        if value_schema is None and (schema_id := first_value_schema_id()) is not None:
-            value_schema = registry.avro_schema(schema_id)
+        if (schema_id := first_value_schema_id()) is not None:
+            try:
+                value_schema = registry.avro_schema(schema_id)  # what the data starts with; evolve() adds the rest
+            except (BrokerRequestError, ValueError) as exc:  # a bad first record: the DLQ's business
+                log.warning("the first record names schema id %d: %s", schema_id, exc)
+        if value_schema is None:
+            value_schema = _latest(registry, value_subject(topic.topic))
         if value_schema is None:
             raise SchemaUnavailable(
                 f"no Avro schema for the values of {topic.topic}: register one under subject "

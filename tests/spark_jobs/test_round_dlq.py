@@ -1,0 +1,130 @@
+"""Bad records and ``errors.tolerance``: a mixed batch of good and bad records,
+counted in the table and the DLQ table (``<table>__dlq``, same commit). The gate
+is off on these topics so the broker accepts what the round must sort out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from spark_jobs import commit_round
+from spark_jobs.broker_client import http_json
+from tests.spark_jobs.round_support import (
+    CLICK_V1,
+    AvroProducer,
+    catalog,
+    new_topic,
+    run_round,
+    table,
+    table_offsets,
+)
+from tests.spark_jobs.test_commit_round import clicks
+from tests.support import BrokerProcess
+
+GATE_OFF = {"automq.table.topic.schema.validation": "false"}
+
+
+@pytest.fixture(scope="module")
+def round_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path_factory.mktemp("dlq") / "home", ["--segment-flush-ms", "100"]).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = commit_round.spark_session("icefall-dlq-tests", "local[2]")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def mixed(broker: BrokerProcess, topic: str) -> tuple[AvroProducer, dict[int, bytes | None]]:
+    """10 good records, then garbage, a wrong magic byte, an unknown schema id, a tombstone, 5 more good.
+    Returns the producer and the bad records by offset (one partition)."""
+    good = AvroProducer(broker, topic, CLICK_V1)
+    good.send(clicks(0, 10))
+    bad_values: list[bytes | None] = [b"not avro at all", b"\x01\x00\x00\x00\x01abc", b"\x00\x7f\xff\xff\xf0xx", None]
+    raw = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+    for value in bad_values:
+        raw.produce(topic, value=value, key=b"bad")
+    assert raw.flush(30) == 0
+    good.send(clicks(10, 5))
+    return good, {10 + i: v for i, v in enumerate(bad_values)}
+
+
+def dlq_rows(broker: BrokerProcess, topic: str) -> list[dict[str, Any]]:
+    return sorted(table(broker, f"{topic}__dlq").scan().to_arrow().to_pylist(), key=lambda r: r["offset"])
+
+
+def test_invalid_data_goes_to_the_dlq_in_the_same_commit(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1, configs=GATE_OFF)
+    _, bad = mixed(round_broker, topic)
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "committed", result.message
+    assert (result.rows, result.dlq_rows, result.records) == (15, 4, 19)
+    rows = dlq_rows(round_broker, topic)
+    assert [r["offset"] for r in rows] == sorted(bad)
+    assert [r["value"] for r in rows] == [bad[o] for o in sorted(bad)]
+    assert [r["error_class"] for r in rows] == ["MissingWireHeader", "MissingWireHeader", "UnknownSchema",
+                                                "NullInRequiredColumn"]
+    assert all(r["round_id"] == result.round_id and r["topic"] == topic and r["key"] == b"bad" for r in rows)
+    assert "tombstone" in rows[-1]["error_message"]
+    good_offsets = [o for _, o in table_offsets(round_broker, topic)]
+    assert sorted(good_offsets + [r["offset"] for r in rows]) == list(range(19))  # table + DLQ = the range
+    dlq_table = table(round_broker, f"{topic}__dlq")
+    main_table = table(round_broker, topic)
+    assert dlq_table.current_snapshot() is not None and main_table.current_snapshot() is not None
+    assert dlq_table.current_snapshot().summary["icefall.round-id"] == result.round_id  # type: ignore[union-attr]
+    assert run_round(spark, round_broker, topic).status == "nothing_new"
+    assert len(dlq_rows(round_broker, topic)) == 4
+
+
+def test_tolerance_none_fails_naming_the_first_bad_record(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1, configs={**GATE_OFF, "automq.table.topic.errors.tolerance": "none"})
+    mixed(round_broker, topic)
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "failed"
+    assert "partition 0 offset 10: MissingWireHeader" in result.message and "errors.tolerance=none" in result.message
+    assert table_offsets(round_broker, topic) == []
+    assert not catalog(round_broker).table_exists(("default", f"{topic}__dlq"))
+
+
+def test_only_bad_records_still_move_the_offsets(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1,
+                      configs={**GATE_OFF, "automq.table.topic.convert.value.type": "string"})
+    raw = Producer({"bootstrap.servers": round_broker.bootstrap})
+    for _ in range(3):
+        raw.produce(topic, value=b"\xff\xfe not utf-8")
+    assert raw.flush(30) == 0
+    result = run_round(spark, round_broker, topic)
+    assert (result.status, result.rows, result.dlq_rows) == ("committed", 0, 3), result.message
+    assert result.offsets_after == {0: 3}
+    assert run_round(spark, round_broker, topic).status == "nothing_new"
+    assert [r["error_class"] for r in dlq_rows(round_broker, topic)] == ["InvalidUtf8"] * 3
+
+
+@pytest.mark.parametrize("tolerance", ["invalid_data", "all"])
+def test_records_that_do_not_fit_the_table_need_tolerance_all(tolerance: str, spark: Any,
+                                                              round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1,
+                      configs={**GATE_OFF, "automq.table.topic.errors.tolerance": tolerance})
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 4))
+    http_json(f"{round_broker.registry_url}/config/{topic}-value", "PUT", {"compatibility": "NONE"})
+    incompatible = json.loads(json.dumps(CLICK_V1))
+    incompatible["fields"][1] = {"name": "page", "type": "long"}
+    AvroProducer(round_broker, topic, incompatible).send([{**c, "page": 1} for c in clicks(4, 2)])
+    result = run_round(spark, round_broker, topic)
+    if tolerance == "invalid_data":
+        assert result.status == "failed" and "IncompatibleSchema" in result.message
+        assert not catalog(round_broker).table_exists(("default", topic)) or table_offsets(round_broker, topic) == []
+    else:
+        assert (result.status, result.rows, result.dlq_rows) == ("committed", 4, 2), result.message
+        assert [r["offset"] for r in dlq_rows(round_broker, topic)] == [4, 5]
