@@ -88,15 +88,16 @@ def windows(
 
 
 def task_groups(ranges: list[SegmentRange], parallelism: int) -> list[list[SegmentRange]]:
-    """Consecutive ranges of one partition, about total / (2 x parallelism) bytes a group
-    (bounded), so every core gets work and tiny ranges do not each cost a task."""
+    """Consecutive ranges (any partitions; a partition's stay in offset order), about
+    total / (4 x parallelism) bytes a group, bounded: every core gets several tasks, so one
+    slow or large task does not leave the others idle, and tiny ranges do not each cost a task."""
     total = sum(r.byte_end - r.byte_start for r in ranges)
-    target = min(max(total // max(2 * parallelism, 1), MIN_TASK_BYTES), MAX_TASK_BYTES)
+    target = min(max(total // max(4 * parallelism, 1), MIN_TASK_BYTES), MAX_TASK_BYTES)
     groups: list[list[SegmentRange]] = []
     size = 0
     for rng in ranges:
         length = rng.byte_end - rng.byte_start
-        if groups and groups[-1][-1].partition == rng.partition and size + length <= target:
+        if groups and size + length <= target:
             groups[-1].append(rng)
             size += length
         else:

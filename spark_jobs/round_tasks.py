@@ -1,6 +1,6 @@
 """The executor side of a commit round: segment ranges in, Parquet data files of table rows out.
 
-Each Spark task gets one group of ranges of one partition (``round_plan.task_groups``),
+Each Spark task gets one group of consecutive ranges (``round_plan.task_groups``),
 reads them straight from the object store, decodes the batches and values into
 Arrow record batches of the table's rows, and streams them into Parquet data
 files with pyarrow, in the table's location, with Iceberg's column statistics
@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from broker.config import ObjectStoreConfig
 from spark_jobs.rows import DecodeError, RowConverter
-from spark_jobs.segments import ReadStats, SegmentRange, cached_store, read_partition
+from spark_jobs.segments import ReadStats, SegmentRange, cached_store, read_ranges
 
 MAX_ERRORS_KEPT = 100_000
 
@@ -122,7 +122,7 @@ def write_group(spec: TaskSpec, text: str) -> TaskOutput:
     report = TaskReport()
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for chunk in read_partition(store, decode_group(text), verify_crc=spec.verify_crc, stats=stats):
+        for chunk in read_ranges(store, decode_group(text), verify_crc=spec.verify_crc, stats=stats):
             rows = converter.convert(chunk)
             report.rows += rows.batch.num_rows
             report.errors.extend(rows.errors)
