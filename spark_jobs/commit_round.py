@@ -39,7 +39,7 @@ from typing import Any
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from spark_jobs import dlq, round_plan, table_setup
+from spark_jobs import dlq, partitioning, round_plan, table_setup
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
     BranchHead,
@@ -259,7 +259,9 @@ class CommitRound:
         evolved = table_setup.evolve(table, table_setup.value_schemas(self.registry, self.topic.topic, extra_ids),
                                      self.options)
         changes.extend(evolved.applied)
-        table = table_setup.ensure_base_snapshot(table.refresh())
+        table, spec_changes = partitioning.evolve(table.refresh(), self.topic.config("partition.by"))
+        changes.extend(spec_changes)
+        table = table_setup.ensure_base_snapshot(table)
         parent = main_snapshot_id(table)
         if found.snapshot_id is not None and checkpoint.read_checkpoint(table.metadata).offsets != found.offsets:
             raise LostRace("another round committed while this one planned")
