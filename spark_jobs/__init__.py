@@ -7,7 +7,10 @@
   the Icefall system columns, the Arrow schema of the rows, and schema-evolution planning.
 - ``rows``: Confluent wire-format keys/values -> Arrow record batches for the table,
   with decode failures turned into error records for the DLQ instead of exceptions.
+- ``commit_round``: the spark-submit entry point; ``round_plan`` (offset windows,
+  task groups), ``round_tasks`` (what an executor task does), ``round_commit`` (the
+  conditional publish), ``table_setup``, ``partitioning``, ``dlq``, ``broker_client``.
 
-``segments``, ``avro_schema`` and ``rows`` import no Spark: they run inside
-``mapInArrow`` on executors and in plain unit tests.
+Only ``commit_round`` imports Spark: the rest runs inside executor tasks and in
+plain unit tests.
 """

@@ -440,7 +440,7 @@ def arrow_schema(schema: Schema, flavor: ArrowFlavor = "iceberg") -> pa.Schema:
 
     ``iceberg``: what pyiceberg writes (uuid as the arrow.uuid extension,
     fixed as fixed_size_binary, time as time64[us]), but with 32-bit offsets.
-    ``spark``: what Spark 3.5 expects from ``mapInArrow`` for Iceberg's Spark
+    ``spark``: what Spark 3.5 expects from Arrow (``mapInArrow``) for Iceberg's Spark
     types (uuid as string, fixed as binary); Spark has no time type, so a time
     column is refused.
     """
