@@ -7,7 +7,10 @@ configs say:
 - ``raw``: the bytes as they are;
 - ``by_schema_id``: Confluent wire format (magic 0, 4-byte schema id, Avro
   body), decoded with the writer schema the id names (``SchemaLookup``) and
-  projected by name into the table's columns (``avro_decode``).
+  projected by name into the table's columns (``avro_decode``). A record
+  schema of flat primitive fields is decoded by the C extension straight
+  into Arrow columns instead (``avro_columns``: same rows, same error rows,
+  ~20x faster); without the extension, or for any other schema, the general path.
 
 With a flattened table the value's record fields are the top-level columns;
 otherwise the value fills ``_kafka_value``. Every row also gets ``_kafka_key``,
