@@ -48,6 +48,11 @@ from broker.records import (
     read_header,
 )
 
+try:  # the record loop in C (spark_jobs/_kafka_records.c); _decode_batch below is the fallback
+    from spark_jobs import _kafka_records
+except ImportError:  # pragma: no cover - a build without the extension
+    _kafka_records = None  # type: ignore[assignment]
+
 ATTR_LOG_APPEND_TIME = 0x08
 CONTROL_ABORT = 0
 CONTROL_COMMIT = 1
@@ -345,6 +350,14 @@ def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int,
     base_offset = header.base_offset
     base_ts = header.base_timestamp
     append_time = header.max_timestamp if header.attributes & ATTR_LOG_APPEND_TIME else None
+    if _kafka_records is not None:
+        try:
+            _kafka_records.decode_records(
+                buf, p, stop, header.record_count, base_offset, base_ts, -1 if append_time is None else append_time,
+                lo, hi, chunk.offsets, chunk.timestamps, chunk.keys, chunk.values, chunk.headers, _NO_HEADERS)
+        except ValueError as exc:
+            raise CorruptBatchError(str(exc)) from exc
+        return
     offsets, timestamps, keys, values, headers = (
         chunk.offsets.append, chunk.timestamps.append, chunk.keys.append, chunk.values.append, chunk.headers.append
     )

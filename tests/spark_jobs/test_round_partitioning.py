@@ -10,7 +10,14 @@ import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from spark_jobs import commit_round, partitioning
-from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, run_round, table, table_offsets
+from tests.spark_jobs.round_support import (
+    CLICK_V1,
+    AvroProducer,
+    new_topic,
+    run_round,
+    table,
+    table_offsets,
+)
 from tests.spark_jobs.test_commit_round import clicks
 from tests.support import BrokerProcess, wait_for
 
