@@ -30,6 +30,7 @@ because the next step (``spark_jobs.rows``) builds Arrow columns from them.
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -49,9 +50,9 @@ from broker.records import (
 )
 
 try:  # the record loop in C (spark_jobs/_kafka_records.c); _decode_batch below is the fallback
-    from spark_jobs import _kafka_records
+    _kafka_records: Any = importlib.import_module("spark_jobs._kafka_records")
 except ImportError:  # pragma: no cover - a build without the extension
-    _kafka_records = None  # type: ignore[assignment]
+    _kafka_records = None
 
 ATTR_LOG_APPEND_TIME = 0x08
 CONTROL_ABORT = 0
