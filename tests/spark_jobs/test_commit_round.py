@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from broker import checkpoint
 from broker.catalog import duckdb_local
@@ -36,25 +33,6 @@ AT = 1_700_000_000_000
 def clicks(start: int, n: int, **extra: Any) -> list[dict[str, Any]]:
     return [{"id": i, "page": None if i % 4 == 0 else f"/p/{i}", "score": i % 100,
              "at": datetime.fromtimestamp((AT + i) / 1000, UTC), **extra} for i in range(start, start + n)]
-
-
-@pytest.fixture(scope="module")
-def round_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path_factory.mktemp("rounds") / "home", ["--segment-flush-ms", "100"]).start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = commit_round.spark_session("icefall-round-tests", "local[2]")
-    session.conf.set("spark.sql.shuffle.partitions", "2")
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def test_a_round_writes_every_record_once_with_system_columns(spark: Any, round_broker: BrokerProcess,

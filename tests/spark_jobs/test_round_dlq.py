@@ -5,13 +5,11 @@ is off on these topics so the broker accepts what the round must sort out."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
-from spark_jobs import commit_round
 from spark_jobs.broker_client import http_json
 from tests.spark_jobs.round_support import (
     CLICK_V1,
@@ -26,24 +24,6 @@ from tests.spark_jobs.test_commit_round import clicks
 from tests.support import BrokerProcess
 
 GATE_OFF = {"automq.table.topic.schema.validation": "false"}
-
-
-@pytest.fixture(scope="module")
-def round_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path_factory.mktemp("dlq") / "home", ["--segment-flush-ms", "100"]).start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = commit_round.spark_session("icefall-dlq-tests", "local[2]")
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def mixed(broker: BrokerProcess, topic: str) -> tuple[AvroProducer, dict[int, bytes | None]]:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,24 +30,6 @@ from tests.spark_jobs.round_support import (
 )
 from tests.spark_jobs.test_commit_round import clicks
 from tests.support import REPO, BrokerProcess, wait_for
-
-
-@pytest.fixture(scope="module")
-def round_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path_factory.mktemp("once") / "home", ["--segment-flush-ms", "100"]).start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = commit_round.spark_session("icefall-once-tests", "local[2]")
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def round_branches(broker: BrokerProcess, topic: str) -> list[str]:

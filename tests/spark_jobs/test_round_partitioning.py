@@ -3,13 +3,12 @@ partitioned data files, and changing the config evolves the spec at the next rou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from spark_jobs import commit_round, partitioning
+from spark_jobs import partitioning
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
@@ -23,24 +22,6 @@ from tests.support import BrokerProcess, wait_for
 
 NESTED = {**CLICK_V1, "fields": [*CLICK_V1["fields"], {"name": "geo", "type": {
     "type": "record", "name": "Geo", "fields": [{"name": "country", "type": "string"}]}}]}
-
-
-@pytest.fixture(scope="module")
-def round_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path_factory.mktemp("parts") / "home", ["--segment-flush-ms", "100"]).start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = commit_round.spark_session("icefall-partition-tests", "local[2]")
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def test_parse_names_fields_as_spark_does() -> None:
