@@ -108,3 +108,47 @@ def test_records_that_do_not_fit_the_table_need_tolerance_all(tolerance: str, sp
     else:
         assert (result.status, result.rows, result.dlq_rows) == ("committed", 4, 2), result.message
         assert [r["offset"] for r in dlq_rows(round_broker, topic)] == [4, 5]
+
+
+def test_reprocess_moves_records_whose_schema_was_registered_late(spark: Any, round_broker: BrokerProcess) -> None:
+    import io
+    import struct
+
+    from fastavro import parse_schema, schemaless_writer
+
+    from spark_jobs import dlq_reprocess
+
+    topic = new_topic(round_broker, partitions=1, configs=GATE_OFF)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 5))
+    v1_id = http_json(f"{round_broker.registry_url}/subjects/{topic}-value/versions/latest")["id"]
+    late = json.loads(json.dumps(CLICK_V1))
+    late["fields"].append({"name": "campaign", "type": ["null", "string"], "default": None})
+    next_id = v1_id + 1  # what the registry will give the next new schema
+    raw = Producer({"bootstrap.servers": round_broker.bootstrap})
+    for c in clicks(5, 3):
+        body = io.BytesIO()
+        body.write(b"\x00" + struct.pack(">I", next_id))
+        schemaless_writer(body, parse_schema(late), {**c, "at": int(c["at"].timestamp() * 1000), "campaign": "x"})
+        raw.produce(topic, value=body.getvalue())
+    assert raw.flush(30) == 0
+    first = run_round(spark, round_broker, topic)
+    assert (first.rows, first.dlq_rows) == (5, 3), first.message
+    code, nothing = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic])
+    assert code == 0 and nothing["status"] == "nothing_to_move" and nothing["dlq_rows"] == 3
+
+    registered = http_json(f"{round_broker.registry_url}/subjects/{topic}-value/versions", "POST",
+                           {"schema": json.dumps(late)})
+    assert registered["id"] == next_id
+    code, moved = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic])
+    assert code == 0 and moved["status"] == "moved" and moved["moved"] == 3, moved
+    assert any("campaign" in change for change in moved["schema_changes"])
+    assert dlq_rows(round_broker, topic) == []
+    assert table_offsets(round_broker, topic) == [(0, o) for o in range(8)]
+    campaigns = table(round_broker, topic).scan(selected_fields=("id", "campaign")).to_arrow().to_pylist()
+    assert sorted((r["id"], r["campaign"]) for r in campaigns) == [(i, None) for i in range(5)] + [
+        (i, "x") for i in range(5, 8)]
+    code, again = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic])
+    assert again["status"] == "nothing_to_move" and len(table_offsets(round_broker, topic)) == 8
+    producer.send(clicks(8, 2))
+    assert run_round(spark, round_broker, topic).offsets_before == {0: 8}  # the checkpoint is untouched
