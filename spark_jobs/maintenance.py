@@ -1,0 +1,378 @@
+"""S3 Tables-style maintenance of one table topic's table, with Iceberg's Spark procedures.
+
+Run it with spark-submit (the Iceberg runtime jar on ``--jars``)::
+
+    spark-submit --jars "$(python -c 'from spark_jobs.jars import iceberg_jars; print(",".join(iceberg_jars()))')" \\
+        spark_jobs/maintenance.py --topic clicks --result /tmp/maintenance.json
+
+or as ``python -m spark_jobs.maintenance ...``, which starts its own Spark
+(``--master``, default ``local[*]``) with the jar. The broker's admin URL
+(``--admin-url``, default ``$ICEFALL_ADMIN_URL`` or http://127.0.0.1:8090)
+names the catalog; settings come from the topic configs, the table's
+properties and the flags (``maintenance_settings``).
+
+The actions, in this order (``--actions``, default all four):
+
+- ``compact``: ``rewrite_data_files`` (binpack; sort by the table's sort order
+  when it has one) to the target file size;
+- ``manifests``: ``rewrite_manifests``;
+- ``expire``: ``expire_snapshots`` older than the topic's
+  ``expire.snapshot.older.than.hours``, keeping ``expire.snapshot.retain.last``.
+  Tags are never expired by age, so the snapshot tagged ``icefall-checkpoint``
+  (the commit round's offsets) survives and the next round starts where it should;
+- ``orphans``: ``remove_orphan_files`` older than N days (S3 Tables: 3).
+
+The DLQ table ``<table>__dlq``, when it exists, gets ``compact`` and ``expire``
+too. Maintenance commits move ``main``: a commit round running at the same time
+loses its publish race and starts over (Airflow's per-table pool serialises them).
+The result JSON says what each action did; the exit code is 0 when every action
+ran (or the table does not exist yet), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from spark_jobs import dlq, table_setup
+from spark_jobs.broker_client import AdminClient
+from spark_jobs.maintenance_settings import ACTIONS, Settings, parse_actions, resolve
+
+log = logging.getLogger("icefall.maintenance")
+DLQ_ACTIONS = ("compact", "expire")
+ORPHAN_PATHS_SHOWN = 20
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+class MaintenanceFailed(RuntimeError):
+    """An action failed; the message says which and why."""
+
+
+@dataclass
+class TableResult:
+    """What maintenance did to one table."""
+
+    table: str
+    snapshot_id_before: int | None = None
+    snapshot_id: int | None = None  # after
+    snapshots_before: int = 0
+    snapshots_after: int = 0
+    data_files_before: int | None = None
+    data_files_after: int | None = None
+    actions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class MaintenanceResult:
+    status: str  # done, no_table, failed
+    topic: str
+    namespace: str = ""
+    table: str = ""
+    now_ms: int = 0
+    actions: list[str] = field(default_factory=list)
+    result: TableResult | None = None
+    dlq: TableResult | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        main = self.result.to_json() if self.result is not None else {}
+        # the table's own figures at the top level: what Airflow and the status view read
+        out.pop("result")
+        out.update({k: main.get(k) for k in ("snapshot_id_before", "snapshot_id", "snapshots_before",
+                                             "snapshots_after", "data_files_before", "data_files_after",
+                                             "settings")})
+        out["per_action"] = main.get("actions", {})
+        out["seconds"] = {**main.get("seconds", {}), **self.seconds}
+        out["dlq"] = self.dlq.to_json() if self.dlq is not None else None
+        return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="maintenance", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--actions", default=",".join(ACTIONS),
+                        help=f"comma-separated subset of {','.join(ACTIONS)} (default: all, in that order)")
+    parser.add_argument("--result", type=Path, help="write the result JSON here")
+    parser.add_argument("--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090"))
+    parser.add_argument("--catalog-url", default=None, help="Iceberg REST catalog (default: the broker's)")
+    parser.add_argument("--master", default=None, help="Spark master when not run by spark-submit (default local[*])")
+    parser.add_argument("--now-ms", type=int, default=None,
+                        help="the time the age thresholds count back from (default: now; for tests)")
+    parser.add_argument("--target-file-size-bytes", type=int, default=None,
+                        help="compaction target (default: table property write.target-file-size-bytes, else 512 MiB)")
+    parser.add_argument("--strategy", choices=("auto", "binpack", "sort"), default=None,
+                        help="compaction strategy (default auto: sort when the table has a sort order, else binpack)")
+    parser.add_argument("--min-input-files", type=int, default=None,
+                        help="compact a group of small files only when it has at least this many (default 5, Iceberg's)")
+    parser.add_argument("--expire-older-than-hours", type=float, default=None,
+                        help="expire snapshots older than this (default: topic config expire.snapshot.older.than.hours)")
+    parser.add_argument("--retain-last", type=int, default=None,
+                        help="snapshots always kept (default: topic config expire.snapshot.retain.last)")
+    parser.add_argument("--orphan-older-than-days", type=float, default=None,
+                        help="remove unreferenced files older than this (default 3, as S3 Tables)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    try:
+        args.actions = parse_actions(args.actions)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {"target_file_size_bytes": args.target_file_size_bytes, "strategy": args.strategy,
+            "min_input_files": args.min_input_files,
+            "expire_older_than_hours": args.expire_older_than_hours, "retain_last": args.retain_last,
+            "orphan_older_than_days": args.orphan_older_than_days}
+
+
+def sql_timestamp(ms: int) -> str:
+    """A Spark SQL TIMESTAMP literal for ``ms`` since the epoch, independent of the session time zone."""
+    at = datetime.fromtimestamp(ms / 1000, UTC)
+    return f"TIMESTAMP '{at.strftime('%Y-%m-%d %H:%M:%S')}.{at.microsecond:06d}Z'"
+
+
+def _quote(part: str) -> str:
+    return "`" + part.replace("`", "``") + "`"
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _first_row(rows: list[Any]) -> dict[str, Any]:
+    return rows[0].asDict() if rows else {}
+
+
+def _count(row: dict[str, Any], column: str) -> int:
+    value = row.get(column)
+    return int(value) if value is not None else 0
+
+
+class Maintenance:
+    def __init__(self, args: argparse.Namespace, spark: Any = None) -> None:
+        self.args = args
+        admin = AdminClient(args.admin_url)
+        cluster = admin.cluster()
+        self.topic = admin.table_topic(args.topic)
+        self.catalog_url: str = args.catalog_url or cluster["catalog_url"]
+        self.catalog = table_setup.catalog_for(self.catalog_url)
+        self.now_ms: int = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
+        self._spark: Any = spark
+        self._own_spark = spark is None
+        self._spark_catalog: str | None = None
+        self.seconds: dict[str, float] = {}
+
+    def result(self, status: str, **values: Any) -> MaintenanceResult:
+        return MaintenanceResult(status, self.topic.topic, self.topic.namespace, self.topic.table, self.now_ms,
+                                 list(self.args.actions), **values)
+
+    def spark_catalog(self) -> tuple[Any, str]:
+        if self._spark is None:
+            from spark_jobs.commit_round import spark_session
+
+            started = time.monotonic()
+            self._spark = spark_session(f"icefall-maintain-{self.topic.topic}", self.args.master)
+            _small_shuffles(self._spark)
+            self.seconds["spark_start"] = round(time.monotonic() - started, 3)
+        if self._spark_catalog is None:
+            from spark_jobs.commit_round import use_catalog
+
+            self._spark_catalog = use_catalog(self._spark, self.catalog_url)
+        return self._spark, self._spark_catalog
+
+    def run(self) -> MaintenanceResult:
+        identifier = self.topic.identifier
+        if not self.catalog.table_exists(identifier):
+            return self.result("no_table", message=f"{'.'.join(identifier)} does not exist yet (no round committed)")
+        main = self.maintain(identifier, self.args.actions)
+        dlq_result = None
+        dlq_identifier = (self.topic.namespace, dlq.dlq_name(self.topic.table))
+        dlq_actions = [a for a in self.args.actions if a in DLQ_ACTIONS]
+        if dlq_actions and self.catalog.table_exists(dlq_identifier):
+            dlq_result = self.maintain(dlq_identifier, dlq_actions)
+        failed = [f"{r.table} {name}: {a['error']}" for r in (main, dlq_result) if r is not None
+                  for name, a in r.actions.items() if "error" in a]
+        if failed:
+            return self.result("failed", result=main, dlq=dlq_result, message="; ".join(failed))
+        done = ", ".join(f"{name} {_summary(name, a)}" for name, a in main.actions.items())
+        return self.result("done", result=main, dlq=dlq_result, message=done)
+
+    def maintain(self, identifier: tuple[str, str], actions: list[str]) -> TableResult:
+        table = self.catalog.load_table(identifier)
+        settings = resolve(self.topic.configs, table.properties, _flags(self.args))
+        name = ".".join(identifier)
+        current = table.current_snapshot()
+        out = TableResult(name, settings=settings.to_json(), snapshots_before=len(table.metadata.snapshots),
+                          snapshot_id_before=current.snapshot_id if current is not None else None,
+                          data_files_before=_data_files(current))
+        spark, catalog = self.spark_catalog()
+        target = f"{_quote(identifier[0])}.{_quote(identifier[1])}"
+        steps = {"compact": self._compact, "manifests": self._rewrite_manifests, "expire": self._expire,
+                 "orphans": self._remove_orphans}
+        for action in actions:
+            started = time.monotonic()
+            try:
+                done = steps[action](spark, catalog, target, table, settings)
+            except Exception as exc:  # the other actions still run; the job fails at the end
+                log.warning("%s of %s failed", action, name, exc_info=True)
+                done = {"error": _message(exc)}
+            done["seconds"] = out.seconds[action] = round(time.monotonic() - started, 3)
+            out.actions[action] = done
+            log.info("%s %s: %s", name, action, _summary(action, done))
+            table = table.refresh()
+        current = table.current_snapshot()
+        out.snapshot_id = current.snapshot_id if current is not None else None
+        out.snapshots_after = len(table.metadata.snapshots)
+        out.data_files_after = _data_files(current)
+        return out
+
+    def _call(self, spark: Any, catalog: str, procedure: str, **named: str) -> list[Any]:
+        arguments = ", ".join(f"{k} => {v}" for k, v in named.items())
+        sql = f"CALL {catalog}.system.{procedure}({arguments})"
+        log.debug("%s", sql)
+        rows: list[Any] = spark.sql(sql).collect()
+        return rows
+
+    def _compact(self, spark: Any, catalog: str, target: str, table: Any, settings: Settings) -> dict[str, Any]:
+        sort_order = table.sort_order()
+        strategy = settings.compaction_strategy(not sort_order.is_unsorted)
+        options = (f"map('target-file-size-bytes', '{settings.target_file_size_bytes}', "
+                   f"'min-input-files', '{settings.min_input_files}')")
+        row = _first_row(self._call(spark, catalog, "rewrite_data_files", table=_sql_string(target),
+                                    strategy=_sql_string(strategy), options=options))
+        return {"strategy": strategy, "target_file_size_bytes": settings.target_file_size_bytes,
+                "min_input_files": settings.min_input_files,
+                "rewritten_data_files": _count(row, "rewritten_data_files_count"),
+                "added_data_files": _count(row, "added_data_files_count"),
+                "rewritten_bytes": _count(row, "rewritten_bytes_count"),
+                "failed_data_files": _count(row, "failed_data_files_count"),
+                "removed_delete_files": _count(row, "removed_delete_files_count")}
+
+    def _rewrite_manifests(self, spark: Any, catalog: str, target: str, table: Any,
+                           settings: Settings) -> dict[str, Any]:
+        row = _first_row(self._call(spark, catalog, "rewrite_manifests", table=_sql_string(target)))
+        return {"rewritten_manifests": _count(row, "rewritten_manifests_count"),
+                "added_manifests": _count(row, "added_manifests_count")}
+
+    def _expire(self, spark: Any, catalog: str, target: str, table: Any, settings: Settings) -> dict[str, Any]:
+        if not settings.expire_enabled:
+            return {"skipped": "automq.table.topic.expire.snapshot.enabled=false", "snapshots_expired": 0}
+        older_than_ms = self.now_ms - int(settings.expire_older_than_hours * HOUR_MS)
+        before = {s.snapshot_id for s in table.metadata.snapshots}
+        row = _first_row(self._call(spark, catalog, "expire_snapshots", table=_sql_string(target),
+                                    older_than=sql_timestamp(older_than_ms), retain_last=str(settings.retain_last)))
+        after = {s.snapshot_id for s in table.refresh().metadata.snapshots}
+        return {"older_than_ms": older_than_ms, "retain_last": settings.retain_last,
+                "snapshots_expired": len(before - after),
+                "deleted_data_files": _count(row, "deleted_data_files_count"),
+                "deleted_position_delete_files": _count(row, "deleted_position_delete_files_count"),
+                "deleted_equality_delete_files": _count(row, "deleted_equality_delete_files_count"),
+                "deleted_manifest_files": _count(row, "deleted_manifest_files_count"),
+                "deleted_manifest_lists": _count(row, "deleted_manifest_lists_count"),
+                "deleted_statistics_files": _count(row, "deleted_statistics_files_count")}
+
+    def _remove_orphans(self, spark: Any, catalog: str, target: str, table: Any,
+                        settings: Settings) -> dict[str, Any]:
+        older_than_ms = self.now_ms - int(settings.orphan_older_than_days * DAY_MS)
+        rows = self._call(spark, catalog, "remove_orphan_files", table=_sql_string(target),
+                          older_than=sql_timestamp(older_than_ms))
+        paths = [str(r["orphan_file_location"]) for r in rows]
+        return {"older_than_ms": older_than_ms, "removed": len(paths), "paths": paths[:ORPHAN_PATHS_SHOWN]}
+
+
+def _small_shuffles(spark: Any) -> None:
+    """On a local master left at Spark's default of 200 shuffle partitions, one per core: the
+    procedures' joins (expire_snapshots compares the files of expired and kept snapshots) then run
+    a few tasks instead of hundreds of near-empty ones. A cluster's or the user's setting is kept."""
+    conf = spark.sparkContext.getConf()
+    if conf.get("spark.master", "").startswith("local") and not conf.contains("spark.sql.shuffle.partitions"):
+        spark.conf.set("spark.sql.shuffle.partitions", str(max(1, spark.sparkContext.defaultParallelism)))
+
+
+def _data_files(snapshot: Any) -> int | None:
+    if snapshot is None or snapshot.summary is None:
+        return None
+    value = snapshot.summary.get("total-data-files")
+    return int(value) if value is not None else None
+
+
+def _summary(action: str, done: dict[str, Any]) -> str:
+    if "error" in done:
+        return f"failed: {done['error']}"
+    if "skipped" in done:
+        return f"skipped ({done['skipped']})"
+    if action == "compact":
+        return f"{done['rewritten_data_files']} data files -> {done['added_data_files']}"
+    if action == "manifests":
+        return f"{done['rewritten_manifests']} manifests -> {done['added_manifests']}"
+    if action == "expire":
+        return f"{done['snapshots_expired']} snapshots expired, {done['deleted_data_files']} data files deleted"
+    return f"{done['removed']} orphan files removed"
+
+
+def _message(exc: BaseException) -> str:
+    """One readable line: a JVM error without its Java stack trace."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        return f"{java.getClass().getName()}: {java.getMessage()}"
+    desc = getattr(exc, "desc", None)  # pyspark's AnalysisException and friends
+    if isinstance(desc, str):
+        return f"{type(exc).__name__}: {desc.splitlines()[0] if desc else ''}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, MaintenanceResult]:
+    """One maintenance run from command-line arguments; ``spark``: a session to use (else one is started and stopped)."""
+    args = parse_args(argv)
+    started = time.monotonic()
+    job: Maintenance | None = None
+    try:
+        job = Maintenance(args, spark)
+        result = job.run()
+    except Exception as exc:  # every failure ends as a clear message + result JSON
+        log.debug("maintenance failed", exc_info=True)
+        message = _message(exc)
+        result = job.result("failed", message=message) if job is not None else MaintenanceResult(
+            "failed", args.topic, actions=list(args.actions), message=message)
+    if job is not None:
+        result.seconds.update(job.seconds)
+    result.seconds["total"] = round(time.monotonic() - started, 3)
+    code = 1 if result.status == "failed" else 0
+    if code:
+        print(f"maintenance of {args.topic} failed: {result.message}", file=sys.stderr)
+    if args.result is not None:
+        args.result.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.result.with_suffix(args.result.suffix + ".tmp")
+        tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        os.replace(tmp, args.result)
+    log.info("maintenance of %s: %s %s", args.topic, result.status, result.message)
+    if job is not None and job._own_spark and job._spark is not None:
+        job._spark.stop()
+    return code, result
+
+
+def main(argv: list[str] | None = None, spark: Any = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(argv, spark)[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The settings of one table's maintenance run: S3 Tables' three jobs, their knobs and defaults.
+
+Where each value comes from, first match wins:
+
+1. the job's flag (``--target-file-size-bytes``, ``--strategy``, ``--min-input-files``,
+   ``--expire-older-than-hours``, ``--retain-last``, ``--orphan-older-than-days``);
+2. the table topic's config (``automq.table.topic.expire.snapshot.*``, declared by the broker
+   with AutoMQ's defaults: enabled, older than 1 h, keep 1; and the ``automq.table.topic.
+   maintenance.*`` keys below when the broker carries them);
+3. the table's properties (``write.target-file-size-bytes``, Iceberg's own key, which Spark's
+   writers use too; ``icefall.maintenance.*``);
+4. S3 Tables' defaults: target file size 512 MiB, strategy ``auto`` (binpack; sort when the
+   table has a sort order), unreferenced files removed after 3 days.
+
+S3 Tables' snapshot defaults (keep at least 1 snapshot, expire those older than 120 h) are
+not used: the topic configs always carry a value (AutoMQ's 1 h / 1), and they win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MIB = 1024 * 1024
+TOPIC = "automq.table.topic."
+
+# S3 Tables' defaults (icebergCompaction.targetFileSizeMB, icebergUnreferencedFileRemoval.unreferencedDays,
+# icebergSnapshotManagement.minSnapshotsToKeep / maxSnapshotAgeHours).
+S3_TABLES_TARGET_FILE_SIZE_BYTES = 512 * MIB
+S3_TABLES_UNREFERENCED_DAYS = 3.0
+S3_TABLES_MIN_SNAPSHOTS_TO_KEEP = 1
+S3_TABLES_MAX_SNAPSHOT_AGE_HOURS = 120.0
+
+# Topic configs (broker/topic_configs.py declares the expire.snapshot.* keys and their defaults).
+EXPIRE_ENABLED = TOPIC + "expire.snapshot.enabled"
+EXPIRE_OLDER_THAN_HOURS = TOPIC + "expire.snapshot.older.than.hours"
+EXPIRE_RETAIN_LAST = TOPIC + "expire.snapshot.retain.last"
+# Read when present (the broker refuses keys it does not declare, so these apply once it declares them).
+TOPIC_TARGET_FILE_SIZE = TOPIC + "maintenance.target.file.size.bytes"
+TOPIC_STRATEGY = TOPIC + "maintenance.compaction.strategy"
+TOPIC_ORPHAN_DAYS = TOPIC + "maintenance.unreferenced.days"
+
+# Table properties.
+TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # Iceberg's key; its default is 512 MiB too
+STRATEGY_PROPERTY = "icefall.maintenance.compaction.strategy"
+MIN_INPUT_FILES_PROPERTY = "icefall.maintenance.compaction.min-input-files"
+ICEBERG_MIN_INPUT_FILES = 5  # rewrite_data_files' own default: fewer small files in a group are left alone
+ORPHAN_DAYS_PROPERTY = "icefall.maintenance.unreferenced-days"
+
+AUTO, BINPACK, SORT = "auto", "binpack", "sort"
+STRATEGIES = (AUTO, BINPACK, SORT)
+ACTIONS = ("compact", "manifests", "expire", "orphans")  # the order they run in
+
+
+def _topic_default(key: str, fallback: str) -> str:
+    """The broker's declared default of a topic config (so the two cannot drift apart)."""
+    try:
+        from broker.topic_configs import KEYS
+    except ImportError:  # a cluster that ships spark_jobs without the broker package
+        return fallback
+    found = KEYS.get(key)
+    return found.default if found is not None and found.default is not None else fallback
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("true", "1", "yes")
+
+
+@dataclass(frozen=True)
+class Settings:
+    target_file_size_bytes: int
+    strategy: str  # auto, binpack or sort
+    min_input_files: int
+    expire_enabled: bool
+    expire_older_than_hours: float
+    retain_last: int
+    orphan_older_than_days: float
+    sources: dict[str, str]  # setting -> flag / topic config / table property / default
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def compaction_strategy(self, table_sorted: bool) -> str:
+        """binpack, or sort by the table's sort order (``auto`` picks sort when the table has one)."""
+        if self.strategy == AUTO:
+            return SORT if table_sorted else BINPACK
+        return self.strategy
+
+
+def resolve(topic_configs: Mapping[str, str], table_properties: Mapping[str, str],
+            flags: Mapping[str, Any] | None = None) -> Settings:
+    """The settings for one table; ``flags`` holds the job's overrides (None = not given)."""
+    flags = flags or {}
+    sources: dict[str, str] = {}
+
+    def pick(name: str, topic_key: str | None, property_key: str | None, default: str) -> str:
+        if flags.get(name) is not None:
+            sources[name] = "flag"
+            return str(flags[name])
+        if topic_key is not None and topic_configs.get(topic_key) not in (None, ""):
+            sources[name] = f"topic config {topic_key}"
+            return str(topic_configs[topic_key])
+        if property_key is not None and table_properties.get(property_key) not in (None, ""):
+            sources[name] = f"table property {property_key}"
+            return str(table_properties[property_key])
+        sources[name] = "default"
+        return default
+
+    target = int(pick("target_file_size_bytes", TOPIC_TARGET_FILE_SIZE, TARGET_FILE_SIZE_PROPERTY,
+                      str(S3_TABLES_TARGET_FILE_SIZE_BYTES)))
+    strategy = pick("strategy", TOPIC_STRATEGY, STRATEGY_PROPERTY, AUTO).strip().lower()
+    min_input = int(pick("min_input_files", None, MIN_INPUT_FILES_PROPERTY, str(ICEBERG_MIN_INPUT_FILES)))
+    enabled = _truthy(pick("expire_enabled", EXPIRE_ENABLED, None, _topic_default(EXPIRE_ENABLED, "true")))
+    hours = float(pick("expire_older_than_hours", EXPIRE_OLDER_THAN_HOURS, None,
+                       _topic_default(EXPIRE_OLDER_THAN_HOURS, "1")))
+    retain = int(pick("retain_last", EXPIRE_RETAIN_LAST, None, _topic_default(EXPIRE_RETAIN_LAST, "1")))
+    days = float(pick("orphan_older_than_days", TOPIC_ORPHAN_DAYS, ORPHAN_DAYS_PROPERTY,
+                      str(S3_TABLES_UNREFERENCED_DAYS)))
+    if target < 1:
+        raise ValueError(f"target file size must be positive, got {target}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"compaction strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if min_input < 1:
+        raise ValueError(f"min input files must be at least 1, got {min_input}")
+    if retain < 1:
+        raise ValueError(f"retain last must be at least 1, got {retain}")
+    if hours < 0 or days < 0:
+        raise ValueError("snapshot age and orphan age must not be negative")
+    return Settings(target, strategy, min_input, enabled, hours, retain, days, sources)
+
+
+def parse_actions(text: str) -> list[str]:
+    """``compact,expire`` -> the actions in the order they run; unknown names are an error."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ACTIONS]
+    if unknown or not names:
+        raise ValueError(f"unknown actions {unknown}; choose from {','.join(ACTIONS)}")
+    return [a for a in ACTIONS if a in names]
