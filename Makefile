@@ -17,11 +17,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test]"
 	touch $@
 
-# Debian packages the tests use: kcat (a real librdkafka CLI client).
+# Debian packages the tests use: kcat (a real librdkafka CLI client) and chromium
+# (the screenshot of the Airflow "Table topics" view).
 system-deps:
-	@command -v kcat >/dev/null || { \
+	@{ command -v kcat >/dev/null && command -v chromium >/dev/null; } || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat chromium; }
 
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up
@@ -33,8 +34,9 @@ bench: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/produce_consume.py
 
 lint: setup
-	$(BIN)/ruff check broker tests bench
+	$(BIN)/ruff check broker spark_jobs dags plugins tests bench
 	$(BIN)/mypy
+	MYPYPATH=plugins $(BIN)/mypy dags plugins
 
 clean:
 	rm -rf $(VENV) .icefall

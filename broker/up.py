@@ -129,8 +129,8 @@ class AirflowStack:
         secrets every component then shares)."""
         self.home.mkdir(parents=True, exist_ok=True)
         with self._log("db-migrate") as log:
-            done = subprocess.run(["airflow", "db", "migrate"], check=False, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+            done = subprocess.run(["airflow", "db", "migrate"], check=False, env=self.env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
         if done.returncode != 0:
             raise SystemExit(f"icefall: `airflow db migrate` failed; see {self.home / 'logs' / 'db-migrate.log'}")
 
@@ -298,7 +298,8 @@ def _start_broker(config: BrokerConfig, home: Path, ready: Path) -> subprocess.P
         cmd += ["--catalog-uri", config.catalog_uri]
     if config.warehouse is not None:
         cmd += ["--warehouse", config.warehouse]
-    return subprocess.Popen(cmd, start_new_session=True)
+    # ICEFALL_HOME marks every process of this run (the broker and all Airflow processes carry it).
+    return subprocess.Popen(cmd, start_new_session=True, env={**os.environ, "ICEFALL_HOME": str(home)})
 
 
 def run_up(config: BrokerConfig, demo_rate: float) -> int:

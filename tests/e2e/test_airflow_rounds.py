@@ -142,3 +142,9 @@ def test_two_rounds_rerun_and_rebuild(broker: BrokerProcess, monkeypatch: pytest
     run_round(dag, cut2)
     assert table_ids(catalog) == list(range(80))
     assert len(asset_events()) == 4
+
+    # A manual run without a logical date commits up to the broker's current end.
+    run = dag.test(logical_date=None)
+    assert str(run.state) == "success" and run.logical_date is None
+    assert table_ids(catalog) == list(range(85))
+    assert asset_events()[-1]["offsets_after"] == {"0": 43, "1": 42}
