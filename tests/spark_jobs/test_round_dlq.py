@@ -124,7 +124,10 @@ def test_reprocess_moves_records_whose_schema_was_registered_late(spark: Any, ro
     v1_id = http_json(f"{round_broker.registry_url}/subjects/{topic}-value/versions/latest")["id"]
     late = json.loads(json.dumps(CLICK_V1))
     late["fields"].append({"name": "campaign", "type": ["null", "string"], "default": None})
-    next_id = v1_id + 1  # what the registry will give the next new schema
+    probe = http_json(f"{round_broker.registry_url}/subjects/{topic}-probe-value/versions", "POST", {
+        "schema": json.dumps({"type": "record", "name": f"Probe{topic}", "fields": []})})
+    next_id = probe["id"] + 1  # what the registry will give the next new schema (ids are global)
+    assert next_id > v1_id
     raw = Producer({"bootstrap.servers": round_broker.bootstrap})
     for c in clicks(5, 3):
         body = io.BytesIO()
