@@ -322,7 +322,7 @@ def _control_type(data: bytes, pos: int, end: int, header: BatchHeader) -> int:
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """A zigzag varint of more than one byte (the one-byte case is inlined by callers)."""
+    """A zigzag varint: (value, position after it)."""
     shift = 0
     raw = 0
     while True:
@@ -362,57 +362,20 @@ def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int,
     offsets, timestamps, keys, values, headers = (
         chunk.offsets.append, chunk.timestamps.append, chunk.keys.append, chunk.values.append, chunk.headers.append
     )
-    for _ in range(header.record_count):
-        b = buf[p]
-        if b < 0x80:
-            length = (b >> 1) ^ -(b & 1)
-            p += 1
-        else:
-            length, p = _varint(buf, p)
+    for _ in range(header.record_count):  # the fallback of _kafka_records.decode_records: plain, not fast
+        length, p = _varint(buf, p)
         rec_end = p + length
         if length < 6 or rec_end > stop:
             raise CorruptBatchError(f"record of {length} bytes does not fit batch at offset {base_offset}")
-        p += 1  # record attributes (unused in v2)
-        b = buf[p]
-        if b < 0x80:
-            ts_delta = (b >> 1) ^ -(b & 1)
-            p += 1
-        else:
-            ts_delta, p = _varint(buf, p)
-        b = buf[p]
-        if b < 0x80:
-            offset = base_offset + ((b >> 1) ^ -(b & 1))
-            p += 1
-        else:
-            delta, p = _varint(buf, p)
-            offset = base_offset + delta
+        ts_delta, p = _varint(buf, p + 1)  # after the record attributes (unused in v2)
+        delta, p = _varint(buf, p)
+        offset = base_offset + delta
         if offset < lo or offset >= hi:
             p = rec_end
             continue
-        b = buf[p]
-        if b < 0x80:
-            n = (b >> 1) ^ -(b & 1)
-            p += 1
-        else:
-            n, p = _varint(buf, p)
-        if n < 0:
-            key = None
-        else:
-            key = buf[p : p + n]
-            p += n
-        b = buf[p]
-        if b < 0x80:
-            n = (b >> 1) ^ -(b & 1)
-            p += 1
-        else:
-            n, p = _varint(buf, p)
-        if n < 0:
-            value = None
-        else:
-            value = buf[p : p + n]
-            p += n
-        b = buf[p]
-        if b == 0:
+        key, p = _bytes_or_none(buf, p)
+        value, p = _bytes_or_none(buf, p)
+        if buf[p] == 0:
             record_headers = _NO_HEADERS
             p += 1
         else:
@@ -426,6 +389,12 @@ def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int,
         headers(record_headers)
     if p != stop:
         raise CorruptBatchError(f"batch at offset {base_offset} has {stop - p} bytes after its last record")
+
+
+def _bytes_or_none(buf: bytes, p: int) -> tuple[bytes | None, int]:
+    """A length-prefixed key or value; a negative length is null."""
+    n, p = _varint(buf, p)
+    return (None, p) if n < 0 else (buf[p : p + n], p + n)
 
 
 def _headers(buf: bytes, p: int) -> tuple[Headers, int]:
