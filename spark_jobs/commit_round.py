@@ -39,7 +39,7 @@ from typing import Any
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from spark_jobs import dlq, partitioning, round_plan, table_setup
+from spark_jobs import dlq, job_output, partitioning, round_plan, table_setup
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
     BranchHead,
@@ -375,13 +375,7 @@ class _Evolve(Exception):
 
 
 def _message(exc: BaseException) -> str:
-    """One readable line or few: a JVM error without its Java stack trace."""
-    if isinstance(exc, RoundFailed):
-        return str(exc)
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        return f"{java.getClass().getName()}: {java.getMessage()}"
-    return f"{type(exc).__name__}: {exc}"
+    return str(exc) if isinstance(exc, RoundFailed) else job_output.error_message(exc)
 
 
 def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundResult]:
@@ -405,10 +399,7 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundRes
         code = 1
     result.seconds["total"] = round(time.monotonic() - started, 3)
     if args.result is not None:
-        args.result.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.result.with_suffix(args.result.suffix + ".tmp")
-        tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-        os.replace(tmp, args.result)
+        job_output.write_result(args.result, result.to_json())
     log.info("round %s of %s: %s %s", result.round_id, args.topic, result.status, result.message)
     if round_ is not None and round_._own_spark and round_._spark is not None:
         round_._spark.stop()

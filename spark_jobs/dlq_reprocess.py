@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from broker import checkpoint
 from broker.config import object_store_from_env
-from spark_jobs import dlq, table_setup
+from spark_jobs import dlq, job_output, table_setup
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient
 from spark_jobs.round_commit import (
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     result.seconds = round(time.monotonic() - started, 3)
     if args.result is not None:
-        args.result.write_text(json.dumps(asdict(result), indent=2) + "\n")
+        job_output.write_result(args.result, asdict(result))
     log.info("%s: %s", result.status, result.message)
     return code
 

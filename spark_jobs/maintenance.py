@@ -32,7 +32,6 @@ ran (or the table does not exist yet), 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -42,7 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spark_jobs import dlq, table_setup
+from spark_jobs import dlq, job_output, table_setup
 from spark_jobs.broker_client import AdminClient
 from spark_jobs.maintenance_settings import ACTIONS, Settings, parse_actions, resolve
 
@@ -232,7 +231,7 @@ class Maintenance:
                 done = steps[action](spark, catalog, target, table, settings)
             except Exception as exc:  # the other actions still run; the job fails at the end
                 log.warning("%s of %s failed", action, name, exc_info=True)
-                done = {"error": _message(exc)}
+                done = {"error": job_output.error_message(exc)}
             done["seconds"] = out.seconds[action] = round(time.monotonic() - started, 3)
             out.actions[action] = done
             log.info("%s %s: %s", name, action, _summary(action, done))
@@ -327,17 +326,6 @@ def _summary(action: str, done: dict[str, Any]) -> str:
     return f"{done['removed']} orphan files removed"
 
 
-def _message(exc: BaseException) -> str:
-    """One readable line: a JVM error without its Java stack trace."""
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        return f"{java.getClass().getName()}: {java.getMessage()}"
-    desc = getattr(exc, "desc", None)  # pyspark's AnalysisException and friends
-    if isinstance(desc, str):
-        return f"{type(exc).__name__}: {desc.splitlines()[0] if desc else ''}"
-    return f"{type(exc).__name__}: {exc}"
-
-
 def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, MaintenanceResult]:
     """One maintenance run from command-line arguments; ``spark``: a session to use (else one is started and stopped)."""
     args = parse_args(argv)
@@ -348,7 +336,7 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, Maintena
         result = job.run()
     except Exception as exc:  # every failure ends as a clear message + result JSON
         log.debug("maintenance failed", exc_info=True)
-        message = _message(exc)
+        message = job_output.error_message(exc)
         result = job.result("failed", message=message) if job is not None else MaintenanceResult(
             "failed", args.topic, actions=list(args.actions), message=message)
     if job is not None:
@@ -358,10 +346,7 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, Maintena
     if code:
         print(f"maintenance of {args.topic} failed: {result.message}", file=sys.stderr)
     if args.result is not None:
-        args.result.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.result.with_suffix(args.result.suffix + ".tmp")
-        tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-        os.replace(tmp, args.result)
+        job_output.write_result(args.result, result.to_json())
     log.info("maintenance of %s: %s %s", args.topic, result.status, result.message)
     if job is not None and job._own_spark and job._spark is not None:
         job._spark.stop()
