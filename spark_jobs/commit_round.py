@@ -51,6 +51,7 @@ from spark_jobs.round_commit import (
     main_snapshot_id,
     publish,
     round_snapshot,
+    write_to_branch,
 )
 from spark_jobs.round_tasks import TaskReport, TaskSpec, run_tasks
 from spark_jobs.rows import INCOMPATIBLE_SCHEMA, TABLE_SCHEMA_BEHIND, DecodeError
@@ -292,12 +293,14 @@ class CommitRound:
         skipped_records = self._check_errors(report, table)
 
         t1 = time.monotonic()
-        with table.transaction() as tx, \
-                tx.update_snapshot(properties, branch=self.branch).fast_append() as append:
-            for data_file in output.data_files:
-                append.append_data_file(data_file)
+        def append_files(target: Any) -> None:
+            with target.transaction() as tx, \
+                    tx.update_snapshot(properties, branch=self.branch).fast_append() as append:
+                for data_file in output.data_files:
+                    append.append_data_file(data_file)
+
+        table = write_to_branch(table, append_files)
         _kill_point("after_write")
-        table = table.refresh()
         try:
             snapshot_id = round_snapshot(table, self.branch, parent)
         except UnexpectedBranchState as exc:
@@ -335,10 +338,9 @@ class CommitRound:
         parent = main_snapshot_id(table)
         assert parent is not None
         create_branch(self.catalog, table, self.branch, parent)
-        table = table.refresh()
-        table.append(dlq.to_arrow(errors, self.topic.topic, self.round_id, table.schema()),
-                               snapshot_properties={checkpoint.ROUND_ID: self.round_id}, branch=self.branch)
-        table = table.refresh()
+        rows = dlq.to_arrow(errors, self.topic.topic, self.round_id, table.schema())
+        table = write_to_branch(table.refresh(), lambda target: target.append(
+            rows, snapshot_properties={checkpoint.ROUND_ID: self.round_id}, branch=self.branch))
         return BranchHead(table, self.branch, parent, round_snapshot(table, self.branch, parent),
                           tag_checkpoint=False)
 

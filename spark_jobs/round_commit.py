@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.exceptions import BadRequestError, CommitFailedException, CommitStateUnknownException
 from pyiceberg.table import Table
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.update import (
@@ -42,6 +43,7 @@ from broker.checkpoint import CHECKPOINT_TAG, MAIN, ROUND_BRANCH_PREFIX
 
 log = logging.getLogger(__name__)
 STALE_BRANCH_MS = 60 * 60 * 1000
+BRANCH_WRITE_ATTEMPTS = 5
 
 
 class LostRace(RuntimeError):
@@ -186,6 +188,25 @@ def _commit_transaction(catalog_url: str, heads: list[BranchHead]) -> None:
         if exc.status is None or exc.status >= 500:
             raise CommitStateUnknownException(str(exc)) from exc
         raise
+
+
+def write_to_branch(table: Table, write: Callable[[Table], None], attempts: int = BRANCH_WRITE_ATTEMPTS) -> Table:
+    """Run a pyiceberg write on the round's own branch; the table, refreshed, after it.
+
+    Another writer's commit to another ref (a concurrent round's branch, ``main``) moves the
+    table's last sequence number, and the catalog refuses ours (409, or 400 once pyiceberg's
+    own retry re-sends the stale snapshot). Nobody else writes this branch, so writing again
+    on fresh metadata is safe; a refused commit changed nothing."""
+    for attempt in range(attempts):
+        try:
+            write(table)
+            return table.refresh()
+        except (CommitFailedException, BadRequestError) as exc:
+            if attempt == attempts - 1:
+                raise
+            log.info("write to a round branch of %s refused (%s); again on fresh metadata", table.name(), exc)
+            table = table.refresh()
+    raise AssertionError("unreachable")
 
 
 def drop_branch(catalog: Catalog, table: Table, name: str) -> None:
