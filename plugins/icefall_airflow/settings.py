@@ -14,6 +14,7 @@ from pathlib import Path
 from broker.config import BrokerConfig
 
 COMMIT_DAG_PREFIX = "icefall_commit__"
+MAINTAIN_DAG_PREFIX = "icefall_maintain__"
 POOL_PREFIX = "icefall_table__"
 ASSET_PREFIX = "icefall/"
 ADMIN_URL_ENV = "ICEFALL_ADMIN_URL"
@@ -38,6 +39,15 @@ def default_admin_url() -> str:
 
 def commit_dag_id(topic: str) -> str:
     return COMMIT_DAG_PREFIX + topic
+
+
+def maintain_dag_id(topic: str) -> str:
+    return MAINTAIN_DAG_PREFIX + topic
+
+
+def writer_dag_ids(topic: str) -> tuple[str, str]:
+    """The DAGs that write the topic's table: paused together when the topic stops being a table topic."""
+    return commit_dag_id(topic), maintain_dag_id(topic)
 
 
 def pool_name(topic: str) -> str:
