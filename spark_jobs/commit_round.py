@@ -39,7 +39,7 @@ from typing import Any
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from spark_jobs import dlq, job_output, partitioning, round_plan, table_setup
+from spark_jobs import dlq, job_output, partitioning, round_plan, table_setup, upsert
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
     BranchHead,
@@ -192,6 +192,7 @@ class CommitRound:
             store = store.model_copy(update={"endpoint_url": cluster["object_store_endpoint"]})
         self.store: ObjectStoreConfig = store
         self.options = table_setup.TableOptions.of(self.topic)
+        self.upsert = upsert.UpsertOptions.of(self.topic)
         self.round_id = args.round_id or uuid.uuid4().hex
         self.branch = branch_name(self.round_id)
         self._spark: Any = spark
@@ -262,6 +263,9 @@ class CommitRound:
         changes.extend(evolved.applied)
         table, spec_changes = partitioning.evolve(table.refresh(), self.topic.config("partition.by"))
         changes.extend(spec_changes)
+        if self.upsert is not None:
+            upsert.check_columns(table.schema(), self.upsert)
+            table = upsert.ensure_merge_on_read(table)
         table = table_setup.ensure_base_snapshot(table)
         parent = main_snapshot_id(table)
         if found.snapshot_id is not None and checkpoint.read_checkpoint(table.metadata).offsets != found.offsets:
@@ -272,7 +276,9 @@ class CommitRound:
         spark = self.spark()
         assert parent is not None  # ensure_base_snapshot
         create_branch(self.catalog, table, self.branch, parent)
-        spec = TaskSpec(self.store, table.metadata.model_dump_json(), tuple(sorted(table.io.properties.items())),
+        metadata_json = (table.metadata.model_dump_json() if self.upsert is None
+                         else upsert.staging_metadata_json(table, self.round_id))
+        spec = TaskSpec(self.store, metadata_json, tuple(sorted(table.io.properties.items())),
                         self.options.key_type, self.options.value_type, self.registry.url,
                         tuple(sorted(self.registry.known().items())))
         properties = {
@@ -290,7 +296,12 @@ class CommitRound:
             raise
         self.seconds["read_write"] = round(time.monotonic() - started, 3)
         report = output.report
-        skipped_records = self._check_errors(report, table)
+        try:
+            skipped_records = self._check_errors(report, table)
+        except BaseException:
+            if self.upsert is not None:
+                upsert.remove_staging(table, [f.file_path for f in output.data_files])
+            raise
 
         t1 = time.monotonic()
         def append_files(target: Any) -> None:
@@ -299,7 +310,10 @@ class CommitRound:
                 for data_file in output.data_files:
                     append.append_data_file(data_file)
 
-        table = write_to_branch(table, append_files)
+        merged = self._merge(spark, table, output.data_files, properties) if self.upsert is not None else None
+        if merged is None or not merged.merged:  # an upsert round with no staged rows: an empty snapshot
+            table = write_to_branch(table, append_files)
+        table = table.refresh()
         _kill_point("after_write")
         try:
             snapshot_id = round_snapshot(table, self.branch, parent)
@@ -322,6 +336,10 @@ class CommitRound:
         self.seconds["commit"] = round(time.monotonic() - t1, 3)
         summary = checkpoint.summary_properties(snapshot)
         dlq_note = f", {len(skipped_records)} records to {dlq.dlq_name(self.topic.table)}" if skipped_records else ""
+        if merged is not None:
+            dlq_note = (f" (merged on {', '.join(self.upsert.id_columns) if self.upsert else ''}: "
+                        f"{merged.source_rows - merged.deletes} upserts, {merged.deletes} deletes, "
+                        f"{summary.get('added-position-deletes', '0')} replaced rows)" + dlq_note)
         return self.result(
             "committed", snapshot_id=snapshot_id, parent_snapshot_id=parent,
             offsets_before=plan.offsets_before, offsets_after=plan.offsets_after,
@@ -330,6 +348,24 @@ class CommitRound:
             data_files=int(summary.get("added-data-files", 0)),
             seconds=self.seconds, message=f"committed {report.rows} rows{dlq_note}",
         )
+
+    def _merge(self, spark: Any, table: Any, staged_files: list[Any], properties: dict[str, str]
+               ) -> upsert.MergeOutcome:
+        """The upsert round's write: the staged rows MERGEd into the round branch (``upsert``)."""
+        assert self.upsert is not None
+        namespace, name = self.topic.identifier
+        target = f"{use_catalog(spark, self.catalog_url)}.`{namespace}`.`{name}`.`branch_{self.branch}`"
+        staged = [f.file_path for f in staged_files]
+        try:
+            return upsert.merge_round(spark, target, table.schema(), self.upsert, staged, properties, self.round_id)
+        except upsert.BadUpsertRecords as exc:
+            drop_branch(self.catalog, table.refresh(), self.branch)
+            raise RoundFailed(f"{self.topic.topic}: {exc}") from exc
+        except Exception:
+            drop_branch(self.catalog, table.refresh(), self.branch)
+            raise
+        finally:
+            upsert.remove_staging(table, staged)
 
     def _dlq_head(self, errors: list[DecodeError]) -> BranchHead:
         """The DLQ rows on the DLQ table's own round branch, published with the round's rows."""
