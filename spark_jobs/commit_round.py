@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyiceberg.exceptions import RESTError
+
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
 from spark_jobs import dlq, job_output, partitioning, round_plan, table_setup, upsert
@@ -256,8 +258,16 @@ class CommitRound:
                                offsets_after=plan.offsets_after, seconds=self.seconds,
                                message="no new offsets since the last committed round")
         plan.ranges = round_plan.fetch_ranges(self.admin, self.topic.topic, windows)
-        table = table_setup.load_or_create(self.catalog, self.topic, self.registry, self.options,
-                                           self._first_schema_id(plan.ranges))
+        try:
+            table = table_setup.load_or_create(self.catalog, self.topic, self.registry, self.options,
+                                               self._first_schema_id(plan.ranges))
+        except RESTError as exc:
+            if self.options.format_version >= 3 and "V3" in str(exc):
+                raise RoundFailed(
+                    f"automq.table.topic.format.version={self.options.format_version}: the catalog cannot keep "
+                    f"format v3 tables ({exc}); the broker's catalog (pyiceberg's SQL catalog) writes v2 only, "
+                    "use format.version=2 or a catalog with v3 support") from exc
+            raise
         evolved = table_setup.evolve(table, table_setup.value_schemas(self.registry, self.topic.topic, extra_ids),
                                      self.options)
         changes.extend(evolved.applied)

@@ -62,3 +62,104 @@ def test_upsert_keeps_the_last_record_per_id_within_and_across_rounds(spark: Any
     summary = snapshot.summary.additional_properties
     assert summary["icefall.round-id"] == r2.round_id and summary["added-position-deletes"] == "4"
     assert run_round(spark, round_broker, topic).status == "nothing_new"
+
+
+CDC_V1: dict[str, Any] = {**CLICK_V1, "name": "ClickChange",
+                          "fields": [*CLICK_V1["fields"], {"name": "op", "type": "string"}]}
+
+
+def test_cdc_field_deletes_on_d_and_upserts_on_i_and_u(spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1, configs={
+        "automq.table.topic.cdc.field": "op", "automq.table.topic.id.columns": "[id]"})
+    producer = AvroProducer(round_broker, topic, CDC_V1)
+    producer.send([{**c, "op": "I"} for c in clicks(0, 10)]
+                  + [{**c, "op": "update", "score": 77} for c in clicks(2, 1)]  # U by its first letter
+                  + [{**c, "op": "D"} for c in clicks(3, 1)]
+                  + [{**c, "op": "i"} for c in clicks(10, 1)] + [{**c, "op": "d"} for c in clicks(10, 1)])
+    r1 = run_round(spark, round_broker, topic)
+    assert r1.status == "committed" and r1.rows == 14, r1.message
+    state = by_id(round_broker, topic)
+    assert sorted(state) == [0, 1, 2, 4, 5, 6, 7, 8, 9] and state[2][0] == 77
+
+    producer.send([{**c, "op": "D"} for c in clicks(4, 2)] + [{**c, "op": "I", "score": 5} for c in clicks(3, 1)])
+    assert run_round(spark, round_broker, topic).status == "committed"
+    assert [r[:2] for r in three_readers(spark, round_broker, topic)] == [
+        (0, 0), (1, 1), (2, 77), (3, 5), (6, 6), (7, 7), (8, 8), (9, 9)]
+    ops = {r["id"]: r["op"] for r in table(round_broker, topic).scan(selected_fields=("id", "op")).to_arrow()
+           .to_pylist()}
+    assert ops[3] == "I" and ops[2] == "update"  # the CDC column is kept as a column
+
+
+def test_an_unknown_cdc_op_fails_the_round_naming_it_and_commits_nothing(spark: Any,
+                                                                          round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1, configs={
+        "automq.table.topic.cdc.field": "op", "automq.table.topic.id.columns": "[id]"})
+    producer = AvroProducer(round_broker, topic, CDC_V1)
+    producer.send([{**c, "op": "I"} for c in clicks(0, 3)] + [{**c, "op": "Z"} for c in clicks(3, 1)])
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "failed"
+    assert "partition 0 offset 3: UnknownCdcOperation" in result.message and "nothing committed" in result.message
+    t = table(round_broker, topic)
+    assert t.scan().to_arrow().num_rows == 0
+    assert [r for r in t.metadata.refs if r.startswith("icefall-round-")] == []
+    staging = t.location().removeprefix("file://") + "/icefall-staging"
+    import os
+    assert not any(files for _, _, files in os.walk(staging)), "staged files must be removed"
+
+
+def test_tombstones_delete_the_id_named_by_the_key(spark: Any, round_broker: BrokerProcess) -> None:
+    from confluent_kafka import Producer
+
+    topic = new_topic(round_broker, partitions=1, configs=UPSERT)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 8), key=lambda c: str(c["id"]))
+    raw = Producer({"bootstrap.servers": round_broker.bootstrap, "enable.idempotence": True})
+    raw.produce(topic, key=b"3", value=None)
+    assert raw.flush(30) == 0
+    producer.send(clicks(8, 1), key=b"8")
+    raw.produce(topic, key=b" 8 ", value=None)  # an id inserted and deleted in the same round
+    assert raw.flush(30) == 0
+    r1 = run_round(spark, round_broker, topic)
+    assert (r1.status, r1.rows, r1.dlq_rows) == ("committed", 11, 0), r1.message
+    assert sorted(by_id(round_broker, topic)) == [0, 1, 2, 4, 5, 6, 7]
+    raw.produce(topic, key=b"0", value=None)
+    raw.produce(topic, key=b"42", value=None)  # deleting an id the table never had: no change
+    assert raw.flush(30) == 0
+    assert run_round(spark, round_broker, topic).status == "committed"
+    assert [r[0] for r in three_readers(spark, round_broker, topic)] == [1, 2, 4, 5, 6, 7]
+
+    raw.produce(topic, key=b"not a number", value=None)
+    assert raw.flush(30) == 0
+    failed = run_round(spark, round_broker, topic)
+    assert failed.status == "failed" and "offset 13: MissingIdColumn" in failed.message, failed.message
+
+
+def test_bad_records_in_an_upsert_round_go_to_the_dlq(spark: Any, round_broker: BrokerProcess) -> None:
+    from confluent_kafka import Producer
+
+    from tests.spark_jobs.test_round_dlq import dlq_rows
+
+    topic = new_topic(round_broker, partitions=1,
+                      configs={**UPSERT, "automq.table.topic.schema.validation": "false"})
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 6))
+    raw = Producer({"bootstrap.servers": round_broker.bootstrap, "enable.idempotence": True})
+    for value in (b"garbage", b"\x00\x7f\xff\xff\xf0xx"):
+        raw.produce(topic, value=value, key=b"1")
+    assert raw.flush(30) == 0
+    producer.send([{**c, "score": 60} for c in clicks(0, 2)])
+    result = run_round(spark, round_broker, topic)
+    assert (result.status, result.rows, result.dlq_rows, result.records) == ("committed", 8, 2, 10), result.message
+    assert [r["offset"] for r in dlq_rows(round_broker, topic)] == [6, 7]
+    assert {i: s for i, (s, _) in by_id(round_broker, topic).items()} == {0: 60, 1: 60, 2: 2, 3: 3, 4: 4, 5: 5}
+
+
+def test_format_version_3_is_refused_by_the_brokers_catalog_with_a_clear_message(
+        spark: Any, round_broker: BrokerProcess) -> None:
+    topic = new_topic(round_broker, partitions=1, configs={**UPSERT, "automq.table.topic.format.version": "3"})
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 3))
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "failed" and "format.version=3" in result.message and "v2 only" in result.message
+    from tests.spark_jobs.round_support import catalog
+
+    assert not catalog(round_broker).table_exists(("default", topic))
