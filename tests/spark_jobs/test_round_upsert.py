@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from broker import checkpoint
 from broker.catalog import duckdb_local
-from spark_jobs import commit_round
-from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, run_round, table
+from spark_jobs import commit_round, upsert
+from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, round_args, run_round, table
 from tests.spark_jobs.test_commit_round import clicks
 from tests.support import BrokerProcess
 
@@ -163,3 +166,84 @@ def test_format_version_3_is_refused_by_the_brokers_catalog_with_a_clear_message
     from tests.spark_jobs.round_support import catalog
 
     assert not catalog(round_broker).table_exists(("default", topic))
+
+
+@pytest.mark.parametrize("point", ["after_write", "before_publish", "after_publish"])
+def test_an_upsert_round_crashing_then_rerun_merges_each_record_once(
+        point: str, spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.spark_jobs.test_round_exactly_once import SimulatedCrash, round_branches
+
+    topic = new_topic(round_broker, partitions=2, configs=UPSERT)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 30), key=lambda c: str(c["id"]))
+    run_round(spark, round_broker, topic)
+    producer.send([{**c, "score": 1000 + c["id"]} for c in clicks(20, 20)], key=lambda c: str(c["id"]))
+    before = by_id(round_broker, topic)
+
+    def crash(name: str) -> None:
+        if name == point:
+            raise SimulatedCrash(name)
+
+    monkeypatch.setattr(commit_round, "_kill_point", crash)
+    with pytest.raises(SimulatedCrash):
+        commit_round.run(round_args(round_broker, topic), spark)
+    monkeypatch.undo()
+    if point != "after_publish":
+        assert by_id(round_broker, topic) == before and round_branches(round_broker, topic)
+    rerun = run_round(spark, round_broker, topic)
+    assert rerun.status == ("nothing_new" if point == "after_publish" else "committed"), rerun.message
+    state = by_id(round_broker, topic)
+    assert {i: s for i, (s, _) in state.items()} == {i: (1000 + i if i >= 20 else i) for i in range(40)}
+    t = table(round_broker, topic)
+    offsets = checkpoint.read_checkpoint(t.metadata).offsets
+    assert sum(offsets.values()) == 50
+    assert len(round_branches(round_broker, topic)) == (0 if point == "after_publish" else 1)  # the crashed one's
+
+
+def test_a_concurrent_writer_makes_an_upsert_round_merge_again_on_the_new_main(
+        spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    topic = new_topic(round_broker, partitions=1, configs=UPSERT)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 10))
+    run_round(spark, round_broker, topic)
+    producer.send([{**c, "score": 50} for c in clicks(5, 10)])
+    real_publish = commit_round.publish
+    calls: list[int] = []
+
+    def publish_after_someone_else(catalog: Any, heads: Any, *args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # e.g. compaction commits to main between our merge and our publish
+            with table(round_broker, topic).transaction() as tx, tx.update_snapshot().fast_append():
+                pass
+        return real_publish(catalog, heads, *args)
+
+    monkeypatch.setattr(commit_round, "publish", publish_after_someone_else)
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "committed" and result.attempts == 2, result
+    assert {i: s for i, (s, _) in by_id(round_broker, topic).items()} == {
+        i: (50 if i >= 5 else i) for i in range(15)}
+
+
+def test_spark_writes_deletion_vectors_on_v3_and_pyiceberg_and_duckdb_read_them(spark: Any, tmp_path: Any) -> None:
+    """What a v3 upsert table would hold, on Spark's own Hadoop catalog (the broker's catalog
+    keeps v2 tables only): MERGE writes a Puffin deletion vector, and both other readers apply it."""
+    from pyiceberg.table import StaticTable
+
+    spark.conf.set("spark.sql.catalog.dvtest", "org.apache.iceberg.spark.SparkCatalog")
+    spark.conf.set("spark.sql.catalog.dvtest.type", "hadoop")
+    spark.conf.set("spark.sql.catalog.dvtest.warehouse", f"file://{tmp_path}")
+    props = ", ".join(f"'{k}'='{v}'" for k, v in {"format-version": "3", **upsert.MERGE_ON_READ}.items())
+    spark.sql(f"CREATE TABLE dvtest.db.t (id BIGINT, v STRING) USING iceberg TBLPROPERTIES ({props})")
+    spark.sql("INSERT INTO dvtest.db.t VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+    spark.sql("MERGE INTO dvtest.db.t t USING (SELECT 2 AS id, 'B' AS v, 'U' AS op UNION ALL SELECT 3, NULL, 'D' "
+              "UNION ALL SELECT 4, 'd', 'U') s ON t.id = s.id WHEN MATCHED AND s.op = 'D' THEN DELETE "
+              "WHEN MATCHED THEN UPDATE SET t.v = s.v WHEN NOT MATCHED THEN INSERT (id, v) VALUES (s.id, s.v)")
+    deletes = spark.sql("SELECT content, file_format FROM dvtest.db.t.delete_files").collect()
+    assert [(r["content"], r["file_format"]) for r in deletes] == [(1, "PUFFIN")]  # a deletion vector
+    expected = [(1, "a"), (2, "B"), (4, "d")]
+    assert [tuple(r) for r in spark.sql("SELECT id, v FROM dvtest.db.t ORDER BY id").collect()] == expected
+    metadata = sorted((tmp_path / "db" / "t" / "metadata").glob("v*.metadata.json"))[-1]
+    from_pyiceberg = StaticTable.from_metadata(str(metadata)).scan().to_arrow().to_pylist()
+    assert sorted((r["id"], r["v"]) for r in from_pyiceberg) == expected
+    con = duckdb_local.connect()
+    assert con.execute(f"SELECT id, v FROM iceberg_scan('{metadata}') ORDER BY id").fetchall() == expected
