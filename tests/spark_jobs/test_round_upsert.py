@@ -11,7 +11,14 @@ import pytest
 from broker import checkpoint
 from broker.catalog import duckdb_local
 from spark_jobs import commit_round, upsert
-from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, round_args, run_round, table
+from tests.spark_jobs.round_support import (
+    CLICK_V1,
+    AvroProducer,
+    new_topic,
+    round_args,
+    run_round,
+    table,
+)
 from tests.spark_jobs.test_commit_round import clicks
 from tests.support import BrokerProcess
 
