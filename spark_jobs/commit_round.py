@@ -268,8 +268,8 @@ class CommitRound:
                     f"format v3 tables ({exc}); the broker's catalog (pyiceberg's SQL catalog) writes v2 only, "
                     "use format.version=2 or a catalog with v3 support") from exc
             raise
-        evolved = table_setup.evolve(table, table_setup.value_schemas(self.registry, self.topic.topic, extra_ids),
-                                     self.options)
+        schemas = table_setup.value_schemas(self.registry, self.topic.topic, extra_ids)
+        evolved = table_setup.evolve(table, schemas, self.options)
         changes.extend(evolved.applied)
         table, spec_changes = partitioning.evolve(table.refresh(), self.topic.config("partition.by"))
         changes.extend(spec_changes)
@@ -287,7 +287,7 @@ class CommitRound:
         assert parent is not None  # ensure_base_snapshot
         create_branch(self.catalog, table, self.branch, parent)
         metadata_json = (table.metadata.model_dump_json() if self.upsert is None
-                         else upsert.staging_metadata_json(table, self.round_id))
+                         else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan)))
         spec = TaskSpec(self.store, metadata_json, tuple(sorted(table.io.properties.items())),
                         self.options.key_type, self.options.value_type, self.registry.url,
                         tuple(sorted(self.registry.known().items())))
@@ -358,6 +358,18 @@ class CommitRound:
             data_files=int(summary.get("added-data-files", 0)),
             seconds=self.seconds, message=f"committed {report.rows} rows{dlq_note}",
         )
+
+    def _envelope(self, schemas: list[tuple[int, str]], plan: round_plan.RoundPlan) -> str | None:
+        """For ``flatten_debezium``: the Debezium envelope schema the staged rows keep whole (the
+        value subject's latest, else the round's first record's)."""
+        if self.upsert is None or not self.upsert.debezium:
+            return None
+        if schemas:
+            return schemas[-1][1]
+        first = self._first_schema_id(plan.ranges)()
+        if first is None:
+            raise RoundFailed(f"{self.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry")
+        return self.registry.avro_schema(first)
 
     def _merge(self, spark: Any, table: Any, staged_files: list[Any], properties: dict[str, str]
                ) -> upsert.MergeOutcome:

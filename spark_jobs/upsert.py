@@ -64,7 +64,7 @@ from pyiceberg.types import (
 )
 
 from broker.topic_configs import TABLE_PREFIX
-from spark_jobs.avro_schema import KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
+from spark_jobs.avro_schema import CDC, KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
 from spark_jobs.broker_client import TableTopic
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ class BadUpsertRecords(RuntimeError):
 class UpsertOptions:
     id_columns: tuple[str, ...]
     cdc_field: str | None
+    debezium: bool = False  # transform.value.type=flatten_debezium: rows from before/after, ops c/r/u/d
 
     @classmethod
     def of(cls, topic: TableTopic) -> UpsertOptions | None:
@@ -101,11 +102,19 @@ class UpsertOptions:
         ids = parse_id_columns(topic.configs.get(TABLE_PREFIX + "id.columns", ""))
         upsert = topic.configs.get(TABLE_PREFIX + "upsert.enable", "false") == "true"
         cdc = topic.configs.get(TABLE_PREFIX + "cdc.field", "").strip() or None
-        if not upsert and cdc is None:
+        debezium = topic.configs.get(TABLE_PREFIX + "transform.value.type") == "flatten_debezium"
+        if not upsert and cdc is None and not debezium:
             return None
         if not ids:
-            raise UpsertConfigError(f"{topic.topic}: upsert/CDC needs {TABLE_PREFIX}id.columns")
+            raise UpsertConfigError(f"{topic.topic}: upsert, CDC and flatten_debezium need {TABLE_PREFIX}id.columns")
+        if debezium:
+            return cls(ids, f"{CDC}.op", debezium=True)
         return cls(ids, cdc)
+
+    @property
+    def upsert_letters(self) -> tuple[str, ...]:
+        """First letters of the ops that upsert (the rest of the known ones, D, delete)."""
+        return ("C", "R", "U") if self.debezium else ("I", "U")
 
 
 def parse_id_columns(text: str) -> tuple[str, ...]:
@@ -162,22 +171,34 @@ def staging_location(table: Table, round_id: str) -> str:
     return f"{table.metadata.location.rstrip('/')}/{STAGING_DIR}/{round_id}"
 
 
-def staging_metadata_json(table: Table, round_id: str) -> str:
+def staging_metadata_json(table: Table, round_id: str, envelope: Any = None) -> str:
     """The table's metadata as the round's tasks should see it for an upsert round: every
     column optional (a tombstone is a row of nulls until the MERGE turns it into a delete)
-    and data files written under the round's staging directory, unpartitioned."""
+    and data files written under the round's staging directory, unpartitioned. With a
+    Debezium ``envelope`` (Avro schema), the staged rows hold the whole envelope in
+    ``_kafka_value`` instead of the table's columns: the MERGE's source picks ``after`` or
+    ``before`` (``debezium_rows_sql``)."""
     from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    from spark_jobs.avro_schema import table_schema
 
     metadata = table.metadata
     current = metadata.schema()
-    relaxed = Schema(*_optional(current.as_struct()).fields, schema_id=current.schema_id,  # type: ignore[attr-defined]
-                     identifier_field_ids=[])
+    fields = list(_optional(current.as_struct()).fields)  # type: ignore[attr-defined]
+    if envelope is not None:
+        value = table_schema(envelope, transform="none").find_field(KAFKA_VALUE)
+        fields = [f for f in fields if f.name in (KAFKA_KEY, KAFKA_HEADERS, KAFKA_METADATA)]
+        fields.append(NestedField(0, KAFKA_VALUE, _optional(value.field_type), required=False))
+        fields = list(assign_fresh_schema_ids(Schema(*fields)).fields)
+    relaxed = Schema(*fields, schema_id=current.schema_id, identifier_field_ids=[])
     schemas = [relaxed if s.schema_id == current.schema_id else s for s in metadata.schemas]
     spec = UNPARTITIONED_PARTITION_SPEC
     specs = [s for s in metadata.partition_specs if s.spec_id != spec.spec_id] + [spec]
     properties = {**metadata.properties, "write.data.path": staging_location(table, round_id)}
     staged = metadata.model_copy(update={"schemas": schemas, "properties": properties, "partition_specs": specs,
-                                         "default_spec_id": spec.spec_id})
+                                         "default_spec_id": spec.spec_id,
+                                         "last_column_id": max(metadata.last_column_id, relaxed.highest_field_id)})
     return staged.model_dump_json()
 
 
@@ -236,9 +257,9 @@ def source_sql(view: str, schema: Schema, options: UpsertOptions) -> str:
     tombstone = _tombstone(schema)
     ids = [f"{_id_expr(schema, options, c)} AS `{ID_PREFIX}{i}`" for i, c in enumerate(options.id_columns)]
     if options.cdc_field:
-        op = (f"CASE WHEN {tombstone} THEN 'D' WHEN UPPER(SUBSTRING(TRIM({_quote(options.cdc_field)}), 1, 1)) "
-              f"IN ('I', 'U') THEN 'U' WHEN UPPER(SUBSTRING(TRIM({_quote(options.cdc_field)}), 1, 1)) = 'D' "
-              "THEN 'D' ELSE 'X' END")
+        first = f"UPPER(SUBSTRING(TRIM({_quote(options.cdc_field)}), 1, 1))"
+        letters = ", ".join(f"'{c}'" for c in options.upsert_letters)
+        op = f"CASE WHEN {tombstone} THEN 'D' WHEN {first} IN ({letters}) THEN 'U' WHEN {first} = 'D' THEN 'D' ELSE 'X' END"
     else:
         op = f"CASE WHEN {tombstone} THEN 'D' ELSE 'U' END"
     id_list = ", ".join(f"`{ID_PREFIX}{i}`" for i in range(len(options.id_columns)))
@@ -256,11 +277,35 @@ def bad_rows_sql(view: str, schema: Schema, options: UpsertOptions) -> str:
     reasons = [f"WHEN {missing} THEN '{MISSING_ID}'"]
     if options.cdc_field:
         first = f"UPPER(SUBSTRING(TRIM({_quote(options.cdc_field)}), 1, 1))"
-        reasons.append(f"WHEN NOT ({tombstone}) AND ({first} IS NULL OR {first} NOT IN ('I', 'U', 'D')) "
+        known = ", ".join(f"'{c}'" for c in (*options.upsert_letters, "D"))
+        reasons.append(f"WHEN NOT ({tombstone}) AND ({first} IS NULL OR {first} NOT IN ({known})) "
                        f"THEN '{BAD_CDC_OP}'")
     return (f"SELECT `{KAFKA_METADATA}`.`partition` AS p, `{KAFKA_METADATA}`.`offset` AS o, "
             f"CASE {' '.join(reasons)} END AS reason FROM {view} "
             f"WHERE CASE {' '.join(reasons)} END IS NOT NULL ORDER BY p, o")
+
+
+def debezium_rows_sql(view: str, staged: Any, schema: Schema) -> str:
+    """The staged envelopes as table rows: ``after`` (``before`` for op d) for the row's columns,
+    ``_cdc`` = (op, ts_ms as a timestamp, Kafka offset, source as JSON); a tombstone stays all null.
+    ``staged``: the staged DataFrame's Spark schema (fields an envelope lacks become nulls)."""
+    envelope = {f.name: f.dataType for f in staged[KAFKA_VALUE].dataType.fields}
+    row_fields = set(envelope["after"].fieldNames()) if "after" in envelope else set()
+    deleting = f"LOWER(SUBSTRING(TRIM(`{KAFKA_VALUE}`.`op`), 1, 1)) = 'd'"
+    columns = [f"`{KAFKA_KEY}`", f"`{KAFKA_HEADERS}`", f"`{KAFKA_METADATA}`"]
+    for f in schema.fields:
+        if f.name in (KAFKA_KEY, KAFKA_HEADERS, KAFKA_METADATA, CDC):
+            continue
+        if f.name in row_fields:
+            columns.append(f"CASE WHEN {deleting} THEN `{KAFKA_VALUE}`.`before`.`{f.name}` "
+                           f"ELSE `{KAFKA_VALUE}`.`after`.`{f.name}` END AS `{f.name}`")
+        else:
+            columns.append(f"NULL AS `{f.name}`")
+    ts = f"TIMESTAMP_MILLIS(`{KAFKA_VALUE}`.`ts_ms`)" if "ts_ms" in envelope else "CAST(NULL AS TIMESTAMP)"
+    source = f"TO_JSON(`{KAFKA_VALUE}`.`source`)" if "source" in envelope else "CAST(NULL AS STRING)"
+    columns.append(f"CASE WHEN `{KAFKA_VALUE}` IS NULL THEN NULL ELSE NAMED_STRUCT('op', `{KAFKA_VALUE}`.`op`, "
+                   f"'ts', {ts}, 'offset', `{KAFKA_METADATA}`.`offset`, 'source', {source}) END AS `{CDC}`")
+    return f"SELECT {', '.join(columns)} FROM {view}"
 
 
 def merge_sql(target: str, source: str, schema: Schema, options: UpsertOptions) -> str:
@@ -320,7 +365,11 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
     if not staged:
         return MergeOutcome(False)
     view = "icefall_upsert_" + re.sub(r"\W", "_", round_id)
-    spark.read.parquet(*staged).createOrReplaceTempView(view)
+    frame = spark.read.parquet(*staged)
+    if options.debezium:
+        frame.createOrReplaceTempView(view + "_envelopes")
+        frame = spark.sql(debezium_rows_sql(view + "_envelopes", frame.schema, schema))
+    frame.createOrReplaceTempView(view)
     try:
         bad = spark.sql(bad_rows_sql(view, schema, options)).collect()
         if bad:
@@ -333,5 +382,5 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
         with_commit_properties(spark, properties, lambda: spark.sql(merge_sql(target, source, schema, options)))
         return MergeOutcome(True, int(counts["n"]), int(counts["d"]))
     finally:
-        spark.catalog.dropTempView(view)
-        spark.catalog.dropTempView(view + "_last")
+        for name in (view, view + "_last", view + "_envelopes"):
+            spark.catalog.dropTempView(name)

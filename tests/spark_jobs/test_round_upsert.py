@@ -254,3 +254,60 @@ def test_spark_writes_deletion_vectors_on_v3_and_pyiceberg_and_duckdb_read_them(
     assert sorted((r["id"], r["v"]) for r in from_pyiceberg) == expected
     con = duckdb_local.connect()
     assert con.execute(f"SELECT id, v FROM iceberg_scan('{metadata}') ORDER BY id").fetchall() == expected
+
+
+ROW: dict[str, Any] = {"type": "record", "name": "Value", "namespace": "dbserver1.inventory.customers",
+                       "fields": [{"name": "id", "type": "long"},
+                                  {"name": "email", "type": ["null", "string"], "default": None}]}
+ENVELOPE: dict[str, Any] = {  # the shape Debezium's Avro converter registers for a table
+    "type": "record", "name": "Envelope", "namespace": "dbserver1.inventory.customers",
+    "fields": [
+        {"name": "before", "type": ["null", ROW], "default": None},
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "io.debezium.connector.mysql",
+                                    "fields": [{"name": "connector", "type": "string"}, {"name": "db", "type": "string"},
+                                               {"name": "table", "type": ["null", "string"], "default": None}]}},
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    ],
+}
+
+
+def change(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, ts: int) -> dict[str, Any]:
+    source = {"connector": "mysql", "db": "inventory", "table": "customers"}
+    return {"before": before, "after": after, "source": source, "op": op, "ts_ms": ts}
+
+
+def test_debezium_envelopes_flatten_to_rows_with_cdc_metadata(spark: Any, round_broker: BrokerProcess) -> None:
+    from confluent_kafka import Producer
+
+    topic = new_topic(round_broker, partitions=1, configs={
+        "automq.table.topic.transform.value.type": "flatten_debezium", "automq.table.topic.id.columns": "[id]"})
+    producer = AvroProducer(round_broker, topic, ENVELOPE)
+
+    def row(i: int, email: str | None = None) -> dict[str, Any]:
+        return {"id": i, "email": email or f"u{i}@example.com"}
+
+    producer.send([change("r", None, row(1), 1000), change("c", None, row(2), 1001), change("c", None, row(3), 1002),
+                   change("u", row(2), row(2, "new@example.com"), 1003), change("d", row(3), None, 1004)],
+                  key=lambda v: str((v["after"] or v["before"])["id"]))
+    raw = Producer({"bootstrap.servers": round_broker.bootstrap})
+    raw.produce(topic, key=b"3", value=None)  # Debezium's tombstone after a delete
+    assert raw.flush(30) == 0
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "committed" and result.rows == 6, result.message
+    t = table(round_broker, topic)
+    assert [f.name for f in t.schema().fields][3:] == ["id", "email", "_cdc"]
+    rows = sorted(t.scan(selected_fields=("id", "email", "_cdc")).to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["email"], r["_cdc"]["op"], r["_cdc"]["offset"]) for r in rows] == [
+        (1, "u1@example.com", "r", 0), (2, "new@example.com", "u", 3)]
+    assert rows[1]["_cdc"]["ts"].timestamp() == 1.003
+    assert '"db":"inventory"' in rows[1]["_cdc"]["source"]
+
+    producer.send([change("d", row(1), None, 2000), change("c", None, row(4), 2001)],
+                  key=lambda v: str((v["after"] or v["before"])["id"]))
+    assert run_round(spark, round_broker, topic).status == "committed"
+    name = commit_round.use_catalog(spark, round_broker.catalog_url)
+    got = sorted((r["id"], r["op"]) for r in spark.sql(
+        f"SELECT id, _cdc.op AS op FROM {name}.default.{topic}").collect())
+    assert got == [(2, "u"), (4, "c")]
