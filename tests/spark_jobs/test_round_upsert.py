@@ -162,6 +162,10 @@ def test_bad_records_in_an_upsert_round_go_to_the_dlq(spark: Any, round_broker: 
     assert (result.status, result.rows, result.dlq_rows, result.records) == ("committed", 8, 2, 10), result.message
     assert [r["offset"] for r in dlq_rows(round_broker, topic)] == [6, 7]
     assert {i: s for i, (s, _) in by_id(round_broker, topic).items()} == {0: 60, 1: 60, 2: 2, 3: 3, 4: 4, 5: 5}
+    from spark_jobs import dlq_reprocess
+
+    code, refused = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic])
+    assert code == 1 and "upsert" in refused["message"] and len(dlq_rows(round_broker, topic)) == 2
 
 
 def test_format_version_3_is_refused_by_the_brokers_catalog_with_a_clear_message(
@@ -249,7 +253,8 @@ def test_spark_writes_deletion_vectors_on_v3_and_pyiceberg_and_duckdb_read_them(
     assert [(r["content"], r["file_format"]) for r in deletes] == [(1, "PUFFIN")]  # a deletion vector
     expected = [(1, "a"), (2, "B"), (4, "d")]
     assert [tuple(r) for r in spark.sql("SELECT id, v FROM dvtest.db.t ORDER BY id").collect()] == expected
-    metadata = sorted((tmp_path / "db" / "t" / "metadata").glob("v*.metadata.json"))[-1]
+    metadata = max((tmp_path / "db" / "t" / "metadata").glob("v*.metadata.json"),
+                   key=lambda p: int(p.name.split(".")[0].removeprefix("v")))
     from_pyiceberg = StaticTable.from_metadata(str(metadata)).scan().to_arrow().to_pylist()
     assert sorted((r["id"], r["v"]) for r in from_pyiceberg) == expected
     con = duckdb_local.connect()
