@@ -41,7 +41,7 @@ from pyiceberg.exceptions import RESTError
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from spark_jobs import dlq, job_output, partitioning, round_plan, table_setup, upsert
+from spark_jobs import dlq, job_output, json_values, partitioning, round_plan, table_setup, upsert
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
     BranchHead,
@@ -195,6 +195,8 @@ class CommitRound:
         self.store: ObjectStoreConfig = store
         self.options = table_setup.TableOptions.of(self.topic)
         self.upsert = upsert.UpsertOptions.of(self.topic)
+        self.json = self.options.value_type == "json"
+        self.staging = self.upsert is not None or self.json  # tasks stage rows for the driver's Spark write
         self.round_id = args.round_id or uuid.uuid4().hex
         self.branch = branch_name(self.round_id)
         self._spark: Any = spark
@@ -274,7 +276,8 @@ class CommitRound:
         table, spec_changes = partitioning.evolve(table.refresh(), self.topic.config("partition.by"))
         changes.extend(spec_changes)
         if self.upsert is not None:
-            upsert.check_columns(table.schema(), self.upsert)
+            if not self.json:  # json: the id columns exist once the values' columns are inferred (_merge)
+                upsert.check_columns(table.schema(), self.upsert)
             table = upsert.ensure_merge_on_read(table)
         table = table_setup.ensure_base_snapshot(table)
         parent = main_snapshot_id(table)
@@ -286,10 +289,11 @@ class CommitRound:
         spark = self.spark()
         assert parent is not None  # ensure_base_snapshot
         create_branch(self.catalog, table, self.branch, parent)
-        metadata_json = (table.metadata.model_dump_json() if self.upsert is None
-                         else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan)))
+        metadata_json = (table.metadata.model_dump_json() if not self.staging
+                         else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan),
+                                                           text_value=self.json))
         spec = TaskSpec(self.store, metadata_json, tuple(sorted(table.io.properties.items())),
-                        self.options.key_type, self.options.value_type, self.registry.url,
+                        self.options.key_type, "string" if self.json else self.options.value_type, self.registry.url,
                         tuple(sorted(self.registry.known().items())))
         properties = {
             checkpoint.OFFSETS: checkpoint.encode_offsets(plan.offsets_after),
@@ -306,11 +310,20 @@ class CommitRound:
             raise
         self.seconds["read_write"] = round(time.monotonic() - started, 3)
         report = output.report
+        staged = [f.file_path for f in output.data_files] if self.staging else []
         try:
+            parsed = None
+            if self.json and staged:
+                parsed = json_values.parse(spark, spark.read.parquet(*staged), table, self._spark_table(spark))
+                changes.extend(parsed.schema_changes)
+                report.errors.extend(parsed.errors)
+                report.rows -= len(parsed.errors)
+                table = table.refresh()
             skipped_records = self._check_errors(report, table)
         except BaseException:
-            if self.upsert is not None:
-                upsert.remove_staging(table, [f.file_path for f in output.data_files])
+            if self.staging:
+                drop_branch(self.catalog, table.refresh(), self.branch)
+                upsert.remove_staging(table, staged)
             raise
 
         t1 = time.monotonic()
@@ -320,9 +333,13 @@ class CommitRound:
                 for data_file in output.data_files:
                     append.append_data_file(data_file)
 
-        merged = self._merge(spark, table, output.data_files, properties) if self.upsert is not None else None
-        if merged is None or not merged.merged:  # an upsert round with no staged rows: an empty snapshot
-            table = write_to_branch(table, append_files)
+        merged = None
+        if self.upsert is not None:
+            merged = self._merge(spark, table, staged, properties, parsed.rows if parsed else None)
+        elif parsed is not None:
+            self._append_rows(spark, table, parsed.rows, staged, properties)
+        if not staged or (merged is not None and not merged.merged):  # no staged rows: an empty snapshot
+            table = write_to_branch(table, append_files if not self.staging else lambda t: self._empty(t, properties))
         table = table.refresh()
         _kill_point("after_write")
         try:
@@ -371,16 +388,40 @@ class CommitRound:
             raise RoundFailed(f"{self.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry")
         return self.registry.avro_schema(first)
 
-    def _merge(self, spark: Any, table: Any, staged_files: list[Any], properties: dict[str, str]
+    def _spark_table(self, spark: Any, branch: str | None = None) -> str:
+        namespace, name = self.topic.identifier
+        suffix = f".`branch_{branch}`" if branch else ""
+        return f"{use_catalog(spark, self.catalog_url)}.`{namespace}`.`{name}`{suffix}"
+
+    def _empty(self, target: Any, properties: dict[str, str]) -> None:
+        """A snapshot with no files: a staged round whose records all went to the DLQ still moves the offsets."""
+        with target.transaction() as tx, tx.update_snapshot(properties, branch=self.branch).fast_append():
+            pass
+
+    def _append_rows(self, spark: Any, table: Any, rows: Any, staged: list[str], properties: dict[str, str]) -> None:
+        """A json round's rows appended to the round branch by Spark's Iceberg writer, one snapshot
+        carrying ``properties`` (nullability is the table's: Spark's staged columns are all nullable)."""
+        columns = [f"`{f.name}`" for f in table.schema().fields]
+        try:
+            upsert.with_commit_properties(spark, properties, lambda: rows.selectExpr(*columns).writeTo(
+                self._spark_table(spark, self.branch)).option("check-nullability", "false").append())
+        except Exception:
+            drop_branch(self.catalog, table.refresh(), self.branch)
+            raise
+        finally:
+            upsert.remove_staging(table, staged)
+
+    def _merge(self, spark: Any, table: Any, staged: list[str], properties: dict[str, str], rows: Any = None
                ) -> upsert.MergeOutcome:
         """The upsert round's write: the staged rows MERGEd into the round branch (``upsert``)."""
         assert self.upsert is not None
-        namespace, name = self.topic.identifier
-        target = f"{use_catalog(spark, self.catalog_url)}.`{namespace}`.`{name}`.`branch_{self.branch}`"
-        staged = [f.file_path for f in staged_files]
+        target = self._spark_table(spark, self.branch)
         try:
-            return upsert.merge_round(spark, target, table.schema(), self.upsert, staged, properties, self.round_id)
-        except upsert.BadUpsertRecords as exc:
+            if self.json:
+                upsert.check_columns(table.schema(), self.upsert)
+            return upsert.merge_round(spark, target, table.schema(), self.upsert, staged, properties, self.round_id,
+                                      rows)
+        except (upsert.BadUpsertRecords, upsert.UpsertConfigError) as exc:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise RoundFailed(f"{self.topic.topic}: {exc}") from exc
         except Exception:

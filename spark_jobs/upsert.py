@@ -171,7 +171,7 @@ def staging_location(table: Table, round_id: str) -> str:
     return f"{table.metadata.location.rstrip('/')}/{STAGING_DIR}/{round_id}"
 
 
-def staging_metadata_json(table: Table, round_id: str, envelope: Any = None) -> str:
+def staging_metadata_json(table: Table, round_id: str, envelope: Any = None, text_value: bool = False) -> str:
     """The table's metadata as the round's tasks should see it for an upsert round: every
     column optional (a tombstone is a row of nulls until the MERGE turns it into a delete)
     and data files written under the round's staging directory, unpartitioned. With a
@@ -186,7 +186,11 @@ def staging_metadata_json(table: Table, round_id: str, envelope: Any = None) -> 
     metadata = table.metadata
     current = metadata.schema()
     fields = list(_optional(current.as_struct()).fields)  # type: ignore[attr-defined]
-    if envelope is not None:
+    if text_value:  # convert.value.type=json: the value's text, parsed on the driver (json_values)
+        fields = [f for f in fields if f.name in (KAFKA_KEY, KAFKA_HEADERS, KAFKA_METADATA)]
+        fields.append(NestedField(0, KAFKA_VALUE, StringType(), required=False))
+        fields = list(assign_fresh_schema_ids(Schema(*fields)).fields)
+    elif envelope is not None:
         value = table_schema(envelope, transform="none").find_field(KAFKA_VALUE)
         fields = [f for f in fields if f.name in (KAFKA_KEY, KAFKA_HEADERS, KAFKA_METADATA)]
         fields.append(NestedField(0, KAFKA_VALUE, _optional(value.field_type), required=False))
@@ -359,13 +363,14 @@ def with_commit_properties(spark: Any, properties: dict[str, str], action: Calla
 
 
 def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions, staged: Sequence[str],
-                properties: dict[str, str], round_id: str) -> MergeOutcome:
-    """MERGE the staged files into ``target`` (the round branch) as one snapshot with ``properties``;
-    raises ``BadUpsertRecords`` (before writing anything) for records without an id or CDC op."""
+                properties: dict[str, str], round_id: str, rows: Any = None) -> MergeOutcome:
+    """MERGE the staged files (or ``rows``, a DataFrame of the table's columns) into ``target`` (the
+    round branch) as one snapshot with ``properties``; raises ``BadUpsertRecords`` (before writing
+    anything) for records without an id or CDC op."""
     if not staged:
         return MergeOutcome(False)
     view = "icefall_upsert_" + re.sub(r"\W", "_", round_id)
-    frame = spark.read.parquet(*staged)
+    frame = spark.read.parquet(*staged) if rows is None else rows
     if options.debezium:
         frame.createOrReplaceTempView(view + "_envelopes")
         frame = spark.sql(debezium_rows_sql(view + "_envelopes", frame.schema, schema))
