@@ -37,8 +37,8 @@ def test_json_columns_are_inferred_then_evolved_and_bad_values_go_to_the_dlq(spa
     t = table(round_broker, topic)
     types = {f.name: str(f.field_type) for f in t.schema().fields}
     assert {k: v for k, v in types.items() if not k.startswith("_kafka")} == {
-        "geo": "struct<%d: country: optional string, %d: lat: optional double>" % (
-            t.schema().find_field("geo.country").field_id, t.schema().find_field("geo.lat").field_id),
+        "geo": f"struct<{t.schema().find_field('geo.country').field_id}: country: optional string, "
+               f"{t.schema().find_field('geo.lat').field_id}: lat: optional double>",
         "id": "long", "name": "string", "ok": "boolean", "score": "double", "tags": types["tags"]}
     assert types["tags"].startswith("list<") and "later" not in types  # all-null: no column yet
     assert [(r["offset"], r["error_class"]) for r in dlq_rows(round_broker, topic)] == [
