@@ -365,8 +365,8 @@ class CommitRound:
         dlq_note = f", {len(skipped_records)} records to {dlq.dlq_name(self.topic.table)}" if skipped_records else ""
         if merged is not None:
             dlq_note = (f" (merged on {', '.join(self.upsert.id_columns) if self.upsert else ''}: "
-                        f"{merged.source_rows - merged.deletes} upserts, {merged.deletes} deletes, "
-                        f"{summary.get('added-position-deletes', '0')} replaced rows)" + dlq_note)
+                        f"{summary.get('added-records', '0')} rows written, "
+                        f"{summary.get('added-position-deletes', '0')} rows replaced or deleted)" + dlq_note)
         return self.result(
             "committed", snapshot_id=snapshot_id, parent_snapshot_id=parent,
             offsets_before=plan.offsets_before, offsets_after=plan.offsets_after,

@@ -326,8 +326,6 @@ def merge_sql(target: str, source: str, schema: Schema, options: UpsertOptions) 
 @dataclass(frozen=True)
 class MergeOutcome:
     merged: bool  # False: nothing to merge (no staged rows), the caller adds an empty snapshot
-    source_rows: int = 0
-    deletes: int = 0
 
 
 def with_commit_properties(spark: Any, properties: dict[str, str], action: Callable[[], None]) -> None:
@@ -383,9 +381,8 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
                                    f"{list(options.id_columns)} or no I/U/D operation; nothing committed: {shown}")
         source = view + "_last"
         spark.sql(source_sql(view, schema, options)).createOrReplaceTempView(source)
-        counts = spark.sql(f"SELECT COUNT(*) AS n, COUNT_IF(`{OP}` = 'D') AS d FROM {source}").collect()[0]
         with_commit_properties(spark, properties, lambda: spark.sql(merge_sql(target, source, schema, options)))
-        return MergeOutcome(True, int(counts["n"]), int(counts["d"]))
+        return MergeOutcome(True)
     finally:
         for name in (view, view + "_last", view + "_envelopes"):
             spark.catalog.dropTempView(name)

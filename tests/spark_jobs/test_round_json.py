@@ -71,6 +71,10 @@ def test_json_values_that_do_not_fit_go_to_the_dlq_with_tolerance_all(spark: Any
     assert [(r["offset"], r["error_class"], r["value"]) for r in dlq_rows(round_broker, topic)] == [
         (1, "JsonDoesNotFit", b'{"n": 1.5}'), (2, "JsonDoesNotFit", b'{"n": "x"}')]
     assert sorted(r["n"] for r in table(round_broker, topic).scan().to_arrow().to_pylist()) == [1, 2]
+    send(round_broker, topic, [b"nope"])  # a round with no row to write still moves the offsets
+    r3 = run_round(spark, round_broker, topic)
+    assert (r3.status, r3.rows, r3.dlq_rows, r3.offsets_after) == ("committed", 0, 1, {0: 5}), r3.message
+    assert run_round(spark, round_broker, topic).status == "nothing_new"
 
 
 def test_json_upsert_merges_by_id(spark: Any, round_broker: BrokerProcess) -> None:

@@ -55,7 +55,7 @@ def test_upsert_keeps_the_last_record_per_id_within_and_across_rounds(spark: Any
     producer.send(first + repeats)
     r1 = run_round(spark, round_broker, topic)
     assert (r1.status, r1.rows, r1.records) == ("committed", 25, 25), r1.message
-    assert "20 upserts, 0 deletes" in r1.message
+    assert "20 rows written, 0 rows replaced or deleted" in r1.message
     state = by_id(round_broker, topic)
     assert sorted(state) == list(range(20))
     assert all(state[i] == (500 + i, "/again") for i in range(5))
@@ -137,11 +137,15 @@ def test_tombstones_delete_the_id_named_by_the_key(spark: Any, round_broker: Bro
     assert raw.flush(30) == 0
     assert run_round(spark, round_broker, topic).status == "committed"
     assert [r[0] for r in three_readers(spark, round_broker, topic)] == [1, 2, 4, 5, 6, 7]
+    raw.produce(topic, key=b"42", value=None)  # a merge that changes nothing still moves the offsets
+    assert raw.flush(30) == 0
+    nothing = run_round(spark, round_broker, topic)
+    assert nothing.status == "committed" and nothing.offsets_after == {0: 14}, nothing.message
 
     raw.produce(topic, key=b"not a number", value=None)
     assert raw.flush(30) == 0
     failed = run_round(spark, round_broker, topic)
-    assert failed.status == "failed" and "offset 13: MissingIdColumn" in failed.message, failed.message
+    assert failed.status == "failed" and "offset 14: MissingIdColumn" in failed.message, failed.message
 
 
 def test_bad_records_in_an_upsert_round_go_to_the_dlq(spark: Any, round_broker: BrokerProcess) -> None:
