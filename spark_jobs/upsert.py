@@ -39,8 +39,14 @@ a branch nobody publishes and staging files that ``remove_orphan_files``
 Why not write the delete files ourselves: position deletes need every
 replaced row's file and position (a join against the table), and v3
 deletion vectors need Puffin/roaring encoding; Iceberg's Spark writer does
-both, correctly and distributed. Why not equality deletes: DuckDB and
-pyiceberg 0.12 do not read them.
+both, correctly and distributed. Why not equality deletes: pyiceberg 0.12
+does not read them, and every reader pays a join at read time.
+
+``transform.value.type=flatten_debezium`` rounds are upsert rounds too: the
+staged rows keep the whole envelope, and the merge source takes ``after`` (or
+``before`` for op ``d``) and builds ``_cdc`` (``debezium_rows_sql``); ops
+``c``/``r``/``u`` upsert, ``d`` deletes. JSON rounds (``json_values``) hand
+``merge_round`` their parsed rows instead of the staged files.
 """
 
 from __future__ import annotations
