@@ -407,8 +407,9 @@ def table_schema(
         fields.append(NestedField(-9, KAFKA_VALUE, BinaryType(), required=False))
     elif value_type == "string":
         fields.append(NestedField(-9, KAFKA_VALUE, StringType(), required=False))
-    elif value_type == "json":
-        pass  # the value's columns are inferred from the records, round by round (json_values)
+    elif value_type == "json":  # the value's columns are inferred from the records, round by round (json_values)
+        if transform == "flatten_debezium":
+            fields.append(cdc_field())
     elif value_type in ("by_schema_id", "by_latest_schema"):
         if value_schema is None:
             raise ValueError(f"convert.value.type={value_type} needs the value's Avro schema")

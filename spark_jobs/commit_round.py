@@ -314,7 +314,8 @@ class CommitRound:
         try:
             parsed = None
             if self.json and staged:
-                parsed = json_values.parse(spark, spark.read.parquet(*staged), table, self._spark_table(spark))
+                parsed = json_values.parse(spark, spark.read.parquet(*staged), table, self._spark_table(spark),
+                                           debezium=self.upsert is not None and self.upsert.debezium)
                 changes.extend(parsed.schema_changes)
                 report.errors.extend(parsed.errors)
                 report.rows -= len(parsed.errors)
@@ -379,7 +380,7 @@ class CommitRound:
     def _envelope(self, schemas: list[tuple[int, str]], plan: round_plan.RoundPlan) -> str | None:
         """For ``flatten_debezium``: the Debezium envelope schema the staged rows keep whole (the
         value subject's latest, else the round's first record's)."""
-        if self.upsert is None or not self.upsert.debezium:
+        if self.upsert is None or not self.upsert.debezium or self.json:
             return None
         if schemas:
             return schemas[-1][1]

@@ -47,7 +47,7 @@ from pyiceberg.types import (
 )
 
 from spark_jobs import evolution
-from spark_jobs.avro_schema import KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
+from spark_jobs.avro_schema import CDC, KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
 from spark_jobs.rows import DecodeError
 
 log = logging.getLogger(__name__)
@@ -139,9 +139,27 @@ def _objects_filter() -> str:
     return f"LTRIM(`{KAFKA_VALUE}`) LIKE '{{%' AND FROM_JSON(`{KAFKA_VALUE}`, 'MAP<STRING,STRING>') IS NOT NULL"
 
 
-def parse(spark: Any, staged: Any, table: Table, table_name: str) -> Parsed:
+def _debezium_row(inferred: Any) -> Any:
+    """The row type of inferred Debezium JSON envelopes: ``after``'s fields, then ``before``'s."""
+    from pyspark.sql import types as T
+
+    names = {f.name: f.dataType for f in inferred.fields}
+    if "op" not in names or not ({"after", "before"} & set(names)):
+        raise ValueError("transform.value.type=flatten_debezium: the JSON values are not Debezium envelopes "
+                         "(before, after, op, ts_ms, source; JsonConverter with schemas.enable=false)")
+    fields: dict[str, Any] = {}
+    for side in ("after", "before"):
+        if isinstance(names.get(side), T.StructType):
+            for f in names[side].fields:
+                fields.setdefault(f.name, f)
+    return T.StructType(list(fields.values()))
+
+
+def parse(spark: Any, staged: Any, table: Table, table_name: str, debezium: bool = False) -> Parsed:
     """Infer, evolve ``table``, and parse the staged values into rows of its columns (``table_name``:
-    Spark's name for it); records that are not JSON objects or do not fit come back as errors."""
+    Spark's name for it); records that are not JSON objects or do not fit come back as errors.
+    ``debezium``: the values are Debezium envelopes; the rows are their ``after`` (``before``
+    for op d) with ``_cdc``, as ``upsert.debezium_rows_sql`` makes them."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -155,15 +173,30 @@ def parse(spark: Any, staged: Any, table: Table, table_name: str) -> Parsed:
         reader = spark._jsparkSession.read().option("prefersDecimal", "false").option("dropFieldIfAllNull", "true")
         inferred_json = reader.json(texts).schema().json()
         inferred = T.StructType.fromJson(json.loads(inferred_json))
-        changes = evolve(table, inferred)
+        changes = evolve(table, _debezium_row(inferred) if debezium else inferred)
         value_type = T.StructType([f for f in spark.table(table_name).schema.fields if f.name not in SYSTEM])
-        with_corrupt = T.StructType([*value_type.fields, T.StructField(CORRUPT, T.StringType())])
+        parse_type = value_type
+        if debezium:
+            row = T.StructType([f for f in value_type.fields if f.name != CDC])
+            parse_type = T.StructType([T.StructField("before", row), T.StructField("after", row),
+                                       T.StructField("op", T.StringType()), T.StructField("ts_ms", T.LongType()),
+                                       T.StructField("source", T.StringType())])  # an object's JSON text
+        with_corrupt = T.StructType([*parse_type.fields, T.StructField(CORRUPT, T.StringType())])
         parsed = objects.unionByName(staged.where(f"`{KAFKA_VALUE}` IS NULL")).withColumn(
             "__v", F.from_json(F.col(KAFKA_VALUE), with_corrupt,
                                {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
         unfit = parsed.where(f"__v.`{CORRUPT}` IS NOT NULL")
-        rows = parsed.where(f"__v IS NULL OR __v.`{CORRUPT}` IS NULL").select(
-            *[F.col(f"`{c}`") for c in SYSTEM], *[F.col(f"__v.`{f.name}`").alias(f.name) for f in value_type.fields])
+        good = parsed.where(f"__v IS NULL OR __v.`{CORRUPT}` IS NULL")
+        if debezium:
+            from spark_jobs.upsert import debezium_rows_sql
+
+            envelopes = good.select(*[F.col(f"`{c}`") for c in SYSTEM], F.col("__v").dropFields(CORRUPT)
+                                    .alias(KAFKA_VALUE))
+            envelopes.createOrReplaceTempView("__icefall_json_envelopes")
+            rows = spark.sql(debezium_rows_sql("__icefall_json_envelopes", envelopes.schema, table.refresh().schema()))
+        else:
+            rows = good.select(*[F.col(f"`{c}`") for c in SYSTEM],
+                               *[F.col(f"__v.`{f.name}`").alias(f.name) for f in value_type.fields])
         errors = (_errors(invalid, INVALID_JSON, "value is not a JSON object")
                   + _errors(unfit, JSON_DOES_NOT_FIT, "value does not fit the table's columns "
                             f"({', '.join(f'{f.name} {f.dataType.simpleString()}' for f in value_type.fields)})"))

@@ -312,7 +312,10 @@ def debezium_rows_sql(view: str, staged: Any, schema: Schema) -> str:
         else:
             columns.append(f"NULL AS `{f.name}`")
     ts = f"TIMESTAMP_MILLIS(`{KAFKA_VALUE}`.`ts_ms`)" if "ts_ms" in envelope else "CAST(NULL AS TIMESTAMP)"
-    source = f"TO_JSON(`{KAFKA_VALUE}`.`source`)" if "source" in envelope else "CAST(NULL AS STRING)"
+    source = "CAST(NULL AS STRING)"
+    if "source" in envelope:  # a struct (Avro) or already its JSON text (JSON envelopes)
+        source = (f"`{KAFKA_VALUE}`.`source`" if envelope["source"].typeName() == "string"
+                  else f"TO_JSON(`{KAFKA_VALUE}`.`source`)")
     columns.append(f"CASE WHEN `{KAFKA_VALUE}` IS NULL THEN NULL ELSE NAMED_STRUCT('op', `{KAFKA_VALUE}`.`op`, "
                    f"'ts', {ts}, 'offset', `{KAFKA_METADATA}`.`offset`, 'source', {source}) END AS `{CDC}`")
     return f"SELECT {', '.join(columns)} FROM {view}"
@@ -375,7 +378,7 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
         return MergeOutcome(False)
     view = "icefall_upsert_" + re.sub(r"\W", "_", round_id)
     frame = spark.read.parquet(*staged) if rows is None else rows
-    if options.debezium:
+    if options.debezium and rows is None:  # JSON rounds hand over rows already made from the envelopes
         frame.createOrReplaceTempView(view + "_envelopes")
         frame = spark.sql(debezium_rows_sql(view + "_envelopes", frame.schema, schema))
     frame.createOrReplaceTempView(view)

@@ -86,3 +86,30 @@ def test_json_upsert_merges_by_id(spark: Any, round_broker: BrokerProcess) -> No
     assert run_round(spark, round_broker, topic).status == "committed"
     got = sorted((r["id"], r["v"], r["w"]) for r in table(round_broker, topic).scan().to_arrow().to_pylist())
     assert got == [(1, "c", None), (2, "d", 1)]
+
+
+def test_debezium_json_envelopes(spark: Any, round_broker: BrokerProcess) -> None:
+    """Debezium's JsonConverter (schemas.enable=false) envelopes, hand-built."""
+    topic = new_topic(round_broker, partitions=1, configs={
+        **JSON, "automq.table.topic.transform.value.type": "flatten_debezium", "automq.table.topic.id.columns": "[id]"})
+    source = {"connector": "postgresql", "db": "shop", "table": "orders", "lsn": 123}
+
+    def env(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, ts: int) -> dict[str, Any]:
+        return {"before": before, "after": after, "source": source, "op": op, "ts_ms": ts}
+
+    send(round_broker, topic, [env("r", None, {"id": 1, "total": 10.5}, 1), env("c", None, {"id": 2, "total": 3}, 2),
+                               env("u", {"id": 1, "total": 10.5}, {"id": 1, "total": 11.0, "note": "gift"}, 3),
+                               env("d", {"id": 2, "total": 3}, None, 4)])
+    tombstone = Producer({"bootstrap.servers": round_broker.bootstrap})
+    tombstone.produce(topic, key=b"2", value=None)  # Debezium's tombstone after the delete, keyed by the id
+    assert tombstone.flush(30) == 0
+    send(round_broker, topic, [b"{oops"])
+    result = run_round(spark, round_broker, topic)
+    assert (result.status, result.rows, result.dlq_rows) == ("committed", 5, 1), result.message
+    rows = table(round_broker, topic).scan().to_arrow().to_pylist()
+    assert [(r["id"], r["total"], r["note"], r["_cdc"]["op"], r["_cdc"]["offset"]) for r in rows] == [
+        (1, 11.0, "gift", "u", 2)]
+    assert json.loads(rows[0]["_cdc"]["source"]) == source and rows[0]["_cdc"]["ts"].timestamp() == 0.003
+    send(round_broker, topic, [env("d", {"id": 1, "total": 11.0, "note": "gift"}, None, 5)])
+    assert run_round(spark, round_broker, topic).status == "committed"
+    assert table(round_broker, topic).scan().to_arrow().num_rows == 0
