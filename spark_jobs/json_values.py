@@ -17,6 +17,10 @@ The rules (README "JSON values"):
   ``1.5`` for a long column) does not fit the table (``JsonDoesNotFit``: fails
   the round, or goes to the DLQ with ``errors.tolerance=all``).
 
+With ``transform.value.type=flatten_debezium`` the values are Debezium
+JsonConverter envelopes (``schemas.enable=false``): the row's columns are
+inferred from ``after``/``before``, and the rows get ``_cdc`` (``upsert``).
+
 How it runs: the executors stage the values as UTF-8 text (``convert string``)
 in the round's staging directory, as an upsert round does (``upsert``); the
 driver has Spark infer the schema of the staged objects, evolves the table,
@@ -163,7 +167,6 @@ def parse(spark: Any, staged: Any, table: Table, table_name: str, debezium: bool
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    staged.createOrReplaceTempView("__icefall_json_staged")
     try:
         objects = staged.where(_objects_filter())
         invalid = staged.where(f"`{KAFKA_VALUE}` IS NOT NULL AND NOT ({_objects_filter()})")
@@ -202,7 +205,7 @@ def parse(spark: Any, staged: Any, table: Table, table_name: str, debezium: bool
                             f"({', '.join(f'{f.name} {f.dataType.simpleString()}' for f in value_type.fields)})"))
         return Parsed(rows, errors, changes)
     finally:
-        spark.catalog.dropTempView("__icefall_json_staged")
+        spark.catalog.dropTempView("__icefall_json_envelopes")
 
 
 def _errors(frame: Any, error_class: str, message: str) -> list[DecodeError]:
