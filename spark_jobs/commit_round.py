@@ -350,6 +350,11 @@ class CommitRound:
             raise LostRace(str(exc)) from exc
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         assert snapshot is not None
+        if checkpoint.summary_properties(snapshot).get(checkpoint.OFFSETS) != properties[checkpoint.OFFSETS]:
+            # a Spark write whose commit did not take the properties (CommitMetadata is per JVM thread):
+            # publishing it would leave the checkpoint behind and the next round would write the records again
+            drop_branch(self.catalog, table, self.branch)
+            raise RoundFailed(f"the round's snapshot {snapshot_id} does not carry its offsets; nothing committed")
         heads = [BranchHead(table, self.branch, parent, snapshot_id)]
         if skipped_records:
             heads.append(self._dlq_head(skipped_records))

@@ -322,3 +322,19 @@ def test_debezium_envelopes_flatten_to_rows_with_cdc_metadata(spark: Any, round_
     got = sorted((r["id"], r["op"]) for r in spark.sql(
         f"SELECT id, _cdc.op AS op FROM {name}.default.{topic}").collect())
     assert got == [(2, "u"), (4, "c")]
+
+
+def test_a_merge_snapshot_without_the_offsets_is_never_published(
+        spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If Iceberg's CommitMetadata did not reach the MERGE's commit (another JVM thread), the
+    checkpoint would stay behind and the next round would merge the records again: refuse."""
+    topic = new_topic(round_broker, partitions=1, configs=UPSERT)
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 5))
+    monkeypatch.setattr(upsert, "with_commit_properties", lambda spark, properties, action: action())
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "failed" and "does not carry its offsets" in result.message, result.message
+    t = table(round_broker, topic)
+    assert t.scan().to_arrow().num_rows == 0 and checkpoint.read_checkpoint(t.metadata).offsets == {}
+    monkeypatch.undo()
+    assert run_round(spark, round_broker, topic).status == "committed"
+    assert sorted(by_id(round_broker, topic)) == list(range(5))
