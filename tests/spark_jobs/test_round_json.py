@@ -65,15 +65,17 @@ def test_json_values_that_do_not_fit_go_to_the_dlq_with_tolerance_all(spark: Any
     topic = new_topic(round_broker, partitions=1, configs={**JSON, "automq.table.topic.errors.tolerance": "all"})
     send(round_broker, topic, [{"n": 1}])
     assert run_round(spark, round_broker, topic).status == "committed"
-    send(round_broker, topic, [{"n": 1.5}, {"n": "x"}, {"n": 2}])
+    send(round_broker, topic, [{"n": 1.5}, {"n": "x"}, {"n": 2}, None])  # None: a tombstone, a row of nulls
     r2 = run_round(spark, round_broker, topic)
-    assert (r2.status, r2.rows, r2.dlq_rows) == ("committed", 1, 2), r2.message
+    assert (r2.status, r2.rows, r2.dlq_rows, r2.records) == ("committed", 2, 2, 4), r2.message
     assert [(r["offset"], r["error_class"], r["value"]) for r in dlq_rows(round_broker, topic)] == [
         (1, "JsonDoesNotFit", b'{"n": 1.5}'), (2, "JsonDoesNotFit", b'{"n": "x"}')]
-    assert sorted(r["n"] for r in table(round_broker, topic).scan().to_arrow().to_pylist()) == [1, 2]
+    got = sorted((r["_kafka_metadata"]["offset"], r["n"]) for r in table(round_broker, topic).scan().to_arrow()
+                 .to_pylist())
+    assert got == [(0, 1), (3, 2), (4, None)]
     send(round_broker, topic, [b"nope"])  # a round with no row to write still moves the offsets
     r3 = run_round(spark, round_broker, topic)
-    assert (r3.status, r3.rows, r3.dlq_rows, r3.offsets_after) == ("committed", 0, 1, {0: 5}), r3.message
+    assert (r3.status, r3.rows, r3.dlq_rows, r3.offsets_after) == ("committed", 0, 1, {0: 6}), r3.message
     assert run_round(spark, round_broker, topic).status == "nothing_new"
 
 
