@@ -358,7 +358,7 @@ def round_command(broker: BrokerProcess, topic: str, result: Path, cores: int) -
 
 PYCACHE = Path.home() / ".cache" / "icefall-bench" / "pycache"
 WARM_IMPORTS = ("spark_jobs.commit_round", "spark_jobs.round_tasks", "spark_jobs.rows", "spark_jobs.segments",
-                "pyspark.sql", "pyspark.sql.pandas.types", "pyspark.worker", "pandas", "pyarrow.compute",
+                "pyspark.sql", "pyspark.sql.pandas.types", "pyspark.worker", "pyarrow.compute",
                 "pyiceberg.catalog.rest", "pyiceberg.table", "fastavro")
 
 

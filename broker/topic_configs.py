@@ -137,8 +137,11 @@ def _identifier(value: str) -> str:
     return value.strip()
 
 
-def _any_string(value: str) -> str:
-    return value
+def _cdc_field(value: str) -> str:
+    """A column name (nested with dots), or empty for none."""
+    if value.strip() and not re.fullmatch(_IDENT, value.strip()):
+        raise InvalidConfigError(f"expected a column name, got {value!r}")
+    return value.strip()
 
 
 _CONVERT = ("raw", "string", "by_schema_id", "by_latest_schema", "json")
@@ -200,7 +203,7 @@ KEYS: Mapping[str, ConfigKey] = {
         ConfigKey(TABLE_PREFIX + "partition.by", "", _partition_by, "Iceberg partition spec", 2),
         ConfigKey(TABLE_PREFIX + "id.columns", "", _id_columns, "primary key for upsert", 2),
         ConfigKey(TABLE_PREFIX + "upsert.enable", "false", _bool, "upsert by id columns", 1),
-        ConfigKey(TABLE_PREFIX + "cdc.field", "", _any_string, "field holding I/U/D", 2),
+        ConfigKey(TABLE_PREFIX + "cdc.field", "", _cdc_field, "field holding I/U/D", 2),
         ConfigKey(
             TABLE_PREFIX + "errors.tolerance", "invalid_data",
             _choice("none", "invalid_data", "all"), "what to do with bad records", 2,
@@ -242,8 +245,14 @@ def validate_all(configs: Mapping[str, str | None]) -> dict[str, str]:
 
 def check_consistency(configs: Mapping[str, str]) -> None:
     """Rules that span keys (an upsert table needs id columns)."""
-    if configs.get(TABLE_PREFIX + "upsert.enable") == "true" and not configs.get(TABLE_PREFIX + "id.columns"):
+    ids = configs.get(TABLE_PREFIX + "id.columns")
+    if configs.get(TABLE_PREFIX + "upsert.enable") == "true" and not ids:
         raise InvalidConfigError(f"{TABLE_PREFIX}upsert.enable=true needs {TABLE_PREFIX}id.columns")
+    if configs.get(TABLE_PREFIX + "cdc.field") and not ids:
+        raise InvalidConfigError(f"{TABLE_PREFIX}cdc.field needs {TABLE_PREFIX}id.columns (the rows it changes)")
+    if configs.get(TABLE_PREFIX + "transform.value.type") == "flatten_debezium" and not ids:
+        raise InvalidConfigError(f"{TABLE_PREFIX}transform.value.type=flatten_debezium needs "
+                                 f"{TABLE_PREFIX}id.columns (the rows it changes)")
 
 
 def effective(configs: Mapping[str, str]) -> dict[str, str]:

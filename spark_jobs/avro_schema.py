@@ -401,30 +401,67 @@ def table_schema(
     """
     if transform not in TRANSFORM_TYPES:
         raise ValueError(f"unknown transform.value.type {transform!r}; expected one of {TRANSFORM_TYPES}")
-    if transform == "flatten_debezium":
-        raise ValueError("transform.value.type=flatten_debezium is not supported yet")
     ids = itertools.count(1)  # placeholders, unique across key and value; fresh ids at the end
     fields = system_fields(key_column_type(key_type, key_schema, ids))
     if value_type == "raw":
         fields.append(NestedField(-9, KAFKA_VALUE, BinaryType(), required=False))
     elif value_type == "string":
         fields.append(NestedField(-9, KAFKA_VALUE, StringType(), required=False))
+    elif value_type == "json":  # the value's columns are inferred from the records, round by round (json_values)
+        if transform == "flatten_debezium":
+            fields.append(cdc_field())
     elif value_type in ("by_schema_id", "by_latest_schema"):
         if value_schema is None:
             raise ValueError(f"convert.value.type={value_type} needs the value's Avro schema")
         parsed = parse_avro(value_schema)
-        if transform == "flatten" and _is_record(parsed):
+        if transform == "flatten_debezium":
+            parsed = debezium_row(parsed)
+        if transform in ("flatten", "flatten_debezium") and _is_record(parsed):
             value_fields = _value_fields(parsed, format_version, ids)
             clash = sorted(f.name for f in value_fields if f.name in RESERVED_COLUMNS)
             if clash:
                 raise UnsupportedAvroSchema(f"value fields {clash} clash with Icefall's system columns")
             fields.extend(value_fields)
+            if transform == "flatten_debezium":
+                if any(f.name == CDC for f in value_fields):
+                    raise UnsupportedAvroSchema(f"the row has a field {CDC}, the column Debezium's metadata goes in")
+                fields.append(cdc_field())
         else:
             value = _type_with_placeholder_ids(parsed, format_version, ids)
             fields.append(NestedField(-9, KAFKA_VALUE, value, required=False))
     else:
         raise ValueError(f"unknown convert.value.type {value_type!r}; expected one of {CONVERT_TYPES}")
     return fresh_ids(Schema(*fields))
+
+
+CDC = "_cdc"
+
+
+def cdc_field() -> NestedField:
+    """``_cdc`` struct(op, ts, offset, source) of a ``flatten_debezium`` table (placeholder ids)."""
+    return NestedField(-20, CDC, StructType(
+        NestedField(-21, "op", StringType(), required=False),
+        NestedField(-22, "ts", TimestamptzType(), required=False),
+        NestedField(-23, "offset", LongType(), required=False),
+        NestedField(-24, "source", StringType(), required=False),
+    ), required=False, doc="Debezium operation (c, r, u, d), event time, Kafka offset, source (JSON)")
+
+
+def debezium_row(envelope: Any) -> Any:
+    """The row record of a Debezium envelope: the record type of its ``after`` field (``before`` has
+    the same); raises ``UnsupportedAvroSchema`` for a value that is not an envelope."""
+    fields = {f.get("name"): f for f in envelope.get("fields", [])} if _is_record(envelope) else {}
+    after = fields.get("after")
+    if after is None or "op" not in fields:
+        raise UnsupportedAvroSchema("transform.value.type=flatten_debezium needs a Debezium envelope "
+                                    "(a record with before, after, op, ts_ms, source)")
+    rows = []
+    for name in ("before", "after"):  # the record is defined in the first, named in the second
+        kind = fields[name]["type"] if name in fields else []
+        rows += [b for b in (kind if isinstance(kind, list) else [kind]) if _is_record(b)]
+    if not rows:
+        raise UnsupportedAvroSchema("the envelope's after field must be a record (or null and a record)")
+    return rows[0]
 
 
 def value_is_flattened(schema: Schema) -> bool:

@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyiceberg.exceptions import RESTError
+
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from spark_jobs import dlq, job_output, partitioning, round_plan, table_setup
+from spark_jobs import dlq, job_output, json_values, partitioning, round_plan, table_setup, upsert
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
     BranchHead,
@@ -203,6 +205,9 @@ class CommitRound:
             store = store.model_copy(update={"endpoint_url": cluster["object_store_endpoint"]})
         self.store: ObjectStoreConfig = store
         self.options = table_setup.TableOptions.of(self.topic)
+        self.upsert = upsert.UpsertOptions.of(self.topic)
+        self.json = self.options.value_type == "json"
+        self.staging = self.upsert is not None or self.json  # tasks stage rows for the driver's Spark write
         self.round_id = args.round_id or uuid.uuid4().hex
         self.branch = branch_name(self.round_id)
         self._spark: Any = spark
@@ -266,13 +271,25 @@ class CommitRound:
                                offsets_after=plan.offsets_after, seconds=self.seconds,
                                message="no new offsets since the last committed round")
         plan.ranges = round_plan.fetch_ranges(self.admin, self.topic.topic, windows)
-        table = table_setup.load_or_create(self.catalog, self.topic, self.registry, self.options,
-                                           self._first_schema_id(plan.ranges))
-        evolved = table_setup.evolve(table, table_setup.value_schemas(self.registry, self.topic.topic, extra_ids),
-                                     self.options)
+        try:
+            table = table_setup.load_or_create(self.catalog, self.topic, self.registry, self.options,
+                                               self._first_schema_id(plan.ranges))
+        except RESTError as exc:
+            if self.options.format_version >= 3 and "V3" in str(exc):
+                raise RoundFailed(
+                    f"automq.table.topic.format.version={self.options.format_version}: the catalog cannot keep "
+                    f"format v3 tables ({exc}); the broker's catalog (pyiceberg's SQL catalog) writes v2 only, "
+                    "use format.version=2 or a catalog with v3 support") from exc
+            raise
+        schemas = table_setup.value_schemas(self.registry, self.topic.topic, extra_ids)
+        evolved = table_setup.evolve(table, schemas, self.options)
         changes.extend(evolved.applied)
         table, spec_changes = partitioning.evolve(table.refresh(), self.topic.config("partition.by"))
         changes.extend(spec_changes)
+        if self.upsert is not None:
+            if not self.json:  # json: the id columns exist once the values' columns are inferred (_merge)
+                upsert.check_columns(table.schema(), self.upsert)
+            table = upsert.ensure_merge_on_read(table)
         table = table_setup.ensure_base_snapshot(table)
         parent = main_snapshot_id(table)
         if found.snapshot_id is not None and checkpoint.read_checkpoint(table.metadata).offsets != found.offsets:
@@ -282,8 +299,11 @@ class CommitRound:
 
         assert parent is not None  # ensure_base_snapshot
         create_branch(self.catalog, table, self.branch, parent)
-        spec = TaskSpec(self.store, table.metadata.model_dump_json(), tuple(sorted(table.io.properties.items())),
-                        self.options.key_type, self.options.value_type, self.registry.url,
+        metadata_json = (table.metadata.model_dump_json() if not self.staging
+                         else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan),
+                                                           text_value=self.json))
+        spec = TaskSpec(self.store, metadata_json, tuple(sorted(table.io.properties.items())),
+                        self.options.key_type, "string" if self.json else self.options.value_type, self.registry.url,
                         tuple(sorted(self.registry.known().items())))
         properties = {
             checkpoint.OFFSETS: checkpoint.encode_offsets(plan.offsets_after),
@@ -307,7 +327,22 @@ class CommitRound:
             raise
         self.seconds["read_write"] = round(time.monotonic() - started, 3)
         report = output.report
-        skipped_records = self._check_errors(report, table)
+        staged = [f.file_path for f in output.data_files] if self.staging else []
+        try:
+            parsed = None
+            if self.json and staged:
+                parsed = json_values.parse(spark, spark.read.parquet(*staged), table, self._spark_table(spark),
+                                           debezium=self.upsert is not None and self.upsert.debezium)
+                changes.extend(parsed.schema_changes)
+                report.errors.extend(parsed.errors)
+                report.rows -= len(parsed.errors)
+                table = table.refresh()
+            skipped_records = self._check_errors(report, table)
+        except BaseException:
+            if self.staging:
+                drop_branch(self.catalog, table.refresh(), self.branch)
+                upsert.remove_staging(table, staged)
+            raise
 
         t1 = time.monotonic()
         def append_files(target: Any) -> None:
@@ -316,7 +351,14 @@ class CommitRound:
                 for data_file in output.data_files:
                     append.append_data_file(data_file)
 
-        table = write_to_branch(table, append_files)
+        merged = None
+        if self.upsert is not None:
+            merged = self._merge(spark, table, staged, properties, parsed.rows if parsed else None)
+        elif parsed is not None:
+            self._append_rows(spark, table, parsed.rows, staged, properties)
+        if not staged or (merged is not None and not merged.merged):  # no staged rows: an empty snapshot
+            table = write_to_branch(table, append_files if not self.staging else lambda t: self._empty(t, properties))
+        table = table.refresh()
         _kill_point("after_write")
         try:
             snapshot_id = round_snapshot(table, self.branch, parent)
@@ -325,6 +367,11 @@ class CommitRound:
             raise LostRace(str(exc)) from exc
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         assert snapshot is not None
+        if checkpoint.summary_properties(snapshot).get(checkpoint.OFFSETS) != properties[checkpoint.OFFSETS]:
+            # a Spark write whose commit did not take the properties (CommitMetadata is per JVM thread):
+            # publishing it would leave the checkpoint behind and the next round would write the records again
+            drop_branch(self.catalog, table, self.branch)
+            raise RoundFailed(f"the round's snapshot {snapshot_id} does not carry its offsets; nothing committed")
         heads = [BranchHead(table, self.branch, parent, snapshot_id)]
         if skipped_records:
             heads.append(self._dlq_head(skipped_records))
@@ -339,6 +386,10 @@ class CommitRound:
         self.seconds["commit"] = round(time.monotonic() - t1, 3)
         summary = checkpoint.summary_properties(snapshot)
         dlq_note = f", {len(skipped_records)} records to {dlq.dlq_name(self.topic.table)}" if skipped_records else ""
+        if merged is not None:
+            dlq_note = (f" (merged on {', '.join(self.upsert.id_columns) if self.upsert else ''}: "
+                        f"{summary.get('added-records', '0')} rows written, "
+                        f"{summary.get('added-position-deletes', '0')} rows replaced or deleted)" + dlq_note)
         return self.result(
             "committed", snapshot_id=snapshot_id, parent_snapshot_id=parent,
             offsets_before=plan.offsets_before, offsets_after=plan.offsets_after,
@@ -347,6 +398,60 @@ class CommitRound:
             data_files=int(summary.get("added-data-files", 0)), executor=executor,
             seconds=self.seconds, message=f"committed {report.rows} rows{dlq_note}",
         )
+
+    def _envelope(self, schemas: list[tuple[int, str]], plan: round_plan.RoundPlan) -> str | None:
+        """For ``flatten_debezium``: the Debezium envelope schema the staged rows keep whole (the
+        value subject's latest, else the round's first record's)."""
+        if self.upsert is None or not self.upsert.debezium or self.json:
+            return None
+        if schemas:
+            return schemas[-1][1]
+        first = self._first_schema_id(plan.ranges)()
+        if first is None:
+            raise RoundFailed(f"{self.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry")
+        return self.registry.avro_schema(first)
+
+    def _spark_table(self, spark: Any, branch: str | None = None) -> str:
+        namespace, name = self.topic.identifier
+        suffix = f".`branch_{branch}`" if branch else ""
+        return f"{use_catalog(spark, self.catalog_url)}.`{namespace}`.`{name}`{suffix}"
+
+    def _empty(self, target: Any, properties: dict[str, str]) -> None:
+        """A snapshot with no files: a staged round whose records all went to the DLQ still moves the offsets."""
+        with target.transaction() as tx, tx.update_snapshot(properties, branch=self.branch).fast_append():
+            pass
+
+    def _append_rows(self, spark: Any, table: Any, rows: Any, staged: list[str], properties: dict[str, str]) -> None:
+        """A json round's rows appended to the round branch by Spark's Iceberg writer, one snapshot
+        carrying ``properties`` (nullability is the table's: Spark's staged columns are all nullable)."""
+        columns = [f"`{f.name}`" for f in table.schema().fields]
+        try:
+            upsert.with_commit_properties(spark, properties, lambda: rows.selectExpr(*columns).writeTo(
+                self._spark_table(spark, self.branch)).option("check-nullability", "false").append())
+        except Exception:
+            drop_branch(self.catalog, table.refresh(), self.branch)
+            raise
+        finally:
+            upsert.remove_staging(table, staged)
+
+    def _merge(self, spark: Any, table: Any, staged: list[str], properties: dict[str, str], rows: Any = None
+               ) -> upsert.MergeOutcome:
+        """The upsert round's write: the staged rows MERGEd into the round branch (``upsert``)."""
+        assert self.upsert is not None
+        target = self._spark_table(spark, self.branch)
+        try:
+            if self.json:
+                upsert.check_columns(table.schema(), self.upsert)
+            return upsert.merge_round(spark, target, table.schema(), self.upsert, staged, properties, self.round_id,
+                                      rows)
+        except (upsert.BadUpsertRecords, upsert.UpsertConfigError) as exc:
+            drop_branch(self.catalog, table.refresh(), self.branch)
+            raise RoundFailed(f"{self.topic.topic}: {exc}") from exc
+        except Exception:
+            drop_branch(self.catalog, table.refresh(), self.branch)
+            raise
+        finally:
+            upsert.remove_staging(table, staged)
 
     def _dlq_head(self, errors: list[DecodeError]) -> BranchHead:
         """The DLQ rows on the DLQ table's own round branch, published with the round's rows."""

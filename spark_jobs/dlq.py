@@ -34,6 +34,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from spark_jobs.json_values import INVALID_JSON, JSON_DOES_NOT_FIT
 from spark_jobs.rows import (
     ARROW_CONVERSION,
     AVRO_DECODE,
@@ -47,8 +48,9 @@ from spark_jobs.rows import (
 )
 
 DLQ_SUFFIX = "__dlq"
-UNDECODABLE = frozenset({MISSING_WIRE_HEADER, UNKNOWN_SCHEMA, AVRO_DECODE, TRAILING_BYTES, INVALID_UTF8})
-DOES_NOT_FIT = frozenset({ARROW_CONVERSION, NULL_IN_REQUIRED, INCOMPATIBLE_SCHEMA})
+UNDECODABLE = frozenset({MISSING_WIRE_HEADER, UNKNOWN_SCHEMA, AVRO_DECODE, TRAILING_BYTES, INVALID_UTF8,
+                         INVALID_JSON})
+DOES_NOT_FIT = frozenset({ARROW_CONVERSION, NULL_IN_REQUIRED, INCOMPATIBLE_SCHEMA, JSON_DOES_NOT_FIT})
 
 DLQ_SCHEMA = Schema(
     NestedField(1, "topic", StringType(), required=True),

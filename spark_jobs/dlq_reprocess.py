@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from broker import checkpoint
 from broker.config import object_store_from_env
-from spark_jobs import dlq, job_output, table_setup
+from spark_jobs import dlq, job_output, table_setup, upsert
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient
 from spark_jobs.round_commit import (
@@ -99,6 +99,9 @@ def reprocess(args: argparse.Namespace) -> ReprocessResult:
     catalog = table_setup.catalog_for(catalog_url)
     store = cached_store(object_store_from_env(cluster["object_store"]))
     options = table_setup.TableOptions.of(topic)
+    if upsert.UpsertOptions.of(topic) is not None:  # appending would add rows the table's ids already have
+        raise NotImplementedError(f"{topic.topic} is an upsert/CDC table topic: its DLQ records would have to be "
+                                  "merged by id, which reprocess does not do yet; nothing moved")
     round_id = args.round_id or uuid.uuid4().hex
     result = ReprocessResult("nothing_to_move", topic.topic, round_id)
 

@@ -47,9 +47,19 @@ def test_bad_values_name_the_key(key: str, value: str, fragment: str) -> None:
         assert key in str(info.value)
 
 
-def test_upsert_needs_id_columns() -> None:
+@pytest.mark.parametrize("config", [{"automq.table.topic.upsert.enable": "true"},
+                                    {"automq.table.topic.cdc.field": "op"},
+                                    {"automq.table.topic.transform.value.type": "flatten_debezium"}])
+def test_upsert_cdc_and_debezium_need_id_columns(config: dict[str, str]) -> None:
     with pytest.raises(topic_configs.InvalidConfigError, match="id.columns"):
-        topic_configs.validate_all({"automq.table.topic.upsert.enable": "true"})
+        topic_configs.validate_all(config)
+    assert topic_configs.validate_all({**config, "automq.table.topic.id.columns": "[id]"})
+
+
+def test_cdc_field_is_a_column_name() -> None:
+    assert topic_configs.validate("automq.table.topic.cdc.field", " op ") == "op"
+    with pytest.raises(topic_configs.InvalidConfigError, match="column name"):
+        topic_configs.validate("automq.table.topic.cdc.field", "op; drop table")
 
 
 def test_manifest_lists_table_topics_and_disabled_ones_and_is_replaced_atomically(tmp_path: Path) -> None:
