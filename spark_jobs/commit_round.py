@@ -357,7 +357,9 @@ class CommitRound:
         elif parsed is not None:
             self._append_rows(spark, table, parsed.rows, staged, properties)
         if not staged or (merged is not None and not merged.merged):  # no staged rows: an empty snapshot
-            table = write_to_branch(table, append_files if not self.staging else lambda t: self._empty(t, properties))
+            # refreshed: the metadata in hand predates the round branch, and a write against it is refused
+            table = write_to_branch(table.refresh(),
+                                    append_files if not self.staging else lambda t: self._empty(t, properties))
         table = table.refresh()
         _kill_point("after_write")
         try:
