@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spark_jobs import dlq, job_output, table_setup
+from spark_jobs import dlq, job_output, maintenance_summary, table_setup
 from spark_jobs.broker_client import AdminClient
 from spark_jobs.maintenance_settings import ACTIONS, Settings, parse_actions, resolve
 
@@ -242,6 +242,22 @@ class Maintenance:
         out.data_files_after = _data_files(current)
         return out
 
+    def record(self, result: MaintenanceResult) -> None:
+        """Keep the run's summary on the table (``icefall.maintenance.last-run``) for the status
+        view and any engine. A metadata-only commit (no snapshot), so it does not move ``main``
+        and a commit round publishing meanwhile is not disturbed. Failing to record is a warning
+        in the result, not a failed run: the maintenance itself is done."""
+        summary = maintenance_summary.summarize(result.to_json())
+        try:
+            table = self.catalog.load_table(self.topic.identifier)
+            with table.transaction() as transaction:
+                transaction.set_properties({maintenance_summary.LAST_RUN_PROPERTY:
+                                            maintenance_summary.to_property(summary)})
+        except Exception as exc:  # a catalog or network error: see the docstring
+            log.warning("could not record the maintenance run on %s", ".".join(self.topic.identifier),
+                        exc_info=True)
+            result.message += f" (not recorded on the table: {job_output.error_message(exc)})"
+
     def _call(self, spark: Any, catalog: str, procedure: str, **named: str) -> list[Any]:
         arguments = ", ".join(f"{k} => {v}" for k, v in named.items())
         sql = f"CALL {catalog}.system.{procedure}({arguments})"
@@ -342,6 +358,8 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, Maintena
     if job is not None:
         result.seconds.update(job.seconds)
     result.seconds["total"] = round(time.monotonic() - started, 3)
+    if job is not None and result.result is not None:
+        job.record(result)
     code = 1 if result.status == "failed" else 0
     if code:
         print(f"maintenance of {args.topic} failed: {result.message}", file=sys.stderr)

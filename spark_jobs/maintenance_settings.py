@@ -6,7 +6,7 @@ Where each value comes from, first match wins:
    ``--expire-older-than-hours``, ``--retain-last``, ``--orphan-older-than-days``);
 2. the table topic's config (``automq.table.topic.expire.snapshot.*``, declared by the broker
    with AutoMQ's defaults: enabled, older than 1 h, keep 1; and the ``automq.table.topic.
-   maintenance.*`` keys below when the broker carries them);
+   maintenance.*`` keys below, unset by default);
 3. the table's properties (``write.target-file-size-bytes``, Iceberg's own key, which Spark's
    writers use too; ``icefall.maintenance.*``);
 4. S3 Tables' defaults: target file size 512 MiB, strategy ``auto`` (binpack; sort when the
@@ -36,7 +36,7 @@ S3_TABLES_MAX_SNAPSHOT_AGE_HOURS = 120.0
 EXPIRE_ENABLED = TOPIC + "expire.snapshot.enabled"
 EXPIRE_OLDER_THAN_HOURS = TOPIC + "expire.snapshot.older.than.hours"
 EXPIRE_RETAIN_LAST = TOPIC + "expire.snapshot.retain.last"
-# Read when present (the broker refuses keys it does not declare, so these apply once it declares them).
+# Declared by the broker with an empty default ("not set": the table property or the default applies).
 TOPIC_TARGET_FILE_SIZE = TOPIC + "maintenance.target.file.size.bytes"
 TOPIC_STRATEGY = TOPIC + "maintenance.compaction.strategy"
 TOPIC_ORPHAN_DAYS = TOPIC + "maintenance.unreferenced.days"

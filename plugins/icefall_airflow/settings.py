@@ -14,6 +14,7 @@ from pathlib import Path
 from broker.config import BrokerConfig
 
 COMMIT_DAG_PREFIX = "icefall_commit__"
+MAINTAIN_DAG_PREFIX = "icefall_maintain__"
 POOL_PREFIX = "icefall_table__"
 ASSET_PREFIX = "icefall/"
 ADMIN_URL_ENV = "ICEFALL_ADMIN_URL"
@@ -40,6 +41,10 @@ def commit_dag_id(topic: str) -> str:
     return COMMIT_DAG_PREFIX + topic
 
 
+def maintain_dag_id(topic: str) -> str:
+    return MAINTAIN_DAG_PREFIX + topic
+
+
 def pool_name(topic: str) -> str:
     """The one-slot pool that serialises every writer of the topic's table (commit and maintenance)."""
     return POOL_PREFIX + topic
@@ -47,6 +52,12 @@ def pool_name(topic: str) -> str:
 
 def asset_name(namespace: str, table: str) -> str:
     return f"{ASSET_PREFIX}{namespace}/{table}"
+
+
+def maintenance_asset_name(namespace: str, table: str) -> str:
+    """Maintenance events go to their own asset: compaction and expiry change files, not rows,
+    so the data teams' DAGs scheduled on the table's asset must not run for them."""
+    return f"{asset_name(namespace, table)}/maintenance"
 
 
 def dlq_table(table: str) -> str:
