@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from broker import checkpoint
-from spark_jobs import commit_round, maintenance
+from spark_jobs import commit_round, maintenance, maintenance_summary
 from spark_jobs.maintenance_settings import (
     MIB,
     S3_TABLES_TARGET_FILE_SIZE_BYTES,
@@ -164,6 +164,19 @@ def test_orphan_files_older_than_the_threshold_are_removed_young_ones_kept(
     out = maintain(spark, round_broker, topic, "--actions", "orphans", "--orphan-older-than-days", "1")
     assert out.result is not None and out.result.actions["orphans"]["removed"] == 1 and not young.exists()
     assert len(pyiceberg_rows(round_broker, topic)) == 30
+    # Each run is recorded on the table for the status view (a property: no snapshot).
+    recorded = maintenance_summary.from_properties(table(round_broker, topic).properties)
+    assert recorded is not None and (recorded["status"], recorded["orphans_removed"]) == ("done", 1)
+    assert recorded["at_ms"] == out.now_ms and recorded["actions"] == ["orphans"]
+    assert table(round_broker, topic).current_snapshot().snapshot_id == out.result.snapshot_id  # type: ignore[union-attr]
+
+    # A failed action is recorded too, with Iceberg's reason: orphans younger than a day are refused.
+    code, out = maintenance.run(["--admin-url", round_broker.admin_url, "--topic", topic, "--actions", "orphans",
+                                 "--orphan-older-than-days", "0.5"], spark)
+    assert code == 1 and out.status == "failed" and "orphans" in out.message
+    recorded = maintenance_summary.from_properties(table(round_broker, topic).properties)
+    assert recorded is not None and (recorded["status"], recorded["failed_actions"]) == ("failed", ["orphans"])
+    assert recorded["message"] == out.message[:maintenance_summary.MESSAGE_CHARS]
 
 
 def test_the_job_as_a_process_maintains_the_dlq_table_too(spark: Any, round_broker: BrokerProcess,
