@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,13 @@ def test_a_table_topic_keeps_every_segment_its_table_has_not_committed(
     assert _partition(broker, topic)["log_start_offset"] == 0
     assert set(keys) <= _objects(broker)
     assert _consume(broker.bootstrap, topic, 0, "error", 12) == list(range(12))
+    # ... and counts it: the admin API and a Prometheus gauge say how much waits for the table
+    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [12],  # type: ignore[index]
+             20, what="a pass over all three segments")
+    [held] = broker.admin("/v1/retention")["blocked"]  # type: ignore[index]
+    assert (held["topic"], held["partition"], held["blocked_offsets"], held["committed_offset"]) == (topic, 0, 12, 0)
+    assert held["blocked_bytes"] > 0
+    assert f'icefall_retention_held_back_offsets{{topic="{topic}",partition="0"}} 12\n' in _metrics(broker)
 
     # a commit round took offsets [0, 8): the first two segments may go, the third stays
     catalog = load_catalog("retention", type="rest", uri=broker.catalog_url)
@@ -210,6 +218,23 @@ def test_a_table_topic_keeps_every_segment_its_table_has_not_committed(
     assert keys[2] in _objects(broker)
     assert _watermarks(broker.bootstrap, topic) == (8, 12)
     assert _consume(broker.bootstrap, topic, 8, "error", 12) == [8, 9, 10, 11]
+    # the third segment still waits for the table
+    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [4],  # type: ignore[index]
+             20, what="the held-back figures to follow the commit")
+    metrics = _metrics(broker)
+    assert f'icefall_retention_held_back_offsets{{topic="{topic}",partition="0"}} 4\n' in metrics
+    assert _counter(metrics, "icefall_retention_deleted_chunks_total") == 2
+    assert _counter(metrics, "icefall_retention_held_back_passes_total") >= 2
+
+
+def _metrics(broker: BrokerProcess) -> str:
+    with urllib.request.urlopen(broker.admin_url + "/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def _counter(metrics: str, name: str) -> float:
+    [line] = [line for line in metrics.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[1])
 
 
 def _topic_id(broker: BrokerProcess, topic: str) -> str:
