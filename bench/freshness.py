@@ -148,7 +148,7 @@ def main() -> int:
             future.result(10)
         started = time.monotonic()
         airflow.migrate()
-        airflow.sync_pools()
+        airflow.sync()
         airflow.start()
         airflow.wait_ready(should_stop=stop.is_set)
         print(f"Airflow up in {time.monotonic() - started:.0f} s at {airflow.url}; "

@@ -17,23 +17,31 @@ MANIFEST_VERSION = 1
 
 
 def render(topics: Iterable[TopicRecord], admin_url: str) -> dict[str, object]:
+    """``table_topics``: the table topics; ``disabled_table_topics``: topics whose
+    ``automq.table.topic.enable`` is set to ``false`` (turned off, so their DAGs stay
+    in Airflow, paused, with their history, until the flag comes back)."""
     tables = []
+    disabled = []
     for topic in topics:
-        if not topic_configs.is_table_topic(topic.configs):
-            continue
-        configs = topic_configs.effective(topic.configs)
-        tables.append(
-            {
-                "topic": topic.name,
-                "topic_id": str(topic.topic_id),
-                "partitions": topic.partitions,
-                "namespace": configs[topic_configs.TABLE_PREFIX + "namespace"],
-                "table": topic_configs.table_name(topic.name),
-                "commit_interval_ms": int(configs[topic_configs.TABLE_PREFIX + "commit.interval.ms"]),
-                "configs": {k: v for k, v in configs.items() if k.startswith(topic_configs.TABLE_PREFIX)},
-            }
-        )
-    return {"version": MANIFEST_VERSION, "admin_url": admin_url, "table_topics": tables}
+        if topic_configs.is_table_topic(topic.configs):
+            tables.append(_entry(topic))
+        elif topic.configs.get(topic_configs.TABLE_PREFIX + "enable") == "false":
+            disabled.append(_entry(topic))
+    return {"version": MANIFEST_VERSION, "admin_url": admin_url, "table_topics": tables,
+            "disabled_table_topics": disabled}
+
+
+def _entry(topic: TopicRecord) -> dict[str, object]:
+    configs = topic_configs.effective(topic.configs)
+    return {
+        "topic": topic.name,
+        "topic_id": str(topic.topic_id),
+        "partitions": topic.partitions,
+        "namespace": configs[topic_configs.TABLE_PREFIX + "namespace"],
+        "table": topic_configs.table_name(topic.name),
+        "commit_interval_ms": int(configs[topic_configs.TABLE_PREFIX + "commit.interval.ms"]),
+        "configs": {k: v for k, v in configs.items() if k.startswith(topic_configs.TABLE_PREFIX)},
+    }
 
 
 def write_atomically(path: Path, content: dict[str, object]) -> None:

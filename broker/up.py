@@ -31,6 +31,8 @@ from broker.config import BrokerConfig
 DEMO_TOPIC = "clicks"
 REPO = Path(__file__).resolve().parent.parent
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+SYNC_PENDING = 3  # icefall_airflow.sync: a DAG to pause is not parsed yet
+SYNC_RETRY_S = 5.0
 
 
 def _wait_ready(ready: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -95,6 +97,7 @@ class AirflowStack:
         self.pool_sync: subprocess.Popen[bytes] | None = None
         self.manifest = config.manifest_path
         self.manifest_mtime = -1.0
+        self.sync_again_at = 0.0
         bin_dir = str(Path(sys.executable).parent)  # `airflow` and `spark-submit` of this venv
         self.env = {
             **os.environ,
@@ -167,10 +170,17 @@ class AirflowStack:
                 raise SystemExit(f"icefall: airflow {name} exited with code {proc.returncode} "
                                  f"(log: {self.home / 'logs' / (name + '.log')})")
 
-    def sync_pools(self) -> None:
-        """Create the table pools when the manifest changed (one at a time, in the background)."""
-        if self.pool_sync is not None and self.pool_sync.poll() is None:
-            return
+    def sync(self) -> None:
+        """Pools and paused DAGs (``icefall_airflow.sync``) when the manifest changed, one run at a
+        time in the background; again every few seconds while it reports DAGs not parsed yet."""
+        if self.pool_sync is not None:
+            if self.pool_sync.poll() is None:
+                return
+            if self.pool_sync.returncode == SYNC_PENDING:
+                if time.monotonic() < self.sync_again_at:
+                    return
+                self.manifest_mtime = -1.0  # the DAG processor may have parsed them by now
+            self.pool_sync = None
         try:
             mtime = self.manifest.stat().st_mtime
         except FileNotFoundError:
@@ -178,8 +188,9 @@ class AirflowStack:
         if mtime == self.manifest_mtime:
             return
         self.manifest_mtime = mtime
-        with self._log("pools") as log:
-            self.pool_sync = subprocess.Popen([sys.executable, "-m", "icefall_airflow.pools"], env=self.env,
+        self.sync_again_at = time.monotonic() + SYNC_RETRY_S
+        with self._log("sync") as log:
+            self.pool_sync = subprocess.Popen([sys.executable, "-m", "icefall_airflow.sync"], env=self.env,
                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
@@ -329,7 +340,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
             print(f"starting Airflow (AIRFLOW_HOME {airflow.home}; first start migrates its database)...",
                   flush=True)
             airflow.migrate()
-            airflow.sync_pools()
+            airflow.sync()
             if not stopping.is_set():
                 airflow.start()
                 password = airflow.wait_ready(should_stop=stopping.is_set)
@@ -341,7 +352,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
                 return 1
             if airflow is not None:
                 airflow.check()
-                airflow.sync_pools()
+                airflow.sync()
         demo.join(30)
         if demo.error is not None:
             print(f"icefall: the demo producer failed: {demo.error!r}", file=sys.stderr)

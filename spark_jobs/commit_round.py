@@ -53,7 +53,7 @@ from spark_jobs.round_commit import (
     round_snapshot,
     write_to_branch,
 )
-from spark_jobs.round_tasks import TaskReport, TaskSpec, run_tasks
+from spark_jobs.round_tasks import TaskReport, TaskSpec, run_in_driver, run_tasks
 from spark_jobs.rows import INCOMPATIBLE_SCHEMA, TABLE_SCHEMA_BEHIND, DecodeError
 from spark_jobs.segments import cached_store, read_partition
 
@@ -62,6 +62,10 @@ SPARK_CATALOG = "icefall_round"
 MAX_ATTEMPTS = 5
 ERRORS_SHOWN = 5
 KILL_POINT_ENV = "ICEFALL_ROUND_KILL_AT"  # tests: exit abruptly at a named point (see _kill_point)
+DRIVER_MAX_BYTES_ENV = "ICEFALL_ROUND_IN_DRIVER_MAX_BYTES"
+# Below this a round decodes in well under a second on one core, while starting Spark's
+# context and Python workers takes several: the break-even on this 2-core machine is far above.
+DEFAULT_DRIVER_MAX_BYTES = 64 << 20
 
 
 class RoundFailed(RuntimeError):
@@ -88,6 +92,7 @@ class RoundResult:
     data_files: int = 0
     attempts: int = 0
     schema_changes: list[str] = field(default_factory=list)
+    executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
     seconds: dict[str, float] = field(default_factory=dict)
     message: str = ""
 
@@ -120,6 +125,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--master", default=None, help="Spark master when not run by spark-submit (default local[*])")
     parser.add_argument("--flush-deadline-s", type=float, default=60.0,
                         help="how long to wait for the broker to flush the planned offsets to segment objects")
+    parser.add_argument("--in-driver-max-bytes", type=int, metavar="BYTES",
+                        default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
+                        help="a round reading at most this many segment bytes runs its one task in the driver "
+                             f"without starting Spark (default 64 MiB or ${DRIVER_MAX_BYTES_ENV}; 0: always Spark)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     if args.until_offsets is not None:
@@ -129,6 +138,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f'--until-offsets must be a JSON object of partition -> offset, e.g. {{"0": 1200}}: {exc}')
     if args.max_records is not None and args.max_records < 1:
         parser.error("--max-records must be at least 1")
+    if args.in_driver_max_bytes < 0:
+        parser.error("--in-driver-max-bytes must be 0 or more")
     return args
 
 
@@ -269,7 +280,6 @@ class CommitRound:
         self.seconds["prepare"] = round(time.monotonic() - t0, 3)
         _kill_point("before_write")
 
-        spark = self.spark()
         assert parent is not None  # ensure_base_snapshot
         create_branch(self.catalog, table, self.branch, parent)
         spec = TaskSpec(self.store, table.metadata.model_dump_json(), tuple(sorted(table.io.properties.items())),
@@ -281,10 +291,17 @@ class CommitRound:
             checkpoint.TOPIC: self.topic.topic,
             checkpoint.TOPIC_ID: self.topic.topic_id,
         }
-        groups = round_plan.task_groups(plan.ranges, spark.sparkContext.defaultParallelism)
+        round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)
+        executor = "driver" if round_bytes <= self.args.in_driver_max_bytes else "spark"
         started = time.monotonic()
         try:
-            output = run_tasks(spark, spec, groups)
+            if executor == "driver":
+                output = run_in_driver(spec, plan.ranges)
+            else:
+                spark = self.spark()
+                started = time.monotonic()
+                output = run_tasks(spark, spec, round_plan.task_groups(plan.ranges,
+                                                                       spark.sparkContext.defaultParallelism))
         except Exception:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise
@@ -327,7 +344,7 @@ class CommitRound:
             offsets_before=plan.offsets_before, offsets_after=plan.offsets_after,
             records=sum(w.records for w in windows), rows=report.rows, dlq_rows=len(skipped_records),
             skipped_records=skipped, bytes_read=report.bytes_read,
-            data_files=int(summary.get("added-data-files", 0)),
+            data_files=int(summary.get("added-data-files", 0)), executor=executor,
             seconds=self.seconds, message=f"committed {report.rows} rows{dlq_note}",
         )
 

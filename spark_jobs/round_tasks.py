@@ -145,6 +145,21 @@ def run_tasks(spark: Any, spec: TaskSpec, groups: list[list[SegmentRange]]) -> T
     texts = [encode_group(g) for g in groups]
     outputs = spark.sparkContext.parallelize(texts, max(len(texts), 1)).map(
         functools.partial(write_group, spec)).collect()
+    return _combine(outputs)
+
+
+def run_in_driver(spec: TaskSpec, ranges: list[SegmentRange]) -> TaskOutput:
+    """All ranges as one task in this (the driver's) process, with no SparkContext.
+
+    For a small round, starting Spark (its context, executors and their Python
+    workers) costs seconds while the work itself takes a fraction of one: on a
+    30 s commit interval that start-up is most of the freshness budget. The task
+    is the very function Spark would run, so the rows and files are the same.
+    """
+    return _combine([write_group(spec, encode_group(ranges))])
+
+
+def _combine(outputs: list[TaskOutput]) -> TaskOutput:
     total = TaskOutput([], TaskReport())
     for output in outputs:
         total.data_files.extend(output.data_files)

@@ -71,6 +71,11 @@ def round_params() -> dict[str, Param]:
 
 
 def _plan(entry: manifest.TableTopic) -> dict[str, Any]:
+    if not entry.enabled:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(f"topic {entry.topic} is not a table topic now ({manifest.ENABLE_KEY}=false): "
+                                   "no round; set it to true to resume")
     context = get_current_context()
     request = planning.round_request(entry.topic, context["params"], context.get("data_interval_end"),
                                      context["run_id"], int(time.time() * 1000))
@@ -110,8 +115,9 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
         is_paused_upon_creation=False,
         dagrun_timeout=timedelta(hours=1),
         params=round_params(),
-        tags=["icefall", "commit", f"namespace:{entry.namespace}"],
-        doc_md=DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
+        tags=["icefall", "commit", f"namespace:{entry.namespace}", *([] if entry.enabled else ["disabled"])],
+        doc_md=("**Disabled**: the topic's `automq.table.topic.enable` is `false`; this DAG is paused.\n\n"
+                if not entry.enabled else "") + DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
                           interval_s=entry.schedule_ms / 1000, asset=entry.asset_name),
         default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
     ) as dag:
@@ -127,14 +133,16 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
 
 
 def build_all(path: Path | None = None) -> dict[str, DAG]:
-    """One DAG per enabled table topic of the manifest at ``path`` (default ``HOME/table_topics.json``).
+    """One DAG per table topic of the manifest at ``path`` (default ``HOME/table_topics.json``).
 
-    A topic whose table-topic flag is turned off drops out of the broker's
-    manifest, so its DAG disappears (Airflow marks it stale, keeping its history
-    and paused state for when the topic is enabled again).
+    A topic whose ``automq.table.topic.enable`` was set to ``false`` keeps its
+    DAG (history, backfills, the same schedule for when it comes back), marked
+    disabled; ``icefall_airflow.sync`` pauses it and its plan task skips, so it
+    commits nothing while the topic is off. A topic deleted, or whose flag was
+    deleted rather than set to false, drops out: Airflow marks its DAG stale.
     """
+    current = manifest.read(path)
     dags: dict[str, DAG] = {}
-    for entry in manifest.read(path).table_topics:
-        if entry.enabled:
-            dags[entry.dag_id] = build_commit_dag(entry)
+    for entry in [*current.table_topics, *current.disabled_table_topics]:
+        dags[entry.dag_id] = build_commit_dag(entry)
     return dags

@@ -136,15 +136,16 @@ def build_maintain_dag(entry: manifest.TableTopic) -> DAG:
         is_paused_upon_creation=False,
         dagrun_timeout=timedelta(hours=6),
         params=maintenance_params(),
-        tags=["icefall", "maintenance", f"namespace:{entry.namespace}"],
-        doc_md=DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
+        tags=["icefall", "maintenance", f"namespace:{entry.namespace}", *([] if entry.enabled else ["disabled"])],
+        doc_md=("**Disabled**: the topic's `automq.table.topic.enable` is `false`; this DAG is paused.\n\n"
+                if not entry.enabled else "") + DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
                           interval=_interval_text(interval_ms), pool=entry.pool,
                           asset=settings.maintenance_asset_name(entry.namespace, entry.table),
                           actions=", ".join(ACTIONS)),
         default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
     ) as dag:
         maintain = MaintenanceOperator(
-            task_id="maintain", topic=entry.topic, pool=entry.pool, name=f"icefall-maintain-{entry.topic}",
+            task_id="maintain", topic=entry.topic, topic_enabled=entry.enabled, pool=entry.pool, name=f"icefall-maintain-{entry.topic}",
             execution_timeout=timedelta(hours=4),
         )
         published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(
@@ -154,11 +155,16 @@ def build_maintain_dag(entry: manifest.TableTopic) -> DAG:
 
 
 def build_all(path: Path | None = None) -> dict[str, DAG]:
-    """One maintenance DAG per enabled table topic of the manifest (default ``HOME/table_topics.json``)
-    whose ``automq.table.topic.maintenance.enable`` is not false."""
+    """One maintenance DAG per table topic of the manifest (default ``HOME/table_topics.json``)
+    whose ``automq.table.topic.maintenance.enable`` is not false.
+
+    Like the commit DAGs: a topic whose ``automq.table.topic.enable`` was set to ``false`` keeps
+    its DAG, marked disabled (``icefall_airflow.sync`` pauses it; a run skips); a topic deleted
+    drops out and Airflow marks the DAG stale."""
+    current = manifest.read(path)
     dags: dict[str, DAG] = {}
-    for entry in manifest.read(path).table_topics:
-        if entry.enabled and maintenance_enabled(entry):
+    for entry in [*current.table_topics, *current.disabled_table_topics]:
+        if maintenance_enabled(entry):
             dag = build_maintain_dag(entry)
             dags[dag.dag_id] = dag
     return dags

@@ -54,19 +54,25 @@ def read_result(path: str) -> dict[str, Any] | None:
 class MaintenanceOperator(SparkSubmitOperator):
     """Run table maintenance for ``topic`` (the actions in param ``actions``) and return the result JSON."""
 
-    def __init__(self, *, topic: str, admin_url: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, topic: str, topic_enabled: bool = True, admin_url: str | None = None,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("conn_id", SPARK_CONN_ID)
         kwargs.setdefault("spark_binary", "spark-submit")
         super().__init__(**kwargs)
         self.topic = topic
+        self.topic_enabled = topic_enabled
         self.admin_url = admin_url
 
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
         from airflow.exceptions import AirflowException
+        from airflow.sdk.exceptions import AirflowSkipException
 
         from icefall_airflow import manifest
         from spark_jobs.jars import iceberg_jars
 
+        if not self.topic_enabled:
+            raise AirflowSkipException(f"topic {self.topic} is not a table topic now "
+                                       "(automq.table.topic.enable=false): no maintenance")
         actions = (context.get("params") or {}).get("actions")
         admin_url = self.admin_url or manifest.admin_url()
         ensure_spark_connection(self._conn_id)

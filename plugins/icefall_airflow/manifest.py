@@ -67,6 +67,8 @@ class TableTopic:
 class Manifest:
     table_topics: list[TableTopic]
     admin_url: str | None = None
+    # Topics whose automq.table.topic.enable was set to false: their DAGs stay, paused.
+    disabled_table_topics: list[TableTopic] = field(default_factory=list)
 
 
 def read(path: Path | None = None) -> Manifest:
@@ -79,7 +81,8 @@ def read(path: Path | None = None) -> Manifest:
     raw = json.loads(path.read_text())
     if not isinstance(raw, dict) or not isinstance(raw.get("table_topics"), list):
         raise ValueError(f"{path} is not an Icefall table-topic manifest")  # noqa: TRY004
-    return Manifest([TableTopic.from_json(t) for t in raw["table_topics"]], raw.get("admin_url"))
+    return Manifest([TableTopic.from_json(t) for t in raw["table_topics"]], raw.get("admin_url"),
+                    [TableTopic.from_json(t) for t in raw.get("disabled_table_topics") or []])
 
 
 def admin_url(manifest: Manifest | None = None) -> str:

@@ -1,10 +1,9 @@
 """The one-slot pool per table (``icefall_table__<topic>``) that commit and maintenance share.
 
 Airflow does not schedule a task whose pool does not exist, and DAG files may
-not touch the database, so pools are created outside parsing: ``icefall up``
-runs ``python -m icefall_airflow.pools`` at start and whenever the manifest
-changes; other deployments run the same command (or ``airflow pools set``)
-after enabling a table topic. Existing pools are left alone, so an operator
+not touch the database, so pools are created outside parsing, by
+``python -m icefall_airflow.sync`` (which ``icefall up`` runs whenever the
+manifest changes) or this module's own command (or ``airflow pools set``). Existing pools are left alone, so an operator
 who resized one keeps their size.
 """
 

@@ -49,6 +49,7 @@ def asset_extra(result: dict[str, Any], plan: dict[str, Any], lag: dict[str, Any
         "bytes": result.get("bytes_read"),
         "data_files": result.get("data_files"),
         "seconds": result.get("seconds"),
+        "executor": result.get("executor"),
         "lag_records": None if lag is None else lag["records"],
         "lag_seconds": None if lag is None else lag["seconds"],
     }

@@ -45,6 +45,11 @@ def maintain_dag_id(topic: str) -> str:
     return MAINTAIN_DAG_PREFIX + topic
 
 
+def writer_dag_ids(topic: str) -> tuple[str, str]:
+    """The DAGs that write the topic's table: paused together when the topic stops being a table topic."""
+    return commit_dag_id(topic), maintain_dag_id(topic)
+
+
 def pool_name(topic: str) -> str:
     """The one-slot pool that serialises every writer of the topic's table (commit and maintenance)."""
     return POOL_PREFIX + topic

@@ -6,7 +6,13 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from tests.support import BrokerProcess, wait_for
 
@@ -113,11 +119,19 @@ def test_configs_describe_alter_and_reject_unknown(broker: BrokerProcess) -> Non
         with pytest.raises(KafkaException) as info:
             admin.alter_configs([res])[res].result(10)
         assert info.value.args[0].code() == 40  # INVALID_CONFIG
-        assert list(bad)[0] in info.value.args[0].str()
+        assert next(iter(bad)) in info.value.args[0].str()
 
     with pytest.raises(KafkaException) as info:
         _create(admin, "cfg-bad", config={"automq.table.topic.enable": "maybe"})
     assert info.value.args[0].code() == 40
+
+    # Turned off with an incremental alter: out of table_topics, listed as disabled (its DAG gets paused).
+    off = ConfigResource("topic", "cfg", incremental_configs=[
+        ConfigEntry("automq.table.topic.enable", "false", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([off])[off].result(10)
+    manifest = broker.admin("/v1/table-topics")
+    assert manifest["table_topics"] == []
+    assert [t["topic"] for t in manifest["disabled_table_topics"]] == ["cfg"]  # type: ignore[index]
 
 
 def test_delete_topic_and_produce_to_missing_topic(broker: BrokerProcess) -> None:

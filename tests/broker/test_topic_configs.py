@@ -53,19 +53,23 @@ def test_upsert_needs_id_columns() -> None:
         topic_configs.validate_all({"automq.table.topic.upsert.enable": "true"})
 
 
-def test_manifest_lists_only_table_topics_and_is_replaced_atomically(tmp_path: Path) -> None:
+def test_manifest_lists_table_topics_and_disabled_ones_and_is_replaced_atomically(tmp_path: Path) -> None:
     import uuid
 
     path = tmp_path / "table_topics.json"
     topics = [
         TopicRecord("orders.v1", uuid.uuid4(), 3, {"automq.table.topic.enable": "true"}),
         TopicRecord("plain", uuid.uuid4(), 1, {}),
+        TopicRecord("off", uuid.uuid4(), 1, {"automq.table.topic.enable": "false"}),
     ]
     content = manifest.render(topics, "http://127.0.0.1:8090")
     manifest.write_atomically(path, content)
     data = manifest.read(path)
     tables = data["table_topics"]
     assert isinstance(tables, list) and [t["topic"] for t in tables] == ["orders.v1"]
+    disabled = data["disabled_table_topics"]
+    assert isinstance(disabled, list) and [t["topic"] for t in disabled] == ["off"]
+    assert disabled[0]["configs"]["automq.table.topic.enable"] == "false"
     assert tables[0]["table"] == "orders_v1"
     assert tables[0]["commit_interval_ms"] == 60000
 

@@ -17,7 +17,14 @@ def entry(topic: str, interval_ms: int = 60_000, namespace: str = "default", par
     }
 
 
-def write(home: Path, *entries: dict[str, object], admin_url: str = "http://127.0.0.1:1") -> Path:
+def disabled_entry(topic: str, interval_ms: int = 60_000, namespace: str = "default") -> dict[str, object]:
+    """A topic whose ``automq.table.topic.enable`` was set to false."""
+    return entry(topic, interval_ms, namespace, **{"automq.table.topic.enable": "false"})
+
+
+def write(home: Path, *entries: dict[str, object], admin_url: str = "http://127.0.0.1:1",
+          disabled: tuple[dict[str, object], ...] = ()) -> Path:
     path = home / "table_topics.json"
-    broker_manifest.write_atomically(path, {"version": 1, "admin_url": admin_url, "table_topics": list(entries)})
+    broker_manifest.write_atomically(path, {"version": 1, "admin_url": admin_url, "table_topics": list(entries),
+                                            "disabled_table_topics": list(disabled)})
     return path

@@ -70,3 +70,13 @@ def test_a_broken_manifest_is_an_import_error(tmp_path: Path, monkeypatch: pytes
     bag = dagbag(tmp_path, monkeypatch)
     assert sorted(Path(f).name for f in bag.import_errors) == ["icefall_commit.py", "icefall_maintain.py"]
     assert all("not an Icefall table-topic manifest" in e for e in bag.import_errors.values())
+
+
+def test_a_disabled_topic_keeps_its_dag_marked_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifests.write(tmp_path, manifests.entry("on"), disabled=(manifests.disabled_entry("off", 30_000),))
+    bag = dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    dag = bag.dags["icefall_commit__off"]
+    assert "disabled" in dag.tags and "disabled" not in bag.dags["icefall_commit__on"].tags
+    assert dag.timetable.delta == timedelta(seconds=30)  # the schedule is kept for when it comes back
+    assert dag.doc_md.startswith("**Disabled**")

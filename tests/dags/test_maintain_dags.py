@@ -46,16 +46,22 @@ def test_maintain_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pyte
     assert bag.dags["icefall_maintain__a"].timetable.delta == timedelta(hours=1)
     assert bag.dags["icefall_maintain__b"].timetable.delta == timedelta(minutes=10)
 
-    # b turns maintenance off, a's interval changes, c appears, a topic that is no table topic
-    # any more has no maintenance DAG either.
+    # b turns maintenance off, a's interval changes, c appears; d's table-topic flag was set to false:
+    # its DAG stays, marked disabled (icefall_airflow.sync pauses it, as it does the commit DAG).
     manifests.write(tmp_path, manifests.entry("a", **{INTERVAL: "86400000"}), manifests.entry("b", **{ENABLE: "false"}),
-                    manifests.entry("c", namespace="ns"),
-                    manifests.entry("d", **{"automq.table.topic.enable": "false"}))
+                    manifests.entry("c", namespace="ns"), disabled=(manifests.disabled_entry("d"),))
     bag = dagbag(tmp_path, monkeypatch)
-    assert maintain_ids(bag) == {"icefall_maintain__a", "icefall_maintain__c"}
+    assert maintain_ids(bag) == {"icefall_maintain__a", "icefall_maintain__c", "icefall_maintain__d"}
     assert "icefall_commit__b" in bag.dag_ids  # the commit rounds go on
     assert bag.dags["icefall_maintain__a"].timetable.delta == timedelta(days=1)
     assert bag.dags["icefall_maintain__c"].task_dict["maintain"].pool == "icefall_table__c"
+    disabled = bag.dags["icefall_maintain__d"]
+    assert "disabled" in disabled.tags and "disabled" not in bag.dags["icefall_maintain__a"].tags
+    assert disabled.task_dict["maintain"].topic_enabled is False and disabled.doc_md.startswith("**Disabled**")
+
+    # gone from the manifest (topic deleted): no DAG
+    manifests.write(tmp_path, manifests.entry("a"))
+    assert maintain_ids(dagbag(tmp_path, monkeypatch)) == {"icefall_maintain__a"}
 
 
 def test_maintain_dag_is_parsed_from_the_broker_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,3 +78,15 @@ def test_maintain_dag_is_parsed_from_the_broker_manifest(tmp_path: Path, monkeyp
     bag = dagbag(tmp_path, monkeypatch)
     assert maintain_ids(bag) == {"icefall_maintain__clicks"}
     assert bag.dags["icefall_maintain__clicks"].timetable.delta == timedelta(minutes=15)
+
+
+def test_a_disabled_topic_runs_no_maintenance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even when someone runs the paused DAG: nothing is submitted, nothing is published."""
+    from tests.dags import airflow_env
+
+    airflow_env.migrate_db()
+    manifests.write(tmp_path, disabled=(manifests.disabled_entry("off"),))
+    dag = dagbag(tmp_path, monkeypatch).dags["icefall_maintain__off"]
+    run = dag.test()
+    assert {ti.task_id: str(ti.state) for ti in run.get_task_instances()} == {"maintain": "skipped",
+                                                                               "publish": "skipped"}

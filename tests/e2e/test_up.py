@@ -107,6 +107,29 @@ def backfill_of_a_committed_interval_is_a_no_op(base: str, output: str) -> None:
     assert {ti["task_id"]: ti["state"] for ti in tis} == {"plan": "success", "commit": "success", "publish": "skipped"}
 
 
+def disabling_pauses_the_dag_and_enabling_resumes_it(base: str, output: str, bootstrap: str) -> None:
+    """A Kafka admin client turns the table-topic flag off: `icefall up` pauses the commit DAG; on again: unpaused."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    password = re.search(r"login admin / (\S+)\)", output)
+    assert password, output
+    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})["access_token"]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def set_enable(value: str) -> None:
+        resource = ConfigResource("topic", "clicks", incremental_configs=[
+            ConfigEntry("automq.table.topic.enable", value, incremental_operation=AlterConfigOpType.SET)])
+        admin.incremental_alter_configs([resource])[resource].result(10)
+
+    def paused() -> bool:
+        return bool(_api(base, "/api/v2/dags/icefall_commit__clicks", token)["is_paused"])
+
+    set_enable("false")
+    wait_for(paused, 120, interval=1, what="the commit DAG of the disabled topic to be paused")
+    set_enable("true")
+    wait_for(lambda: not paused(), 120, interval=1, what="the commit DAG to be unpaused when the topic is enabled")
+
+
 @pytest.mark.timeout(900)
 def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     home = tmp_path / "home"
@@ -154,6 +177,9 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(tmp_path: Path
             backfill_of_a_committed_interval_is_a_no_op(f"http://127.0.0.1:{airflow}", output)
         except Exception as exc:  # the Airflow logs say why; name them in the failure
             raise AssertionError(f"backfill check failed; Airflow logs in {home / 'airflow' / 'logs'}") from exc
+
+        disabling_pauses_the_dag_and_enabling_resumes_it(f"http://127.0.0.1:{airflow}", output,
+                                                         f"127.0.0.1:{kafka}")
 
         started.update(_processes_with_home(home))
         proc.send_signal(signal.SIGINT)

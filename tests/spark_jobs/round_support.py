@@ -69,7 +69,9 @@ class AvroProducer:
 
 
 def round_args(broker: BrokerProcess, topic: str, result: Path | None = None, *extra: str) -> list[str]:
-    args = ["--admin-url", broker.admin_url, "--topic", topic, *extra]
+    """Rounds in tests take the Spark path unless ``extra`` says otherwise (argparse keeps the last
+    ``--in-driver-max-bytes``): their rounds are small, and Spark's task path is what they test."""
+    args = ["--admin-url", broker.admin_url, "--topic", topic, "--in-driver-max-bytes", "0", *extra]
     return args + (["--result", str(result)] if result is not None else [])
 
 

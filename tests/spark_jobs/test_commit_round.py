@@ -22,6 +22,7 @@ from tests.spark_jobs.round_support import (
     new_topic,
     round_args,
     run_round,
+    run_round_process,
     table,
     table_offsets,
 )
@@ -208,3 +209,37 @@ def test_an_unknown_topic_fails_clearly(spark: Any, round_broker: BrokerProcess)
 def test_catalog_sees_no_table_until_the_first_round(round_broker: BrokerProcess) -> None:
     topic = new_topic(round_broker, partitions=1)
     assert not catalog(round_broker).table_exists(("default", topic))
+
+
+def test_a_small_round_runs_in_the_driver_and_writes_what_spark_writes(spark: Any, round_broker: BrokerProcess,
+                                                                        tmp_path: Path) -> None:
+    """The same records through both executors: the same rows, offsets and checkpoint; the driver path
+    never starts a SparkContext (the process below has none to reuse)."""
+    topics = {}
+    for executor in ("driver", "spark"):
+        topics[executor] = topic = new_topic(round_broker, partitions=2)
+        AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 200), key=lambda v: f"k{v['id']}".encode())
+    result_path = tmp_path / "driver.json"
+    done = run_round_process(round_broker, topics["driver"], result_path, "--in-driver-max-bytes", str(64 << 20))
+    assert done.returncode == 0, done.stderr
+    in_driver = json.loads(result_path.read_text())
+    on_spark = run_round(spark, round_broker, topics["spark"], "--in-driver-max-bytes", "1")
+    assert in_driver["executor"] == "driver" and on_spark.executor == "spark"
+    assert "spark_start" not in in_driver["seconds"]
+    assert in_driver["rows"] == on_spark.rows == 200 and in_driver["bytes_read"] == on_spark.bytes_read
+
+    def rows(topic: str) -> list[tuple[Any, ...]]:
+        return sorted((r["id"], r["page"], r["score"], r["at"], r["_kafka_key"], r["_kafka_metadata"]["partition"],
+                       r["_kafka_metadata"]["offset"]) for r in table(round_broker, topic).scan().to_arrow().to_pylist())
+
+    assert rows(topics["driver"]) == rows(topics["spark"])
+    assert len(rows(topics["driver"])) == 200
+    assert checkpoint.read_checkpoint(table(round_broker, topics["driver"]).metadata).offsets == \
+        {int(p): o for p, o in in_driver["offsets_after"].items()}
+
+
+def test_in_driver_max_bytes_must_not_be_negative(round_broker: BrokerProcess) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit):
+        commit_round.parse_args(["--topic", "t", "--in-driver-max-bytes", "-1"])

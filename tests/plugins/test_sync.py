@@ -1,0 +1,88 @@
+"""``icefall_airflow.sync`` against a real Airflow database: pools for table topics,
+disabled topics' DAGs paused, re-enabled ones unpaused, a DAG paused by hand left alone.
+
+DAGs reach the database the way a deployment's do (``airflow dags reserialize``
+parses the dags folder against the manifest); the sync runs as its command.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dags import airflow_env, manifests
+from tests.support import REPO
+
+airflow_env.configure()
+
+TOPIC = "synced"
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {**os.environ, "ICEFALL_HOME": str(home),
+            "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)])}
+
+
+def reserialize(home: Path) -> None:
+    subprocess.run([os.path.join(airflow_env.VENV_BIN, "airflow"), "dags", "reserialize"], check=True,
+                   env=_env(home), capture_output=True, timeout=300)
+
+
+def run_sync(home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "icefall_airflow.sync"], check=False, env=_env(home), capture_output=True,
+                          text=True, timeout=300)
+
+
+def paused(dag_id: str) -> bool | None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        model = DagModel.get_dagmodel(dag_id, session=session)
+        return None if model is None else bool(model.is_paused)
+
+
+def set_paused(dag_id: str, value: bool) -> None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        model = DagModel.get_dagmodel(dag_id, session=session)
+        assert model is not None
+        model.is_paused = value
+
+
+@pytest.mark.timeout(600)
+def test_disabling_pauses_and_enabling_resumes(tmp_path: Path) -> None:
+    airflow_env.migrate_db()
+    from airflow.models.pool import Pool
+
+    commit_id, by_hand = f"icefall_commit__{TOPIC}", f"icefall_commit__{TOPIC}_manual"
+
+    # Disabled before Airflow ever parsed it: the sync says to come back (exit 3), pausing nothing.
+    manifests.write(tmp_path, manifests.entry(f"{TOPIC}_manual"), disabled=(manifests.disabled_entry(TOPIC),))
+    early = run_sync(tmp_path)
+    assert early.returncode == 3, early.stdout + early.stderr
+    assert f"{commit_id} is not parsed yet" in early.stdout
+
+    reserialize(tmp_path)
+    assert paused(commit_id) is False  # commit DAGs start unpaused
+    set_paused(by_hand, True)  # an operator's own pause
+    done = run_sync(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"paused {commit_id}" in done.stdout
+    assert paused(commit_id) is True and paused(by_hand) is True
+    assert Pool.get_pool(f"icefall_table__{TOPIC}_manual") is not None
+
+    # Enabled again (and the manual one still enabled): only what the sync paused is unpaused.
+    manifests.write(tmp_path, manifests.entry(f"{TOPIC}_manual"), manifests.entry(TOPIC))
+    reserialize(tmp_path)
+    done = run_sync(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"unpaused {commit_id}" in done.stdout
+    assert paused(commit_id) is False and paused(by_hand) is True
+    assert "unpaused" not in run_sync(tmp_path).stdout  # nothing left to undo
