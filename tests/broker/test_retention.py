@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
@@ -359,6 +360,34 @@ def test_a_pass_records_what_it_deleted_and_what_the_table_held_back(tmp_path: P
         status = logs.retention.to_json()
         assert part.log_start_offset == 2 and status["blocked"] == [] and status["chunks_deleted"] == 2
         assert len(part.chunks) == 1 and status["blocked_passes"] == 1 and status["passes"] == 2
+        await logs.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_table_topic_whose_catalog_cannot_answer_keeps_everything(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Not knowing what the table committed is treated as "nothing committed", never as "all"."""
+    async def scenario() -> None:
+        now = int(time.time() * 1000)
+        logs, cluster = await _logs_with_chunks(tmp_path, "t", [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now])
+        answers: list[Checkpoint | Exception] = [ConnectionRefusedError("catalog down"), Checkpoint({0: 3}, 1)]
+
+        def read(namespace: str, table: str) -> Checkpoint:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        retention = Retention(cluster, logs, read, 60_000)
+        part = logs.partitions[("t", 0)]
+        await retention.run_once()
+        assert part.log_start_offset == 0 and len(part.chunks) == 3
+        assert logs.retention.chunks_deleted == 0
+        assert "cannot read the checkpoint of default.t: catalog down" in caplog.text
+
+        await retention.run_once()  # the catalog is back: the two expired chunks go
+        assert part.log_start_offset == 2 and logs.retention.chunks_deleted == 2
         await logs.close()
 
     asyncio.run(scenario())
