@@ -145,7 +145,8 @@ def build_maintain_dag(entry: manifest.TableTopic) -> DAG:
         default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
     ) as dag:
         maintain = MaintenanceOperator(
-            task_id="maintain", topic=entry.topic, topic_enabled=entry.enabled, pool=entry.pool, name=f"icefall-maintain-{entry.topic}",
+            task_id="maintain", topic=entry.topic, namespace=entry.namespace, table=entry.table,
+            topic_enabled=entry.enabled, pool=entry.pool, name=f"icefall-maintain-{entry.topic}",
             execution_timeout=timedelta(hours=4),
         )
         published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(

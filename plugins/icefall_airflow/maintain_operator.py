@@ -54,14 +54,31 @@ def read_result(path: str) -> dict[str, Any] | None:
 class MaintenanceOperator(SparkSubmitOperator):
     """Run table maintenance for ``topic`` (the actions in param ``actions``) and return the result JSON."""
 
-    def __init__(self, *, topic: str, topic_enabled: bool = True, admin_url: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, topic: str, namespace: str, table: str, topic_enabled: bool = True,
+                 admin_url: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("conn_id", SPARK_CONN_ID)
         kwargs.setdefault("spark_binary", "spark-submit")
         super().__init__(**kwargs)
         self.topic = topic
+        self.namespace = namespace
+        self.table = table
         self.topic_enabled = topic_enabled
         self.admin_url = admin_url
+
+    def _no_table_yet(self, admin_url: str) -> bool:
+        """True when the catalog says the table does not exist: the job would find nothing to do,
+        and a spark-submit costs a JVM start (a new table topic's first run, before its first
+        round). When the broker or catalog cannot answer, the job runs and says why it fails."""
+        from icefall_airflow.broker_client import BrokerClient, BrokerError
+        from icefall_airflow.tables import open_catalog
+
+        try:
+            catalog = open_catalog(BrokerClient(admin_url).cluster()["catalog_url"])
+            return not catalog.table_exists((self.namespace, self.table))
+        except (BrokerError, OSError, KeyError):
+            return False
+        except Exception:  # noqa: BLE001 -- a catalog error: let the job report it
+            return False
 
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
         from airflow.exceptions import AirflowException
@@ -75,6 +92,11 @@ class MaintenanceOperator(SparkSubmitOperator):
                                        "(automq.table.topic.enable=false): no maintenance")
         actions = (context.get("params") or {}).get("actions")
         admin_url = self.admin_url or manifest.admin_url()
+        if self._no_table_yet(admin_url):
+            self.log.info("%s.%s does not exist yet (no round committed): nothing to maintain, no Spark started",
+                          self.namespace, self.table)
+            return {"status": "no_table", "topic": self.topic, "namespace": self.namespace, "table": self.table,
+                    "actions": list(actions or []), "message": "the table does not exist yet"}
         ensure_spark_connection(self._conn_id)
         with tempfile.TemporaryDirectory(prefix="icefall-maintain-") as tmp:
             result_path = os.path.join(tmp, "result.json")
