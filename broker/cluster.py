@@ -98,7 +98,7 @@ class Cluster:
         for key in unreferenced:
             try:
                 self.logs.store.delete(key)
-            except Exception as exc:  # an orphan object costs space, not correctness
+            except Exception as exc:  # an orphan object costs space, not correctness  # noqa: BLE001
                 log.warning("could not delete segment object %s: %s", key, exc)
         del self.topics[name]
         self.topics_by_id.pop(topic.topic_id, None)

@@ -117,6 +117,13 @@ class AirflowStack:
             # The factory file is re-parsed this often: a newly enabled table topic's DAG appears within it.
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+            # A scheduler that died (-9, with its workers and their running rounds) leaves its task
+            # instances "running"; the restarted one resets them once the dead one's heartbeat is 30 s
+            # old, at its next orphan check. Airflow's 300 s checks would stall the table's rounds
+            # (max_active_runs=1) for five minutes or more; a worker that died alone is failed and
+            # retried after 60 s without a heartbeat.
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
             "AIRFLOW_CONN_SPARK_DEFAULT": os.environ.get(
                 "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"})),
             "ICEFALL_HOME": str(home),
@@ -139,10 +146,21 @@ class AirflowStack:
 
     def start(self) -> None:
         for name in AIRFLOW_COMPONENTS:
-            args = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
-            with self._log(name) as log:
-                self.procs[name] = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        args = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
+        with self._log(name) as log:
+            self.procs[name] = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
+
+    def kill_and_restart(self, name: str) -> None:
+        """SIGKILL one component's process group (a scheduler takes its LocalExecutor workers and
+        their running spark-submits with it), then start it again: the crash a machine sees."""
+        proc = self.procs[name]
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(30)
+        self._start(name)
 
     def wait_ready(self, should_stop: Callable[[], bool], timeout: float = 180) -> str | None:
         """Wait for the API server; return the admin password it generated (None if set elsewhere)."""

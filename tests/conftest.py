@@ -22,7 +22,7 @@ def broker_factory(tmp_path: Path) -> Iterator[object]:
     for broker in started:
         try:
             broker.stop()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110
             pass
 
 

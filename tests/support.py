@@ -34,7 +34,7 @@ def wait_for(condition: Callable[[], T | None], timeout: float = 30.0, interval:
             value = condition()
             if value:
                 return value
-        except Exception as exc:  # keep polling; report the last error on timeout
+        except Exception as exc:  # keep polling; report the last error on timeout  # noqa: BLE001
             last_error = exc
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
@@ -79,7 +79,7 @@ class BrokerProcess:
             "--registry-port", str(self.registry_port), "--catalog-port", str(self.catalog_port),
             "--ready-file", str(ready), *self.extra_args,
         ]
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         log.close()

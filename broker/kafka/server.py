@@ -17,7 +17,13 @@ from typing import Any
 from kio.schema.index import api_key_map
 
 from broker.kafka import codec
-from broker.kafka.handlers import SUPPORTED_VERSIONS, CloseConnection, ConnectionContext, KafkaHandlers, api_versions_response
+from broker.kafka.handlers import (
+    SUPPORTED_VERSIONS,
+    CloseConnection,
+    ConnectionContext,
+    KafkaHandlers,
+    api_versions_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +113,7 @@ class KafkaServer:
             return None
         try:
             header, request = codec.parse_request(frame)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- whatever fails to parse is the client's malformed frame
             self.malformed_requests += 1
             log.warning("%s: malformed %s v%d request: %s; closing (first bytes %s)", host, api_key_map[api_key],
                         api_version, exc, frame[:64].hex())

@@ -186,7 +186,7 @@ class RegistryApi(HttpService):
                         for name, text in flatten_references(self.store.resolve(rs.references)).items()}
                 self._serialized[rs.id] = proto_text.as_serialized(rs.schema, deps)
                 return self._serialized[rs.id]
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001
                 log.warning("schema id %d: no serialized form: %s", rs.id, exc)
                 raise errors.invalid_schema(f"Schema {rs.id} cannot be returned in the serialized format: {exc}") \
                     from None

@@ -25,7 +25,7 @@ def parse(text: str, deps: dict[str, str]) -> Any:
         raise
     except RecursionError:
         raise InvalidSchemaError("Invalid Protobuf schema: nested too deeply") from None
-    except Exception as exc:  # a parser gap must still be a 42201, never a 500
+    except Exception as exc:  # a parser gap must still be a 42201, never a 500  # noqa: BLE001
         raise InvalidSchemaError(f"Invalid Protobuf schema: {exc}") from None
 
 

@@ -44,16 +44,16 @@ def references_from_json(value: Any) -> list[Reference]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise ValueError("references must be an array")
+        raise ValueError("references must be an array")  # noqa: TRY004
     out: list[Reference] = []
     for item in value:
         if not isinstance(item, dict):
-            raise ValueError("each reference must be an object with name, subject and version")
+            raise ValueError("each reference must be an object with name, subject and version")  # noqa: TRY004
         name, subject, version = item.get("name"), item.get("subject"), item.get("version")
         if not isinstance(name, str) or not isinstance(subject, str) or not name or not subject:
             raise ValueError("a reference needs a non-empty name and subject")
         if isinstance(version, bool) or not isinstance(version, int):
-            raise ValueError("a reference version must be an integer")
+            raise ValueError("a reference version must be an integer")  # noqa: TRY004
         out.append(Reference(name, subject, version))
     return out
 
@@ -136,7 +136,7 @@ def _strict_check(schema_type: str, text: str, refs: list[ResolvedReference]) ->
         raise
     except RecursionError:
         raise InvalidSchemaError("Invalid schema: nested too deeply") from None
-    except Exception as exc:  # a checker gap must still be a 42201, never a 500
+    except Exception as exc:  # a checker gap must still be a 42201, never a 500  # noqa: BLE001
         raise InvalidSchemaError(f"Invalid schema: {exc}") from None
 
 
@@ -186,7 +186,7 @@ def _avro_named_schemas(refs: list[ResolvedReference]) -> dict[str, Any]:
                 raise InvalidSchemaError(f"Invalid schema: reference '{ref.name}' is a {ref.schema_type} schema")
             try:
                 fastavro.parse_schema(json.loads(ref.schema), named_schemas=named)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001
                 raise InvalidSchemaError(f"Invalid schema: referenced schema '{ref.name}' does not parse: {exc}") \
                     from None
 
@@ -214,7 +214,7 @@ def _parse_avro(text: str, refs: list[ResolvedReference]) -> ParsedSchema:
         raise
     except fastavro.schema.UnknownType as exc:
         raise InvalidSchemaError(f"Invalid schema: unknown type '{exc.name}'") from None
-    except Exception as exc:  # fastavro raises SchemaParseException, KeyError, TypeError, ValueError...
+    except Exception as exc:  # fastavro raises SchemaParseException, KeyError, TypeError, ValueError...  # noqa: BLE001
         detail = f"missing attribute {exc}" if isinstance(exc, KeyError) else str(exc)
         raise InvalidSchemaError(f"Invalid schema: {detail}") from None
     if isinstance(obj, dict) and obj.get("type") in ("record", "error") and not isinstance(obj.get("fields"), list):
@@ -241,7 +241,7 @@ def _parse_json_schema(text: str) -> ParsedSchema:
     except jsonschema.exceptions.SchemaError as exc:
         path = "/".join(str(p) for p in exc.absolute_path)
         raise InvalidSchemaError(f"Invalid JSON schema at '#/{path}': {exc.message}") from None
-    except Exception as exc:  # an unknown $schema URI and the like
+    except Exception as exc:  # an unknown $schema URI and the like  # noqa: BLE001
         raise InvalidSchemaError(f"Invalid JSON schema: {exc}") from None
     _strict_check("JSON", text, [])
     return ParsedSchema("JSON", _compact(obj), obj)

@@ -271,7 +271,7 @@ class SchemaStore:
             if rs.schema_type == "JSON":
                 return json.loads(rs.schema)
             return parse_schema(rs.schema_type, rs.schema, refs).parsed
-        except Exception as exc:  # served as text all the same
+        except Exception as exc:  # served as text all the same  # noqa: BLE001
             log.warning("schema id %d (%s) could not be parsed: %s", rs.id, rs.schema_type, exc)
             return None
 
