@@ -241,8 +241,14 @@ KEYS: Mapping[str, ConfigKey] = {
             "compaction target file size (unset: table property write.target-file-size-bytes, else 512 MiB)", 5,
         ),
         ConfigKey(
-            TABLE_PREFIX + "maintenance.compaction.strategy", "", _unset_or(_choice("auto", "binpack", "sort")),
-            "compaction strategy (unset: table property, else auto: sort when the table has a sort order)", 2,
+            TABLE_PREFIX + "maintenance.compaction.strategy", "",
+            _unset_or(_choice("auto", "binpack", "sort", "zorder")),
+            "compaction strategy (unset: table property, else auto: zorder when z-order columns are set, "
+            "sort when the table has a sort order, else binpack)", 2,
+        ),
+        ConfigKey(
+            TABLE_PREFIX + "maintenance.compaction.zorder.columns", "", _id_columns,
+            "z-order compaction by these columns, e.g. [user_id, ts] (unset: table property)", 2,
         ),
         ConfigKey(
             TABLE_PREFIX + "maintenance.unreferenced.days", "", _unset_or(_double(1.0, 36500.0)),

@@ -43,7 +43,7 @@ from typing import Any
 
 from spark_jobs import dlq, job_output, maintenance_summary, table_setup
 from spark_jobs.broker_client import AdminClient
-from spark_jobs.maintenance_settings import ACTIONS, Settings, parse_actions, resolve
+from spark_jobs.maintenance_settings import ACTIONS, SORT, ZORDER, Settings, parse_actions, resolve
 
 log = logging.getLogger("icefall.maintenance")
 DLQ_ACTIONS = ("compact", "expire")
@@ -115,8 +115,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the time the age thresholds count back from (default: now; for tests)")
     parser.add_argument("--target-file-size-bytes", type=int, default=None,
                         help="compaction target (default: table property write.target-file-size-bytes, else 512 MiB)")
-    parser.add_argument("--strategy", choices=("auto", "binpack", "sort"), default=None,
-                        help="compaction strategy (default auto: sort when the table has a sort order, else binpack)")
+    parser.add_argument("--strategy", choices=("auto", "binpack", "sort", "zorder"), default=None,
+                        help="compaction strategy (default auto: zorder when z-order columns are configured, "
+                             "sort when the table has a sort order, else binpack)")
+    parser.add_argument("--zorder-columns", default=None,
+                        help="z-order compaction by these columns, e.g. 'id,ts' (default: topic config "
+                             "maintenance.compaction.zorder.columns, table property)")
     parser.add_argument("--min-input-files", type=int, default=None,
                         help="compact a group of small files only when it has at least this many (default 5, Iceberg's)")
     parser.add_argument("--expire-older-than-hours", type=float, default=None,
@@ -136,6 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     return {"target_file_size_bytes": args.target_file_size_bytes, "strategy": args.strategy,
+            "zorder_columns": args.zorder_columns,
             "min_input_files": args.min_input_files,
             "expire_older_than_hours": args.expire_older_than_hours, "retain_last": args.retain_last,
             "orphan_older_than_days": args.orphan_older_than_days}
@@ -149,6 +154,11 @@ def sql_timestamp(ms: int) -> str:
 
 def _quote(part: str) -> str:
     return "`" + part.replace("`", "``") + "`"
+
+
+def _quote_column(name: str) -> str:
+    """A column (nested with dots) for Iceberg's sort-order parser: each part in backticks."""
+    return ".".join(_quote(part) for part in name.split("."))
 
 
 def _sql_string(text: str) -> str:
@@ -270,9 +280,15 @@ class Maintenance:
         strategy = settings.compaction_strategy(not sort_order.is_unsorted)
         options = (f"map('target-file-size-bytes', '{settings.target_file_size_bytes}', "
                    f"'min-input-files', '{settings.min_input_files}')")
-        row = _first_row(self._call(spark, catalog, "rewrite_data_files", table=_sql_string(target),
-                                    strategy=_sql_string(strategy), options=options))
-        return {"strategy": strategy, "target_file_size_bytes": settings.target_file_size_bytes,
+        named = {"table": _sql_string(target), "options": options}
+        if strategy == ZORDER:  # Iceberg's z-order is the sort strategy with a zorder(...) sort order
+            columns = ", ".join(_quote_column(c) for c in settings.zorder_columns)
+            named.update(strategy=_sql_string(SORT), sort_order=_sql_string(f"zorder({columns})"))
+        else:
+            named["strategy"] = _sql_string(strategy)
+        row = _first_row(self._call(spark, catalog, "rewrite_data_files", **named))
+        done_extra = {"zorder_columns": list(settings.zorder_columns)} if strategy == ZORDER else {}
+        return {"strategy": strategy, **done_extra, "target_file_size_bytes": settings.target_file_size_bytes,
                 "min_input_files": settings.min_input_files,
                 "rewritten_data_files": _count(row, "rewritten_data_files_count"),
                 "added_data_files": _count(row, "added_data_files_count"),

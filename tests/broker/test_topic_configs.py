@@ -106,6 +106,8 @@ MAINTENANCE = "automq.table.topic.maintenance."
         (MAINTENANCE + "target.file.size.bytes", "134217728", "134217728"),
         (MAINTENANCE + "target.file.size.bytes", "", ""),  # unset: the table property applies
         (MAINTENANCE + "compaction.strategy", "BinPack", "binpack"),
+        (MAINTENANCE + "compaction.strategy", "zorder", "zorder"),
+        (MAINTENANCE + "compaction.zorder.columns", "user_id,geo.country", "[user_id, geo.country]"),
         (MAINTENANCE + "unreferenced.days", "10", "10"),
         ("automq.table.topic.expire.snapshot.older.than.hours", "120", "120"),
     ],
@@ -120,7 +122,8 @@ def test_maintenance_values_are_normalized(key: str, value: str, normalized: str
         (MAINTENANCE + "interval.ms", "1000", "outside"),  # a Spark start per second is not maintenance
         (MAINTENANCE + "interval.ms", "hourly", "expected an integer"),
         (MAINTENANCE + "target.file.size.bytes", "0", "outside"),
-        (MAINTENANCE + "compaction.strategy", "zorder", "expected one of"),
+        (MAINTENANCE + "compaction.strategy", "hilbert", "expected one of"),
+        (MAINTENANCE + "compaction.zorder.columns", "[user-id]", "bad id column"),
         (MAINTENANCE + "unreferenced.days", "0.5", "outside"),  # Iceberg refuses less than a day
         (MAINTENANCE + "enable", "sometimes", "expected true or false"),
         ("automq.table.topic.expire.snapshot.retain.last", "0", "outside"),
@@ -138,7 +141,7 @@ def test_every_topic_key_the_maintenance_job_reads_is_declared() -> None:
     from spark_jobs import maintenance_settings as ms
 
     for key in (ms.EXPIRE_ENABLED, ms.EXPIRE_OLDER_THAN_HOURS, ms.EXPIRE_RETAIN_LAST,
-                ms.TOPIC_TARGET_FILE_SIZE, ms.TOPIC_STRATEGY, ms.TOPIC_ORPHAN_DAYS):
+                ms.TOPIC_TARGET_FILE_SIZE, ms.TOPIC_STRATEGY, ms.TOPIC_ORPHAN_DAYS, ms.TOPIC_ZORDER_COLUMNS):
         assert key in topic_configs.KEYS, key
 
 
@@ -186,7 +189,7 @@ def test_maintenance_configs_through_a_kafka_admin_client(broker: BrokerProcess)
     assert described[MAINTENANCE + "target.file.size.bytes"].value == ""
 
     for bad in ({MAINTENANCE + "interval.ms": "5"}, {MAINTENANCE + "unreferenced.days": "soon"},
-                {MAINTENANCE + "compaction.strategy": "zorder"}):
+                {MAINTENANCE + "compaction.strategy": "hilbert"}):
         [(key, value)] = bad.items()
         res = ConfigResource("topic", "maint", incremental_configs=[
             ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
