@@ -17,12 +17,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test]"
 	touch $@
 
-# Debian packages the tests use: kcat (a real librdkafka CLI client) and chromium
-# (the screenshot of the Airflow "Table topics" view).
+# Debian packages the tests use: kcat (a real librdkafka CLI client), chromium
+# (the screenshot of the Airflow "Table topics" view) and postgresql (the broker's
+# metadata store on Postgres; tests start their own server in a temporary directory).
 system-deps:
-	@{ command -v kcat >/dev/null && command -v chromium >/dev/null; } || { \
+	@{ command -v kcat >/dev/null && command -v chromium >/dev/null \
+	   && { command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; }; } || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat chromium; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat chromium postgresql; }
 
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up

@@ -84,6 +84,7 @@ class AdminApi(HttpService):
             web.get("/v1/topics/{topic}/partitions/{partition}/ranges", self.ranges),
             web.post("/v1/flush", self.flush),
             web.get("/metrics", self.metrics),
+            web.get("/v1/retention", self.retention),
         ])
 
 
@@ -92,6 +93,11 @@ class AdminApi(HttpService):
                                   "segments_written": self.logs.segments_written,
                                   "flush_failures": self.logs.flush_failures,
                                   "unflushed_bytes": self.logs.unflushed_bytes})
+
+    async def retention(self, request: web.Request) -> web.Response:
+        """Segment retention since the broker started: what it deleted, and the table topic
+        partitions whose uncommitted records hold it back (the warning's figures)."""
+        return web.json_response(self.logs.retention.to_json())
 
     async def cluster_info(self, request: web.Request) -> web.Response:
         """Where the other services are: a commit round needs only the admin URL to find them.

@@ -35,7 +35,7 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         config.home.mkdir(parents=True, exist_ok=True)
-        self.metadata = MetadataStore(config.metadata_db)
+        self.metadata = MetadataStore(config.metadata_target)
         self.store = open_object_store(config.store)
         self.logs = LogStore(config, self.metadata, self.store)
         self.cluster = Cluster(config, self.metadata, self.logs)

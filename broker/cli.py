@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from broker.config import BrokerConfig, object_store_from_env
 def _broker_config(args: argparse.Namespace) -> BrokerConfig:
     values: dict[str, object] = {"home": Path(args.home)}
     for name in ("host", "advertised_host", "kafka_port", "admin_port", "registry_port", "catalog_port",
-                 "segment_flush_ms", "segment_flush_bytes", "catalog_uri", "warehouse",
+                 "segment_flush_ms", "segment_flush_bytes", "catalog_uri", "metadata_uri", "warehouse",
                  "retention_check_interval_ms"):
         value = getattr(args, name)
         if value is not None:
@@ -38,6 +39,9 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--catalog-port", type=int, default=None, help="Iceberg REST catalog (default 8181)")
     parser.add_argument("--catalog-uri", default=None,
                         help="catalog database, a SQLAlchemy URL (default sqlite:///HOME/catalog.sqlite)")
+    parser.add_argument("--metadata-uri", default=os.environ.get("ICEFALL_METADATA_URI"),
+                        help="the broker's metadata in Postgres, postgresql://user:password@host:port/database "
+                             "(default: $ICEFALL_METADATA_URI, else SQLite in HOME/metadata.sqlite)")
     parser.add_argument("--warehouse", default=None, help="where Iceberg tables live (default file://HOME/warehouse)")
     parser.add_argument("--object-store", default=None,
                         help="s3://bucket/prefix (endpoint and credentials from AWS_* variables); default: HOME/objects")
@@ -60,8 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--demo-rate", type=float, default=20.0, help="demo records per second")
     args = parser.parse_args(argv)
     if args.home is None:
-        import os
-
         args.home = os.environ.get("ICEFALL_HOME", ".icefall")
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
@@ -80,8 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         pass
     if args.command == "broker":
         from broker.app import serve
+        from broker.metadata import MetadataUnavailableError
 
-        asyncio.run(serve(config, args.ready_file))
+        try:
+            asyncio.run(serve(config, args.ready_file))
+        except MetadataUnavailableError as exc:
+            print(f"icefall: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "up":
         from broker.up import run_up

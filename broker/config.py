@@ -65,6 +65,17 @@ class BrokerConfig(BaseModel):
     # how often segment retention runs (Kafka's log.retention.check.interval.ms, same default)
     retention_check_interval_ms: int = Field(default=300_000, ge=1)
     catalog_uri: str | None = None  # SQLAlchemy URL of the catalog database; default SQLite HOME/catalog.sqlite
+    # The broker's own metadata (topics, segment index, group offsets): postgresql://user:pw@host/db,
+    # default SQLite HOME/metadata.sqlite. One broker per database (broker/metadata.py).
+    metadata_uri: str | None = None
+
+    @field_validator("metadata_uri")
+    @classmethod
+    def _postgres_uri(cls, value: str | None) -> str | None:
+        if value is not None and value.split(":", 1)[0] not in ("postgresql", "postgres"):
+            raise ValueError(f"metadata URI must be postgresql://user:password@host:port/database, got {value!r} "
+                             "(leave it unset for SQLite in HOME/metadata.sqlite)")
+        return value
     warehouse: str | None = None  # where table data and metadata live; default file://HOME/warehouse
 
     @property
@@ -78,6 +89,11 @@ class BrokerConfig(BaseModel):
     @property
     def metadata_db(self) -> Path:
         return self.home / "metadata.sqlite"
+
+    @property
+    def metadata_target(self) -> Path | str:
+        """Where the metadata store lives: the Postgres URI, else the SQLite file."""
+        return self.metadata_uri or self.metadata_db
 
     @property
     def wal_dir(self) -> Path:

@@ -1,5 +1,7 @@
-"""The broker's metadata in SQLite: topics, configs, the segment index, group
-offsets and producer state.
+"""The broker's metadata: topics, configs, the segment index, group offsets and
+producer state. In SQLite (``HOME/metadata.sqlite``) by default, or in Postgres
+(``--metadata-uri postgresql://...``), so the metadata lives with the rest of a
+deployment's databases instead of on the broker's disk.
 
 The segment index maps (topic, partition, offset range) to (object key, byte
 range) with a packed per-batch index, so a reader can find the exact byte
@@ -12,19 +14,22 @@ from __future__ import annotations
 import json
 import sqlite3
 import struct
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (
     name TEXT PRIMARY KEY,
     topic_id TEXT NOT NULL,
-    partitions INTEGER NOT NULL,
-    created_ms INTEGER NOT NULL
+    partitions BIGINT NOT NULL,
+    created_ms BIGINT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS topic_configs (
     topic TEXT NOT NULL,
@@ -34,44 +39,44 @@ CREATE TABLE IF NOT EXISTS topic_configs (
 );
 CREATE TABLE IF NOT EXISTS chunks (
     topic TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    base_offset INTEGER NOT NULL,
-    end_offset INTEGER NOT NULL,
+    partition BIGINT NOT NULL,
+    base_offset BIGINT NOT NULL,
+    end_offset BIGINT NOT NULL,
     object_key TEXT NOT NULL,
-    byte_start INTEGER NOT NULL,
-    byte_end INTEGER NOT NULL,
-    min_append_ms INTEGER NOT NULL,
-    max_append_ms INTEGER NOT NULL,
+    byte_start BIGINT NOT NULL,
+    byte_end BIGINT NOT NULL,
+    min_append_ms BIGINT NOT NULL,
+    max_append_ms BIGINT NOT NULL,
     batch_index BLOB NOT NULL,
     PRIMARY KEY (topic, partition, base_offset)
 );
 CREATE INDEX IF NOT EXISTS chunks_by_object ON chunks (object_key);
 CREATE TABLE IF NOT EXISTS partition_state (
     topic TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    log_start_offset INTEGER NOT NULL,
+    partition BIGINT NOT NULL,
+    log_start_offset BIGINT NOT NULL,
     PRIMARY KEY (topic, partition)
 );
 CREATE TABLE IF NOT EXISTS group_offsets (
     group_id TEXT NOT NULL,
     topic TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    committed_offset INTEGER NOT NULL,
-    leader_epoch INTEGER NOT NULL,
+    partition BIGINT NOT NULL,
+    committed_offset BIGINT NOT NULL,
+    leader_epoch BIGINT NOT NULL,
     metadata TEXT,
-    commit_ms INTEGER NOT NULL,
+    commit_ms BIGINT NOT NULL,
     PRIMARY KEY (group_id, topic, partition)
 );
 CREATE TABLE IF NOT EXISTS producer_state (
     topic TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    producer_id INTEGER NOT NULL,
+    partition BIGINT NOT NULL,
+    producer_id BIGINT NOT NULL,
     state TEXT NOT NULL,
     PRIMARY KEY (topic, partition, producer_id)
 );
 CREATE TABLE IF NOT EXISTS counters (
     name TEXT PRIMARY KEY,
-    value INTEGER NOT NULL
+    value BIGINT NOT NULL
 );
 """
 
@@ -139,15 +144,161 @@ class CommittedOffset:
     metadata: str | None
 
 
-class MetadataStore:
-    """SQLite access; every method is one short transaction."""
+class _Database:
+    """One connection to SQLite or Postgres behind the few calls the store makes.
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(_SCHEMA)
+    The store writes its SQL once, in the dialect both speak (``?`` placeholders,
+    ``INSERT ... ON CONFLICT ... DO UPDATE``, ``RETURNING``); Postgres gets ``%s``.
+    A lock makes a transaction and every single statement exclusive on the shared
+    connection: the event loop and ``to_thread`` workers both use the store.
+    """
+
+    def __init__(self, connection: Any, *, postgres: bool) -> None:
+        self.connection = connection
+        self.postgres = postgres
+        self._lock = threading.RLock()
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self.postgres else sql
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return [tuple(row) for row in self.connection.execute(self._sql(sql), params).fetchall()]
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        with self._lock:
+            self.connection.execute(self._sql(sql), params)
+
+    def executemany(self, sql: str, rows: list[Sequence[Any]]) -> None:
+        if not rows:
+            return
+        with self._lock:
+            if self.postgres:
+                with self.connection.cursor() as cursor:
+                    cursor.executemany(self._sql(sql), rows)
+            else:
+                self.connection.executemany(sql, rows)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """All or nothing; SQLite takes its write lock at the start (``BEGIN IMMEDIATE``)."""
+        with self._lock:
+            if self.postgres:
+                with self.connection.transaction():
+                    yield
+            else:
+                with self.connection:
+                    self.connection.execute("BEGIN IMMEDIATE")
+                    yield
+
+    def close(self) -> None:
+        with self._lock:
+            self.connection.close()
+
+
+def _upsert(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
+    """``INSERT ... ON CONFLICT (key) DO UPDATE``: a replace that both SQLite and Postgres run."""
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+    return (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)}) "
+            f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}")
+
+
+_CHUNK_COLUMNS = ("topic", "partition", "base_offset", "end_offset", "object_key", "byte_start", "byte_end",
+                  "min_append_ms", "max_append_ms", "batch_index")
+_UPSERT_CHUNK = _upsert("chunks", _CHUNK_COLUMNS, ("topic", "partition", "base_offset"))
+_UPSERT_PRODUCER = _upsert("producer_state", ("topic", "partition", "producer_id", "state"),
+                           ("topic", "partition", "producer_id"))
+_UPSERT_LOG_START = _upsert("partition_state", ("topic", "partition", "log_start_offset"), ("topic", "partition"))
+_UPSERT_GROUP_OFFSET = _upsert(
+    "group_offsets", ("group_id", "topic", "partition", "committed_offset", "leader_epoch", "metadata", "commit_ms"),
+    ("group_id", "topic", "partition"))
+# 64-bit key of the Postgres advisory lock a broker holds on its metadata database.
+POSTGRES_LOCK_KEY = 0x1CEFA11
+POSTGRES_LOCK_WAIT_S = 5.0
+
+
+class MetadataUnavailableError(RuntimeError):
+    """The metadata database cannot be used: unreachable, refused, or in use by another broker."""
+
+
+class MetadataInUseError(MetadataUnavailableError):
+    """Another broker already keeps its metadata in this database."""
+
+
+def _open_sqlite(path: Path) -> _Database:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=FULL")
+    connection.executescript(_SCHEMA)
+    return _Database(connection, postgres=False)
+
+
+def _take_lock(connection: Any, wait_s: float) -> bool:
+    """The advisory lock, waiting ``wait_s`` for it: the session of a broker that just stopped
+    (or was killed) releases it when its backend notices the closed connection, a moment later."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        locked = connection.execute("SELECT pg_try_advisory_lock(%s)", (POSTGRES_LOCK_KEY,)).fetchone()
+        if locked and locked[0]:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+def _open_postgres(uri: str, lock_wait_s: float) -> _Database:
+    """Autocommit connection, schema created if missing, and an advisory lock held for the
+    connection's life: the broker keeps each partition's state (next offset, producer
+    sequences) in memory, so a second broker on the same database would hand out the same
+    offsets; it is refused instead."""
+    import psycopg
+
+    try:
+        connection = psycopg.connect(uri, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise MetadataUnavailableError(f"cannot connect to the metadata database {_redact(uri)}: {exc}") from exc
+    try:
+        if not _take_lock(connection, lock_wait_s):
+            raise MetadataInUseError(
+                f"another broker holds the metadata database {_redact(uri)}: one broker per metadata database")
+        with connection.transaction():
+            for statement in _SCHEMA.replace("BLOB", "BYTEA").split(";"):
+                if statement.strip():
+                    connection.execute(statement)
+    except BaseException:
+        connection.close()
+        raise
+    return _Database(connection, postgres=True)
+
+
+def _redact(uri: str) -> str:
+    """The URI without its password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def is_postgres_uri(uri: str) -> bool:
+    return uri.split(":", 1)[0] in ("postgresql", "postgres")
+
+
+class MetadataStore:
+    """The broker's metadata; every method is one short transaction.
+
+    ``target``: a SQLite file path (the default, ``HOME/metadata.sqlite``) or a
+    ``postgresql://`` URI (one broker per database; see ``_open_postgres``).
+    """
+
+    def __init__(self, target: Path | str, lock_wait_s: float = POSTGRES_LOCK_WAIT_S) -> None:
+        if isinstance(target, str) and is_postgres_uri(target):
+            self.db = _open_postgres(target, lock_wait_s)
+        else:
+            self.db = _open_sqlite(Path(target))
 
     def close(self) -> None:
         self.db.close()
@@ -156,25 +307,19 @@ class MetadataStore:
 
     def topics(self) -> list[TopicRecord]:
         configs: dict[str, dict[str, str]] = {}
-        for topic, key, value in self.db.execute("SELECT topic, key, value FROM topic_configs"):
+        for topic, key, value in self.db.query("SELECT topic, key, value FROM topic_configs"):
             configs.setdefault(topic, {})[key] = value
         return [
             TopicRecord(name, uuid.UUID(topic_id), partitions, configs.get(name, {}))
-            for name, topic_id, partitions in self.db.execute(
-                "SELECT name, topic_id, partitions FROM topics ORDER BY name"
-            )
+            for name, topic_id, partitions in self.db.query("SELECT name, topic_id, partitions FROM topics ORDER BY name")
         ]
 
     def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicRecord:
         topic_id = uuid.uuid4()
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute(
-                "INSERT INTO topics VALUES (?, ?, ?, ?)", (name, str(topic_id), partitions, _now_ms())
-            )
-            self.db.executemany(
-                "INSERT INTO topic_configs VALUES (?, ?, ?)", [(name, k, v) for k, v in configs.items()]
-            )
+        with self.db.transaction():
+            self.db.execute("INSERT INTO topics VALUES (?, ?, ?, ?)", (name, str(topic_id), partitions, _now_ms()))
+            self.db.executemany("INSERT INTO topic_configs VALUES (?, ?, ?)",
+                                [(name, k, v) for k, v in configs.items()])
         return TopicRecord(name, topic_id, partitions, dict(configs))
 
     def add_partitions(self, name: str, partitions: int) -> None:
@@ -182,57 +327,45 @@ class MetadataStore:
 
     def delete_topic(self, name: str) -> list[str]:
         """Forget a topic; returns the object keys no other chunk refers to any more."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            keys = [k for (k,) in self.db.execute("SELECT DISTINCT object_key FROM chunks WHERE topic = ?", (name,))]
+        with self.db.transaction():
+            keys = [k for (k,) in self.db.query("SELECT DISTINCT object_key FROM chunks WHERE topic = ?", (name,))]
             for table in ("topic_configs", "chunks", "partition_state", "producer_state"):
                 self.db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
             self.db.execute("DELETE FROM group_offsets WHERE topic = ?", (name,))
             self.db.execute("DELETE FROM topics WHERE name = ?", (name,))
-            unreferenced = [
-                k for k in keys
-                if self.db.execute("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1", (k,)).fetchone() is None
-            ]
+            unreferenced = [k for k in keys if not self.db.query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1",
+                                                                 (k,))]
         return unreferenced
 
     def set_configs(self, name: str, configs: dict[str, str]) -> None:
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with self.db.transaction():
             self.db.execute("DELETE FROM topic_configs WHERE topic = ?", (name,))
-            self.db.executemany(
-                "INSERT INTO topic_configs VALUES (?, ?, ?)", [(name, k, v) for k, v in configs.items()]
-            )
+            self.db.executemany("INSERT INTO topic_configs VALUES (?, ?, ?)",
+                                [(name, k, v) for k, v in configs.items()])
 
     # ------------------------------------------------------------ segment index
 
     def add_chunks(self, chunks: list[Chunk], producer_states: dict[tuple[str, int, int], dict[str, object]]) -> None:
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            self.db.executemany(
-                "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (c.topic, c.partition, c.base_offset, c.end_offset, c.object_key, c.byte_start,
-                     c.byte_end, c.min_append_ms, c.max_append_ms, c.batch_index)
-                    for c in chunks
-                ],
-            )
-            self.db.executemany(
-                "INSERT OR REPLACE INTO producer_state VALUES (?, ?, ?, ?)",
-                [(t, p, pid, json.dumps(state)) for (t, p, pid), state in producer_states.items()],
-            )
+        with self.db.transaction():
+            self.db.executemany(_UPSERT_CHUNK, [
+                (c.topic, c.partition, c.base_offset, c.end_offset, c.object_key, c.byte_start,
+                 c.byte_end, c.min_append_ms, c.max_append_ms, c.batch_index)
+                for c in chunks
+            ])
+            self.db.executemany(_UPSERT_PRODUCER, [(t, p, pid, json.dumps(state))
+                                                   for (t, p, pid), state in producer_states.items()])
 
     def chunks(self, topic: str, partition: int) -> list[Chunk]:
         return [
-            Chunk(*row)
-            for row in self.db.execute(
-                "SELECT * FROM chunks WHERE topic = ? AND partition = ? ORDER BY base_offset", (topic, partition)
-            )
+            _chunk(row)
+            for row in self.db.query(f"SELECT {', '.join(_CHUNK_COLUMNS)} FROM chunks "
+                                     "WHERE topic = ? AND partition = ? ORDER BY base_offset", (topic, partition))
         ]
 
     def producer_states(self) -> dict[tuple[str, int, int], dict[str, object]]:
         return {
             (t, p, pid): json.loads(state)
-            for t, p, pid, state in self.db.execute("SELECT topic, partition, producer_id, state FROM producer_state")
+            for t, p, pid, state in self.db.query("SELECT topic, partition, producer_id, state FROM producer_state")
         }
 
     def drop_chunks_before(self, topic: str, partition: int, offset: int) -> list[str]:
@@ -241,40 +374,33 @@ class MetadataStore:
         chunk refers to any more. The caller deletes those objects only after this
         commits, so the index never points at a deleted object, whatever crashes when."""
         where = "topic = ? AND partition = ? AND end_offset <= ?"
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            keys = [k for (k,) in self.db.execute(f"SELECT DISTINCT object_key FROM chunks WHERE {where}",
-                                                  (topic, partition, offset))]
+        with self.db.transaction():
+            keys = [k for (k,) in self.db.query(f"SELECT DISTINCT object_key FROM chunks WHERE {where}",
+                                                (topic, partition, offset))]
             self.db.execute(f"DELETE FROM chunks WHERE {where}", (topic, partition, offset))
-            self.db.execute("INSERT OR REPLACE INTO partition_state VALUES (?, ?, ?)", (topic, partition, offset))
-            unreferenced = [
-                k for k in keys
-                if self.db.execute("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1", (k,)).fetchone() is None
-            ]
+            self.db.execute(_UPSERT_LOG_START, (topic, partition, offset))
+            unreferenced = [k for k in keys if not self.db.query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1",
+                                                                 (k,))]
         return unreferenced
 
     def object_keys(self) -> set[str]:
         """Every object some chunk refers to (the orphan sweep keeps these)."""
-        return {k for (k,) in self.db.execute("SELECT DISTINCT object_key FROM chunks")}
+        return {k for (k,) in self.db.query("SELECT DISTINCT object_key FROM chunks")}
 
     def log_start_offsets(self) -> dict[tuple[str, int], int]:
-        return {(t, p): o for t, p, o in self.db.execute("SELECT * FROM partition_state")}
+        return {(t, p): o for t, p, o in self.db.query("SELECT topic, partition, log_start_offset FROM partition_state")}
 
     # ------------------------------------------------------------ groups
 
     def commit_offsets(self, group_id: str, offsets: list[tuple[str, int, int, int, str | None]]) -> None:
         now = _now_ms()
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            self.db.executemany(
-                "INSERT OR REPLACE INTO group_offsets VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(group_id, t, p, o, e, m, now) for t, p, o, e, m in offsets],
-            )
+        with self.db.transaction():
+            self.db.executemany(_UPSERT_GROUP_OFFSET, [(group_id, t, p, o, e, m, now) for t, p, o, e, m in offsets])
 
     def committed_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
         return {
             (t, p): CommittedOffset(o, e, m)
-            for t, p, o, e, m in self.db.execute(
+            for t, p, o, e, m in self.db.query(
                 "SELECT topic, partition, committed_offset, leader_epoch, metadata FROM group_offsets "
                 "WHERE group_id = ?",
                 (group_id,),
@@ -282,7 +408,7 @@ class MetadataStore:
         }
 
     def groups_with_offsets(self) -> list[str]:
-        return [g for (g,) in self.db.execute("SELECT DISTINCT group_id FROM group_offsets")]
+        return [g for (g,) in self.db.query("SELECT DISTINCT group_id FROM group_offsets")]
 
     def delete_group_offsets(self, group_id: str) -> None:
         self.db.execute("DELETE FROM group_offsets WHERE group_id = ?", (group_id,))
@@ -290,12 +416,16 @@ class MetadataStore:
     # ------------------------------------------------------------ counters
 
     def next_producer_id(self) -> int:
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
-            row = self.db.execute("SELECT value FROM counters WHERE name = 'producer_id'").fetchone()
-            value = (row[0] if row else 999) + 1
-            self.db.execute("INSERT OR REPLACE INTO counters VALUES ('producer_id', ?)", (value,))
-        return value
+        """1000, 1001, ...: one atomic statement, so even two writers never get the same id."""
+        [(value,)] = self.db.query(
+            "INSERT INTO counters (name, value) VALUES ('producer_id', 1000) "
+            "ON CONFLICT (name) DO UPDATE SET value = counters.value + 1 RETURNING value")
+        return int(value)
+
+
+def _chunk(row: tuple[Any, ...]) -> Chunk:
+    topic, partition, base, end, key, byte_start, byte_end, min_ms, max_ms, index = row
+    return Chunk(topic, partition, base, end, key, byte_start, byte_end, min_ms, max_ms, bytes(index))
 
 
 def _now_ms() -> int:

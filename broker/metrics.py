@@ -4,7 +4,8 @@ Two kinds of series, in the text exposition format (no client library: the
 format is a few lines and the broker has no other use for one):
 
 - the log: per partition the log start, high watermark, flushed offset and
-  last append time; the flusher's counters;
+  last append time; the flusher's counters; segment retention's counters and
+  the partitions whose retention a table topic's table holds back;
 - the tables, the same figures as Airflow's "Table topics" view: per table
   topic the committed offsets (from the Iceberg checkpoint), lag in records
   and in seconds of append time, last commit time, rows and DLQ rows.
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from broker.cluster import Cluster
     from broker.config import BrokerConfig
     from broker.logstore import LogStore, PartitionLog
+    from broker.retention import RetentionStatus
 
 log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -143,6 +145,40 @@ def _ident(topic: Any) -> tuple[str, str]:
     return configs[topic_configs.TABLE_PREFIX + "namespace"], topic_configs.table_name(topic.name)
 
 
+# Segment retention (broker/retention.py): what it deleted, and where a table topic's table holds it
+# back (records past retention.ms/bytes kept because no commit round has taken them yet). Alert on
+# icefall_retention_held_back_offsets > 0 for long: the commit DAG is stalled and the log grows.
+RETENTION_FAMILIES = [
+    ("icefall_retention_passes_total", "counter", "Segment retention passes"),
+    ("icefall_retention_deleted_chunks_total", "counter", "Partition chunks dropped by retention.ms/bytes"),
+    ("icefall_retention_deleted_bytes_total", "counter", "Segment bytes dropped by retention.ms/bytes"),
+    ("icefall_retention_deleted_objects_total", "counter", "Segment objects deleted"),
+    ("icefall_retention_orphans_deleted_total", "counter", "Unreferenced segment objects swept"),
+    ("icefall_retention_delete_failures_total", "counter", "Segment object deletes that failed (retried)"),
+    ("icefall_retention_held_back_passes_total", "counter",
+     "Partition-passes where a table topic's uncommitted records stopped retention"),
+    ("icefall_retention_held_back_offsets", "gauge",
+     "Offsets past retention.ms/bytes kept because the table has not committed them"),
+    ("icefall_retention_held_back_bytes", "gauge", "Segment bytes kept because the table has not committed them"),
+    ("icefall_retention_held_back_since_timestamp_seconds", "gauge",
+     "Since when retention of this partition has been held back"),
+]
+
+
+def _retention(f: dict[str, Family], status: RetentionStatus) -> None:
+    for name, value in (("passes", status.passes), ("deleted_chunks", status.chunks_deleted),
+                        ("deleted_bytes", status.bytes_deleted), ("deleted_objects", status.objects_deleted),
+                        ("orphans_deleted", status.orphans_deleted), ("delete_failures", status.delete_failures),
+                        ("held_back_passes", status.blocked_passes)):
+        f[f"icefall_retention_{name}_total"].add({}, value)
+    for (topic, partition), blocked in sorted(status.blocked.items()):
+        labels = {"topic": topic, "partition": str(partition)}
+        f["icefall_retention_held_back_offsets"].add(labels,
+                                                     blocked.wanted_log_start_offset - blocked.log_start_offset)
+        f["icefall_retention_held_back_bytes"].add(labels, blocked.bytes)
+        f["icefall_retention_held_back_since_timestamp_seconds"].add(labels, blocked.since_ms / 1000)
+
+
 def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts], now_ms: int) -> str:
     """The exposition text; synchronous, so it sees one consistent state of the log."""
     f = {name: Family(name, kind, text) for name, kind, text in [
@@ -160,10 +196,12 @@ def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts
         ("icefall_table_rows", "gauge", "Rows in the table's current snapshot"),
         ("icefall_table_dlq_rows", "gauge", "Rows in the table's DLQ table <table>__dlq"),
         ("icefall_table_catalog_up", "gauge", "1 when the catalog answered for this table"),
+        *RETENTION_FAMILIES,
     ]}
     f["icefall_segments_written_total"].add({}, logs.segments_written)
     f["icefall_flush_failures_total"].add({}, logs.flush_failures)
     f["icefall_unflushed_bytes"].add({}, logs.unflushed_bytes)
+    _retention(f, logs.retention)
     for topic in sorted(cluster.topics.values(), key=lambda t: t.name):
         for p in range(topic.partitions):
             part = logs.partitions.get((topic.name, p))

@@ -19,7 +19,8 @@ end at or below the table's committed offset (the checkpoint in the snapshot
 summary, ``broker.checkpoint``) may go. What retention wanted but could not
 delete is kept, logged as a warning (once per partition every
 ``WARN_EVERY_S``) and counted in ``LogStore.retention`` (per partition
-``blocked``, plus totals), where the admin API can show it.
+``blocked``, plus totals), which the admin API serves at ``GET /v1/retention``
+and as Prometheus metrics (``icefall_retention_held_back_offsets`` etc.).
 
 Deleting is crash-safe in two steps: one metadata transaction drops the chunk
 rows and stores the new log start, then objects no chunk refers to any more are

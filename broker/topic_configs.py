@@ -144,6 +144,21 @@ def _cdc_field(value: str) -> str:
     return value.strip()
 
 
+def _unset_or(check: Callable[[str], str]) -> Callable[[str], str]:
+    """An empty value means "not set here" (the next source of the setting applies)."""
+
+    def unset_or(value: str) -> str:
+        return "" if not value.strip() else check(value)
+
+    return unset_or
+
+
+# The maintenance DAG's schedule: hourly by default; at least a minute (a run costs a Spark start),
+# at most 30 days.
+MAINTENANCE_INTERVAL_MS = 3_600_000
+MIN_MAINTENANCE_INTERVAL_MS = 60_000
+MAX_MAINTENANCE_INTERVAL_MS = 30 * 24 * 3_600_000
+
 _CONVERT = ("raw", "string", "by_schema_id", "by_latest_schema", "json")
 
 KEYS: Mapping[str, ConfigKey] = {
@@ -216,6 +231,33 @@ KEYS: Mapping[str, ConfigKey] = {
         ConfigKey(TABLE_PREFIX + "expire.snapshot.enabled", "true", _bool, "expire old snapshots", 1),
         ConfigKey(TABLE_PREFIX + "expire.snapshot.older.than.hours", "1", _long(1), "snapshot age to expire", 3),
         ConfigKey(TABLE_PREFIX + "expire.snapshot.retain.last", "1", _long(1), "snapshots always kept", 3),
+        # Table maintenance (spark_jobs/maintenance_settings.py reads these; the maintenance DAG's schedule).
+        # "" means: not set on the topic, so the table property or S3 Tables' default applies.
+        ConfigKey(TABLE_PREFIX + "maintenance.enable", "true", _bool, "run the maintenance DAG for this table", 1),
+        ConfigKey(
+            TABLE_PREFIX + "maintenance.interval.ms", str(MAINTENANCE_INTERVAL_MS),
+            _long(MIN_MAINTENANCE_INTERVAL_MS, MAX_MAINTENANCE_INTERVAL_MS),
+            "time between maintenance runs (the maintenance DAG's schedule)", 5,
+        ),
+        ConfigKey(
+            TABLE_PREFIX + "maintenance.target.file.size.bytes", "", _unset_or(_long(1)),
+            "compaction target file size (unset: table property write.target-file-size-bytes, else 512 MiB)", 5,
+        ),
+        ConfigKey(
+            TABLE_PREFIX + "maintenance.compaction.strategy", "",
+            _unset_or(_choice("auto", "binpack", "sort", "zorder")),
+            "compaction strategy (unset: table property, else auto: zorder when z-order columns are set, "
+            "sort when the table has a sort order, else binpack)", 2,
+        ),
+        ConfigKey(
+            TABLE_PREFIX + "maintenance.compaction.zorder.columns", "", _id_columns,
+            "z-order compaction by these columns, e.g. [user_id, ts] (unset: table property)", 2,
+        ),
+        ConfigKey(
+            TABLE_PREFIX + "maintenance.unreferenced.days", "", _unset_or(_double(1.0, 36500.0)),
+            "remove unreferenced files older than this (unset: table property, else 3 days); Iceberg "
+            "refuses less than 1 day", 6,
+        ),
     ]
 }
 

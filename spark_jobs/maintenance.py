@@ -41,9 +41,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spark_jobs import dlq, job_output, table_setup
+from spark_jobs import dlq, job_output, maintenance_summary, table_setup
 from spark_jobs.broker_client import AdminClient
-from spark_jobs.maintenance_settings import ACTIONS, Settings, parse_actions, resolve
+from spark_jobs.maintenance_settings import ACTIONS, SORT, ZORDER, Settings, parse_actions, resolve
 
 log = logging.getLogger("icefall.maintenance")
 DLQ_ACTIONS = ("compact", "expire")
@@ -115,8 +115,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the time the age thresholds count back from (default: now; for tests)")
     parser.add_argument("--target-file-size-bytes", type=int, default=None,
                         help="compaction target (default: table property write.target-file-size-bytes, else 512 MiB)")
-    parser.add_argument("--strategy", choices=("auto", "binpack", "sort"), default=None,
-                        help="compaction strategy (default auto: sort when the table has a sort order, else binpack)")
+    parser.add_argument("--strategy", choices=("auto", "binpack", "sort", "zorder"), default=None,
+                        help="compaction strategy (default auto: zorder when z-order columns are configured, "
+                             "sort when the table has a sort order, else binpack)")
+    parser.add_argument("--zorder-columns", default=None,
+                        help="z-order compaction by these columns, e.g. 'id,ts' (default: topic config "
+                             "maintenance.compaction.zorder.columns, table property)")
     parser.add_argument("--min-input-files", type=int, default=None,
                         help="compact a group of small files only when it has at least this many (default 5, Iceberg's)")
     parser.add_argument("--expire-older-than-hours", type=float, default=None,
@@ -136,6 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     return {"target_file_size_bytes": args.target_file_size_bytes, "strategy": args.strategy,
+            "zorder_columns": args.zorder_columns,
             "min_input_files": args.min_input_files,
             "expire_older_than_hours": args.expire_older_than_hours, "retain_last": args.retain_last,
             "orphan_older_than_days": args.orphan_older_than_days}
@@ -149,6 +154,11 @@ def sql_timestamp(ms: int) -> str:
 
 def _quote(part: str) -> str:
     return "`" + part.replace("`", "``") + "`"
+
+
+def _quote_column(name: str) -> str:
+    """A column (nested with dots) for Iceberg's sort-order parser: each part in backticks."""
+    return ".".join(_quote(part) for part in name.split("."))
 
 
 def _sql_string(text: str) -> str:
@@ -242,6 +252,22 @@ class Maintenance:
         out.data_files_after = _data_files(current)
         return out
 
+    def record(self, result: MaintenanceResult) -> None:
+        """Keep the run's summary on the table (``icefall.maintenance.last-run``) for the status
+        view and any engine. A metadata-only commit (no snapshot), so it does not move ``main``
+        and a commit round publishing meanwhile is not disturbed. Failing to record is a warning
+        in the result, not a failed run: the maintenance itself is done."""
+        summary = maintenance_summary.summarize(result.to_json())
+        try:
+            table = self.catalog.load_table(self.topic.identifier)
+            with table.transaction() as transaction:
+                transaction.set_properties({maintenance_summary.LAST_RUN_PROPERTY:
+                                            maintenance_summary.to_property(summary)})
+        except Exception as exc:  # a catalog or network error: see the docstring
+            log.warning("could not record the maintenance run on %s", ".".join(self.topic.identifier),
+                        exc_info=True)
+            result.message += f" (not recorded on the table: {job_output.error_message(exc)})"
+
     def _call(self, spark: Any, catalog: str, procedure: str, **named: str) -> list[Any]:
         arguments = ", ".join(f"{k} => {v}" for k, v in named.items())
         sql = f"CALL {catalog}.system.{procedure}({arguments})"
@@ -254,9 +280,15 @@ class Maintenance:
         strategy = settings.compaction_strategy(not sort_order.is_unsorted)
         options = (f"map('target-file-size-bytes', '{settings.target_file_size_bytes}', "
                    f"'min-input-files', '{settings.min_input_files}')")
-        row = _first_row(self._call(spark, catalog, "rewrite_data_files", table=_sql_string(target),
-                                    strategy=_sql_string(strategy), options=options))
-        return {"strategy": strategy, "target_file_size_bytes": settings.target_file_size_bytes,
+        named = {"table": _sql_string(target), "options": options}
+        if strategy == ZORDER:  # Iceberg's z-order is the sort strategy with a zorder(...) sort order
+            columns = ", ".join(_quote_column(c) for c in settings.zorder_columns)
+            named.update(strategy=_sql_string(SORT), sort_order=_sql_string(f"zorder({columns})"))
+        else:
+            named["strategy"] = _sql_string(strategy)
+        row = _first_row(self._call(spark, catalog, "rewrite_data_files", **named))
+        done_extra = {"zorder_columns": list(settings.zorder_columns)} if strategy == ZORDER else {}
+        return {"strategy": strategy, **done_extra, "target_file_size_bytes": settings.target_file_size_bytes,
                 "min_input_files": settings.min_input_files,
                 "rewritten_data_files": _count(row, "rewritten_data_files_count"),
                 "added_data_files": _count(row, "added_data_files_count"),
@@ -342,6 +374,8 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, Maintena
     if job is not None:
         result.seconds.update(job.seconds)
     result.seconds["total"] = round(time.monotonic() - started, 3)
+    if job is not None and result.result is not None:
+        job.record(result)
     code = 1 if result.status == "failed" else 0
     if code:
         print(f"maintenance of {args.topic} failed: {result.message}", file=sys.stderr)

@@ -6,11 +6,11 @@ Where each value comes from, first match wins:
    ``--expire-older-than-hours``, ``--retain-last``, ``--orphan-older-than-days``);
 2. the table topic's config (``automq.table.topic.expire.snapshot.*``, declared by the broker
    with AutoMQ's defaults: enabled, older than 1 h, keep 1; and the ``automq.table.topic.
-   maintenance.*`` keys below when the broker carries them);
+   maintenance.*`` keys below, unset by default);
 3. the table's properties (``write.target-file-size-bytes``, Iceberg's own key, which Spark's
    writers use too; ``icefall.maintenance.*``);
 4. S3 Tables' defaults: target file size 512 MiB, strategy ``auto`` (binpack; sort when the
-   table has a sort order), unreferenced files removed after 3 days.
+   table has a sort order; z-order when z-order columns are configured), unreferenced files removed after 3 days.
 
 S3 Tables' snapshot defaults (keep at least 1 snapshot, expire those older than 120 h) are
 not used: the topic configs always carry a value (AutoMQ's 1 h / 1), and they win.
@@ -36,10 +36,11 @@ S3_TABLES_MAX_SNAPSHOT_AGE_HOURS = 120.0
 EXPIRE_ENABLED = TOPIC + "expire.snapshot.enabled"
 EXPIRE_OLDER_THAN_HOURS = TOPIC + "expire.snapshot.older.than.hours"
 EXPIRE_RETAIN_LAST = TOPIC + "expire.snapshot.retain.last"
-# Read when present (the broker refuses keys it does not declare, so these apply once it declares them).
+# Declared by the broker with an empty default ("not set": the table property or the default applies).
 TOPIC_TARGET_FILE_SIZE = TOPIC + "maintenance.target.file.size.bytes"
 TOPIC_STRATEGY = TOPIC + "maintenance.compaction.strategy"
 TOPIC_ORPHAN_DAYS = TOPIC + "maintenance.unreferenced.days"
+TOPIC_ZORDER_COLUMNS = TOPIC + "maintenance.compaction.zorder.columns"
 
 # Table properties.
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # Iceberg's key; its default is 512 MiB too
@@ -47,9 +48,10 @@ STRATEGY_PROPERTY = "icefall.maintenance.compaction.strategy"
 MIN_INPUT_FILES_PROPERTY = "icefall.maintenance.compaction.min-input-files"
 ICEBERG_MIN_INPUT_FILES = 5  # rewrite_data_files' own default: fewer small files in a group are left alone
 ORPHAN_DAYS_PROPERTY = "icefall.maintenance.unreferenced-days"
+ZORDER_COLUMNS_PROPERTY = "icefall.maintenance.compaction.zorder-columns"
 
-AUTO, BINPACK, SORT = "auto", "binpack", "sort"
-STRATEGIES = (AUTO, BINPACK, SORT)
+AUTO, BINPACK, SORT, ZORDER = "auto", "binpack", "sort", "zorder"
+STRATEGIES = (AUTO, BINPACK, SORT, ZORDER)
 ACTIONS = ("compact", "manifests", "expire", "orphans")  # the order they run in
 
 
@@ -70,21 +72,23 @@ def _truthy(value: str) -> bool:
 @dataclass(frozen=True)
 class Settings:
     target_file_size_bytes: int
-    strategy: str  # auto, binpack or sort
+    strategy: str  # auto, binpack, sort or zorder
     min_input_files: int
     expire_enabled: bool
     expire_older_than_hours: float
     retain_last: int
     orphan_older_than_days: float
     sources: dict[str, str]  # setting -> flag / topic config / table property / default
+    zorder_columns: tuple[str, ...] = ()  # z-order compaction interleaves these columns' values
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     def compaction_strategy(self, table_sorted: bool) -> str:
-        """binpack, or sort by the table's sort order (``auto`` picks sort when the table has one)."""
+        """binpack, sort by the table's sort order, or z-order by ``zorder_columns``; ``auto``
+        picks z-order when columns are configured, else sort when the table has a sort order."""
         if self.strategy == AUTO:
-            return SORT if table_sorted else BINPACK
+            return ZORDER if self.zorder_columns else SORT if table_sorted else BINPACK
         return self.strategy
 
 
@@ -121,13 +125,23 @@ def resolve(topic_configs: Mapping[str, str], table_properties: Mapping[str, str
         raise ValueError(f"target file size must be positive, got {target}")
     if strategy not in STRATEGIES:
         raise ValueError(f"compaction strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    zorder = parse_columns(pick("zorder_columns", TOPIC_ZORDER_COLUMNS, ZORDER_COLUMNS_PROPERTY, ""))
+    if strategy == ZORDER and not zorder:
+        raise ValueError(f"compaction strategy zorder needs columns ({TOPIC_ZORDER_COLUMNS} or the table "
+                         f"property {ZORDER_COLUMNS_PROPERTY})")
     if min_input < 1:
         raise ValueError(f"min input files must be at least 1, got {min_input}")
     if retain < 1:
         raise ValueError(f"retain last must be at least 1, got {retain}")
     if hours < 0 or days < 0:
         raise ValueError("snapshot age and orphan age must not be negative")
-    return Settings(target, strategy, min_input, enabled, hours, retain, days, sources)
+    return Settings(target, strategy, min_input, enabled, hours, retain, days, sources, zorder)
+
+
+def parse_columns(text: str) -> tuple[str, ...]:
+    """``[a, b.c]`` or ``a,b.c`` -> ("a", "b.c")."""
+    inner = text.strip().removeprefix("[").removesuffix("]")
+    return tuple(c.strip() for c in inner.split(",") if c.strip())
 
 
 def parse_actions(text: str) -> list[str]:

@@ -298,7 +298,7 @@ def test_databases_and_credentials_in_connection_strings_exist(
             database = url.path.lstrip("/")
             assert database in databases, f"{match.group(0)}: database {database} is never created"
             seen.add(database)
-    assert {"airflow", "iceberg_catalog"} <= seen
+    assert {"airflow", "iceberg_catalog", "icefall"} <= seen  # icefall: the broker's metadata
 
 
 def test_s3_settings_agree_between_minio_the_broker_and_spark(
@@ -350,6 +350,9 @@ def test_the_broker_command_is_one_the_cli_accepts(
     assert config.host == "0.0.0.0" and config.advertised == "broker"
     assert config.store.is_s3 and config.store.endpoint_url == "http://minio:9000"
     assert config.catalog_db_uri.startswith("postgresql+psycopg2://")
+    # the broker's metadata in Postgres (the `icefall` database), not in SQLite on the volume
+    assert config.metadata_uri is not None and urlparse(config.metadata_uri).path == "/icefall"
+    assert config.metadata_target == config.metadata_uri
     assert config.catalog_warehouse.startswith("s3://")
     assert config.retention_check_interval_ms > 0
 

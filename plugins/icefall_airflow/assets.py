@@ -14,3 +14,9 @@ from icefall_airflow import settings
 def table_asset(namespace: str, table: str) -> Asset:
     name = settings.asset_name(namespace, table)
     return Asset(name=name, uri=name, group="icefall")
+
+
+def maintenance_asset(namespace: str, table: str) -> Asset:
+    """``icefall/<namespace>/<table>/maintenance``: one event per maintenance run of the table."""
+    name = settings.maintenance_asset_name(namespace, table)
+    return Asset(name=name, uri=name, group="icefall")

@@ -59,6 +59,12 @@ def asset_name(namespace: str, table: str) -> str:
     return f"{ASSET_PREFIX}{namespace}/{table}"
 
 
+def maintenance_asset_name(namespace: str, table: str) -> str:
+    """Maintenance events go to their own asset: compaction and expiry change files, not rows,
+    so the data teams' DAGs scheduled on the table's asset must not run for them."""
+    return f"{asset_name(namespace, table)}/maintenance"
+
+
 def dlq_table(table: str) -> str:
     """Where the commit round puts records it could not convert (errors.tolerance)."""
     return f"{table}__dlq"

@@ -21,7 +21,8 @@ def table_status(client: BrokerClient, catalog: Any, entry: manifest.TableTopic,
         "topic": entry.topic, "namespace": entry.namespace, "table": entry.table,
         "partitions": entry.partitions, "commit_interval_ms": entry.commit_interval_ms,
         "dag_id": entry.dag_id, "asset": entry.asset_name, "pool": entry.pool,
-        "dag_runs_url": f"dags/{entry.dag_id}/runs", "error": None,
+        "dag_runs_url": f"dags/{entry.dag_id}/runs", "maintain_dag_id": settings.maintain_dag_id(entry.topic),
+        "error": None,
     }
     try:
         facts = tables.table_facts(catalog, entry.namespace, entry.table)
@@ -35,6 +36,7 @@ def table_status(client: BrokerClient, catalog: Any, entry: manifest.TableTopic,
             "last_commit_ms": facts.checkpoint.timestamp_ms, "snapshot_id": facts.checkpoint.snapshot_id,
             "round_id": facts.checkpoint.round_id, "rows": facts.rows,
             "current_snapshot_id": facts.current_snapshot_id, "last_maintenance_ms": facts.last_maintenance_ms,
+            "last_maintenance": facts.last_maintenance,
             "dlq_table": settings.dlq_table(entry.table),
             "dlq_rows": tables.row_count(catalog, entry.namespace, settings.dlq_table(entry.table)),
         })

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
+from spark_jobs import maintenance_summary
 
 REPLACE = "replace"  # the snapshot operation of rewrite_data_files / rewrite_manifests
 
@@ -23,6 +24,7 @@ class TableFacts:
     rows: int | None = None
     current_snapshot_id: int | None = None
     last_maintenance_ms: int | None = None
+    last_maintenance: dict[str, Any] | None = None  # the maintenance job's summary of its last run
 
 
 def open_catalog(catalog_url: str) -> Any:
@@ -48,7 +50,7 @@ def _total_records(snapshot: Any) -> int | None:
 
 
 def table_facts(catalog: Any, namespace: str, table: str) -> TableFacts:
-    """Checkpoint, row count (from the snapshot summary, no scan) and last compaction of a table."""
+    """Checkpoint, row count (from the snapshot summary, no scan) and last maintenance of a table."""
     loaded = _load(catalog, namespace, table)
     if loaded is None:
         return TableFacts(exists=False)
@@ -56,8 +58,13 @@ def table_facts(catalog: Any, namespace: str, table: str) -> TableFacts:
     current = loaded.current_snapshot()
     replaced = [s.timestamp_ms for s in metadata.snapshots
                 if s.summary is not None and s.summary.operation.value == REPLACE]
+    # The maintenance job records its last run on the table; without that record (maintenance run
+    # by another tool), the newest compaction snapshot is the best answer there is.
+    recorded = maintenance_summary.from_properties(metadata.properties)
+    last_ms = recorded.get("at_ms") if recorded is not None else None
     return TableFacts(True, read_checkpoint(metadata), _total_records(current),
-                      current.snapshot_id if current is not None else None, max(replaced, default=None))
+                      current.snapshot_id if current is not None else None,
+                      last_ms if last_ms is not None else max(replaced, default=None), recorded)
 
 
 def row_count(catalog: Any, namespace: str, table: str) -> int | None:

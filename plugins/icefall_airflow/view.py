@@ -17,6 +17,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 
 from icefall_airflow import status
+from spark_jobs import maintenance_summary
 
 app = FastAPI(title="Icefall table topics", description="Kafka topic -> Iceberg table commit status")
 
@@ -45,6 +46,13 @@ def _cell(value: object) -> str:
     return "—" if value is None else html.escape(str(value))
 
 
+def _maintenance(summary: dict[str, Any] | None) -> str:
+    """What the last maintenance run did, under its time (recorded by the job on the table)."""
+    if not summary:
+        return ""
+    return f"<br><small>{html.escape(maintenance_summary.one_line(summary))}</small>"
+
+
 def render(answer: dict[str, Any]) -> str:
     rows = []
     for t in answer["tables"]:
@@ -55,7 +63,7 @@ def render(answer: dict[str, Any]) -> str:
             detail = (f"<td class=num>{t['lag_records']}</td><td class=num>{t['lag_seconds']:.1f}</td>"
                       f"<td>{_time(t['last_commit_ms'])}</td><td class=mono>{_cell(t['snapshot_id'])}</td>"
                       f"<td class=num>{_cell(t['rows'])}</td><td class=num>{_cell(t['dlq_rows'])}</td>"
-                      f"<td>{_time(t['last_maintenance_ms'])}</td>")
+                      f"<td>{_time(t['last_maintenance_ms'])}{_maintenance(t.get('last_maintenance'))}</td>")
         rows.append(
             f"<tr><td><b>{html.escape(t['topic'])}</b></td>"
             f"<td class=mono>{html.escape(t['namespace'])}.{html.escape(t['table'])}</td>{detail}"

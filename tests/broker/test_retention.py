@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
@@ -195,6 +197,13 @@ def test_a_table_topic_keeps_every_segment_its_table_has_not_committed(
     assert _partition(broker, topic)["log_start_offset"] == 0
     assert set(keys) <= _objects(broker)
     assert _consume(broker.bootstrap, topic, 0, "error", 12) == list(range(12))
+    # ... and counts it: the admin API and a Prometheus gauge say how much waits for the table
+    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [12],  # type: ignore[index]
+             20, what="a pass over all three segments")
+    [held] = broker.admin("/v1/retention")["blocked"]  # type: ignore[index]
+    assert (held["topic"], held["partition"], held["blocked_offsets"], held["committed_offset"]) == (topic, 0, 12, 0)
+    assert held["blocked_bytes"] > 0
+    assert f'icefall_retention_held_back_offsets{{topic="{topic}",partition="0"}} 12\n' in _metrics(broker)
 
     # a commit round took offsets [0, 8): the first two segments may go, the third stays
     catalog = load_catalog("retention", type="rest", uri=broker.catalog_url)
@@ -210,6 +219,23 @@ def test_a_table_topic_keeps_every_segment_its_table_has_not_committed(
     assert keys[2] in _objects(broker)
     assert _watermarks(broker.bootstrap, topic) == (8, 12)
     assert _consume(broker.bootstrap, topic, 8, "error", 12) == [8, 9, 10, 11]
+    # the third segment still waits for the table
+    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [4],  # type: ignore[index]
+             20, what="the held-back figures to follow the commit")
+    metrics = _metrics(broker)
+    assert f'icefall_retention_held_back_offsets{{topic="{topic}",partition="0"}} 4\n' in metrics
+    assert _counter(metrics, "icefall_retention_deleted_chunks_total") == 2
+    assert _counter(metrics, "icefall_retention_held_back_passes_total") >= 2
+
+
+def _metrics(broker: BrokerProcess) -> str:
+    with urllib.request.urlopen(broker.admin_url + "/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def _counter(metrics: str, name: str) -> float:
+    [line] = [line for line in metrics.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[1])
 
 
 def _topic_id(broker: BrokerProcess, topic: str) -> str:
@@ -334,6 +360,34 @@ def test_a_pass_records_what_it_deleted_and_what_the_table_held_back(tmp_path: P
         status = logs.retention.to_json()
         assert part.log_start_offset == 2 and status["blocked"] == [] and status["chunks_deleted"] == 2
         assert len(part.chunks) == 1 and status["blocked_passes"] == 1 and status["passes"] == 2
+        await logs.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_table_topic_whose_catalog_cannot_answer_keeps_everything(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Not knowing what the table committed is treated as "nothing committed", never as "all"."""
+    async def scenario() -> None:
+        now = int(time.time() * 1000)
+        logs, cluster = await _logs_with_chunks(tmp_path, "t", [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now])
+        answers: list[Checkpoint | Exception] = [ConnectionRefusedError("catalog down"), Checkpoint({0: 3}, 1)]
+
+        def read(namespace: str, table: str) -> Checkpoint:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        retention = Retention(cluster, logs, read, 60_000)
+        part = logs.partitions[("t", 0)]
+        await retention.run_once()
+        assert part.log_start_offset == 0 and len(part.chunks) == 3
+        assert logs.retention.chunks_deleted == 0
+        assert "cannot read the checkpoint of default.t: catalog down" in caplog.text
+
+        await retention.run_once()  # the catalog is back: the two expired chunks go
+        assert part.log_start_offset == 2 and logs.retention.chunks_deleted == 2
         await logs.close()
 
     asyncio.run(scenario())

@@ -8,6 +8,7 @@ import pytest
 
 from broker import manifest, topic_configs
 from broker.metadata import TopicRecord
+from tests.support import BrokerProcess
 
 
 @pytest.mark.parametrize(
@@ -102,3 +103,113 @@ def test_manifest_lists_table_topics_and_disabled_ones_and_is_replaced_atomicall
     thread.join()
     assert errors == []
     assert not list(tmp_path.glob("*.tmp"))
+
+
+MAINTENANCE = "automq.table.topic.maintenance."
+
+
+@pytest.mark.parametrize(
+    "key, value, normalized",
+    [
+        (MAINTENANCE + "enable", "False", "false"),
+        (MAINTENANCE + "interval.ms", " 600000 ", "600000"),
+        (MAINTENANCE + "target.file.size.bytes", "134217728", "134217728"),
+        (MAINTENANCE + "target.file.size.bytes", "", ""),  # unset: the table property applies
+        (MAINTENANCE + "compaction.strategy", "BinPack", "binpack"),
+        (MAINTENANCE + "compaction.strategy", "zorder", "zorder"),
+        (MAINTENANCE + "compaction.zorder.columns", "user_id,geo.country", "[user_id, geo.country]"),
+        (MAINTENANCE + "unreferenced.days", "10", "10"),
+        ("automq.table.topic.expire.snapshot.older.than.hours", "120", "120"),
+    ],
+)
+def test_maintenance_values_are_normalized(key: str, value: str, normalized: str) -> None:
+    assert topic_configs.validate(key, value) == normalized
+
+
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        (MAINTENANCE + "interval.ms", "1000", "outside"),  # a Spark start per second is not maintenance
+        (MAINTENANCE + "interval.ms", "hourly", "expected an integer"),
+        (MAINTENANCE + "target.file.size.bytes", "0", "outside"),
+        (MAINTENANCE + "compaction.strategy", "hilbert", "expected one of"),
+        (MAINTENANCE + "compaction.zorder.columns", "[user-id]", "bad id column"),
+        (MAINTENANCE + "unreferenced.days", "0.5", "outside"),  # Iceberg refuses less than a day
+        (MAINTENANCE + "enable", "sometimes", "expected true or false"),
+        ("automq.table.topic.expire.snapshot.retain.last", "0", "outside"),
+    ],
+)
+def test_bad_maintenance_values_name_the_key(key: str, value: str, fragment: str) -> None:
+    with pytest.raises(topic_configs.InvalidConfigError) as info:
+        topic_configs.validate(key, value)
+    assert fragment in str(info.value) and key in str(info.value)
+
+
+def test_every_topic_key_the_maintenance_job_reads_is_declared() -> None:
+    """The job reads topic configs by these names; the broker refuses undeclared keys, so a
+    name that drifted apart would silently never apply."""
+    from spark_jobs import maintenance_settings as ms
+
+    for key in (ms.EXPIRE_ENABLED, ms.EXPIRE_OLDER_THAN_HOURS, ms.EXPIRE_RETAIN_LAST,
+                ms.TOPIC_TARGET_FILE_SIZE, ms.TOPIC_STRATEGY, ms.TOPIC_ORPHAN_DAYS, ms.TOPIC_ZORDER_COLUMNS):
+        assert key in topic_configs.KEYS, key
+
+
+def test_unset_maintenance_keys_leave_the_table_property_in_charge() -> None:
+    """The manifest carries every key with its default; an empty default must not hide the table's
+    own ``write.target-file-size-bytes`` (or S3 Tables' defaults)."""
+    from spark_jobs import maintenance_settings as ms
+
+    configs = topic_configs.effective({"automq.table.topic.enable": "true"})
+    settings = ms.resolve(configs, {"write.target-file-size-bytes": "1048576"})
+    assert settings.target_file_size_bytes == 1048576
+    assert settings.sources["target_file_size_bytes"] == "table property write.target-file-size-bytes"
+    assert (settings.strategy, settings.orphan_older_than_days) == ("auto", ms.S3_TABLES_UNREFERENCED_DAYS)
+
+    configs = topic_configs.effective({MAINTENANCE + "target.file.size.bytes": "2097152",
+                                       MAINTENANCE + "compaction.strategy": "sort",
+                                       MAINTENANCE + "unreferenced.days": "10"})
+    settings = ms.resolve(configs, {"write.target-file-size-bytes": "1048576"})
+    assert (settings.target_file_size_bytes, settings.strategy, settings.orphan_older_than_days) == (
+        2097152, "sort", 10.0)
+    assert settings.sources["target_file_size_bytes"] == f"topic config {MAINTENANCE}target.file.size.bytes"
+
+
+def test_maintenance_configs_through_a_kafka_admin_client(broker: BrokerProcess) -> None:
+    """Set, described and refused (INVALID_CONFIG naming the key) through confluent-kafka, and
+    carried into the manifest the maintenance DAG factory reads."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewTopic,
+    )
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    config = {"automq.table.topic.enable": "true", MAINTENANCE + "interval.ms": "900000",
+              MAINTENANCE + "compaction.strategy": "binpack"}
+    for future in admin.create_topics([NewTopic("maint", 1, 1, config=config)]).values():
+        future.result(10)
+    resource = ConfigResource("topic", "maint")
+    described = admin.describe_configs([resource])[resource].result(10)
+    assert described[MAINTENANCE + "interval.ms"].value == "900000"
+    assert described[MAINTENANCE + "enable"].value == "true"
+    assert described[MAINTENANCE + "target.file.size.bytes"].value == ""
+
+    for bad in ({MAINTENANCE + "interval.ms": "5"}, {MAINTENANCE + "unreferenced.days": "soon"},
+                {MAINTENANCE + "compaction.strategy": "hilbert"}):
+        [(key, value)] = bad.items()
+        res = ConfigResource("topic", "maint", incremental_configs=[
+            ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+        with pytest.raises(KafkaException) as info:
+            admin.incremental_alter_configs([res])[res].result(10)
+        assert info.value.args[0].code() == 40  # INVALID_CONFIG
+        assert key in info.value.args[0].str()
+    described = admin.describe_configs([resource])[resource].result(10)
+    assert described[MAINTENANCE + "interval.ms"].value == "900000"  # a refused change changes nothing
+
+    [entry] = manifest.read(broker.home / "table_topics.json")["table_topics"]  # type: ignore[misc]
+    assert entry["configs"][MAINTENANCE + "interval.ms"] == "900000"
+    assert entry["configs"][MAINTENANCE + "compaction.strategy"] == "binpack"

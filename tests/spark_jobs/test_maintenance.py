@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from broker import checkpoint
-from spark_jobs import commit_round, maintenance
+from spark_jobs import commit_round, maintenance, maintenance_summary
 from spark_jobs.maintenance_settings import (
     MIB,
     S3_TABLES_TARGET_FILE_SIZE_BYTES,
@@ -164,6 +164,19 @@ def test_orphan_files_older_than_the_threshold_are_removed_young_ones_kept(
     out = maintain(spark, round_broker, topic, "--actions", "orphans", "--orphan-older-than-days", "1")
     assert out.result is not None and out.result.actions["orphans"]["removed"] == 1 and not young.exists()
     assert len(pyiceberg_rows(round_broker, topic)) == 30
+    # Each run is recorded on the table for the status view (a property: no snapshot).
+    recorded = maintenance_summary.from_properties(table(round_broker, topic).properties)
+    assert recorded is not None and (recorded["status"], recorded["orphans_removed"]) == ("done", 1)
+    assert recorded["at_ms"] == out.now_ms and recorded["actions"] == ["orphans"]
+    assert table(round_broker, topic).current_snapshot().snapshot_id == out.result.snapshot_id  # type: ignore[union-attr]
+
+    # A failed action is recorded too, with Iceberg's reason: orphans younger than a day are refused.
+    code, out = maintenance.run(["--admin-url", round_broker.admin_url, "--topic", topic, "--actions", "orphans",
+                                 "--orphan-older-than-days", "0.5"], spark)
+    assert code == 1 and out.status == "failed" and "orphans" in out.message
+    recorded = maintenance_summary.from_properties(table(round_broker, topic).properties)
+    assert recorded is not None and (recorded["status"], recorded["failed_actions"]) == ("failed", ["orphans"])
+    assert recorded["message"] == out.message[:maintenance_summary.MESSAGE_CHARS]
 
 
 def test_the_job_as_a_process_maintains_the_dlq_table_too(spark: Any, round_broker: BrokerProcess,
@@ -239,3 +252,33 @@ def test_settings_follow_flags_then_topic_configs_then_table_properties() -> Non
     with pytest.raises(ValueError, match="retain last"):
         resolve(topic, {}, {"retain_last": 0})
     assert maintenance.sql_timestamp(1_700_000_000_123) == "TIMESTAMP '2023-11-14 22:13:20.123000Z'"
+
+
+def test_zorder_settings() -> None:
+    zkey = "automq.table.topic.maintenance.compaction.zorder.columns"
+    configured = resolve({zkey: "[id, geo.country]"}, {})
+    assert configured.zorder_columns == ("id", "geo.country") and configured.sources["zorder_columns"].startswith(
+        "topic config")
+    assert configured.compaction_strategy(table_sorted=True) == "zorder"  # auto: z-order columns win
+    assert resolve({}, {"icefall.maintenance.compaction.zorder-columns": "score"}).zorder_columns == ("score",)
+    assert resolve({zkey: "[id]"}, {}, {"strategy": "binpack"}).compaction_strategy(table_sorted=False) == "binpack"
+    with pytest.raises(ValueError, match="zorder needs columns"):
+        resolve({"automq.table.topic.maintenance.compaction.strategy": "zorder"}, {})
+
+
+def test_zorder_compaction_keeps_the_rows(spark: Any, round_broker: BrokerProcess) -> None:
+    """Columns from the topic config (set with a Kafka admin client at creation); Iceberg's sort
+    strategy with a zorder(...) sort order rewrites the files."""
+    topic = new_topic(round_broker, partitions=2,
+                      configs={"automq.table.topic.maintenance.compaction.zorder.columns": "[score, id]"})
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    sent = rounds(spark, round_broker, topic, producer, 3, 30)
+    files_before = data_file_count(round_broker, topic)
+    rows_before = pyiceberg_rows(round_broker, topic)
+    out = maintain(spark, round_broker, topic, "--actions", "compact", "--min-input-files", "2")
+    assert out.result is not None
+    compact = out.result.actions["compact"]
+    assert (compact["strategy"], compact["zorder_columns"]) == ("zorder", ["score", "id"])
+    assert compact["rewritten_data_files"] == files_before and compact["added_data_files"] >= 1
+    assert pyiceberg_rows(round_broker, topic) == rows_before == spark_rows(spark, round_broker, topic)
+    assert len(rows_before) == sent

@@ -1,0 +1,195 @@
+"""The broker's metadata store on SQLite and on a real Postgres server (issue 7: "SQLite by
+default, Postgres for several brokers"): the same operations give the same answers on both,
+Postgres holds 64-bit offsets, one broker per Postgres database, and a broker process run
+with ``--metadata-uri`` keeps topics, data and group offsets across a restart with no
+``metadata.sqlite`` on its disk."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from broker.metadata import (
+    BatchRef,
+    Chunk,
+    MetadataInUseError,
+    MetadataStore,
+    MetadataUnavailableError,
+    pack_batch_index,
+)
+from tests.postgres import PostgresServer
+from tests.support import BrokerProcess
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _database(postgres: PostgresServer) -> str:
+    return postgres.create_database(f"meta_{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    if request.param == "sqlite":
+        return tmp_path / "metadata.sqlite"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return _database(server)
+
+
+def _chunk(topic: str, base: int, count: int, key: str, at_ms: int = 1_000) -> Chunk:
+    refs = [BatchRef(base + i, i * 100, 100, at_ms + i, at_ms + i) for i in range(count)]
+    return Chunk(topic, 0, base, base + count, key, 0, 100 * count, at_ms, at_ms + count - 1, pack_batch_index(refs))
+
+
+def test_every_operation_gives_the_same_answers(target: Path | str) -> None:
+    store = MetadataStore(target)
+    try:
+        created = store.create_topic("orders", 2, {"retention.ms": "1000", "automq.table.topic.enable": "true"})
+        store.create_topic("other", 1, {})
+        store.add_partitions("orders", 3)
+        store.set_configs("orders", {"retention.ms": "2000"})
+        assert [(t.name, t.partitions, t.configs) for t in store.topics()] == [
+            ("orders", 3, {"retention.ms": "2000"}), ("other", 1, {})]
+        assert store.topics()[0].topic_id == created.topic_id
+
+        big = 2**40  # offsets and times are 64-bit
+        chunks = [_chunk("orders", 0, 3, "segments/a.seg"), _chunk("orders", 3, 2, "segments/b.seg"),
+                  _chunk("orders", big, 2, "segments/c.seg", at_ms=big), _chunk("other", 0, 1, "segments/b.seg")]
+        states = {("orders", 0, 1000): {"epoch": 0, "last_sequence": 4}}
+        store.add_chunks(chunks, states)
+        store.add_chunks([chunks[0]], {("orders", 0, 1000): {"epoch": 0, "last_sequence": 9}})  # replayed: replaced
+        read = store.chunks("orders", 0)
+        assert read == chunks[:3] and isinstance(read[0].batch_index, bytes)
+        assert [r.base_offset for r in read[2].refs] == [big, big + 1]
+        assert store.producer_states() == {("orders", 0, 1000): {"epoch": 0, "last_sequence": 9}}
+        assert store.object_keys() == {"segments/a.seg", "segments/b.seg", "segments/c.seg"}
+
+        # retention: a.seg is referenced by nothing else any more; b.seg still is (by "other")
+        assert store.drop_chunks_before("orders", 0, 5) == ["segments/a.seg"]
+        assert [c.base_offset for c in store.chunks("orders", 0)] == [big]
+        assert store.log_start_offsets() == {("orders", 0): 5}
+        assert store.drop_chunks_before("orders", 0, 5) == []
+        assert store.log_start_offsets() == {("orders", 0): 5}
+
+        store.commit_offsets("g1", [("orders", 0, 7, 0, "m"), ("orders", 1, 3, -1, None)])
+        store.commit_offsets("g1", [("orders", 0, 9, 1, None)])
+        store.commit_offsets("g2", [("other", 0, 1, 0, "")])
+        got = store.committed_offsets("g1")
+        assert {k: (v.offset, v.leader_epoch, v.metadata) for k, v in got.items()} == {
+            ("orders", 0): (9, 1, None), ("orders", 1): (3, -1, None)}
+        assert sorted(store.groups_with_offsets()) == ["g1", "g2"]
+        store.delete_group_offsets("g2")
+        assert store.groups_with_offsets() == ["g1"]
+
+        assert [store.next_producer_id() for _ in range(3)] == [1000, 1001, 1002]
+
+        assert sorted(store.delete_topic("orders")) == ["segments/c.seg"]  # b.seg: still "other"'s
+        assert [t.name for t in store.topics()] == ["other"]
+        assert store.committed_offsets("g1") == {} and store.producer_states() == {}
+    finally:
+        store.close()
+
+    reopened = MetadataStore(target)  # durable: a new connection sees it all
+    try:
+        assert [t.name for t in reopened.topics()] == ["other"]
+        assert reopened.next_producer_id() == 1003
+    finally:
+        reopened.close()
+
+
+def test_one_broker_per_postgres_database(postgres: PostgresServer) -> None:
+    uri = _database(postgres)
+    first = MetadataStore(uri)
+    try:
+        with pytest.raises(MetadataInUseError, match="one broker per metadata database"):
+            MetadataStore(uri, lock_wait_s=0.5)
+    finally:
+        first.close()
+    # released with the first broker's connection (its backend may take a moment to notice)
+    MetadataStore(uri).close()
+
+    with pytest.raises(MetadataUnavailableError, match="cannot connect") as info:
+        MetadataStore(f"postgresql://icefall:secret-pw@127.0.0.1:{postgres.port}/no_such_database")
+    assert "secret-pw" not in str(info.value)
+
+
+def _produce(broker: BrokerProcess, topic: str, values: list[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for value in values:
+        producer.produce(topic, value=value, partition=0)
+    assert producer.flush(15) == 0
+
+
+def _consume(broker: BrokerProcess, topic: str, count: int, group: str) -> list[bytes]:
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    got: list[bytes] = []
+    try:
+        consumer.subscribe([topic])
+        for _ in range(200):
+            if len(got) >= count:
+                break
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got.append(bytes(msg.value() or b""))
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return got
+
+
+def test_a_broker_on_postgres_keeps_topics_data_and_group_offsets_across_a_restart(
+        postgres: PostgresServer, broker_factory: Callable[..., BrokerProcess]) -> None:
+    import psycopg
+
+    uri = _database(postgres)
+    args = ["--metadata-uri", uri, "--segment-flush-ms", "100"]
+    broker = broker_factory(args)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic("events", 1, 1)]).values():
+        future.result(10)
+    _produce(broker, "events", [f"v{i}".encode() for i in range(20)])
+    assert _consume(broker, "events", 20, "readers") == [f"v{i}".encode() for i in range(20)]
+    broker.admin("/v1/flush", "POST")
+
+    # a second broker on the same database is refused with a clear message
+    with pytest.raises(RuntimeError, match="one broker per metadata database"):
+        broker_factory(args, name="second")
+
+    assert broker.stop() == 0
+    assert not (broker.home / "metadata.sqlite").exists()
+    with psycopg.connect(uri) as connection:
+        [(chunks,)] = connection.execute("SELECT count(*) FROM chunks WHERE topic = 'events'").fetchall()
+        assert chunks >= 1
+
+    broker.start()
+    assert [t for t in AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics
+            if t == "events"] == ["events"]
+    _produce(broker, "events", [b"after-restart"])
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "readers"})
+    try:
+        [committed] = consumer.committed([TopicPartition("events", 0)], timeout=10)
+        assert committed.offset == 20  # the group's offset came back from Postgres
+    finally:
+        consumer.close()
+    assert _consume(broker, "events", 21, "fresh") == [f"v{i}".encode() for i in range(20)] + [b"after-restart"]
+
+
+def test_a_metadata_uri_that_is_not_postgres_is_a_configuration_error(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from broker import cli
+
+    assert cli.main(["broker", "--home", str(tmp_path), "--metadata-uri", "mysql://u@h/db"]) == 2
+    assert "metadata URI must be postgresql://" in capsys.readouterr().err
+    assert not (tmp_path / "metadata.sqlite").exists()
