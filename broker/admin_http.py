@@ -91,7 +91,9 @@ class AdminApi(HttpService):
         return web.json_response({"status": "ok", "object_store": self.logs.store.describe(),
                                   "segments_written": self.logs.segments_written,
                                   "flush_failures": self.logs.flush_failures,
-                                  "unflushed_bytes": self.logs.unflushed_bytes})
+                                  "unflushed_bytes": self.logs.unflushed_bytes,
+                                  "max_unflushed_bytes": self.logs.max_unflushed_bytes,
+                                  "produces_held": self.logs.produces_held})
 
     async def cluster_info(self, request: web.Request) -> web.Response:
         """Where the other services are: a commit round needs only the admin URL to find them.

@@ -154,7 +154,8 @@ class LogStore:
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
         self.wal = WriteAheadLog(config.wal_dir, fsync=config.wal_fsync)
         self.unflushed_bytes = 0
-        self.max_unflushed_bytes = max(256 * 1024 * 1024, 8 * config.segment_flush_bytes)
+        self.max_unflushed_bytes = config.max_unflushed_bytes or max(256 * 1024 * 1024, 8 * config.segment_flush_bytes)
+        self.produces_held = 0  # produce requests that had to wait for room (object store behind)
         self._flush_needed = asyncio.Event()
         self._flush_done = asyncio.Event()
         self._data_arrived = asyncio.Event()
@@ -283,6 +284,7 @@ class LogStore:
             if header.is_control:
                 raise ProduceError(87, "clients may not produce control batches")
         if self.unflushed_bytes > self.max_unflushed_bytes:
+            self.produces_held += 1
             await self._wait_for_room()
         now = int(time.time() * 1000)
         first_base = -1
