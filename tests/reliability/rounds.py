@@ -78,8 +78,10 @@ class Recorder:
                 self.refused.append(err.name())
 
         for value in values:
-            kwargs = {} if partition is None else {"partition": partition}
-            self.producer.produce(self.topic, value=value, on_delivery=done, **kwargs)
+            if partition is None:
+                self.producer.produce(self.topic, value=value, on_delivery=done)
+            else:
+                self.producer.produce(self.topic, value=value, partition=partition, on_delivery=done)
             self.producer.poll(0)
         assert self.producer.flush(60) == 0
 
