@@ -93,6 +93,7 @@ def summarise_crashes(runs: list[CrashRun]) -> dict[str, Any]:
         restarts = sorted(s for run in group for s in run.restart_seconds)
         out[backend] = {
             "runs": len(group), "kills": sum(r.kills for r in group),
+            "startup_kills": sum(r.startup_kills for r in group),
             "outage_seconds": round(sum(r.outage_seconds for r in group), 1),
             "restart_s_median": restarts[len(restarts) // 2] if restarts else None,
             "producers": {k: dict(v) for k, v in kinds.items()},

@@ -65,6 +65,7 @@ class CrashRun:
     seconds: float = 0.0
     outage_seconds: float = 0.0  # object store unreachable, summed
     restart_seconds: list[float] = field(default_factory=list)  # kill -> broker ready again
+    startup_kills: int = 0  # kills that landed while the broker was starting (replaying its WAL)
     producers: dict[str, ProducerOutcome] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -138,7 +139,8 @@ def run_crashes(
     """Kill ``broker`` ``kills`` times at random moments under load, then read everything back.
 
     Between kills the producers run for a random 0.1..``max_run_s`` seconds after
-    they got acks again; the broker stays down a random 0..``max_down_s`` seconds.
+    they got acks again; the broker stays down a random 0..``max_down_s`` seconds,
+    and half the restarts are killed once more at a random moment while starting.
     ``outage`` = (down, up): the object store becomes unreachable at a random
     kill cycle and comes back two cycles later, so kills hit a broker whose data
     is only in its WAL, and restarts happen while the store is still away.
@@ -163,6 +165,15 @@ def run_crashes(
             broker.kill9()
             killed = time.monotonic()
             time.sleep(rng.uniform(0.0, max_down_s))  # down for a random while, producers retrying
+            if rng.random() < 0.5:
+                # kill it again while it starts: WAL replay and its first flush are the target
+                try:
+                    broker.start(timeout=rng.uniform(0.2, 2.0))
+                except TimeoutError:
+                    broker.kill9()
+                    run.startup_kills += 1
+                else:
+                    broker.kill9()  # it was ready before the moment came: a kill right after start
             broker.start()
             run.restart_seconds.append(round(time.monotonic() - killed, 3))
             if outage_since is not None and outage and cycle >= outage_at + 1:
