@@ -10,39 +10,19 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.reliability.rounds import complete_round, kill_round_at_random
+from tests.reliability.rounds import complete_round, kill_round_at_random, round_process
 from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, table_offsets
 from tests.spark_jobs.test_commit_round import clicks
 from tests.support import BrokerProcess
 
 SEED = int(os.environ.get("ICEFALL_RELIABILITY_SEED") or random.randrange(1 << 30))
-
-
-@pytest.mark.timeout(420)
-def test_a_round_killed_at_a_random_moment_then_rerun_is_exact(broker_factory: Callable[..., BrokerProcess],
-                                                                tmp_path: Path) -> None:
-    broker = broker_factory(["--segment-flush-ms", "100"])
-    rng = random.Random(SEED)
-    topic = new_topic(broker, partitions=3)
-    producer = AvroProducer(broker, topic, CLICK_V1)
-    producer.send(clicks(0, 300))
-    first = complete_round(broker, topic, tmp_path)
-    assert first["status"] == "committed" and table_offsets(broker, topic) == sorted(producer.acked)
-    producer.send(clicks(300, 300))
-    # a round here takes roughly as long as the first one (JVM start included)
-    delay, code = kill_round_at_random(broker, topic, tmp_path, rng, max_delay_s=first["seconds"]["total"] + 5)
-    print({"seed": SEED, "kill_after_s": round(delay, 2), "finished_before_the_kill": code})
-    rerun = complete_round(broker, topic, tmp_path)
-    assert rerun["status"] in ("committed", "nothing_new"), rerun
-    offsets = table_offsets(broker, topic)
-    assert len(offsets) == len(set(offsets)), f"duplicate rows (seed {SEED}, kill after {delay:.2f}s)"
-    assert offsets == sorted(producer.acked), f"missing rows (seed {SEED}, kill after {delay:.2f}s)"
 
 
 @pytest.mark.timeout(420)
@@ -57,3 +37,47 @@ def test_a_round_over_1000_partitions_is_exact(broker_factory: Callable[..., Bro
     per_partition = Counter(p for p, _ in producer.acked)
     assert result["offsets_after"] == {str(p): per_partition.get(p, 0) for p in range(1000)}
     assert table_offsets(broker, topic) == sorted(producer.acked)
+
+
+def _assert_exact(broker: BrokerProcess, topic: str, producer: AvroProducer, what: str) -> None:
+    offsets = table_offsets(broker, topic)
+    assert len(offsets) == len(set(offsets)), f"duplicate rows after {what} (seed {SEED})"
+    assert offsets == sorted(producer.acked), f"missing rows after {what} (seed {SEED})"
+
+
+@pytest.mark.timeout(420)
+def test_a_round_or_the_broker_killed_at_a_random_moment_then_the_round_rerun_is_exact(
+        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    """First the round itself is killed (driver and JVM); then the broker (its catalog
+    and admin API with it) during a round, which fails or completes. Each time the
+    next round leaves the table exact."""
+    broker = broker_factory(["--segment-flush-ms", "100"])
+    rng = random.Random(SEED)
+    topic = new_topic(broker, partitions=3)
+    producer = AvroProducer(broker, topic, CLICK_V1)
+    producer.send(clicks(0, 300))
+    first = complete_round(broker, topic, tmp_path)
+    assert first["status"] == "committed"
+    _assert_exact(broker, topic, producer, "the first round")
+    window = first["seconds"]["total"] + 5  # a round takes about as long as the first (JVM start included)
+
+    producer.send(clicks(300, 300))
+    delay, code = kill_round_at_random(broker, topic, tmp_path, rng, max_delay_s=window)
+    print({"seed": SEED, "round_killed_after_s": round(delay, 2), "finished_before_the_kill": code})
+    assert complete_round(broker, topic, tmp_path)["status"] in ("committed", "nothing_new")
+    _assert_exact(broker, topic, producer, f"a round killed after {delay:.2f}s")
+
+    producer.send(clicks(600, 300))
+    delay = rng.uniform(0, window)
+    proc = round_process(broker, topic, tmp_path / "broker-killed.json")
+    try:
+        code = proc.wait(delay)
+    except subprocess.TimeoutExpired:
+        code = None
+        broker.kill9()
+        broker.start()
+        proc.wait(300)
+    print({"seed": SEED, "broker_killed_after_s": round(delay, 2), "round_exit": proc.returncode,
+           "finished_before_the_kill": code})
+    complete_round(broker, topic, tmp_path)
+    _assert_exact(broker, topic, producer, f"the broker killed {delay:.2f}s into a round")
