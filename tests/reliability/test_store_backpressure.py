@@ -94,6 +94,8 @@ def test_an_outage_longer_than_the_buffer_holds_producers_and_loses_nothing(
         acked_during_outage = len(producer.acked) - acked_at_down
         # slack: requests that passed the check before the bound was crossed (a few per partition)
         slack = 8 * PARTITIONS * BATCH_BYTES
+        print({"limit": LIMIT, "peak_unflushed": peak_unflushed, "acked_during_outage": acked_during_outage,
+               "produces_held": broker.admin("/healthz")["produces_held"]})
         assert peak_unflushed <= LIMIT + slack, peak_unflushed
         assert acked_during_outage * VALUE_BYTES <= LIMIT + slack, acked_during_outage
         assert producer.failed == 0
