@@ -278,6 +278,10 @@ class LogStore:
             raise ProduceError(2, str(exc)) from None
         if not headers:
             raise ProduceError(87, "produce request carries no record batch")
+        if self.wal.failure is not None:
+            # Checked before anything is accepted into memory: a batch that can never be
+            # made durable must not take an offset (KAFKA_STORAGE_ERROR is retriable).
+            raise ProduceError(56, f"write-ahead log failed ({self.wal.failure}); the broker needs a restart")
         for header in headers:
             if header.size > max_message_bytes:
                 raise ProduceError(10, f"record batch of {header.size} bytes exceeds max.message.bytes {max_message_bytes}")
