@@ -705,7 +705,9 @@ static PyObject *record_problem(const uint8_t *b, int64_t pos, int64_t end, Py_s
     static const char *names[3] = {"timestamp delta", "offset delta", "key length"};
     int64_t fields[3];
     int64_t v;
-    pos += 1;  /* attributes */
+    if (b[pos])  /* unused (0); kafka-python and aiokafka read it as a varint */
+        return PyUnicode_FromFormat("record %zd: attributes %d (must be 0)", index, (int)b[pos]);
+    pos += 1;
     for (int i = 0; i < 3; i++) {
         if (field_varint(b, &pos, end, &fields[i]) < 0)
             return PyUnicode_FromFormat("record %zd: %s runs past the record", index, names[i]);
@@ -729,6 +731,8 @@ static PyObject *record_problem(const uint8_t *b, int64_t pos, int64_t end, Py_s
     for (int64_t h = 0; h < header_count; h++) {
         if (field_varint(b, &pos, end, &v) < 0 || v < 0 || v > end - pos)
             return PyUnicode_FromFormat("record %zd: a header key does not fit the record", index);
+        if (utf8_invalid_at(b + pos, v) >= 0)  /* a Kafka String; kafka-python fails on anything else */
+            return PyUnicode_FromFormat("record %zd: a header key is not UTF-8", index);
         pos += v;
         if (field_varint(b, &pos, end, &v) < 0 || v < -1 || v > end - pos)
             return PyUnicode_FromFormat("record %zd: a header value does not fit the record", index);

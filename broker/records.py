@@ -165,7 +165,11 @@ def _field_varint(body: memoryview, pos: int, end: int) -> tuple[int, int] | Non
 def _record_problem(body: memoryview, pos: int, end: int, index: int) -> str | None:
     """What is wrong with the fields of record ``index`` in body[pos:end], or None.
     The same walk as the C one (broker/_gate.c, record_framing_problem)."""
-    pos += 1  # attributes
+    if body[pos]:
+        # unused by Kafka (always 0); some readers (kafka-python, aiokafka) take it for a
+        # varint, so a set high bit would make them misread the whole record
+        return f"record {index}: attributes {body[pos]} (must be 0)"
+    pos += 1
     fields = []
     for name in ("timestamp delta", "offset delta", "key length"):
         got = _field_varint(body, pos, end)
@@ -196,6 +200,10 @@ def _record_problem(body: memoryview, pos: int, end: int, index: int) -> str | N
         got = _field_varint(body, pos, end)
         if got is None or got[0] < 0 or got[0] > end - got[1]:
             return f"record {index}: a header key does not fit the record"
+        try:  # a Kafka String; kafka-python fails on anything else
+            bytes(body[got[1] : got[1] + got[0]]).decode("utf-8")
+        except UnicodeDecodeError:
+            return f"record {index}: a header key is not UTF-8"
         pos = got[1] + got[0]
         got = _field_varint(body, pos, end)
         if got is None or got[0] < -1 or got[0] > end - got[1]:

@@ -173,7 +173,15 @@ def test_garbled_batches_are_refused_or_stored_readable(fbroker: BrokerProcess) 
         except Exception as exc:  # noqa: BLE001 - any reader error is the finding
             unreadable.append((codec, repr(exc), batch.hex()))
     assert not unreadable, f"{len(unreadable)} accepted batches no client can read, e.g. {unreadable[:2]}"
-    got = _consume_all(fbroker, target)
+    try:
+        got = _consume_all(fbroker, target)
+    except AssertionError as exc:  # name the stored batch the consumer choked on
+        offset, batches = 0, []
+        for codec, batch in accepted:
+            count = struct.unpack_from(">i", batch, 57)[0]
+            batches.append((offset, offset + count, codec, batch.hex()))
+            offset += count
+        raise AssertionError(f"{exc}; accepted batches (first offset, end, codec, bytes): {batches}") from None
     assert [o for o, _ in got] == list(range(len(got))), "offsets not contiguous"
     assert [v for _, v in got] == expected, outcomes
     assert_intact(fbroker, protected, values)
@@ -192,12 +200,16 @@ def _edit_record(batch: bytes, edit: str) -> bytes:
         b[-(1 + 1 + 1 + 1)] = 0x7F  # the header count varint (before key "h" length/value length): -64
     elif edit == "offset delta":
         b[body + 3] = 0x02  # length(1) attributes(1) ts(1): offset delta 1 instead of 0
+    elif edit == "attributes":
+        b[body + 1] = 0xFF  # unused, 0 from every producer; kafka-python reads it as a varint
+    elif edit == "header key utf-8":
+        b[-2] = 0xFF  # the header key "h"
     elif edit == "key length":
         b[body + 4] = 0x13  # zigzag -10
     return fix_up(b)
 
 
-@pytest.mark.parametrize("edit", ["header count", "offset delta", "key length"])
+@pytest.mark.parametrize("edit", ["header count", "offset delta", "key length", "attributes", "header key utf-8"])
 def test_crc_valid_batch_with_bad_record_fields_is_refused(fbroker: BrokerProcess, edit: str) -> None:
     """Regression: the broker only walked record length prefixes, so these were stored
     and no client could read the partition past them."""
