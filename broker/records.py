@@ -315,8 +315,12 @@ def decompress(codec: int, data: bytes) -> bytes:
             out = bytearray()
             pos = 16
             while pos < len(data):
+                if pos + 4 > len(data):
+                    raise CorruptBatchError("snappy-java framing: trailing bytes after the last chunk")
                 (length,) = struct.unpack_from(">i", data, pos)
                 pos += 4
+                if not 0 < length <= len(data) - pos:  # librdkafka refuses these too
+                    raise CorruptBatchError(f"snappy-java framing: chunk length {length} does not fit")
                 out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + length]))
                 pos += length
             return bytes(out)

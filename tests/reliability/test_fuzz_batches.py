@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import cramjam
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from crc32c import crc32c
@@ -234,3 +235,24 @@ def test_crc_valid_batch_that_does_not_decompress_is_refused(fbroker: BrokerProc
     del batch[-3:]  # a truncated compressed payload, length and CRC fixed up
     assert _produce_raw(fbroker, topic, fix_up(batch)) == CORRUPT_MESSAGE
     assert [v for _, v in _consume_all(fbroker, topic)] == client_values(build_batch(codec, 3))
+
+
+def test_snappy_java_chunk_longer_than_the_data_is_refused(fbroker: BrokerProcess) -> None:
+    """Regression: the chunk was sliced short and decompressed; librdkafka refuses
+    such a batch (_BAD_COMPRESSION), so its consumers stopped at it."""
+    topic = f"snappy-{uuid.uuid4().hex[:6]}"
+    create_topic(fbroker.bootstrap, topic, 1)
+    plain = build_batch("none", 3)
+    chunk = bytes(cramjam.snappy.compress_raw(plain[61:]))
+
+    def framed(claimed: int) -> bytes:
+        """The records snappy-compressed in snappy-java framing, one chunk claiming ``claimed`` bytes."""
+        batch = bytearray(plain[:61]) + b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1) + struct.pack(">i", claimed)
+        struct.pack_into(">h", batch, 21, 2)  # attributes: snappy
+        return fix_up(batch + chunk)
+
+    assert _produce_raw(fbroker, topic, framed(len(chunk))) == NONE  # the honest one is stored
+    good = _consume_all(fbroker, topic)
+    assert [v for _, v in good] == client_values(plain)
+    assert _produce_raw(fbroker, topic, framed(len(chunk) + 100)) == CORRUPT_MESSAGE
+    assert _consume_all(fbroker, topic) == good
