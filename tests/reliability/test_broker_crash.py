@@ -48,5 +48,5 @@ def test_random_kills_under_load_s3_with_an_outage(broker_factory: Callable[...,
     print(run.as_dict())
     assert run.outage_seconds > 0
     assert_guarantees(run)
-    health = broker.admin("/healthz")
-    assert int(str(health["flush_failures"])) > 0 or "flushing the replayed WAL failed" in broker.log_text(), health
+    log = broker.log_text()  # every run of the broker appends to it
+    assert "segment flush failed" in log or "flushing the replayed WAL failed" in log, "the outage was never felt"
