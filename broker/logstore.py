@@ -211,7 +211,7 @@ class LogStore:
         self.wal.start()
         try:
             await self.flush()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any object store error; the WAL keeps the data
             # The replayed batches are served from memory and stay in the old WAL
             # files (the flusher's next roll includes them) until a flush succeeds:
             # an object store outage must not keep the broker from starting.
@@ -229,7 +229,7 @@ class LogStore:
             await self._flusher
         try:
             await self.flush()
-        except Exception as exc:  # the WAL still has it
+        except Exception as exc:  # noqa: BLE001 - the WAL still has it
             log.warning("final flush failed (data stays in the WAL): %s", exc)
         await self.wal.close()
 
@@ -329,8 +329,7 @@ class LogStore:
             await _wait_event(self._flush_done, remaining)
 
     def _on_durable(self, part: PartitionLog, end_offset: int) -> None:
-        if end_offset > part.high_watermark:
-            part.high_watermark = end_offset
+        part.high_watermark = max(part.high_watermark, end_offset)
         self._data_arrived.set()
 
     async def wait_for_data(self, timeout: float) -> None:
@@ -439,7 +438,7 @@ class LogStore:
             try:
                 await self.flush()
                 backoff = interval
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - retried; the WAL keeps the data
                 self.flush_failures += 1
                 log.error("segment flush failed, retrying in %.1fs (data is safe in the WAL): %s", backoff, exc)
                 await _wait_event(self._flush_needed, backoff)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import importlib
 import struct
-from collections.abc import Callable
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from crc32c import crc32c

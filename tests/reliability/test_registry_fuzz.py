@@ -44,5 +44,6 @@ def test_schemathesis_finds_no_server_errors(broker_factory: Callable[..., Broke
         assert resp.status == 200
     after = SchemaRegistryClient({"url": broker.registry_url})
     schema_id = after.register_schema("after-fuzz-value", Schema(json.dumps(ORDER), "AVRO"))
-    assert json.loads(after.get_schema(schema_id).schema_str) == ORDER
+    schema_str = after.get_schema(schema_id).schema_str
+    assert schema_str is not None and json.loads(schema_str) == ORDER
     assert schema_id >= seeded, "an id was reused"
