@@ -681,10 +681,72 @@ error:
 
 /* ------------------------------------------------------------------ record framing (split_batches) */
 
+/* A zigzag varint (at most 10 bytes, a signed 64-bit value) inside [*pos, end): 0, or -1 when it runs past. */
+static int field_varint(const uint8_t *b, int64_t *pos, int64_t end, int64_t *out) {
+    uint64_t raw = 0;
+    int shift = 0;
+    int64_t p = *pos;
+    for (;;) {
+        if (p >= end || shift > 63)
+            return -1;
+        uint8_t byte = b[p++];
+        raw |= (uint64_t)(byte & 0x7F) << shift;
+        if (!(byte & 0x80))
+            break;
+        shift += 7;
+    }
+    *out = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+    *pos = p;
+    return 0;
+}
+
+/* What is wrong with the fields of record `index` in b[pos:end], or NULL (broker.records._record_problem). */
+static PyObject *record_problem(const uint8_t *b, int64_t pos, int64_t end, Py_ssize_t index) {
+    static const char *names[3] = {"timestamp delta", "offset delta", "key length"};
+    int64_t fields[3];
+    int64_t v;
+    if (b[pos])  /* unused (0); kafka-python and aiokafka read it as a varint */
+        return PyUnicode_FromFormat("record %zd: attributes %d (must be 0)", index, (int)b[pos]);
+    pos += 1;
+    for (int i = 0; i < 3; i++) {
+        if (field_varint(b, &pos, end, &fields[i]) < 0)
+            return PyUnicode_FromFormat("record %zd: %s runs past the record", index, names[i]);
+    }
+    if (fields[1] != index)
+        return PyUnicode_FromFormat("record %zd: offset delta %lld, expected %zd", index, (long long)fields[1], index);
+    if (fields[2] < -1 || fields[2] > end - pos)
+        return PyUnicode_FromFormat("record %zd: key length %lld does not fit the record", index, (long long)fields[2]);
+    pos += fields[2] > 0 ? fields[2] : 0;
+    if (field_varint(b, &pos, end, &v) < 0)
+        return PyUnicode_FromFormat("record %zd: value length runs past the record", index);
+    if (v < -1 || v > end - pos)
+        return PyUnicode_FromFormat("record %zd: value length %lld does not fit the record", index, (long long)v);
+    pos += v > 0 ? v : 0;
+    int64_t header_count;
+    if (field_varint(b, &pos, end, &header_count) < 0)
+        return PyUnicode_FromFormat("record %zd: header count runs past the record", index);
+    if (header_count < 0 || header_count > end - pos)
+        return PyUnicode_FromFormat("record %zd: header count %lld does not fit the record", index,
+                                    (long long)header_count);
+    for (int64_t h = 0; h < header_count; h++) {
+        if (field_varint(b, &pos, end, &v) < 0 || v < 0 || v > end - pos)
+            return PyUnicode_FromFormat("record %zd: a header key does not fit the record", index);
+        if (utf8_invalid_at(b + pos, v) >= 0)  /* a Kafka String; kafka-python fails on anything else */
+            return PyUnicode_FromFormat("record %zd: a header key is not UTF-8", index);
+        pos += v;
+        if (field_varint(b, &pos, end, &v) < 0 || v < -1 || v > end - pos)
+            return PyUnicode_FromFormat("record %zd: a header value does not fit the record", index);
+        pos += v > 0 ? v : 0;
+    }
+    if (pos != end)
+        return PyUnicode_FromFormat("record %zd: %lld bytes left over after its fields", index, (long long)(end - pos));
+    return NULL;
+}
+
 PyDoc_STRVAR(record_framing_problem_doc,
 "record_framing_problem(body, count) -> None | str\n\n"
-"broker.records.check_record_framing in C: the problem with the record length\n"
-"prefixes of an uncompressed batch body, or None.");
+"broker.records.check_record_framing in C: the problem with the records of an\n"
+"uncompressed batch body (length prefixes, then every record's fields), or None.");
 
 static PyObject *record_framing_problem(PyObject *self, PyObject *args) {
     Py_buffer body;
@@ -717,6 +779,13 @@ static PyObject *record_framing_problem(PyObject *self, PyObject *args) {
         if (length < 6) {
             result = PyUnicode_FromFormat("record of %lld bytes is too short", (long long)length);
             goto done;
+        }
+        if (pos + length <= size) {
+            result = record_problem(b, pos, pos + length, i);
+            if (result != NULL)
+                goto done;
+            if (PyErr_Occurred())
+                goto done;
         }
         pos += length;  /* once past the end the next round stops: no overflow */
     }

@@ -89,10 +89,17 @@ class AdminApi(HttpService):
 
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "object_store": self.logs.store.describe(),
+        failure = self.logs.wal.failure
+        # 503 once the WAL cannot be written: the broker refuses every produce until a
+        # restart, so whatever supervises it should restart it (Kafka halts on a failed log dir).
+        return web.json_response({"status": "ok" if failure is None else f"wal failed: {failure}",
+                                  "object_store": self.logs.store.describe(),
                                   "segments_written": self.logs.segments_written,
                                   "flush_failures": self.logs.flush_failures,
-                                  "unflushed_bytes": self.logs.unflushed_bytes})
+                                  "unflushed_bytes": self.logs.unflushed_bytes,
+                                  "max_unflushed_bytes": self.logs.max_unflushed_bytes,
+                                  "produces_held": self.logs.produces_held},
+                                 status=200 if failure is None else 503)
 
     async def retention(self, request: web.Request) -> web.Response:
         """Segment retention since the broker started: what it deleted, and the table topic

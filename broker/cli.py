@@ -18,7 +18,7 @@ def _broker_config(args: argparse.Namespace) -> BrokerConfig:
     values: dict[str, object] = {"home": Path(args.home)}
     for name in ("host", "advertised_host", "kafka_port", "admin_port", "registry_port", "catalog_port",
                  "segment_flush_ms", "segment_flush_bytes", "catalog_uri", "metadata_uri", "warehouse",
-                 "retention_check_interval_ms"):
+                 "retention_check_interval_ms", "max_unflushed_bytes"):
         value = getattr(args, name)
         if value is not None:
             values[name] = value
@@ -47,6 +47,8 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
                         help="s3://bucket/prefix (endpoint and credentials from AWS_* variables); default: HOME/objects")
     parser.add_argument("--segment-flush-ms", type=int, default=None, help="flush segments at least this often")
     parser.add_argument("--segment-flush-bytes", type=int, default=None, help="flush segments at this size")
+    parser.add_argument("--max-unflushed-bytes", type=int, default=None,
+                        help="hold produces while more than this is not yet in the object store")
     parser.add_argument("--retention-check-interval-ms", type=int, default=None,
                         help="run segment retention this often (Kafka's log.retention.check.interval.ms, default 300000)")
     parser.add_argument("--auto-create-topics", action="store_true", help="create unknown topics on first use")

@@ -58,6 +58,11 @@ class BrokerConfig(BaseModel):
     segment_flush_ms: int = Field(default=1000, ge=1)
     segment_flush_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     wal_fsync: bool = True
+    # Acknowledged bytes not yet in the object store (held in memory and the WAL) above
+    # which produces wait for a flush, then fail with KAFKA_STORAGE_ERROR (retriable):
+    # an object store outage slows producers instead of growing memory without end.
+    # Default: max(256 MiB, 8 x segment_flush_bytes).
+    max_unflushed_bytes: int | None = Field(default=None, ge=1024)
     max_request_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
     default_partitions: int = Field(default=1, ge=1)
     auto_create_topics: bool = False

@@ -154,7 +154,8 @@ class LogStore:
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
         self.wal = WriteAheadLog(config.wal_dir, fsync=config.wal_fsync)
         self.unflushed_bytes = 0
-        self.max_unflushed_bytes = max(256 * 1024 * 1024, 8 * config.segment_flush_bytes)
+        self.max_unflushed_bytes = config.max_unflushed_bytes or max(256 * 1024 * 1024, 8 * config.segment_flush_bytes)
+        self.produces_held = 0  # produce requests that had to wait for room (object store behind)
         self._flush_needed = asyncio.Event()
         self._flush_done = asyncio.Event()
         self._data_arrived = asyncio.Event()
@@ -210,7 +211,7 @@ class LogStore:
         self.wal.start()
         try:
             await self.flush()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any object store error; the WAL keeps the data
             # The replayed batches are served from memory and stay in the old WAL
             # files (the flusher's next roll includes them) until a flush succeeds:
             # an object store outage must not keep the broker from starting.
@@ -228,7 +229,7 @@ class LogStore:
             await self._flusher
         try:
             await self.flush()
-        except Exception as exc:  # the WAL still has it
+        except Exception as exc:  # noqa: BLE001 - the WAL still has it
             log.warning("final flush failed (data stays in the WAL): %s", exc)
         await self.wal.close()
 
@@ -277,12 +278,17 @@ class LogStore:
             raise ProduceError(2, str(exc)) from None
         if not headers:
             raise ProduceError(87, "produce request carries no record batch")
+        if self.wal.failure is not None:
+            # Checked before anything is accepted into memory: a batch that can never be
+            # made durable must not take an offset (KAFKA_STORAGE_ERROR is retriable).
+            raise ProduceError(56, f"write-ahead log failed ({self.wal.failure}); the broker needs a restart")
         for header in headers:
             if header.size > max_message_bytes:
                 raise ProduceError(10, f"record batch of {header.size} bytes exceeds max.message.bytes {max_message_bytes}")
             if header.is_control:
                 raise ProduceError(87, "clients may not produce control batches")
         if self.unflushed_bytes > self.max_unflushed_bytes:
+            self.produces_held += 1
             await self._wait_for_room()
         now = int(time.time() * 1000)
         first_base = -1
@@ -323,8 +329,7 @@ class LogStore:
             await _wait_event(self._flush_done, remaining)
 
     def _on_durable(self, part: PartitionLog, end_offset: int) -> None:
-        if end_offset > part.high_watermark:
-            part.high_watermark = end_offset
+        part.high_watermark = max(part.high_watermark, end_offset)
         self._data_arrived.set()
 
     async def wait_for_data(self, timeout: float) -> None:
@@ -433,7 +438,7 @@ class LogStore:
             try:
                 await self.flush()
                 backoff = interval
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - retried; the WAL keeps the data
                 self.flush_failures += 1
                 log.error("segment flush failed, retrying in %.1fs (data is safe in the WAL): %s", backoff, exc)
                 await _wait_event(self._flush_needed, backoff)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import importlib
 import struct
-from collections.abc import Callable
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from crc32c import crc32c
@@ -116,6 +115,17 @@ def split_batches(records: Buffer, verify_crc: bool = True) -> list[BatchHeader]
             raise CorruptBatchError(f"record batch at byte {pos} fails its CRC check")
         if header.compression == COMPRESSION_NONE:
             check_record_framing(view[pos + HEADER_SIZE : end], header.record_count)
+        else:
+            # Kafka decompresses to validate too: a batch whose CRC is right but whose
+            # payload does not decompress, or decompresses to bad records, would be
+            # stored and then stop every consumer of the partition at that offset.
+            try:
+                inner = decompress(header.compression, bytes(view[pos + HEADER_SIZE : end]))
+            except CorruptBatchError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - cramjam raises DecompressionError, ValueError...
+                raise CorruptBatchError(f"record batch at byte {pos} does not decompress: {exc}") from None
+            check_record_framing(memoryview(inner), header.record_count)
         headers.append(header)
         pos = end
     return headers
@@ -134,10 +144,79 @@ def check_record_framing(body: memoryview, count: int) -> None:
     _check_record_framing_py(body, count)
 
 
+def _field_varint(body: memoryview, pos: int, end: int) -> tuple[int, int] | None:
+    """A zigzag varint (at most 10 bytes, as a signed 64-bit value) inside [pos, end), or None."""
+    shift = 0
+    raw = 0
+    while True:
+        if pos >= end or shift > 63:
+            return None
+        byte = body[pos]
+        pos += 1
+        raw |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+    raw &= (1 << 64) - 1
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+def _record_problem(body: memoryview, pos: int, end: int, index: int) -> str | None:
+    """What is wrong with the fields of record ``index`` in body[pos:end], or None.
+    The same walk as the C one (broker/_gate.c, record_framing_problem)."""
+    if body[pos]:
+        # unused by Kafka (always 0); some readers (kafka-python, aiokafka) take it for a
+        # varint, so a set high bit would make them misread the whole record
+        return f"record {index}: attributes {body[pos]} (must be 0)"
+    pos += 1
+    fields = []
+    for name in ("timestamp delta", "offset delta", "key length"):
+        got = _field_varint(body, pos, end)
+        if got is None:
+            return f"record {index}: {name} runs past the record"
+        fields.append(got[0])
+        pos = got[1]
+    _, offset_delta, key_length = fields
+    if offset_delta != index:
+        return f"record {index}: offset delta {offset_delta}, expected {index}"
+    if key_length < -1 or key_length > end - pos:
+        return f"record {index}: key length {key_length} does not fit the record"
+    pos += max(key_length, 0)
+    got = _field_varint(body, pos, end)
+    if got is None:
+        return f"record {index}: value length runs past the record"
+    value_length, pos = got
+    if value_length < -1 or value_length > end - pos:
+        return f"record {index}: value length {value_length} does not fit the record"
+    pos += max(value_length, 0)
+    got = _field_varint(body, pos, end)
+    if got is None:
+        return f"record {index}: header count runs past the record"
+    header_count, pos = got
+    if header_count < 0 or header_count > end - pos:
+        return f"record {index}: header count {header_count} does not fit the record"
+    for _ in range(header_count):
+        got = _field_varint(body, pos, end)
+        if got is None or got[0] < 0 or got[0] > end - got[1]:
+            return f"record {index}: a header key does not fit the record"
+        try:  # a Kafka String; kafka-python fails on anything else
+            bytes(body[got[1] : got[1] + got[0]]).decode("utf-8")
+        except UnicodeDecodeError:
+            return f"record {index}: a header key is not UTF-8"
+        pos = got[1] + got[0]
+        got = _field_varint(body, pos, end)
+        if got is None or got[0] < -1 or got[0] > end - got[1]:
+            return f"record {index}: a header value does not fit the record"
+        pos = got[1] + max(got[0], 0)
+    if pos != end:
+        return f"record {index}: {end - pos} bytes left over after its fields"
+    return None
+
+
 def _check_record_framing_py(body: memoryview, count: int) -> None:
     pos = 0
     size = len(body)
-    for _ in range(count):
+    for index in range(count):
         shift = 0
         raw = 0
         while True:
@@ -154,6 +233,10 @@ def _check_record_framing_py(body: memoryview, count: int) -> None:
         length = (raw >> 1) ^ -(raw & 1)
         if length < 6:  # attributes, timestamp, offset, key, value, header count
             raise CorruptBatchError(f"record of {length} bytes is too short")
+        if pos + length <= size:
+            problem = _record_problem(body, pos, pos + length, index)
+            if problem is not None:
+                raise CorruptBatchError(problem)
         pos += length
     if pos != size:
         raise CorruptBatchError(f"records take {pos} bytes but the batch holds {size}")
@@ -231,8 +314,12 @@ def decompress(codec: int, data: bytes) -> bytes:
             out = bytearray()
             pos = 16
             while pos < len(data):
+                if pos + 4 > len(data):
+                    raise CorruptBatchError("snappy-java framing: trailing bytes after the last chunk")
                 (length,) = struct.unpack_from(">i", data, pos)
                 pos += 4
+                if not 0 < length <= len(data) - pos:  # librdkafka refuses these too
+                    raise CorruptBatchError(f"snappy-java framing: chunk length {length} does not fit")
                 out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + length]))
                 pos += length
             return bytes(out)

@@ -126,6 +126,12 @@ class WriteAheadLog:
         return self._appended
 
     @property
+    def failure(self) -> BaseException | None:
+        """The write error that stopped this log, if any: nothing appended after it can
+        be made durable, so the broker refuses produces until it is restarted."""
+        return self._failure
+
+    @property
     def last_sequence(self) -> int:
         """The sequence number of the latest append: waiting for it covers all earlier ones."""
         return self._appended

@@ -1,0 +1,191 @@
+"""Reliability figures with trial counts (issue 8): what tests/reliability checks
+with small counts, run many times.
+
+crash    kill -9 of the broker at random moments under full-speed acks=all load,
+         ``--runs`` runs of ``--kills`` kills per backend (local, s3 on moto, s3
+         with the store unreachable across kills); acknowledged-and-lost,
+         duplicates and order violations per producer kind.
+wide     1,000 partitions read by 200 concurrent consumers: the broker's RSS vs
+         its own 1-partition baseline in the same run; then a commit round over
+         the 1,000-partition topic vs one over a 1-partition topic with the same
+         records (same run).
+rounds   ``--round-trials`` commit rounds (separate processes, Spark local[2])
+         SIGKILLed at a random moment in 0..1.3 x a round's duration, each
+         followed by a complete round; the table is compared with the topic
+         after every trial (missing and duplicate rows).
+
+    .venv/bin/python bench/reliability.py [--only crash,wide,rounds] [--runs 5] [--kills 5]
+                                          [--round-trials 10] [--seed 1]
+
+Prints one JSON line per run and a summary JSON at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import machine
+from tests.broker.test_s3_object_store import TcpProxy
+from tests.conftest import MotoS3
+from tests.reliability.crash_load import CrashRun, run_crashes
+from tests.reliability.resources import run_wide
+from tests.reliability.rounds import complete_round, kill_round_at_random
+from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, table_offsets
+from tests.spark_jobs.test_commit_round import clicks
+from tests.support import BrokerProcess
+
+
+def crash_runs(args: argparse.Namespace, work: Path) -> list[CrashRun]:
+    runs: list[CrashRun] = []
+    moto = MotoS3(work / "moto.log")
+    try:
+        moto.wait_ready()
+        for backend in ("local", "s3", "s3+outage"):
+            for i in range(args.runs):
+                seed = args.seed * 1000 + len(runs)
+                home = work / f"crash-{len(runs)}"
+                proxy = TcpProxy(moto.port) if backend != "local" else None
+                extra = ["--segment-flush-ms", "100"]
+                env = None
+                if proxy is not None:
+                    bucket = f"bench-{uuid.uuid4().hex[:10]}"
+                    moto.client().create_bucket(Bucket=bucket)
+                    extra += ["--object-store", f"s3://{bucket}/crash"]
+                    env = moto.env(proxy.endpoint)
+                broker = BrokerProcess(home, extra, env).start()
+                try:
+                    outage = (proxy.down, proxy.up) if proxy is not None and backend == "s3+outage" else None
+                    run = run_crashes(broker, kills=args.kills, seed=seed, backend=backend, outage=outage)
+                finally:
+                    broker.stop()
+                    if proxy is not None:
+                        proxy.down()
+                print(json.dumps({"crash": run.as_dict()}), flush=True)
+                runs.append(run)
+                del i
+    finally:
+        moto.stop()
+    return runs
+
+
+def summarise_crashes(runs: list[CrashRun]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    by_backend: dict[str, list[CrashRun]] = defaultdict(list)
+    for run in runs:
+        by_backend[run.backend].append(run)
+    for backend, group in by_backend.items():
+        kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for run in group:
+            for name, o in run.producers.items():
+                for key in ("produced", "acked", "failed", "acked_lost", "acked_misplaced", "duplicates",
+                            "order_violations", "unknown"):
+                    kinds[name][key] += getattr(o, key)
+        restarts = sorted(s for run in group for s in run.restart_seconds)
+        out[backend] = {
+            "runs": len(group), "kills": sum(r.kills for r in group),
+            "startup_kills": sum(r.startup_kills for r in group),
+            "outage_seconds": round(sum(r.outage_seconds for r in group), 1),
+            "restart_s_median": restarts[len(restarts) // 2] if restarts else None,
+            "producers": {k: dict(v) for k, v in kinds.items()},
+        }
+    return out
+
+
+def round_kills(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import random
+
+    rng = random.Random(args.seed)
+    broker = BrokerProcess(work / "rounds", ["--segment-flush-ms", "100"]).start()
+    trials: list[dict[str, Any]] = []
+    try:
+        topic = new_topic(broker, partitions=3)
+        producer = AvroProducer(broker, topic, CLICK_V1)
+        producer.send(clicks(0, 1000))
+        first = complete_round(broker, topic, work)
+        duration = float(first["seconds"]["total"])
+        n = 1000
+        for _ in range(args.round_trials):
+            producer.send(clicks(n, 500))
+            n += 500
+            delay, code = kill_round_at_random(broker, topic, work, rng, max_delay_s=1.3 * duration)
+            rerun = complete_round(broker, topic, work)
+            offsets = table_offsets(broker, topic)
+            acked = sorted(producer.acked)
+            trial = {"kill_after_s": round(delay, 2), "finished_before_kill": code is not None,
+                     "rerun": rerun["status"], "rows": len(offsets),
+                     "missing": len(set(acked) - set(offsets)), "duplicates": len(offsets) - len(set(offsets))}
+            print(json.dumps({"round_trial": trial}), flush=True)
+            trials.append(trial)
+    finally:
+        broker.stop()
+    return {"trials": len(trials), "round_s": duration,
+            "killed_mid_round": sum(not t["finished_before_kill"] for t in trials),
+            "missing": sum(t["missing"] for t in trials), "duplicates": sum(t["duplicates"] for t in trials),
+            "kill_after_s": sorted(t["kill_after_s"] for t in trials)}
+
+
+def wide_round(work: Path, partitions: int, records: int) -> dict[str, Any]:
+    """A commit round over ``partitions`` partitions vs one partition, same records, same broker."""
+    broker = BrokerProcess(work / "wide-round", ["--segment-flush-ms", "200"]).start()
+    out: dict[str, Any] = {"records": records}
+    try:
+        for label, count in (("baseline_1_partition", 1), (f"{partitions}_partitions", partitions)):
+            topic = new_topic(broker, partitions=count)
+            producer = AvroProducer(broker, topic, CLICK_V1)
+            producer.send(clicks(0, records), key=lambda v: str(v["id"]).encode())
+            result = complete_round(broker, topic, work)
+            exact = table_offsets(broker, topic) == sorted(producer.acked)
+            out[label] = {"status": result["status"], "exact": exact, "seconds": result["seconds"]}
+        out["total_over_baseline"] = round(out[f"{partitions}_partitions"]["seconds"]["total"]
+                                           / out["baseline_1_partition"]["seconds"]["total"], 2)
+    finally:
+        broker.stop()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="crash,wide,rounds")
+    parser.add_argument("--runs", type=int, default=5, help="crash runs per backend")
+    parser.add_argument("--kills", type=int, default=5, help="kills per crash run")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--partitions", type=int, default=1000)
+    parser.add_argument("--connections", type=int, default=200)
+    parser.add_argument("--per-partition", type=int, default=50)
+    parser.add_argument("--round-trials", type=int, default=10)
+    parser.add_argument("--round-records", type=int, default=20000, help="records in the 1,000-partition round")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    assert only <= {"crash", "wide", "rounds"}, only
+    summary: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                               "machine": machine(), "command": " ".join(sys.argv)}
+    with tempfile.TemporaryDirectory(prefix="icefall-reliability-") as tmp:
+        work = Path(tmp)
+        if "crash" in only:
+            summary["crash"] = summarise_crashes(crash_runs(args, work))
+        if "wide" in only:
+            broker = BrokerProcess(work / "wide", ["--segment-flush-ms", "200"]).start()
+            try:
+                wide = run_wide(broker, partitions=args.partitions, connections=args.connections,
+                                per_partition=args.per_partition)
+            finally:
+                broker.stop()
+            summary["wide"] = {**wide.as_dict(), "peak_over_baseline": round(wide.peak_rss_mib / wide.baseline_rss_mib, 2)}
+            summary["wide_round"] = wide_round(work, args.partitions, args.round_records)
+        if "rounds" in only:
+            summary["rounds"] = round_kills(args, work)
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
