@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import BrokerProcess  # noqa: E402
+from tests.support import BrokerProcess
 
 MIB = 1024 * 1024
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import BrokerProcess  # noqa: E402
+from tests.support import BrokerProcess
 
 SCHEMA = {
     "type": "record", "name": "Click", "namespace": "bench",

@@ -101,7 +101,7 @@ async def serve(config: BrokerConfig, ready_file: str | None = None) -> None:
     broker = Broker(config)
     await broker.start()
     if ready_file:
-        with open(ready_file, "w") as fh:
+        with open(ready_file, "w") as fh:  # noqa: ASYNC230 -- once, before serving: nothing to block
             fh.write(str(os.getpid()))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
