@@ -115,9 +115,8 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
         is_paused_upon_creation=False,
         dagrun_timeout=timedelta(hours=1),
         params=round_params(),
-        tags=["icefall", "commit", f"namespace:{entry.namespace}", *([] if entry.enabled else ["disabled"])],
-        doc_md=("**Disabled**: the topic's `automq.table.topic.enable` is `false`; this DAG is paused.\n\n"
-                if not entry.enabled else "") + DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
+        tags=entry.dag_tags("commit"),
+        doc_md=entry.disabled_note + DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
                           interval_s=entry.schedule_ms / 1000, asset=entry.asset_name),
         default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
     ) as dag:

@@ -136,9 +136,8 @@ def build_maintain_dag(entry: manifest.TableTopic) -> DAG:
         is_paused_upon_creation=False,
         dagrun_timeout=timedelta(hours=6),
         params=maintenance_params(),
-        tags=["icefall", "maintenance", f"namespace:{entry.namespace}", *([] if entry.enabled else ["disabled"])],
-        doc_md=("**Disabled**: the topic's `automq.table.topic.enable` is `false`; this DAG is paused.\n\n"
-                if not entry.enabled else "") + DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
+        tags=entry.dag_tags("maintenance"),
+        doc_md=entry.disabled_note + DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
                           interval=_interval_text(interval_ms), pool=entry.pool,
                           asset=settings.maintenance_asset_name(entry.namespace, entry.table),
                           actions=", ".join(ACTIONS)),

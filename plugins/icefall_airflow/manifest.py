@@ -46,6 +46,15 @@ class TableTopic:
     def asset_name(self) -> str:
         return settings.asset_name(self.namespace, self.table)
 
+    def dag_tags(self, kind: str) -> list[str]:
+        """The tags of this topic's ``kind`` DAG (commit, maintenance); ``disabled`` while the flag is off."""
+        return ["icefall", kind, f"namespace:{self.namespace}", *([] if self.enabled else ["disabled"])]
+
+    @property
+    def disabled_note(self) -> str:
+        """What a DAG's docs start with while the topic's table-topic flag is off."""
+        return "" if self.enabled else f"**Disabled**: the topic's `{ENABLE_KEY}` is `false`; this DAG is paused.\n\n"
+
     @property
     def schedule_ms(self) -> int:
         return max(self.commit_interval_ms, settings.MIN_SCHEDULE_MS)
