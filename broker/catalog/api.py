@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
-from broker.catalog import commits, v3
+from broker import iceberg_json
+from broker.catalog import commits
 from broker.catalog.errors import (
     BadRequest,
     CatalogError,
@@ -106,7 +107,7 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 def _metadata_json(metadata: Any) -> dict[str, Any]:
-    return v3.to_dict(metadata)
+    return iceberg_json.to_dict(metadata)
 
 
 def _table_result(table: LoadedTable, snapshots: str = "all") -> dict[str, Any]:

@@ -32,7 +32,7 @@ from sqlalchemy import ColumnElement, event, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from broker.catalog import v3
+from broker import iceberg_json
 from broker.catalog.errors import BadRequest
 from broker.catalog.locations import Warehouse, check_readable
 from broker.catalog.models import CreateTableRequest
@@ -59,7 +59,7 @@ class _SqlCatalog(SqlCatalog):
 
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
-        v3.write_metadata(metadata, io, metadata_path)
+        iceberg_json.write_metadata(metadata, io, metadata_path)
 
 
 class CatalogStore:
@@ -149,7 +149,7 @@ class CatalogStore:
         order = request.write_order or UNSORTED_SORT_ORDER
         if request.stage_create:
             metadata = new_table_metadata(request.table_schema, spec, order, location, properties)
-            return LoadedTable(None, v3.with_row_lineage(metadata))
+            return LoadedTable(None, iceberg_json.with_row_lineage(metadata))
         table = self.sql.create_table(identifier, request.table_schema, location, spec, order, properties)
         return LoadedTable(table.metadata_location, table.metadata)
 

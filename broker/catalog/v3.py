@@ -1,30 +1,16 @@
-"""Format v3 table metadata: what pyiceberg 0.12 reads and updates but refuses to write.
+"""Format v3 tables in the catalog: what pyiceberg 0.12 reads and updates but refuses to write.
 
-pyiceberg parses v3 metadata and its update logic already keeps v3 row
-lineage (an added snapshot must carry ``first-row-id`` >= the table's
-``next-row-id``, which then grows by the snapshot's ``added-rows``), but
-``TableMetadataV3.model_dump_json`` raises "Writing V3 is not yet supported"
-and its upgrade update stops at v2. The catalog needs neither guard: it only
-stores and serves metadata that clients (Spark's Iceberg 1.10, pyiceberg)
-build, and the spec's v3 metadata is v2's plus ``next-row-id`` (required,
-0 for a new table; row lineage is always on in v3, there is no flag). So this
-module
-
-- serializes v3 metadata with pydantic's own dump (the fields and aliases of
-  pyiceberg's model, which follow the spec) and always writes ``next-row-id``,
-  for metadata files and REST responses alike;
-- upgrades a v1/v2 table to v3 on an ``upgrade-format-version`` update:
-  existing data files keep no row ids (the spec's rule for upgraded tables) and
-  ``next-row-id`` starts at 0.
+Metadata files and REST responses go through ``broker.iceberg_json`` (v3 JSON
+with ``next-row-id``). This module adds the one update pyiceberg stops short of:
+``upgrade-format-version`` to 3 (its ``SUPPORTED_TABLE_FORMAT_VERSION`` is 2).
+Upgrading a v1/v2 table keeps its data files without row ids (the spec's rule
+for upgraded tables) and starts ``next-row-id`` at 0; Spark's
+``ALTER TABLE ... SET TBLPROPERTIES ('format-version'='3')`` and CTAS into a v3
+table (a staged create) send it.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from pyiceberg.io import FileIO
-from pyiceberg.serializers import Compressor
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV3
 from pyiceberg.table.update import (
     TableUpdate,
@@ -32,37 +18,8 @@ from pyiceberg.table.update import (
     _apply_table_update,
     _TableMetadataUpdateContext,
 )
-from pyiceberg.typedef import IcebergBaseModel
 
-V3 = 3
-INITIAL_ROW_ID = 0
-
-
-def with_row_lineage(metadata: TableMetadata) -> TableMetadata:
-    """v3 metadata with ``next-row-id`` set (pyiceberg builds a new v3 table without it)."""
-    if metadata.format_version >= V3 and getattr(metadata, "next_row_id", None) is None:
-        return metadata.model_copy(update={"next_row_id": INITIAL_ROW_ID})
-    return metadata
-
-
-def to_json(metadata: TableMetadata) -> str:
-    """The metadata as the spec's JSON, v3 included."""
-    if metadata.format_version < V3:
-        return metadata.model_dump_json()
-    # pydantic's dump, past pyiceberg's refusing override: the same fields and aliases as v2 plus next-row-id
-    return IcebergBaseModel.model_dump_json(with_row_lineage(metadata))
-
-
-def to_dict(metadata: TableMetadata) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(to_json(metadata))
-    return data
-
-
-def write_metadata(metadata: TableMetadata, io: FileIO, location: str) -> None:
-    """A metadata file, compressed as its name says (like pyiceberg's ``ToOutputFile``); never overwrites."""
-    data = Compressor.get_compressor(location).bytes_compressor()(to_json(metadata).encode())
-    with io.new_output(location).create(overwrite=False) as out:
-        out.write(data)
+from broker.iceberg_json import INITIAL_ROW_ID, V3
 
 
 class UpgradeToV3(UpgradeFormatVersionUpdate):
