@@ -225,6 +225,11 @@ def test_append_rounds_on_a_v3_table_with_dlq_records(spark: Any, round_broker: 
     assert t.metadata.format_version == 3
     assert sorted(t.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()) == list(range(12))
     assert checkpoint.read_checkpoint(t.metadata).offsets == {0: 13}
+    from spark_jobs import dlq_reprocess
+    from tests.spark_jobs.test_round_dlq import dlq_rows
+
+    code, refused = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic])
+    assert code == 1 and "format v3" in refused["message"] and len(dlq_rows(round_broker, topic)) == 1
 
 
 @pytest.mark.parametrize(("point", "version"), [("after_write", "2"), ("before_publish", "2"),
