@@ -212,7 +212,8 @@ def test_append_rounds_on_a_v3_table_with_dlq_records(spark: Any, round_broker: 
     a round whose records all go to the DLQ still commits its (empty) snapshot."""
     from confluent_kafka import Producer
 
-    topic = new_topic(round_broker, partitions=1, configs={**V3, "automq.table.topic.schema.validation": "false"})
+    topic = new_topic(round_broker, partitions=1, configs={**V3, "automq.table.topic.schema.validation": "false",
+                                                           "automq.table.topic.partition.by": "[bucket(id, 4)]"})
     AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 12))
     r1 = run_round(spark, round_broker, topic, "--in-driver-max-bytes", str(64 << 20))  # decoded in the driver
     assert (r1.status, r1.rows, r1.executor) == ("committed", 12, "driver"), r1.message
@@ -224,6 +225,12 @@ def test_append_rounds_on_a_v3_table_with_dlq_records(spark: Any, round_broker: 
     t = table(round_broker, topic)
     assert t.metadata.format_version == 3
     assert sorted(t.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()) == list(range(12))
+    assert str(t.spec().fields[0].transform) == "bucket[4]"
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.types import LongType
+
+    bucket = BucketTransform(4).transform(LongType())
+    assert r1.data_files == len({bucket(i) for i in range(12)})  # one file per bucket: Spark partitioned the rows
     assert checkpoint.read_checkpoint(t.metadata).offsets == {0: 13}
     from spark_jobs import dlq_reprocess
     from tests.spark_jobs.test_round_dlq import dlq_rows
