@@ -17,6 +17,10 @@ ranges on the executors and write them to a round branch, then publish with
 one conditional catalog commit (``round_commit``). A round that loses a race
 to another writer starts over from the new checkpoint, so a round run twice,
 two rounds at once, or a round killed and re-run commit each record once.
+On a format v3 table every snapshot is written by Spark (pyiceberg 0.12 writes
+no v3 manifests): append rounds stage their rows and Spark appends them, and
+the base and empty snapshots are empty Spark appends; upsert rounds' MERGE
+writes deletion vectors there instead of position deletes.
 The result JSON says what happened; the exit code is 0 for ``committed`` and
 ``nothing_new``, 1 for a failed round (the message is on stderr and in the JSON).
 """
