@@ -17,6 +17,10 @@ ranges on the executors and write them to a round branch, then publish with
 one conditional catalog commit (``round_commit``). A round that loses a race
 to another writer starts over from the new checkpoint, so a round run twice,
 two rounds at once, or a round killed and re-run commit each record once.
+On a format v3 table every snapshot is written by Spark (pyiceberg 0.12 writes
+no v3 manifests): append rounds stage their rows and Spark appends them, and
+the base and empty snapshots are empty Spark appends; upsert rounds' MERGE
+writes deletion vectors there instead of position deletes.
 The result JSON says what happened; the exit code is 0 for ``committed`` and
 ``nothing_new``, 1 for a failed round (the message is on stderr and in the JSON).
 """
@@ -36,8 +40,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from pyiceberg.exceptions import RESTError
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
@@ -271,16 +273,11 @@ class CommitRound:
                                offsets_after=plan.offsets_after, seconds=self.seconds,
                                message="no new offsets since the last committed round")
         plan.ranges = round_plan.fetch_ranges(self.admin, self.topic.topic, windows)
-        try:
-            table = table_setup.load_or_create(self.catalog, self.topic, self.registry, self.options,
-                                               self._first_schema_id(plan.ranges))
-        except RESTError as exc:
-            if self.options.format_version >= 3 and "V3" in str(exc):
-                raise RoundFailed(
-                    f"automq.table.topic.format.version={self.options.format_version}: the catalog cannot keep "
-                    f"format v3 tables ({exc}); the broker's catalog (pyiceberg's SQL catalog) writes v2 only, "
-                    "use format.version=2 or a catalog with v3 support") from exc
-            raise
+        table = table_setup.load_or_create(self.catalog, self.topic, self.registry, self.options,
+                                           self._first_schema_id(plan.ranges))
+        # pyiceberg 0.12 writes no v3 manifests: on a v3 table every snapshot is Spark's (see _spark_empty)
+        v3 = table.metadata.format_version >= 3
+        staging = self.staging or v3
         schemas = table_setup.value_schemas(self.registry, self.topic.topic, extra_ids)
         evolved = table_setup.evolve(table, schemas, self.options)
         changes.extend(evolved.applied)
@@ -290,7 +287,7 @@ class CommitRound:
             if not self.json:  # json: the id columns exist once the values' columns are inferred (_merge)
                 upsert.check_columns(table.schema(), self.upsert)
             table = upsert.ensure_merge_on_read(table)
-        table = table_setup.ensure_base_snapshot(table)
+        table = self._spark_base_snapshot(table) if v3 else table_setup.ensure_base_snapshot(table)
         parent = main_snapshot_id(table)
         if found.snapshot_id is not None and checkpoint.read_checkpoint(table.metadata).offsets != found.offsets:
             raise LostRace("another round committed while this one planned")
@@ -299,7 +296,7 @@ class CommitRound:
 
         assert parent is not None  # ensure_base_snapshot
         create_branch(self.catalog, table, self.branch, parent)
-        metadata_json = (table.metadata.model_dump_json() if not self.staging
+        metadata_json = (table.metadata.model_dump_json() if not staging
                          else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan),
                                                            text_value=self.json))
         spec = TaskSpec(self.store, metadata_json, tuple(sorted(table.io.properties.items())),
@@ -327,10 +324,11 @@ class CommitRound:
             raise
         self.seconds["read_write"] = round(time.monotonic() - started, 3)
         report = output.report
-        staged = [f.file_path for f in output.data_files] if self.staging else []
+        staged = [f.file_path for f in output.data_files] if staging else []
         try:
             parsed = None
             if self.json and staged:
+                spark = self.spark()
                 parsed = json_values.parse(spark, spark.read.parquet(*staged), table, self._spark_table(spark),
                                            debezium=self.upsert is not None and self.upsert.debezium)
                 changes.extend(parsed.schema_changes)
@@ -339,7 +337,7 @@ class CommitRound:
                 table = table.refresh()
             skipped_records = self._check_errors(report, table)
         except BaseException:
-            if self.staging:
+            if staging:
                 drop_branch(self.catalog, table.refresh(), self.branch)
                 upsert.remove_staging(table, staged)
             raise
@@ -353,13 +351,18 @@ class CommitRound:
 
         merged = None
         if self.upsert is not None:
-            merged = self._merge(spark, table, staged, properties, parsed.rows if parsed else None)
+            merged = self._merge(self.spark(), table, staged, properties, parsed.rows if parsed else None)
         elif parsed is not None:
-            self._append_rows(spark, table, parsed.rows, staged, properties)
+            self._append_rows(self.spark(), table, parsed.rows, staged, properties)
+        elif v3 and staged:  # an append round on a v3 table: the staged rows appended by Spark
+            self._append_rows(self.spark(), table, self.spark().read.parquet(*staged), staged, properties)
         if not staged or (merged is not None and not merged.merged):  # no staged rows: an empty snapshot
-            # refreshed: the metadata in hand predates the round branch, and a write against it is refused
-            table = write_to_branch(table.refresh(),
-                                    append_files if not self.staging else lambda t: self._empty(t, properties))
+            if v3:
+                self._spark_empty(table, properties, self.branch)
+            else:
+                # refreshed: the metadata in hand predates the round branch, and a write against it is refused
+                table = write_to_branch(table.refresh(),
+                                        append_files if not staging else lambda t: self._empty(t, properties))
         table = table.refresh()
         _kill_point("after_write")
         try:
@@ -422,6 +425,28 @@ class CommitRound:
         """A snapshot with no files: a staged round whose records all went to the DLQ still moves the offsets."""
         with target.transaction() as tx, tx.update_snapshot(properties, branch=self.branch).fast_append():
             pass
+
+    def _spark_empty(self, table: Any, properties: dict[str, str], branch: str | None) -> None:
+        """An empty snapshot written by Spark (pyiceberg 0.12 cannot write v3 manifest lists): Iceberg's
+        Spark append commits a snapshot even without files. On ``branch``, or ``main`` when None."""
+        spark = self.spark()
+        target = self._spark_table(spark, branch)
+        try:
+            upsert.with_commit_properties(spark, properties,
+                                          lambda: spark.table(target).limit(0).writeTo(target).append())
+        except Exception:
+            if branch is not None:
+                drop_branch(self.catalog, table.refresh(), branch)
+            raise
+
+    def _spark_base_snapshot(self, table: Any) -> Any:
+        """``table_setup.ensure_base_snapshot`` for a v3 table, through Spark. Unlike pyiceberg's it
+        cannot insist that ``main`` is still missing: a round racing this one sees ``main`` move
+        and starts over (``LostRace``), which costs time, not correctness."""
+        if table.metadata.refs.get("main") is not None:
+            return table
+        self._spark_empty(table, {table_setup.BASE_PROPERTY: table_setup.BASE_NOTE}, None)
+        return table.refresh()
 
     def _append_rows(self, spark: Any, table: Any, rows: Any, staged: list[str], properties: dict[str, str]) -> None:
         """A json round's rows appended to the round branch by Spark's Iceberg writer, one snapshot

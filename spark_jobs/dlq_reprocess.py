@@ -110,6 +110,9 @@ def reprocess(args: argparse.Namespace) -> ReprocessResult:
         result.message = "no DLQ table"
         return result
     dlq_table = catalog.load_table(dlq_ident)
+    if catalog.load_table(topic.identifier).metadata.format_version >= 3:  # pyiceberg 0.12 appends to v2 only
+        raise NotImplementedError(f"{topic.table} is a format v3 table: reprocess appends with pyiceberg, which "
+                                  "writes no v3 manifests yet; nothing moved")
     bad = dlq_table.scan(row_filter=f"topic = {_literal(topic.topic)}",
                          selected_fields=("partition", "offset")).to_arrow()
     result.dlq_rows = bad.num_rows

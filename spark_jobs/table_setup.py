@@ -113,6 +113,9 @@ def load_or_create(
         return catalog.load_table(topic.identifier)
 
 
+BASE_PROPERTY, BASE_NOTE = "icefall.base", "empty table created for the first round"
+
+
 def ensure_base_snapshot(table: Table) -> Table:
     """Give an empty table (no snapshot yet) an empty one on ``main``: a round
     branches from ``main``, and Iceberg cannot branch from nothing. Harmless
@@ -120,8 +123,7 @@ def ensure_base_snapshot(table: Table) -> Table:
     if table.metadata.refs.get("main") is not None:
         return table
     try:
-        with table.transaction() as tx, tx.update_snapshot(
-                snapshot_properties={"icefall.base": "empty table created for the first round"}).fast_append():
+        with table.transaction() as tx, tx.update_snapshot(snapshot_properties={BASE_PROPERTY: BASE_NOTE}).fast_append():
             pass
     except CommitFailedException:
         pass

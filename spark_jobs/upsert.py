@@ -69,6 +69,7 @@ from pyiceberg.types import (
     StructType,
 )
 
+from broker import iceberg_json
 from broker.topic_configs import TABLE_PREFIX
 from spark_jobs.avro_schema import CDC, KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
 from spark_jobs.broker_client import TableTopic
@@ -209,7 +210,7 @@ def staging_metadata_json(table: Table, round_id: str, envelope: Any = None, tex
     staged = metadata.model_copy(update={"schemas": schemas, "properties": properties, "partition_specs": specs,
                                          "default_spec_id": spec.spec_id,
                                          "last_column_id": max(metadata.last_column_id, relaxed.highest_field_id)})
-    return staged.model_dump_json()
+    return iceberg_json.to_json(staged)  # pyiceberg's own dump refuses v3 metadata
 
 
 def remove_staging(table: Table, paths: Iterable[str]) -> None:

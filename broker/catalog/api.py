@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
+from broker import iceberg_json
 from broker.catalog import commits
 from broker.catalog.errors import (
     BadRequest,
@@ -106,8 +107,7 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 def _metadata_json(metadata: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(metadata.model_dump_json())
-    return data
+    return iceberg_json.to_dict(metadata)
 
 
 def _table_result(table: LoadedTable, snapshots: str = "all") -> dict[str, Any]:

@@ -29,6 +29,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from broker.catalog import v3
 from broker.catalog.errors import CatalogError
 from broker.catalog.store import CatalogStore, Identifier, LoadedTable
 
@@ -104,7 +105,7 @@ def _stage(store: CatalogStore, change: TableChange) -> _Staged:
             raise NoSuchTableError(f"Table does not exist: {'.'.join(ident)}")
         if not store.sql.namespace_exists(ident[:-1]):
             raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(ident[:-1])}")
-    new = store.sql._update_and_stage_table(current, ident, change.requirements, change.updates)
+    new = store.sql._update_and_stage_table(current, ident, change.requirements, v3.server_updates(change.updates))
     store.warehouse.check(new.metadata.location)
     store.warehouse.check(new.metadata_location, "metadata location")
     return _Staged(ident, current, new)

@@ -21,7 +21,7 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
-from pyiceberg.io import load_file_io
+from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import TableProperties
@@ -32,6 +32,7 @@ from sqlalchemy import ColumnElement, event, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from broker import iceberg_json
 from broker.catalog.errors import BadRequest
 from broker.catalog.locations import Warehouse, check_readable
 from broker.catalog.models import CreateTableRequest
@@ -53,10 +54,18 @@ class LoadedTable:
     metadata: TableMetadata
 
 
+class _SqlCatalog(SqlCatalog):
+    """pyiceberg's SQL catalog, writing metadata files of every format version (``v3``)."""
+
+    @staticmethod
+    def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
+        iceberg_json.write_metadata(metadata, io, metadata_path)
+
+
 class CatalogStore:
     def __init__(self, uri: str, warehouse: str, io_properties: dict[str, str] | None = None) -> None:
         self.warehouse = Warehouse(warehouse)
-        self.sql = SqlCatalog(CATALOG_NAME, uri=uri, warehouse=self.warehouse.root, **(io_properties or {}))
+        self.sql = _SqlCatalog(CATALOG_NAME, uri=uri, warehouse=self.warehouse.root, **(io_properties or {}))
         if self.sql.engine.dialect.name == "sqlite":
             # readers do not wait for the writer; a writer waits up to 10 s for another
             event.listen(self.sql.engine, "connect", _sqlite_pragmas)
@@ -140,7 +149,7 @@ class CatalogStore:
         order = request.write_order or UNSORTED_SORT_ORDER
         if request.stage_create:
             metadata = new_table_metadata(request.table_schema, spec, order, location, properties)
-            return LoadedTable(None, metadata)
+            return LoadedTable(None, iceberg_json.with_row_lineage(metadata))
         table = self.sql.create_table(identifier, request.table_schema, location, spec, order, properties)
         return LoadedTable(table.metadata_location, table.metadata)
 

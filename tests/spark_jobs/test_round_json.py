@@ -115,3 +115,20 @@ def test_debezium_json_envelopes(spark: Any, round_broker: BrokerProcess) -> Non
     send(round_broker, topic, [env("d", {"id": 1, "total": 11.0, "note": "gift"}, None, 5)])
     assert run_round(spark, round_broker, topic).status == "committed"
     assert table(round_broker, topic).scan().to_arrow().num_rows == 0
+
+
+def test_json_upsert_rounds_on_a_v3_table(spark: Any, round_broker: BrokerProcess) -> None:
+    """JSON values, upserted by id into a format v3 table: inferred, evolved, merged by Spark."""
+    topic = new_topic(round_broker, partitions=1, configs={
+        **JSON, "automq.table.topic.format.version": "3", "automq.table.topic.upsert.enable": "true",
+        "automq.table.topic.id.columns": "[id]"})
+    send(round_broker, topic, [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}, {"id": 1, "v": "c"}])
+    r1 = run_round(spark, round_broker, topic)
+    assert (r1.status, r1.rows) == ("committed", 3), r1.message
+    send(round_broker, topic, [{"id": 2, "v": "d", "extra": 7}])
+    r2 = run_round(spark, round_broker, topic)
+    assert r2.status == "committed" and any("extra" in c for c in r2.schema_changes), r2.message
+    t = table(round_broker, topic)
+    assert t.metadata.format_version == 3
+    rows = t.scan(selected_fields=("id", "v", "extra")).to_arrow().to_pylist()
+    assert sorted((r["id"], r["v"], r["extra"]) for r in rows) == [(1, "c", None), (2, "d", 7)]
