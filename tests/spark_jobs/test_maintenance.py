@@ -448,3 +448,41 @@ def test_the_delete_file_threshold_decides_which_files_compaction_rewrites_for_t
     assert out.result.actions["compact"]["rewritten_data_files"] == data_before
     assert applying_deletes(round_broker, topic) == []  # all applied (the newest stays listed, see README)
     assert three_readers(spark, round_broker, topic) == rows_before
+
+
+def test_rewrite_position_delete_files_runs_where_iceberg_can_and_skips_deletion_vectors(
+        spark: Any, tmp_path: Path) -> None:
+    """Tables without map or list columns, on Spark's own Hadoop catalog (a table topic always
+    has ``_kafka_headers``; the broker's catalog keeps v2 tables only): partition-scoped v2
+    position deletes are bin-packed into one file; a v3 table's deletion vectors are left alone."""
+    from pyiceberg.table import StaticTable
+
+    spark.conf.set("spark.sql.catalog.pdtest", "org.apache.iceberg.spark.SparkCatalog")
+    spark.conf.set("spark.sql.catalog.pdtest.type", "hadoop")
+    spark.conf.set("spark.sql.catalog.pdtest.warehouse", f"file://{tmp_path}")
+    job = object.__new__(maintenance.Maintenance)  # the step needs no broker
+    settings = resolve({}, {}, {"min_input_files": 2})
+    for version, granularity in (("2", "partition"), ("3", "file")):
+        name = f"t{version}"
+        props = {"format-version": version, "write.merge.mode": "merge-on-read",
+                 "write.delete.granularity": granularity}
+        spark.sql(f"CREATE TABLE pdtest.db.{name} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES ("
+                  + ", ".join(f"'{k}'='{v}'" for k, v in props.items()) + ")")
+        spark.sql(f"INSERT INTO pdtest.db.{name} SELECT id, 'a' FROM range(0, 20)")
+        for n in range(3):
+            spark.sql(f"MERGE INTO pdtest.db.{name} t USING (SELECT {n} AS id, 'b' AS v) s ON t.id = s.id "
+                      "WHEN MATCHED THEN UPDATE SET t.v = s.v")
+        rows = sorted(tuple(r) for r in spark.sql(f"SELECT id, v FROM pdtest.db.{name}").collect())
+        metadata = max((tmp_path / "db" / name / "metadata").glob("v*.metadata.json"),
+                       key=lambda p: int(p.name.split(".")[0].removeprefix("v")))
+        tbl = StaticTable.from_metadata(str(metadata))
+        done = job._rewrite_position_deletes(spark, "pdtest", f"`db`.`{name}`", tbl, settings, rewrote_data=False)
+        after = spark.sql(f"SELECT file_format FROM pdtest.db.{name}.delete_files").collect()
+        if version == "2":
+            assert done["position_delete_files"] == 3 and "skipped" not in done, done
+            assert (done["rewritten_delete_files"], done["added_delete_files"]) == (3, 1) and len(after) == 1
+        else:
+            assert done["deletion_vectors"] == done["position_delete_files"] >= 1, done
+            assert done["skipped"].startswith("deletion vectors only") and done["rewritten_delete_files"] == 0
+            assert {r["file_format"] for r in after} == {"PUFFIN"}
+        assert sorted(tuple(r) for r in spark.sql(f"SELECT id, v FROM pdtest.db.{name}").collect()) == rows
