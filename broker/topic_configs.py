@@ -254,6 +254,11 @@ KEYS: Mapping[str, ConfigKey] = {
             "z-order compaction by these columns, e.g. [user_id, ts] (unset: table property)", 2,
         ),
         ConfigKey(
+            TABLE_PREFIX + "maintenance.compaction.delete.file.threshold", "", _unset_or(_long(1, 2**31 - 1)),
+            "compaction rewrites a data file with at least this many delete files (applying them) even when "
+            "its size is fine (unset: table property, else 1)", 3,
+        ),
+        ConfigKey(
             TABLE_PREFIX + "maintenance.unreferenced.days", "", _unset_or(_double(1.0, 36500.0)),
             "remove unreferenced files older than this (unset: table property, else 3 days); Iceberg "
             "refuses less than 1 day", 6,

@@ -14,7 +14,11 @@ properties and the flags (``maintenance_settings``).
 The actions, in this order (``--actions``, default all four):
 
 - ``compact``: ``rewrite_data_files`` (binpack; sort by the table's sort order
-  when it has one) to the target file size;
+  when it has one) to the target file size. On an upsert table (merge-on-read
+  deletes) it also rewrites every data file with at least ``delete-file-threshold``
+  delete files, applying them, then ``rewrite_position_delete_files`` compacts the
+  position delete files left and drops dangling ones where Iceberg 1.10 can
+  (``position_deletes`` in the result says what it did or why it skipped);
 - ``manifests``: ``rewrite_manifests``;
 - ``expire``: ``expire_snapshots`` older than the topic's
   ``expire.snapshot.older.than.hours``, keeping ``expire.snapshot.retain.last``.
@@ -52,6 +56,18 @@ HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 
 
+# rewrite_data_files options that drop the delete files compaction left pointing at nothing.
+# Upsert rounds write partition-scoped position deletes (no referenced data file), which stay in
+# the table after compaction applied them. remove-dangling-deletes drops delete files older than
+# every live data file of their partition; by default the new files keep the rewrite's starting
+# sequence number, the same as the newest round's deletes, so those would never count as older.
+# Committing them with a fresh sequence number is safe here: a round that adds position deletes
+# for the files being rewritten makes the rewrite's commit fail Iceberg's validation, never lose
+# the deletes (and the pool shared with the rounds keeps the two apart anyway); equality deletes,
+# the case the starting sequence number exists for, are never written by our rounds.
+DANGLING_DELETE_OPTIONS = "'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false'"
+
+
 class MaintenanceFailed(RuntimeError):
     """An action failed; the message says which and why."""
 
@@ -67,6 +83,8 @@ class TableResult:
     snapshots_after: int = 0
     data_files_before: int | None = None
     data_files_after: int | None = None
+    delete_files_before: int | None = None
+    delete_files_after: int | None = None
     actions: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
@@ -95,7 +113,7 @@ class MaintenanceResult:
         out.pop("result")
         out.update({k: main.get(k) for k in ("snapshot_id_before", "snapshot_id", "snapshots_before",
                                              "snapshots_after", "data_files_before", "data_files_after",
-                                             "settings")})
+                                             "delete_files_before", "delete_files_after", "settings")})
         out["per_action"] = main.get("actions", {})
         out["seconds"] = {**main.get("seconds", {}), **self.seconds}
         out["dlq"] = self.dlq.to_json() if self.dlq is not None else None
@@ -123,6 +141,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "maintenance.compaction.zorder.columns, table property)")
     parser.add_argument("--min-input-files", type=int, default=None,
                         help="compact a group of small files only when it has at least this many (default 5, Iceberg's)")
+    parser.add_argument("--delete-file-threshold", type=int, default=None,
+                        help="rewrite a data file with at least this many delete files even when its size is fine "
+                             "(default: topic config maintenance.compaction.delete.file.threshold, table property, 1)")
     parser.add_argument("--expire-older-than-hours", type=float, default=None,
                         help="expire snapshots older than this (default: topic config expire.snapshot.older.than.hours)")
     parser.add_argument("--retain-last", type=int, default=None,
@@ -141,7 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     return {"target_file_size_bytes": args.target_file_size_bytes, "strategy": args.strategy,
             "zorder_columns": args.zorder_columns,
-            "min_input_files": args.min_input_files,
+            "min_input_files": args.min_input_files, "delete_file_threshold": args.delete_file_threshold,
             "expire_older_than_hours": args.expire_older_than_hours, "retain_last": args.retain_last,
             "orphan_older_than_days": args.orphan_older_than_days}
 
@@ -230,7 +251,8 @@ class Maintenance:
         current = table.current_snapshot()
         out = TableResult(name, settings=settings.to_json(), snapshots_before=len(table.metadata.snapshots),
                           snapshot_id_before=current.snapshot_id if current is not None else None,
-                          data_files_before=_data_files(current))
+                          data_files_before=_total(current, "total-data-files"),
+                          delete_files_before=_total(current, "total-delete-files"))
         spark, catalog = self.spark_catalog()
         target = f"{_quote(identifier[0])}.{_quote(identifier[1])}"
         steps = {"compact": self._compact, "manifests": self._rewrite_manifests, "expire": self._expire,
@@ -249,7 +271,8 @@ class Maintenance:
         current = table.current_snapshot()
         out.snapshot_id = current.snapshot_id if current is not None else None
         out.snapshots_after = len(table.metadata.snapshots)
-        out.data_files_after = _data_files(current)
+        out.data_files_after = _total(current, "total-data-files")
+        out.delete_files_after = _total(current, "total-delete-files")
         return out
 
     def record(self, result: MaintenanceResult) -> None:
@@ -279,7 +302,8 @@ class Maintenance:
         sort_order = table.sort_order()
         strategy = settings.compaction_strategy(not sort_order.is_unsorted)
         options = (f"map('target-file-size-bytes', '{settings.target_file_size_bytes}', "
-                   f"'min-input-files', '{settings.min_input_files}')")
+                   f"'min-input-files', '{settings.min_input_files}', "
+                   f"'delete-file-threshold', '{settings.delete_file_threshold}', {DANGLING_DELETE_OPTIONS})")
         named = {"table": _sql_string(target), "options": options}
         if strategy == ZORDER:  # Iceberg's z-order is the sort strategy with a zorder(...) sort order
             columns = ", ".join(_quote_column(c) for c in settings.zorder_columns)
@@ -288,13 +312,73 @@ class Maintenance:
             named["strategy"] = _sql_string(strategy)
         row = _first_row(self._call(spark, catalog, "rewrite_data_files", **named))
         done_extra = {"zorder_columns": list(settings.zorder_columns)} if strategy == ZORDER else {}
-        return {"strategy": strategy, **done_extra, "target_file_size_bytes": settings.target_file_size_bytes,
-                "min_input_files": settings.min_input_files,
-                "rewritten_data_files": _count(row, "rewritten_data_files_count"),
-                "added_data_files": _count(row, "added_data_files_count"),
+        done: dict[str, Any] = {
+            "strategy": strategy, **done_extra, "target_file_size_bytes": settings.target_file_size_bytes,
+            "min_input_files": settings.min_input_files, "delete_file_threshold": settings.delete_file_threshold,
+            "rewritten_data_files": _count(row, "rewritten_data_files_count"),
+            "added_data_files": _count(row, "added_data_files_count"),
+            "rewritten_bytes": _count(row, "rewritten_bytes_count"),
+            "failed_data_files": _count(row, "failed_data_files_count"),
+            "removed_delete_files": _count(row, "removed_delete_files_count")}
+        started = time.monotonic()
+        try:
+            deletes = self._rewrite_position_deletes(spark, catalog, target, table.refresh(), settings,
+                                                     rewrote_data=done["rewritten_data_files"] > 0)
+        except Exception as exc:  # keep what rewrite_data_files did; the action still counts as failed
+            log.warning("rewrite_position_delete_files of %s failed", target, exc_info=True)
+            deletes = {"error": job_output.error_message(exc)}
+            done["error"] = f"rewrite_position_delete_files: {deletes['error']}"
+        deletes["seconds"] = round(time.monotonic() - started, 3)
+        done["position_deletes"] = deletes
+        return done
+
+    def _rewrite_position_deletes(self, spark: Any, catalog: str, target: str, table: Any,
+                                  settings: Settings, rewrote_data: bool) -> dict[str, Any]:
+        """``rewrite_position_delete_files`` where it has work: it bin-packs small position
+        delete files and drops the ones (and the rows in them) that point at data files no
+        longer live, e.g. partition-scoped deletes whose data files compaction just rewrote.
+
+        Skipped, with the reason in the result, where it cannot run: a table with a map or
+        list column (every table topic: ``_kafka_headers``; see ``_has_map_or_list``). And
+        where it would only copy files one to one: file-scoped deletes (a referenced data
+        file) are one per data file, kept merged by the writer and removed with their data
+        file by ``rewrite_data_files``; so are a v3 table's deletion vectors (Puffin). On v3,
+        Iceberg's procedure only converts position delete files left from v2 into deletion
+        vectors, so it runs there only when such files exist. (Upsert rounds write
+        partition-scoped deletes: no referenced data file, observed with Iceberg 1.10.)"""
+        version = int(table.metadata.format_version)
+        base = {"format_version": version, "rewritten_delete_files": 0, "added_delete_files": 0,
+                "rewritten_bytes": 0, "added_bytes": 0}
+        if version < 2:
+            return {**base, "skipped": "format version 1 has no delete files"}
+        if _total(table.current_snapshot(), "total-delete-files") == 0:  # an append-only table: no Spark job
+            return {**base, "position_delete_files": 0, "skipped": "no delete files"}
+        files = spark.sql(f"SELECT file_format, referenced_data_file FROM {catalog}.{target}.delete_files "
+                          "WHERE content = 1").collect()
+        puffin = sum(1 for f in files if str(f["file_format"]).upper() == "PUFFIN")
+        file_scoped = sum(1 for f in files if f["referenced_data_file"] is not None)
+        base.update(position_delete_files=len(files), deletion_vectors=puffin)
+        if not files:
+            return {**base, "skipped": "no position delete files"}
+        if _has_map_or_list(table.schema()):
+            return {**base, "skipped": "Iceberg 1.10's position_deletes reader cannot read a table with a map or "
+                                       "list column (every table topic has _kafka_headers); compaction applies "
+                                       "the deletes instead (delete file threshold)"}
+        if version >= 3 and puffin == len(files):
+            return {**base, "skipped": "deletion vectors only (one per data file; compaction applies them)"}
+        if version == 2 and file_scoped == len(files):
+            return {**base, "skipped": "file-scoped deletes only (one per data file; compaction applies them)"}
+        # After rewrite_data_files, partition-scoped deletes may point only at files it replaced.
+        # Its remove-dangling-deletes cannot tell (it compares sequence numbers, and the new files
+        # keep the rewrite's starting one); rewriting every delete file filters such rows out.
+        rewrite_all = "true" if rewrote_data else "false"
+        options = f"map('min-input-files', '{settings.min_input_files}', 'rewrite-all', '{rewrite_all}')"
+        row = _first_row(self._call(spark, catalog, "rewrite_position_delete_files", table=_sql_string(target),
+                                    options=options))
+        return {**base, "rewritten_delete_files": _count(row, "rewritten_delete_files_count"),
+                "added_delete_files": _count(row, "added_delete_files_count"),
                 "rewritten_bytes": _count(row, "rewritten_bytes_count"),
-                "failed_data_files": _count(row, "failed_data_files_count"),
-                "removed_delete_files": _count(row, "removed_delete_files_count")}
+                "added_bytes": _count(row, "added_bytes_count")}
 
     def _rewrite_manifests(self, spark: Any, catalog: str, target: str, table: Any,
                            settings: Settings) -> dict[str, Any]:
@@ -337,10 +421,22 @@ def _small_shuffles(spark: Any) -> None:
         spark.conf.set("spark.sql.shuffle.partitions", str(max(1, spark.sparkContext.defaultParallelism)))
 
 
-def _data_files(snapshot: Any) -> int | None:
+def _has_map_or_list(schema: Any) -> bool:
+    """Whether a pyiceberg schema has a map or list anywhere: Iceberg 1.10's position_deletes
+    metadata table (what rewrite_position_delete_files reads) builds an identity partition spec
+    over the table's columns, and that refuses fields inside a map or list ("Invalid partition
+    field parent: map<string, binary>")."""
+    from pyiceberg.schema import index_by_id
+    from pyiceberg.types import ListType, MapType
+
+    return any(isinstance(field.field_type, ListType | MapType) for field in index_by_id(schema).values())
+
+
+def _total(snapshot: Any, key: str) -> int | None:
+    """A ``total-*`` count of a snapshot's summary (``total-data-files``, ``total-delete-files``)."""
     if snapshot is None or snapshot.summary is None:
         return None
-    value = snapshot.summary.get("total-data-files")
+    value = snapshot.summary.get(key)
     return int(value) if value is not None else None
 
 
@@ -350,7 +446,11 @@ def _summary(action: str, done: dict[str, Any]) -> str:
     if "skipped" in done:
         return f"skipped ({done['skipped']})"
     if action == "compact":
-        return f"{done['rewritten_data_files']} data files -> {done['added_data_files']}"
+        deletes = done.get("position_deletes") or {}
+        tail = (f", {deletes['rewritten_delete_files']} position delete files -> {deletes['added_delete_files']}"
+                if deletes.get("rewritten_delete_files") else "")
+        removed = f", {done['removed_delete_files']} delete files applied" if done.get("removed_delete_files") else ""
+        return f"{done['rewritten_data_files']} data files -> {done['added_data_files']}{removed}{tail}"
     if action == "manifests":
         return f"{done['rewritten_manifests']} manifests -> {done['added_manifests']}"
     if action == "expire":

@@ -3,14 +3,16 @@
 Where each value comes from, first match wins:
 
 1. the job's flag (``--target-file-size-bytes``, ``--strategy``, ``--min-input-files``,
-   ``--expire-older-than-hours``, ``--retain-last``, ``--orphan-older-than-days``);
+   ``--delete-file-threshold``, ``--expire-older-than-hours``, ``--retain-last``, ``--orphan-older-than-days``);
 2. the table topic's config (``automq.table.topic.expire.snapshot.*``, declared by the broker
    with AutoMQ's defaults: enabled, older than 1 h, keep 1; and the ``automq.table.topic.
    maintenance.*`` keys below, unset by default);
 3. the table's properties (``write.target-file-size-bytes``, Iceberg's own key, which Spark's
    writers use too; ``icefall.maintenance.*``);
 4. S3 Tables' defaults: target file size 512 MiB, strategy ``auto`` (binpack; sort when the
-   table has a sort order; z-order when z-order columns are configured), unreferenced files removed after 3 days.
+   table has a sort order; z-order when z-order columns are configured), unreferenced files removed after 3 days,
+   and any data file with a delete file rewritten (delete file threshold 1: S3 Tables' compaction
+   "applies the effects of row-level deletes").
 
 S3 Tables' snapshot defaults (keep at least 1 snapshot, expire those older than 120 h) are
 not used: the topic configs always carry a value (AutoMQ's 1 h / 1), and they win.
@@ -41,6 +43,7 @@ TOPIC_TARGET_FILE_SIZE = TOPIC + "maintenance.target.file.size.bytes"
 TOPIC_STRATEGY = TOPIC + "maintenance.compaction.strategy"
 TOPIC_ORPHAN_DAYS = TOPIC + "maintenance.unreferenced.days"
 TOPIC_ZORDER_COLUMNS = TOPIC + "maintenance.compaction.zorder.columns"
+TOPIC_DELETE_FILE_THRESHOLD = TOPIC + "maintenance.compaction.delete.file.threshold"
 
 # Table properties.
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # Iceberg's key; its default is 512 MiB too
@@ -49,6 +52,13 @@ MIN_INPUT_FILES_PROPERTY = "icefall.maintenance.compaction.min-input-files"
 ICEBERG_MIN_INPUT_FILES = 5  # rewrite_data_files' own default: fewer small files in a group are left alone
 ORPHAN_DAYS_PROPERTY = "icefall.maintenance.unreferenced-days"
 ZORDER_COLUMNS_PROPERTY = "icefall.maintenance.compaction.zorder-columns"
+DELETE_FILE_THRESHOLD_PROPERTY = "icefall.maintenance.compaction.delete-file-threshold"
+# rewrite_data_files' delete-file-threshold: a data file with at least this many delete files is
+# rewritten (its deletes applied) even when its size is fine. Iceberg's own default never does
+# (Integer.MAX_VALUE; only its delete-ratio-threshold, 30 % of the rows deleted, applies). An upsert
+# table's readers pay for every delete file on every scan, and S3 Tables' compaction applies pending
+# deletes, so: 1. Raise it where rewriting a large file for a few deleted rows costs more than it saves.
+DEFAULT_DELETE_FILE_THRESHOLD = 1
 
 AUTO, BINPACK, SORT, ZORDER = "auto", "binpack", "sort", "zorder"
 STRATEGIES = (AUTO, BINPACK, SORT, ZORDER)
@@ -80,6 +90,7 @@ class Settings:
     orphan_older_than_days: float
     sources: dict[str, str]  # setting -> flag / topic config / table property / default
     zorder_columns: tuple[str, ...] = ()  # z-order compaction interleaves these columns' values
+    delete_file_threshold: int = DEFAULT_DELETE_FILE_THRESHOLD  # see DEFAULT_DELETE_FILE_THRESHOLD
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +126,8 @@ def resolve(topic_configs: Mapping[str, str], table_properties: Mapping[str, str
                       str(S3_TABLES_TARGET_FILE_SIZE_BYTES)))
     strategy = pick("strategy", TOPIC_STRATEGY, STRATEGY_PROPERTY, AUTO).strip().lower()
     min_input = int(pick("min_input_files", None, MIN_INPUT_FILES_PROPERTY, str(ICEBERG_MIN_INPUT_FILES)))
+    delete_threshold = int(pick("delete_file_threshold", TOPIC_DELETE_FILE_THRESHOLD, DELETE_FILE_THRESHOLD_PROPERTY,
+                                str(DEFAULT_DELETE_FILE_THRESHOLD)))
     enabled = _truthy(pick("expire_enabled", EXPIRE_ENABLED, None, _topic_default(EXPIRE_ENABLED, "true")))
     hours = float(pick("expire_older_than_hours", EXPIRE_OLDER_THAN_HOURS, None,
                        _topic_default(EXPIRE_OLDER_THAN_HOURS, "1")))
@@ -131,11 +144,13 @@ def resolve(topic_configs: Mapping[str, str], table_properties: Mapping[str, str
                          f"property {ZORDER_COLUMNS_PROPERTY})")
     if min_input < 1:
         raise ValueError(f"min input files must be at least 1, got {min_input}")
+    if delete_threshold < 1:
+        raise ValueError(f"delete file threshold must be at least 1, got {delete_threshold}")
     if retain < 1:
         raise ValueError(f"retain last must be at least 1, got {retain}")
     if hours < 0 or days < 0:
         raise ValueError("snapshot age and orphan age must not be negative")
-    return Settings(target, strategy, min_input, enabled, hours, retain, days, sources, zorder)
+    return Settings(target, strategy, min_input, enabled, hours, retain, days, sources, zorder, delete_threshold)
 
 
 def parse_columns(text: str) -> tuple[str, ...]:

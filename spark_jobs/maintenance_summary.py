@@ -27,6 +27,12 @@ def _number(per_action: Mapping[str, Any], action: str, key: str) -> int | None:
     return int(done[key])
 
 
+def _nested(per_action: Mapping[str, Any], action: str, part: str, key: str) -> int | None:
+    """A counter of a step inside an action (``compact`` -> ``position_deletes``)."""
+    done = per_action.get(action)
+    return _number(done, part, key) if isinstance(done, Mapping) else None
+
+
 def summarize(result: Mapping[str, Any]) -> dict[str, Any]:
     """The short form of a maintenance result JSON (``MaintenanceResult.to_json()``)."""
     per_action: Mapping[str, Any] = result.get("per_action") or {}
@@ -44,6 +50,11 @@ def summarize(result: Mapping[str, Any]) -> dict[str, Any]:
         "rewritten_data_files": _number(per_action, "compact", "rewritten_data_files"),
         "added_data_files": _number(per_action, "compact", "added_data_files"),
         "rewritten_bytes": _number(per_action, "compact", "rewritten_bytes"),
+        "delete_files_before": result.get("delete_files_before"),
+        "delete_files_after": result.get("delete_files_after"),
+        "rewritten_position_delete_files": _nested(per_action, "compact", "position_deletes",
+                                                   "rewritten_delete_files"),
+        "added_position_delete_files": _nested(per_action, "compact", "position_deletes", "added_delete_files"),
         "rewritten_manifests": _number(per_action, "manifests", "rewritten_manifests"),
         "snapshots_expired": _number(per_action, "expire", "snapshots_expired"),
         "expired_data_files_deleted": _number(per_action, "expire", "deleted_data_files"),
@@ -70,10 +81,13 @@ def from_properties(properties: Mapping[str, str]) -> dict[str, Any] | None:
 
 
 def one_line(summary: Mapping[str, Any]) -> str:
-    """For logs and the status view: ``12 -> 2 data files, 3 snapshots expired, 0 orphans removed``."""
+    """For logs and the status view: ``compacted 12 -> 2 data files; 4 -> 0 delete files; 3 snapshots
+    expired; 0 orphans removed``."""
     parts = []
     if summary.get("rewritten_data_files") is not None:
         parts.append(f"compacted {summary['rewritten_data_files']} -> {summary.get('added_data_files')} data files")
+    if summary.get("delete_files_before") and summary.get("delete_files_after") is not None:
+        parts.append(f"{summary['delete_files_before']} -> {summary['delete_files_after']} delete files")
     if summary.get("snapshots_expired") is not None:
         parts.append(f"{summary['snapshots_expired']} snapshots expired")
     if summary.get("orphans_removed") is not None:

@@ -151,7 +151,8 @@ def test_every_topic_key_the_maintenance_job_reads_is_declared() -> None:
     from spark_jobs import maintenance_settings as ms
 
     for key in (ms.EXPIRE_ENABLED, ms.EXPIRE_OLDER_THAN_HOURS, ms.EXPIRE_RETAIN_LAST,
-                ms.TOPIC_TARGET_FILE_SIZE, ms.TOPIC_STRATEGY, ms.TOPIC_ORPHAN_DAYS, ms.TOPIC_ZORDER_COLUMNS):
+                ms.TOPIC_TARGET_FILE_SIZE, ms.TOPIC_STRATEGY, ms.TOPIC_ORPHAN_DAYS, ms.TOPIC_ZORDER_COLUMNS,
+                ms.TOPIC_DELETE_FILE_THRESHOLD):
         assert key in topic_configs.KEYS, key
 
 

@@ -266,6 +266,40 @@ def test_zorder_settings() -> None:
         resolve({"automq.table.topic.maintenance.compaction.strategy": "zorder"}, {})
 
 
+def test_delete_file_threshold_settings() -> None:
+    from broker.topic_configs import InvalidConfigError, validate
+
+    key = "automq.table.topic.maintenance.compaction.delete.file.threshold"
+    assert resolve({}, {}).delete_file_threshold == 1
+    assert resolve({key: "4"}, {"icefall.maintenance.compaction.delete-file-threshold": "9"}).delete_file_threshold == 4
+    assert resolve({key: ""}, {"icefall.maintenance.compaction.delete-file-threshold": "9"}).delete_file_threshold == 9
+    assert resolve({key: "4"}, {}, {"delete_file_threshold": 2}).sources["delete_file_threshold"] == "flag"
+    with pytest.raises(ValueError, match="delete file threshold"):
+        resolve({}, {}, {"delete_file_threshold": 0})
+    assert validate(key, " 12 ") == "12" and validate(key, "") == ""
+    for bad in ("0", "ten", str(2**31)):
+        with pytest.raises(InvalidConfigError, match=key):
+            validate(key, bad)
+
+
+def test_position_deletes_cannot_be_read_from_tables_with_maps_or_lists() -> None:
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import (
+        BinaryType,
+        ListType,
+        LongType,
+        MapType,
+        NestedField,
+        StringType,
+        StructType,
+    )
+
+    nested_map = StructType(NestedField(2, "headers", MapType(3, StringType(), 4, BinaryType()), required=False))
+    assert maintenance._has_map_or_list(Schema(NestedField(1, "meta", nested_map, required=False)))
+    assert maintenance._has_map_or_list(Schema(NestedField(1, "tags", ListType(2, StringType()), required=False)))
+    assert not maintenance._has_map_or_list(Schema(NestedField(1, "id", LongType(), required=False)))
+
+
 def test_zorder_compaction_keeps_the_rows(spark: Any, round_broker: BrokerProcess) -> None:
     """Columns from the topic config (set with a Kafka admin client at creation); Iceberg's sort
     strategy with a zorder(...) sort order rewrites the files."""
@@ -282,3 +316,173 @@ def test_zorder_compaction_keeps_the_rows(spark: Any, round_broker: BrokerProces
     assert compact["rewritten_data_files"] == files_before and compact["added_data_files"] >= 1
     assert pyiceberg_rows(round_broker, topic) == rows_before == spark_rows(spark, round_broker, topic)
     assert len(rows_before) == sent
+
+
+def data_files_only(broker: BrokerProcess, topic: str) -> int:
+    return len(table(broker, topic).inspect.data_files())
+
+
+def delete_files(broker: BrokerProcess, topic: str) -> list[dict[str, Any]]:
+    return list(table(broker, topic).inspect.delete_files().select(["file_path", "record_count"]).to_pylist())
+
+
+def applying_deletes(broker: BrokerProcess, topic: str) -> list[str]:
+    """The live delete files that can still apply to a live data file: a position delete applies
+    only to data files with a data sequence number at most its own (Iceberg's spec)."""
+    entries = table(broker, topic).inspect.entries().select(["status", "sequence_number", "data_file"]).to_pylist()
+    live = [e for e in entries if e["status"] < 2]
+    oldest_data = min((e["sequence_number"] for e in live if e["data_file"]["content"] == 0), default=None)
+    return [e["data_file"]["file_path"] for e in live if e["data_file"]["content"] != 0
+            and oldest_data is not None and e["sequence_number"] >= oldest_data]
+
+
+def upsert_rounds(spark: Any, broker: BrokerProcess, topic: str, producer: AvroProducer) -> dict[int, int]:
+    """Four upsert rounds with repeated keys and a tombstone; returns the expected id -> score."""
+    from confluent_kafka import Producer
+
+    def keyed(c: dict[str, Any]) -> str:
+        return str(c["id"])
+
+    producer.send(clicks(0, 30), key=keyed)
+    assert run_round(spark, broker, topic).status == "committed"
+    producer.send([{**c, "score": 100 + c["id"]} for c in clicks(0, 10)], key=keyed)
+    assert run_round(spark, broker, topic).status == "committed"
+    producer.send([{**c, "score": 200 + c["id"]} for c in clicks(5, 10)] + clicks(30, 5), key=keyed)
+    assert run_round(spark, broker, topic).status == "committed"
+    raw = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+    raw.produce(topic, key=b"20", value=None)
+    assert raw.flush(30) == 0
+    producer.send([{**c, "score": 300 + c["id"]} for c in clicks(12, 2)], key=keyed)
+    assert run_round(spark, broker, topic).status == "committed"
+    expected = {i: i % 100 for i in range(35) if i != 20}
+    expected.update({i: 100 + i for i in range(5)})
+    expected.update({i: 200 + i for i in range(5, 15)})
+    expected.update({12: 312, 13: 313})
+    return expected
+
+
+def test_compaction_of_an_upsert_table_applies_its_deletes_and_the_next_round_merges(
+        spark: Any, round_broker: BrokerProcess, tmp_path: Path) -> None:
+    from tests.spark_jobs.test_round_upsert import UPSERT, three_readers
+
+    topic = new_topic(round_broker, partitions=1, configs=UPSERT)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    expected = upsert_rounds(spark, round_broker, topic, producer)
+    rows_before = three_readers(spark, round_broker, topic)
+    assert {i: s for i, s, _ in rows_before} == expected
+    deletes_before = delete_files(round_broker, topic)
+    files_before = data_files_only(round_broker, topic)
+    assert deletes_before and all(d["content"] == 1 for d in table(round_broker, topic).inspect.delete_files()
+                                  .select(["content"]).to_pylist())  # position deletes (v2)
+    checkpoint_before = checkpoint.read_checkpoint(table(round_broker, topic).metadata)
+
+    out = maintain(spark, round_broker, topic, "--actions", "compact", result=tmp_path / "m.json")
+    assert out.result is not None
+    compact = out.result.actions["compact"]
+    assert compact["delete_file_threshold"] == 1
+    assert out.result.settings["sources"]["delete_file_threshold"] == "default"
+    assert compact["rewritten_data_files"] == files_before
+    assert data_files_only(round_broker, topic) == compact["added_data_files"] < files_before
+    # every delete is applied: none can apply to the compacted files any more (Iceberg drops the
+    # older ones in the rewrite's commit; the newest round's stay listed, see README)
+    assert applying_deletes(round_broker, topic) == []
+    left = {d["file_path"] for d in delete_files(round_broker, topic)}
+    assert left < {d["file_path"] for d in deletes_before} and out.result.delete_files_after == len(left)
+    assert out.result.delete_files_before == len(deletes_before)
+    assert compact["position_deletes"]["rewritten_delete_files"] == 0
+    assert three_readers(spark, round_broker, topic) == rows_before
+    written = json.loads((tmp_path / "m.json").read_text())
+    assert (written["delete_files_before"], written["delete_files_after"]) == (len(deletes_before), len(left))
+    recorded = maintenance_summary.from_properties(table(round_broker, topic).properties)
+    assert recorded is not None and (recorded["delete_files_before"], recorded["delete_files_after"]) == (
+        len(deletes_before), len(left))
+    assert f"{len(deletes_before)} -> {len(left)} delete files" in maintenance_summary.one_line(recorded)
+
+    # the next upsert round continues from the checkpoint and merges into the compacted files
+    producer.send([{**c, "score": 400 + c["id"]} for c in clicks(0, 3)] + clicks(40, 1),
+                  key=lambda c: str(c["id"]))
+    nxt = run_round(spark, round_broker, topic)
+    assert nxt.status == "committed" and nxt.offsets_before == checkpoint_before.offsets and nxt.rows == 4
+    expected.update({0: 400, 1: 401, 2: 402, 40: 40})
+    assert {i: s for i, s, _ in three_readers(spark, round_broker, topic)} == expected
+
+
+def test_the_delete_file_threshold_decides_which_files_compaction_rewrites_for_their_deletes(
+        spark: Any, round_broker: BrokerProcess) -> None:
+    """With the threshold (a topic config) above the files' delete count and too few small data
+    files to be worth compacting, ``rewrite_data_files`` leaves the upsert table alone and its
+    delete files stay (``rewrite_position_delete_files`` cannot read a table topic with Iceberg
+    1.10: skipped with the reason). The flag's threshold 1 then applies every delete."""
+    from tests.spark_jobs.test_round_upsert import UPSERT, three_readers
+
+    topic = new_topic(round_broker, partitions=1, configs={
+        **UPSERT, "automq.table.topic.maintenance.compaction.delete.file.threshold": "1000"})
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 30), key=lambda c: str(c["id"]))
+    assert run_round(spark, round_broker, topic).status == "committed"
+    for n in range(2):
+        # two ids of the first file per round: under Iceberg's delete-ratio-threshold (30 % of a
+        # file's rows), so only the delete file count could make compaction rewrite it
+        producer.send([{**c, "score": 100 * (n + 1) + c["id"]} for c in clicks(n * 2, 2)],
+                      key=lambda c: str(c["id"]))
+        assert run_round(spark, round_broker, topic).status == "committed"
+    rows_before = three_readers(spark, round_broker, topic)
+    deletes_before = delete_files(round_broker, topic)
+    data_before = data_files_only(round_broker, topic)
+    assert len(deletes_before) >= 1
+
+    out = maintain(spark, round_broker, topic, "--actions", "compact", "--min-input-files", "100")
+    assert out.result is not None
+    compact = out.result.actions["compact"]
+    assert compact["delete_file_threshold"] == 1000 and compact["rewritten_data_files"] == 0
+    assert out.result.settings["sources"]["delete_file_threshold"].startswith("topic config")
+    deletes = compact["position_deletes"]
+    assert deletes["position_delete_files"] == len(deletes_before) and deletes["rewritten_delete_files"] == 0
+    assert "_kafka_headers" in deletes["skipped"]
+    assert len(delete_files(round_broker, topic)) == len(deletes_before)
+    assert out.result.delete_files_after == out.result.delete_files_before == len(deletes_before)
+
+    out = maintain(spark, round_broker, topic, "--actions", "compact", "--min-input-files", "100",
+                   "--delete-file-threshold", "1")
+    assert out.result is not None and out.result.settings["sources"]["delete_file_threshold"] == "flag"
+    assert out.result.actions["compact"]["rewritten_data_files"] == data_before
+    assert applying_deletes(round_broker, topic) == []  # all applied (the newest stays listed, see README)
+    assert three_readers(spark, round_broker, topic) == rows_before
+
+
+def test_rewrite_position_delete_files_runs_where_iceberg_can_and_skips_deletion_vectors(
+        spark: Any, tmp_path: Path) -> None:
+    """Tables without map or list columns, on Spark's own Hadoop catalog (a table topic always
+    has ``_kafka_headers``; the broker's catalog keeps v2 tables only): partition-scoped v2
+    position deletes are bin-packed into one file; a v3 table's deletion vectors are left alone."""
+    from pyiceberg.table import StaticTable
+
+    spark.conf.set("spark.sql.catalog.pdtest", "org.apache.iceberg.spark.SparkCatalog")
+    spark.conf.set("spark.sql.catalog.pdtest.type", "hadoop")
+    spark.conf.set("spark.sql.catalog.pdtest.warehouse", f"file://{tmp_path}")
+    job = object.__new__(maintenance.Maintenance)  # the step needs no broker
+    settings = resolve({}, {}, {"min_input_files": 2})
+    for version, granularity in (("2", "partition"), ("3", "file")):
+        name = f"t{version}"
+        props = {"format-version": version, "write.merge.mode": "merge-on-read",
+                 "write.delete.granularity": granularity}
+        spark.sql(f"CREATE TABLE pdtest.db.{name} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES ("
+                  + ", ".join(f"'{k}'='{v}'" for k, v in props.items()) + ")")
+        spark.sql(f"INSERT INTO pdtest.db.{name} SELECT id, 'a' FROM range(0, 20)")
+        for n in range(3):
+            spark.sql(f"MERGE INTO pdtest.db.{name} t USING (SELECT {n} AS id, 'b' AS v) s ON t.id = s.id "
+                      "WHEN MATCHED THEN UPDATE SET t.v = s.v")
+        rows = sorted(tuple(r) for r in spark.sql(f"SELECT id, v FROM pdtest.db.{name}").collect())
+        metadata = max((tmp_path / "db" / name / "metadata").glob("v*.metadata.json"),
+                       key=lambda p: int(p.name.split(".")[0].removeprefix("v")))
+        tbl = StaticTable.from_metadata(str(metadata))
+        done = job._rewrite_position_deletes(spark, "pdtest", f"`db`.`{name}`", tbl, settings, rewrote_data=False)
+        after = spark.sql(f"SELECT file_format FROM pdtest.db.{name}.delete_files").collect()
+        if version == "2":
+            assert done["position_delete_files"] == 3 and "skipped" not in done, done
+            assert (done["rewritten_delete_files"], done["added_delete_files"]) == (3, 1) and len(after) == 1
+        else:
+            assert done["deletion_vectors"] == done["position_delete_files"] >= 1, done
+            assert done["skipped"].startswith("deletion vectors only") and done["rewritten_delete_files"] == 0
+            assert {r["file_format"] for r in after} == {"PUFFIN"}
+        assert sorted(tuple(r) for r in spark.sql(f"SELECT id, v FROM pdtest.db.{name}").collect()) == rows
