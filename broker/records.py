@@ -161,6 +161,19 @@ def _field_varint(body: memoryview, pos: int, end: int) -> tuple[int, int] | Non
     return (raw >> 1) ^ -(raw & 1), pos
 
 
+def _sized_field(body: memoryview, pos: int, end: int, index: int, name: str,
+                 minimum: int) -> tuple[int, int] | str:
+    """A length or count varint at ``pos`` and the position after it, or what is wrong with it:
+    it runs past the record, or is below ``minimum`` or more than the bytes left."""
+    got = _field_varint(body, pos, end)
+    if got is None:
+        return f"record {index}: {name} runs past the record"
+    value, after = got
+    if value < minimum or value > end - after:
+        return f"record {index}: {name} {value} does not fit the record"
+    return got
+
+
 def _record_problem(body: memoryview, pos: int, end: int, index: int) -> str | None:
     """What is wrong with the fields of record ``index`` in body[pos:end], or None.
     The same walk as the C one (broker/_gate.c, record_framing_problem)."""
@@ -182,19 +195,14 @@ def _record_problem(body: memoryview, pos: int, end: int, index: int) -> str | N
     if key_length < -1 or key_length > end - pos:
         return f"record {index}: key length {key_length} does not fit the record"
     pos += max(key_length, 0)
-    got = _field_varint(body, pos, end)
-    if got is None:
-        return f"record {index}: value length runs past the record"
-    value_length, pos = got
-    if value_length < -1 or value_length > end - pos:
-        return f"record {index}: value length {value_length} does not fit the record"
-    pos += max(value_length, 0)
-    got = _field_varint(body, pos, end)
-    if got is None:
-        return f"record {index}: header count runs past the record"
-    header_count, pos = got
-    if header_count < 0 or header_count > end - pos:
-        return f"record {index}: header count {header_count} does not fit the record"
+    value = _sized_field(body, pos, end, index, "value length", -1)
+    if isinstance(value, str):
+        return value
+    pos = value[1] + max(value[0], 0)
+    headers = _sized_field(body, pos, end, index, "header count", 0)
+    if isinstance(headers, str):
+        return headers
+    header_count, pos = headers
     for _ in range(header_count):
         got = _field_varint(body, pos, end)
         if got is None or got[0] < 0 or got[0] > end - got[1]:

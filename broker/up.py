@@ -94,7 +94,7 @@ class AirflowStack:
         self.port = port
         self.url = f"http://{config.advertised}:{port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.pool_sync: subprocess.Popen[bytes] | None = None
+        self.db_sync: subprocess.Popen[bytes] | None = None
         self.manifest = config.manifest_path
         self.manifest_mtime = -1.0
         self.sync_again_at = 0.0
@@ -191,14 +191,14 @@ class AirflowStack:
     def sync(self) -> None:
         """Pools and paused DAGs (``icefall_airflow.sync``) when the manifest changed, one run at a
         time in the background; again every few seconds while it reports DAGs not parsed yet."""
-        if self.pool_sync is not None:
-            if self.pool_sync.poll() is None:
+        if self.db_sync is not None:
+            if self.db_sync.poll() is None:
                 return
-            if self.pool_sync.returncode == SYNC_PENDING:
+            if self.db_sync.returncode == SYNC_PENDING:
                 if time.monotonic() < self.sync_again_at:
                     return
                 self.manifest_mtime = -1.0  # the DAG processor may have parsed them by now
-            self.pool_sync = None
+            self.db_sync = None
         try:
             mtime = self.manifest.stat().st_mtime
         except FileNotFoundError:
@@ -208,13 +208,13 @@ class AirflowStack:
         self.manifest_mtime = mtime
         self.sync_again_at = time.monotonic() + SYNC_RETRY_S
         with self._log("sync") as log:
-            self.pool_sync = subprocess.Popen([sys.executable, "-m", "icefall_airflow.sync"], env=self.env,
+            self.db_sync = subprocess.Popen([sys.executable, "-m", "icefall_airflow.sync"], env=self.env,
                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
         """The API server goes last: running tasks talk to it (execution API) until they are stopped."""
         first = [p for name, p in self.procs.items() if name != "api-server"]
-        first += [self.pool_sync] if self.pool_sync is not None else []
+        first += [self.db_sync] if self.db_sync is not None else []
         for proc in first:  # in parallel: the scheduler's group holds its workers and their spark-submits
             _signal_group(proc, signal.SIGTERM)
         for proc in first:

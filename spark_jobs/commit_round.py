@@ -310,15 +310,11 @@ class CommitRound:
         }
         round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)
         executor = "driver" if round_bytes <= self.args.in_driver_max_bytes else "spark"
-        started = time.monotonic()
         try:
-            if executor == "driver":
-                output = run_in_driver(spec, plan.ranges)
-            else:
-                spark = self.spark()
-                started = time.monotonic()
-                output = run_tasks(spark, spec, round_plan.task_groups(plan.ranges,
-                                                                       spark.sparkContext.defaultParallelism))
+            spark = self.spark() if executor == "spark" else None  # its start-up is timed on its own
+            started = time.monotonic()
+            output = run_in_driver(spec, plan.ranges) if spark is None else run_tasks(
+                spark, spec, round_plan.task_groups(plan.ranges, spark.sparkContext.defaultParallelism))
         except Exception:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise

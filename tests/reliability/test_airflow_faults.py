@@ -155,7 +155,7 @@ def system(tmp_path: Path) -> Iterator[tuple[BrokerProcess, Airflow]]:
         stack.start()
         password = stack.wait_ready(should_stop=lambda: False)
         assert password, "the API server generated no admin password"
-        wait_for(lambda: stack.pool_sync is not None and stack.pool_sync.poll() == 0, 120,
+        wait_for(lambda: stack.db_sync is not None and stack.db_sync.poll() == 0, 120,
                  what="the table's pool to be created")
         yield broker, Airflow(stack, password)
     finally:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -79,6 +80,23 @@ def run_round(spark: Any, broker: BrokerProcess, topic: str, *extra: str) -> Rou
     code, result = commit_round.run(round_args(broker, topic, None, *extra), spark)
     assert (code == 0) == (result.status != "failed"), result
     return result
+
+
+class SimulatedCrash(BaseException):
+    """Not an ``Exception``: the round's error handling (branch cleanup) never sees it, as after kill -9."""
+
+
+def crash_round_at(point: str, spark: Any, broker: BrokerProcess, topic: str,
+                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run a round in this process that stops dead at the kill point ``point``."""
+    def crash(name: str) -> None:
+        if name == point:
+            raise SimulatedCrash(name)
+
+    monkeypatch.setattr(commit_round, "_kill_point", crash)
+    with pytest.raises(SimulatedCrash):
+        commit_round.run(round_args(broker, topic), spark)
+    monkeypatch.undo()
 
 
 def run_round_process(broker: BrokerProcess, topic: str, result: Path, *extra: str,

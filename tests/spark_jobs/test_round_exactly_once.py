@@ -21,6 +21,7 @@ from tests.conftest import MotoS3
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
+    crash_round_at,
     new_topic,
     round_args,
     run_round,
@@ -36,10 +37,6 @@ def round_branches(broker: BrokerProcess, topic: str) -> list[str]:
     return [r for r in table(broker, topic).metadata.refs if r.startswith(checkpoint.ROUND_BRANCH_PREFIX)]
 
 
-class SimulatedCrash(BaseException):
-    """Not an ``Exception``: the round's error handling (branch cleanup) never sees it, as after kill -9."""
-
-
 @pytest.mark.parametrize("point", ["before_write", "after_write", "before_publish", "after_publish"])
 def test_a_round_crashing_at_each_point_then_rerun_commits_each_record_once(
         point: str, spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,14 +46,7 @@ def test_a_round_crashing_at_each_point_then_rerun_commits_each_record_once(
     run_round(spark, round_broker, topic)  # the table exists and holds a first round
     producer.send(clicks(50, 70))
 
-    def crash(name: str) -> None:
-        if name == point:
-            raise SimulatedCrash(name)
-
-    monkeypatch.setattr(commit_round, "_kill_point", crash)
-    with pytest.raises(SimulatedCrash):
-        commit_round.run(round_args(round_broker, topic), spark)
-    monkeypatch.undo()
+    crash_round_at(point, spark, round_broker, topic, monkeypatch)
     assert len(table_offsets(round_broker, topic)) == (120 if point == "after_publish" else 50)
 
     rerun = run_round(spark, round_broker, topic)

@@ -14,8 +14,8 @@ from spark_jobs import commit_round, upsert
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
+    crash_round_at,
     new_topic,
-    round_args,
     run_round,
     table,
 )
@@ -243,7 +243,7 @@ def test_append_rounds_on_a_v3_table_with_dlq_records(spark: Any, round_broker: 
                                                ("after_publish", "2"), ("before_publish", "3")])
 def test_an_upsert_round_crashing_then_rerun_merges_each_record_once(
         point: str, version: str, spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.spark_jobs.test_round_exactly_once import SimulatedCrash, round_branches
+    from tests.spark_jobs.test_round_exactly_once import round_branches
 
     topic = new_topic(round_broker, partitions=2, configs={**UPSERT, "automq.table.topic.format.version": version})
     producer = AvroProducer(round_broker, topic, CLICK_V1)
@@ -252,14 +252,7 @@ def test_an_upsert_round_crashing_then_rerun_merges_each_record_once(
     producer.send([{**c, "score": 1000 + c["id"]} for c in clicks(20, 20)], key=lambda c: str(c["id"]))
     before = by_id(round_broker, topic)
 
-    def crash(name: str) -> None:
-        if name == point:
-            raise SimulatedCrash(name)
-
-    monkeypatch.setattr(commit_round, "_kill_point", crash)
-    with pytest.raises(SimulatedCrash):
-        commit_round.run(round_args(round_broker, topic), spark)
-    monkeypatch.undo()
+    crash_round_at(point, spark, round_broker, topic, monkeypatch)
     if point != "after_publish":
         assert by_id(round_broker, topic) == before and round_branches(round_broker, topic)
     rerun = run_round(spark, round_broker, topic)
