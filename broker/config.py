@@ -132,11 +132,13 @@ class BrokerConfig(BaseModel):
         return f"http://{self.advertised}:{self.registry_port}"
 
 
-def object_store_from_env(url: str) -> ObjectStoreConfig:
-    """Build the object store settings from a URL plus the usual AWS variables."""
+def object_store_from_env(url: str, default_endpoint_url: str | None = None) -> ObjectStoreConfig:
+    """Build the object store settings from a URL plus the usual AWS variables (the endpoint
+    variables win over ``default_endpoint_url``, e.g. the one the broker's /v1/cluster names)."""
     return ObjectStoreConfig(
         url=url,
-        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        or default_endpoint_url,
         region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
         access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
         secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),

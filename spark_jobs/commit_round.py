@@ -202,10 +202,8 @@ class CommitRound:
         self.registry = RegistryClient(cluster["registry_url"])
         self.catalog_url = args.catalog_url or cluster["catalog_url"]
         self.catalog = table_setup.catalog_for(self.catalog_url)
-        store = object_store_from_env(cluster["object_store"])
-        if store.endpoint_url is None and cluster.get("object_store_endpoint"):
-            store = store.model_copy(update={"endpoint_url": cluster["object_store_endpoint"]})
-        self.store: ObjectStoreConfig = store
+        self.store: ObjectStoreConfig = object_store_from_env(cluster["object_store"],
+                                                              cluster.get("object_store_endpoint"))
         self.options = table_setup.TableOptions.of(self.topic)
         self.upsert = upsert.UpsertOptions.of(self.topic)
         self.json = self.options.value_type == "json"
@@ -298,7 +296,7 @@ class CommitRound:
         create_branch(self.catalog, table, self.branch, parent)
         metadata_json = (table.metadata.model_dump_json() if not staging
                          else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan),
-                                                           text_value=self.json))
+                                                           text_value=self.json, relax=self.staging))
         spec = TaskSpec(self.store, metadata_json, tuple(sorted(table.io.properties.items())),
                         self.options.key_type, "string" if self.json else self.options.value_type, self.registry.url,
                         tuple(sorted(self.registry.known().items())))

@@ -15,7 +15,11 @@ twice moves nothing twice: the second run no longer finds the moved rows.
 The table's offsets checkpoint is not touched (these offsets were committed
 by the round that sent them to the DLQ).
 
-The DLQ holds few rows, so the driver does the work; Spark is not started.
+The DLQ holds few rows, so the driver decodes them. An append table (format
+v2) gets them with a pyiceberg append and Spark is not started. An upsert/CDC
+table gets a Spark MERGE on its id columns that takes a DLQ record only if no
+later record of its id has been committed since (``_write_with_spark``), and a
+format v3 table a Spark append (pyiceberg 0.12 writes no v3 manifests).
 """
 
 from __future__ import annotations
@@ -32,20 +36,24 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 
 from broker import checkpoint
-from broker.config import object_store_from_env
+from broker.config import ObjectStoreConfig, object_store_from_env
 from spark_jobs import dlq, job_output, table_setup, upsert
 from spark_jobs.avro_decode import wire_schema_id
-from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient
+from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
     BranchHead,
     branch_name,
     create_branch,
+    drop_branch,
     main_snapshot_id,
     publish,
     round_snapshot,
 )
+from spark_jobs.round_tasks import TaskSpec, run_in_driver
 from spark_jobs.rows import RowConverter
 from spark_jobs.segments import SegmentRange, cached_store, ranges_from_admin, read_ranges
 
@@ -61,6 +69,7 @@ class ReprocessResult:
     dlq_rows: int = 0
     moved: int = 0
     still_bad: int = 0
+    superseded: int = 0  # upsert tables: moved out of the DLQ, but a later record of the id had already won
     snapshot_id: int | None = None
     dlq_snapshot_id: int | None = None
     schema_changes: list[str] = field(default_factory=list)
@@ -90,95 +99,212 @@ def _dlq_filter(topic: str, by_partition: dict[int, list[int]]) -> str:
     return f"topic = {_literal(topic)} AND ({either})"
 
 
-def reprocess(args: argparse.Namespace) -> ReprocessResult:
+@dataclass
+class _Job:
+    """What every reprocess path needs: the topic, its clients, and the DLQ offsets to retry."""
+
+    args: argparse.Namespace
+    topic: TableTopic
+    admin: AdminClient
+    registry: RegistryClient
+    catalog: Catalog
+    catalog_url: str
+    store_config: ObjectStoreConfig
+    options: table_setup.TableOptions
+    upsert: upsert.UpsertOptions | None
+    result: ReprocessResult
+    by_partition: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def wanted(self) -> set[tuple[int, int]]:
+        return {(p, o) for p, offsets in self.by_partition.items() for o in offsets}
+
+    def ranges(self, windows: list[tuple[int, int, int]]) -> list[SegmentRange]:
+        """(partition, start, end) windows -> the segment byte ranges that hold them."""
+        out: list[SegmentRange] = []
+        for p, start, end in windows:
+            out.extend(ranges_from_admin(self.admin.ranges(self.topic.topic, p, start, end)))
+        return out
+
+    def dlq_windows(self) -> list[tuple[int, int, int]]:
+        return [(p, a, b) for p, offsets in sorted(self.by_partition.items()) for a, b in _runs(offsets)]
+
+
+def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     admin = AdminClient(args.admin_url)
     cluster = admin.cluster()
     topic = admin.table_topic(args.topic)
-    registry = RegistryClient(cluster["registry_url"])
     catalog_url = args.catalog_url or cluster["catalog_url"]
-    catalog = table_setup.catalog_for(catalog_url)
-    store = cached_store(object_store_from_env(cluster["object_store"]))
-    options = table_setup.TableOptions.of(topic)
-    if upsert.UpsertOptions.of(topic) is not None:  # appending would add rows the table's ids already have
-        raise NotImplementedError(f"{topic.topic} is an upsert/CDC table topic: its DLQ records would have to be "
-                                  "merged by id, which reprocess does not do yet; nothing moved")
-    round_id = args.round_id or uuid.uuid4().hex
-    result = ReprocessResult("nothing_to_move", topic.topic, round_id)
-
+    store = object_store_from_env(cluster["object_store"], cluster.get("object_store_endpoint"))
+    job = _Job(args, topic, admin, RegistryClient(cluster["registry_url"]), table_setup.catalog_for(catalog_url),
+               catalog_url, store, table_setup.TableOptions.of(topic), upsert.UpsertOptions.of(topic),
+               ReprocessResult("nothing_to_move", topic.topic, args.round_id or uuid.uuid4().hex))
+    result = job.result
     dlq_ident = (topic.namespace, dlq.dlq_name(topic.table))
-    if not catalog.table_exists(dlq_ident) or not catalog.table_exists(topic.identifier):
+    if not job.catalog.table_exists(dlq_ident) or not job.catalog.table_exists(topic.identifier):
         result.message = "no DLQ table"
         return result
-    dlq_table = catalog.load_table(dlq_ident)
-    if catalog.load_table(topic.identifier).metadata.format_version >= 3:  # pyiceberg 0.12 appends to v2 only
-        raise NotImplementedError(f"{topic.table} is a format v3 table: reprocess appends with pyiceberg, which "
-                                  "writes no v3 manifests yet; nothing moved")
+    dlq_table = job.catalog.load_table(dlq_ident)
     bad = dlq_table.scan(row_filter=f"topic = {_literal(topic.topic)}",
                          selected_fields=("partition", "offset")).to_arrow()
     result.dlq_rows = bad.num_rows
     if not bad.num_rows:
         result.message = "the DLQ has no rows of this topic"
         return result
-    by_partition: dict[int, list[int]] = {}
     for p, o in zip(bad.column("partition").to_pylist(), bad.column("offset").to_pylist(), strict=True):
-        by_partition.setdefault(int(p), []).append(int(o))
+        job.by_partition.setdefault(int(p), []).append(int(o))
 
-    ranges: list[SegmentRange] = []
-    for p, offsets in sorted(by_partition.items()):
-        for start, end in _runs(offsets):
-            ranges.extend(ranges_from_admin(admin.ranges(topic.topic, p, start, end)))
-    chunks = list(read_ranges(store, ranges))
-    ids = {i for c in chunks for i in map(wire_schema_id, c.values) if i is not None}
-    table = catalog.load_table(topic.identifier)
-    evolved = table_setup.evolve(table, table_setup.value_schemas(registry, topic.topic, _known(registry, ids)),
-                                 options)
+    # evolve the table for every schema id of the DLQ records the registry can answer now
+    dlq_chunks = list(read_ranges(cached_store(store), job.ranges(job.dlq_windows())))
+    ids = {i for c in dlq_chunks for i in map(wire_schema_id, c.values) if i is not None}
+    table = job.catalog.load_table(topic.identifier)
+    evolved = table_setup.evolve(table, table_setup.value_schemas(job.registry, topic.topic,
+                                                                  _known(job.registry, ids)), job.options)
     result.schema_changes = evolved.applied
-    table = table_setup.ensure_base_snapshot(table.refresh())
-    converter = RowConverter(table.schema(), registry.avro_schema, key_type=options.key_type,
-                             value_type=options.value_type)
-    wanted = {(p, o) for p, offsets in by_partition.items() for o in offsets}
+    table = table.refresh()
+    v3 = table.metadata.format_version >= 3
+    if job.upsert is None and not v3:
+        heads, moved = _append_with_pyiceberg(job, table_setup.ensure_base_snapshot(table), dlq_chunks)
+    else:
+        if job.options.value_type == "json":
+            raise NotImplementedError(f"{topic.topic} has JSON values (convert.value.type=json) in an "
+                                      f"{'upsert' if job.upsert else 'format v3'} table: reprocess does not infer "
+                                      "their columns yet; nothing moved")
+        heads, moved = _write_with_spark(job, table, spark)
+    result.moved = sum(len(v) for v in moved.values())
+    if not moved:
+        result.message = f"none of the {result.dlq_rows} DLQ records decode yet"
+        return result
+
+    branch = branch_name(result.round_id)
+    properties = {checkpoint.ROUND_ID: result.round_id, REPROCESSED: str(result.moved)}
+    dlq_table = table_setup.ensure_base_snapshot(dlq_table.refresh())
+    dlq_parent = main_snapshot_id(dlq_table)
+    assert dlq_parent is not None
+    create_branch(job.catalog, dlq_table, branch, dlq_parent)
+    with dlq_table.refresh().transaction() as tx:
+        tx.delete(_dlq_filter(topic.topic, moved), snapshot_properties=properties, branch=branch)
+    dlq_table = dlq_table.refresh()
+    dlq_head = BranchHead(dlq_table, branch, dlq_parent, round_snapshot(dlq_table, branch, dlq_parent),
+                          tag_checkpoint=False)
+    publish(job.catalog, [*heads, dlq_head], job.catalog_url)
+    result.status = "moved"
+    result.snapshot_id = heads[0].snapshot_id if heads else None
+    result.dlq_snapshot_id = dlq_head.snapshot_id
+    result.message = f"moved {result.moved} records from the DLQ to {topic.namespace}.{topic.table}" + (
+        f" ({result.superseded} already replaced by a later record of their id)" if result.superseded else "") + (
+        f"; {result.still_bad} still do not decode" if result.still_bad else "")
+    return result
+
+
+def _append_with_pyiceberg(job: _Job, table: Table, chunks: list[Any]
+                           ) -> tuple[list[BranchHead], dict[int, list[int]]]:
+    """An append table (format v2): the DLQ records that decode now, appended in the driver."""
+    converter = RowConverter(table.schema(), job.registry.avro_schema, key_type=job.options.key_type,
+                             value_type=job.options.value_type)
+    wanted = job.wanted
     batches: list[pa.RecordBatch] = []
     moved: dict[int, list[int]] = {}
-    still_bad = 0
     for chunk in chunks:
         rows = converter.convert(chunk)
         failed = {e.offset for e in rows.errors}
-        still_bad += sum(1 for o in chunk.offsets if (chunk.partition, o) in wanted and o in failed)
+        job.result.still_bad += sum(1 for o in chunk.offsets if (chunk.partition, o) in wanted and o in failed)
         good = [o for o in chunk.offsets if o not in failed]
         keep = pa.array([(chunk.partition, o) in wanted for o in good], pa.bool_())
         batches.append(rows.batch.filter(keep))
         moved.setdefault(chunk.partition, []).extend(o for o in good if (chunk.partition, o) in wanted)
     moved = {p: offsets for p, offsets in moved.items() if offsets}
-    result.moved = sum(len(v) for v in moved.values())
-    result.still_bad = still_bad
     if not moved:
-        result.message = f"none of the {result.dlq_rows} DLQ records decode yet"
-        return result
-
-    branch = branch_name(round_id)
-    properties = {checkpoint.ROUND_ID: round_id, REPROCESSED: str(result.moved)}
+        return [], {}
+    branch = branch_name(job.result.round_id)
     parent = main_snapshot_id(table)
     assert parent is not None
-    create_branch(catalog, table, branch, parent)
+    create_branch(job.catalog, table, branch, parent)
     table.refresh().append(pa.Table.from_batches(batches, schema=converter.arrow_schema),
-                           snapshot_properties=properties, branch=branch)
+                           snapshot_properties=_properties(job.result, moved), branch=branch)
     table = table.refresh()
-    dlq_table = table_setup.ensure_base_snapshot(dlq_table.refresh())
-    dlq_parent = main_snapshot_id(dlq_table)
-    assert dlq_parent is not None
-    create_branch(catalog, dlq_table, branch, dlq_parent)
-    with dlq_table.refresh().transaction() as tx:
-        tx.delete(_dlq_filter(topic.topic, moved), snapshot_properties=properties, branch=branch)
-    dlq_table = dlq_table.refresh()
-    heads = [BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False),
-             BranchHead(dlq_table, branch, dlq_parent, round_snapshot(dlq_table, branch, dlq_parent),
-                        tag_checkpoint=False)]
-    publish(catalog, heads, catalog_url)
-    result.status = "moved"
-    result.snapshot_id, result.dlq_snapshot_id = heads[0].snapshot_id, heads[1].snapshot_id
-    result.message = f"moved {result.moved} records from the DLQ to {topic.namespace}.{topic.table}" + (
-        f"; {still_bad} still do not decode" if still_bad else "")
-    return result
+    return [BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)], moved
+
+
+def _properties(result: ReprocessResult, moved: dict[int, list[int]]) -> dict[str, str]:
+    return {checkpoint.ROUND_ID: result.round_id, REPROCESSED: str(sum(len(v) for v in moved.values()))}
+
+
+def _write_with_spark(job: _Job, table: Table, spark: Any) -> tuple[list[BranchHead], dict[int, list[int]]]:
+    """An upsert/CDC table, or any format v3 table (pyiceberg 0.12 writes no v3 manifests): the
+    records are staged as a round's are (``round_tasks``, every column optional) and Spark's
+    Iceberg writer appends them, or MERGEs them on the id columns, on the reprocess branch.
+
+    An upsert table must not take an old record over a newer one: the replay reads each
+    partition from its first DLQ offset up to the table's committed offset, and a DLQ record
+    is merged only if it is still the last record of its id there (``merge_round(only=...)``).
+    One that a later record has replaced is taken out of the DLQ with nothing written: the
+    table already holds what it would have become."""
+    from spark_jobs.commit_round import spark_session, use_catalog
+
+    result = job.result
+    committed = checkpoint.read_checkpoint(table.metadata).offsets
+    if job.upsert is not None:
+        upsert.check_columns(table.schema(), job.upsert)
+        windows = [(p, min(offsets), max(committed.get(p, 0), max(offsets) + 1))
+                   for p, offsets in sorted(job.by_partition.items())]
+    else:
+        windows = job.dlq_windows()
+    envelope = None
+    if job.upsert is not None and job.upsert.debezium:
+        schemas = table_setup.value_schemas(job.registry, job.topic.topic)
+        if not schemas:
+            raise RuntimeError(f"{job.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry")
+        envelope = schemas[-1][1]
+    metadata_json = upsert.staging_metadata_json(table, result.round_id, envelope, relax=job.upsert is not None)
+    spec = TaskSpec(job.store_config, metadata_json,
+                    tuple(sorted(table.io.properties.items())), job.options.key_type, job.options.value_type,
+                    job.registry.url, tuple(sorted(job.registry.known().items())))
+    output = run_in_driver(spec, job.ranges(windows))
+    staged = [f.file_path for f in output.data_files]
+    failed = {(e.partition, e.offset) for e in output.report.errors}
+    wanted = job.wanted
+    result.still_bad = len(wanted & failed)
+    now_good = sorted(wanted - failed)
+    moved: dict[int, list[int]] = {}
+    for p, o in now_good:
+        moved.setdefault(p, []).append(o)
+    if not moved:
+        upsert.remove_staging(table, staged)
+        return [], {}
+
+    spark = spark if spark is not None else spark_session(f"icefall-dlq-reprocess-{job.topic.topic}",
+                                                          job.args.master)
+    branch = branch_name(result.round_id)
+    parent = main_snapshot_id(table)
+    if parent is None:
+        raise RuntimeError(f"{job.topic.table} has no snapshot on main yet; nothing moved")
+    create_branch(job.catalog, table, branch, parent)
+    namespace, name = job.topic.identifier
+    target = f"{use_catalog(spark, job.catalog_url)}.`{namespace}`.`{name}`.`branch_{branch}`"
+    properties = _properties(result, moved)
+    try:
+        if job.upsert is not None:
+            merged = upsert.merge_round(spark, target, table.schema(), job.upsert, staged, properties,
+                                        result.round_id, only=now_good)
+            result.superseded = len(now_good) - (merged.applied or 0)
+            written = merged.merged
+        else:
+            columns = [f"`{f.name}`" for f in table.schema().fields]
+            rows = upsert.keep_offsets(spark, spark.read.parquet(*staged), now_good).selectExpr(*columns)
+            upsert.with_commit_properties(spark, properties, lambda: rows.writeTo(target).option(
+                "check-nullability", "false").append())
+            written = True
+    except Exception:
+        drop_branch(job.catalog, table.refresh(), branch)
+        raise
+    finally:
+        upsert.remove_staging(table, staged)
+    table = table.refresh()
+    if not written:  # every record a later one replaced: only the DLQ changes
+        drop_branch(job.catalog, table, branch)
+        return [], moved
+    return [BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)], moved
 
 
 def _known(registry: RegistryClient, ids: set[int]) -> set[int]:
@@ -194,18 +320,20 @@ def _known(registry: RegistryClient, ids: set[int]) -> set[int]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, spark: Any = None) -> int:
     parser = argparse.ArgumentParser(prog="dlq_reprocess", description=__doc__.split("\n\n")[0])
     parser.add_argument("--topic", required=True)
     parser.add_argument("--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090"))
     parser.add_argument("--catalog-url", default=None)
     parser.add_argument("--round-id", default=None)
+    parser.add_argument("--master", default=None, help="Spark master for upsert and format v3 tables "
+                        "(default: spark-submit's, else local[*])")
     parser.add_argument("--result", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started = time.monotonic()
     try:
-        result = reprocess(args)
+        result = reprocess(args, spark)
         code = 0
     except Exception as exc:  # a clear message and a result file, as the commit round does
         log.debug("reprocess failed", exc_info=True)
@@ -219,13 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def run(argv: list[str]) -> tuple[int, dict[str, Any]]:
-    """For tests: main() and the result it wrote."""
+def run(argv: list[str], spark: Any = None) -> tuple[int, dict[str, Any]]:
+    """For tests: main() and the result it wrote (``spark``: a session to reuse)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "result.json"
-        code = main([*argv, "--result", str(path)])
+        code = main([*argv, "--result", str(path)], spark)
         return code, json.loads(path.read_text())
 
 

@@ -178,9 +178,11 @@ def staging_location(table: Table, round_id: str) -> str:
     return f"{table.metadata.location.rstrip('/')}/{STAGING_DIR}/{round_id}"
 
 
-def staging_metadata_json(table: Table, round_id: str, envelope: Any = None, text_value: bool = False) -> str:
+def staging_metadata_json(table: Table, round_id: str, envelope: Any = None, text_value: bool = False,
+                          relax: bool = True) -> str:
     """The table's metadata as the round's tasks should see it for an upsert round: every
-    column optional (a tombstone is a row of nulls until the MERGE turns it into a delete)
+    column optional (a tombstone is a row of nulls until the MERGE turns it into a delete;
+    ``relax=False`` keeps the table's required columns, for rows Spark appends as they are)
     and data files written under the round's staging directory, unpartitioned. With a
     Debezium ``envelope`` (Avro schema), the staged rows hold the whole envelope in
     ``_kafka_value`` instead of the table's columns: the MERGE's source picks ``after`` or
@@ -192,7 +194,7 @@ def staging_metadata_json(table: Table, round_id: str, envelope: Any = None, tex
 
     metadata = table.metadata
     current = metadata.schema()
-    fields = list(_optional(current.as_struct()).fields)  # type: ignore[attr-defined]
+    fields = list(_optional(current.as_struct()).fields if relax else current.fields)  # type: ignore[attr-defined]
     if text_value:  # convert.value.type=json: the value's text, parsed on the driver (json_values)
         fields = [f for f in fields if f.name in (KAFKA_KEY, KAFKA_HEADERS, KAFKA_METADATA)]
         fields.append(NestedField(0, KAFKA_VALUE, StringType(), required=False))
@@ -336,6 +338,14 @@ def merge_sql(target: str, source: str, schema: Schema, options: UpsertOptions) 
 @dataclass(frozen=True)
 class MergeOutcome:
     merged: bool  # False: nothing to merge (no staged rows), the caller adds an empty snapshot
+    applied: int | None = None  # with ``only``: how many of those records won their id and were merged
+
+
+def keep_offsets(spark: Any, frame: Any, pairs: Iterable[tuple[int, int]]) -> Any:
+    """The rows of ``frame`` whose Kafka (partition, offset) is one of ``pairs`` (a semi join)."""
+    wanted = spark.createDataFrame(sorted(set(pairs)), "p INT, o BIGINT")
+    meta = frame[KAFKA_METADATA]
+    return frame.join(wanted, (meta["partition"] == wanted["p"]) & (meta["offset"] == wanted["o"]), "left_semi")
 
 
 def with_commit_properties(spark: Any, properties: dict[str, str], action: Callable[[], None]) -> None:
@@ -371,10 +381,16 @@ def with_commit_properties(spark: Any, properties: dict[str, str], action: Calla
 
 
 def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions, staged: Sequence[str],
-                properties: dict[str, str], round_id: str, rows: Any = None) -> MergeOutcome:
+                properties: dict[str, str], round_id: str, rows: Any = None,
+                only: Iterable[tuple[int, int]] | None = None) -> MergeOutcome:
     """MERGE the staged files (or ``rows``, a DataFrame of the table's columns) into ``target`` (the
     round branch) as one snapshot with ``properties``; raises ``BadUpsertRecords`` (before writing
-    anything) for records without an id or CDC op."""
+    anything) for records without an id or CDC op.
+
+    ``only`` (the DLQ reprocess): the staged rows are a replay of records already merged, and only
+    these (partition, offset) records are new; of them, merge those that are still the last record
+    of their id in the replay (a later record of the same id has already had its effect). Nothing
+    is merged (``merged`` False) when none of them is."""
     if not staged:
         return MergeOutcome(False)
     view = "icefall_upsert_" + re.sub(r"\W", "_", round_id)
@@ -390,9 +406,16 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
             raise BadUpsertRecords(f"{len(bad)} records have no value for the id columns "
                                    f"{list(options.id_columns)} or no I/U/D operation; nothing committed: {shown}")
         source = view + "_last"
-        spark.sql(source_sql(view, schema, options)).createOrReplaceTempView(source)
+        last = spark.sql(source_sql(view, schema, options))
+        applied = None
+        if only is not None:
+            last = keep_offsets(spark, last, only)
+            applied = last.count()
+            if not applied:
+                return MergeOutcome(False, 0)
+        last.createOrReplaceTempView(source)
         with_commit_properties(spark, properties, lambda: spark.sql(merge_sql(target, source, schema, options)))
-        return MergeOutcome(True)
+        return MergeOutcome(True, applied)
     finally:
         for name in (view, view + "_last", view + "_envelopes"):
             spark.catalog.dropTempView(name)

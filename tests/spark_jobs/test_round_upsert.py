@@ -168,8 +168,42 @@ def test_bad_records_in_an_upsert_round_go_to_the_dlq(spark: Any, round_broker: 
     assert {i: s for i, (s, _) in by_id(round_broker, topic).items()} == {0: 60, 1: 60, 2: 2, 3: 3, 4: 4, 5: 5}
     from spark_jobs import dlq_reprocess
 
-    code, refused = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic])
-    assert code == 1 and "upsert" in refused["message"] and len(dlq_rows(round_broker, topic)) == 2
+    code, nothing = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert code == 0 and (nothing["status"], nothing["still_bad"]) == ("nothing_to_move", 2), nothing
+    assert len(dlq_rows(round_broker, topic)) == 2
+
+
+@pytest.mark.parametrize("version", ["2", "3"])
+def test_reprocess_of_an_upsert_table_never_puts_an_old_record_over_a_newer_one(
+        version: str, spark: Any, round_broker: BrokerProcess) -> None:
+    """Records of ids 1 and 2 in the DLQ (their schema was registered late); id 2 was written again
+    since. Reprocess merges id 1's record and only takes id 2's out of the DLQ."""
+    from spark_jobs import dlq_reprocess
+    from tests.spark_jobs.test_round_dlq import LateSchema, dlq_rows
+
+    topic = new_topic(round_broker, partitions=1, configs={
+        **UPSERT, "automq.table.topic.schema.validation": "false", "automq.table.topic.format.version": version})
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 4), key=lambda c: str(c["id"]))
+    late = LateSchema(round_broker, topic)
+    late.send([{**c, "score": 100 + c["id"]} for c in clicks(1, 2, campaign="late")], key=lambda c: str(c["id"]))
+    r1 = run_round(spark, round_broker, topic)
+    assert (r1.status, r1.rows, r1.dlq_rows) == ("committed", 4, 2), r1.message
+    producer.send([{**c, "score": 77} for c in clicks(2, 1)], key=b"2")  # offset 6: id 2 again, decodes
+    assert run_round(spark, round_broker, topic).status == "committed"
+
+    late.register()
+    code, moved = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert code == 0 and moved["status"] == "moved", moved
+    assert (moved["moved"], moved["superseded"], moved["still_bad"]) == (2, 1, 0), moved
+    assert dlq_rows(round_broker, topic) == []
+    rows = three_readers(spark, round_broker, topic)
+    assert {i: s for i, s, _ in rows} == {0: 0, 1: 101, 2: 77, 3: 3}
+    campaigns = table(round_broker, topic).scan(selected_fields=("id", "campaign")).to_arrow().to_pylist()
+    assert {r["id"]: r["campaign"] for r in campaigns} == {0: None, 1: "late", 2: None, 3: None}
+    assert checkpoint.read_checkpoint(table(round_broker, topic).metadata).offsets == {0: 7}
+    code, again = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert (code, again["status"], again["dlq_rows"]) == (0, "nothing_to_move", 0), again
 
 
 V3 = {"automq.table.topic.format.version": "3"}
@@ -235,8 +269,9 @@ def test_append_rounds_on_a_v3_table_with_dlq_records(spark: Any, round_broker: 
     from spark_jobs import dlq_reprocess
     from tests.spark_jobs.test_round_dlq import dlq_rows
 
-    code, refused = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic])
-    assert code == 1 and "format v3" in refused["message"] and len(dlq_rows(round_broker, topic)) == 1
+    code, nothing = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert code == 0 and (nothing["status"], nothing["still_bad"]) == ("nothing_to_move", 1), nothing
+    assert len(dlq_rows(round_broker, topic)) == 1
 
 
 @pytest.mark.parametrize(("point", "version"), [("after_write", "2"), ("before_publish", "2"),
