@@ -52,6 +52,7 @@ from spark_jobs.round_commit import (
     main_snapshot_id,
     publish,
     round_snapshot,
+    write_to_branch,
 )
 from spark_jobs.round_tasks import TaskSpec, run_in_driver
 from spark_jobs.rows import RowConverter
@@ -182,9 +183,12 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     dlq_parent = main_snapshot_id(dlq_table)
     assert dlq_parent is not None
     create_branch(job.catalog, dlq_table, branch, dlq_parent)
-    with dlq_table.refresh().transaction() as tx:
-        tx.delete(_dlq_filter(topic.topic, moved), snapshot_properties=properties, branch=branch)
-    dlq_table = dlq_table.refresh()
+
+    def delete_moved(target: Table) -> None:
+        with target.transaction() as tx:
+            tx.delete(_dlq_filter(topic.topic, moved), snapshot_properties=properties, branch=branch)
+
+    dlq_table = write_to_branch(dlq_table.refresh(), delete_moved)
     dlq_head = BranchHead(dlq_table, branch, dlq_parent, round_snapshot(dlq_table, branch, dlq_parent),
                           tag_checkpoint=False)
     publish(job.catalog, [*heads, dlq_head], job.catalog_url)
@@ -220,9 +224,9 @@ def _append_with_pyiceberg(job: _Job, table: Table, chunks: list[Any]
     parent = main_snapshot_id(table)
     assert parent is not None
     create_branch(job.catalog, table, branch, parent)
-    table.refresh().append(pa.Table.from_batches(batches, schema=converter.arrow_schema),
-                           snapshot_properties=_properties(job.result, moved), branch=branch)
-    table = table.refresh()
+    rows = pa.Table.from_batches(batches, schema=converter.arrow_schema)
+    table = write_to_branch(table.refresh(), lambda target: target.append(
+        rows, snapshot_properties=_properties(job.result, moved), branch=branch))
     return [BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)], moved
 
 
