@@ -41,6 +41,7 @@ from pyiceberg.table import Table
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
+from broker.topic_configs import TABLE_PREFIX
 from spark_jobs import dlq, job_output, table_setup, upsert
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
@@ -137,6 +138,10 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     topic = admin.table_topic(args.topic)
     catalog_url = args.catalog_url or cluster["catalog_url"]
     store = object_store_from_env(cluster["object_store"], cluster.get("object_store_endpoint"))
+    if topic.configs.get(TABLE_PREFIX + "convert.value.type") == "json":
+        raise NotImplementedError(f"{topic.topic} has JSON values (convert.value.type=json): their DLQ records "
+                                  "are not JSON objects or do not fit the inferred columns, and reprocess does not "
+                                  "infer columns yet; nothing moved")
     job = _Job(args, topic, admin, RegistryClient(cluster["registry_url"]), table_setup.catalog_for(catalog_url),
                catalog_url, store, table_setup.TableOptions.of(topic), upsert.UpsertOptions.of(topic),
                ReprocessResult("nothing_to_move", topic.topic, args.round_id or uuid.uuid4().hex))
@@ -167,10 +172,6 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     if job.upsert is None and not v3:
         heads, moved = _append_with_pyiceberg(job, table_setup.ensure_base_snapshot(table), dlq_chunks)
     else:
-        if job.options.value_type == "json":
-            raise NotImplementedError(f"{topic.topic} has JSON values (convert.value.type=json) in an "
-                                      f"{'upsert' if job.upsert else 'format v3'} table: reprocess does not infer "
-                                      "their columns yet; nothing moved")
         heads, moved = _write_with_spark(job, table, spark)
     result.moved = sum(len(v) for v in moved.values())
     if not moved:

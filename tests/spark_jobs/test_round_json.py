@@ -77,6 +77,11 @@ def test_json_values_that_do_not_fit_go_to_the_dlq_with_tolerance_all(spark: Any
     r3 = run_round(spark, round_broker, topic)
     assert (r3.status, r3.rows, r3.dlq_rows, r3.offsets_after) == ("committed", 0, 1, {0: 6}), r3.message
     assert run_round(spark, round_broker, topic).status == "nothing_new"
+    from spark_jobs import dlq_reprocess
+
+    code, refused = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert code == 1 and "convert.value.type=json" in refused["message"], refused
+    assert len(dlq_rows(round_broker, topic)) == 3
 
 
 def test_json_upsert_merges_by_id(spark: Any, round_broker: BrokerProcess) -> None:
