@@ -57,7 +57,13 @@ from spark_jobs.round_commit import (
 )
 from spark_jobs.round_tasks import TaskSpec, run_in_driver
 from spark_jobs.rows import RowConverter
-from spark_jobs.segments import SegmentRange, cached_store, ranges_from_admin, read_ranges
+from spark_jobs.segments import (
+    RecordChunk,
+    SegmentRange,
+    cached_store,
+    ranges_from_admin,
+    read_ranges,
+)
 
 log = logging.getLogger("icefall.dlq_reprocess")
 REPROCESSED = "icefall.dlq-reprocessed"
@@ -72,6 +78,8 @@ class ReprocessResult:
     moved: int = 0
     still_bad: int = 0
     superseded: int = 0  # upsert tables: moved out of the DLQ, but a later record of the id had already won
+    only_in_dlq: int = 0  # DLQ records whose segments retention deleted: decoded from the DLQ's copy
+    unavailable: int = 0  # upsert tables: such records stay in the DLQ (nothing to compare them with)
     snapshot_id: int | None = None
     dlq_snapshot_id: int | None = None
     schema_changes: list[str] = field(default_factory=list)
@@ -116,10 +124,23 @@ class _Job:
     upsert: upsert.UpsertOptions | None
     result: ReprocessResult
     by_partition: dict[int, list[int]] = field(default_factory=dict)
+    log_start: dict[int, int] = field(default_factory=dict)
+    # DLQ records whose segments retention has deleted: the DLQ's copy of them is all there is
+    retained: list[RecordChunk] = field(default_factory=list)
 
     @property
     def wanted(self) -> set[tuple[int, int]]:
         return {(p, o) for p, offsets in self.by_partition.items() for o in offsets}
+
+    @property
+    def in_segments(self) -> dict[int, list[int]]:
+        """The DLQ offsets still in the topic's segments (at or past the log start)."""
+        out = {p: [o for o in offsets if o >= self.log_start.get(p, 0)] for p, offsets in self.by_partition.items()}
+        return {p: offsets for p, offsets in out.items() if offsets}
+
+    @property
+    def only_in_dlq(self) -> set[tuple[int, int]]:
+        return {(c.partition, o) for c in self.retained for o in c.offsets}
 
     def ranges(self, windows: list[tuple[int, int, int]]) -> list[SegmentRange]:
         """(partition, start, end) windows -> the segment byte ranges that hold them."""
@@ -129,7 +150,25 @@ class _Job:
         return out
 
     def dlq_windows(self) -> list[tuple[int, int, int]]:
-        return [(p, a, b) for p, offsets in sorted(self.by_partition.items()) for a, b in _runs(offsets)]
+        return [(p, a, b) for p, offsets in sorted(self.in_segments.items()) for a, b in _runs(offsets)]
+
+
+def _retained_chunks(rows: pa.Table, log_start: dict[int, int]) -> list[RecordChunk]:
+    """The DLQ rows below their partition's log start as records to decode, one chunk a partition."""
+    columns = {name: rows.column(name).to_pylist() for name in ("partition", "offset", "key", "value", "headers")}
+    micros = rows.column("timestamp").cast(pa.int64()).to_pylist()
+    chunks: dict[int, RecordChunk] = {}
+    for i in sorted(range(rows.num_rows), key=lambda i: (columns["partition"][i], columns["offset"][i])):
+        p, o = int(columns["partition"][i]), int(columns["offset"][i])
+        if o >= log_start.get(p, 0):
+            continue
+        chunk = chunks.setdefault(p, RecordChunk(p))
+        chunk.offsets.append(o)
+        chunk.timestamps.append(int(micros[i]) // 1000)
+        chunk.keys.append(columns["key"][i])
+        chunk.values.append(columns["value"][i])
+        chunk.headers.append(tuple(columns["headers"][i] or ()))
+    return [chunks[p] for p in sorted(chunks)]
 
 
 def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
@@ -151,17 +190,20 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
         result.message = "no DLQ table"
         return result
     dlq_table = job.catalog.load_table(dlq_ident)
-    bad = dlq_table.scan(row_filter=f"topic = {_literal(topic.topic)}",
-                         selected_fields=("partition", "offset")).to_arrow()
+    bad = dlq_table.scan(row_filter=f"topic = {_literal(topic.topic)}").to_arrow()
     result.dlq_rows = bad.num_rows
     if not bad.num_rows:
         result.message = "the DLQ has no rows of this topic"
         return result
     for p, o in zip(bad.column("partition").to_pylist(), bad.column("offset").to_pylist(), strict=True):
         job.by_partition.setdefault(int(p), []).append(int(o))
+    job.log_start = {int(p["partition"]): int(p["log_start_offset"]) for p in admin.plan(topic.topic, None)[
+        "partitions"]}
+    job.retained = _retained_chunks(bad, job.log_start)
+    result.only_in_dlq = len(job.only_in_dlq)
 
     # evolve the table for every schema id of the DLQ records the registry can answer now
-    dlq_chunks = list(read_ranges(cached_store(store), job.ranges(job.dlq_windows())))
+    dlq_chunks = job.retained + list(read_ranges(cached_store(store), job.ranges(job.dlq_windows())))
     ids = {i for c in dlq_chunks for i in map(wire_schema_id, c.values) if i is not None}
     table = job.catalog.load_table(topic.identifier)
     evolved = table_setup.evolve(table, table_setup.value_schemas(job.registry, topic.topic,
@@ -174,8 +216,11 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     else:
         heads, moved = _write_with_spark(job, table, spark)
     result.moved = sum(len(v) for v in moved.values())
+    unavailable = (f"{result.unavailable} stay: retention deleted their segments, so an upsert table cannot tell "
+                   "whether a later record replaced them" if result.unavailable else "")
     if not moved:
-        result.message = f"none of the {result.dlq_rows} DLQ records decode yet"
+        result.message = "; ".join(m for m in (f"none of the {result.still_bad} records retried decode yet"
+                                               if result.still_bad else "", unavailable) if m)
         return result
 
     branch = branch_name(result.round_id)
@@ -198,6 +243,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     result.dlq_snapshot_id = dlq_head.snapshot_id
     result.message = f"moved {result.moved} records from the DLQ to {topic.namespace}.{topic.table}" + (
         f" ({result.superseded} already replaced by a later record of their id)" if result.superseded else "") + (
+        f"; {unavailable}" if unavailable else "") + (
         f"; {result.still_bad} still do not decode" if result.still_bad else "")
     return result
 
@@ -249,10 +295,15 @@ def _write_with_spark(job: _Job, table: Table, spark: Any) -> tuple[list[BranchH
 
     result = job.result
     committed = checkpoint.read_checkpoint(table.metadata).offsets
+    wanted = job.wanted
+    extra = job.retained
     if job.upsert is not None:
         upsert.check_columns(table.schema(), job.upsert)
         windows = [(p, min(offsets), max(committed.get(p, 0), max(offsets) + 1))
-                   for p, offsets in sorted(job.by_partition.items())]
+                   for p, offsets in sorted(job.in_segments.items())]
+        result.unavailable = len(job.only_in_dlq)
+        wanted -= job.only_in_dlq
+        extra = []
     else:
         windows = job.dlq_windows()
     envelope = None
@@ -265,10 +316,9 @@ def _write_with_spark(job: _Job, table: Table, spark: Any) -> tuple[list[BranchH
     spec = TaskSpec(job.store_config, metadata_json,
                     tuple(sorted(table.io.properties.items())), job.options.key_type, job.options.value_type,
                     job.registry.url, tuple(sorted(job.registry.known().items())))
-    output = run_in_driver(spec, job.ranges(windows))
+    output = run_in_driver(spec, job.ranges(windows), extra)
     staged = [f.file_path for f in output.data_files]
     failed = {(e.partition, e.offset) for e in output.report.errors}
-    wanted = job.wanted
     result.still_bad = len(wanted & failed)
     now_good = sorted(wanted - failed)
     moved: dict[int, list[int]] = {}

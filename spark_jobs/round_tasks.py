@@ -23,9 +23,10 @@ asks the registry only for an id the driver did not know.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ import pyarrow as pa
 
 from broker.config import ObjectStoreConfig
 from spark_jobs.rows import DecodeError, RowConverter
-from spark_jobs.segments import ReadStats, SegmentRange, cached_store, read_ranges
+from spark_jobs.segments import ReadStats, RecordChunk, SegmentRange, cached_store, read_ranges
 
 MAX_ERRORS_KEPT = 100_000
 
@@ -112,6 +113,11 @@ class TaskOutput:
 
 def write_group(spec: TaskSpec, text: str) -> TaskOutput:
     """Read one group of ranges and write its rows as data files of the table."""
+    return _write(spec, decode_group(text))
+
+
+def _write(spec: TaskSpec, ranges: list[SegmentRange], extra: Sequence[RecordChunk] = ()) -> TaskOutput:
+    """Decode the records of ``extra`` and then of ``ranges`` into data files of the table."""
     from pyiceberg.io import load_file_io
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
@@ -122,7 +128,7 @@ def write_group(spec: TaskSpec, text: str) -> TaskOutput:
     report = TaskReport()
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for chunk in read_ranges(store, decode_group(text), verify_crc=spec.verify_crc, stats=stats):
+        for chunk in itertools.chain(extra, read_ranges(store, ranges, verify_crc=spec.verify_crc, stats=stats)):
             rows = converter.convert(chunk)
             report.rows += rows.batch.num_rows
             report.errors.extend(rows.errors)
@@ -148,15 +154,16 @@ def run_tasks(spark: Any, spec: TaskSpec, groups: list[list[SegmentRange]]) -> T
     return _combine(outputs)
 
 
-def run_in_driver(spec: TaskSpec, ranges: list[SegmentRange]) -> TaskOutput:
-    """All ranges as one task in this (the driver's) process, with no SparkContext.
+def run_in_driver(spec: TaskSpec, ranges: list[SegmentRange], extra: Sequence[RecordChunk] = ()) -> TaskOutput:
+    """All ranges (and the records of ``extra``, which the DLQ reprocess has from elsewhere) as
+    one task in this (the driver's) process, with no SparkContext.
 
     For a small round, starting Spark (its context, executors and their Python
     workers) costs seconds while the work itself takes a fraction of one: on a
     30 s commit interval that start-up is most of the freshness budget. The task
     is the very function Spark would run, so the rows and files are the same.
     """
-    return _combine([write_group(spec, encode_group(ranges))])
+    return _combine([_write(spec, ranges, extra)])
 
 
 def _combine(outputs: list[TaskOutput]) -> TaskOutput:

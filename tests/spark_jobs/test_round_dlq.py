@@ -5,6 +5,7 @@ is off on these topics so the broker accepts what the round must sort out."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from tests.spark_jobs.round_support import (
     table_offsets,
 )
 from tests.spark_jobs.test_commit_round import clicks
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, wait_for
 
 GATE_OFF = {"automq.table.topic.schema.validation": "false"}
 
@@ -179,3 +180,38 @@ def test_reprocess_moves_records_whose_schema_was_registered_late(version: str, 
     assert again["status"] == "nothing_to_move" and len(table_offsets(round_broker, topic)) == 8
     producer.send(clicks(9, 2))
     assert run_round(spark, round_broker, topic).offsets_before == {0: 9}  # the checkpoint is untouched
+
+
+@pytest.mark.parametrize(("version", "upsert_table"), [("2", False), ("3", False), ("2", True)])
+def test_reprocess_after_retention_deleted_the_segments(version: str, upsert_table: bool, spark: Any,
+                                                        broker_factory: Callable[..., BrokerProcess]) -> None:
+    """The DLQ's own copy of the records is all that is left: an append table takes them from it;
+    an upsert table keeps them in the DLQ (no later records left to tell whether they were replaced)."""
+    from spark_jobs import dlq_reprocess
+
+    broker = broker_factory(["--segment-flush-ms", "100", "--retention-check-interval-ms", "200"])
+    configs = {**GATE_OFF, "automq.table.topic.format.version": version, "retention.ms": "0",
+               "file.delete.delay.ms": "0"}
+    if upsert_table:
+        configs |= {"automq.table.topic.upsert.enable": "true", "automq.table.topic.id.columns": "[id]"}
+    topic = new_topic(broker, partitions=1, configs=configs)
+    AvroProducer(broker, topic, CLICK_V1).send(clicks(0, 5), key=lambda c: str(c["id"]))
+    late = LateSchema(broker, topic)
+    late.send(clicks(5, 3, campaign="x"), key=lambda c: str(c["id"]))
+    first = run_round(spark, broker, topic)
+    assert (first.rows, first.dlq_rows) == (5, 3), first.message
+    wait_for(lambda: broker.admin(f"/v1/topics/{topic}/plan")["partitions"][0]["log_start_offset"] == 8,  # type: ignore[index]
+             30, what="retention to delete the committed segments")
+    late.register()
+    code, result = dlq_reprocess.run(["--admin-url", broker.admin_url, "--topic", topic], spark)
+    assert code == 0 and result["only_in_dlq"] == 3, result
+    if upsert_table:
+        assert (result["status"], result["moved"], result["unavailable"]) == ("nothing_to_move", 0, 3), result
+        assert "retention deleted their segments" in result["message"]
+        assert [r["offset"] for r in dlq_rows(broker, topic)] == [5, 6, 7]
+        return
+    assert (result["status"], result["moved"], result["still_bad"]) == ("moved", 3, 0), result
+    assert dlq_rows(broker, topic) == []
+    rows = table(broker, topic).scan().to_arrow().to_pylist()
+    assert sorted((r["_kafka_metadata"]["offset"], r["id"], r["campaign"], r["_kafka_key"]) for r in rows) == [
+        (i, i, "x" if i >= 5 else None, str(i)) for i in range(8)]
