@@ -78,6 +78,7 @@ class ReprocessResult:
     moved: int = 0
     still_bad: int = 0
     superseded: int = 0  # upsert tables: moved out of the DLQ, but a later record of the id had already won
+    moved_offsets: dict[str, list[int]] = field(default_factory=dict)  # partition -> offsets now in the table
     only_in_dlq: int = 0  # DLQ records whose segments retention deleted: decoded from the DLQ's copy
     unavailable: int = 0  # upsert tables: such records stay in the DLQ (nothing to compare them with)
     snapshot_id: int | None = None
@@ -216,6 +217,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     else:
         heads, moved = _write_with_spark(job, table, spark)
     result.moved = sum(len(v) for v in moved.values())
+    result.moved_offsets = {str(p): sorted(offsets) for p, offsets in sorted(moved.items())}
     unavailable = (f"{result.unavailable} stay: retention deleted their segments, so an upsert table cannot tell "
                    "whether a later record replaced them" if result.unavailable else "")
     if not moved:

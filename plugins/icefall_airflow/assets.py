@@ -16,6 +16,12 @@ def table_asset(namespace: str, table: str) -> Asset:
     return Asset(name=name, uri=name, group="icefall")
 
 
+def dlq_reprocess_asset(namespace: str, table: str) -> Asset:
+    """``icefall/<namespace>/<table>/dlq-reprocess``: one event per DLQ reprocess that moved rows."""
+    name = settings.dlq_asset_name(namespace, table)
+    return Asset(name=name, uri=name, group="icefall")
+
+
 def maintenance_asset(namespace: str, table: str) -> Asset:
     """``icefall/<namespace>/<table>/maintenance``: one event per maintenance run of the table."""
     name = settings.maintenance_asset_name(namespace, table)

@@ -15,6 +15,7 @@ from broker.config import BrokerConfig
 
 COMMIT_DAG_PREFIX = "icefall_commit__"
 MAINTAIN_DAG_PREFIX = "icefall_maintain__"
+DLQ_DAG_PREFIX = "icefall_dlq_reprocess__"
 POOL_PREFIX = "icefall_table__"
 ASSET_PREFIX = "icefall/"
 ADMIN_URL_ENV = "ICEFALL_ADMIN_URL"
@@ -45,6 +46,10 @@ def maintain_dag_id(topic: str) -> str:
     return MAINTAIN_DAG_PREFIX + topic
 
 
+def dlq_dag_id(topic: str) -> str:
+    return DLQ_DAG_PREFIX + topic
+
+
 def writer_dag_ids(topic: str) -> tuple[str, str]:
     """The DAGs that write the topic's table: paused together when the topic stops being a table topic."""
     return commit_dag_id(topic), maintain_dag_id(topic)
@@ -63,6 +68,12 @@ def maintenance_asset_name(namespace: str, table: str) -> str:
     """Maintenance events go to their own asset: compaction and expiry change files, not rows,
     so the data teams' DAGs scheduled on the table's asset must not run for them."""
     return f"{asset_name(namespace, table)}/maintenance"
+
+
+def dlq_asset_name(namespace: str, table: str) -> str:
+    """DLQ reprocess events: rows moved from the DLQ into the table. Their own asset, because
+    they are not a round's offset range (the extra lists the offsets moved)."""
+    return f"{asset_name(namespace, table)}/dlq-reprocess"
 
 
 def dlq_table(table: str) -> str:

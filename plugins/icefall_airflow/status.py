@@ -22,6 +22,7 @@ def table_status(client: BrokerClient, catalog: Any, entry: manifest.TableTopic,
         "partitions": entry.partitions, "commit_interval_ms": entry.commit_interval_ms,
         "dag_id": entry.dag_id, "asset": entry.asset_name, "pool": entry.pool,
         "dag_runs_url": f"dags/{entry.dag_id}/runs", "maintain_dag_id": settings.maintain_dag_id(entry.topic),
+        "dlq_dag_id": settings.dlq_dag_id(entry.topic),
         "error": None,
     }
     try:

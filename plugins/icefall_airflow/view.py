@@ -53,6 +53,14 @@ def _maintenance(summary: dict[str, Any] | None) -> str:
     return f"<br><small>{html.escape(maintenance_summary.one_line(summary))}</small>"
 
 
+def _dlq(t: dict[str, Any]) -> str:
+    """The DLQ's row count; when it has rows, a link to the DAG that reprocesses them."""
+    if not t.get("dlq_rows") or not t.get("dlq_dag_id"):
+        return _cell(t.get("dlq_rows"))
+    dag = html.escape(f"../dags/{t['dlq_dag_id']}")
+    return f'{_cell(t["dlq_rows"])}<br><small><a href="{dag}" target="_top">reprocess</a></small>'
+
+
 def render(answer: dict[str, Any]) -> str:
     rows = []
     for t in answer["tables"]:
@@ -62,7 +70,7 @@ def render(answer: dict[str, Any]) -> str:
         else:
             detail = (f"<td class=num>{t['lag_records']}</td><td class=num>{t['lag_seconds']:.1f}</td>"
                       f"<td>{_time(t['last_commit_ms'])}</td><td class=mono>{_cell(t['snapshot_id'])}</td>"
-                      f"<td class=num>{_cell(t['rows'])}</td><td class=num>{_cell(t['dlq_rows'])}</td>"
+                      f"<td class=num>{_cell(t['rows'])}</td><td class=num>{_dlq(t)}</td>"
                       f"<td>{_time(t['last_maintenance_ms'])}{_maintenance(t.get('last_maintenance'))}</td>")
         rows.append(
             f"<tr><td><b>{html.escape(t['topic'])}</b></td>"

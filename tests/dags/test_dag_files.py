@@ -68,7 +68,8 @@ def test_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_a_broken_manifest_is_an_import_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "table_topics.json").write_text('{"no": "manifest"}')
     bag = dagbag(tmp_path, monkeypatch)
-    assert sorted(Path(f).name for f in bag.import_errors) == ["icefall_commit.py", "icefall_maintain.py"]
+    assert sorted(Path(f).name for f in bag.import_errors) == ["icefall_commit.py", "icefall_dlq_reprocess.py",
+                                                              "icefall_maintain.py"]
     assert all("not an Icefall table-topic manifest" in e for e in bag.import_errors.values())
 
 

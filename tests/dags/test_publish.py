@@ -20,7 +20,7 @@ COMMITTED = {
 
 
 def test_commit_round_command_line() -> None:
-    args = commit_round_args({**PLAN, "max_records": 5}, "/tmp/r.json", "http://127.0.0.1:8090")
+    args = commit_round_args({**PLAN, "max_records": 5}, "http://127.0.0.1:8090")
     assert args[args.index("--until-offsets") + 1] == '{"0":10,"1":4}'
     assert args[args.index("--round-id") + 1] == "clicks@1000"
     assert args[args.index("--max-records") + 1] == "5"

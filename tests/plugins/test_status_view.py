@@ -70,3 +70,15 @@ def test_the_plugin_registers_the_app_and_the_view() -> None:
     [icefall] = [p for p in plugins if p.name == "icefall"]
     assert icefall.fastapi_apps[0]["url_prefix"] == "/icefall"
     assert icefall.external_views[0]["name"] == "Table topics"
+
+
+def test_a_table_with_dlq_rows_links_to_its_reprocess_dag() -> None:
+    from icefall_airflow.view import render
+
+    row = {"topic": "t", "namespace": "default", "table": "t", "error": None, "dag_id": "icefall_commit__t",
+           "dag_runs_url": "dags/icefall_commit__t/runs", "dlq_dag_id": "icefall_dlq_reprocess__t",
+           "lag_records": 0, "lag_seconds": 0.0, "last_commit_ms": None, "snapshot_id": 1, "rows": 5,
+           "dlq_rows": 3, "last_maintenance_ms": None}
+    page = render({"tables": [row]})
+    assert 'href="../dags/icefall_dlq_reprocess__t"' in page
+    assert "icefall_dlq_reprocess__t" not in render({"tables": [{**row, "dlq_rows": 0}]})

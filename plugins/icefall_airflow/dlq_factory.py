@@ -1,0 +1,135 @@
+"""The DLQ reprocess DAGs: one per table topic, ``icefall_dlq_reprocess__<topic>``, run by hand.
+
+After a fix (a schema registered late, a config corrected) a user triggers the
+table's DLQ reprocess from the UI instead of a shell: ``spark_jobs/dlq_reprocess.py``
+moves the DLQ records that now decode into the table (merged by id on upsert
+tables) and out of ``<table>__dlq`` in one catalog transaction. It writes the
+table, so its ``reprocess`` task takes the table's one-slot pool, like the
+commit rounds and maintenance: it never races them. A run that moved rows
+emits an event on ``icefall/<namespace>/<table>/dlq-reprocess`` whose extra
+lists the offsets moved (the new rows of that snapshot).
+
+No schedule: nothing changes in the DLQ by itself. Built from the broker's
+manifest file only, like the other DAGs (no network, no database at parse time).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, Asset, Metadata, task
+
+from icefall_airflow import manifest, settings
+from icefall_airflow.assets import dlq_reprocess_asset
+from icefall_airflow.job_operator import SparkJobOperator
+
+log = logging.getLogger(__name__)
+
+START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
+RESULT_STATUSES = ("moved", "nothing_to_move")
+
+DOC = """\
+### Reprocess the DLQ of `{namespace}.{table}` (topic `{topic}`)
+
+Trigger it after fixing what sent records to `{namespace}.{dlq}` (register the missing schema,
+correct a topic config). The records that now decode move to the table and leave the DLQ in one
+commit; the others stay. On an upsert table a record moves into the table only if no later record
+of its id has been committed since. Runs in the pool `{pool}`, shared with the commit rounds and
+maintenance. A run that moved rows emits an event on `{asset}` (extra: the offsets moved).
+"""
+
+
+class ReprocessResultError(ValueError):
+    """The DLQ reprocess job's result JSON is not what its contract says."""
+
+
+def check_result(result: Any) -> dict[str, Any]:
+    if not isinstance(result, dict):
+        raise ReprocessResultError(f"the DLQ reprocess returned {type(result).__name__}, not a result object")
+    if result.get("status") not in RESULT_STATUSES:
+        raise ReprocessResultError(f"unknown DLQ reprocess status {result.get('status')!r}")
+    return result
+
+
+def asset_extra(entry: manifest.TableTopic, result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "topic": entry.topic, "namespace": entry.namespace, "table": entry.table,
+        **{key: result.get(key) for key in ("snapshot_id", "dlq_snapshot_id", "round_id", "moved", "moved_offsets",
+                                            "superseded", "still_bad", "only_in_dlq", "unavailable",
+                                            "schema_changes", "seconds")},
+    }
+
+
+class DlqReprocessOperator(SparkJobOperator):
+    """Run ``spark_jobs/dlq_reprocess.py`` for ``topic`` and return its result JSON."""
+
+    script = "dlq_reprocess.py"
+
+    def __init__(self, *, topic: str, topic_enabled: bool = True, admin_url: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.topic = topic
+        self.topic_enabled = topic_enabled
+        self.admin_url = admin_url
+
+    def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        if not self.topic_enabled:
+            raise AirflowSkipException(f"topic {self.topic} is not a table topic now "
+                                       "(automq.table.topic.enable=false): nothing to reprocess into")
+        admin_url = self.admin_url or manifest.admin_url()
+        return self.run_job(context, admin_url, ["--topic", self.topic, "--admin-url", admin_url],
+                            f"DLQ reprocess of {self.topic}")
+
+
+def _publish(entry: manifest.TableTopic, asset: Asset, result: dict[str, Any]) -> Iterator[Metadata]:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    check_result(result)
+    log.info("DLQ reprocess of %s: %s", entry.topic, result.get("message"))
+    if result["status"] == "nothing_to_move":
+        raise AirflowSkipException(f"nothing moved: {result.get('message')}")
+    yield Metadata(asset, asset_extra(entry, result))
+
+
+def build_dlq_dag(entry: manifest.TableTopic) -> DAG:
+    asset = dlq_reprocess_asset(entry.namespace, entry.table)
+    with DAG(
+        dag_id=settings.dlq_dag_id(entry.topic),
+        description=f"Move records that now decode from {entry.namespace}.{settings.dlq_table(entry.table)} "
+                    f"into {entry.namespace}.{entry.table} (Kafka topic {entry.topic})",
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=False,
+        dagrun_timeout=timedelta(hours=2),
+        tags=entry.dag_tags("dlq"),
+        doc_md=entry.disabled_note + DOC.format(
+            topic=entry.topic, namespace=entry.namespace, table=entry.table, dlq=settings.dlq_table(entry.table),
+            pool=entry.pool, asset=settings.dlq_asset_name(entry.namespace, entry.table)),
+    ) as dag:
+        reprocess = DlqReprocessOperator(
+            task_id="reprocess", topic=entry.topic, topic_enabled=entry.enabled, pool=entry.pool,
+            name=f"icefall-dlq-{entry.topic}", execution_timeout=timedelta(hours=1),
+        )
+        published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(
+            entry, asset, reprocess.output)  # type: ignore[arg-type]  # XComArgs resolve at run time
+        reprocess >> published
+    return dag
+
+
+def build_all(path: Path | None = None) -> dict[str, DAG]:
+    """One DLQ reprocess DAG per table topic of the manifest (default ``HOME/table_topics.json``);
+    a disabled topic keeps its DAG, marked disabled, and a run skips."""
+    current = manifest.read(path)
+    dags: dict[str, DAG] = {}
+    for entry in [*current.table_topics, *current.disabled_table_topics]:
+        dag = build_dlq_dag(entry)
+        dags[dag.dag_id] = dag
+    return dags

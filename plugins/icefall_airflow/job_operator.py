@@ -1,0 +1,105 @@
+"""One way to run an Icefall Spark job from Airflow: ``spark_jobs/<script>`` through spark-submit.
+
+The commit round, maintenance and the DLQ reprocess are all the same kind of
+step: a SparkSubmitOperator on the connection ``spark_default`` (``local[*]``
+when that connection does not exist, instead of the provider's YARN default),
+with the Iceberg jar and this venv's Python looked up when the task runs, never
+at DAG parse time. Each job writes a result JSON, which the operator returns for
+XCom, so the next task does not need the same disk. When a job fails it still
+writes its result: the task then fails with the job's own message instead of
+spark-submit's bare exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+SPARK_CONN_ID = "spark_default"
+LOCAL_SPARK_CONNECTION = json.dumps({"conn_type": "spark", "host": "local[*]"})
+SPARK_CONN_ENV = "AIRFLOW_CONN_SPARK_DEFAULT"
+
+
+class SparkJobFailed(RuntimeError):
+    """The Spark job failed; the message is the job's."""
+
+
+def job_script(name: str) -> str:
+    """Path of a Spark application in ``spark_jobs`` (next to the helpers it imports)."""
+    import spark_jobs
+
+    return str(Path(spark_jobs.__file__).resolve().parent / name)
+
+
+def ensure_spark_connection(conn_id: str) -> None:
+    """Make ``spark_default`` mean ``local[*]`` when nobody defined it (the provider would say YARN)."""
+    if conn_id != SPARK_CONN_ID or os.environ.get(SPARK_CONN_ENV):
+        return
+    from airflow.sdk import Connection
+
+    try:
+        Connection.get(conn_id)
+    except Exception:  # noqa: BLE001 -- not defined anywhere: fall back to the single-machine default
+        os.environ[SPARK_CONN_ENV] = LOCAL_SPARK_CONNECTION
+
+
+def read_result(path: str) -> dict[str, Any] | None:
+    try:
+        result: dict[str, Any] = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    return result
+
+
+class SparkJobOperator(SparkSubmitOperator):
+    """Base of the Icefall job operators: ``run_job`` submits ``script`` and returns its result."""
+
+    script = ""  # a file of spark_jobs/, set by each subclass
+    driver_jvm_opts: str | None = None  # SPARK_SUBMIT_OPTS unless the environment sets its own
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("conn_id", SPARK_CONN_ID)
+        kwargs.setdefault("spark_binary", "spark-submit")
+        super().__init__(**kwargs)
+
+    def run_job(self, context: Any, admin_url: str, args: list[str], label: str) -> dict[str, Any]:
+        """spark-submit ``script`` with ``args`` plus ``--result``; the result JSON it wrote
+        (``label``: what the log lines and errors call this run)."""
+        from airflow.exceptions import AirflowException
+
+        from spark_jobs.jars import iceberg_jars
+
+        ensure_spark_connection(self._conn_id)
+        with tempfile.TemporaryDirectory(prefix="icefall-job-") as tmp:
+            result_path = os.path.join(tmp, "result.json")
+            self.application = self.application or job_script(self.script)
+            self.jars = self.jars or ",".join(iceberg_jars())
+            self.application_args = [*args, "--result", result_path]
+            python = sys.executable
+            jvm = {"SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", self.driver_jvm_opts)} \
+                if self.driver_jvm_opts else {}
+            self.env_vars = {
+                "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python,
+                "PATH": os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
+                "ICEFALL_ADMIN_URL": admin_url, **jvm, **(self.env_vars or {}),
+            }
+            self._hook = None  # built from the fields set above
+            try:
+                super().execute(context)
+            except AirflowException as exc:
+                result = read_result(result_path)
+                if result is None:
+                    raise
+                self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
+                raise SparkJobFailed(f"{label} failed: {result.get('message')}") from exc
+            result = read_result(result_path)
+            if result is None:
+                raise SparkJobFailed(f"{self.application} exited 0 but wrote no result to {result_path}")
+        self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
+        return result
