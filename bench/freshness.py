@@ -10,7 +10,7 @@ against the interval (target: p99 <= interval + 10 s) and the fixed cost of a
 round as Airflow runs it: the DAG run (plan start -> publish end) and its tasks,
 from Airflow's database, next to the Spark job's own timings (asset extras).
 
-    .venv/bin/python bench/freshness.py [--minutes 10] [--interval-s 30] [--rate 20]
+    .venv/bin/python bench/freshness.py [--minutes 10] [--interval-s 30] [--rate 20] [--trigger-bytes N]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class Producer(threading.Thread):
         super().__init__(daemon=True)
         self.broker, self.rate, self.stop = broker, rate, stop
         self.sent = 0
+        self.bytes_sent = 0  # value bytes (the broker's batches add ~70 B of framing each)
         self.produced_ms: list[int] = []  # by sequence number
 
     def run(self) -> None:
@@ -65,6 +66,7 @@ class Producer(threading.Thread):
             value = serialize({"seq": self.sent, "produced_ms": now_ms}, context)
             self.produced_ms.append(now_ms)
             producer.produce(TOPIC, value=value)
+            self.bytes_sent += len(value)
             producer.poll(0)
             self.sent += 1
             next_at += 1 / self.rate
@@ -127,6 +129,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--interval-s", type=float, default=30.0)
     parser.add_argument("--rate", type=float, default=20.0, help="records per second")
+    parser.add_argument("--trigger-bytes", type=int, default=0,
+                        help="automq.table.topic.commit.trigger.bytes: also commit when this many bytes wait")
     parser.add_argument("--keep", action="store_true", help="keep the temporary home")
     args = parser.parse_args()
 
@@ -143,7 +147,8 @@ def main() -> int:
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         config = {"automq.table.topic.enable": "true",
-                  "automq.table.topic.commit.interval.ms": str(int(args.interval_s * 1000))}
+                  "automq.table.topic.commit.interval.ms": str(int(args.interval_s * 1000)),
+                  "automq.table.topic.commit.trigger.bytes": str(args.trigger_bytes)}
         for future in admin.create_topics([NewTopic(TOPIC, 3, 1, config=config)]).values():
             future.result(10)
         started = time.monotonic()
@@ -167,6 +172,7 @@ def main() -> int:
         freshness = [(seen[s] - producer.produced_ms[s]) / 1000 for s in eligible if s in seen]
         result = {
             "machine": machine(), "minutes": args.minutes, "interval_s": args.interval_s, "rate": args.rate,
+            "trigger_bytes": args.trigger_bytes, "value_bytes_per_s": round(producer.bytes_sent / (args.minutes * 60)),
             "produced": producer.sent, "visible": len(seen), "snapshots": snapshots,
             "freshness_s": {"n": len(freshness), "p50": round(percentile(freshness, 0.5), 2),
                             "p99": round(percentile(freshness, 0.99), 2), "max": round(max(freshness), 2)}

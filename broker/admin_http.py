@@ -7,7 +7,9 @@ round needs to plan its work without speaking Kafka.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import json
 from typing import Any
 
 from aiohttp import web
@@ -69,6 +71,28 @@ def ranges_for(part: PartitionLog, start: int, end: int) -> list[dict[str, Any]]
     return out
 
 
+def pending_in(part: PartitionLog, start: int) -> tuple[int, int]:
+    """Records and bytes (whole batches, in segments or still in the WAL tail) from ``start`` to the end."""
+    size = 0
+    i = max(bisect.bisect_right(part.chunk_bases, start) - 1, 0)
+    for chunk in part.chunks[i:]:
+        if chunk.end_offset <= start:
+            continue
+        first = max(bisect.bisect_right(chunk.ref_bases, start) - 1, 0)
+        size += sum(ref.size for ref in chunk.refs[first:])
+    flushed = part.flushed_offset
+    size += sum(len(b.data) for b in part.tail if b.end_offset > start and b.base_offset >= flushed)
+    return max(part.high_watermark - start, 0), size
+
+
+def parse_offsets(text: str) -> dict[int, int]:
+    """``{"<partition>": <offset>}`` (JSON) -> {partition: offset}; ValueError or TypeError when it is not that."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise TypeError("not a JSON object")
+    return {int(p): int(o) for p, o in value.items()}
+
+
 class AdminApi(HttpService):
     def __init__(self, config: BrokerConfig, cluster: Cluster, logs: LogStore) -> None:
         self.config = config
@@ -82,6 +106,7 @@ class AdminApi(HttpService):
             web.get("/v1/topics/{topic}/offsets", self.offsets),
             web.get("/v1/topics/{topic}/plan", self.plan),
             web.get("/v1/topics/{topic}/partitions/{partition}/ranges", self.ranges),
+            web.get("/v1/topics/{topic}/pending", self.pending),
             web.post("/v1/flush", self.flush),
             web.get("/metrics", self.metrics),
             web.get("/v1/retention", self.retention),
@@ -177,6 +202,40 @@ class AdminApi(HttpService):
             return _error(409, f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})")
         return web.json_response({"topic": topic.name, "partition": partition, "start": start, "end": end,
                                   "object_store": self.config.store.url, "ranges": ranges_for(part, start, end)})
+
+    async def pending(self, request: web.Request) -> web.Response:
+        """What waits for a table topic's next commit round: per partition, records and bytes from
+        the table's committed offset (``from``, a JSON object of offsets, moves the start further:
+        a size trigger that already fired up to them) to the end of the log."""
+        from broker import metrics
+        from broker.checkpoint import NO_CHECKPOINT
+
+        topic = self._topic(request)
+        try:
+            since = parse_offsets(request.query.get("from", "{}"))
+        except (ValueError, TypeError):
+            return _error(400, 'from must be a JSON object of offsets, e.g. {"0": 120, "1": 98}')
+        checkpoint = NO_CHECKPOINT
+        if topic_configs.is_table_topic(topic.configs):
+            namespace = topic_configs.effective(topic.configs)[topic_configs.TABLE_PREFIX + "namespace"]
+            try:
+                checkpoint = await asyncio.to_thread(metrics.table_checkpoint,
+                                                     metrics.catalog_reader(self.config.catalog_url), namespace,
+                                                     topic_configs.table_name(topic.name))
+            except RuntimeError as exc:
+                return _error(503, f"the catalog cannot say what {topic.name}'s table holds: {exc}")
+        committed = checkpoint.offsets if checkpoint.topic_id in (None, str(topic.topic_id)) else {}
+        partitions = []
+        for p in range(topic.partitions):
+            part = self.logs.partitions[(topic.name, p)]
+            start = max(part.log_start_offset, committed.get(p, 0), since.get(p, 0))
+            records, size = pending_in(part, start)
+            partitions.append({"partition": p, "start_offset": start, "end_offset": part.high_watermark,
+                               "records": records, "bytes": size})
+        return web.json_response({
+            "topic": topic.name, "committed_offsets": {str(p): o for p, o in sorted(committed.items())},
+            "records": sum(p["records"] for p in partitions), "bytes": sum(p["bytes"] for p in partitions),
+            "partitions": partitions})
 
     async def flush(self, request: web.Request) -> web.Response:
         written = await self.logs.flush()

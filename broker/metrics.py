@@ -117,6 +117,14 @@ class CatalogReader:
 _readers: dict[str, CatalogReader] = {}
 
 
+def table_checkpoint(reader: CatalogReader, namespace: str, table: str) -> Checkpoint:
+    """The table's offsets checkpoint (none yet: the empty one); raises when the catalog cannot answer."""
+    facts = reader.facts(namespace, table)
+    if facts.error:
+        raise RuntimeError(facts.error)
+    return facts.checkpoint
+
+
 def catalog_reader(catalog_url: str) -> CatalogReader:
     return _readers.setdefault(catalog_url, CatalogReader(catalog_url))
 

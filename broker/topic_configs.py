@@ -208,6 +208,10 @@ KEYS: Mapping[str, ConfigKey] = {
             TABLE_PREFIX + "commit.interval.ms", "60000", _long(1000, 15 * 60 * 1000),
             "commit round interval (the DAG schedule)", 5,
         ),
+        ConfigKey(
+            TABLE_PREFIX + "commit.trigger.bytes", "0", _long(0),
+            "also start a commit round as soon as this many bytes wait for the table (0: on the interval only)", 5,
+        ),
         ConfigKey(TABLE_PREFIX + "namespace", "default", _identifier, "Iceberg namespace", 2),
         ConfigKey(TABLE_PREFIX + "convert.value.type", "by_schema_id", _choice(*_CONVERT), "value conversion", 2),
         ConfigKey(TABLE_PREFIX + "convert.key.type", "string", _choice(*_CONVERT), "key conversion", 2),

@@ -6,7 +6,7 @@ them build the very same asset (name, URI and group).
 
 from __future__ import annotations
 
-from airflow.sdk import Asset
+from airflow.sdk import Asset, AssetWatcher
 
 from icefall_airflow import settings
 
@@ -14,6 +14,12 @@ from icefall_airflow import settings
 def table_asset(namespace: str, table: str) -> Asset:
     name = settings.asset_name(namespace, table)
     return Asset(name=name, uri=name, group="icefall")
+
+
+def pending_asset(namespace: str, table: str, watchers: list[AssetWatcher]) -> Asset:
+    """``icefall/<namespace>/<table>/pending``: watched by the table's size trigger."""
+    name = settings.pending_asset_name(namespace, table)
+    return Asset(name=name, uri=name, group="icefall", watchers=watchers)
 
 
 def dlq_reprocess_asset(namespace: str, table: str) -> Asset:

@@ -51,5 +51,10 @@ class BrokerClient:
         return self._call(f"/v1/topics/{urllib.parse.quote(topic)}/partitions/{partition}/ranges"
                           f"?start={start}&end={end}")
 
+    def pending(self, topic: str, since: dict[str, int] | None = None) -> dict[str, Any]:
+        """Records and bytes waiting for the topic's table (past ``since`` when given)."""
+        query = urllib.parse.urlencode({"from": json.dumps(since or {})})
+        return self._call(f"/v1/topics/{urllib.parse.quote(topic, safe='')}/pending?{query}")
+
     def flush(self) -> dict[str, Any]:
         return self._call("/v1/flush", method="POST")

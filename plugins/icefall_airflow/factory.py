@@ -25,6 +25,8 @@ from typing import Any
 from airflow.sdk import (
     DAG,
     Asset,
+    AssetOrTimeSchedule,
+    AssetWatcher,
     DeltaDataIntervalTimetable,
     Metadata,
     Param,
@@ -33,10 +35,11 @@ from airflow.sdk import (
 )
 
 from icefall_airflow import manifest, planning, publish
-from icefall_airflow.assets import table_asset
+from icefall_airflow.assets import pending_asset, table_asset
 from icefall_airflow.broker_client import BrokerClient, BrokerError
 from icefall_airflow.commit_operator import CommitRoundOperator
 from icefall_airflow.lag import measure
+from icefall_airflow.pending_trigger import PendingBytesTrigger
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,10 @@ def _plan(entry: manifest.TableTopic) -> dict[str, Any]:
         raise AirflowSkipException(f"topic {entry.topic} is not a table topic now ({manifest.ENABLE_KEY}=false): "
                                    "no round; set it to true to resume")
     context = get_current_context()
-    request = planning.round_request(entry.topic, context["params"], context.get("data_interval_end"),
+    # a run the size trigger started (an asset event) commits what has arrived up to now
+    by_size = getattr(context.get("dag_run"), "run_type", None) == "asset_triggered"
+    request = planning.round_request(entry.topic, context["params"],
+                                     None if by_size else context.get("data_interval_end"),
                                      context["run_id"], int(time.time() * 1000))
     client = BrokerClient(manifest.admin_url())
     plan = planning.plan_round(client, request, float(os.environ.get(PLAN_DEADLINE_ENV, "120")))
@@ -103,12 +109,23 @@ def _publish(entry: manifest.TableTopic, asset: Asset, result: dict[str, Any],
     yield Metadata(asset, publish.asset_extra(result, plan, lag))
 
 
+def commit_schedule(entry: manifest.TableTopic) -> Any:
+    """The topic's commit interval; with ``commit.trigger.bytes``, that interval or the size trigger,
+    whichever comes first (``pending_trigger``)."""
+    interval = DeltaDataIntervalTimetable(timedelta(milliseconds=entry.schedule_ms))
+    if not entry.commit_trigger_bytes:
+        return interval
+    watcher = AssetWatcher(name=f"icefall_pending__{entry.topic}",
+                           trigger=PendingBytesTrigger(entry.topic, entry.commit_trigger_bytes))
+    return AssetOrTimeSchedule(timetable=interval, assets=pending_asset(entry.namespace, entry.table, [watcher]))
+
+
 def build_commit_dag(entry: manifest.TableTopic) -> DAG:
     asset = table_asset(entry.namespace, entry.table)
     with DAG(
         dag_id=entry.dag_id,
         description=f"Commit rounds: Kafka topic {entry.topic} -> Iceberg {entry.namespace}.{entry.table}",
-        schedule=DeltaDataIntervalTimetable(timedelta(milliseconds=entry.schedule_ms)),
+        schedule=commit_schedule(entry),
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,

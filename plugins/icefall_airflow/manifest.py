@@ -16,6 +16,7 @@ from typing import Any
 from icefall_airflow import settings
 
 ENABLE_KEY = "automq.table.topic.enable"
+COMMIT_TRIGGER_KEY = "automq.table.topic.commit.trigger.bytes"
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,14 @@ class TableTopic:
     def disabled_note(self) -> str:
         """What a DAG's docs start with while the topic's table-topic flag is off."""
         return "" if self.enabled else f"**Disabled**: the topic's `{ENABLE_KEY}` is `false`; this DAG is paused.\n\n"
+
+    @property
+    def commit_trigger_bytes(self) -> int:
+        """``automq.table.topic.commit.trigger.bytes``: 0 (the default) commits on the interval only."""
+        try:
+            return max(int(self.configs.get(COMMIT_TRIGGER_KEY, "0") or 0), 0)
+        except ValueError:
+            return 0
 
     @property
     def schedule_ms(self) -> int:

@@ -70,6 +70,11 @@ def maintenance_asset_name(namespace: str, table: str) -> str:
     return f"{asset_name(namespace, table)}/maintenance"
 
 
+def pending_asset_name(namespace: str, table: str) -> str:
+    """Where a table's size trigger reports that enough bytes wait (it schedules the commit DAG)."""
+    return f"{asset_name(namespace, table)}/pending"
+
+
 def dlq_asset_name(namespace: str, table: str) -> str:
     """DLQ reprocess events: rows moved from the DLQ into the table. Their own asset, because
     they are not a round's offset range (the extra lists the offsets moved)."""

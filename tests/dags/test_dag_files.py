@@ -81,3 +81,20 @@ def test_a_disabled_topic_keeps_its_dag_marked_disabled(tmp_path: Path, monkeypa
     assert "disabled" in dag.tags and "disabled" not in bag.dags["icefall_commit__on"].tags
     assert dag.timetable.delta == timedelta(seconds=30)  # the schedule is kept for when it comes back
     assert dag.doc_md.startswith("**Disabled**")
+
+
+def test_a_size_trigger_schedules_rounds_on_the_interval_or_the_pending_asset(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifests.write(tmp_path, manifests.entry("bursts", 900_000, **{"automq.table.topic.commit.trigger.bytes": "65536"}),
+                    manifests.entry("steady", 60_000))
+    bag = dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    timetable = bag.dags["icefall_commit__bursts"].timetable
+    assert type(timetable).__name__ == "AssetOrTimeSchedule"
+    assert timetable.timetable.delta == timedelta(minutes=15)  # backfills still have their intervals
+    asset = timetable.asset_condition
+    assert asset.name == "icefall/default/bursts/pending"
+    [watcher] = asset.watchers
+    assert watcher.trigger.serialize() == ("icefall_airflow.pending_trigger.PendingBytesTrigger", {
+        "topic": "bursts", "threshold_bytes": 65536, "admin_url": None, "poll_interval_s": 2.0})
+    assert type(bag.dags["icefall_commit__steady"].timetable).__name__ == "DeltaDataIntervalTimetable"

@@ -130,6 +130,51 @@ def disabling_pauses_the_dag_and_enabling_resumes_it(base: str, output: str, boo
     wait_for(lambda: not paused(), 120, interval=1, what="the commit DAG to be unpaused when the topic is enabled")
 
 
+def a_size_trigger_commits_before_the_interval(base: str, output: str, bootstrap: str) -> None:
+    """A table topic with a 15 min interval and commit.trigger.bytes: the triggerer's watcher sees the
+    bytes waiting, the scheduler starts an asset-triggered round, and the rows are in long before 15 min."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    password = re.search(r"login admin / (\S+)\)", output)
+    assert password, output
+    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})["access_token"]
+    config = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "raw",
+              "automq.table.topic.commit.interval.ms": "900000", "automq.table.topic.commit.trigger.bytes": "20000"}
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic("bursts", 1, 1, config=config)]).values():
+        future.result(10)
+    wait_for(lambda: _api(base, "/api/v2/dags/icefall_commit__bursts", token)["is_paused"] is False, 120,
+             interval=1, what="the DAG processor to parse the new table topic's DAG")
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(50):
+        producer.produce("bursts", value=b"x" * 1_000, key=str(i).encode())
+    assert producer.flush(10) == 0
+
+    def rows() -> int:
+        answer: Any = _get_json(f"{base}/icefall/api/tables/bursts")
+        return int(answer.get("rows") or 0)
+
+    committed = wait_for(lambda: (n := rows()) >= 50 and n, 240, interval=2,
+                         what="a size-triggered round to commit 50 records")
+    assert committed == 50
+    def runs() -> list[dict[str, Any]]:
+        return [{k: r[k] for k in ("dag_run_id", "run_type", "state", "data_interval_start", "data_interval_end",
+                                   "queued_at", "start_date", "end_date")}
+                for r in _api(base, "/api/v2/dags/icefall_commit__bursts/dagRuns", token)["dag_runs"]]
+
+    def finished_by_size() -> dict[str, Any] | None:
+        done = [r for r in runs() if r["run_type"] == "asset_triggered" and r["state"] in ("success", "failed")]
+        return done[0] if done else None
+
+    run = wait_for(finished_by_size, 120, interval=1, what="the asset-triggered round to finish")
+    assert run["state"] == "success", json.dumps(runs(), indent=1)
+    assert not [r for r in runs() if r["run_type"] == "scheduled" and r["data_interval_end"] > run["queued_at"]]
+    tis = _api(base, f"/api/v2/dags/icefall_commit__bursts/dagRuns/{run['dag_run_id']}/taskInstances",
+               token)["task_instances"]
+    assert {ti["task_id"]: ti["state"] for ti in tis}["publish"] == "success"
+
+
 @pytest.mark.timeout(900)
 def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     home = tmp_path / "home"
@@ -180,6 +225,7 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(tmp_path: Path
 
         disabling_pauses_the_dag_and_enabling_resumes_it(f"http://127.0.0.1:{airflow}", output,
                                                          f"127.0.0.1:{kafka}")
+        a_size_trigger_commits_before_the_interval(f"http://127.0.0.1:{airflow}", output, f"127.0.0.1:{kafka}")
 
         started.update(_processes_with_home(home))
         proc.send_signal(signal.SIGINT)
