@@ -131,6 +131,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=20.0, help="records per second")
     parser.add_argument("--trigger-bytes", type=int, default=0,
                         help="automq.table.topic.commit.trigger.bytes: also commit when this many bytes wait")
+    parser.add_argument("--settle-s", type=float, default=None,
+                        help="records produced in the last this many seconds are not measured (default: two "
+                             "intervals; 30 s with --trigger-bytes)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary home")
     args = parser.parse_args()
 
@@ -166,13 +169,14 @@ def main() -> int:
         stop.set()
         producer.join(30)
         # Records produced near the end had no chance to be committed: measure those produced before
-        # the end minus two intervals; one of those never seen counts as "not visible by the end".
-        cutoff_ms = (end - 2 * args.interval_s) * 1000
+        # the end minus two intervals (or --settle-s); one of those never seen counts as "not visible by the end".
+        settle_s = args.settle_s if args.settle_s is not None else 30.0 if args.trigger_bytes else 2 * args.interval_s
+        cutoff_ms = (end - settle_s) * 1000
         eligible = [seq for seq, ms in enumerate(producer.produced_ms) if ms <= cutoff_ms]
         freshness = [(seen[s] - producer.produced_ms[s]) / 1000 for s in eligible if s in seen]
         result = {
             "machine": machine(), "minutes": args.minutes, "interval_s": args.interval_s, "rate": args.rate,
-            "trigger_bytes": args.trigger_bytes, "value_bytes_per_s": round(producer.bytes_sent / (args.minutes * 60)),
+            "trigger_bytes": args.trigger_bytes, "settle_s": settle_s, "value_bytes_per_s": round(producer.bytes_sent / (args.minutes * 60)),
             "produced": producer.sent, "visible": len(seen), "snapshots": snapshots,
             "freshness_s": {"n": len(freshness), "p50": round(percentile(freshness, 0.5), 2),
                             "p99": round(percentile(freshness, 0.99), 2), "max": round(max(freshness), 2)}

@@ -285,8 +285,9 @@ def _properties(result: ReprocessResult, moved: dict[int, list[int]]) -> dict[st
 
 def _write_with_spark(job: _Job, table: Table, spark: Any) -> tuple[list[BranchHead], dict[int, list[int]]]:
     """An upsert/CDC table, or any format v3 table (pyiceberg 0.12 writes no v3 manifests): the
-    records are staged as a round's are (``round_tasks``, every column optional) and Spark's
-    Iceberg writer appends them, or MERGEs them on the id columns, on the reprocess branch.
+    records are staged as a round's are (``round_tasks``; every column optional for a merge, the
+    table's own columns for an append) and Spark's Iceberg writer appends them, or MERGEs them on
+    the id columns, on the reprocess branch.
 
     An upsert table must not take an old record over a newer one: the replay reads each
     partition from its first DLQ offset up to the table's committed offset, and a DLQ record

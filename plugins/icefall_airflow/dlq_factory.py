@@ -25,7 +25,7 @@ from airflow.sdk import DAG, Asset, Metadata, task
 
 from icefall_airflow import manifest, settings
 from icefall_airflow.assets import dlq_reprocess_asset
-from icefall_airflow.job_operator import SparkJobOperator
+from icefall_airflow.job_operator import TableJobOperator, check_job_result
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +43,8 @@ maintenance. A run that moved rows emits an event on `{asset}` (extra: the offse
 """
 
 
-class ReprocessResultError(ValueError):
-    """The DLQ reprocess job's result JSON is not what its contract says."""
-
-
 def check_result(result: Any) -> dict[str, Any]:
-    if not isinstance(result, dict):
-        raise ReprocessResultError(f"the DLQ reprocess returned {type(result).__name__}, not a result object")
-    if result.get("status") not in RESULT_STATUSES:
-        raise ReprocessResultError(f"unknown DLQ reprocess status {result.get('status')!r}")
-    return result
+    return check_job_result(result, "DLQ reprocess", RESULT_STATUSES)
 
 
 def asset_extra(entry: manifest.TableTopic, result: dict[str, Any]) -> dict[str, Any]:
@@ -64,25 +56,14 @@ def asset_extra(entry: manifest.TableTopic, result: dict[str, Any]) -> dict[str,
     }
 
 
-class DlqReprocessOperator(SparkJobOperator):
+class DlqReprocessOperator(TableJobOperator):
     """Run ``spark_jobs/dlq_reprocess.py`` for ``topic`` and return its result JSON."""
 
     script = "dlq_reprocess.py"
-
-    def __init__(self, *, topic: str, topic_enabled: bool = True, admin_url: str | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.topic = topic
-        self.topic_enabled = topic_enabled
-        self.admin_url = admin_url
+    when_disabled = "nothing to reprocess into"
 
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        if not self.topic_enabled:
-            raise AirflowSkipException(f"topic {self.topic} is not a table topic now "
-                                       "(automq.table.topic.enable=false): nothing to reprocess into")
-        admin_url = self.admin_url or manifest.admin_url()
+        admin_url = self.admin_url_or_skip()
         return self.run_job(context, admin_url, ["--topic", self.topic, "--admin-url", admin_url],
                             f"DLQ reprocess of {self.topic}")
 

@@ -30,6 +30,19 @@ class SparkJobFailed(RuntimeError):
     """The Spark job failed; the message is the job's."""
 
 
+class JobResultError(ValueError):
+    """A job's result JSON is not what its contract says."""
+
+
+def check_job_result(result: Any, job: str, statuses: tuple[str, ...]) -> dict[str, Any]:
+    """``result`` if it is a result object with one of ``statuses`` (``job`` names it in errors)."""
+    if not isinstance(result, dict):
+        raise JobResultError(f"{job} returned {type(result).__name__}, not a result object")
+    if result.get("status") not in statuses:
+        raise JobResultError(f"unknown {job} status {result.get('status')!r} (expected one of {statuses})")
+    return result
+
+
 def job_script(name: str) -> str:
     """Path of a Spark application in ``spark_jobs`` (next to the helpers it imports)."""
     import spark_jobs
@@ -103,3 +116,27 @@ class SparkJobOperator(SparkSubmitOperator):
                 raise SparkJobFailed(f"{self.application} exited 0 but wrote no result to {result_path}")
         self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
         return result
+
+
+class TableJobOperator(SparkJobOperator):
+    """A job on one table topic's table that a disabled topic (table-topic flag off) skips."""
+
+    when_disabled = "nothing to do"  # the skip message's end
+
+    def __init__(self, *, topic: str, topic_enabled: bool = True, admin_url: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.topic = topic
+        self.topic_enabled = topic_enabled
+        self.admin_url = admin_url
+
+    def admin_url_or_skip(self) -> str:
+        """The broker's admin URL; skips the task while the topic is not a table topic."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from icefall_airflow import manifest
+
+        if not self.topic_enabled:
+            raise AirflowSkipException(f"topic {self.topic} is not a table topic now "
+                                       f"(automq.table.topic.enable=false): {self.when_disabled}")
+        return self.admin_url or manifest.admin_url()

@@ -30,6 +30,7 @@ from airflow.sdk import DAG, Asset, DeltaTriggerTimetable, Metadata, Param, task
 
 from icefall_airflow import manifest, settings
 from icefall_airflow.assets import maintenance_asset
+from icefall_airflow.job_operator import check_job_result
 from icefall_airflow.maintain_operator import MaintenanceOperator
 from spark_jobs import maintenance_summary
 from spark_jobs.maintenance_settings import ACTIONS
@@ -80,16 +81,8 @@ def maintenance_params() -> dict[str, Param]:
     }
 
 
-class MaintenanceResultError(ValueError):
-    """The maintenance job's result JSON is not what its contract says."""
-
-
 def check_result(result: Any) -> dict[str, Any]:
-    if not isinstance(result, dict):
-        raise MaintenanceResultError(f"maintenance returned {type(result).__name__}, not a result object")
-    if result.get("status") not in RESULT_STATUSES:
-        raise MaintenanceResultError(f"unknown maintenance status {result.get('status')!r}")
-    return result
+    return check_job_result(result, "maintenance", RESULT_STATUSES)
 
 
 def asset_extra(entry: manifest.TableTopic, result: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from icefall_airflow.job_operator import SparkJobOperator
+from icefall_airflow.job_operator import TableJobOperator
 
 
 def maintenance_args(topic: str, admin_url: str, actions: Sequence[str] | None) -> list[str]:
@@ -38,30 +38,20 @@ def table_missing(admin_url: str, namespace: str, table: str) -> bool:
         return False
 
 
-class MaintenanceOperator(SparkJobOperator):
+class MaintenanceOperator(TableJobOperator):
     """Run table maintenance for ``topic`` (the actions in param ``actions``) and return the result JSON."""
 
     script = "maintenance.py"
+    when_disabled = "no maintenance"
 
-    def __init__(self, *, topic: str, namespace: str, table: str, topic_enabled: bool = True,
-                 admin_url: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, namespace: str, table: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.topic = topic
         self.namespace = namespace
         self.table = table
-        self.topic_enabled = topic_enabled
-        self.admin_url = admin_url
 
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from icefall_airflow import manifest
-
-        if not self.topic_enabled:
-            raise AirflowSkipException(f"topic {self.topic} is not a table topic now "
-                                       "(automq.table.topic.enable=false): no maintenance")
+        admin_url = self.admin_url_or_skip()
         actions = (context.get("params") or {}).get("actions")
-        admin_url = self.admin_url or manifest.admin_url()
         if table_missing(admin_url, self.namespace, self.table):
             self.log.info("%s.%s does not exist yet (no round committed): nothing to maintain, no Spark started",
                           self.namespace, self.table)

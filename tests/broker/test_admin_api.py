@@ -16,11 +16,15 @@ from broker.objectstore import LocalObjectStore
 from tests.support import BrokerProcess, wait_for
 
 
-def test_plan_and_ranges_cover_exactly_the_records_before_the_cut(broker: BrokerProcess) -> None:
+def raw_table_topic(broker: BrokerProcess, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     config = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "raw"}
-    for f in admin.create_topics([NewTopic("planned", 2, 1, config=config)]).values():
+    for f in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
         f.result(10)
+
+
+def test_plan_and_ranges_cover_exactly_the_records_before_the_cut(broker: BrokerProcess) -> None:
+    raw_table_topic(broker, "planned", 2)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     for i in range(40):
         producer.produce("planned", value=f"early-{i}".encode(), partition=i % 2)
@@ -81,10 +85,7 @@ def test_pending_counts_what_waits_past_the_committed_offsets(broker: BrokerProc
 
     from broker import checkpoint
 
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    config = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "raw"}
-    for f in admin.create_topics([NewTopic("waiting", 2, 1, config=config)]).values():
-        f.result(10)
+    raw_table_topic(broker, "waiting", 2)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     for i in range(40):
         producer.produce("waiting", value=bytes(100 + i), partition=i % 2)

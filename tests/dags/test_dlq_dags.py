@@ -57,7 +57,7 @@ def test_publish_contract() -> None:
         "shop", "orders", 11, {"0": [4, 7]})
     assert (extra["moved"], extra["superseded"], extra["still_bad"]) == (2, 1, 3)
     for bad in (None, [], {"status": "failed"}, {"status": "committed"}):
-        with pytest.raises(dlq_factory.ReprocessResultError):
+        with pytest.raises(ValueError, match="DLQ reprocess"):
             dlq_factory.check_result(bad)
 
 
