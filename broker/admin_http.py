@@ -71,20 +71,6 @@ def ranges_for(part: PartitionLog, start: int, end: int) -> list[dict[str, Any]]
     return out
 
 
-def pending_in(part: PartitionLog, start: int) -> tuple[int, int]:
-    """Records and bytes (whole batches, in segments or still in the WAL tail) from ``start`` to the end."""
-    size = 0
-    i = max(bisect.bisect_right(part.chunk_bases, start) - 1, 0)
-    for chunk in part.chunks[i:]:
-        if chunk.end_offset <= start:
-            continue
-        first = max(bisect.bisect_right(chunk.ref_bases, start) - 1, 0)
-        size += sum(ref.size for ref in chunk.refs[first:])
-    flushed = part.flushed_offset
-    size += sum(len(b.data) for b in part.tail if b.end_offset > start and b.base_offset >= flushed)
-    return max(part.high_watermark - start, 0), size
-
-
 def parse_offsets(text: str) -> dict[int, int]:
     """``{"<partition>": <offset>}`` (JSON) -> {partition: offset}; ValueError or TypeError when it is not that."""
     value = json.loads(text)
@@ -229,7 +215,7 @@ class AdminApi(HttpService):
         for p in range(topic.partitions):
             part = self.logs.partitions[(topic.name, p)]
             start = max(part.log_start_offset, committed.get(p, 0), since.get(p, 0))
-            records, size = pending_in(part, start)
+            records, size = metrics.pending_in(part, start)
             partitions.append({"partition": p, "start_offset": start, "end_offset": part.high_watermark,
                                "records": records, "bytes": size})
         return web.json_response({

@@ -129,6 +129,20 @@ def catalog_reader(catalog_url: str) -> CatalogReader:
     return _readers.setdefault(catalog_url, CatalogReader(catalog_url))
 
 
+def pending_in(part: PartitionLog, start: int) -> tuple[int, int]:
+    """Records and bytes (whole batches, in segments or still in the WAL tail) from ``start`` to the end."""
+    size = 0
+    i = max(bisect.bisect_right(part.chunk_bases, start) - 1, 0)
+    for chunk in part.chunks[i:]:
+        if chunk.end_offset <= start:
+            continue
+        first = max(bisect.bisect_right(chunk.ref_bases, start) - 1, 0)
+        size += sum(ref.size for ref in chunk.refs[first:])
+    flushed = part.flushed_offset
+    size += sum(len(b.data) for b in part.tail if b.end_offset > start and b.base_offset >= flushed)
+    return max(part.high_watermark - start, 0), size
+
+
 def append_ms_at(part: PartitionLog, offset: int) -> int | None:
     """Append time of the batch holding ``offset`` (segment index, else the WAL tail)."""
     for chunk in part.chunks:
@@ -199,6 +213,7 @@ def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts
         ("icefall_unflushed_bytes", "gauge", "Bytes in the write-ahead log not yet in segment objects"),
         ("icefall_table_committed_offset", "gauge", "Next offset the table holds (its Iceberg checkpoint)"),
         ("icefall_table_lag_records", "gauge", "Records in the topic not yet in the table"),
+        ("icefall_table_lag_bytes", "gauge", "Bytes (whole batches) in the topic not yet in the table"),
         ("icefall_table_lag_seconds", "gauge", "Age of the oldest record not yet in the table (append time)"),
         ("icefall_table_last_commit_timestamp_seconds", "gauge", "Time of the snapshot holding the checkpoint"),
         ("icefall_table_rows", "gauge", "Rows in the table's current snapshot"),
@@ -230,7 +245,7 @@ def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts
         if got.error:
             continue
         same_topic = got.checkpoint.topic_id in (None, str(topic.topic_id))
-        behind, oldest = 0, []
+        behind, behind_bytes, oldest = 0, 0, []
         for p in range(topic.partitions):
             part = logs.partitions.get((topic.name, p))
             if part is None:
@@ -239,10 +254,13 @@ def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts
             start = max(committed if committed is not None else part.log_start_offset, part.log_start_offset)
             f["icefall_table_committed_offset"].add({**labels, "partition": str(p)}, committed or 0)
             if part.high_watermark > start:
-                behind += part.high_watermark - start
+                records, size = pending_in(part, start)
+                behind += records
+                behind_bytes += size
                 if (appended := append_ms_at(part, start)) is not None:
                     oldest.append(appended)
         f["icefall_table_lag_records"].add(labels, behind)
+        f["icefall_table_lag_bytes"].add(labels, behind_bytes)
         f["icefall_table_lag_seconds"].add(labels, max(0.0, (now_ms - min(oldest)) / 1000) if oldest else 0.0)
         if got.checkpoint.timestamp_ms is not None:
             f["icefall_table_last_commit_timestamp_seconds"].add(labels, got.checkpoint.timestamp_ms / 1000)
