@@ -205,15 +205,17 @@ class AdminApi(HttpService):
         if topic_configs.is_table_topic(topic.configs):
             namespace = topic_configs.effective(topic.configs)[topic_configs.TABLE_PREFIX + "namespace"]
             try:
-                checkpoint = await asyncio.to_thread(metrics.table_checkpoint,
-                                                     metrics.catalog_reader(self.config.catalog_url), namespace,
-                                                     topic_configs.table_name(topic.name))
-            except RuntimeError as exc:
-                return _error(503, f"the catalog cannot say what {topic.name}'s table holds: {exc}")
+                checkpoint = await asyncio.to_thread(metrics.catalog_reader(self.config.catalog_url).checkpoint,
+                                                     namespace, topic_configs.table_name(topic.name))
+            except Exception as exc:  # noqa: BLE001 -- any catalog failure: the caller asks again later
+                return _error(503, f"the catalog cannot say what {topic.name}'s table holds: "
+                                   f"{type(exc).__name__}: {exc}")
         committed = checkpoint.offsets if checkpoint.topic_id in (None, str(topic.topic_id)) else {}
         partitions = []
         for p in range(topic.partitions):
-            part = self.logs.partitions[(topic.name, p)]
+            part = self.logs.partitions.get((topic.name, p))
+            if part is None:  # a partition being created
+                continue
             start = max(part.log_start_offset, committed.get(p, 0), since.get(p, 0))
             records, size = metrics.pending_in(part, start)
             partitions.append({"partition": p, "start_offset": start, "end_offset": part.high_watermark,

@@ -101,6 +101,15 @@ class CatalogReader:
         except (NoSuchTableError, NoSuchNamespaceError):
             return None
 
+    def checkpoint(self, namespace: str, table: str) -> Checkpoint:
+        """Only the table's offsets checkpoint (none yet: the empty one); raises when the catalog cannot answer."""
+        try:
+            loaded = self._load(namespace, table)
+        except Exception:
+            self._catalog = None
+            raise
+        return read_checkpoint(loaded.metadata) if loaded is not None else NO_CHECKPOINT
+
     def facts(self, namespace: str, table: str) -> TableFacts:
         try:
             loaded = self._load(namespace, table)
@@ -117,20 +126,13 @@ class CatalogReader:
 _readers: dict[str, CatalogReader] = {}
 
 
-def table_checkpoint(reader: CatalogReader, namespace: str, table: str) -> Checkpoint:
-    """The table's offsets checkpoint (none yet: the empty one); raises when the catalog cannot answer."""
-    facts = reader.facts(namespace, table)
-    if facts.error:
-        raise RuntimeError(facts.error)
-    return facts.checkpoint
-
-
 def catalog_reader(catalog_url: str) -> CatalogReader:
     return _readers.setdefault(catalog_url, CatalogReader(catalog_url))
 
 
 def pending_in(part: PartitionLog, start: int) -> tuple[int, int]:
-    """Records and bytes (whole batches, in segments or still in the WAL tail) from ``start`` to the end."""
+    """Records and bytes (whole batches, in segments or still in the WAL tail) from ``start`` to the
+    high watermark (batches accepted but not yet durable in the WAL are not counted: no client reads them)."""
     size = 0
     i = max(bisect.bisect_right(part.chunk_bases, start) - 1, 0)
     for chunk in part.chunks[i:]:
@@ -139,7 +141,8 @@ def pending_in(part: PartitionLog, start: int) -> tuple[int, int]:
         first = max(bisect.bisect_right(chunk.ref_bases, start) - 1, 0)
         size += sum(ref.size for ref in chunk.refs[first:])
     flushed = part.flushed_offset
-    size += sum(len(b.data) for b in part.tail if b.end_offset > start and b.base_offset >= flushed)
+    hwm = part.high_watermark
+    size += sum(len(b.data) for b in part.tail if start < b.end_offset <= hwm and b.base_offset >= flushed)
     return max(part.high_watermark - start, 0), size
 
 

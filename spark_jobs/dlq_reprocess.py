@@ -78,7 +78,8 @@ class ReprocessResult:
     moved: int = 0
     still_bad: int = 0
     superseded: int = 0  # upsert tables: moved out of the DLQ, but a later record of the id had already won
-    moved_offsets: dict[str, list[int]] = field(default_factory=dict)  # partition -> offsets now in the table
+    # partition -> offsets of the rows this reprocess wrote to the table (not the superseded ones)
+    moved_offsets: dict[str, list[int]] = field(default_factory=dict)
     only_in_dlq: int = 0  # DLQ records whose segments retention deleted: decoded from the DLQ's copy
     unavailable: int = 0  # upsert tables: such records stay in the DLQ (nothing to compare them with)
     snapshot_id: int | None = None
@@ -213,11 +214,11 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     table = table.refresh()
     v3 = table.metadata.format_version >= 3
     if job.upsert is None and not v3:
-        heads, moved = _append_with_pyiceberg(job, table_setup.ensure_base_snapshot(table), dlq_chunks)
+        heads, moved, written = _append_with_pyiceberg(job, table_setup.ensure_base_snapshot(table), dlq_chunks)
     else:
-        heads, moved = _write_with_spark(job, table, spark)
+        heads, moved, written = _write_with_spark(job, table, spark)
     result.moved = sum(len(v) for v in moved.values())
-    result.moved_offsets = {str(p): sorted(offsets) for p, offsets in sorted(moved.items())}
+    result.moved_offsets = {str(p): sorted(offsets) for p, offsets in sorted(written.items())}
     unavailable = (f"{result.unavailable} stay: retention deleted their segments, so an upsert table cannot tell "
                    "whether a later record replaced them" if result.unavailable else "")
     if not moved:
@@ -226,7 +227,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
         return result
 
     branch = branch_name(result.round_id)
-    properties = {checkpoint.ROUND_ID: result.round_id, REPROCESSED: str(result.moved)}
+    properties = _properties(result, result.moved)
     dlq_table = table_setup.ensure_base_snapshot(dlq_table.refresh())
     dlq_parent = main_snapshot_id(dlq_table)
     assert dlq_parent is not None
@@ -251,7 +252,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
 
 
 def _append_with_pyiceberg(job: _Job, table: Table, chunks: list[Any]
-                           ) -> tuple[list[BranchHead], dict[int, list[int]]]:
+                           ) -> tuple[list[BranchHead], dict[int, list[int]], dict[int, list[int]]]:
     """An append table (format v2): the DLQ records that decode now, appended in the driver."""
     converter = RowConverter(table.schema(), job.registry.avro_schema, key_type=job.options.key_type,
                              value_type=job.options.value_type)
@@ -268,22 +269,25 @@ def _append_with_pyiceberg(job: _Job, table: Table, chunks: list[Any]
         moved.setdefault(chunk.partition, []).extend(o for o in good if (chunk.partition, o) in wanted)
     moved = {p: offsets for p, offsets in moved.items() if offsets}
     if not moved:
-        return [], {}
+        return [], {}, {}
     branch = branch_name(job.result.round_id)
     parent = main_snapshot_id(table)
     assert parent is not None
     create_branch(job.catalog, table, branch, parent)
     rows = pa.Table.from_batches(batches, schema=converter.arrow_schema)
     table = write_to_branch(table.refresh(), lambda target: target.append(
-        rows, snapshot_properties=_properties(job.result, moved), branch=branch))
-    return [BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)], moved
+        rows, snapshot_properties=_properties(job.result, sum(len(v) for v in moved.values())), branch=branch))
+    head = BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)
+    return [head], moved, moved
 
 
-def _properties(result: ReprocessResult, moved: dict[int, list[int]]) -> dict[str, str]:
-    return {checkpoint.ROUND_ID: result.round_id, REPROCESSED: str(sum(len(v) for v in moved.values()))}
+def _properties(result: ReprocessResult, retried_ok: int) -> dict[str, str]:
+    """The snapshot summary of the table's reprocess commit (``REPROCESSED``: DLQ records that decode now)."""
+    return {checkpoint.ROUND_ID: result.round_id, REPROCESSED: str(retried_ok)}
 
 
-def _write_with_spark(job: _Job, table: Table, spark: Any) -> tuple[list[BranchHead], dict[int, list[int]]]:
+def _write_with_spark(job: _Job, table: Table, spark: Any
+                      ) -> tuple[list[BranchHead], dict[int, list[int]], dict[int, list[int]]]:
     """An upsert/CDC table, or any format v3 table (pyiceberg 0.12 writes no v3 manifests): the
     records are staged as a round's are (``round_tasks``; every column optional for a merge, the
     table's own columns for an append) and Spark's Iceberg writer appends them, or MERGEs them on
@@ -321,48 +325,59 @@ def _write_with_spark(job: _Job, table: Table, spark: Any) -> tuple[list[BranchH
                     job.registry.url, tuple(sorted(job.registry.known().items())))
     output = run_in_driver(spec, job.ranges(windows), extra)
     staged = [f.file_path for f in output.data_files]
+    if output.report.errors_dropped:  # the failures not kept would pass for records that decode
+        upsert.remove_staging(table, staged)
+        raise RuntimeError(f"more than {len(output.report.errors)} of the records retried still fail; nothing "
+                           "moved (fix what they have in common, then run again)")
     failed = {(e.partition, e.offset) for e in output.report.errors}
     result.still_bad = len(wanted & failed)
     now_good = sorted(wanted - failed)
-    moved: dict[int, list[int]] = {}
-    for p, o in now_good:
-        moved.setdefault(p, []).append(o)
-    if not moved:
+    if not now_good:
         upsert.remove_staging(table, staged)
-        return [], {}
+        return [], {}, {}
 
-    spark = spark if spark is not None else spark_session(f"icefall-dlq-reprocess-{job.topic.topic}",
-                                                          job.args.master)
     branch = branch_name(result.round_id)
     parent = main_snapshot_id(table)
-    if parent is None:
-        raise RuntimeError(f"{job.topic.table} has no snapshot on main yet; nothing moved")
-    create_branch(job.catalog, table, branch, parent)
-    namespace, name = job.topic.identifier
-    target = f"{use_catalog(spark, job.catalog_url)}.`{namespace}`.`{name}`.`branch_{branch}`"
-    properties = _properties(result, moved)
     try:
+        if parent is None:
+            raise RuntimeError(f"{job.topic.table} has no snapshot on main yet; nothing moved")
+        spark = spark if spark is not None else spark_session(f"icefall-dlq-reprocess-{job.topic.topic}",
+                                                              job.args.master)
+        create_branch(job.catalog, table, branch, parent)
+        namespace, name = job.topic.identifier
+        target = f"{use_catalog(spark, job.catalog_url)}.`{namespace}`.`{name}`.`branch_{branch}`"
+        properties = _properties(result, len(now_good))
         if job.upsert is not None:
             merged = upsert.merge_round(spark, target, table.schema(), job.upsert, staged, properties,
                                         result.round_id, only=now_good)
-            result.superseded = len(now_good) - (merged.applied or 0)
-            written = merged.merged
+            result.still_bad += len(merged.bad)  # decodes now, but has no id or I/U/D op: it stays
+            moved = sorted(set(now_good) - set(merged.bad))
+            written = list(merged.applied)
+            result.superseded = len(moved) - len(written)
         else:
             columns = [f"`{f.name}`" for f in table.schema().fields]
             rows = upsert.keep_offsets(spark, spark.read.parquet(*staged), now_good).selectExpr(*columns)
             upsert.with_commit_properties(spark, properties, lambda: rows.writeTo(target).option(
                 "check-nullability", "false").append())
-            written = True
+            moved = written = now_good
     except Exception:
         drop_branch(job.catalog, table.refresh(), branch)
         raise
     finally:
         upsert.remove_staging(table, staged)
     table = table.refresh()
-    if not written:  # every record a later one replaced: only the DLQ changes
+    if not written:  # every record a later one replaced (or none mergeable): only the DLQ changes
         drop_branch(job.catalog, table, branch)
-        return [], moved
-    return [BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)], moved
+        return [], _by_partition(moved), {}
+    head = BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)
+    return [head], _by_partition(moved), _by_partition(written)
+
+
+def _by_partition(pairs: list[tuple[int, int]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for p, o in sorted(pairs):
+        out.setdefault(p, []).append(o)
+    return out
 
 
 def _known(registry: RegistryClient, ids: set[int]) -> set[int]:

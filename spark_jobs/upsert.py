@@ -338,14 +338,24 @@ def merge_sql(target: str, source: str, schema: Schema, options: UpsertOptions) 
 @dataclass(frozen=True)
 class MergeOutcome:
     merged: bool  # False: nothing to merge (no staged rows), the caller adds an empty snapshot
-    applied: int | None = None  # with ``only``: how many of those records won their id and were merged
+    # with ``only``: the (partition, offset) of those records that won their id and were merged,
+    # and of those the merge cannot take (no id, no I/U/D op), which were left out
+    applied: tuple[tuple[int, int], ...] = ()
+    bad: tuple[tuple[int, int], ...] = ()
 
 
-def keep_offsets(spark: Any, frame: Any, pairs: Iterable[tuple[int, int]]) -> Any:
-    """The rows of ``frame`` whose Kafka (partition, offset) is one of ``pairs`` (a semi join)."""
+def keep_offsets(spark: Any, frame: Any, pairs: Iterable[tuple[int, int]], how: str = "left_semi") -> Any:
+    """The rows of ``frame`` whose Kafka (partition, offset) is one of ``pairs`` (``how="left_anti"``:
+    is none of them)."""
     wanted = spark.createDataFrame(sorted(set(pairs)), "p INT, o BIGINT")
     meta = frame[KAFKA_METADATA]
-    return frame.join(wanted, (meta["partition"] == wanted["p"]) & (meta["offset"] == wanted["o"]), "left_semi")
+    return frame.join(wanted, (meta["partition"] == wanted["p"]) & (meta["offset"] == wanted["o"]), how)
+
+
+def _offsets(frame: Any) -> tuple[tuple[int, int], ...]:
+    """The (partition, offset) of every row (collected: only for the DLQ's few records)."""
+    rows = frame.select(f"`{KAFKA_METADATA}`.`partition`", f"`{KAFKA_METADATA}`.`offset`").collect()
+    return tuple(sorted((int(r[0]), int(r[1])) for r in rows))
 
 
 def with_commit_properties(spark: Any, properties: dict[str, str], action: Callable[[], None]) -> None:
@@ -389,8 +399,9 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
 
     ``only`` (the DLQ reprocess): the staged rows are a replay of records already merged, and only
     these (partition, offset) records are new; of them, merge those that are still the last record
-    of their id in the replay (a later record of the same id has already had its effect). Nothing
-    is merged (``merged`` False) when none of them is."""
+    of their id in the replay (a later record of the same id has already had its effect). Those
+    of them without an id or op are left out of the replay (``bad``: they stay in the DLQ) instead
+    of failing it. Nothing is merged (``merged`` False) when none of them is."""
     if not staged:
         return MergeOutcome(False)
     view = "icefall_upsert_" + re.sub(r"\W", "_", round_id)
@@ -401,21 +412,26 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
     frame.createOrReplaceTempView(view)
     try:
         bad = spark.sql(bad_rows_sql(view, schema, options)).collect()
-        if bad:
+        new = set(only) if only is not None else set()
+        left_out = tuple(sorted((int(r["p"]), int(r["o"])) for r in bad if (int(r["p"]), int(r["o"])) in new))
+        if len(left_out) < len(bad):
+            bad = [r for r in bad if (int(r["p"]), int(r["o"])) not in new]
             shown = "; ".join(f"partition {r['p']} offset {r['o']}: {r['reason']}" for r in bad[:ERRORS_SHOWN])
             raise BadUpsertRecords(f"{len(bad)} records have no value for the id columns "
                                    f"{list(options.id_columns)} or no I/U/D operation; nothing committed: {shown}")
+        if left_out:
+            keep_offsets(spark, frame, left_out, "left_anti").createOrReplaceTempView(view)
         source = view + "_last"
         last = spark.sql(source_sql(view, schema, options))
-        applied = None
+        applied: tuple[tuple[int, int], ...] = ()
         if only is not None:
-            last = keep_offsets(spark, last, only)
-            applied = last.count()
+            last = keep_offsets(spark, last, new - set(left_out))
+            applied = _offsets(last)
             if not applied:
-                return MergeOutcome(False, 0)
+                return MergeOutcome(False, (), left_out)
         last.createOrReplaceTempView(source)
         with_commit_properties(spark, properties, lambda: spark.sql(merge_sql(target, source, schema, options)))
-        return MergeOutcome(True, applied)
+        return MergeOutcome(True, applied, left_out)
     finally:
         for name in (view, view + "_last", view + "_envelopes"):
             spark.catalog.dropTempView(name)

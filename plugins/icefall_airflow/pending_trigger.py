@@ -52,7 +52,7 @@ class PendingBytesTrigger(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from icefall_airflow import manifest
-        from icefall_airflow.broker_client import BrokerClient, BrokerError
+        from icefall_airflow.broker_client import BrokerClient
 
         admin_url = self.admin_url or manifest.admin_url()
         client = BrokerClient(admin_url)
@@ -60,13 +60,15 @@ class PendingBytesTrigger(BaseEventTrigger):
         while True:
             try:
                 answer = await asyncio.to_thread(client.pending, self.topic, fired)
-            except (BrokerError, ValueError) as exc:  # the broker restarting: ask again later
+                waiting, records = int(answer["bytes"]), int(answer["records"])
+                ends = {str(p["partition"]): int(p["end_offset"]) for p in answer["partitions"]}
+            except Exception as exc:  # noqa: BLE001 -- a failed poll is retried: the watcher must outlive broker restarts
                 log.warning("could not ask %s what waits for %s's table: %s", admin_url, self.topic, exc)
             else:
-                if answer["bytes"] >= self.threshold_bytes:
-                    fired = {str(p["partition"]): int(p["end_offset"]) for p in answer["partitions"]}
+                if waiting >= self.threshold_bytes:
+                    fired = ends
                     log.info("%d bytes (%d records) of %s wait for its table (threshold %d): a round starts",
-                             answer["bytes"], answer["records"], self.topic, self.threshold_bytes)
-                    yield TriggerEvent({"topic": self.topic, "pending_bytes": answer["bytes"],
-                                        "pending_records": answer["records"], "end_offsets": fired})
+                             waiting, records, self.topic, self.threshold_bytes)
+                    yield TriggerEvent({"topic": self.topic, "pending_bytes": waiting, "pending_records": records,
+                                        "end_offsets": fired})
             await asyncio.sleep(self.poll_interval_s)

@@ -113,12 +113,12 @@ def test_records_that_do_not_fit_the_table_need_tolerance_all(tolerance: str, sp
 
 class LateSchema:
     """Records written with the schema id the registry will give the next new schema, before it is
-    registered: undecodable (they go to the DLQ) until ``register`` makes them decode. ``CLICK_V1``
-    plus an optional ``campaign``."""
+    registered: undecodable (they go to the DLQ) until ``register`` makes them decode. ``base``
+    (default ``CLICK_V1``) plus an optional ``campaign``."""
 
-    def __init__(self, broker: BrokerProcess, topic: str) -> None:
+    def __init__(self, broker: BrokerProcess, topic: str, base: dict[str, Any] = CLICK_V1) -> None:
         self.broker, self.topic = broker, topic
-        self.schema = json.loads(json.dumps(CLICK_V1))
+        self.schema = json.loads(json.dumps(base))
         self.schema["fields"].append({"name": "campaign", "type": ["null", "string"], "default": None})
         self.schema["namespace"] = f"icefall.test.{topic}"  # the registry gives the same text the same id
         probe = http_json(f"{broker.registry_url}/subjects/{topic}-probe-value/versions", "POST", {
@@ -215,3 +215,18 @@ def test_reprocess_after_retention_deleted_the_segments(version: str, upsert_tab
     rows = table(broker, topic).scan().to_arrow().to_pylist()
     assert sorted((r["_kafka_metadata"]["offset"], r["id"], r["campaign"], r["_kafka_key"]) for r in rows) == [
         (i, i, "x" if i >= 5 else None, str(i)) for i in range(8)]
+
+
+def test_reprocess_refuses_when_more_records_fail_than_it_keeps(spark: Any, round_broker: BrokerProcess,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failures past the kept maximum are only counted: they must not pass for records that decode."""
+    from spark_jobs import dlq_reprocess, round_tasks
+
+    topic = new_topic(round_broker, partitions=1, configs={**GATE_OFF, "automq.table.topic.format.version": "3"})
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 2))
+    LateSchema(round_broker, topic).send(clicks(2, 3))  # never registered: they keep failing
+    assert run_round(spark, round_broker, topic).dlq_rows == 3
+    monkeypatch.setattr(round_tasks, "MAX_ERRORS_KEPT", 1)
+    code, result = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert code == 1 and "still fail; nothing moved" in result["message"], result
+    assert [r["offset"] for r in dlq_rows(round_broker, topic)] == [2, 3, 4]

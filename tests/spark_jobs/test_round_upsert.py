@@ -196,6 +196,7 @@ def test_reprocess_of_an_upsert_table_never_puts_an_old_record_over_a_newer_one(
     code, moved = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
     assert code == 0 and moved["status"] == "moved", moved
     assert (moved["moved"], moved["superseded"], moved["still_bad"]) == (2, 1, 0), moved
+    assert moved["moved_offsets"] == {"0": [4]}  # the rows written: id 1's record; id 2's was replaced
     assert dlq_rows(round_broker, topic) == []
     rows = three_readers(spark, round_broker, topic)
     assert {i: s for i, s, _ in rows} == {0: 0, 1: 101, 2: 77, 3: 3}
@@ -397,3 +398,23 @@ def test_a_merge_snapshot_without_the_offsets_is_never_published(
     monkeypatch.undo()
     assert run_round(spark, round_broker, topic).status == "committed"
     assert sorted(by_id(round_broker, topic)) == list(range(5))
+
+
+def test_reprocess_of_a_cdc_table_leaves_a_record_without_an_operation_in_the_dlq(
+        spark: Any, round_broker: BrokerProcess) -> None:
+    """A DLQ record that decodes now but has no I/U/D op stays in the DLQ; it does not block the others."""
+    from spark_jobs import dlq_reprocess
+    from tests.spark_jobs.test_round_dlq import LateSchema, dlq_rows
+
+    topic = new_topic(round_broker, partitions=1, configs={
+        "automq.table.topic.cdc.field": "op", "automq.table.topic.id.columns": "[id]",
+        "automq.table.topic.schema.validation": "false"})
+    AvroProducer(round_broker, topic, CDC_V1).send([{**c, "op": "I"} for c in clicks(0, 3)])
+    late = LateSchema(round_broker, topic, CDC_V1)
+    late.send([{**c, "op": "U", "score": 50} for c in clicks(1, 1)] + [{**c, "op": "?"} for c in clicks(2, 1)])
+    assert run_round(spark, round_broker, topic).dlq_rows == 2
+    late.register()
+    code, result = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert code == 0 and (result["moved"], result["still_bad"], result["moved_offsets"]) == (1, 1, {"0": [3]}), result
+    assert [r["offset"] for r in dlq_rows(round_broker, topic)] == [4]
+    assert {i: s for i, (s, _) in by_id(round_broker, topic).items()} == {0: 0, 1: 50, 2: 2}
