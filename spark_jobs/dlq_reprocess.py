@@ -42,9 +42,15 @@ from pyiceberg.table import Table
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
 from broker.topic_configs import TABLE_PREFIX
-from spark_jobs import dlq, job_output, table_setup, upsert
+from spark_jobs import dlq, job_output, round_plan, table_setup, upsert
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
+from spark_jobs.commit_round import (
+    DEFAULT_DRIVER_MAX_BYTES,
+    DRIVER_MAX_BYTES_ENV,
+    spark_session,
+    use_catalog,
+)
 from spark_jobs.round_commit import (
     BranchHead,
     branch_name,
@@ -55,7 +61,7 @@ from spark_jobs.round_commit import (
     round_snapshot,
     write_to_branch,
 )
-from spark_jobs.round_tasks import TaskSpec, run_in_driver
+from spark_jobs.round_tasks import TaskSpec, run_in_driver, run_tasks
 from spark_jobs.rows import RowConverter
 from spark_jobs.segments import (
     RecordChunk,
@@ -298,8 +304,6 @@ def _write_with_spark(job: _Job, table: Table, spark: Any
     is merged only if it is still the last record of its id there (``merge_round(only=...)``).
     One that a later record has replaced is taken out of the DLQ with nothing written: the
     table already holds what it would have become."""
-    from spark_jobs.commit_round import spark_session, use_catalog
-
     result = job.result
     committed = checkpoint.read_checkpoint(table.metadata).offsets
     wanted = job.wanted
@@ -323,7 +327,13 @@ def _write_with_spark(job: _Job, table: Table, spark: Any
     spec = TaskSpec(job.store_config, metadata_json,
                     tuple(sorted(table.io.properties.items())), job.options.key_type, job.options.value_type,
                     job.registry.url, tuple(sorted(job.registry.known().items())))
-    output = run_in_driver(spec, job.ranges(windows), extra)
+    ranges = job.ranges(windows)
+    if extra or sum(r.byte_end - r.byte_start for r in ranges) <= job.args.in_driver_max_bytes:
+        output = run_in_driver(spec, ranges, extra)
+    else:  # a long upsert replay: Spark tasks decode and stage it, as in a large round
+        spark = spark if spark is not None else spark_session(f"icefall-dlq-reprocess-{job.topic.topic}",
+                                                              job.args.master)
+        output = run_tasks(spark, spec, round_plan.task_groups(ranges, spark.sparkContext.defaultParallelism))
     staged = [f.file_path for f in output.data_files]
     if output.report.errors_dropped:  # the failures not kept would pass for records that decode
         upsert.remove_staging(table, staged)
@@ -401,6 +411,10 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     parser.add_argument("--round-id", default=None)
     parser.add_argument("--master", default=None, help="Spark master for upsert and format v3 tables "
                         "(default: spark-submit's, else local[*])")
+    parser.add_argument("--in-driver-max-bytes", type=int, metavar="BYTES",
+                        default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
+                        help="an upsert replay of at most this many segment bytes is decoded in the driver, a "
+                             "longer one by Spark tasks (default 64 MiB, as commit rounds)")
     parser.add_argument("--result", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")

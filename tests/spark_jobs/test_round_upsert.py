@@ -193,7 +193,8 @@ def test_reprocess_of_an_upsert_table_never_puts_an_old_record_over_a_newer_one(
     assert run_round(spark, round_broker, topic).status == "committed"
 
     late.register()
-    code, moved = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    tasks = ["--in-driver-max-bytes", "0"] if version == "3" else []  # v3: the replay decoded by Spark tasks
+    code, moved = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic, *tasks], spark)
     assert code == 0 and moved["status"] == "moved", moved
     assert (moved["moved"], moved["superseded"], moved["still_bad"]) == (2, 1, 0), moved
     assert moved["moved_offsets"] == {"0": [4]}  # the rows written: id 1's record; id 2's was replaced
