@@ -287,7 +287,9 @@ class CommitRound:
             table = upsert.ensure_merge_on_read(table)
         table = self._spark_base_snapshot(table) if v3 else table_setup.ensure_base_snapshot(table)
         parent = main_snapshot_id(table)
-        if found.snapshot_id is not None and checkpoint.read_checkpoint(table.metadata).offsets != found.offsets:
+        # Also when the plan found no table: a round that created it and committed in between leaves main
+        # on its snapshot, and this round would write the same offsets again on top of it.
+        if checkpoint.read_checkpoint(table.metadata).offsets != found.offsets:
             raise LostRace("another round committed while this one planned")
         self.seconds["prepare"] = round(time.monotonic() - t0, 3)
         _kill_point("before_write")

@@ -114,6 +114,31 @@ def test_two_rounds_at_once_commit_each_record_once(round_broker: BrokerProcess,
     assert table_offsets(round_broker, topic) == sorted(producer.acked)
 
 
+def test_a_round_that_planned_before_the_table_existed_starts_over(
+        spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another round creates the table and commits between this round's plan (no table, so no
+    checkpoint) and its write: this one must start over, not write the same offsets again (found by
+    two rounds at once in CI: every record twice)."""
+    from spark_jobs import table_setup
+
+    topic = new_topic(round_broker, partitions=1)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 20))
+    real = table_setup.load_or_create
+    calls: list[int] = []
+
+    def another_round_first(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            assert run_round(spark, round_broker, topic).status == "committed"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(table_setup, "load_or_create", another_round_first)
+    result = run_round(spark, round_broker, topic)
+    assert (result.status, result.attempts) == ("nothing_new", 2), result
+    assert table_offsets(round_broker, topic) == sorted(producer.acked)
+
+
 def test_a_concurrent_writer_on_main_makes_the_round_start_over(
         spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     topic = new_topic(round_broker, partitions=1)
