@@ -222,7 +222,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     if job.upsert is None and not v3:
         heads, moved, written = _append_with_pyiceberg(job, table_setup.ensure_base_snapshot(table), dlq_chunks)
     else:
-        heads, moved, written = _write_with_spark(job, table, spark)
+        heads, moved, written = _write_with_spark(job, table, spark, dlq_chunks)
     result.moved = sum(len(v) for v in moved.values())
     result.moved_offsets = {str(p): sorted(offsets) for p, offsets in sorted(written.items())}
     unavailable = (f"{result.unavailable} stay: retention deleted their segments, so an upsert table cannot tell "
@@ -292,7 +292,7 @@ def _properties(result: ReprocessResult, retried_ok: int) -> dict[str, str]:
     return {checkpoint.ROUND_ID: result.round_id, REPROCESSED: str(retried_ok)}
 
 
-def _write_with_spark(job: _Job, table: Table, spark: Any
+def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[RecordChunk]
                       ) -> tuple[list[BranchHead], dict[int, list[int]], dict[int, list[int]]]:
     """An upsert/CDC table, or any format v3 table (pyiceberg 0.12 writes no v3 manifests): the
     records are staged as a round's are (``round_tasks``; every column optional for a merge, the
@@ -303,11 +303,13 @@ def _write_with_spark(job: _Job, table: Table, spark: Any
     partition from its first DLQ offset up to the table's committed offset, and a DLQ record
     is merged only if it is still the last record of its id there (``merge_round(only=...)``).
     One that a later record has replaced is taken out of the DLQ with nothing written: the
-    table already holds what it would have become."""
+    table already holds what it would have become. An append stages just the DLQ records,
+    ``dlq_chunks``, already read for the schema ids: their segments are not read twice."""
     result = job.result
     committed = checkpoint.read_checkpoint(table.metadata).offsets
     wanted = job.wanted
-    extra = job.retained
+    windows: list[tuple[int, int, int]] = []
+    extra = dlq_chunks
     if job.upsert is not None:
         upsert.check_columns(table.schema(), job.upsert)
         windows = [(p, min(offsets), max(committed.get(p, 0), max(offsets) + 1))
@@ -315,8 +317,6 @@ def _write_with_spark(job: _Job, table: Table, spark: Any
         result.unavailable = len(job.only_in_dlq)
         wanted -= job.only_in_dlq
         extra = []
-    else:
-        windows = job.dlq_windows()
     envelope = None
     if job.upsert is not None and job.upsert.debezium:
         schemas = table_setup.value_schemas(job.registry, job.topic.topic)
