@@ -193,7 +193,7 @@ class AdminApi(HttpService):
         """What waits for a table topic's next commit round: per partition, records and bytes from
         the table's committed offset (``from``, a JSON object of offsets, moves the start further:
         a size trigger that already fired up to them) to the end of the log."""
-        from broker import metrics
+        from broker import metrics, retention
         from broker.checkpoint import NO_CHECKPOINT
 
         topic = self._topic(request)
@@ -210,7 +210,7 @@ class AdminApi(HttpService):
             except Exception as exc:  # noqa: BLE001 -- any catalog failure: the caller asks again later
                 return _error(503, f"the catalog cannot say what {topic.name}'s table holds: "
                                    f"{type(exc).__name__}: {exc}")
-        committed = checkpoint.offsets if checkpoint.topic_id in (None, str(topic.topic_id)) else {}
+        committed = retention.committed_offsets(checkpoint, str(topic.topic_id))
         partitions = []
         for p in range(topic.partitions):
             part = self.logs.partitions.get((topic.name, p))
