@@ -8,13 +8,23 @@ UV_VERSION := 0.13.9
 
 .PHONY: setup system-deps run test bench lint clean
 
-setup: $(VENV)/.installed
+JARS := $(VENV)/share/icefall/jars
+
+setup: $(VENV)/.installed $(JARS)/.pinned
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
 	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test]"
+	touch $@
+
+# The Iceberg Spark runtime and AWS bundle from Maven Central by their coordinates
+# (spark_jobs/jvm/pom.xml), checked against the committed checksums.
+$(JARS)/.pinned: spark_jobs/jvm/pom.xml spark_jobs/jvm/jars.sha256 $(VENV)/.installed
+	rm -rf $(JARS) && mkdir -p $(JARS)
+	mvn -q -B -f spark_jobs/jvm/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JARS)
+	cd $(JARS) && sha256sum --strict -c $(CURDIR)/spark_jobs/jvm/jars.sha256
 	touch $@
 
 # Debian packages the tests use: kcat (a real librdkafka CLI client), chromium
