@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 
-.PHONY: setup system-deps run test bench lint clean
+.PHONY: setup system-deps run test docs bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
-	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test]"
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test,docs]"
 	touch $@
 
 # Debian packages the tests use: kcat (a real librdkafka CLI client), chromium
@@ -31,6 +31,10 @@ run: setup
 
 test: setup system-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml), built with warnings as errors.
+docs: setup
+	$(BIN)/mkdocs build --strict -d build/site
 
 bench: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/produce_consume.py
