@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 
-.PHONY: setup system-deps run test bench lint clean
+.PHONY: setup system-deps run test docs bench lint clean
 
 JARS := $(VENV)/share/icefall/jars
 
@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
-	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test]"
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test,docs]"
 	touch $@
 
 # The Iceberg Spark runtime and AWS bundle from Maven Central by their coordinates
@@ -41,6 +41,11 @@ run: setup
 
 test: setup system-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml), built with warnings as errors
+# (NO_MKDOCS_2_WARNING: without Material's end-of-life banner in every build log).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 bench: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/produce_consume.py
