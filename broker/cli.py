@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
             kind = int if field.annotation in (int, int | None) else str
             parser.add_argument(flag, type=kind, default=None, help=help_text)
     parser.add_argument("--object-store", default=None,
-                        help=BrokerConfig.model_fields["object_store"].description + " (key object.store)")
+                        help=f"{BrokerConfig.model_fields['object_store'].description} (key object.store)")
     parser.add_argument("--ready-file", default=None, help="write the pid here once listening (for tests)")
     parser.add_argument("--log-level", default="INFO")
 

@@ -42,8 +42,17 @@ from pathlib import Path
 from typing import Any
 
 from broker import checkpoint
-from broker.config import ObjectStoreConfig, object_store_from_env
-from spark_jobs import dlq, job_output, json_values, partitioning, round_plan, table_setup, upsert
+from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_from_env
+from spark_jobs import (
+    dlq,
+    job_output,
+    json_values,
+    partitioning,
+    round_plan,
+    round_tasks,
+    table_setup,
+    upsert,
+)
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
     BranchHead,
@@ -179,8 +188,13 @@ def use_catalog(spark: Any, catalog_url: str) -> str:
     brokers (tests) and a user's own ``spark.sql.catalog.*`` settings are left alone."""
     name = f"{SPARK_CATALOG}_{hashlib.sha1(catalog_url.encode()).hexdigest()[:8]}"
     prefix = f"spark.sql.catalog.{name}"
-    for key, value in ((prefix, "org.apache.iceberg.spark.SparkCatalog"), (f"{prefix}.type", "rest"),
-                       (f"{prefix}.uri", catalog_url), (f"{prefix}.cache-enabled", "false")):
+    settings = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "rest",
+                f"{prefix}.uri": catalog_url, f"{prefix}.cache-enabled": "false"}
+    # S3FileIO takes the endpoint and region from the catalog's config; the job's own AWS
+    # credentials go with the catalog (the JVM may have started before they were in the
+    # environment, and executors get them with the table's FileIO).
+    settings.update({f"{prefix}.{key}": value for key, value in aws_io_credentials().items()})
+    for key, value in settings.items():
         spark.conf.set(key, value)
     return name
 
@@ -299,7 +313,7 @@ class CommitRound:
         metadata_json = (table.metadata.model_dump_json() if not staging
                          else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan),
                                                            text_value=self.json, relax=self.staging))
-        spec = TaskSpec(self.store, metadata_json, tuple(sorted(table.io.properties.items())),
+        spec = TaskSpec(self.store, metadata_json, round_tasks.task_io_properties(table),
                         self.options.key_type, "string" if self.json else self.options.value_type, self.registry.url,
                         tuple(sorted(self.registry.known().items())))
         properties = {
@@ -325,7 +339,7 @@ class CommitRound:
             parsed = None
             if self.json and staged:
                 spark = self.spark()
-                parsed = json_values.parse(spark, spark.read.parquet(*staged), table, self._spark_table(spark),
+                parsed = json_values.parse(spark, round_tasks.read_staged(spark, table, staged), table, self._spark_table(spark),
                                            debezium=self.upsert is not None and self.upsert.debezium)
                 changes.extend(parsed.schema_changes)
                 report.errors.extend(parsed.errors)
@@ -351,7 +365,8 @@ class CommitRound:
         elif parsed is not None:
             self._append_rows(self.spark(), table, parsed.rows, staged, properties)
         elif v3 and staged:  # an append round on a v3 table: the staged rows appended by Spark
-            self._append_rows(self.spark(), table, self.spark().read.parquet(*staged), staged, properties)
+            self._append_rows(self.spark(), table, round_tasks.read_staged(self.spark(), table, staged), staged,
+                              properties)
         if not staged or (merged is not None and not merged.merged):  # no staged rows: an empty snapshot
             if v3:
                 self._spark_empty(table, properties, self.branch)
@@ -465,8 +480,9 @@ class CommitRound:
         try:
             if self.json:
                 upsert.check_columns(table.schema(), self.upsert)
-            return upsert.merge_round(spark, target, table.schema(), self.upsert, staged, properties, self.round_id,
-                                      rows)
+            staged_rows = round_tasks.read_staged(spark, table, staged) if staged and rows is None else None
+            return upsert.merge_round(spark, target, table.schema(), self.upsert, staged_rows, properties,
+                                      self.round_id, rows)
         except (upsert.BadUpsertRecords, upsert.UpsertConfigError) as exc:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise RoundFailed(f"{self.topic.topic}: {exc}") from exc

@@ -42,7 +42,7 @@ from pyiceberg.table import Table
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
 from broker.topic_configs import TABLE_PREFIX
-from spark_jobs import dlq, job_output, round_plan, table_setup, upsert
+from spark_jobs import dlq, job_output, round_plan, round_tasks, table_setup, upsert
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
 from spark_jobs.commit_round import (
@@ -325,7 +325,7 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
         envelope = schemas[-1][1]
     metadata_json = upsert.staging_metadata_json(table, result.round_id, envelope, relax=job.upsert is not None)
     spec = TaskSpec(job.store_config, metadata_json,
-                    tuple(sorted(table.io.properties.items())), job.options.key_type, job.options.value_type,
+                    round_tasks.task_io_properties(table), job.options.key_type, job.options.value_type,
                     job.registry.url, tuple(sorted(job.registry.known().items())))
     ranges = job.ranges(windows)
     if extra or sum(r.byte_end - r.byte_start for r in ranges) <= job.args.in_driver_max_bytes:
@@ -358,15 +358,16 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
         target = f"{use_catalog(spark, job.catalog_url)}.`{namespace}`.`{name}`.`branch_{branch}`"
         properties = _properties(result, len(now_good))
         if job.upsert is not None:
-            merged = upsert.merge_round(spark, target, table.schema(), job.upsert, staged, properties,
-                                        result.round_id, only=now_good)
+            merged = upsert.merge_round(spark, target, table.schema(), job.upsert,
+                                        round_tasks.read_staged(spark, table, staged) if staged else None,
+                                        properties, result.round_id, only=now_good)
             result.still_bad += len(merged.bad)  # decodes now, but has no id or I/U/D op: it stays
             moved = sorted(set(now_good) - set(merged.bad))
             written = list(merged.applied)
             result.superseded = len(moved) - len(written)
         else:
             columns = [f"`{f.name}`" for f in table.schema().fields]
-            rows = upsert.keep_offsets(spark, spark.read.parquet(*staged), now_good).selectExpr(*columns)
+            rows = upsert.keep_offsets(spark, round_tasks.read_staged(spark, table, staged), now_good).selectExpr(*columns)
             upsert.with_commit_properties(spark, properties, lambda: rows.writeTo(target).option(
                 "check-nullability", "false").append())
             moved = written = now_good

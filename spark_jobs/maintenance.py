@@ -406,8 +406,12 @@ class Maintenance:
     def _remove_orphans(self, spark: Any, catalog: str, target: str, table: Any,
                         settings: Settings) -> dict[str, Any]:
         older_than_ms = self.now_ms - int(settings.orphan_older_than_days * DAY_MS)
-        rows = self._call(spark, catalog, "remove_orphan_files", table=_sql_string(target),
-                          older_than=sql_timestamp(older_than_ms))
+        named = {"table": _sql_string(target), "older_than": sql_timestamp(older_than_ms)}
+        if not table.location().startswith(("file:", "/")):
+            # Object stores (s3://...) are listed by the table's FileIO: the Iceberg runtime has
+            # no Hadoop FileSystem for them, and S3FileIO lists prefixes itself.
+            named["prefix_listing"] = "true"
+        rows = self._call(spark, catalog, "remove_orphan_files", **named)
         paths = [str(r["orphan_file_location"]) for r in rows]
         return {"older_than_ms": older_than_ms, "removed": len(paths), "paths": paths[:ORPHAN_PATHS_SHOWN]}
 

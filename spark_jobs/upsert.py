@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -390,10 +390,12 @@ def with_commit_properties(spark: Any, properties: dict[str, str], action: Calla
         raise
 
 
-def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions, staged: Sequence[str],
+def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions, staged: Any,
                 properties: dict[str, str], round_id: str, rows: Any = None,
                 only: Iterable[tuple[int, int]] | None = None) -> MergeOutcome:
-    """MERGE the staged files (or ``rows``, a DataFrame of the table's columns) into ``target`` (the
+    """MERGE the staged rows (``staged``, a DataFrame of the staged files from
+    ``round_tasks.read_staged``, None when nothing was staged; or ``rows``, a DataFrame of the
+    table's columns) into ``target`` (the
     round branch) as one snapshot with ``properties``; raises ``BadUpsertRecords`` (before writing
     anything) for records without an id or CDC op.
 
@@ -402,10 +404,10 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
     of their id in the replay (a later record of the same id has already had its effect). Those
     of them without an id or op are left out of the replay (``bad``: they stay in the DLQ) instead
     of failing it. Nothing is merged (``merged`` False) when none of them is."""
-    if not staged:
+    if staged is None and rows is None:
         return MergeOutcome(False)
     view = "icefall_upsert_" + re.sub(r"\W", "_", round_id)
-    frame = spark.read.parquet(*staged) if rows is None else rows
+    frame = staged if rows is None else rows
     if options.debezium and rows is None:  # JSON rounds hand over rows already made from the envelopes
         frame.createOrReplaceTempView(view + "_envelopes")
         frame = spark.sql(debezium_rows_sql(view + "_envelopes", frame.schema, schema))
