@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker import manifest, topic_configs
+from broker import manifest, names, topic_configs
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.http_service import HttpService
@@ -203,10 +203,10 @@ class AdminApi(HttpService):
             return _error(400, 'from must be a JSON object of offsets, e.g. {"0": 120, "1": 98}')
         checkpoint = NO_CHECKPOINT
         if topic_configs.is_table_topic(topic.configs):
-            namespace = topic_configs.effective(topic.configs)[topic_configs.TABLE_PREFIX + "namespace"]
+            namespace = topic_configs.TableSettings(topic.configs).namespace
             try:
                 checkpoint = await asyncio.to_thread(metrics.catalog_reader(self.config.catalog_url).checkpoint,
-                                                     namespace, topic_configs.table_name(topic.name))
+                                                     namespace, names.table_name(topic.name))
             except Exception as exc:  # noqa: BLE001 -- any catalog failure: the caller asks again later
                 return _error(503, f"the catalog cannot say what {topic.name}'s table holds: "
                                    f"{type(exc).__name__}: {exc}")

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from broker import topic_configs
+from broker import names, topic_configs
 from broker.metadata import TopicRecord
 
 MANIFEST_VERSION = 1
@@ -25,22 +25,22 @@ def render(topics: Iterable[TopicRecord], admin_url: str) -> dict[str, object]:
     for topic in topics:
         if topic_configs.is_table_topic(topic.configs):
             tables.append(_entry(topic))
-        elif topic.configs.get(topic_configs.TABLE_PREFIX + "enable") == "false":
+        elif topic.configs.get(topic_configs.ENABLE) == "false":
             disabled.append(_entry(topic))
     return {"version": MANIFEST_VERSION, "admin_url": admin_url, "table_topics": tables,
             "disabled_table_topics": disabled}
 
 
 def _entry(topic: TopicRecord) -> dict[str, object]:
-    configs = topic_configs.effective(topic.configs)
+    view = topic_configs.TableSettings(topic_configs.effective(topic.configs))
     return {
         "topic": topic.name,
         "topic_id": str(topic.topic_id),
         "partitions": topic.partitions,
-        "namespace": configs[topic_configs.TABLE_PREFIX + "namespace"],
-        "table": topic_configs.table_name(topic.name),
-        "commit_interval_ms": int(configs[topic_configs.TABLE_PREFIX + "commit.interval.ms"]),
-        "configs": {k: v for k, v in configs.items() if k.startswith(topic_configs.TABLE_PREFIX)},
+        "namespace": view.namespace,
+        "table": names.table_name(topic.name),
+        "commit_interval_ms": view.commit_interval_ms,
+        "configs": view.table_keys(),
     }
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker import topic_configs
+from broker import names, topic_configs
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class CatalogReader:
             loaded = self._load(namespace, table)
             if loaded is None:
                 return TableFacts()
-            dlq = self._load(namespace, f"{table}__dlq")
+            dlq = self._load(namespace, names.dlq_table(table))
             return TableFacts(read_checkpoint(loaded.metadata), _total_records(loaded),
                               _total_records(dlq) if dlq is not None else None)
         except Exception as exc:  # noqa: BLE001 -- a scrape reports what it can; the error is a series of its own
@@ -166,8 +166,7 @@ def _table_topics(cluster: Cluster) -> list[Any]:
 
 
 def _ident(topic: Any) -> tuple[str, str]:
-    configs = topic_configs.effective(topic.configs)
-    return configs[topic_configs.TABLE_PREFIX + "namespace"], topic_configs.table_name(topic.name)
+    return topic_configs.TableSettings(topic.configs).namespace, names.table_name(topic.name)
 
 
 # Segment retention (broker/retention.py): what it deleted, and where a table topic's table holds it

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker import topic_configs
+from broker import names, topic_configs
 from broker.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class Policy:
         policy = cls(
             int(topic.config("retention.ms")), int(topic.config("retention.bytes")),
             topic.config("message.timestamp.type") == "LogAppendTime",
-            ((topic.config(topic_configs.TABLE_PREFIX + "namespace"), topic_configs.table_name(topic.name))
+            ((topic_configs.TableSettings(topic.configs).namespace, names.table_name(topic.name))
              if topic_configs.is_table_topic(topic.configs) else None),
             int(topic.config("file.delete.delay.ms")),
         )

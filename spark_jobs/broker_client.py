@@ -15,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from broker.topic_configs import ENABLE, TableSettings
+
 DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -52,9 +54,10 @@ class TableTopic:
     commit_interval_ms: int
     configs: dict[str, str]
 
-    def config(self, key: str) -> str:
-        """A ``automq.table.topic.*`` setting by its short name, e.g. ``convert.value.type``."""
-        return self.configs["automq.table.topic." + key]
+    @property
+    def settings(self) -> TableSettings:
+        """The topic's ``automq.table.topic.*`` configs, typed (``broker.topic_configs``)."""
+        return TableSettings(self.configs)
 
     @property
     def identifier(self) -> tuple[str, str]:
@@ -80,7 +83,7 @@ class AdminClient:
             if entry["topic"] == topic:
                 return TableTopic(entry["topic"], entry["topic_id"], int(entry["partitions"]), entry["namespace"],
                                   entry["table"], int(entry["commit_interval_ms"]), dict(entry["configs"]))
-        raise BrokerRequestError(f"topic {topic!r} is not a table topic (set automq.table.topic.enable=true)", 404)
+        raise BrokerRequestError(f"topic {topic!r} is not a table topic (set {ENABLE}=true)", 404)
 
     def plan(self, topic: str, until_append_ms: int | None) -> dict[str, Any]:
         quoted = urllib.parse.quote(topic, safe="")

@@ -279,7 +279,7 @@ class CommitRound:
         schemas = table_setup.value_schemas(self.registry, self.topic.topic, extra_ids)
         evolved = table_setup.evolve(table, schemas, self.options)
         changes.extend(evolved.applied)
-        table, spec_changes = partitioning.evolve(table.refresh(), self.topic.config("partition.by"))
+        table, spec_changes = partitioning.evolve(table.refresh(), self.topic.settings.partition_by)
         changes.extend(spec_changes)
         if self.upsert is not None:
             if not self.json:  # json: the id columns exist once the values' columns are inferred (_merge)
@@ -499,7 +499,7 @@ class CommitRound:
         if behind:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise _Evolve(behind)
-        tolerance = self.topic.config("errors.tolerance")
+        tolerance = self.topic.settings.errors_tolerance
         sorted_out = dlq.triage(errors, tolerance)
         if not sorted_out.fatal and not report.errors_dropped:
             return sorted_out.skipped

@@ -41,7 +41,6 @@ from pyiceberg.table import Table
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from broker.topic_configs import TABLE_PREFIX
 from spark_jobs import dlq, job_output, round_plan, table_setup, upsert
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
@@ -185,7 +184,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     topic = admin.table_topic(args.topic)
     catalog_url = args.catalog_url or cluster["catalog_url"]
     store = object_store_from_env(cluster["object_store"], cluster.get("object_store_endpoint"))
-    if topic.configs.get(TABLE_PREFIX + "convert.value.type") == "json":
+    if topic.settings.convert_value_type == "json":
         raise NotImplementedError(f"{topic.topic} has JSON values (convert.value.type=json): their DLQ records "
                                   "are not JSON objects or do not fit the inferred columns, and reprocess does not "
                                   "infer columns yet; nothing moved")

@@ -47,7 +47,15 @@ from typing import Any
 
 from spark_jobs import dlq, job_output, maintenance_summary, table_setup
 from spark_jobs.broker_client import AdminClient
-from spark_jobs.maintenance_settings import ACTIONS, SORT, ZORDER, Settings, parse_actions, resolve
+from spark_jobs.maintenance_settings import (
+    ACTIONS,
+    EXPIRE_ENABLED,
+    SORT,
+    ZORDER,
+    Settings,
+    parse_actions,
+    resolve,
+)
 
 log = logging.getLogger("icefall.maintenance")
 DLQ_ACTIONS = ("compact", "expire")
@@ -388,7 +396,7 @@ class Maintenance:
 
     def _expire(self, spark: Any, catalog: str, target: str, table: Any, settings: Settings) -> dict[str, Any]:
         if not settings.expire_enabled:
-            return {"skipped": "automq.table.topic.expire.snapshot.enabled=false", "snapshots_expired": 0}
+            return {"skipped": f"{EXPIRE_ENABLED}=false", "snapshots_expired": 0}
         older_than_ms = self.now_ms - int(settings.expire_older_than_hours * HOUR_MS)
         before = {s.snapshot_id for s in table.metadata.snapshots}
         row = _first_row(self._call(spark, catalog, "expire_snapshots", table=_sql_string(target),

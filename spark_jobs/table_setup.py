@@ -23,6 +23,7 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.table import Table
 
+from broker import names
 from spark_jobs import avro_schema, evolution
 from spark_jobs.broker_client import BrokerRequestError, RegistryClient, TableTopic
 
@@ -45,8 +46,9 @@ class TableOptions:
 
     @classmethod
     def of(cls, topic: TableTopic) -> TableOptions:
-        return cls(topic.config("convert.key.type"), topic.config("convert.value.type"),
-                   topic.config("transform.value.type"), int(topic.config("format.version")))
+        settings = topic.settings
+        return cls(settings.convert_key_type, settings.convert_value_type, settings.transform_value_type,
+                   settings.format_version)
 
 
 @dataclass
@@ -55,12 +57,8 @@ class Evolution:
     refused: dict[int, str] = field(default_factory=dict)  # schema id -> why the table cannot take it
 
 
-def value_subject(topic: str) -> str:
-    return f"{topic}-value"
-
-
-def key_subject(topic: str) -> str:
-    return f"{topic}-key"
+value_subject = names.value_subject
+key_subject = names.key_subject
 
 
 def _latest(registry: RegistryClient, subject: str) -> str | None:

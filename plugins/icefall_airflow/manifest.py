@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker import topic_configs
 from icefall_airflow import settings
 
-ENABLE_KEY = "automq.table.topic.enable"
-COMMIT_TRIGGER_KEY = "automq.table.topic.commit.trigger.bytes"
+ENABLE_KEY = topic_configs.ENABLE
+COMMIT_TRIGGER_KEY = topic_configs.COMMIT_TRIGGER_BYTES
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,13 @@ class TableTopic:
     configs: dict[str, str] = field(default_factory=dict)
 
     @property
+    def settings(self) -> topic_configs.TableSettings:
+        """The topic's ``automq.table.topic.*`` configs, typed (``broker.topic_configs``)."""
+        return topic_configs.TableSettings(self.configs)
+
+    @property
     def enabled(self) -> bool:
-        return str(self.configs.get(ENABLE_KEY, "true")).lower() == "true"
+        return self.settings.enabled
 
     @property
     def dag_id(self) -> str:
@@ -59,10 +65,7 @@ class TableTopic:
     @property
     def commit_trigger_bytes(self) -> int:
         """``automq.table.topic.commit.trigger.bytes``: 0 (the default) commits on the interval only."""
-        try:
-            return max(int(self.configs.get(COMMIT_TRIGGER_KEY, "0") or 0), 0)
-        except ValueError:
-            return 0
+        return self.settings.commit_trigger_bytes
 
     @property
     def schedule_ms(self) -> int:
