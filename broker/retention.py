@@ -172,9 +172,8 @@ def committed_chunks(chunks: Sequence[Chunk], count: int, committed: int) -> int
 
 
 def committed_offsets(checkpoint: Checkpoint, topic_id: str) -> dict[int, int]:
-    """The table's offsets, if they belong to this topic (a topic deleted and created
-    again under the same name starts with nothing committed, as its rounds do)."""
-    return dict(checkpoint.offsets) if checkpoint.topic_id in (None, topic_id) else {}
+    """The table's offsets, if they belong to this topic (``Checkpoint.offsets_for``)."""
+    return checkpoint.offsets_for(topic_id)
 
 
 # ---------------------------------------------------------------- the periodic task

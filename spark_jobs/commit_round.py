@@ -43,6 +43,7 @@ from typing import Any
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
+from broker.contracts import TopicPlan
 from spark_jobs import dlq, job_output, json_values, partitioning, round_plan, table_setup, upsert
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
@@ -199,11 +200,11 @@ class CommitRound:
         self.admin = AdminClient(args.admin_url)
         cluster = self.admin.cluster()
         self.topic: TableTopic = self.admin.table_topic(args.topic)
-        self.registry = RegistryClient(cluster["registry_url"])
-        self.catalog_url = args.catalog_url or cluster["catalog_url"]
+        self.registry = RegistryClient(cluster.registry_url)
+        self.catalog_url = args.catalog_url or cluster.catalog_url
         self.catalog = table_setup.catalog_for(self.catalog_url)
-        self.store: ObjectStoreConfig = object_store_from_env(cluster["object_store"],
-                                                              cluster.get("object_store_endpoint"))
+        self.store: ObjectStoreConfig = object_store_from_env(cluster.object_store,
+                                                              cluster.object_store_endpoint)
         self.options = table_setup.TableOptions.of(self.topic)
         self.upsert = upsert.UpsertOptions.of(self.topic)
         self.json = self.options.value_type == "json"
@@ -254,7 +255,7 @@ class CommitRound:
 
         return first
 
-    def _attempt(self, broker_plan: dict[str, Any], extra_ids: set[int], changes: list[str]) -> RoundResult:
+    def _attempt(self, broker_plan: TopicPlan, extra_ids: set[int], changes: list[str]) -> RoundResult:
         t0 = time.monotonic()
         table = self.catalog.load_table(self.topic.identifier) if self.catalog.table_exists(
             self.topic.identifier) else None

@@ -182,13 +182,13 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     admin = AdminClient(args.admin_url)
     cluster = admin.cluster()
     topic = admin.table_topic(args.topic)
-    catalog_url = args.catalog_url or cluster["catalog_url"]
-    store = object_store_from_env(cluster["object_store"], cluster.get("object_store_endpoint"))
+    catalog_url = args.catalog_url or cluster.catalog_url
+    store = object_store_from_env(cluster.object_store, cluster.object_store_endpoint)
     if topic.settings.convert_value_type == "json":
         raise NotImplementedError(f"{topic.topic} has JSON values (convert.value.type=json): their DLQ records "
                                   "are not JSON objects or do not fit the inferred columns, and reprocess does not "
                                   "infer columns yet; nothing moved")
-    job = _Job(args, topic, admin, RegistryClient(cluster["registry_url"]), table_setup.catalog_for(catalog_url),
+    job = _Job(args, topic, admin, RegistryClient(cluster.registry_url), table_setup.catalog_for(catalog_url),
                catalog_url, store, table_setup.TableOptions.of(topic), upsert.UpsertOptions.of(topic),
                ReprocessResult("nothing_to_move", topic.topic, args.round_id or uuid.uuid4().hex))
     result = job.result
@@ -204,8 +204,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
         return result
     for p, o in zip(bad.column("partition").to_pylist(), bad.column("offset").to_pylist(), strict=True):
         job.by_partition.setdefault(int(p), []).append(int(o))
-    job.log_start = {int(p["partition"]): int(p["log_start_offset"]) for p in admin.plan(topic.topic, None)[
-        "partitions"]}
+    job.log_start = {p.partition: p.log_start_offset for p in admin.plan(topic.topic, None).partitions}
     job.retained = _retained_chunks(bad, job.log_start)
     result.only_in_dlq = len(job.only_in_dlq)
 

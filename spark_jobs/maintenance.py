@@ -209,7 +209,7 @@ class Maintenance:
         admin = AdminClient(args.admin_url)
         cluster = admin.cluster()
         self.topic = admin.table_topic(args.topic)
-        self.catalog_url: str = args.catalog_url or cluster["catalog_url"]
+        self.catalog_url: str = args.catalog_url or cluster.catalog_url
         self.catalog = table_setup.catalog_for(self.catalog_url)
         self.now_ms: int = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
         self._spark: Any = spark
