@@ -394,6 +394,9 @@ class RoundPlan(Contract):
 
 # ---------------------------------------------------------------- job results (the result JSON)
 
+# step -> seconds it took (int or float kept as the job wrote it)
+Seconds = dict[str, int | float]
+
 ROUND_STATUSES = ("committed", "nothing_new")  # and "failed", with a message
 MAINTENANCE_STATUSES = ("done", "no_table", "failed")
 REPROCESS_STATUSES = ("moved", "nothing_to_move", "failed")
@@ -406,10 +409,10 @@ class RoundResult(Contract):
 
     status: str
     topic: str
-    namespace: str
-    table: str
-    round_id: str
-    until_append_ms: int | None
+    namespace: str = ""
+    table: str = ""
+    round_id: str = ""
+    until_append_ms: int | None = None
     snapshot_id: int | None = None
     parent_snapshot_id: int | None = None
     offsets_before: Offsets = Field(default_factory=dict)
@@ -423,7 +426,7 @@ class RoundResult(Contract):
     attempts: int = 0
     schema_changes: list[str] = Field(default_factory=list)
     executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
-    seconds: dict[str, float] = Field(default_factory=dict)
+    seconds: Seconds = Field(default_factory=dict)
     message: str = ""
 
 
@@ -440,7 +443,7 @@ class MaintenanceTableResult(Contract):
     delete_files_before: int | None = None
     delete_files_after: int | None = None
     actions: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    seconds: dict[str, float] = Field(default_factory=dict)
+    seconds: Seconds = Field(default_factory=dict)
     settings: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -455,7 +458,7 @@ class MaintenanceResult(Contract):
     now_ms: int = 0
     actions: list[str] = Field(default_factory=list)
     dlq: MaintenanceTableResult | None = None
-    seconds: dict[str, float] = Field(default_factory=dict)
+    seconds: Seconds = Field(default_factory=dict)
     message: str = ""
     snapshot_id_before: int | None = None
     snapshot_id: int | None = None
@@ -476,7 +479,7 @@ class ReprocessResult(Contract):
 
     status: str  # "moved", "nothing_to_move", "failed"
     topic: str
-    round_id: str
+    round_id: str = ""
     dlq_rows: int = 0
     moved: int = 0
     still_bad: int = 0

@@ -37,13 +37,12 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from broker.contracts import TopicPlan
+from broker.contracts import RoundResult, TopicPlan
 from spark_jobs import dlq, job_output, json_values, partitioning, round_plan, table_setup, upsert
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
@@ -75,37 +74,6 @@ DEFAULT_DRIVER_MAX_BYTES = 64 << 20
 
 class RoundFailed(RuntimeError):
     """The round cannot commit; the message says why and which records."""
-
-
-@dataclass
-class RoundResult:
-    status: str
-    topic: str
-    namespace: str
-    table: str
-    round_id: str
-    until_append_ms: int | None
-    snapshot_id: int | None = None
-    parent_snapshot_id: int | None = None
-    offsets_before: dict[int, int] = field(default_factory=dict)
-    offsets_after: dict[int, int] = field(default_factory=dict)
-    records: int = 0
-    rows: int = 0
-    dlq_rows: int = 0
-    skipped_records: int = 0
-    bytes_read: int = 0
-    data_files: int = 0
-    attempts: int = 0
-    schema_changes: list[str] = field(default_factory=list)
-    executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
-    seconds: dict[str, float] = field(default_factory=dict)
-    message: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["offsets_before"] = {str(p): o for p, o in sorted(self.offsets_before.items())}
-        out["offsets_after"] = {str(p): o for p, o in sorted(self.offsets_after.items())}
-        return out
 
 
 def _kill_point(name: str) -> None:
@@ -223,8 +191,9 @@ class CommitRound:
         return self._spark
 
     def result(self, status: str, **values: Any) -> RoundResult:
-        return RoundResult(status, self.topic.topic, self.topic.namespace, self.topic.table, self.round_id,
-                           self.args.until_append_time, **values)
+        return RoundResult(status=status, topic=self.topic.topic, namespace=self.topic.namespace,
+                           table=self.topic.table, round_id=self.round_id,
+                           until_append_ms=self.args.until_append_time, **values)
 
     def run(self) -> RoundResult:
         started = time.monotonic()
@@ -542,8 +511,8 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundRes
         if round_ is not None:
             result = round_.result("failed", message=message, seconds=round_.seconds)
         else:
-            result = RoundResult("failed", args.topic, "", "", args.round_id or "", args.until_append_time,
-                                 message=message)
+            result = RoundResult(status="failed", topic=args.topic, round_id=args.round_id or "",
+                                 until_append_ms=args.until_append_time, message=message)
         code = 1
     result.seconds["total"] = round(time.monotonic() - started, 3)
     if args.result is not None:

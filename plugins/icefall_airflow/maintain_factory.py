@@ -28,7 +28,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, DeltaTriggerTimetable, Metadata, Param, task
 
-from broker import topic_configs
+from broker import contracts, topic_configs
 from icefall_airflow import manifest, settings
 from icefall_airflow.assets import maintenance_asset
 from icefall_airflow.job_operator import check_job_result
@@ -43,7 +43,7 @@ ENABLE_KEY = topic_configs.MAINTENANCE_ENABLE
 INTERVAL_KEY = topic_configs.MAINTENANCE_INTERVAL
 DEFAULT_INTERVAL_MS = topic_configs.MAINTENANCE_INTERVAL_MS
 MIN_INTERVAL_MS = topic_configs.MIN_MAINTENANCE_INTERVAL_MS
-RESULT_STATUSES = ("done", "no_table", "failed")
+RESULT_STATUSES = contracts.MAINTENANCE_STATUSES
 
 DOC = """\
 ### Maintenance of `{namespace}.{table}` (topic `{topic}`)
@@ -78,7 +78,7 @@ def maintenance_params() -> dict[str, Param]:
 
 
 def check_result(result: Any) -> dict[str, Any]:
-    return check_job_result(result, "maintenance", RESULT_STATUSES)
+    return check_job_result(result, "maintenance", RESULT_STATUSES, contracts.MaintenanceResult)
 
 
 def asset_extra(entry: manifest.TableTopic, result: dict[str, Any]) -> dict[str, Any]:
