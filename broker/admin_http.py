@@ -118,7 +118,7 @@ class AdminApi(HttpService):
     async def retention(self, request: web.Request) -> web.Response:
         """Segment retention since the broker started: what it deleted, and the table topic
         partitions whose uncommitted records hold it back (the warning's figures)."""
-        return web.json_response(self.logs.retention.to_json())
+        return _answer(self.logs.retention.answer())
 
     async def cluster_info(self, request: web.Request) -> web.Response:
         """Where the other services are: a commit round needs only the admin URL to find them.
@@ -131,7 +131,9 @@ class AdminApi(HttpService):
         ))
 
     async def table_topics(self, request: web.Request) -> web.Response:
-        return web.json_response(manifest.read(self.config.manifest_path))
+        """The manifest file (``broker.manifest``), as written: ``exclude_unset`` keeps the keys it has."""
+        answer = contracts.Manifest.model_validate(manifest.read(self.config.manifest_path))
+        return web.json_response(answer.model_dump(mode="json", exclude_unset=True))
 
     def _topic(self, request: web.Request) -> Any:
         topic = self.cluster.topics.get(request.match_info["topic"])
@@ -224,7 +226,7 @@ class AdminApi(HttpService):
             part = self.logs.partitions.get((topic.name, p))
             if part is None:  # a partition being created
                 continue
-            start = max(part.log_start_offset, committed.get(p, 0), since.get(p, 0))
+            start = max(contracts.lag_start(committed.get(p), part.log_start_offset), since.get(p, 0))
             records, size = metrics.pending_in(part, start)
             partitions.append(contracts.PartitionPending(partition=p, start_offset=start,
                                                          end_offset=part.high_watermark, records=records, bytes=size))

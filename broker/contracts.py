@@ -324,6 +324,34 @@ class FlushAnswer(Contract):
     bytes_written: int
 
 
+class RetentionBlocked(Contract):
+    """A table topic partition whose retention waits for the table to commit."""
+
+    topic: str
+    partition: int
+    log_start_offset: int
+    wanted_log_start_offset: int  # where retention.ms/bytes would put the log start
+    committed_offset: int  # the table's next offset for this partition
+    blocked_offsets: int
+    blocked_bytes: int  # segment bytes kept only because the table has not committed them
+    since_ms: int
+    passes: int
+
+
+class Retention(Contract):
+    """``GET /v1/retention``: segment retention since the broker started."""
+
+    passes: int
+    chunks_deleted: int
+    bytes_deleted: int
+    objects_deleted: int
+    orphans_deleted: int
+    delete_failures: int
+    blocked_passes: int  # partition-passes where the table held retention back
+    last_pass_ms: int | None = None
+    blocked: list[RetentionBlocked]
+
+
 # ---------------------------------------------------------------- lag
 
 

@@ -24,6 +24,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table
 
 from broker import names
+from broker.topic_configs import CONVERT_VALUE_TYPE
 from spark_jobs import avro_schema, evolution
 from spark_jobs.broker_client import BrokerRequestError, RegistryClient, TableTopic
 
@@ -89,7 +90,7 @@ def load_or_create(
         if value_schema is None:
             raise SchemaUnavailable(
                 f"no Avro schema for the values of {topic.topic}: register one under subject "
-                f"{value_subject(topic.topic)!r} (or set automq.table.topic.convert.value.type=raw/string)")
+                f"{value_subject(topic.topic)!r} (or set {CONVERT_VALUE_TYPE}=raw/string)")
     key_schema = _latest(registry, key_subject(topic.topic)) if options.key_type == "by_schema_id" else None
     schema = avro_schema.table_schema(value_schema, key_type=options.key_type, value_type=options.value_type,
                                       transform=options.transform, key_schema=key_schema,

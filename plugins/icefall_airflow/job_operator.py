@@ -23,6 +23,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from pydantic import ValidationError
 
 from broker.contracts import Contract
+from broker.topic_configs import ENABLE
 
 SPARK_CONN_ID = "spark_default"
 LOCAL_SPARK_CONNECTION = json.dumps({"conn_type": "spark", "host": "local[*]"})
@@ -148,5 +149,5 @@ class TableJobOperator(SparkJobOperator):
 
         if not self.topic_enabled:
             raise AirflowSkipException(f"topic {self.topic} is not a table topic now "
-                                       f"(automq.table.topic.enable=false): {self.when_disabled}")
+                                       f"({ENABLE}=false): {self.when_disabled}")
         return self.admin_url or manifest.admin_url()
