@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.checkpoint import Checkpoint
-from broker.contracts import TopicPlan
+from broker.contracts import TopicPlan, lag_start
 from spark_jobs.segments import SegmentRange, ranges_from_admin
 
 MIN_TASK_BYTES = 1 << 20
@@ -75,10 +75,8 @@ def windows(
         p = int(entry["partition"])
         log_start = int(entry["log_start_offset"])
         committed = committed_offsets.get(p)
-        start = log_start if committed is None else committed
-        skipped = 0
-        if start < log_start:
-            skipped, start = log_start - start, log_start
+        start = lag_start(committed, log_start)
+        skipped = start - committed if committed is not None else 0
         end = int(entry["end_offset"])
         if until_offsets is not None:
             end = min(end, int(until_offsets.get(p, start)))
