@@ -37,12 +37,12 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_from_env
+from broker.contracts import RoundResult, TopicPlan
 from spark_jobs import (
     dlq,
     job_output,
@@ -83,37 +83,6 @@ DEFAULT_DRIVER_MAX_BYTES = 64 << 20
 
 class RoundFailed(RuntimeError):
     """The round cannot commit; the message says why and which records."""
-
-
-@dataclass
-class RoundResult:
-    status: str
-    topic: str
-    namespace: str
-    table: str
-    round_id: str
-    until_append_ms: int | None
-    snapshot_id: int | None = None
-    parent_snapshot_id: int | None = None
-    offsets_before: dict[int, int] = field(default_factory=dict)
-    offsets_after: dict[int, int] = field(default_factory=dict)
-    records: int = 0
-    rows: int = 0
-    dlq_rows: int = 0
-    skipped_records: int = 0
-    bytes_read: int = 0
-    data_files: int = 0
-    attempts: int = 0
-    schema_changes: list[str] = field(default_factory=list)
-    executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
-    seconds: dict[str, float] = field(default_factory=dict)
-    message: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["offsets_before"] = {str(p): o for p, o in sorted(self.offsets_before.items())}
-        out["offsets_after"] = {str(p): o for p, o in sorted(self.offsets_after.items())}
-        return out
 
 
 def _kill_point(name: str) -> None:
@@ -213,11 +182,11 @@ class CommitRound:
         self.admin = AdminClient(args.admin_url)
         cluster = self.admin.cluster()
         self.topic: TableTopic = self.admin.table_topic(args.topic)
-        self.registry = RegistryClient(cluster["registry_url"])
-        self.catalog_url = args.catalog_url or cluster["catalog_url"]
+        self.registry = RegistryClient(cluster.registry_url)
+        self.catalog_url = args.catalog_url or cluster.catalog_url
         self.catalog = table_setup.catalog_for(self.catalog_url)
-        self.store: ObjectStoreConfig = object_store_from_env(cluster["object_store"],
-                                                              cluster.get("object_store_endpoint"))
+        self.store: ObjectStoreConfig = object_store_from_env(cluster.object_store,
+                                                              cluster.object_store_endpoint)
         self.options = table_setup.TableOptions.of(self.topic)
         self.upsert = upsert.UpsertOptions.of(self.topic)
         self.json = self.options.value_type == "json"
@@ -236,8 +205,9 @@ class CommitRound:
         return self._spark
 
     def result(self, status: str, **values: Any) -> RoundResult:
-        return RoundResult(status, self.topic.topic, self.topic.namespace, self.topic.table, self.round_id,
-                           self.args.until_append_time, **values)
+        return RoundResult(status=status, topic=self.topic.topic, namespace=self.topic.namespace,
+                           table=self.topic.table, round_id=self.round_id,
+                           until_append_ms=self.args.until_append_time, **values)
 
     def run(self) -> RoundResult:
         started = time.monotonic()
@@ -268,7 +238,7 @@ class CommitRound:
 
         return first
 
-    def _attempt(self, broker_plan: dict[str, Any], extra_ids: set[int], changes: list[str]) -> RoundResult:
+    def _attempt(self, broker_plan: TopicPlan, extra_ids: set[int], changes: list[str]) -> RoundResult:
         t0 = time.monotonic()
         table = self.catalog.load_table(self.topic.identifier) if self.catalog.table_exists(
             self.topic.identifier) else None
@@ -293,7 +263,7 @@ class CommitRound:
         schemas = table_setup.value_schemas(self.registry, self.topic.topic, extra_ids)
         evolved = table_setup.evolve(table, schemas, self.options)
         changes.extend(evolved.applied)
-        table, spec_changes = partitioning.evolve(table.refresh(), self.topic.config("partition.by"))
+        table, spec_changes = partitioning.evolve(table.refresh(), self.topic.settings.partition_by)
         changes.extend(spec_changes)
         if self.upsert is not None:
             if not self.json:  # json: the id columns exist once the values' columns are inferred (_merge)
@@ -515,7 +485,7 @@ class CommitRound:
         if behind:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise _Evolve(behind)
-        tolerance = self.topic.config("errors.tolerance")
+        tolerance = self.topic.settings.errors_tolerance
         sorted_out = dlq.triage(errors, tolerance)
         if not sorted_out.fatal and not report.errors_dropped:
             return sorted_out.skipped
@@ -557,8 +527,8 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundRes
         if round_ is not None:
             result = round_.result("failed", message=message, seconds=round_.seconds)
         else:
-            result = RoundResult("failed", args.topic, "", "", args.round_id or "", args.until_append_time,
-                                 message=message)
+            result = RoundResult(status="failed", topic=args.topic, round_id=args.round_id or "",
+                                 until_append_ms=args.until_append_time, message=message)
         code = 1
     result.seconds["total"] = round(time.monotonic() - started, 3)
     if args.result is not None:

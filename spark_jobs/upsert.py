@@ -70,7 +70,7 @@ from pyiceberg.types import (
 )
 
 from broker import iceberg_json
-from broker.topic_configs import TABLE_PREFIX
+from broker.topic_configs import ID_COLUMNS
 from spark_jobs.avro_schema import CDC, KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
 from spark_jobs.broker_client import TableTopic
 
@@ -106,14 +106,15 @@ class UpsertOptions:
     @classmethod
     def of(cls, topic: TableTopic) -> UpsertOptions | None:
         """The topic's upsert settings, None for an append topic."""
-        ids = parse_id_columns(topic.configs.get(TABLE_PREFIX + "id.columns", ""))
-        upsert = topic.configs.get(TABLE_PREFIX + "upsert.enable", "false") == "true"
-        cdc = topic.configs.get(TABLE_PREFIX + "cdc.field", "").strip() or None
-        debezium = topic.configs.get(TABLE_PREFIX + "transform.value.type") == "flatten_debezium"
+        settings = topic.settings
+        ids = parse_id_columns(settings.id_columns)
+        upsert = settings.upsert_enabled
+        cdc = settings.cdc_field
+        debezium = settings.flatten_debezium
         if not upsert and cdc is None and not debezium:
             return None
         if not ids:
-            raise UpsertConfigError(f"{topic.topic}: upsert, CDC and flatten_debezium need {TABLE_PREFIX}id.columns")
+            raise UpsertConfigError(f"{topic.topic}: upsert, CDC and flatten_debezium need {ID_COLUMNS}")
         if debezium:
             return cls(ids, f"{CDC}.op", debezium=True)
         return cls(ids, cdc)
