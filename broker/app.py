@@ -97,7 +97,26 @@ def _log_tasks() -> None:
         log.warning("task %s:\n%s", task.get_name(), out.getvalue())
 
 
+def check_locations(config: BrokerConfig) -> None:
+    """The S3 object store and warehouse checked once before anything starts; what is wrong is
+    logged with the setting named (``objectstore.check_s3_location``)."""
+    from broker.config import object_store_from_env
+    from broker.objectstore import check_s3_location
+
+    places = []
+    if config.store.is_s3:
+        places.append((config.store, "object.store"))
+    if config.catalog.builtin and config.catalog_warehouse.startswith("s3"):
+        places.append((object_store_from_env(config.catalog_warehouse), "automq.table.topic.catalog.warehouse"))
+    for place, setting in places:
+        problem = check_s3_location(place.url, setting, place.endpoint_url, place.region,
+                                    place.access_key_id, place.secret_access_key)
+        if problem is not None:
+            log.log(*problem)
+
+
 async def serve(config: BrokerConfig, ready_file: str | None = None) -> None:
+    check_locations(config)
     broker = Broker(config)
     await broker.start()
     if ready_file:

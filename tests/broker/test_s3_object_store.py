@@ -363,3 +363,17 @@ def test_kill9_during_an_outage_and_restart_while_still_down(
         stop_all(producers)
     wait_for(lambda: _all_flushed(broker, topic), 30, what="everything flushed once the store is back")
     _check_s3_holds_everything(broker, client, topic, 2, producers)
+
+
+@pytest.mark.parametrize("setting", ["object.store", "automq.table.topic.catalog.warehouse"])
+def test_a_bucket_that_does_not_exist_is_an_error_in_the_log_at_start(
+        setting: str, broker_factory: Callable[..., BrokerProcess], moto_s3: MotoS3, s3_bucket: str) -> None:
+    """Checked once at start and said plainly, naming the setting; the broker still starts (the
+    bucket may be created a moment later: see the missing-bucket outage above)."""
+    good, missing = f"s3://{s3_bucket}/x", f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/x"
+    store, warehouse = (missing, good) if setting == "object.store" else (good, missing)
+    broker = broker_factory(["--object-store", store, "--warehouse", warehouse], env=moto_s3.env())
+    log = broker.log_text()
+    assert f"ERROR broker.app: {setting}={missing}: bucket '{urlparse(missing).netloc}' does not exist" in log, log
+    other = "automq.table.topic.catalog.warehouse" if setting == "object.store" else "object.store"
+    assert f"{other}=" not in log  # the bucket that exists is not complained about
