@@ -75,7 +75,7 @@ def main() -> None:
         "python": RowConverter(table, lookup, flavor="spark", use_extension=False),
         "c": RowConverter(table, lookup, flavor="spark"),
     }
-    for name, converter in converters.items():  # warm up (plans, imports) and compare
+    for converter in converters.values():  # warm up (plans, imports) and compare
         converter.convert(chunks[0])
     a, b = (c.convert(chunks[0]) for c in converters.values())
     assert a.batch.equals(b.batch) and a.errors == b.errors == [], "the two paths disagree"

@@ -256,10 +256,8 @@ def baseline(broker: BrokerProcess, topic: str, partitions: int) -> dict[str, An
     from spark_jobs import avro_schema
 
     catalog = load_catalog(broker.catalog_url)
-    try:
+    with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace("baseline")
-    except NamespaceAlreadyExistsError:
-        pass
     iceberg_schema = avro_schema.table_schema(SCHEMA)  # exactly the round's table schema
     identifier = ("baseline", _table_identifier(topic))
     table = catalog.create_table(identifier, schema=iceberg_schema)

@@ -332,7 +332,7 @@ class LogStore:
         part.high_watermark = max(part.high_watermark, end_offset)
         self._data_arrived.set()
 
-    async def wait_for_data(self, timeout: float) -> None:
+    async def wait_for_data(self, timeout: float) -> None:  # noqa: ASYNC109 (a poll deadline, not a cancellation)
         self._data_arrived.clear()
         await _wait_event(self._data_arrived, timeout)
 
@@ -514,7 +514,7 @@ class LogStore:
         ]
 
 
-async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:  # noqa: ASYNC109 (asyncio.timeout/wait_for cancellation can hang on 3.11)
     """Wait for ``event`` at most ``timeout`` seconds (without asyncio.wait_for,
     whose cancellation can hang on Python 3.11)."""
     waiter = asyncio.ensure_future(event.wait())

@@ -13,6 +13,7 @@ sets the demo topic's commit interval (default 60000).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -224,24 +225,18 @@ class AirflowStack:
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
     """SIGTERM the process group, SIGKILL what is left after ``timeout`` (children too: they share the group)."""
     _signal_group(proc, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        pass
     _signal_group(proc, signal.SIGKILL)  # the leader may be gone while children of its group live on
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: AirflowStack | None,
@@ -376,10 +371,11 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
             print(f"icefall: the demo producer failed: {demo.error!r}", file=sys.stderr)
             return 1
         print(f"\nstopping (demo producer sent {demo.sent} records)...", flush=True)
-        return 0
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 1
+    else:
+        return 0
     finally:
         if airflow is not None:
             airflow.stop()

@@ -37,6 +37,7 @@ only for format v3: v1/v2 table metadata cannot carry them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from collections.abc import Iterator, Mapping
@@ -94,10 +95,8 @@ def parse_avro(schema: AvroSchemaLike) -> Any:
     if isinstance(schema, Mapping) and schema.get("__fastavro_parsed"):
         return schema
     if isinstance(schema, str):
-        try:
+        with contextlib.suppress(ValueError):  # else a bare primitive name such as `string`
             schema = json.loads(schema)
-        except ValueError:
-            pass  # a bare primitive name such as `string`
     return parse_schema(dict(schema) if isinstance(schema, Mapping) else schema)
 
 

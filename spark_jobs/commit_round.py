@@ -235,13 +235,14 @@ class CommitRound:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
                 result = self._attempt(broker_plan, extra_ids, changes)
-                result.attempts = attempt
-                result.schema_changes = changes
-                return result
             except LostRace as exc:
                 log.warning("round %s lost a race (attempt %d): %s", self.round_id, attempt, exc)
             except _Evolve as again:
                 extra_ids |= again.schema_ids
+            else:
+                result.attempts = attempt
+                result.schema_changes = changes
+                return result
         raise RoundFailed(f"gave up after {MAX_ATTEMPTS} attempts: other writers kept moving main")
 
     def _first_schema_id(self, ranges: list[Any]) -> Callable[[], int | None]:
@@ -254,7 +255,7 @@ class CommitRound:
 
         return first
 
-    def _attempt(self, broker_plan: dict[str, Any], extra_ids: set[int], changes: list[str]) -> RoundResult:
+    def _attempt(self, broker_plan: dict[str, Any], extra_ids: set[int], changes: list[str]) -> RoundResult:  # noqa: C901 (to be split in a change of its own)
         t0 = time.monotonic()
         table = self.catalog.load_table(self.topic.identifier) if self.catalog.table_exists(
             self.topic.identifier) else None

@@ -1,11 +1,19 @@
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, free_port, wait_for
 
 
 @pytest.fixture
@@ -20,10 +28,8 @@ def broker_factory(tmp_path: Path) -> Iterator[object]:
 
     yield make
     for broker in started:
-        try:
+        with contextlib.suppress(Exception):  # a broker that failed to start or already died
             broker.stop()
-        except Exception:  # noqa: BLE001, S110
-            pass
 
 
 @pytest.fixture
@@ -34,16 +40,6 @@ def broker(broker_factory: object) -> BrokerProcess:
 
 
 # ---------------------------------------------------------------- S3 (moto)
-
-import os
-import signal
-import subprocess
-import sys
-import urllib.request
-import uuid
-from typing import Any
-
-from tests.support import free_port, wait_for
 
 MOTO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 

@@ -320,9 +320,10 @@ async def _put(outbox: asyncio.Queue[Any], sender: asyncio.Task[None], item: Any
         return False
     try:
         outbox.put_nowait(item)
-        return True
     except asyncio.QueueFull:
         pass
+    else:
+        return True
     put = asyncio.ensure_future(outbox.put(item))
     try:
         await asyncio.wait({put, sender}, return_when=asyncio.FIRST_COMPLETED)

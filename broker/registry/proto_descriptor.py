@@ -206,7 +206,7 @@ def map_entry_name(field_name: str) -> str:
     return "".join(out) + "Entry"
 
 
-def _message_to(dp: descriptor_pb2.DescriptorProto, msg: ProtoMessage, pf: ProtoFile,
+def _message_to(dp: descriptor_pb2.DescriptorProto, msg: ProtoMessage, pf: ProtoFile,  # noqa: C901 (descriptor.proto's message fields one by one)
                 table: dict[str, ProtoMessage | ProtoEnum]) -> None:
     dp.name = msg.name
     _apply_options(dp, msg.options)
@@ -235,7 +235,7 @@ def _message_to(dp: descriptor_pb2.DescriptorProto, msg: ProtoMessage, pf: Proto
             fp.default_value = fld.default
         if fld.oneof is not None:
             fp.oneof_index = msg.oneofs.index(fld.oneof)
-    for fld, fp in zip(msg.fields, dp.field):
+    for fld, fp in zip(msg.fields, dp.field, strict=True):
         if fld.label == "optional" and pf.syntax != "proto2":
             fp.proto3_optional = True
             fp.oneof_index = len(dp.oneof_decl)
@@ -359,7 +359,7 @@ def _render_ranges(ranges: list[tuple[int, int]], top: int) -> str:
     return ", ".join(parts)
 
 
-def _render_message(msg: ProtoMessage, pf: ProtoFile, depth: int,
+def _render_message(msg: ProtoMessage, pf: ProtoFile, depth: int,  # noqa: C901 (one branch per element of a .proto message)
                     group: ProtoField | None = None) -> list[str]:
     pad = "  " * depth
     inner = pad + "  "

@@ -15,6 +15,7 @@ text with JSON object keys sorted) and references are equal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,10 +118,8 @@ def fingerprint(schema_type: str, canonical: str, references: list[Reference]) -
     """The identity of a schema for id reuse: equal fingerprints, same id."""
     body = canonical
     if schema_type in ("AVRO", "JSON"):
-        try:
+        with contextlib.suppress(ValueError):
             body = json.dumps(json.loads(canonical), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        except ValueError:
-            pass
     refs = json.dumps([r.to_json() for r in references], sort_keys=True, separators=(",", ":"))
     return f"{schema_type}\x00{body}\x00{refs}"
 

@@ -48,7 +48,7 @@ def test_plan_and_ranges_cover_exactly_the_records_before_the_cut(broker: Broker
         values = []
         for r in answer["ranges"]:  # type: ignore[union-attr]
             data = store.get_range(r["object_key"], r["byte_start"], r["byte_end"])
-            for batch_header, batch in records.iter_batches(data):
+            for _batch_header, batch in records.iter_batches(data):
                 _, recs = records.decode_batch(batch)
                 values += [(rec.offset, rec.value) for rec in recs if 5 <= rec.offset < 20]
         assert [o for o, _ in values] == list(range(5, 20))

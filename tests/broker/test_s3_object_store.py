@@ -4,6 +4,7 @@ record batches, and an object store outage costs neither acks nor records."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import urllib.error
@@ -213,10 +214,8 @@ class TcpProxy:
             listener.close()
         with self._lock:
             for sock in self._sockets:
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 sock.close()
             self._sockets.clear()
 
@@ -247,10 +246,8 @@ class TcpProxy:
             pass
         finally:
             for sock in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 @pytest.fixture

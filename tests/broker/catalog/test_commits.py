@@ -41,7 +41,7 @@ def test_each_requirement_is_checked(http: Http, namespace: str) -> None:
     created = http.create_table(namespace, "t")
     pairs = _right_and_wrong(created["metadata"])
     assert len({right["type"] for right, _ in pairs}) == 7  # plus assert-create below: all eight kinds
-    for right, wrong in pairs:
+    for _right, wrong in pairs:
         status, body = http.commit(namespace, "t", [wrong], SET_PROP)
         assert (status, error_type(body)) == (409, "CommitFailedException"), wrong
     status, body = http.commit(namespace, "t", [{"type": "assert-create"}], SET_PROP)
