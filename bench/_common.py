@@ -22,8 +22,18 @@ from tests.support import BrokerProcess  # noqa: E402 (needs the sys.path entry 
 MIB = 1024 * 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-__all__ = ["MIB", "REPO", "BrokerProcess", "CpuByProcess", "Measure", "become_subreaper", "machine", "measure", "pid_cpu_seconds",
-           "reap_orphans"]
+__all__ = [
+    "MIB",
+    "REPO",
+    "BrokerProcess",
+    "CpuByProcess",
+    "Measure",
+    "become_subreaper",
+    "machine",
+    "measure",
+    "pid_cpu_seconds",
+    "reap_orphans",
+]
 
 
 def machine() -> dict[str, str | int]:

@@ -95,8 +95,11 @@ def main() -> None:
                         c._column(chunk, "value", c.value_type, chunk.values, c.value_target, {})
             seconds = best_cpu(run, args.repeat)
             results[(what, name)] = seconds
-            print(f"  {what:<13} {name:<7} {records / seconds:>12,.0f} records/s  {value_bytes / MIB / seconds:>8.1f} MiB/s"
-                  f"  {seconds / records * 1e6:>6.2f} µs/record")
+            print(
+                f"  {what:<13} {name:<7} {records / seconds:>12,.0f} records/s  "
+                f"{value_bytes / MIB / seconds:>8.1f} MiB/s"
+                f"  {seconds / records * 1e6:>6.2f} µs/record"
+            )
         ratio = results[(what, "python")] / results[(what, "c")]
         print(f"  {what:<13} C / Python: {ratio:.1f}x")
 

@@ -133,8 +133,10 @@ class AdminApi(HttpService):
     def _topic(self, request: web.Request) -> Any:
         topic = self.cluster.topics.get(request.match_info["topic"])
         if topic is None:
-            raise web.HTTPNotFound(text=f'{{"error_code": 404, "message": "topic {request.match_info["topic"]} does not exist"}}',
-                                   content_type="application/json")
+            raise web.HTTPNotFound(
+                text=f'{{"error_code": 404, "message": "topic {request.match_info["topic"]} does not exist"}}',
+                content_type="application/json",
+            )
         return topic
 
     async def offsets(self, request: web.Request) -> web.Response:
@@ -185,7 +187,10 @@ class AdminApi(HttpService):
         if start < part.log_start_offset:
             return _error(416, f"offset {start} is before the log start {part.log_start_offset}")
         if end > part.flushed_offset:
-            return _error(409, f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})")
+            return _error(
+                409,
+                f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})",
+            )
         return web.json_response({"topic": topic.name, "partition": partition, "start": start, "end": end,
                                   "object_store": self.config.store.url, "ranges": ranges_for(part, start, end)})
 

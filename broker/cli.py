@@ -43,14 +43,21 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
                         help="the broker's metadata in Postgres, postgresql://user:password@host:port/database "
                              "(default: $ICEFALL_METADATA_URI, else SQLite in HOME/metadata.sqlite)")
     parser.add_argument("--warehouse", default=None, help="where Iceberg tables live (default file://HOME/warehouse)")
-    parser.add_argument("--object-store", default=None,
-                        help="s3://bucket/prefix (endpoint and credentials from AWS_* variables); default: HOME/objects")
+    parser.add_argument(
+        "--object-store",
+        default=None,
+        help="s3://bucket/prefix (endpoint and credentials from AWS_* variables); default: HOME/objects",
+    )
     parser.add_argument("--segment-flush-ms", type=int, default=None, help="flush segments at least this often")
     parser.add_argument("--segment-flush-bytes", type=int, default=None, help="flush segments at this size")
     parser.add_argument("--max-unflushed-bytes", type=int, default=None,
                         help="hold produces while more than this is not yet in the object store")
-    parser.add_argument("--retention-check-interval-ms", type=int, default=None,
-                        help="run segment retention this often (Kafka's log.retention.check.interval.ms, default 300000)")
+    parser.add_argument(
+        "--retention-check-interval-ms",
+        type=int,
+        default=None,
+        help="run segment retention this often (Kafka's log.retention.check.interval.ms, default 300000)",
+    )
     parser.add_argument("--auto-create-topics", action="store_true", help="create unknown topics on first use")
     parser.add_argument("--ready-file", default=None, help="write the pid here once listening (for tests)")
     parser.add_argument("--log-level", default="INFO")

@@ -101,7 +101,8 @@ class PartitionLog:
         if header.producer_epoch > state.epoch:
             if header.base_sequence != 0:
                 raise ProduceError(
-                    45, f"new producer epoch {header.producer_epoch} must start at sequence 0, got {header.base_sequence}"
+                    45,
+                    f"new producer epoch {header.producer_epoch} must start at sequence 0, got {header.base_sequence}",
                 )
             return None
         for first, last, base in state.recent:
@@ -110,7 +111,8 @@ class PartitionLog:
         expected = (state.last_sequence + 1) % (2**31)
         if header.base_sequence != expected:
             raise ProduceError(
-                45, f"out of order sequence {header.base_sequence} for producer {header.producer_id}, expected {expected}"
+                45,
+                f"out of order sequence {header.base_sequence} for producer {header.producer_id}, expected {expected}",
             )
         return None
 
@@ -284,7 +286,10 @@ class LogStore:
             raise ProduceError(56, f"write-ahead log failed ({self.wal.failure}); the broker needs a restart")
         for header in headers:
             if header.size > max_message_bytes:
-                raise ProduceError(10, f"record batch of {header.size} bytes exceeds max.message.bytes {max_message_bytes}")
+                raise ProduceError(
+                    10,
+                    f"record batch of {header.size} bytes exceeds max.message.bytes {max_message_bytes}",
+                )
             if header.is_control:
                 raise ProduceError(87, "clients may not produce control batches")
         if self.unflushed_bytes > self.max_unflushed_bytes:
@@ -461,7 +466,13 @@ class LogStore:
                 chunk_start = position
                 for batch in batches:
                     refs.append(
-                        BatchRef(batch.base_offset, position - chunk_start, len(batch.data), batch.append_ms, batch.max_timestamp)
+                        BatchRef(
+                            batch.base_offset,
+                            position - chunk_start,
+                            len(batch.data),
+                            batch.append_ms,
+                            batch.max_timestamp,
+                        )
                     )
                     parts.append(batch.data)
                     position += len(batch.data)

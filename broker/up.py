@@ -246,7 +246,11 @@ def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: 
     if airflow is None:
         ui = "  Airflow:          not started (ICEFALL_NO_AIRFLOW)\n"
     else:
-        login = f"admin / {password}" if password else f"see {airflow.home / 'simple_auth_manager_passwords.json.generated'}"
+        login = (
+            f"admin / {password}"
+            if password
+            else f"see {airflow.home / 'simple_auth_manager_passwords.json.generated'}"
+        )
         ui = (f"  Airflow UI:       {airflow.url}  (login {login})\n"
               f"  Commit DAG:       {airflow.url}/dags/icefall_commit__{DEMO_TOPIC}\n"
               f"  Table topics:     {airflow.url}/plugin/icefall-table-topics\n"
@@ -267,7 +271,8 @@ def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: 
         f"  DuckDB:     from broker.catalog import duckdb_local; con = duckdb_local.connect(); "
         f"duckdb_local.attach_catalog(con, '{config.catalog_url}', 'lake'); "
         f"con.sql('SELECT page, count(*) FROM lake.default.{DEMO_TOPIC} GROUP BY page')\n"
-        f"  Spark SQL:  spark-sql --jars \"$(python -c 'from spark_jobs.jars import iceberg_jars; print(*iceberg_jars())')\" "
+        "  Spark SQL:  spark-sql "
+        "--jars \"$(python -c 'from spark_jobs.jars import iceberg_jars; print(*iceberg_jars())')\" "
         f"--conf spark.sql.catalog.icefall=org.apache.iceberg.spark.SparkCatalog "
         f"--conf spark.sql.catalog.icefall.type=rest --conf spark.sql.catalog.icefall.uri={config.catalog_url} "
         f"-e 'SELECT count(*) FROM icefall.default.{DEMO_TOPIC}'\n"

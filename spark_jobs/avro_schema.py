@@ -529,7 +529,10 @@ def storage_type(t: pa.DataType) -> pa.DataType:
     if isinstance(t, pa.StructType):
         return pa.struct([f.with_type(storage_type(f.type)) for f in t])
     if isinstance(t, pa.MapType):
-        return pa.map_(t.key_field.with_type(storage_type(t.key_type)), t.item_field.with_type(storage_type(t.item_type)))
+        return pa.map_(
+            t.key_field.with_type(storage_type(t.key_type)),
+            t.item_field.with_type(storage_type(t.item_type)),
+        )
     if isinstance(t, pa.ListType):
         return pa.list_(t.value_field.with_type(storage_type(t.value_type)))
     return t

@@ -122,7 +122,10 @@ def ensure_base_snapshot(table: Table) -> Table:
     if table.metadata.refs.get("main") is not None:
         return table
     try:
-        with table.transaction() as tx, tx.update_snapshot(snapshot_properties={BASE_PROPERTY: BASE_NOTE}).fast_append():
+        with (
+            table.transaction() as tx,
+            tx.update_snapshot(snapshot_properties={BASE_PROPERTY: BASE_NOTE}).fast_append(),
+        ):
             pass
     except CommitFailedException:
         pass

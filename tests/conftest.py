@@ -21,7 +21,9 @@ def broker_factory(tmp_path: Path) -> Iterator[object]:
     """Start brokers with extra flags; every one started is stopped at teardown."""
     started: list[BrokerProcess] = []
 
-    def make(extra_args: list[str] | None = None, env: dict[str, str] | None = None, name: str = "home") -> BrokerProcess:
+    def make(
+        extra_args: list[str] | None = None, env: dict[str, str] | None = None, name: str = "home"
+    ) -> BrokerProcess:
         broker = BrokerProcess(tmp_path / name, extra_args, env)
         started.append(broker)
         return broker.start()
@@ -74,7 +76,9 @@ class MotoS3:
     def wait_ready(self, timeout: float = 30.0) -> None:
         def answers() -> bool:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"moto server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"moto server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
             with urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=2) as resp:
                 return bool(resp.status == 200)
 

@@ -25,7 +25,12 @@ def free_port() -> int:
         return port
 
 
-def wait_for(condition: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.05, what: str = "condition") -> T:
+def wait_for(
+    condition: Callable[[], T | None],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> T:
     """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
@@ -37,7 +42,10 @@ def wait_for(condition: Callable[[], T | None], timeout: float = 30.0, interval:
         except Exception as exc:  # keep polling; report the last error on timeout  # noqa: BLE001
             last_error = exc
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+    raise TimeoutError(
+        f"timed out after {timeout}s waiting for {what}"
+        + (f" (last error: {last_error!r})" if last_error else "")
+    )
 
 
 class BrokerProcess:

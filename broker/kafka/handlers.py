@@ -528,7 +528,9 @@ class KafkaHandlers:
             responses.append(self._apply_configs(res, change, req.validate_only))
         return R(responses=responses)
 
-    def _apply_configs(self, res: Any, change: Callable[[dict[str, str]], dict[str, Any]], validate_only: bool) -> dict[str, Any]:
+    def _apply_configs(
+        self, res: Any, change: Callable[[dict[str, str]], dict[str, Any]], validate_only: bool
+    ) -> dict[str, Any]:
         entry: dict[str, Any] = {"error_code": NONE, "error_message": None, "resource_type": res.resource_type,
                                  "resource_name": res.resource_name}
         if res.resource_type != RESOURCE_TOPIC:
@@ -536,7 +538,10 @@ class KafkaHandlers:
             return entry
         topic = self.cluster.topics.get(res.resource_name)
         if topic is None:
-            entry.update(error_code=UNKNOWN_TOPIC_OR_PARTITION, error_message=f"Topic '{res.resource_name}' does not exist.")
+            entry.update(
+                error_code=UNKNOWN_TOPIC_OR_PARTITION,
+                error_message=f"Topic '{res.resource_name}' does not exist.",
+            )
             return entry
         try:
             new = change(dict(topic.configs))
@@ -614,8 +619,14 @@ class KafkaHandlers:
 
     async def offset_fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         if R.version >= 8:
-            groups = [{"group_id": g.group_id, "topics": self._fetched_offsets(g.group_id, g.topics, "partition_indexes"),
-                       "error_code": NONE} for g in req.groups]
+            groups = [
+                {
+                    "group_id": g.group_id,
+                    "topics": self._fetched_offsets(g.group_id, g.topics, "partition_indexes"),
+                    "error_code": NONE,
+                }
+                for g in req.groups
+            ]
             return R(groups=groups)
         return R(topics=self._fetched_offsets(req.group_id, req.topics, "partition_indexes"), error_code=NONE)
 
@@ -697,6 +708,12 @@ def _replace_all(replacement: dict[str, Any], _old: dict[str, str]) -> dict[str,
 def api_versions_response(R: Responder, error: int) -> Any:
     return R(
         error_code=error,
-        api_keys=[{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(ADVERTISED_VERSIONS.items())],
-        supported_features=[], finalized_features_epoch=-1, finalized_features=[], zk_migration_ready=False,
+        api_keys=[
+            {"api_key": k, "min_version": lo, "max_version": hi}
+            for k, (lo, hi) in sorted(ADVERTISED_VERSIONS.items())
+        ],
+        supported_features=[],
+        finalized_features_epoch=-1,
+        finalized_features=[],
+        zk_migration_ready=False,
     )

@@ -107,9 +107,18 @@ class KafkaServer:
         if not versions[0] <= api_version <= versions[1]:
             if api_key == API_VERSIONS:
                 # Kafka's rule: answer in v0 with UNSUPPORTED_VERSION and the versions we do speak.
-                return codec.encode_response(correlation_id, api_versions_response(codec.Responder(API_VERSIONS, 0), UNSUPPORTED_VERSION))
+                return codec.encode_response(
+                    correlation_id,
+                    api_versions_response(codec.Responder(API_VERSIONS, 0), UNSUPPORTED_VERSION),
+                )
             self.malformed_requests += 1
-            log.warning("%s: %s v%d is not supported (%d..%d); closing", host, api_key_map[api_key], api_version, *versions)
+            log.warning(
+                "%s: %s v%d is not supported (%d..%d); closing",
+                host,
+                api_key_map[api_key],
+                api_version,
+                *versions,
+            )
             return None
         try:
             header, request = codec.parse_request(frame)

@@ -360,7 +360,9 @@ class SchemaStore:
                                          self.resolve(rs.references, depth + 1)))
         return out
 
-    def parse(self, schema_type: str, text: Any, refs: list[Reference]) -> tuple[ParsedSchema, list[ResolvedReference], str]:
+    def parse(
+        self, schema_type: str, text: Any, refs: list[Reference]
+    ) -> tuple[ParsedSchema, list[ResolvedReference], str]:
         """Validate a schema from a request: (parsed, resolved references, fingerprint).
         Raises RegistryError 42201."""
         if not isinstance(text, str) or not text.strip():
@@ -531,8 +533,15 @@ class SchemaStore:
 
     # ------------------------------------------------------------------ register and delete
 
-    async def register(self, subject: str, schema_type: str, text: Any, refs: list[Reference],  # noqa: C901 (the registry's register rules in their documented order)
-                       schema_id: int | None = None, version: int | None = None) -> tuple[SubjectVersion, RegisteredSchema]:
+    async def register(  # noqa: C901 (the registry's register rules in their documented order)
+        self,
+        subject: str,
+        schema_type: str,
+        text: Any,
+        refs: list[Reference],
+        schema_id: int | None = None,
+        version: int | None = None,
+    ) -> tuple[SubjectVersion, RegisteredSchema]:
         async with self._lock:
             mode = self.mode(subject)
             if _is_read_only(mode):

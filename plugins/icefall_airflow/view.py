@@ -76,7 +76,10 @@ def render(answer: dict[str, Any]) -> str:
             f"<tr><td><b>{html.escape(t['topic'])}</b></td>"
             f"<td class=mono>{html.escape(t['namespace'])}.{html.escape(t['table'])}</td>{detail}"
             f'<td><a href="{runs}" target="_top">{html.escape(t["dag_id"])}</a></td></tr>')
-    body = "\n".join(rows) or '<tr><td colspan="10">No table topics yet: set automq.table.topic.enable=true on a topic.</td></tr>'
+    body = (
+        "\n".join(rows)
+        or '<tr><td colspan="10">No table topics yet: set automq.table.topic.enable=true on a topic.</td></tr>'
+    )
     error = f'<p class="error">{html.escape(answer["error"])}</p>' if answer.get("error") else ""
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Icefall table topics</title>
@@ -90,7 +93,8 @@ th {{ background: #f7fafc; }} .num {{ text-align: right; font-variant-numeric: t
 </style></head><body>
 <h2>Table topics</h2>
 <small>broker {html.escape(answer.get("admin_url") or "")} · catalog {html.escape(answer.get("catalog_url") or "—")}
-· as of {_time(answer.get("generated_at_ms"))} · refreshes every 10 s · JSON: <a href="api/tables">api/tables</a></small>
+· as of {_time(answer.get("generated_at_ms"))} · refreshes every 10 s
+· JSON: <a href="api/tables">api/tables</a></small>
 {error}
 <table><thead><tr><th>topic</th><th>table</th><th class=num>lag (records)</th><th class=num>lag (s)</th>
 <th>last commit</th><th>snapshot</th><th class=num>rows</th><th class=num>DLQ rows</th><th>last maintenance</th>

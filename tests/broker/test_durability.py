@@ -60,7 +60,11 @@ def _restart_after_kill9(broker: BrokerProcess, producers: list[ContinuousProduc
     before_kill = {v: po for pr in producers for v, po in list(pr.acked.items())}
     counts = [p.acked_count for p in producers]
     broker.start()
-    wait_for(lambda: _all_acked_beyond(producers, counts, 300), 40, what="producers acknowledged again after the restart")
+    wait_for(
+        lambda: _all_acked_beyond(producers, counts, 300),
+        40,
+        what="producers acknowledged again after the restart",
+    )
     return before_kill
 
 

@@ -382,7 +382,9 @@ def after_trouble(broker: BrokerProcess, bystander: Bystander, stored: tuple[str
 
 @pytest.mark.parametrize("size", [-1, -(2**31), 0, 1, 4, 7, MAX_REQUEST_BYTES + 1, 2**31 - 1],
                          ids=lambda s: f"size={s}")
-def test_bad_size_prefix_closes_connection(kbroker: BrokerProcess, bystander: Bystander, stored: Any, size: int) -> None:
+def test_bad_size_prefix_closes_connection(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any, size: int
+) -> None:
     with Conn(kbroker) as c:
         # A well-formed ApiVersions request after the bad prefix: the broker must not read on.
         c.send(struct.pack(">i", size) + frame(encode(api_versions_request(0), 1)))
@@ -432,7 +434,9 @@ def test_request_at_max_size_is_read_not_refused(kbroker: BrokerProcess) -> None
 
 
 @pytest.mark.parametrize("api_key", [9999, 17, -1, 36, 1000], ids=lambda k: f"key={k}")
-def test_unknown_api_key_closes_connection(kbroker: BrokerProcess, bystander: Bystander, stored: Any, api_key: int) -> None:
+def test_unknown_api_key_closes_connection(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any, api_key: int
+) -> None:
     with Conn(kbroker) as c:
         c.send(frame(header_only(api_key, 0, 7) + b"\0" * 16))
         c.expect_closed()
@@ -990,7 +994,9 @@ def stub_listener() -> Iterator[_InProcessListener]:
     ("deferred response cannot be encoded", produce_request("t", {0: b""})),
     ("deferred response raises", fetch_request("t", 0, 0)),
 ])
-def test_failing_handler_closes_only_its_connection(stub_listener: _InProcessListener, what: str, request_: Any) -> None:
+def test_failing_handler_closes_only_its_connection(
+    stub_listener: _InProcessListener, what: str, request_: Any
+) -> None:
     listener: Any = stub_listener
     with Conn(listener) as bystander:
         assert bystander.call(api_versions_request(3)).error_code == NONE

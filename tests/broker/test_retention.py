@@ -348,11 +348,19 @@ def test_a_pass_records_what_it_deleted_and_what_the_table_held_back(tmp_path: P
         status = logs.retention.to_json()
         assert seen == [("default", "t")]
         assert part.log_start_offset == 1 and status["chunks_deleted"] == 1 and status["objects_deleted"] == 1
-        assert status["blocked"] == [{
-            "topic": "t", "partition": 0, "log_start_offset": 1, "wanted_log_start_offset": 2,
-            "committed_offset": 1, "blocked_offsets": 1, "blocked_bytes": part.chunks[0].byte_end - part.chunks[0].byte_start,
-            "since_ms": status["blocked"][0]["since_ms"], "passes": 1,
-        }]
+        assert status["blocked"] == [
+            {
+                "topic": "t",
+                "partition": 0,
+                "log_start_offset": 1,
+                "wanted_log_start_offset": 2,
+                "committed_offset": 1,
+                "blocked_offsets": 1,
+                "blocked_bytes": part.chunks[0].byte_end - part.chunks[0].byte_start,
+                "since_ms": status["blocked"][0]["since_ms"],
+                "passes": 1,
+            }
+        ]
         assert await logs.read(part, 0, 1 << 20) == b""  # below the log start: nothing, never a later batch
 
         committed["offsets"] = {0: 2}

@@ -28,7 +28,9 @@ def test_a_manual_run_without_logical_date_commits_up_to_now() -> None:
 def test_until_offsets_param() -> None:
     request = round_request("clicks", {"until": "offsets", "until_offsets": {"0": 5, "2": 7}}, END, "m", 1)
     assert request.until_offsets == {0: 5, 2: 7} and request.until_append_ms is None
-    assert round_request("clicks", {"until": "offsets", "until_offsets": '{"1": 3}'}, END, "m", 1).until_offsets == {1: 3}
+    assert round_request(
+        "clicks", {"until": "offsets", "until_offsets": '{"1": 3}'}, END, "m", 1
+    ).until_offsets == {1: 3}
     for bad in ({"until": "offsets"}, {"until": "offsets", "until_offsets": {"x": 1}},
                 {"until": "offsets", "until_offsets": {"0": -1}}, {"until": "tomorrow"}):
         with pytest.raises(PlanError):

@@ -22,7 +22,11 @@ from spark_jobs.segments import RecordChunk
 
 pytestmark = pytest.mark.skipif(not avro_columns.available(), reason="spark_jobs._avro_columns is not built")
 
-SETTINGS = settings(max_examples=int(os.environ.get("ICEFALL_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("ICEFALL_HYPOTHESIS_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -295,7 +299,11 @@ def test_record_keys_by_schema_id_decode_in_c_too() -> None:
     ["int", "string"],
 ])
 def test_what_the_c_decoder_leaves_to_the_general_path(field_type: Any) -> None:
-    schema = {"type": "record", "name": "U", "fields": [{"name": "id", "type": "long"}, {"name": "x", "type": field_type}]}
+    schema = {
+        "type": "record",
+        "name": "U",
+        "fields": [{"name": "id", "type": "long"}, {"name": "x", "type": field_type}],
+    }
     parsed = avro_schema.parse_avro(schema)
     target = StructType(*[f for f in table_schema({**schema, "fields": schema["fields"][:1]}).fields
                           if not f.name.startswith("_kafka")])

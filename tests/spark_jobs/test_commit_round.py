@@ -229,8 +229,18 @@ def test_a_small_round_runs_in_the_driver_and_writes_what_spark_writes(spark: An
     assert in_driver["rows"] == on_spark.rows == 200 and in_driver["bytes_read"] == on_spark.bytes_read
 
     def rows(topic: str) -> list[tuple[Any, ...]]:
-        return sorted((r["id"], r["page"], r["score"], r["at"], r["_kafka_key"], r["_kafka_metadata"]["partition"],
-                       r["_kafka_metadata"]["offset"]) for r in table(round_broker, topic).scan().to_arrow().to_pylist())
+        return sorted(
+            (
+                r["id"],
+                r["page"],
+                r["score"],
+                r["at"],
+                r["_kafka_key"],
+                r["_kafka_metadata"]["partition"],
+                r["_kafka_metadata"]["offset"],
+            )
+            for r in table(round_broker, topic).scan().to_arrow().to_pylist()
+        )
 
     assert rows(topics["driver"]) == rows(topics["spark"])
     assert len(rows(topics["driver"])) == 200

@@ -113,7 +113,9 @@ def test_stage_create_then_commit_with_assert_create(http: Http, namespace: str)
 
 def test_stage_create_of_an_existing_table_is_409(http: Http, namespace: str) -> None:
     http.create_table(namespace, "t")
-    status, body = http.post(f"/v1/namespaces/{namespace}/tables", {"name": "t", "schema": SCHEMA, "stage-create": True})
+    status, body = http.post(
+        f"/v1/namespaces/{namespace}/tables", {"name": "t", "schema": SCHEMA, "stage-create": True}
+    )
     assert (status, error_type(body)) == (409, "AlreadyExistsException")
 
 

@@ -28,10 +28,14 @@ def populate(client: SchemaRegistryClient, base: str) -> dict[str, int]:
     ids = {
         "orders-1": client.register_schema("orders-value", avro("Order", F1)),
         "orders-2": client.register_schema("orders-value", avro("Order", F2)),
-        "json": client.register_schema("json-value", Schema('{"type": "object", "properties": {"a": {"type": "string"}}}',
-                                                            "JSON")),
+        "json": client.register_schema(
+            "json-value",
+            Schema('{"type": "object", "properties": {"a": {"type": "string"}}}', "JSON"),
+        ),
         "proto": client.register_schema("proto-value", Schema(PROTO, "PROTOBUF")),
-        "address": client.register_schema("address", avro("Address", [{"name": "street", "type": "string"}])),
+        "address": client.register_schema(
+            "address", avro("Address", [{"name": "street", "type": "string"}])
+        ),
     }
     assert client.register_schema("orders-copy-value", avro("Order", F1)) == ids["orders-1"]
     ids["customer"] = client.register_schema("customer-value", Schema(
