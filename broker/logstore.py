@@ -67,7 +67,7 @@ class ProducerState:
         assert isinstance(recent, list)
         epoch = data["epoch"]
         assert isinstance(epoch, int)
-        return cls(epoch, [tuple(r) for r in recent])  # type: ignore[misc]
+        return cls(epoch, [tuple(r) for r in recent])
 
 
 class PartitionLog:

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -23,6 +23,12 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def present(value: T | None) -> T:
+    """``value``, asserted not None: for Optional attributes a test knows are set."""
+    assert value is not None
+    return value
 
 
 def wait_for(
@@ -116,10 +122,11 @@ class BrokerProcess:
             self.proc.wait(10)
             raise
 
-    def admin(self, path: str, method: str = "GET") -> dict[str, object]:
+    def admin(self, path: str, method: str = "GET") -> dict[str, Any]:
+        """The admin API's JSON answer."""
         req = urllib.request.Request(self.admin_url + path, method=method)
         with urllib.request.urlopen(req, timeout=10) as resp:
-            data: dict[str, object] = json.loads(resp.read())
+            data: dict[str, Any] = json.loads(resp.read())
             return data
 
     def log_text(self) -> str:

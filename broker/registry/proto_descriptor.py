@@ -228,7 +228,7 @@ def _message_to(dp: descriptor_pb2.DescriptorProto, msg: ProtoMessage, pf: Proto
         if fld.group:
             kind = _FDP.TYPE_GROUP
         if kind:
-            fp.type = kind  # type: ignore[assignment]
+            fp.type = kind
         if type_name:
             fp.type_name = type_name
         if fld.default is not None:
@@ -273,7 +273,7 @@ def _map_entry(fld: ProtoField, msg: ProtoMessage,
         fp = entry.field.add(name=field_name, number=number, label=_FDP.LABEL_OPTIONAL)
         kind, ref = _type_ref(type_name or "", msg.full_name, table)
         if kind:
-            fp.type = kind  # type: ignore[assignment]
+            fp.type = kind
         if ref:
             fp.type_name = ref
     return entry
@@ -291,8 +291,8 @@ def _enum_to(ep: descriptor_pb2.EnumDescriptorProto, enum: ProtoEnum) -> None:
 
 def _apply_options(parent: Message, values: dict[str, str]) -> None:
     """Set parent.options from `values`, leaving the options field unset when none apply."""
-    _options_from_dict(parent.options, values)  # type: ignore[attr-defined]
-    if not parent.options.ListFields():  # type: ignore[attr-defined]
+    _options_from_dict(parent.options, values)
+    if not parent.options.ListFields():
         parent.ClearField("options")
 
 

@@ -40,9 +40,9 @@ from kio.records.readers import read_batch
 from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_batch
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i8, i16, i32, i64
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
-from tests.support import BrokerProcess, wait_for
+from tests.support import BrokerProcess, present, wait_for
 
 MAX_REQUEST_BYTES = 100 * 1024 * 1024  # the broker's default socket.request.max.bytes
 IO_TIMEOUT = 10.0
@@ -188,14 +188,14 @@ class Conn:
 
 
 def api_versions_request(version: int = 3) -> Any:
-    cls = load_request_schema(API_VERSIONS, version)
+    cls: type[Any] = load_request_schema(API_VERSIONS, version)
     if version >= 3:
         return cls(client_software_name="icefall-tests", client_software_version="1.0")
     return cls()
 
 
 def produce_request(topic: str, partitions: dict[int, bytes | None], version: int = 9, acks: int = -1) -> Any:
-    cls = load_request_schema(PRODUCE, version)
+    cls: type[Any] = load_request_schema(PRODUCE, version)
     m = _module(cls)
     return cls(acks=i16(acks), timeout=datetime.timedelta(seconds=10), topic_data=(
         m.TopicProduceData(name=topic, partition_data=tuple(
@@ -235,7 +235,7 @@ def metadata_request(topics: list[str] | None, version: int = 12) -> Any:
 
 def make_batch(values: list[bytes], producer_id: int = -1, base_sequence: int = -1) -> bytes:
     """A valid, uncompressed v2 record batch."""
-    now = datetime.datetime.now(datetime.UTC)
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC))
     records = tuple(Record(attributes=i8(0), timestamp=now, offset=i64(i), key=None, value=v, headers=())
                     for i, v in enumerate(values))
     buf = io.BytesIO()
@@ -774,7 +774,7 @@ def test_stalled_clients_do_not_block_others(kbroker: BrokerProcess, bystander: 
             def poll() -> bool:
                 msg = consumer.poll(0.5)
                 if msg is not None and not msg.error():
-                    got.append(int(msg.value()))
+                    got.append(int(present(msg.value())))
                 return len(got) >= 50
             wait_for(poll, 20, interval=0, what="50 records while clients stall")
         finally:

@@ -45,7 +45,7 @@ def _segment_keys(client: Any, bucket: str, prefix: str = PREFIX) -> list[str]:
 
 def _partitions(broker: BrokerProcess, topic: str) -> dict[int, dict[str, Any]]:
     data = broker.admin(f"/v1/topics/{topic}/offsets")
-    return {p["partition"]: p for p in data["partitions"]}  # type: ignore[attr-defined]
+    return {p["partition"]: p for p in data["partitions"]}
 
 
 def _read_ranges(broker: BrokerProcess, client: Any, topic: str, partition: int,
@@ -57,7 +57,7 @@ def _read_ranges(broker: BrokerProcess, client: Any, topic: str, partition: int,
     assert store.scheme == "s3"
     prefix = store.path.strip("/")
     out: list[records.Record] = []
-    ranges: list[dict[str, Any]] = plan["ranges"]  # type: ignore[assignment]
+    ranges: list[dict[str, Any]] = plan["ranges"]
     assert ranges, f"no ranges for {topic}-{partition} [{start}, {end})"
     assert ranges[0]["first_offset"] <= start and ranges[-1]["end_offset"] >= end
     for r in ranges:

@@ -87,7 +87,7 @@ def test_a_size_trigger_schedules_rounds_on_the_interval_or_the_pending_asset(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     manifests.write(
         tmp_path,
-        manifests.entry("bursts", 900_000, **{"automq.table.topic.commit.trigger.bytes": "65536"}),
+        manifests.entry("bursts", 900_000, configs={"automq.table.topic.commit.trigger.bytes": "65536"}),
         manifests.entry("steady", 60_000),
     )
     bag = dagbag(tmp_path, monkeypatch)

@@ -4,6 +4,7 @@ its threshold, and only for bytes that arrived after it last fired."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from typing import Any
@@ -53,6 +54,7 @@ def test_fires_at_the_threshold_and_not_again_for_the_same_bytes(broker: BrokerP
 
     async def scenario() -> list[dict[str, Any]]:
         events = trigger.run()
+        assert inspect.isasyncgen(events)  # so it has aclose()
         waiting: asyncio.Task[Any] = asyncio.ensure_future(events.__anext__())
 
         async def polls_below_threshold(n: int) -> None:

@@ -7,7 +7,7 @@ import io
 import math
 import os
 import struct
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from fastavro import parse_schema, schemaless_writer
@@ -184,10 +184,12 @@ def assert_same(table: Any, lookup: dict[int, Any], records_: RecordChunk, **kwa
 
 @SETTINGS
 @given(data=st.data(), shape=flat_schemas(), flavor=st.sampled_from(["iceberg", "spark"]))
-def test_random_flat_schemas_decode_as_fastavro_does(data: Any, shape: Any, flavor: str) -> None:
+def test_random_flat_schemas_decode_as_fastavro_does(
+    data: Any, shape: Any, flavor: Literal["iceberg", "spark"]
+) -> None:
     writer, table_avro, spec = shape
     table = table_schema(table_avro)
-    converter = RowConverter(table, {1: writer}.__getitem__, flavor=flavor)  # type: ignore[arg-type]
+    converter = RowConverter(table, {1: writer}.__getitem__, flavor=flavor)
     target = StructType(*converter.value_fields)
     assert avro_columns.compile_columns(avro_schema.parse_avro(writer), target, flavor) is not None
     drawn = data.draw(st.lists(records(spec, writer), max_size=12))
@@ -232,7 +234,8 @@ def test_promoted_int_keeps_64_bit_values_and_error_messages_are_clear() -> None
     writer = {"type": "record", "name": "P", "fields": [{"name": "n", "type": "int"},
                                                          {"name": "s", "type": "string"}]}
     table = table_schema({**writer, "fields": [{"name": "n", "type": "long"}, {"name": "s", "type": "string"}]})
-    values = [encode(writer, {"n": 2**40, "s": "x"}), HEADER + b"\x02\x04\xff\xfe", HEADER + b"\x02\x09ab"]
+    values: list[bytes | None] = [encode(writer, {"n": 2**40, "s": "x"}), HEADER + b"\x02\x04\xff\xfe",
+                                  HEADER + b"\x02\x09ab"]
     result = RowConverter(table, {1: writer}.__getitem__).convert(chunk(values))
     assert [r["n"] for r in result.batch.to_pylist()] == [2**40]
     messages = [(e.error_class, e.message) for e in result.errors]
