@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
 import sys
+import types
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -112,3 +114,97 @@ def s3_bucket(moto_s3: MotoS3) -> str:
     name = f"icefall-{uuid.uuid4().hex[:12]}"
     moto_s3.client().create_bucket(Bucket=name)
     return name
+
+
+# ---------------------------------------------------------------- markers
+#
+# Every test gets at least one of the markers registered in pyproject.toml:
+#   e2e, reliability      by directory (tests/e2e, tests/reliability)
+#   airflow               by directory (tests/dags, tests/plugins)
+#   integration           starts a process: a broker, moto's S3 server, PostgreSQL
+#   spark                 uses a Spark session or runs a Spark job as a process
+#   unit                  none of the above: `make test-unit`, the quick loop
+# "Starts a process" and "uses Spark" are read from the code of the test, of the fixtures
+# it uses (with the fixtures those use), and of the tests.* helpers these call, so a new
+# test is classified without a list to keep up to date. A marker set by hand is kept.
+
+CATEGORIES = ("unit", "integration", "spark", "airflow", "e2e", "reliability")
+_BY_DIRECTORY = {"e2e": "e2e", "reliability": "reliability", "dags": "airflow", "plugins": "airflow"}
+# A name in the code that starts a process...
+_PROCESS_NAMES = frozenset({"BrokerProcess", "MotoS3", "PostgresServer", "Popen"})
+# ...or a Spark session, or a Spark job in a process.
+_SPARK_NAMES = frozenset({"spark_session", "SparkSession"})
+_SPARK_STRINGS = frozenset({"spark_jobs.commit_round", "spark_jobs.maintenance", "spark_jobs.dlq_reprocess",
+                            "spark-submit"})
+_SPARK_FIXTURES = frozenset({"spark"})
+_TESTS_DIR = Path(__file__).resolve().parent
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _uses(func: Any, seen: set[Any]) -> tuple[set[str], set[str]]:
+    """Global names and string constants in ``func``'s code and in the code of the
+    functions and classes of tests.* it refers to (transitively)."""
+    names: set[str] = set()
+    strings: set[str] = set()
+    todo = [func]
+    while todo:
+        current = inspect.unwrap(todo.pop())
+        if current in seen:
+            continue
+        seen.add(current)
+        if inspect.isclass(current):
+            todo.extend(v for v in vars(current).values() if inspect.isfunction(v))
+            continue
+        code = getattr(current, "__code__", None)
+        if code is None:
+            continue
+        module_globals = getattr(current, "__globals__", {})
+        for each in _code_objects(code):
+            names.update(each.co_names)
+            strings.update(c for c in each.co_consts if isinstance(c, str))
+            for name in each.co_names:
+                target = module_globals.get(name)
+                if (inspect.isfunction(target) or inspect.isclass(target)) and \
+                        getattr(target, "__module__", "").startswith("tests."):
+                    todo.append(target)
+    return names, strings
+
+
+def _categories(item: pytest.Item) -> set[str]:
+    found: set[str] = set()
+    parts = Path(str(item.path)).resolve().relative_to(_TESTS_DIR).parts
+    if len(parts) > 1 and parts[0] in _BY_DIRECTORY:
+        found.add(_BY_DIRECTORY[parts[0]])
+    fixture_names = set(getattr(item, "fixturenames", ()))
+    if fixture_names & _SPARK_FIXTURES:
+        found.add("spark")
+    funcs: list[Any] = [getattr(item, "function", None)]
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    for name in fixture_names:
+        funcs.extend(d.func for d in (fixture_info.name2fixturedefs.get(name, ()) if fixture_info else ()))
+    seen: set[Any] = set()
+    for func in funcs:
+        if func is None:
+            continue
+        names, strings = _uses(func, seen)
+        if names & _PROCESS_NAMES:
+            found.add("integration")
+        if names & _SPARK_NAMES or strings & _SPARK_STRINGS:
+            found.add("spark")
+    return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        marked = {m.name for m in item.iter_markers() if m.name in CATEGORIES}
+        found = (marked | _categories(item)) - {"unit"}
+        if "unit" in marked and found:
+            raise pytest.UsageError(f"{item.nodeid} is marked unit but is {', '.join(sorted(found))}")
+        for name in sorted(found - marked) or (["unit"] if not marked else []):
+            item.add_marker(name)

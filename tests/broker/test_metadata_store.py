@@ -39,7 +39,7 @@ def _database(postgres: PostgresServer) -> str:
     return postgres.create_database(f"meta_{uuid.uuid4().hex[:8]}")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
     if request.param == "sqlite":
         return tmp_path / "metadata.sqlite"
