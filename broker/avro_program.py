@@ -116,11 +116,6 @@ def accept_all_program() -> bytes:
     return MAGIC + struct.pack("<II", 1, 0) + bytes([OP_ACCEPT_ALL, OP_RET])
 
 
-def defer_program() -> bytes:
-    """A program that hands every value to fastavro."""
-    return MAGIC + struct.pack("<II", 1, 0) + bytes([OP_DEFER, OP_ACCEPT_ALL, OP_RET])
-
-
 def compile_schema(schema: Any) -> bytes:
     """The validator program for a fastavro-parsed schema, or for an Avro schema as
     JSON (text, or the loaded dict/list/str), which fastavro parses first."""

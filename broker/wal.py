@@ -135,10 +135,6 @@ class WriteAheadLog:
         """The sequence number of the latest append: waiting for it covers all earlier ones."""
         return self._appended
 
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_size
-
     async def wait_durable(self, seq: int) -> None:
         while self._durable < seq:
             if self._failure is not None:

@@ -68,10 +68,6 @@ DAY_MS = 24 * HOUR_MS
 DANGLING_DELETE_OPTIONS = "'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false'"
 
 
-class MaintenanceFailed(RuntimeError):
-    """An action failed; the message says which and why."""
-
-
 @dataclass
 class TableResult:
     """What maintenance did to one table."""
