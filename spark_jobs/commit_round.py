@@ -255,7 +255,9 @@ class CommitRound:
 
         return first
 
-    def _attempt(self, broker_plan: dict[str, Any], extra_ids: set[int], changes: list[str]) -> RoundResult:  # noqa: C901 (to be split in a change of its own)
+    def _attempt(  # noqa: C901 (to be split in a change of its own)
+        self, broker_plan: dict[str, Any], extra_ids: set[int], changes: list[str]
+    ) -> RoundResult:
         t0 = time.monotonic()
         table = self.catalog.load_table(self.topic.identifier) if self.catalog.table_exists(
             self.topic.identifier) else None

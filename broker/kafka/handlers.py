@@ -317,7 +317,7 @@ class KafkaHandlers:
                             budget = min(fp.partition_max_bytes, max_bytes - total)
                             try:
                                 data = await self.logs.read(part, offset, budget)
-                            except Exception as exc:  # the object store failed: a retriable per-partition error  # noqa: BLE001
+                            except Exception as exc:  # noqa: BLE001 - the object store failed: a retriable per-partition error
                                 log.warning("fetch %s-%d at %d: object store read failed: %s",
                                             ft.topic, fp.partition, offset, exc)
                                 entry["error_code"] = KAFKA_STORAGE_ERROR

@@ -206,8 +206,12 @@ def map_entry_name(field_name: str) -> str:
     return "".join(out) + "Entry"
 
 
-def _message_to(dp: descriptor_pb2.DescriptorProto, msg: ProtoMessage, pf: ProtoFile,  # noqa: C901 (descriptor.proto's message fields one by one)
-                table: dict[str, ProtoMessage | ProtoEnum]) -> None:
+def _message_to(  # noqa: C901 (descriptor.proto's message fields one by one)
+    dp: descriptor_pb2.DescriptorProto,
+    msg: ProtoMessage,
+    pf: ProtoFile,
+    table: dict[str, ProtoMessage | ProtoEnum],
+) -> None:
     dp.name = msg.name
     _apply_options(dp, msg.options)
     for name in msg.oneofs:
@@ -359,8 +363,9 @@ def _render_ranges(ranges: list[tuple[int, int]], top: int) -> str:
     return ", ".join(parts)
 
 
-def _render_message(msg: ProtoMessage, pf: ProtoFile, depth: int,  # noqa: C901 (one branch per element of a .proto message)
-                    group: ProtoField | None = None) -> list[str]:
+def _render_message(  # noqa: C901 (one branch per element of a .proto message)
+    msg: ProtoMessage, pf: ProtoFile, depth: int, group: ProtoField | None = None
+) -> list[str]:
     pad = "  " * depth
     inner = pad + "  "
     if group is not None:

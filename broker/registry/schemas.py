@@ -213,7 +213,7 @@ def _parse_avro(text: str, refs: list[ResolvedReference]) -> ParsedSchema:
         raise
     except fastavro.schema.UnknownType as exc:
         raise InvalidSchemaError(f"Invalid schema: unknown type '{exc.name}'") from None
-    except Exception as exc:  # fastavro raises SchemaParseException, KeyError, TypeError, ValueError...  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - fastavro raises SchemaParseException, KeyError, TypeError, ValueError...
         detail = f"missing attribute {exc}" if isinstance(exc, KeyError) else str(exc)
         raise InvalidSchemaError(f"Invalid schema: {detail}") from None
     if isinstance(obj, dict) and obj.get("type") in ("record", "error") and not isinstance(obj.get("fields"), list):

@@ -23,11 +23,11 @@ def _create(admin: AdminClient, name: str, partitions: int = 1, config: dict[str
         future.result(10)
 
 
-def _consume(bootstrap: str, topic: str, count: int, **conf: object) -> list[object]:
+def _consume(bootstrap: str, topic: str, count: int, **conf: object) -> list[Any]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4()}",
                          "auto.offset.reset": "earliest", **conf})
     consumer.subscribe([topic])
-    got: list[object] = []
+    got: list[Any] = []  # confluent_kafka.Message
     try:
         def poll() -> bool:
             msg = consumer.poll(0.5)
@@ -52,11 +52,11 @@ def test_produce_and_consume_every_codec(broker: BrokerProcess, codec: str) -> N
         producer.produce(topic, key=key, value=value, headers={"h": key.encode()})
     assert producer.flush(30) == 0
     got = _consume(broker.bootstrap, topic, len(sent))
-    assert {m.key().decode(): m.value().decode() for m in got} == sent  # type: ignore[attr-defined]
-    assert all(dict(m.headers())["h"] == m.key() for m in got)  # type: ignore[attr-defined]
+    assert {m.key().decode(): m.value().decode() for m in got} == sent
+    assert all(dict(m.headers())["h"] == m.key() for m in got)
     by_partition: dict[int, list[int]] = {}
     for m in got:
-        by_partition.setdefault(m.partition(), []).append(m.offset())  # type: ignore[attr-defined]
+        by_partition.setdefault(m.partition(), []).append(m.offset())
     for offsets in by_partition.values():
         assert offsets == list(range(len(offsets)))
 
@@ -72,7 +72,7 @@ def test_acks_levels(broker: BrokerProcess, acks: str) -> None:
         producer.produce(topic, value=str(i).encode(), on_delivery=lambda err, msg: delivered.append(0 if err else 1))
     assert producer.flush(30) == 0
     assert sum(delivered) == 100
-    assert sorted(int(m.value()) for m in _consume(broker.bootstrap, topic, 100)) == list(range(100))  # type: ignore[attr-defined]
+    assert sorted(int(m.value()) for m in _consume(broker.bootstrap, topic, 100)) == list(range(100))
 
 
 def test_consume_from_offset_and_timestamp(broker: BrokerProcess) -> None:
