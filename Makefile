@@ -6,25 +6,34 @@ VENV := .venv
 BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 
+JARS := $(VENV)/share/icefall/jars
 # The C extensions (built in place by the editable install).
 EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jobs/_kafka_records.c
 # What the linters look at.
 LINT_PATHS := broker spark_jobs dags plugins tests bench
 
-.PHONY: setup system-deps run test test-unit bench lint lint-code format-check format clean
+.PHONY: setup system-deps run test test-unit docs bench lint lint-code format-check format clean
 
-setup: $(VENV)/.installed $(VENV)/.extensions
+setup: $(VENV)/.installed $(VENV)/.extensions $(JARS)/.pinned
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
-	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test]"
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test,docs]"
 	touch $@ $(VENV)/.extensions
 
 # A changed C source rebuilds the extensions: the editable install of this package alone, again.
 $(VENV)/.extensions: $(EXT_SOURCES) | $(VENV)/.installed
 	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt --no-deps --reinstall-package icefall -e .
+	touch $@
+
+# The Iceberg Spark runtime and AWS bundle from Maven Central by their coordinates
+# (spark_jobs/jvm/pom.xml), checked against the committed checksums.
+$(JARS)/.pinned: spark_jobs/jvm/pom.xml spark_jobs/jvm/jars.sha256 $(VENV)/.installed
+	rm -rf $(JARS) && mkdir -p $(JARS)
+	mvn -q -B -f spark_jobs/jvm/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JARS)
+	cd $(JARS) && sha256sum --strict -c $(CURDIR)/spark_jobs/jvm/jars.sha256
 	touch $@
 
 # Debian packages the tests use: kcat (a real librdkafka CLI client), chromium
@@ -45,6 +54,11 @@ test: setup system-deps
 # The quick loop: tests without a broker process, S3 server, Spark or Airflow (markers: tests/conftest.py).
 test-unit: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml), built with warnings as errors
+# (NO_MKDOCS_2_WARNING: without Material's end-of-life banner in every build log).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 bench: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/produce_consume.py

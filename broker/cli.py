@@ -5,60 +5,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from broker.config import BrokerConfig, object_store_from_env
+from broker.config import (
+    SCALAR_FIELDS,
+    BrokerConfig,
+    ConfigError,
+    load_broker_config,
+    parse_overrides,
+    property_key,
+)
 
 
 def _broker_config(args: argparse.Namespace) -> BrokerConfig:
-    values: dict[str, object] = {"home": Path(args.home)}
-    for name in ("host", "advertised_host", "kafka_port", "admin_port", "registry_port", "catalog_port",
-                 "segment_flush_ms", "segment_flush_bytes", "catalog_uri", "metadata_uri", "warehouse",
-                 "retention_check_interval_ms", "max_unflushed_bytes"):
-        value = getattr(args, name)
-        if value is not None:
-            values[name] = value
-    if args.object_store:
-        values["object_store"] = object_store_from_env(args.object_store)
-    if args.auto_create_topics:
-        values["auto_create_topics"] = True
-    return BrokerConfig(**values)  # type: ignore[arg-type]
+    flags = {name: getattr(args, name) for name in SCALAR_FIELDS}
+    flags["object_store"] = args.object_store
+    return load_broker_config(Path(args.config) if args.config else None, parse_overrides(args.override), flags)
 
 
 def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--home", default=None, help="state directory (default: $ICEFALL_HOME or ./.icefall)")
-    parser.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
-    parser.add_argument("--advertised-host", default=None, help="host name given to clients in Metadata")
-    parser.add_argument("--kafka-port", type=int, default=None, help="Kafka listener (default 9092)")
-    parser.add_argument("--admin-port", type=int, default=None, help="admin HTTP API (default 8090)")
-    parser.add_argument("--registry-port", type=int, default=None, help="schema registry (default 8081)")
-    parser.add_argument("--catalog-port", type=int, default=None, help="Iceberg REST catalog (default 8181)")
-    parser.add_argument("--catalog-uri", default=None,
-                        help="catalog database, a SQLAlchemy URL (default sqlite:///HOME/catalog.sqlite)")
-    parser.add_argument("--metadata-uri", default=os.environ.get("ICEFALL_METADATA_URI"),
-                        help="the broker's metadata in Postgres, postgresql://user:password@host:port/database "
-                             "(default: $ICEFALL_METADATA_URI, else SQLite in HOME/metadata.sqlite)")
-    parser.add_argument("--warehouse", default=None, help="where Iceberg tables live (default file://HOME/warehouse)")
-    parser.add_argument(
-        "--object-store",
-        default=None,
-        help="s3://bucket/prefix (endpoint and credentials from AWS_* variables); default: HOME/objects",
-    )
-    parser.add_argument("--segment-flush-ms", type=int, default=None, help="flush segments at least this often")
-    parser.add_argument("--segment-flush-bytes", type=int, default=None, help="flush segments at this size")
-    parser.add_argument("--max-unflushed-bytes", type=int, default=None,
-                        help="hold produces while more than this is not yet in the object store")
-    parser.add_argument(
-        "--retention-check-interval-ms",
-        type=int,
-        default=None,
-        help="run segment retention this often (Kafka's log.retention.check.interval.ms, default 300000)",
-    )
-    parser.add_argument("--auto-create-topics", action="store_true", help="create unknown topics on first use")
+    """One flag per setting of ``BrokerConfig``, generated from the model (its descriptions are
+    the help); each beats the config file and the environment. ``--override key=value`` takes
+    any setting by its property key, as ``kafka-server-start.sh --override`` does."""
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="a server.properties file (key=value lines; flags and --override win over it)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="set one property (any key of the config file), e.g. segment.flush.ms=100")
+    for name in SCALAR_FIELDS:
+        field = BrokerConfig.model_fields[name]
+        flag = "--" + name.replace("_", "-")
+        default = field.get_default(call_default_factory=False)
+        help_text = f"{field.description} (default {default}; key {property_key(name)})"
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            kind = int if field.annotation in (int, int | None) else str
+            parser.add_argument(flag, type=kind, default=None, help=help_text)
+    parser.add_argument("--object-store", default=None,
+                        help=f"{BrokerConfig.model_fields['object_store'].description} (key object.store)")
     parser.add_argument("--ready-file", default=None, help="write the pid here once listening (for tests)")
     parser.add_argument("--log-level", default="INFO")
 
@@ -72,16 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     _add_broker_flags(up)
     up.add_argument("--demo-rate", type=float, default=20.0, help="demo records per second")
     args = parser.parse_args(argv)
-    if args.home is None:
-        args.home = os.environ.get("ICEFALL_HOME", ".icefall")
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         config = _broker_config(args)
-    except ValidationError as exc:
-        print(f"icefall: bad configuration:\n{exc}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"icefall: {exc}", file=sys.stderr)
         return 2
     try:
         import uvloop

@@ -1,17 +1,38 @@
-"""The one configuration model shared by the broker, the DAGs and the Spark jobs.
+"""The one configuration model of a broker process, and where its values come from.
 
-Values come from (lowest to highest precedence) defaults, ``ICEFALL_*``
-environment variables and command-line flags, so a DAG or a Spark job started
-by Airflow sees the same settings as the broker that ``icefall up`` started.
+Values come from (lowest to highest precedence) the model's defaults, a
+Kafka-style ``server.properties`` file (``icefall broker --config FILE``), the
+``ICEFALL_*`` environment, and the command line (``--override key=value``, as
+``kafka-server-start.sh`` takes it, and one flag per setting, generated from
+the model). A DAG or a Spark job started by Airflow builds the same model from
+the same environment, and ``icefall up`` hands the broker it starts every
+setting as ``--override`` (``to_overrides``), so nothing given to it is lost.
+
+Each setting has one property key: Kafka's own name where Kafka has the
+setting (``node.id``, ``num.partitions``, ``auto.create.topics.enable``,
+``log.retention.check.interval.ms``, ...), AutoMQ's for the table catalog
+(``automq.table.topic.catalog.*``), and the field's name with dots otherwise
+(``segment.flush.ms``, ``object.store``). A key nobody knows is refused with
+its name, like a bad value: a typo must not silently mean the default.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+
+CATALOG_PREFIX = "automq.table.topic.catalog."
+CatalogType = Literal["rest", "glue", "tablebucket", "nessie"]
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the key (or flag) and why."""
 
 
 class ObjectStoreConfig(BaseModel):
@@ -22,8 +43,9 @@ class ObjectStoreConfig(BaseModel):
     url: str
     endpoint_url: str | None = None
     region: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: str | None = None
+    # From the AWS_* environment of each process; never written out (to_overrides, logs).
+    access_key_id: str | None = Field(default=None, exclude=True, repr=False)
+    secret_access_key: str | None = Field(default=None, exclude=True, repr=False)
 
     @field_validator("url")
     @classmethod
@@ -40,39 +62,71 @@ class ObjectStoreConfig(BaseModel):
         return urlparse(self.url).scheme == "s3"
 
 
-class BrokerConfig(BaseModel):
-    """Settings of one broker process (Kafka listener, registry, catalog, admin API)."""
+class CatalogConfig(BaseModel):
+    """Which Iceberg catalog holds the tables, with AutoMQ's keys
+    (``automq.table.topic.catalog.type|uri|warehouse``); every other
+    ``automq.table.topic.catalog.<property>`` is an Iceberg catalog property passed
+    through as it is (``s3.endpoint``, ``glue.endpoint``, ``client.region``, ...)."""
 
     model_config = ConfigDict(frozen=True)
 
-    home: Path = Field(default_factory=lambda: Path(os.environ.get("ICEFALL_HOME", ".icefall")))
-    host: str = "127.0.0.1"
-    advertised_host: str | None = None
-    kafka_port: int = 9092
-    registry_port: int = 8081
-    catalog_port: int = 8181
-    admin_port: int = 8090
-    node_id: int = 0
-    cluster_id: str = "icefall-local-cluster"
-    object_store: ObjectStoreConfig | None = None
-    segment_flush_ms: int = Field(default=1000, ge=1)
-    segment_flush_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
-    wal_fsync: bool = True
+    type: CatalogType = Field(default="rest", description=(
+        "rest (the built-in catalog, or any Iceberg REST catalog at uri), glue, tablebucket (S3 Tables), nessie"))
+    uri: str | None = Field(default=None, description="the catalog's URI; for rest, unset means the built-in one")
+    properties: dict[str, str] = Field(default_factory=dict, description="Iceberg catalog properties")
+
+    @property
+    def builtin(self) -> bool:
+        return self.type == "rest" and self.uri is None
+
+
+class BrokerConfig(BaseSettings):
+    """Settings of one broker process (Kafka listener, registry, catalog, admin API)."""
+
+    model_config = SettingsConfigDict(frozen=True, env_prefix="ICEFALL_", extra="forbid")
+
+    home: Path = Field(default=Path(".icefall"), description="state directory: WAL, metadata, manifest")
+    host: str = Field(default="127.0.0.1", description="listen address")
+    advertised_host: str | None = Field(default=None, description="host name given to clients in Metadata")
+    kafka_port: int = Field(default=9092, description="Kafka listener")
+    registry_port: int = Field(default=8081, description="schema registry")
+    catalog_port: int = Field(default=8181, description="Iceberg REST catalog")
+    admin_port: int = Field(default=8090, description="admin HTTP API and Prometheus /metrics")
+    node_id: int = Field(default=0, description="this broker's id in Metadata")
+    cluster_id: str = Field(default="icefall-local-cluster", description="the cluster id clients see")
+    object_store: Annotated[ObjectStoreConfig | None, NoDecode] = Field(default=None, description=(
+        "s3://bucket/prefix (endpoint and credentials from AWS_* variables); default: HOME/objects"))
+    segment_flush_ms: int = Field(default=1000, ge=1, description="flush segments at least this often")
+    segment_flush_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="flush segments at this size")
+    wal_fsync: bool = Field(default=True, description="fdatasync the WAL before acknowledging")
     # Acknowledged bytes not yet in the object store (held in memory and the WAL) above
     # which produces wait for a flush, then fail with KAFKA_STORAGE_ERROR (retriable):
     # an object store outage slows producers instead of growing memory without end.
-    # Default: max(256 MiB, 8 x segment_flush_bytes).
-    max_unflushed_bytes: int | None = Field(default=None, ge=1024)
-    max_request_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
-    default_partitions: int = Field(default=1, ge=1)
-    auto_create_topics: bool = False
-    group_initial_rebalance_delay_ms: int = Field(default=300, ge=0)
-    # how often segment retention runs (Kafka's log.retention.check.interval.ms, same default)
-    retention_check_interval_ms: int = Field(default=300_000, ge=1)
-    catalog_uri: str | None = None  # SQLAlchemy URL of the catalog database; default SQLite HOME/catalog.sqlite
-    # The broker's own metadata (topics, segment index, group offsets): postgresql://user:pw@host/db,
-    # default SQLite HOME/metadata.sqlite. One broker per database (broker/metadata.py).
-    metadata_uri: str | None = None
+    max_unflushed_bytes: int | None = Field(default=None, ge=1024, description=(
+        "hold produces while more than this is not yet in the object store (default max(256 MiB, 8 x flush bytes))"))
+    max_request_bytes: int = Field(default=100 * 1024 * 1024, ge=1024, description="largest request accepted")
+    default_partitions: int = Field(default=1, ge=1, description="partitions of auto-created topics")
+    auto_create_topics: bool = Field(default=False, description="create unknown topics on first use")
+    group_initial_rebalance_delay_ms: int = Field(default=300, ge=0, description="wait for more members this long")
+    retention_check_interval_ms: int = Field(default=300_000, ge=1, description=(
+        "run segment retention this often (Kafka's log.retention.check.interval.ms)"))
+    catalog_uri: str | None = Field(default=None, description=(
+        "the built-in catalog's database, a SQLAlchemy URL (default sqlite:///HOME/catalog.sqlite)"))
+    metadata_uri: str | None = Field(default=None, description=(
+        "the broker's metadata in Postgres, postgresql://user:password@host:port/database "
+        "(default SQLite in HOME/metadata.sqlite; one broker per database)"))
+    warehouse: str | None = Field(default=None, description=(
+        "where tables live: a directory, file:// or s3://bucket/prefix (default file://HOME/warehouse); "
+        "for a tablebucket catalog, the table bucket's ARN"))
+    catalog_vended_credentials: bool = Field(default=False, description=(
+        "hand this broker's AWS credentials to catalog clients in the load-table config "
+        "(off: clients use their own)"))
+    catalog: CatalogConfig = Field(default_factory=CatalogConfig, description="the Iceberg catalog of the tables")
+
+    @field_validator("object_store", mode="before")
+    @classmethod
+    def _object_store_url(cls, value: Any) -> Any:
+        return object_store_from_env(value) if isinstance(value, str) else value
 
     @field_validator("metadata_uri")
     @classmethod
@@ -81,7 +135,19 @@ class BrokerConfig(BaseModel):
             raise ValueError(f"metadata URI must be postgresql://user:password@host:port/database, got {value!r} "
                              "(leave it unset for SQLite in HOME/metadata.sqlite)")
         return value
-    warehouse: str | None = None  # where table data and metadata live; default file://HOME/warehouse
+
+    @model_validator(mode="after")
+    def _catalog_fits(self) -> BrokerConfig:
+        kind = self.catalog.type
+        if kind == "tablebucket" and not (self.warehouse or "").startswith("arn:"):
+            raise ValueError(f"{CATALOG_PREFIX}type=tablebucket needs {CATALOG_PREFIX}warehouse set to the table "
+                             "bucket's ARN (arn:aws:s3tables:<region>:<account>:bucket/<name>), "
+                             f"got {self.warehouse!r}")
+        if kind == "nessie" and not self.catalog.uri:
+            raise ValueError(f"{CATALOG_PREFIX}type=nessie needs {CATALOG_PREFIX}uri (e.g. http://host:19120/api/v2)")
+        if kind in ("glue", "nessie") and not (self.warehouse or "").startswith("s3"):
+            raise ValueError(f"{CATALOG_PREFIX}type={kind} needs {CATALOG_PREFIX}warehouse=s3://bucket/prefix")
+        return self
 
     @property
     def advertised(self) -> str:
@@ -132,14 +198,160 @@ class BrokerConfig(BaseModel):
         return f"http://{self.advertised}:{self.registry_port}"
 
 
-def object_store_from_env(url: str, default_endpoint_url: str | None = None) -> ObjectStoreConfig:
+def object_store_from_env(url: str, default_endpoint_url: str | None = None,
+                          region: str | None = None) -> ObjectStoreConfig:
     """Build the object store settings from a URL plus the usual AWS variables (the endpoint
     variables win over ``default_endpoint_url``, e.g. the one the broker's /v1/cluster names)."""
     return ObjectStoreConfig(
         url=url,
         endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         or default_endpoint_url,
-        region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+        region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or region,
         access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
         secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
     )
+
+
+# ---------------------------------------------------------------- property keys
+
+# Kafka's own names for the settings Kafka has; the rest are the field name with dots.
+KAFKA_NAMES = {
+    "node_id": "node.id",
+    "cluster_id": "cluster.id",
+    "max_request_bytes": "socket.request.max.bytes",
+    "default_partitions": "num.partitions",
+    "auto_create_topics": "auto.create.topics.enable",
+    "group_initial_rebalance_delay_ms": "group.initial.rebalance.delay.ms",
+    "retention_check_interval_ms": "log.retention.check.interval.ms",
+    "warehouse": CATALOG_PREFIX + "warehouse",
+}
+OBJECT_STORE_KEYS = {"object.store": "url", "object.store.endpoint": "endpoint_url", "object.store.region": "region"}
+SCALAR_FIELDS = [name for name in BrokerConfig.model_fields if name not in ("object_store", "catalog")]
+
+
+def property_key(field: str) -> str:
+    return KAFKA_NAMES.get(field, field.replace("_", "."))
+
+
+FIELD_BY_KEY = {property_key(name): name for name in SCALAR_FIELDS}
+# Also accepted: the dotted field name of a setting that has a Kafka name (warehouse=...).
+FIELD_ALIASES = {name.replace("_", "."): name for name in KAFKA_NAMES}
+
+
+def known_keys() -> list[str]:
+    return sorted([*FIELD_BY_KEY, *OBJECT_STORE_KEYS, CATALOG_PREFIX + "type", CATALOG_PREFIX + "uri",
+                   CATALOG_PREFIX + "<iceberg catalog property>"])
+
+
+def fields_from_properties(properties: Mapping[str, str], origin: str) -> dict[str, Any]:
+    """Model field values from property keys; an unknown key is a ``ConfigError`` naming it."""
+    values: dict[str, Any] = {}
+    store: dict[str, str] = {}
+    catalog: dict[str, Any] = {}
+    for key, raw in properties.items():
+        value = raw.strip()
+        if key in OBJECT_STORE_KEYS:
+            store[OBJECT_STORE_KEYS[key]] = value
+        elif key in FIELD_BY_KEY or key in FIELD_ALIASES:
+            values[FIELD_BY_KEY.get(key) or FIELD_ALIASES[key]] = value
+        elif key in (CATALOG_PREFIX + "type", CATALOG_PREFIX + "uri"):
+            catalog[key.removeprefix(CATALOG_PREFIX)] = value
+        elif key.startswith(CATALOG_PREFIX) and key != CATALOG_PREFIX:
+            catalog.setdefault("properties", {})[key.removeprefix(CATALOG_PREFIX)] = value
+        else:
+            raise ConfigError(f"{origin}: unknown setting {key!r}; known: {', '.join(known_keys())}")
+    if store:
+        if "url" not in store:
+            raise ConfigError(f"{origin}: object.store.endpoint/region need object.store=s3://bucket/prefix")
+        env = object_store_from_env(store["url"], store.get("endpoint_url"), store.get("region"))
+        # a setting given here wins over the environment's
+        values["object_store"] = env.model_copy(update={k: v for k, v in store.items() if v})
+    if catalog:
+        values["catalog"] = catalog
+    return values
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """A Java ``.properties`` file as Kafka reads ``server.properties`` (comments, ``:``/``=``,
+    continuation lines, escapes), with the ``javaproperties`` package."""
+    import javaproperties
+
+    try:
+        with open(path, encoding="utf-8") as fp:
+            loaded: dict[str, str] = javaproperties.load(fp)
+            return loaded
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from exc
+
+
+def parse_overrides(items: Iterable[str], origin: str = "--override") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{origin} takes key=value, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+def load_broker_config(config_file: Path | None = None, overrides: Mapping[str, str] | None = None,
+                       flags: Mapping[str, Any] | None = None) -> BrokerConfig:
+    """The model from its sources: defaults < ``config_file`` < ``ICEFALL_*`` environment <
+    ``overrides`` (property keys) and ``flags`` (field names). Raises ``ConfigError``."""
+    layers: dict[str, Any] = {}
+    if config_file is not None:
+        layers.update(fields_from_properties(read_properties(config_file), str(config_file)))
+    try:
+        layers.update(EnvSettingsSource(BrokerConfig)())
+    except Exception as exc:  # pydantic-settings' own error names the variable
+        raise ConfigError(f"environment: {exc}") from exc
+    if overrides:
+        over = fields_from_properties(overrides, "--override")
+        if "catalog" in over and "catalog" in layers:  # catalog keys merge key by key
+            merged = {**layers["catalog"], **over["catalog"]}
+            merged["properties"] = {**layers["catalog"].get("properties", {}), **over["catalog"].get("properties", {})}
+            over["catalog"] = merged
+        layers.update(over)
+    layers.update({k: v for k, v in (flags or {}).items() if v is not None})
+    try:
+        return BrokerConfig(**layers)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc)) from exc
+
+
+def _explain(exc: ValidationError) -> str:
+    """pydantic's errors with each field named by its property key."""
+    lines = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        field = loc[0] if loc else ""
+        if field == "catalog" and len(loc) > 1:
+            key = CATALOG_PREFIX + ".".join(loc[1:])
+        elif field == "object_store":
+            key = "object.store"
+        elif field in BrokerConfig.model_fields:
+            key = property_key(field)
+        else:
+            key = "settings"
+        lines.append(f"{key}: {error['msg']} (got {error.get('input')!r})" if field else f"{error['msg']}")
+    return "bad configuration:\n  " + "\n  ".join(lines)
+
+
+def to_overrides(config: BrokerConfig) -> dict[str, str]:
+    """Every setting of ``config`` as property keys (credentials stay in the environment),
+    so another process (``icefall up``'s broker) gets exactly this model."""
+    out: dict[str, str] = {}
+    for name in SCALAR_FIELDS:
+        value = getattr(config, name)
+        if value is not None:
+            out[property_key(name)] = str(value).lower() if isinstance(value, bool) else str(value)
+    if config.object_store is not None:
+        for key, attr in OBJECT_STORE_KEYS.items():
+            if (value := getattr(config.object_store, attr)) is not None:
+                out[key] = value
+    out[CATALOG_PREFIX + "type"] = config.catalog.type
+    if config.catalog.uri is not None:
+        out[CATALOG_PREFIX + "uri"] = config.catalog.uri
+    for key, value in config.catalog.properties.items():
+        out[CATALOG_PREFIX + key] = value
+    return out

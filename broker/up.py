@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, to_overrides
 
 DEMO_TOPIC = "clicks"
 REPO = Path(__file__).resolve().parent.parent
@@ -316,19 +316,18 @@ class DemoProducer(threading.Thread):
         producer.flush(10)
 
 
+def broker_command(config: BrokerConfig, home: Path, ready: Path) -> list[str]:
+    """``icefall broker`` with every setting of ``config`` as ``--override`` (they beat the
+    environment and any config file), so the broker runs on exactly the model ``icefall up`` has."""
+    overrides = {**to_overrides(config), "home": str(home)}
+    return [sys.executable, "-m", "broker.cli", "broker", "--ready-file", str(ready),
+            *(arg for key, value in overrides.items() for arg in ("--override", f"{key}={value}"))]
+
+
 def _start_broker(config: BrokerConfig, home: Path, ready: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "broker.cli", "broker", "--home", str(home), "--host", config.host,
-           "--kafka-port", str(config.kafka_port), "--admin-port", str(config.admin_port),
-           "--registry-port", str(config.registry_port), "--catalog-port", str(config.catalog_port),
-           "--ready-file", str(ready)]
-    if config.object_store is not None:
-        cmd += ["--object-store", config.object_store.url]
-    if config.catalog_uri is not None:
-        cmd += ["--catalog-uri", config.catalog_uri]
-    if config.warehouse is not None:
-        cmd += ["--warehouse", config.warehouse]
     # ICEFALL_HOME marks every process of this run (the broker and all Airflow processes carry it).
-    return subprocess.Popen(cmd, start_new_session=True, env={**os.environ, "ICEFALL_HOME": str(home)})
+    return subprocess.Popen(broker_command(config, home, ready), start_new_session=True,
+                            env={**os.environ, "ICEFALL_HOME": str(home)})
 
 
 def run_up(config: BrokerConfig, demo_rate: float) -> int:

@@ -1,19 +1,30 @@
-"""Where the Apache Iceberg Spark runtime jar comes from, for every Spark
-session and spark-submit of the project.
+"""Which jars every Spark session and spark-submit of the project gets.
 
-DESIGN.md pins it to the wheel ``snowpark-connect-deps-iceberg==1.0.2``
-(Iceberg 1.10 for Spark 3.5; 1.0.3 strips the shaded Jackson classes), so no
-Maven download is needed. ``ICEFALL_ICEBERG_JARS`` (comma-separated paths)
-overrides it, e.g. for a cluster that has its own copy.
+They come from Maven Central by their coordinates, as Spark users take them:
+``spark_jobs/jvm/pom.xml`` names the Apache Iceberg Spark runtime
+(``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12``) and
+``org.apache.iceberg:iceberg-aws-bundle`` (the AWS SDK v2 that the runtime's
+S3FileIO and Glue catalog call); ``make setup`` copies them into ``JARS_DIR`` inside the
+virtualenv and checks each against the committed ``jvm/jars.sha256``. No jar
+is downloaded at run time, so a Spark session starts the same offline.
+
+``ICEFALL_ICEBERG_JARS`` (comma-separated paths) overrides the folder, e.g. on
+a cluster that ships its own copies; ``ICEFALL_JARS_DIR`` points at another
+folder of pinned jars (a Docker image, say).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 ENV = "ICEFALL_ICEBERG_JARS"
-RUNTIME_GLOB = "iceberg-spark-runtime-3.5_{scala}-*.jar"
+DIR_ENV = "ICEFALL_JARS_DIR"
+JVM_DIR = Path(__file__).resolve().parent / "jvm"
+CHECKSUMS = JVM_DIR / "jars.sha256"
+# Where `make setup` puts them: inside the virtualenv, so each checkout's venv has its own pinned set.
+JARS_DIR = Path(sys.prefix) / "share" / "icefall" / "jars"
 
 
 def scala_version() -> str:
@@ -26,19 +37,29 @@ def scala_version() -> str:
     return "2.12"  # PySpark 3.5's default build
 
 
+def pinned_jar_names() -> list[str]:
+    """The jar file names ``jvm/jars.sha256`` pins (one ``<sha256>  <name>`` line each)."""
+    return [line.split()[1] for line in CHECKSUMS.read_text().splitlines() if line.strip()]
+
+
 def iceberg_jars() -> list[str]:
-    """Paths of the jars to put on Spark's classpath (``spark.jars``)."""
+    """Paths of the jars to put on Spark's classpath (``spark.jars``): the Iceberg runtime
+    for the installed PySpark's Scala version and the AWS bundle."""
     if override := os.environ.get(ENV, "").strip():
         paths = [p.strip() for p in override.split(",") if p.strip()]
         missing = [p for p in paths if not Path(p).is_file()]
         if missing:
             raise FileNotFoundError(f"{ENV} names jars that do not exist: {missing}")
         return paths
-    import snowpark_connect_deps_iceberg as wheel
-
-    found = sorted(wheel.get_jars_dir().glob(RUNTIME_GLOB.format(scala=scala_version())))
-    if not found:
+    folder = Path(os.environ.get(DIR_ENV) or JARS_DIR)
+    names = pinned_jar_names()
+    missing = [name for name in names if not (folder / name).is_file()]
+    if missing:
         raise FileNotFoundError(
-            f"no {RUNTIME_GLOB.format(scala=scala_version())} in {wheel.get_jars_dir()}; "
-            f"install snowpark-connect-deps-iceberg==1.0.2 or set {ENV}")
-    return [str(found[-1])]
+            f"the pinned Iceberg jars {missing} are not in {folder}: run `make setup` (it fetches them "
+            f"from Maven Central with {JVM_DIR / 'pom.xml'}), or set {ENV} or {DIR_ENV}")
+    scala = scala_version()
+    runtime = [n for n in names if n.startswith("iceberg-spark-runtime-")]
+    if not any(n.startswith(f"iceberg-spark-runtime-3.5_{scala}-") for n in runtime):
+        raise FileNotFoundError(f"the pinned Iceberg runtime {runtime} is not built for PySpark's Scala {scala}")
+    return [str(folder / name) for name in names]
