@@ -31,19 +31,23 @@ $(VENV)/.extensions: $(EXT_SOURCES) | $(VENV)/.installed
 # The Iceberg Spark runtime and AWS bundle from Maven Central by their coordinates
 # (spark_jobs/jvm/pom.xml), checked against the committed checksums.
 $(JARS)/.pinned: spark_jobs/jvm/pom.xml spark_jobs/jvm/jars.sha256 $(VENV)/.installed
+	@command -v mvn >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq maven; }
 	rm -rf $(JARS) && mkdir -p $(JARS)
 	mvn -q -B -f spark_jobs/jvm/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JARS)
 	cd $(JARS) && sha256sum --strict -c $(CURDIR)/spark_jobs/jvm/jars.sha256
 	touch $@
 
 # Debian packages the tests use: kcat (a real librdkafka CLI client), chromium
-# (the screenshot of the Airflow "Table topics" view) and postgresql (the broker's
-# metadata store on Postgres; tests start their own server in a temporary directory).
+# (the screenshot of the Airflow "Table topics" view), postgresql (the broker's
+# metadata store on Postgres; tests start their own server in a temporary directory)
+# and libfaketime (an S3 server whose clock is set back, for orphan files days old).
 system-deps:
 	@{ command -v kcat >/dev/null && command -v chromium >/dev/null \
+	   && [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] \
 	   && { command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; }; } || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat chromium postgresql; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat chromium postgresql libfaketime; }
 
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up

@@ -3,6 +3,10 @@
 Offsets per table topic and partition, "the last offset appended before T",
 and the segment byte ranges covering an offset range: everything a commit
 round needs to plan its work without speaking Kafka.
+
+Every answer is a model of ``broker.contracts`` dumped to JSON, the models
+``broker.admin_client`` parses them with: the two ends cannot disagree on a
+field name.
 """
 
 from __future__ import annotations
@@ -14,15 +18,19 @@ from typing import Any
 
 from aiohttp import web
 
-from broker import manifest, topic_configs
+from broker import contracts, manifest, names, topic_configs
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.http_service import HttpService
 from broker.logstore import LogStore, PartitionLog
 
 
+def _answer(model: contracts.Contract, status: int = 200) -> web.Response:
+    return web.json_response(model.to_json(), status=status)
+
+
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error_code": status, "message": message}, status=status)
+    return _answer(contracts.ErrorAnswer(error_code=status, message=message), status=status)
 
 
 def end_offset_before(part: PartitionLog, append_ms: int) -> tuple[int, bool]:
@@ -44,10 +52,10 @@ def end_offset_before(part: PartitionLog, append_ms: int) -> tuple[int, bool]:
     return end, flushed
 
 
-def ranges_for(part: PartitionLog, start: int, end: int) -> list[dict[str, Any]]:
+def ranges_for(part: PartitionLog, start: int, end: int) -> list[contracts.ObjectRange]:
     """Object byte ranges covering [start, end): whole batches, so the first
     range may begin before ``start`` and readers skip the extra records."""
-    out: list[dict[str, Any]] = []
+    out: list[contracts.ObjectRange] = []
     if start >= end:
         return out
     i = max(bisect.bisect_right(part.chunk_bases, start) - 1, 0)
@@ -60,23 +68,18 @@ def ranges_for(part: PartitionLog, start: int, end: int) -> list[dict[str, Any]]
         first = max(bisect.bisect_right(chunk.ref_bases, start) - 1, 0)
         last = bisect.bisect_left(chunk.ref_bases, end)
         selected = refs[first:last]
-        out.append({
-            "object_key": chunk.object_key,
-            "byte_start": chunk.byte_start + selected[0].position,
-            "byte_end": chunk.byte_start + selected[-1].position + selected[-1].size,
-            "first_offset": selected[0].base_offset,
-            "end_offset": min(chunk.end_offset, refs[last].base_offset if last < len(refs) else chunk.end_offset),
-            "max_append_ms": max(r.append_ms for r in selected),
-        })
+        out.append(contracts.ObjectRange(
+            object_key=chunk.object_key,
+            byte_start=chunk.byte_start + selected[0].position,
+            byte_end=chunk.byte_start + selected[-1].position + selected[-1].size,
+            first_offset=selected[0].base_offset,
+            end_offset=min(chunk.end_offset, refs[last].base_offset if last < len(refs) else chunk.end_offset),
+            max_append_ms=max(r.append_ms for r in selected),
+        ))
     return out
 
 
-def parse_offsets(text: str) -> dict[int, int]:
-    """``{"<partition>": <offset>}`` (JSON) -> {partition: offset}; ValueError or TypeError when it is not that."""
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise TypeError("not a JSON object")
-    return {int(p): int(o) for p, o in value.items()}
+parse_offsets = contracts.PendingRequest.parse_offsets
 
 
 class AdminApi(HttpService):
@@ -103,40 +106,41 @@ class AdminApi(HttpService):
         failure = self.logs.wal.failure
         # 503 once the WAL cannot be written: the broker refuses every produce until a
         # restart, so whatever supervises it should restart it (Kafka halts on a failed log dir).
-        return web.json_response({"status": "ok" if failure is None else f"wal failed: {failure}",
-                                  "object_store": self.logs.store.describe(),
-                                  "segments_written": self.logs.segments_written,
-                                  "flush_failures": self.logs.flush_failures,
-                                  "unflushed_bytes": self.logs.unflushed_bytes,
-                                  "max_unflushed_bytes": self.logs.max_unflushed_bytes,
-                                  "produces_held": self.logs.produces_held},
-                                 status=200 if failure is None else 503)
+        return _answer(contracts.Health(status="ok" if failure is None else f"wal failed: {failure}",
+                                        object_store=self.logs.store.describe(),
+                                        segments_written=self.logs.segments_written,
+                                        flush_failures=self.logs.flush_failures,
+                                        unflushed_bytes=self.logs.unflushed_bytes,
+                                        max_unflushed_bytes=self.logs.max_unflushed_bytes,
+                                        produces_held=self.logs.produces_held),
+                       status=200 if failure is None else 503)
 
     async def retention(self, request: web.Request) -> web.Response:
         """Segment retention since the broker started: what it deleted, and the table topic
         partitions whose uncommitted records hold it back (the warning's figures)."""
-        return web.json_response(self.logs.retention.to_json())
+        return _answer(self.logs.retention.answer())
 
     async def cluster_info(self, request: web.Request) -> web.Response:
         """Where the other services are: a commit round needs only the admin URL to find them.
         Object store credentials are never served: jobs take them from their own environment."""
-        return web.json_response({
-            "cluster_id": self.config.cluster_id, "bootstrap": f"{self.config.advertised}:{self.config.kafka_port}",
-            "registry_url": self.config.registry_url, "catalog_url": self.config.catalog_url,
-            "object_store": self.config.store.url, "object_store_endpoint": self.config.store.endpoint_url,
-            "warehouse": self.config.catalog_warehouse,
-        })
+        return _answer(contracts.ClusterInfo(
+            cluster_id=self.config.cluster_id, bootstrap=f"{self.config.advertised}:{self.config.kafka_port}",
+            registry_url=self.config.registry_url, catalog_url=self.config.catalog_url,
+            object_store=self.config.store.url, object_store_endpoint=self.config.store.endpoint_url,
+            warehouse=self.config.catalog_warehouse,
+        ))
 
     async def table_topics(self, request: web.Request) -> web.Response:
-        return web.json_response(manifest.read(self.config.manifest_path))
+        """The manifest file (``broker.manifest``), as written: ``exclude_unset`` keeps the keys it has."""
+        answer = contracts.Manifest.model_validate(manifest.read(self.config.manifest_path))
+        return web.json_response(answer.model_dump(mode="json", exclude_unset=True))
 
     def _topic(self, request: web.Request) -> Any:
         topic = self.cluster.topics.get(request.match_info["topic"])
         if topic is None:
-            raise web.HTTPNotFound(
-                text=f'{{"error_code": 404, "message": "topic {request.match_info["topic"]} does not exist"}}',
-                content_type="application/json",
-            )
+            missing = contracts.ErrorAnswer(error_code=404,
+                                            message=f"topic {request.match_info['topic']} does not exist")
+            raise web.HTTPNotFound(text=json.dumps(missing.to_json()), content_type="application/json")
         return topic
 
     async def offsets(self, request: web.Request) -> web.Response:
@@ -144,14 +148,15 @@ class AdminApi(HttpService):
         partitions = []
         for p in range(topic.partitions):
             part = self.logs.partitions[(topic.name, p)]
-            partitions.append({
-                "partition": p, "log_start_offset": part.log_start_offset, "high_watermark": part.high_watermark,
-                "flushed_offset": part.flushed_offset,
-                "last_append_ms": (part.tail[-1].append_ms if part.tail else
-                                   part.chunks[-1].max_append_ms if part.chunks else None),
-            })
-        return web.json_response({"topic": topic.name, "topic_id": str(topic.topic_id),
-                                  "table_topic": topic_configs.is_table_topic(topic.configs), "partitions": partitions})
+            partitions.append(contracts.PartitionOffsets(
+                partition=p, log_start_offset=part.log_start_offset, high_watermark=part.high_watermark,
+                flushed_offset=part.flushed_offset,
+                last_append_ms=(part.tail[-1].append_ms if part.tail else
+                                part.chunks[-1].max_append_ms if part.chunks else None),
+            ))
+        return _answer(contracts.TopicOffsets(topic=topic.name, topic_id=str(topic.topic_id),
+                                              table_topic=topic_configs.is_table_topic(topic.configs),
+                                              partitions=partitions))
 
     async def plan(self, request: web.Request) -> web.Response:
         """Per partition: the end offset for ``until_append_ms`` (exclusive) or
@@ -159,28 +164,30 @@ class AdminApi(HttpService):
         topic = self._topic(request)
         until = request.query.get("until_append_ms")
         try:
-            until_ms = int(until) if until is not None else None
+            asked = contracts.PlanRequest(until_append_ms=int(until) if until is not None else None)
         except ValueError:
             return _error(400, f"until_append_ms must be an integer, got {until!r}")
         partitions = []
         for p in range(topic.partitions):
             part = self.logs.partitions[(topic.name, p)]
-            if until_ms is None:
+            if asked.until_append_ms is None:
                 end, flushed = part.flushed_offset, part.flushed_offset >= part.high_watermark
             else:
-                end, flushed = end_offset_before(part, until_ms)
-            partitions.append({"partition": p, "log_start_offset": part.log_start_offset, "end_offset": end,
-                               "flushed": flushed, "high_watermark": part.high_watermark})
-        return web.json_response({"topic": topic.name, "until_append_ms": until_ms, "partitions": partitions})
+                end, flushed = end_offset_before(part, asked.until_append_ms)
+            partitions.append(contracts.PartitionPlan(partition=p, log_start_offset=part.log_start_offset,
+                                                      end_offset=end, flushed=flushed,
+                                                      high_watermark=part.high_watermark))
+        return _answer(contracts.TopicPlan(topic=topic.name, until_append_ms=asked.until_append_ms,
+                                           partitions=partitions))
 
     async def ranges(self, request: web.Request) -> web.Response:
         topic = self._topic(request)
         try:
-            partition = int(request.match_info["partition"])
-            start = int(request.query["start"])
-            end = int(request.query["end"])
+            asked = contracts.RangesRequest(partition=int(request.match_info["partition"]),
+                                            start=int(request.query["start"]), end=int(request.query["end"]))
         except (KeyError, ValueError):
             return _error(400, "need integer partition, start and end")
+        partition, start, end = asked.partition, asked.start, asked.end
         part = self.logs.partitions.get((topic.name, partition))
         if part is None:
             return _error(404, f"partition {partition} of {topic.name} does not exist")
@@ -191,8 +198,9 @@ class AdminApi(HttpService):
                 409,
                 f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})",
             )
-        return web.json_response({"topic": topic.name, "partition": partition, "start": start, "end": end,
-                                  "object_store": self.config.store.url, "ranges": ranges_for(part, start, end)})
+        return _answer(contracts.TopicRanges(topic=topic.name, partition=partition, start=start, end=end,
+                                             object_store=self.config.store.url,
+                                             ranges=ranges_for(part, start, end)))
 
     async def pending(self, request: web.Request) -> web.Response:
         """What waits for a table topic's next commit round: per partition, records and bytes from
@@ -208,10 +216,10 @@ class AdminApi(HttpService):
             return _error(400, 'from must be a JSON object of offsets, e.g. {"0": 120, "1": 98}')
         checkpoint = NO_CHECKPOINT
         if topic_configs.is_table_topic(topic.configs):
-            namespace = topic_configs.effective(topic.configs)[topic_configs.TABLE_PREFIX + "namespace"]
+            namespace = topic_configs.TableSettings(topic.configs).namespace
             try:
                 checkpoint = await asyncio.to_thread(metrics.catalog_reader(self.config.catalog_url).checkpoint,
-                                                     namespace, topic_configs.table_name(topic.name))
+                                                     namespace, names.table_name(topic.name))
             except Exception as exc:  # noqa: BLE001 -- any catalog failure: the caller asks again later
                 return _error(503, f"the catalog cannot say what {topic.name}'s table holds: "
                                    f"{type(exc).__name__}: {exc}")
@@ -221,18 +229,18 @@ class AdminApi(HttpService):
             part = self.logs.partitions.get((topic.name, p))
             if part is None:  # a partition being created
                 continue
-            start = max(part.log_start_offset, committed.get(p, 0), since.get(p, 0))
+            start = max(contracts.lag_start(committed.get(p), part.log_start_offset), since.get(p, 0))
             records, size = metrics.pending_in(part, start)
-            partitions.append({"partition": p, "start_offset": start, "end_offset": part.high_watermark,
-                               "records": records, "bytes": size})
-        return web.json_response({
-            "topic": topic.name, "committed_offsets": {str(p): o for p, o in sorted(committed.items())},
-            "records": sum(p["records"] for p in partitions), "bytes": sum(p["bytes"] for p in partitions),
-            "partitions": partitions})
+            partitions.append(contracts.PartitionPending(partition=p, start_offset=start,
+                                                         end_offset=part.high_watermark, records=records, bytes=size))
+        return _answer(contracts.Pending(
+            topic=topic.name, committed_offsets=committed,
+            records=sum(p.records for p in partitions), bytes=sum(p.bytes for p in partitions),
+            partitions=partitions))
 
     async def flush(self, request: web.Request) -> web.Response:
         written = await self.logs.flush()
-        return web.json_response({"bytes_written": written})
+        return _answer(contracts.FlushAnswer(bytes_written=written))
 
     async def metrics(self, request: web.Request) -> web.Response:
         """Prometheus text format: the log per partition, and lag per table topic (broker.metrics)."""

@@ -50,6 +50,18 @@ class Checkpoint:
     def empty(self) -> bool:
         return self.snapshot_id is None
 
+    def belongs_to(self, topic_id: str) -> bool:
+        """Whether these offsets are the topic ``topic_id``'s: a topic deleted and created again
+        under the same name is another topic, whose table starts with nothing committed. Offsets
+        recorded without an id (and a caller that knows none, an old manifest) are taken as the topic's."""
+        return self.topic_id is None or not topic_id or self.topic_id == topic_id
+
+    def offsets_for(self, topic_id: str) -> dict[int, int]:
+        """The committed offsets if they belong to the topic ``topic_id``, else none (``belongs_to``).
+        Every reader of a checkpoint applies this one rule: the round's plan, segment retention,
+        the admin API's pending answer, the metrics and the status view."""
+        return dict(self.offsets) if self.belongs_to(topic_id) else {}
+
 
 NO_CHECKPOINT = Checkpoint({}, None)
 

@@ -212,6 +212,15 @@ def object_store_from_env(url: str, default_endpoint_url: str | None = None,
     )
 
 
+def aws_io_credentials() -> dict[str, str]:
+    """This process's ``AWS_*`` credentials as Iceberg FileIO properties (empty without them):
+    what a writer hands the FileIO it configures (a Spark catalog, a round's tasks) so the
+    JVM or the executors need not have them in their own environment."""
+    pairs = (("s3.access-key-id", "AWS_ACCESS_KEY_ID"), ("s3.secret-access-key", "AWS_SECRET_ACCESS_KEY"),
+             ("s3.session-token", "AWS_SESSION_TOKEN"))
+    return {key: os.environ[var] for key, var in pairs if os.environ.get(var)}
+
+
 # ---------------------------------------------------------------- property keys
 
 # Kafka's own names for the settings Kafka has; the rest are the field name with dots.
@@ -303,7 +312,7 @@ def load_broker_config(config_file: Path | None = None, overrides: Mapping[str, 
         layers.update(fields_from_properties(read_properties(config_file), str(config_file)))
     try:
         layers.update(EnvSettingsSource(BrokerConfig)())
-    except Exception as exc:  # pydantic-settings' own error names the variable
+    except Exception as exc:
         raise ConfigError(f"environment: {exc}") from exc
     if overrides:
         over = fields_from_properties(overrides, "--override")

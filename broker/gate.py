@@ -33,8 +33,8 @@ except ImportError as exc:  # not built: the gate checks records in Python (fast
     _import_error = str(exc)
 _fallback_logged = False
 
-CONVERT_VALUE = topic_configs.TABLE_PREFIX + "convert.value.type"
-VALIDATION = topic_configs.TABLE_PREFIX + "schema.validation"
+CONVERT_VALUE = topic_configs.CONVERT_VALUE_TYPE
+VALIDATION = topic_configs.SCHEMA_VALIDATION
 
 
 class RegisteredSchemaLike(Protocol):
@@ -53,11 +53,10 @@ class GateRejection:
 
 
 def gate_applies(configs: dict[str, str]) -> bool:
-    return (
-        topic_configs.is_table_topic(configs)
-        and configs.get(CONVERT_VALUE, topic_configs.KEYS[CONVERT_VALUE].default) == "by_schema_id"
-        and configs.get(VALIDATION, topic_configs.KEYS[VALIDATION].default) == "true"
-    )
+    if not topic_configs.is_table_topic(configs):
+        return False
+    view = topic_configs.TableSettings(configs)
+    return view.convert_value_type == "by_schema_id" and view.schema_validation
 
 
 class DataQualityGate:

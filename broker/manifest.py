@@ -1,6 +1,9 @@
 """The table-topic manifest: the file the Airflow DAG factory reads at parse
 time (no network or database calls there), rewritten atomically on every
-topic or config change."""
+topic or config change.
+
+Its shape is ``broker.contracts.Manifest``, the model the DAG factory and the
+Spark jobs parse it with."""
 
 from __future__ import annotations
 
@@ -10,10 +13,10 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from broker import topic_configs
+from broker import contracts, names, topic_configs
 from broker.metadata import TopicRecord
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = contracts.MANIFEST_VERSION
 
 
 def render(topics: Iterable[TopicRecord], admin_url: str) -> dict[str, object]:
@@ -25,23 +28,23 @@ def render(topics: Iterable[TopicRecord], admin_url: str) -> dict[str, object]:
     for topic in topics:
         if topic_configs.is_table_topic(topic.configs):
             tables.append(_entry(topic))
-        elif topic.configs.get(topic_configs.TABLE_PREFIX + "enable") == "false":
+        elif topic.configs.get(topic_configs.ENABLE) == "false":
             disabled.append(_entry(topic))
-    return {"version": MANIFEST_VERSION, "admin_url": admin_url, "table_topics": tables,
-            "disabled_table_topics": disabled}
+    return contracts.Manifest(version=MANIFEST_VERSION, admin_url=admin_url, table_topics=tables,
+                              disabled_table_topics=disabled).to_json()
 
 
-def _entry(topic: TopicRecord) -> dict[str, object]:
-    configs = topic_configs.effective(topic.configs)
-    return {
-        "topic": topic.name,
-        "topic_id": str(topic.topic_id),
-        "partitions": topic.partitions,
-        "namespace": configs[topic_configs.TABLE_PREFIX + "namespace"],
-        "table": topic_configs.table_name(topic.name),
-        "commit_interval_ms": int(configs[topic_configs.TABLE_PREFIX + "commit.interval.ms"]),
-        "configs": {k: v for k, v in configs.items() if k.startswith(topic_configs.TABLE_PREFIX)},
-    }
+def _entry(topic: TopicRecord) -> contracts.TableTopic:
+    view = topic_configs.TableSettings(topic_configs.effective(topic.configs))
+    return contracts.TableTopic(
+        topic=topic.name,
+        topic_id=str(topic.topic_id),
+        partitions=topic.partitions,
+        namespace=view.namespace,
+        table=names.table_name(topic.name),
+        commit_interval_ms=view.commit_interval_ms,
+        configs=view.table_keys(),
+    )
 
 
 def write_atomically(path: Path, content: dict[str, object]) -> None:

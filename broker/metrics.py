@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker import topic_configs
+from broker import contracts, names, topic_configs
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ class CatalogReader:
             loaded = self._load(namespace, table)
             if loaded is None:
                 return TableFacts()
-            dlq = self._load(namespace, f"{table}__dlq")
+            dlq = self._load(namespace, names.dlq_table(table))
             return TableFacts(read_checkpoint(loaded.metadata), _total_records(loaded),
                               _total_records(dlq) if dlq is not None else None)
         except Exception as exc:  # noqa: BLE001 -- a scrape reports what it can; the error is a series of its own
@@ -166,8 +167,7 @@ def _table_topics(cluster: Cluster) -> list[Any]:
 
 
 def _ident(topic: Any) -> tuple[str, str]:
-    configs = topic_configs.effective(topic.configs)
-    return configs[topic_configs.TABLE_PREFIX + "namespace"], topic_configs.table_name(topic.name)
+    return topic_configs.TableSettings(topic.configs).namespace, names.table_name(topic.name)
 
 
 # Segment retention (broker/retention.py): what it deleted, and where a table topic's table holds it
@@ -247,24 +247,24 @@ def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts
         f["icefall_table_catalog_up"].add(labels, 0 if got.error else 1)
         if got.error:
             continue
-        same_topic = got.checkpoint.topic_id in (None, str(topic.topic_id))
-        behind, behind_bytes, oldest = 0, 0, []
+        committed_offsets = got.checkpoint.offsets_for(str(topic.topic_id))
+        behind_bytes = 0
+        lags = []
         for p in range(topic.partitions):
             part = logs.partitions.get((topic.name, p))
             if part is None:
                 continue
-            committed = got.checkpoint.offsets.get(p) if same_topic else None
-            start = max(committed if committed is not None else part.log_start_offset, part.log_start_offset)
+            committed = committed_offsets.get(p)
             f["icefall_table_committed_offset"].add({**labels, "partition": str(p)}, committed or 0)
-            if part.high_watermark > start:
-                records, size = pending_in(part, start)
-                behind += records
-                behind_bytes += size
-                if (appended := append_ms_at(part, start)) is not None:
-                    oldest.append(appended)
-        f["icefall_table_lag_records"].add(labels, behind)
+            lag = contracts.PartitionLag.of(p, part.log_start_offset, part.high_watermark, committed,
+                                            functools.partial(append_ms_at, part))
+            lags.append(lag)
+            if lag.lag_records:
+                behind_bytes += pending_in(part, contracts.lag_start(committed, part.log_start_offset))[1]
+        lag_of_table = contracts.Lag.of(lags, now_ms)
+        f["icefall_table_lag_records"].add(labels, lag_of_table.records)
         f["icefall_table_lag_bytes"].add(labels, behind_bytes)
-        f["icefall_table_lag_seconds"].add(labels, max(0.0, (now_ms - min(oldest)) / 1000) if oldest else 0.0)
+        f["icefall_table_lag_seconds"].add(labels, lag_of_table.seconds)
         if got.checkpoint.timestamp_ms is not None:
             f["icefall_table_last_commit_timestamp_seconds"].add(labels, got.checkpoint.timestamp_ms / 1000)
         if got.rows is not None:

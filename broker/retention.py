@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker import topic_configs
+from broker import contracts, names, topic_configs
 from broker.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
@@ -74,13 +74,12 @@ class Blocked:
     since_ms: int
     passes: int = 1
 
-    def to_json(self) -> dict[str, int]:
-        return {
-            "log_start_offset": self.log_start_offset, "wanted_log_start_offset": self.wanted_log_start_offset,
-            "committed_offset": self.committed_offset,
-            "blocked_offsets": self.wanted_log_start_offset - self.log_start_offset,
-            "blocked_bytes": self.bytes, "since_ms": self.since_ms, "passes": self.passes,
-        }
+    def answer(self, topic: str, partition: int) -> contracts.RetentionBlocked:
+        return contracts.RetentionBlocked(
+            topic=topic, partition=partition, log_start_offset=self.log_start_offset,
+            wanted_log_start_offset=self.wanted_log_start_offset, committed_offset=self.committed_offset,
+            blocked_offsets=self.wanted_log_start_offset - self.log_start_offset,
+            blocked_bytes=self.bytes, since_ms=self.since_ms, passes=self.passes)
 
 
 @dataclass
@@ -97,14 +96,16 @@ class RetentionStatus:
     last_pass_ms: int | None = None
     blocked: dict[tuple[str, int], Blocked] = field(default_factory=dict)
 
+    def answer(self) -> contracts.Retention:
+        """What ``GET /v1/retention`` serves."""
+        return contracts.Retention(
+            passes=self.passes, chunks_deleted=self.chunks_deleted, bytes_deleted=self.bytes_deleted,
+            objects_deleted=self.objects_deleted, orphans_deleted=self.orphans_deleted,
+            delete_failures=self.delete_failures, blocked_passes=self.blocked_passes, last_pass_ms=self.last_pass_ms,
+            blocked=[b.answer(t, p) for (t, p), b in sorted(self.blocked.items())])
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "passes": self.passes, "chunks_deleted": self.chunks_deleted, "bytes_deleted": self.bytes_deleted,
-            "objects_deleted": self.objects_deleted, "orphans_deleted": self.orphans_deleted,
-            "delete_failures": self.delete_failures, "blocked_passes": self.blocked_passes,
-            "last_pass_ms": self.last_pass_ms,
-            "blocked": [{"topic": t, "partition": p, **b.to_json()} for (t, p), b in sorted(self.blocked.items())],
-        }
+        return self.answer().to_json()
 
 
 # ---------------------------------------------------------------- policy (pure)
@@ -126,7 +127,7 @@ class Policy:
         policy = cls(
             int(topic.config("retention.ms")), int(topic.config("retention.bytes")),
             topic.config("message.timestamp.type") == "LogAppendTime",
-            ((topic.config(topic_configs.TABLE_PREFIX + "namespace"), topic_configs.table_name(topic.name))
+            ((topic_configs.TableSettings(topic.configs).namespace, names.table_name(topic.name))
              if topic_configs.is_table_topic(topic.configs) else None),
             int(topic.config("file.delete.delay.ms")),
         )
@@ -173,9 +174,8 @@ def committed_chunks(chunks: Sequence[Chunk], count: int, committed: int) -> int
 
 
 def committed_offsets(checkpoint: Checkpoint, topic_id: str) -> dict[int, int]:
-    """The table's offsets, if they belong to this topic (a topic deleted and created
-    again under the same name starts with nothing committed, as its rounds do)."""
-    return dict(checkpoint.offsets) if checkpoint.topic_id in (None, topic_id) else {}
+    """The table's offsets, if they belong to this topic (``Checkpoint.offsets_for``)."""
+    return checkpoint.offsets_for(topic_id)
 
 
 # ---------------------------------------------------------------- the periodic task

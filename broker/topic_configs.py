@@ -11,8 +11,37 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from broker import names
+
 LONG_MAX = 2**63 - 1
 TABLE_PREFIX = "automq.table.topic."
+
+# The table-topic keys, one constant each: the broker, the DAG factories and the Spark jobs
+# name them through these (and read them through ``TableSettings``), never as string literals.
+ENABLE = TABLE_PREFIX + "enable"
+COMMIT_INTERVAL_MS = TABLE_PREFIX + "commit.interval.ms"
+COMMIT_TRIGGER_BYTES = TABLE_PREFIX + "commit.trigger.bytes"
+NAMESPACE = TABLE_PREFIX + "namespace"
+CONVERT_VALUE_TYPE = TABLE_PREFIX + "convert.value.type"
+CONVERT_KEY_TYPE = TABLE_PREFIX + "convert.key.type"
+TRANSFORM_VALUE_TYPE = TABLE_PREFIX + "transform.value.type"
+PARTITION_BY = TABLE_PREFIX + "partition.by"
+ID_COLUMNS = TABLE_PREFIX + "id.columns"
+UPSERT_ENABLE = TABLE_PREFIX + "upsert.enable"
+CDC_FIELD = TABLE_PREFIX + "cdc.field"
+ERRORS_TOLERANCE = TABLE_PREFIX + "errors.tolerance"
+FORMAT_VERSION = TABLE_PREFIX + "format.version"
+SCHEMA_VALIDATION = TABLE_PREFIX + "schema.validation"
+EXPIRE_SNAPSHOT_ENABLED = TABLE_PREFIX + "expire.snapshot.enabled"
+EXPIRE_SNAPSHOT_OLDER_THAN_HOURS = TABLE_PREFIX + "expire.snapshot.older.than.hours"
+EXPIRE_SNAPSHOT_RETAIN_LAST = TABLE_PREFIX + "expire.snapshot.retain.last"
+MAINTENANCE_ENABLE = TABLE_PREFIX + "maintenance.enable"
+MAINTENANCE_INTERVAL = TABLE_PREFIX + "maintenance.interval.ms"
+MAINTENANCE_TARGET_FILE_SIZE = TABLE_PREFIX + "maintenance.target.file.size.bytes"
+MAINTENANCE_STRATEGY = TABLE_PREFIX + "maintenance.compaction.strategy"
+MAINTENANCE_ZORDER_COLUMNS = TABLE_PREFIX + "maintenance.compaction.zorder.columns"
+MAINTENANCE_DELETE_FILE_THRESHOLD = TABLE_PREFIX + "maintenance.compaction.delete.file.threshold"
+MAINTENANCE_UNREFERENCED_DAYS = TABLE_PREFIX + "maintenance.unreferenced.days"
 
 
 class InvalidConfigError(ValueError):
@@ -203,67 +232,67 @@ KEYS: Mapping[str, ConfigKey] = {
         ConfigKey("local.retention.ms", "-2", _long(-2), "unused", 5),
         ConfigKey("local.retention.bytes", "-2", _long(-2), "unused", 5),
         # AutoMQ Table Topic keys.
-        ConfigKey(TABLE_PREFIX + "enable", "false", _bool, "make this topic a table topic", 1),
+        ConfigKey(ENABLE, "false", _bool, "make this topic a table topic", 1),
         ConfigKey(
-            TABLE_PREFIX + "commit.interval.ms", "60000", _long(1000, 15 * 60 * 1000),
+            COMMIT_INTERVAL_MS, "60000", _long(1000, 15 * 60 * 1000),
             "commit round interval (the DAG schedule)", 5,
         ),
         ConfigKey(
-            TABLE_PREFIX + "commit.trigger.bytes", "0", _long(0),
+            COMMIT_TRIGGER_BYTES, "0", _long(0),
             "also start a commit round as soon as this many bytes wait for the table (0: on the interval only)", 5,
         ),
-        ConfigKey(TABLE_PREFIX + "namespace", "default", _identifier, "Iceberg namespace", 2),
-        ConfigKey(TABLE_PREFIX + "convert.value.type", "by_schema_id", _choice(*_CONVERT), "value conversion", 2),
-        ConfigKey(TABLE_PREFIX + "convert.key.type", "string", _choice(*_CONVERT), "key conversion", 2),
+        ConfigKey(NAMESPACE, "default", _identifier, "Iceberg namespace", 2),
+        ConfigKey(CONVERT_VALUE_TYPE, "by_schema_id", _choice(*_CONVERT), "value conversion", 2),
+        ConfigKey(CONVERT_KEY_TYPE, "string", _choice(*_CONVERT), "key conversion", 2),
         ConfigKey(
-            TABLE_PREFIX + "transform.value.type", "flatten",
+            TRANSFORM_VALUE_TYPE, "flatten",
             _choice("none", "flatten", "flatten_debezium"), "value transform", 2,
         ),
-        ConfigKey(TABLE_PREFIX + "partition.by", "", _partition_by, "Iceberg partition spec", 2),
-        ConfigKey(TABLE_PREFIX + "id.columns", "", _id_columns, "primary key for upsert", 2),
-        ConfigKey(TABLE_PREFIX + "upsert.enable", "false", _bool, "upsert by id columns", 1),
-        ConfigKey(TABLE_PREFIX + "cdc.field", "", _cdc_field, "field holding I/U/D", 2),
+        ConfigKey(PARTITION_BY, "", _partition_by, "Iceberg partition spec", 2),
+        ConfigKey(ID_COLUMNS, "", _id_columns, "primary key for upsert", 2),
+        ConfigKey(UPSERT_ENABLE, "false", _bool, "upsert by id columns", 1),
+        ConfigKey(CDC_FIELD, "", _cdc_field, "field holding I/U/D", 2),
         ConfigKey(
-            TABLE_PREFIX + "errors.tolerance", "invalid_data",
+            ERRORS_TOLERANCE, "invalid_data",
             _choice("none", "invalid_data", "all"), "what to do with bad records", 2,
         ),
-        ConfigKey(TABLE_PREFIX + "format.version", "2", _choice("2", "3"), "Iceberg format version", 3),
+        ConfigKey(FORMAT_VERSION, "2", _choice("2", "3"), "Iceberg format version", 3),
         ConfigKey(
-            TABLE_PREFIX + "schema.validation", "true", _bool,
+            SCHEMA_VALIDATION, "true", _bool,
             "data quality gate: refuse undecodable records at produce time (by_schema_id)", 1,
         ),
-        ConfigKey(TABLE_PREFIX + "expire.snapshot.enabled", "true", _bool, "expire old snapshots", 1),
-        ConfigKey(TABLE_PREFIX + "expire.snapshot.older.than.hours", "1", _long(1), "snapshot age to expire", 3),
-        ConfigKey(TABLE_PREFIX + "expire.snapshot.retain.last", "1", _long(1), "snapshots always kept", 3),
+        ConfigKey(EXPIRE_SNAPSHOT_ENABLED, "true", _bool, "expire old snapshots", 1),
+        ConfigKey(EXPIRE_SNAPSHOT_OLDER_THAN_HOURS, "1", _long(1), "snapshot age to expire", 3),
+        ConfigKey(EXPIRE_SNAPSHOT_RETAIN_LAST, "1", _long(1), "snapshots always kept", 3),
         # Table maintenance (spark_jobs/maintenance_settings.py reads these; the maintenance DAG's schedule).
         # "" means: not set on the topic, so the table property or S3 Tables' default applies.
-        ConfigKey(TABLE_PREFIX + "maintenance.enable", "true", _bool, "run the maintenance DAG for this table", 1),
+        ConfigKey(MAINTENANCE_ENABLE, "true", _bool, "run the maintenance DAG for this table", 1),
         ConfigKey(
-            TABLE_PREFIX + "maintenance.interval.ms", str(MAINTENANCE_INTERVAL_MS),
+            MAINTENANCE_INTERVAL, str(MAINTENANCE_INTERVAL_MS),
             _long(MIN_MAINTENANCE_INTERVAL_MS, MAX_MAINTENANCE_INTERVAL_MS),
             "time between maintenance runs (the maintenance DAG's schedule)", 5,
         ),
         ConfigKey(
-            TABLE_PREFIX + "maintenance.target.file.size.bytes", "", _unset_or(_long(1)),
+            MAINTENANCE_TARGET_FILE_SIZE, "", _unset_or(_long(1)),
             "compaction target file size (unset: table property write.target-file-size-bytes, else 512 MiB)", 5,
         ),
         ConfigKey(
-            TABLE_PREFIX + "maintenance.compaction.strategy", "",
+            MAINTENANCE_STRATEGY, "",
             _unset_or(_choice("auto", "binpack", "sort", "zorder")),
             "compaction strategy (unset: table property, else auto: zorder when z-order columns are set, "
             "sort when the table has a sort order, else binpack)", 2,
         ),
         ConfigKey(
-            TABLE_PREFIX + "maintenance.compaction.zorder.columns", "", _id_columns,
+            MAINTENANCE_ZORDER_COLUMNS, "", _id_columns,
             "z-order compaction by these columns, e.g. [user_id, ts] (unset: table property)", 2,
         ),
         ConfigKey(
-            TABLE_PREFIX + "maintenance.compaction.delete.file.threshold", "", _unset_or(_long(1, 2**31 - 1)),
+            MAINTENANCE_DELETE_FILE_THRESHOLD, "", _unset_or(_long(1, 2**31 - 1)),
             "compaction rewrites a data file with at least this many delete files (applying them) even when "
             "its size is fine (unset: table property, else 1)", 3,
         ),
         ConfigKey(
-            TABLE_PREFIX + "maintenance.unreferenced.days", "", _unset_or(_double(1.0, 36500.0)),
+            MAINTENANCE_UNREFERENCED_DAYS, "", _unset_or(_double(1.0, 36500.0)),
             "remove unreferenced files older than this (unset: table property, else 3 days); Iceberg "
             "refuses less than 1 day", 6,
         ),
@@ -296,14 +325,14 @@ def validate_all(configs: Mapping[str, str | None]) -> dict[str, str]:
 
 def check_consistency(configs: Mapping[str, str]) -> None:
     """Rules that span keys (an upsert table needs id columns)."""
-    ids = configs.get(TABLE_PREFIX + "id.columns")
-    if configs.get(TABLE_PREFIX + "upsert.enable") == "true" and not ids:
-        raise InvalidConfigError(f"{TABLE_PREFIX}upsert.enable=true needs {TABLE_PREFIX}id.columns")
-    if configs.get(TABLE_PREFIX + "cdc.field") and not ids:
-        raise InvalidConfigError(f"{TABLE_PREFIX}cdc.field needs {TABLE_PREFIX}id.columns (the rows it changes)")
-    if configs.get(TABLE_PREFIX + "transform.value.type") == "flatten_debezium" and not ids:
-        raise InvalidConfigError(f"{TABLE_PREFIX}transform.value.type=flatten_debezium needs "
-                                 f"{TABLE_PREFIX}id.columns (the rows it changes)")
+    ids = configs.get(ID_COLUMNS)
+    if configs.get(UPSERT_ENABLE) == "true" and not ids:
+        raise InvalidConfigError(f"{UPSERT_ENABLE}=true needs {ID_COLUMNS}")
+    if configs.get(CDC_FIELD) and not ids:
+        raise InvalidConfigError(f"{CDC_FIELD} needs {ID_COLUMNS} (the rows it changes)")
+    if configs.get(TRANSFORM_VALUE_TYPE) == "flatten_debezium" and not ids:
+        raise InvalidConfigError(f"{TRANSFORM_VALUE_TYPE}=flatten_debezium needs "
+                                 f"{ID_COLUMNS} (the rows it changes)")
 
 
 def effective(configs: Mapping[str, str]) -> dict[str, str]:
@@ -314,8 +343,120 @@ def effective(configs: Mapping[str, str]) -> dict[str, str]:
 
 
 def is_table_topic(configs: Mapping[str, str]) -> bool:
-    return configs.get(TABLE_PREFIX + "enable") == "true"
+    return configs.get(ENABLE) == "true"
 
 
 def table_name(topic: str) -> str:
-    return topic.replace(".", "_").replace("-", "_")
+    return names.table_name(topic)
+
+
+def _int_or(value: str | None, default: int) -> int:
+    """``value`` as an integer; ``default`` when it is unset or not a number (an old or hand-edited manifest)."""
+    try:
+        return int(value) if value not in (None, "") else default
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    """A typed view of a table topic's configs: every reader of an ``automq.table.topic.*`` key goes
+    through here, so a key's name, default and parsing are this module's alone.
+
+    ``configs`` may be a topic's own configs (unset keys take ``KEYS``' defaults) or the manifest's
+    effective configs (all set). Readers on the Airflow side are lenient, as they always were: a
+    manifest written by an older broker may lack a key or carry a value this version would refuse,
+    and a DAG file must still parse.
+    """
+
+    configs: Mapping[str, str]
+
+    def get(self, key: str) -> str:
+        """The value of ``key`` (a full name, e.g. ``topic_configs.NAMESPACE``), else its declared default."""
+        value = self.configs.get(key)
+        if value is None:
+            value = KEYS[key].default
+        return "" if value is None else str(value)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the topic is a table topic. Unset counts as on here: an entry of the manifest's
+        ``table_topics`` is one, and old manifests did not copy the flag (``is_table_topic`` is the
+        broker's stricter test of a topic's own configs)."""
+        return str(self.configs.get(ENABLE, "true")).lower() == "true"
+
+    @property
+    def namespace(self) -> str:
+        return self.get(NAMESPACE)
+
+    @property
+    def commit_interval_ms(self) -> int:
+        return _int_or(self.get(COMMIT_INTERVAL_MS), 60_000)
+
+    @property
+    def commit_trigger_bytes(self) -> int:
+        """0 (the default) commits on the interval only."""
+        return max(_int_or(self.get(COMMIT_TRIGGER_BYTES), 0), 0)
+
+    @property
+    def convert_key_type(self) -> str:
+        return self.get(CONVERT_KEY_TYPE)
+
+    @property
+    def convert_value_type(self) -> str:
+        return self.get(CONVERT_VALUE_TYPE)
+
+    @property
+    def transform_value_type(self) -> str:
+        return self.get(TRANSFORM_VALUE_TYPE)
+
+    @property
+    def flatten_debezium(self) -> bool:
+        return self.transform_value_type == "flatten_debezium"
+
+    @property
+    def format_version(self) -> int:
+        return int(self.get(FORMAT_VERSION))
+
+    @property
+    def partition_by(self) -> str:
+        return self.get(PARTITION_BY)
+
+    @property
+    def id_columns(self) -> str:
+        """The raw ``[a, b]`` list (``spark_jobs.upsert.parse_id_columns`` splits it)."""
+        return self.get(ID_COLUMNS)
+
+    @property
+    def upsert_enabled(self) -> bool:
+        return self.get(UPSERT_ENABLE) == "true"
+
+    @property
+    def cdc_field(self) -> str | None:
+        return self.get(CDC_FIELD).strip() or None
+
+    @property
+    def errors_tolerance(self) -> str:
+        return self.get(ERRORS_TOLERANCE)
+
+    @property
+    def schema_validation(self) -> bool:
+        return self.get(SCHEMA_VALIDATION) == "true"
+
+    @property
+    def maintenance_enabled(self) -> bool:
+        return self.get(MAINTENANCE_ENABLE).strip().lower() == "true"
+
+    @property
+    def maintenance_interval_ms(self) -> int:
+        """The maintenance DAG's schedule (the broker validated it; an old manifest may lack it)."""
+        return _int_or(self.configs.get(MAINTENANCE_INTERVAL), MAINTENANCE_INTERVAL_MS)
+
+    def table_keys(self) -> dict[str, str]:
+        """The ``automq.table.topic.*`` keys only (what the manifest carries per table topic)."""
+        return {k: v for k, v in self.configs.items() if k.startswith(TABLE_PREFIX)}
+
+
+def settings(configs: Mapping[str, str]) -> TableSettings:
+    """The typed view of ``configs``."""
+    return TableSettings(configs)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from broker import names, topic_configs
 from broker.config import BrokerConfig, to_overrides
 
 DEMO_TOPIC = "clicks"
@@ -53,7 +54,7 @@ def _ensure_demo_topic(bootstrap: str) -> None:
     if DEMO_TOPIC in admin.list_topics(timeout=10).topics:
         return
     interval = os.environ.get("ICEFALL_DEMO_COMMIT_INTERVAL_MS", "60000")
-    config = {"automq.table.topic.enable": "true", "automq.table.topic.commit.interval.ms": interval}
+    config = {topic_configs.ENABLE: "true", topic_configs.COMMIT_INTERVAL_MS: interval}
     for future in admin.create_topics([NewTopic(DEMO_TOPIC, 3, 1, config=config)]).values():
         future.result(10)
 
@@ -252,7 +253,7 @@ def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: 
             else f"see {airflow.home / 'simple_auth_manager_passwords.json.generated'}"
         )
         ui = (f"  Airflow UI:       {airflow.url}  (login {login})\n"
-              f"  Commit DAG:       {airflow.url}/dags/icefall_commit__{DEMO_TOPIC}\n"
+              f"  Commit DAG:       {airflow.url}/dags/{names.commit_dag_id(DEMO_TOPIC)}\n"
               f"  Table topics:     {airflow.url}/plugin/icefall-table-topics\n"
               f"  Airflow logs:     {airflow.home / 'logs'}\n")
     return (

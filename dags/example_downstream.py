@@ -48,7 +48,7 @@ with DAG(
         from icefall_airflow.broker_client import BrokerClient
         from icefall_airflow.tables import open_catalog
 
-        catalog_url = BrokerClient(manifest.admin_url()).cluster()["catalog_url"]
+        catalog_url = BrokerClient(manifest.admin_url()).cluster().catalog_url
         table = open_catalog(catalog_url).load_table(("default", "clicks"))
         summaries = []
         for event in triggering_asset_events[CLICKS]:

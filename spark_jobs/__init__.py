@@ -9,7 +9,12 @@
   with decode failures turned into error records for the DLQ instead of exceptions.
 - ``commit_round``: the spark-submit entry point; ``round_plan`` (offset windows,
   task groups), ``round_tasks`` (what an executor task does), ``round_commit`` (the
-  conditional publish), ``table_setup``, ``partitioning``, ``dlq``, ``broker_client``.
+  conditional publish), ``table_setup``, ``partitioning``, ``dlq``, ``broker_client``
+  (the registry client; the admin API's is ``broker.admin_client``).
+
+What the jobs exchange with the broker and Airflow (the manifest, the admin API's
+answers, the result JSON) is ``broker.contracts``; the names they share with the
+DAGs (tables, DLQ tables, subjects) are ``broker.names``.
 
 Only ``commit_round`` imports Spark: the rest runs inside executor tasks and in
 plain unit tests.

@@ -37,13 +37,22 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from broker import checkpoint
-from broker.config import ObjectStoreConfig, object_store_from_env
-from spark_jobs import dlq, job_output, json_values, partitioning, round_plan, table_setup, upsert
+from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_from_env
+from broker.contracts import RoundResult, TopicPlan
+from spark_jobs import (
+    dlq,
+    job_output,
+    json_values,
+    partitioning,
+    round_plan,
+    round_tasks,
+    table_setup,
+    upsert,
+)
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.round_commit import (
     BranchHead,
@@ -74,37 +83,6 @@ DEFAULT_DRIVER_MAX_BYTES = 64 << 20
 
 class RoundFailed(RuntimeError):
     """The round cannot commit; the message says why and which records."""
-
-
-@dataclass
-class RoundResult:
-    status: str
-    topic: str
-    namespace: str
-    table: str
-    round_id: str
-    until_append_ms: int | None
-    snapshot_id: int | None = None
-    parent_snapshot_id: int | None = None
-    offsets_before: dict[int, int] = field(default_factory=dict)
-    offsets_after: dict[int, int] = field(default_factory=dict)
-    records: int = 0
-    rows: int = 0
-    dlq_rows: int = 0
-    skipped_records: int = 0
-    bytes_read: int = 0
-    data_files: int = 0
-    attempts: int = 0
-    schema_changes: list[str] = field(default_factory=list)
-    executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
-    seconds: dict[str, float] = field(default_factory=dict)
-    message: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["offsets_before"] = {str(p): o for p, o in sorted(self.offsets_before.items())}
-        out["offsets_after"] = {str(p): o for p, o in sorted(self.offsets_after.items())}
-        return out
 
 
 def _kill_point(name: str) -> None:
@@ -179,8 +157,13 @@ def use_catalog(spark: Any, catalog_url: str) -> str:
     brokers (tests) and a user's own ``spark.sql.catalog.*`` settings are left alone."""
     name = f"{SPARK_CATALOG}_{hashlib.sha1(catalog_url.encode()).hexdigest()[:8]}"
     prefix = f"spark.sql.catalog.{name}"
-    for key, value in ((prefix, "org.apache.iceberg.spark.SparkCatalog"), (f"{prefix}.type", "rest"),
-                       (f"{prefix}.uri", catalog_url), (f"{prefix}.cache-enabled", "false")):
+    settings = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "rest",
+                f"{prefix}.uri": catalog_url, f"{prefix}.cache-enabled": "false"}
+    # S3FileIO takes the endpoint and region from the catalog's config; the job's own AWS
+    # credentials go with the catalog (the JVM may have started before they were in the
+    # environment, and executors get them with the table's FileIO).
+    settings.update({f"{prefix}.{key}": value for key, value in aws_io_credentials().items()})
+    for key, value in settings.items():
         spark.conf.set(key, value)
     return name
 
@@ -199,11 +182,11 @@ class CommitRound:
         self.admin = AdminClient(args.admin_url)
         cluster = self.admin.cluster()
         self.topic: TableTopic = self.admin.table_topic(args.topic)
-        self.registry = RegistryClient(cluster["registry_url"])
-        self.catalog_url = args.catalog_url or cluster["catalog_url"]
+        self.registry = RegistryClient(cluster.registry_url)
+        self.catalog_url = args.catalog_url or cluster.catalog_url
         self.catalog = table_setup.catalog_for(self.catalog_url)
-        self.store: ObjectStoreConfig = object_store_from_env(cluster["object_store"],
-                                                              cluster.get("object_store_endpoint"))
+        self.store: ObjectStoreConfig = object_store_from_env(cluster.object_store,
+                                                              cluster.object_store_endpoint)
         self.options = table_setup.TableOptions.of(self.topic)
         self.upsert = upsert.UpsertOptions.of(self.topic)
         self.json = self.options.value_type == "json"
@@ -222,8 +205,9 @@ class CommitRound:
         return self._spark
 
     def result(self, status: str, **values: Any) -> RoundResult:
-        return RoundResult(status, self.topic.topic, self.topic.namespace, self.topic.table, self.round_id,
-                           self.args.until_append_time, **values)
+        return RoundResult(status=status, topic=self.topic.topic, namespace=self.topic.namespace,
+                           table=self.topic.table, round_id=self.round_id,
+                           until_append_ms=self.args.until_append_time, **values)
 
     def run(self) -> RoundResult:
         started = time.monotonic()
@@ -256,7 +240,7 @@ class CommitRound:
         return first
 
     def _attempt(  # noqa: C901 (to be split in a change of its own)
-        self, broker_plan: dict[str, Any], extra_ids: set[int], changes: list[str]
+        self, broker_plan: TopicPlan, extra_ids: set[int], changes: list[str]
     ) -> RoundResult:
         t0 = time.monotonic()
         table = self.catalog.load_table(self.topic.identifier) if self.catalog.table_exists(
@@ -282,7 +266,7 @@ class CommitRound:
         schemas = table_setup.value_schemas(self.registry, self.topic.topic, extra_ids)
         evolved = table_setup.evolve(table, schemas, self.options)
         changes.extend(evolved.applied)
-        table, spec_changes = partitioning.evolve(table.refresh(), self.topic.config("partition.by"))
+        table, spec_changes = partitioning.evolve(table.refresh(), self.topic.settings.partition_by)
         changes.extend(spec_changes)
         if self.upsert is not None:
             if not self.json:  # json: the id columns exist once the values' columns are inferred (_merge)
@@ -302,7 +286,7 @@ class CommitRound:
         metadata_json = (table.metadata.model_dump_json() if not staging
                          else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan),
                                                            text_value=self.json, relax=self.staging))
-        spec = TaskSpec(self.store, metadata_json, tuple(sorted(table.io.properties.items())),
+        spec = TaskSpec(self.store, metadata_json, round_tasks.task_io_properties(table),
                         self.options.key_type, "string" if self.json else self.options.value_type, self.registry.url,
                         tuple(sorted(self.registry.known().items())))
         properties = {
@@ -328,8 +312,13 @@ class CommitRound:
             parsed = None
             if self.json and staged:
                 spark = self.spark()
-                parsed = json_values.parse(spark, spark.read.parquet(*staged), table, self._spark_table(spark),
-                                           debezium=self.upsert is not None and self.upsert.debezium)
+                parsed = json_values.parse(
+                    spark,
+                    round_tasks.read_staged(spark, table, staged),
+                    table,
+                    self._spark_table(spark),
+                    debezium=self.upsert is not None and self.upsert.debezium,
+                )
                 changes.extend(parsed.schema_changes)
                 report.errors.extend(parsed.errors)
                 report.rows -= len(parsed.errors)
@@ -354,7 +343,8 @@ class CommitRound:
         elif parsed is not None:
             self._append_rows(self.spark(), table, parsed.rows, staged, properties)
         elif v3 and staged:  # an append round on a v3 table: the staged rows appended by Spark
-            self._append_rows(self.spark(), table, self.spark().read.parquet(*staged), staged, properties)
+            self._append_rows(self.spark(), table, round_tasks.read_staged(self.spark(), table, staged), staged,
+                              properties)
         if not staged or (merged is not None and not merged.merged):  # no staged rows: an empty snapshot
             if v3:
                 self._spark_empty(table, properties, self.branch)
@@ -468,8 +458,9 @@ class CommitRound:
         try:
             if self.json:
                 upsert.check_columns(table.schema(), self.upsert)
-            return upsert.merge_round(spark, target, table.schema(), self.upsert, staged, properties, self.round_id,
-                                      rows)
+            staged_rows = round_tasks.read_staged(spark, table, staged) if staged and rows is None else None
+            return upsert.merge_round(spark, target, table.schema(), self.upsert, staged_rows, properties,
+                                      self.round_id, rows)
         except (upsert.BadUpsertRecords, upsert.UpsertConfigError) as exc:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise RoundFailed(f"{self.topic.topic}: {exc}") from exc
@@ -502,7 +493,7 @@ class CommitRound:
         if behind:
             drop_branch(self.catalog, table.refresh(), self.branch)
             raise _Evolve(behind)
-        tolerance = self.topic.config("errors.tolerance")
+        tolerance = self.topic.settings.errors_tolerance
         sorted_out = dlq.triage(errors, tolerance)
         if not sorted_out.fatal and not report.errors_dropped:
             return sorted_out.skipped
@@ -544,8 +535,8 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundRes
         if round_ is not None:
             result = round_.result("failed", message=message, seconds=round_.seconds)
         else:
-            result = RoundResult("failed", args.topic, "", "", args.round_id or "", args.until_append_time,
-                                 message=message)
+            result = RoundResult(status="failed", topic=args.topic, round_id=args.round_id or "",
+                                 until_append_ms=args.until_append_time, message=message)
         code = 1
     result.seconds["total"] = round(time.monotonic() - started, 3)
     if args.result is not None:

@@ -34,6 +34,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from broker import names
 from spark_jobs.json_values import INVALID_JSON, JSON_DOES_NOT_FIT
 from spark_jobs.rows import (
     ARROW_CONVERSION,
@@ -47,7 +48,7 @@ from spark_jobs.rows import (
     DecodeError,
 )
 
-DLQ_SUFFIX = "__dlq"
+DLQ_SUFFIX = names.DLQ_SUFFIX
 UNDECODABLE = frozenset({MISSING_WIRE_HEADER, UNKNOWN_SCHEMA, AVRO_DECODE, TRAILING_BYTES, INVALID_UTF8,
                          INVALID_JSON})
 DOES_NOT_FIT = frozenset({ARROW_CONVERSION, NULL_IN_REQUIRED, INCOMPATIBLE_SCHEMA, JSON_DOES_NOT_FIT})
@@ -67,7 +68,7 @@ DLQ_SCHEMA = Schema(
 
 
 def dlq_name(table: str) -> str:
-    return table + DLQ_SUFFIX
+    return names.dlq_table(table)
 
 
 def is_tombstone(error: DecodeError) -> bool:
@@ -119,6 +120,6 @@ def load_or_create(catalog: Catalog, identifier: tuple[str, str]) -> Table:
         pass
     try:
         return catalog.create_table(identifier, DLQ_SCHEMA, properties={
-            "format-version": "2", "icefall.dlq-of": identifier[1].removesuffix(DLQ_SUFFIX)})
+            "format-version": "2", "icefall.dlq-of": names.dlq_of(identifier[1])})
     except TableAlreadyExistsError:
         return catalog.load_table(identifier)

@@ -31,7 +31,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,8 @@ from pyiceberg.table import Table
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from broker.topic_configs import TABLE_PREFIX
-from spark_jobs import dlq, job_output, round_plan, table_setup, upsert
+from broker.contracts import ReprocessResult
+from spark_jobs import dlq, job_output, round_plan, round_tasks, table_setup, upsert
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
 from spark_jobs.commit_round import (
@@ -73,26 +73,6 @@ from spark_jobs.segments import (
 
 log = logging.getLogger("icefall.dlq_reprocess")
 REPROCESSED = "icefall.dlq-reprocessed"
-
-
-@dataclass
-class ReprocessResult:
-    status: str  # "moved", "nothing_to_move", "failed"
-    topic: str
-    round_id: str
-    dlq_rows: int = 0
-    moved: int = 0
-    still_bad: int = 0
-    superseded: int = 0  # upsert tables: moved out of the DLQ, but a later record of the id had already won
-    # partition -> offsets of the rows this reprocess wrote to the table (not the superseded ones)
-    moved_offsets: dict[str, list[int]] = field(default_factory=dict)
-    only_in_dlq: int = 0  # DLQ records whose segments retention deleted: decoded from the DLQ's copy
-    unavailable: int = 0  # upsert tables: such records stay in the DLQ (nothing to compare them with)
-    snapshot_id: int | None = None
-    dlq_snapshot_id: int | None = None
-    schema_changes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    message: str = ""
 
 
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:
@@ -183,15 +163,15 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     admin = AdminClient(args.admin_url)
     cluster = admin.cluster()
     topic = admin.table_topic(args.topic)
-    catalog_url = args.catalog_url or cluster["catalog_url"]
-    store = object_store_from_env(cluster["object_store"], cluster.get("object_store_endpoint"))
-    if topic.configs.get(TABLE_PREFIX + "convert.value.type") == "json":
+    catalog_url = args.catalog_url or cluster.catalog_url
+    store = object_store_from_env(cluster.object_store, cluster.object_store_endpoint)
+    if topic.settings.convert_value_type == "json":
         raise NotImplementedError(f"{topic.topic} has JSON values (convert.value.type=json): their DLQ records "
                                   "are not JSON objects or do not fit the inferred columns, and reprocess does not "
                                   "infer columns yet; nothing moved")
-    job = _Job(args, topic, admin, RegistryClient(cluster["registry_url"]), table_setup.catalog_for(catalog_url),
+    job = _Job(args, topic, admin, RegistryClient(cluster.registry_url), table_setup.catalog_for(catalog_url),
                catalog_url, store, table_setup.TableOptions.of(topic), upsert.UpsertOptions.of(topic),
-               ReprocessResult("nothing_to_move", topic.topic, args.round_id or uuid.uuid4().hex))
+               ReprocessResult(status="nothing_to_move", topic=topic.topic, round_id=args.round_id or uuid.uuid4().hex))
     result = job.result
     dlq_ident = (topic.namespace, dlq.dlq_name(topic.table))
     if not job.catalog.table_exists(dlq_ident) or not job.catalog.table_exists(topic.identifier):
@@ -205,8 +185,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
         return result
     for p, o in zip(bad.column("partition").to_pylist(), bad.column("offset").to_pylist(), strict=True):
         job.by_partition.setdefault(int(p), []).append(int(o))
-    job.log_start = {int(p["partition"]): int(p["log_start_offset"]) for p in admin.plan(topic.topic, None)[
-        "partitions"]}
+    job.log_start = {p.partition: p.log_start_offset for p in admin.plan(topic.topic, None).partitions}
     job.retained = _retained_chunks(bad, job.log_start)
     result.only_in_dlq = len(job.only_in_dlq)
 
@@ -325,7 +304,7 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
         envelope = schemas[-1][1]
     metadata_json = upsert.staging_metadata_json(table, result.round_id, envelope, relax=job.upsert is not None)
     spec = TaskSpec(job.store_config, metadata_json,
-                    tuple(sorted(table.io.properties.items())), job.options.key_type, job.options.value_type,
+                    round_tasks.task_io_properties(table), job.options.key_type, job.options.value_type,
                     job.registry.url, tuple(sorted(job.registry.known().items())))
     ranges = job.ranges(windows)
     if extra or sum(r.byte_end - r.byte_start for r in ranges) <= job.args.in_driver_max_bytes:
@@ -358,15 +337,18 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
         target = f"{use_catalog(spark, job.catalog_url)}.`{namespace}`.`{name}`.`branch_{branch}`"
         properties = _properties(result, len(now_good))
         if job.upsert is not None:
-            merged = upsert.merge_round(spark, target, table.schema(), job.upsert, staged, properties,
-                                        result.round_id, only=now_good)
+            merged = upsert.merge_round(spark, target, table.schema(), job.upsert,
+                                        round_tasks.read_staged(spark, table, staged) if staged else None,
+                                        properties, result.round_id, only=now_good)
             result.still_bad += len(merged.bad)  # decodes now, but has no id or I/U/D op: it stays
             moved = sorted(set(now_good) - set(merged.bad))
             written = list(merged.applied)
             result.superseded = len(moved) - len(written)
         else:
             columns = [f"`{f.name}`" for f in table.schema().fields]
-            rows = upsert.keep_offsets(spark, spark.read.parquet(*staged), now_good).selectExpr(*columns)
+            rows = upsert.keep_offsets(
+                spark, round_tasks.read_staged(spark, table, staged), now_good
+            ).selectExpr(*columns)
             upsert.with_commit_properties(spark, properties, lambda: rows.writeTo(target).option(
                 "check-nullability", "false").append())
             moved = written = now_good
@@ -424,12 +406,13 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         code = 0
     except Exception as exc:  # a clear message and a result file, as the commit round does
         log.debug("reprocess failed", exc_info=True)
-        result = ReprocessResult("failed", args.topic, args.round_id or "", message=f"{type(exc).__name__}: {exc}")
+        result = ReprocessResult(status="failed", topic=args.topic, round_id=args.round_id or "",
+                                 message=f"{type(exc).__name__}: {exc}")
         print(f"DLQ reprocess of {args.topic} failed: {result.message}", file=sys.stderr)
         code = 1
     result.seconds = round(time.monotonic() - started, 3)
     if args.result is not None:
-        job_output.write_result(args.result, asdict(result))
+        job_output.write_result(args.result, result.to_json())
     log.info("%s: %s", result.status, result.message)
     return code
 

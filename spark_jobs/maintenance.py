@@ -45,9 +45,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from broker import contracts
 from spark_jobs import dlq, job_output, maintenance_summary, table_setup
 from spark_jobs.broker_client import AdminClient
-from spark_jobs.maintenance_settings import ACTIONS, SORT, ZORDER, Settings, parse_actions, resolve
+from spark_jobs.maintenance_settings import (
+    ACTIONS,
+    EXPIRE_ENABLED,
+    SORT,
+    ZORDER,
+    Settings,
+    parse_actions,
+    resolve,
+)
 
 log = logging.getLogger("icefall.maintenance")
 DLQ_ACTIONS = ("compact", "expire")
@@ -103,17 +112,19 @@ class MaintenanceResult:
     message: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
+        """The result JSON (``broker.contracts.MaintenanceResult``): the table's own figures at the
+        top level, what Airflow and the status view read; the DLQ table's under ``dlq``."""
         main = self.result.to_json() if self.result is not None else {}
-        # the table's own figures at the top level: what Airflow and the status view read
-        out.pop("result")
-        out.update({k: main.get(k) for k in ("snapshot_id_before", "snapshot_id", "snapshots_before",
-                                             "snapshots_after", "data_files_before", "data_files_after",
-                                             "delete_files_before", "delete_files_after", "settings")})
-        out["per_action"] = main.get("actions", {})
-        out["seconds"] = {**main.get("seconds", {}), **self.seconds}
-        out["dlq"] = self.dlq.to_json() if self.dlq is not None else None
-        return out
+        return contracts.MaintenanceResult(
+            status=self.status, topic=self.topic, namespace=self.namespace, table=self.table, now_ms=self.now_ms,
+            actions=self.actions,
+            dlq=contracts.MaintenanceTableResult.model_validate(self.dlq.to_json()) if self.dlq is not None else None,
+            seconds={**main.get("seconds", {}), **self.seconds}, message=self.message,
+            per_action=main.get("actions", {}),
+            **{k: main.get(k) for k in ("snapshot_id_before", "snapshot_id", "snapshots_before", "snapshots_after",
+                                        "data_files_before", "data_files_after", "delete_files_before",
+                                        "delete_files_after", "settings")},
+        ).to_json()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -205,7 +216,7 @@ class Maintenance:
         admin = AdminClient(args.admin_url)
         cluster = admin.cluster()
         self.topic = admin.table_topic(args.topic)
-        self.catalog_url: str = args.catalog_url or cluster["catalog_url"]
+        self.catalog_url: str = args.catalog_url or cluster.catalog_url
         self.catalog = table_setup.catalog_for(self.catalog_url)
         self.now_ms: int = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
         self._spark: Any = spark
@@ -392,7 +403,7 @@ class Maintenance:
 
     def _expire(self, spark: Any, catalog: str, target: str, table: Any, settings: Settings) -> dict[str, Any]:
         if not settings.expire_enabled:
-            return {"skipped": "automq.table.topic.expire.snapshot.enabled=false", "snapshots_expired": 0}
+            return {"skipped": f"{EXPIRE_ENABLED}=false", "snapshots_expired": 0}
         older_than_ms = self.now_ms - int(settings.expire_older_than_hours * HOUR_MS)
         before = {s.snapshot_id for s in table.metadata.snapshots}
         row = _first_row(self._call(spark, catalog, "expire_snapshots", table=_sql_string(target),
@@ -410,8 +421,12 @@ class Maintenance:
     def _remove_orphans(self, spark: Any, catalog: str, target: str, table: Any,
                         settings: Settings) -> dict[str, Any]:
         older_than_ms = self.now_ms - int(settings.orphan_older_than_days * DAY_MS)
-        rows = self._call(spark, catalog, "remove_orphan_files", table=_sql_string(target),
-                          older_than=sql_timestamp(older_than_ms))
+        named = {"table": _sql_string(target), "older_than": sql_timestamp(older_than_ms)}
+        if not table.location().startswith(("file:", "/")):
+            # Object stores (s3://...) are listed by the table's FileIO: the Iceberg runtime has
+            # no Hadoop FileSystem for them, and S3FileIO lists prefixes itself.
+            named["prefix_listing"] = "true"
+        rows = self._call(spark, catalog, "remove_orphan_files", **named)
         paths = [str(r["orphan_file_location"]) for r in rows]
         return {"older_than_ms": older_than_ms, "removed": len(paths), "paths": paths[:ORPHAN_PATHS_SHOWN]}
 

@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from broker import topic_configs as declared
+
 MIB = 1024 * 1024
-TOPIC = "automq.table.topic."
 
 # S3 Tables' defaults (icebergCompaction.targetFileSizeMB, icebergUnreferencedFileRemoval.unreferencedDays,
 # icebergSnapshotManagement.minSnapshotsToKeep / maxSnapshotAgeHours).
@@ -34,16 +35,17 @@ S3_TABLES_UNREFERENCED_DAYS = 3.0
 S3_TABLES_MIN_SNAPSHOTS_TO_KEEP = 1
 S3_TABLES_MAX_SNAPSHOT_AGE_HOURS = 120.0
 
-# Topic configs (broker/topic_configs.py declares the expire.snapshot.* keys and their defaults).
-EXPIRE_ENABLED = TOPIC + "expire.snapshot.enabled"
-EXPIRE_OLDER_THAN_HOURS = TOPIC + "expire.snapshot.older.than.hours"
-EXPIRE_RETAIN_LAST = TOPIC + "expire.snapshot.retain.last"
-# Declared by the broker with an empty default ("not set": the table property or the default applies).
-TOPIC_TARGET_FILE_SIZE = TOPIC + "maintenance.target.file.size.bytes"
-TOPIC_STRATEGY = TOPIC + "maintenance.compaction.strategy"
-TOPIC_ORPHAN_DAYS = TOPIC + "maintenance.unreferenced.days"
-TOPIC_ZORDER_COLUMNS = TOPIC + "maintenance.compaction.zorder.columns"
-TOPIC_DELETE_FILE_THRESHOLD = TOPIC + "maintenance.compaction.delete.file.threshold"
+# Topic configs (broker/topic_configs.py declares the keys and their defaults; the expire.snapshot.*
+# ones always carry a value, the maintenance.* ones default to "": not set, the table property or the
+# default applies).
+EXPIRE_ENABLED = declared.EXPIRE_SNAPSHOT_ENABLED
+EXPIRE_OLDER_THAN_HOURS = declared.EXPIRE_SNAPSHOT_OLDER_THAN_HOURS
+EXPIRE_RETAIN_LAST = declared.EXPIRE_SNAPSHOT_RETAIN_LAST
+TOPIC_TARGET_FILE_SIZE = declared.MAINTENANCE_TARGET_FILE_SIZE
+TOPIC_STRATEGY = declared.MAINTENANCE_STRATEGY
+TOPIC_ORPHAN_DAYS = declared.MAINTENANCE_UNREFERENCED_DAYS
+TOPIC_ZORDER_COLUMNS = declared.MAINTENANCE_ZORDER_COLUMNS
+TOPIC_DELETE_FILE_THRESHOLD = declared.MAINTENANCE_DELETE_FILE_THRESHOLD
 
 # Table properties.
 TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # Iceberg's key; its default is 512 MiB too
@@ -67,11 +69,7 @@ ACTIONS = ("compact", "manifests", "expire", "orphans")  # the order they run in
 
 def _topic_default(key: str, fallback: str) -> str:
     """The broker's declared default of a topic config (so the two cannot drift apart)."""
-    try:
-        from broker.topic_configs import KEYS
-    except ImportError:  # a cluster that ships spark_jobs without the broker package
-        return fallback
-    found = KEYS.get(key)
+    found = declared.KEYS.get(key)
     return found.default if found is not None and found.default is not None else fallback
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.checkpoint import Checkpoint
+from broker.contracts import TopicPlan, lag_start
 from spark_jobs.segments import SegmentRange, ranges_from_admin
 
 MIN_TASK_BYTES = 1 << 20
@@ -53,7 +54,7 @@ class RoundPlan:
 
 
 def windows(
-    broker_plan: Mapping[str, Any],
+    broker_plan: Mapping[str, Any] | TopicPlan,
     checkpoint: Checkpoint,
     topic_id: str,
     *,
@@ -64,16 +65,14 @@ def windows(
     the table has none, or when it holds offsets of an earlier topic of the
     same name), end = the broker's planned end (or ``until_offsets``), never
     below start: a round never moves a partition backwards."""
-    same_topic = checkpoint.topic_id in (None, topic_id)
+    committed_offsets = checkpoint.offsets_for(topic_id)
     out = []
     for entry in broker_plan["partitions"]:
         p = int(entry["partition"])
         log_start = int(entry["log_start_offset"])
-        committed = checkpoint.offsets.get(p) if same_topic else None
-        start = log_start if committed is None else committed
-        skipped = 0
-        if start < log_start:
-            skipped, start = log_start - start, log_start
+        committed = committed_offsets.get(p)
+        start = lag_start(committed, log_start)
+        skipped = start - committed if committed is not None else 0
         end = int(entry["end_offset"])
         if until_offsets is not None:
             end = min(end, int(until_offsets.get(p, start)))

@@ -32,11 +32,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from broker.config import ObjectStoreConfig
+from broker.config import ObjectStoreConfig, aws_io_credentials
 from spark_jobs.rows import DecodeError, RowConverter
 from spark_jobs.segments import ReadStats, RecordChunk, SegmentRange, cached_store, read_ranges
 
 MAX_ERRORS_KEPT = 100_000
+
+
+def task_io_properties(table: Any) -> tuple[tuple[str, str], ...]:
+    """The table's FileIO settings (the catalog's endpoint and region included) plus the
+    driver's AWS credentials, for tasks whose executors may not have them."""
+    return tuple(sorted({**table.io.properties, **aws_io_credentials()}.items()))
 
 
 @dataclass(frozen=True)
@@ -172,3 +178,44 @@ def _combine(outputs: list[TaskOutput]) -> TaskOutput:
         total.data_files.extend(output.data_files)
         total.report.merge(output.report)
     return total
+
+
+def read_staged(spark: Any, table: Any, staged: Sequence[str]) -> Any:
+    """The staged Parquet files as a Spark DataFrame, read through the table's FileIO.
+
+    Not ``spark.read.parquet``: that goes through a Hadoop FileSystem, and there is none for
+    ``s3://`` in the Iceberg runtime (Iceberg's own S3FileIO is not one). Each Spark task reads
+    some of the files with pyiceberg's FileIO (any scheme it knows, with the catalog's endpoint
+    and the driver's credentials) and hands Spark their Arrow batches, as round tasks do. Every
+    column is nullable, as ``spark.read.parquet`` would make it (staged rows are relaxed)."""
+    import pyarrow.parquet as pq
+    from pyiceberg.io import load_file_io
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    properties, location = dict(task_io_properties(table)), table.location()
+    with load_file_io(properties, location).new_input(staged[0]).open() as first:
+        arrow_schema = pq.read_schema(first)
+    schema = _nullable(from_arrow_schema(arrow_schema, prefer_timestamp_ntz=True))
+
+    def read(paths: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        io = load_file_io(properties, location)
+        for batch in paths:
+            for path in batch.column(0).to_pylist():
+                with io.new_input(path).open() as f:
+                    yield from pq.ParquetFile(f).iter_batches()
+
+    paths = spark.createDataFrame([(p,) for p in staged], "path string")
+    return paths.repartition(max(1, min(len(staged), spark.sparkContext.defaultParallelism))).mapInArrow(read, schema)
+
+
+def _nullable(data_type: Any) -> Any:
+    """``data_type`` with every field, element and value nullable (Spark types)."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in data_type.fields])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(_nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(_nullable(data_type.keyType), _nullable(data_type.valueType), True)
+    return data_type

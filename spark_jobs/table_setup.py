@@ -24,6 +24,8 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.table import Table
 
+from broker import names
+from broker.topic_configs import CONVERT_VALUE_TYPE
 from spark_jobs import avro_schema, evolution
 from spark_jobs.broker_client import BrokerRequestError, RegistryClient, TableTopic
 
@@ -46,8 +48,9 @@ class TableOptions:
 
     @classmethod
     def of(cls, topic: TableTopic) -> TableOptions:
-        return cls(topic.config("convert.key.type"), topic.config("convert.value.type"),
-                   topic.config("transform.value.type"), int(topic.config("format.version")))
+        settings = topic.settings
+        return cls(settings.convert_key_type, settings.convert_value_type, settings.transform_value_type,
+                   settings.format_version)
 
 
 @dataclass
@@ -56,12 +59,8 @@ class Evolution:
     refused: dict[int, str] = field(default_factory=dict)  # schema id -> why the table cannot take it
 
 
-def value_subject(topic: str) -> str:
-    return f"{topic}-value"
-
-
-def key_subject(topic: str) -> str:
-    return f"{topic}-key"
+value_subject = names.value_subject
+key_subject = names.key_subject
 
 
 def _latest(registry: RegistryClient, subject: str) -> str | None:
@@ -92,7 +91,7 @@ def load_or_create(
         if value_schema is None:
             raise SchemaUnavailable(
                 f"no Avro schema for the values of {topic.topic}: register one under subject "
-                f"{value_subject(topic.topic)!r} (or set automq.table.topic.convert.value.type=raw/string)")
+                f"{value_subject(topic.topic)!r} (or set {CONVERT_VALUE_TYPE}=raw/string)")
     key_schema = _latest(registry, key_subject(topic.topic)) if options.key_type == "by_schema_id" else None
     schema = avro_schema.table_schema(value_schema, key_type=options.key_type, value_type=options.value_type,
                                       transform=options.transform, key_schema=key_schema,

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -70,7 +70,7 @@ from pyiceberg.types import (
 )
 
 from broker import iceberg_json
-from broker.topic_configs import TABLE_PREFIX
+from broker.topic_configs import ID_COLUMNS
 from spark_jobs.avro_schema import CDC, KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
 from spark_jobs.broker_client import TableTopic
 
@@ -106,14 +106,15 @@ class UpsertOptions:
     @classmethod
     def of(cls, topic: TableTopic) -> UpsertOptions | None:
         """The topic's upsert settings, None for an append topic."""
-        ids = parse_id_columns(topic.configs.get(TABLE_PREFIX + "id.columns", ""))
-        upsert = topic.configs.get(TABLE_PREFIX + "upsert.enable", "false") == "true"
-        cdc = topic.configs.get(TABLE_PREFIX + "cdc.field", "").strip() or None
-        debezium = topic.configs.get(TABLE_PREFIX + "transform.value.type") == "flatten_debezium"
+        settings = topic.settings
+        ids = parse_id_columns(settings.id_columns)
+        upsert = settings.upsert_enabled
+        cdc = settings.cdc_field
+        debezium = settings.flatten_debezium
         if not upsert and cdc is None and not debezium:
             return None
         if not ids:
-            raise UpsertConfigError(f"{topic.topic}: upsert, CDC and flatten_debezium need {TABLE_PREFIX}id.columns")
+            raise UpsertConfigError(f"{topic.topic}: upsert, CDC and flatten_debezium need {ID_COLUMNS}")
         if debezium:
             return cls(ids, f"{CDC}.op", debezium=True)
         return cls(ids, cdc)
@@ -391,10 +392,12 @@ def with_commit_properties(spark: Any, properties: dict[str, str], action: Calla
         raise
 
 
-def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions, staged: Sequence[str],
+def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions, staged: Any,
                 properties: dict[str, str], round_id: str, rows: Any = None,
                 only: Iterable[tuple[int, int]] | None = None) -> MergeOutcome:
-    """MERGE the staged files (or ``rows``, a DataFrame of the table's columns) into ``target`` (the
+    """MERGE the staged rows (``staged``, a DataFrame of the staged files from
+    ``round_tasks.read_staged``, None when nothing was staged; or ``rows``, a DataFrame of the
+    table's columns) into ``target`` (the
     round branch) as one snapshot with ``properties``; raises ``BadUpsertRecords`` (before writing
     anything) for records without an id or CDC op.
 
@@ -403,10 +406,10 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
     of their id in the replay (a later record of the same id has already had its effect). Those
     of them without an id or op are left out of the replay (``bad``: they stay in the DLQ) instead
     of failing it. Nothing is merged (``merged`` False) when none of them is."""
-    if not staged:
+    if staged is None and rows is None:
         return MergeOutcome(False)
     view = "icefall_upsert_" + re.sub(r"\W", "_", round_id)
-    frame = spark.read.parquet(*staged) if rows is None else rows
+    frame = staged if rows is None else rows
     if options.debezium and rows is None:  # JSON rounds hand over rows already made from the envelopes
         frame.createOrReplaceTempView(view + "_envelopes")
         frame = spark.sql(debezium_rows_sql(view + "_envelopes", frame.schema, schema))

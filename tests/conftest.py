@@ -45,6 +45,7 @@ def broker(broker_factory: object) -> BrokerProcess:
 
 # ---------------------------------------------------------------- S3 (moto)
 
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # Debian's libfaketime (make system-deps)
 MOTO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 
 
@@ -52,14 +53,27 @@ class MotoS3:
     """moto's S3 server in its own process group on a free port, so broker
     subprocesses can reach it. State is in memory: it dies with the process."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, clock_file: Path | None = None) -> None:
+        """``clock_file``: run the server under libfaketime with its clock offset read from
+        this file at every call (``set_clock``), so objects can be written "days ago"."""
         self.port = free_port()
         self.log_path = log_path
+        self.clock_file = clock_file
+        env = {**os.environ, **MOTO_CREDENTIALS}
+        if clock_file is not None:
+            clock_file.write_text("+0\n")
+            env.update(LD_PRELOAD=LIBFAKETIME, FAKETIME_TIMESTAMP_FILE=str(clock_file), FAKETIME_NO_CACHE="1",
+                       FAKETIME_DONT_FAKE_MONOTONIC="1")
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **MOTO_CREDENTIALS},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
             )
+
+    def set_clock(self, offset: str) -> None:
+        """The server's clock from now on: libfaketime's relative offset, e.g. ``-4d`` or ``+0``."""
+        assert self.clock_file is not None, "started without a clock file"
+        self.clock_file.write_text(offset + "\n")
 
     @property
     def endpoint(self) -> str:

@@ -10,23 +10,43 @@ from __future__ import annotations
 
 from broker.catalog.api import CatalogApi
 from broker.catalog.store import CatalogStore
-from broker.config import BrokerConfig, object_store_from_env
+from broker.config import BrokerConfig, aws_io_credentials, object_store_from_env
 
 __all__ = ["CatalogApi", "CatalogStore", "open_catalog"]
 
 
-def s3_io_properties(warehouse: str) -> dict[str, str]:
-    """pyiceberg FileIO settings for an ``s3://`` warehouse from the usual AWS variables:
-    pyiceberg does not read ``AWS_ENDPOINT_URL`` itself, so MinIO/moto need it passed."""
+DEFAULT_REGION = "us-east-1"  # what S3-compatible servers (MinIO, moto) accept when none is set
+
+
+def client_io_properties(config: BrokerConfig) -> dict[str, str]:
+    """What a catalog client needs to reach an ``s3://`` warehouse's files, served as the REST
+    catalog's ``/v1/config`` defaults and every load-table ``config``: the endpoint (MinIO, moto,
+    any S3-compatible server; AWS needs none), path-style access with a custom endpoint, the
+    region. ``automq.table.topic.catalog.<property>`` settings win over what the broker's own
+    ``AWS_*`` environment says. Credentials are not here: see ``vended_credentials``."""
+    warehouse = config.catalog_warehouse
     if not warehouse.startswith("s3"):
         return {}
     store = object_store_from_env(warehouse)
-    pairs = (("s3.endpoint", store.endpoint_url), ("s3.region", store.region),
-             ("s3.access-key-id", store.access_key_id), ("s3.secret-access-key", store.secret_access_key))
-    return {key: value for key, value in pairs if value}
+    region = store.region or DEFAULT_REGION
+    found = {"s3.endpoint": store.endpoint_url, "s3.path-style-access": "true" if store.endpoint_url else None,
+             "s3.region": region, "client.region": region}
+    given = {k: v for k, v in config.catalog.properties.items() if k.startswith(("s3.", "client."))}
+    return {**{k: v for k, v in found.items() if v}, **given}
+
+
+def vended_credentials(config: BrokerConfig) -> dict[str, str]:
+    """The broker's own AWS credentials for load-table ``config``: only with
+    ``catalog.vended.credentials=true`` (never by default: any client of the catalog gets them)."""
+    if not config.catalog_vended_credentials or not config.catalog_warehouse.startswith("s3"):
+        return {}
+    return aws_io_credentials()
 
 
 def open_catalog(config: BrokerConfig) -> CatalogApi:
-    """The catalog's HTTP app over its store, ready for ``start(host, port)``."""
-    warehouse = config.catalog_warehouse
-    return CatalogApi(CatalogStore(config.catalog_db_uri, warehouse, s3_io_properties(warehouse)))
+    """The catalog's HTTP app over its store, ready for ``start(host, port)``. The store writes
+    metadata files with the client settings plus this process's credentials."""
+    client = client_io_properties(config)
+    store = CatalogStore(config.catalog_db_uri, config.catalog_warehouse,
+                         {**client, **aws_io_credentials()} if client else {})
+    return CatalogApi(store, client_config=client, table_config={**client, **vended_credentials(config)})

@@ -110,12 +110,12 @@ def _metadata_json(metadata: Any) -> dict[str, Any]:
     return iceberg_json.to_dict(metadata)
 
 
-def _table_result(table: LoadedTable, snapshots: str = "all") -> dict[str, Any]:
+def _table_result(table: LoadedTable, snapshots: str = "all", config: dict[str, str] | None = None) -> dict[str, Any]:
     metadata = _metadata_json(table.metadata)
     if snapshots == "refs":
         referenced = {ref["snapshot-id"] for ref in metadata.get("refs", {}).values()}
         metadata["snapshots"] = [s for s in metadata.get("snapshots", []) if s["snapshot-id"] in referenced]
-    result: dict[str, Any] = {"metadata": metadata, "config": {}}
+    result: dict[str, Any] = {"metadata": metadata, "config": dict(config or {})}
     if table.metadata_location is not None:
         result["metadata-location"] = table.metadata_location
     return result
@@ -149,8 +149,14 @@ def _page(request: web.Request, items: list[T]) -> tuple[list[T], dict[str, Any]
 
 
 class CatalogApi(HttpService):
-    def __init__(self, store: CatalogStore, workers: int = 4) -> None:
+    def __init__(self, store: CatalogStore, workers: int = 4, client_config: dict[str, str] | None = None,
+                 table_config: dict[str, str] | None = None) -> None:
+        """``client_config``: the FileIO settings every client gets (``/v1/config`` defaults);
+        ``table_config``: what each load-table result's ``config`` carries (the same, plus
+        credentials when the broker vends them)."""
         self.store = store
+        self.client_config = client_config or {}
+        self.table_config = table_config if table_config is not None else self.client_config
         self.locks = TableLocks()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="iceberg-catalog")
         self.app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
@@ -224,7 +230,7 @@ class CatalogApi(HttpService):
     # ------------------------------------------------------------ config
 
     async def get_config(self, request: web.Request) -> web.Response:
-        return _json({"defaults": {}, "overrides": {}, "endpoints": ENDPOINTS})
+        return _json({"defaults": self.client_config, "overrides": {}, "endpoints": ENDPOINTS})
 
     async def oauth_tokens(self, request: web.Request) -> web.Response:
         return _json({"error": "invalid_request",
@@ -282,7 +288,7 @@ class CatalogApi(HttpService):
         async with self.locks.hold([ident]):
             table = await self._run(self.store.create_table, ident, body)
         headers = {"ETag": etag} if (etag := _etag(table.metadata_location, "all")) else None
-        return _json(_table_result(table), headers=headers)
+        return _json(_table_result(table, config=self.table_config), headers=headers)
 
     async def register_table(self, request: web.Request) -> web.Response:
         namespace = self._namespace(request)
@@ -290,7 +296,7 @@ class CatalogApi(HttpService):
         ident = (*namespace, check_name(body.name))
         async with self.locks.hold([ident]):
             table = await self._run(self.store.register_table, ident, body.metadata_location, body.overwrite)
-        return _json(_table_result(table))
+        return _json(_table_result(table, config=self.table_config))
 
     async def load_table(self, request: web.Request) -> web.Response:
         ident = self._table(request)
@@ -301,7 +307,7 @@ class CatalogApi(HttpService):
         etag = _etag(table.metadata_location, snapshots)
         if etag and request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers={"ETag": etag})
-        return _json(_table_result(table, snapshots), headers={"ETag": etag} if etag else None)
+        return _json(_table_result(table, snapshots, self.table_config), headers={"ETag": etag} if etag else None)
 
     async def table_exists(self, request: web.Request) -> web.Response:
         location = await self._run(self.store.current_location, self._table(request))
@@ -349,7 +355,7 @@ class CatalogApi(HttpService):
         async with self.locks.hold([ident]):
             (result,) = await self._run(commits.commit, self.store, [change])
         etag = _etag(result.metadata_location, "all")
-        return _json(_table_result(result), headers={"ETag": etag} if etag else None)
+        return _json(_table_result(result, config=self.table_config), headers={"ETag": etag} if etag else None)
 
     async def commit_transaction(self, request: web.Request) -> web.Response:
         body = await read_body(request, CommitTransactionRequest)

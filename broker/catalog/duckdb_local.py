@@ -10,6 +10,7 @@ REST catalog client speaks HTTP through it).
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import duckdb
@@ -42,7 +43,23 @@ def connect(database: str = ":memory:") -> duckdb.DuckDBPyConnection:
 
 
 def attach_catalog(con: duckdb.DuckDBPyConnection, uri: str, alias: str = "icefall") -> None:
-    """Attach the broker's REST catalog (no authentication) as database ``alias``."""
+    """Attach the broker's REST catalog (no authentication) as database ``alias``. With
+    ``AWS_*`` credentials in the environment they become DuckDB's S3 secret first, so a
+    warehouse on S3 reads too (the catalog hands DuckDB the endpoint and region)."""
+    if os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"):
+        create_s3_secret(con)
     con.execute(
         f"ATTACH '' AS {alias} (TYPE iceberg, ENDPOINT '{uri}', AUTHORIZATION_TYPE 'none')"
     )
+
+
+def create_s3_secret(con: duckdb.DuckDBPyConnection, name: str = "icefall_s3") -> None:
+    """A DuckDB S3 secret from this process's ``AWS_*`` credentials (the user's own, as for any
+    S3 reader); the endpoint, path style and region of an S3 warehouse come from the catalog."""
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if not key or not secret:
+        raise ValueError("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are needed to read an S3 warehouse")
+    parts = [f"KEY_ID '{key}'", f"SECRET '{secret}'"]
+    if token := os.environ.get("AWS_SESSION_TOKEN"):
+        parts.append(f"SESSION_TOKEN '{token}'")
+    con.execute(f"CREATE OR REPLACE SECRET {name} (TYPE s3, {', '.join(parts)})")

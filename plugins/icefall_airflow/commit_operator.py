@@ -1,14 +1,17 @@
 """The commit step: ``spark_jobs/commit_round.py`` through spark-submit.
 
 A ``SparkJobOperator`` (``job_operator``) whose arguments come from the plan
-task's XCom; the round's result JSON goes to XCom for the publish step.
+task's XCom (``broker.contracts.RoundPlan``); the round's result JSON
+(``broker.contracts.RoundResult``) goes to XCom for the publish step.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from broker import contracts
 from icefall_airflow.job_operator import SparkJobOperator, job_script
 
 # The spark-submit JVM (the driver, in client mode) of a round mostly waits: the rows are
@@ -21,14 +24,15 @@ def commit_round_script() -> str:
     return job_script("commit_round.py")
 
 
-def commit_round_args(plan: dict[str, Any], admin_url: str) -> list[str]:
-    """The job's command line for a plan (see ``spark_jobs/commit_round.py --help``; the operator
-    adds ``--result``)."""
-    args = ["--topic", str(plan["topic"]),
-            "--until-offsets", json.dumps(plan["end_offsets"], sort_keys=True, separators=(",", ":")),
-            "--round-id", str(plan["round_id"]), "--admin-url", admin_url]
-    if plan.get("max_records"):
-        args += ["--max-records", str(int(plan["max_records"]))]
+def commit_round_args(plan: Mapping[str, Any] | contracts.RoundPlan, admin_url: str) -> list[str]:
+    """The job's command line for a plan (the plan task's XCom, ``broker.contracts.RoundPlan``; see
+    ``spark_jobs/commit_round.py --help``; the operator adds ``--result``)."""
+    planned = contracts.RoundPlan.model_validate(plan)
+    args = ["--topic", planned.topic,
+            "--until-offsets", json.dumps(planned.to_json()["end_offsets"], sort_keys=True, separators=(",", ":")),
+            "--round-id", planned.round_id, "--admin-url", admin_url]
+    if planned.max_records:
+        args += ["--max-records", str(int(planned.max_records))]
     return args
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, Metadata, task
 
+from broker import contracts
 from icefall_airflow import manifest, settings
 from icefall_airflow.assets import dlq_reprocess_asset
 from icefall_airflow.job_operator import TableJobOperator, check_job_result
@@ -44,7 +45,7 @@ maintenance. A run that moved rows emits an event on `{asset}` (extra: the offse
 
 
 def check_result(result: Any) -> dict[str, Any]:
-    return check_job_result(result, "DLQ reprocess", RESULT_STATUSES)
+    return check_job_result(result, "DLQ reprocess", RESULT_STATUSES, contracts.ReprocessResult)
 
 
 def asset_extra(entry: manifest.TableTopic, result: dict[str, Any]) -> dict[str, Any]:

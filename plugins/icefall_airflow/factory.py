@@ -34,6 +34,7 @@ from airflow.sdk import (
     task,
 )
 
+from broker import names
 from icefall_airflow import manifest, planning, publish
 from icefall_airflow.assets import pending_asset, table_asset
 from icefall_airflow.broker_client import BrokerClient, BrokerError
@@ -115,7 +116,7 @@ def commit_schedule(entry: manifest.TableTopic) -> Any:
     interval = DeltaDataIntervalTimetable(timedelta(milliseconds=entry.schedule_ms))
     if not entry.commit_trigger_bytes:
         return interval
-    watcher = AssetWatcher(name=f"icefall_pending__{entry.topic}",
+    watcher = AssetWatcher(name=names.pending_watcher_name(entry.topic),
                            trigger=PendingBytesTrigger(entry.topic, entry.commit_trigger_bytes))
     return AssetOrTimeSchedule(timetable=interval, assets=pending_asset(entry.namespace, entry.table, [watcher]))
 

@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from pydantic import ValidationError
+
+from broker.contracts import Contract
+from broker.topic_configs import ENABLE
 
 SPARK_CONN_ID = "spark_default"
 LOCAL_SPARK_CONNECTION = json.dumps({"conn_type": "spark", "host": "local[*]"})
@@ -34,12 +38,19 @@ class JobResultError(ValueError):
     """A job's result JSON is not what its contract says."""
 
 
-def check_job_result(result: Any, job: str, statuses: tuple[str, ...]) -> dict[str, Any]:
-    """``result`` if it is a result object with one of ``statuses`` (``job`` names it in errors)."""
+def check_job_result(result: Any, job: str, statuses: tuple[str, ...],
+                     model: type[Contract] | None = None) -> dict[str, Any]:
+    """``result`` if it is a result object with one of ``statuses`` (``job`` names it in errors)
+    that ``model`` (its ``broker.contracts`` model) accepts."""
     if not isinstance(result, dict):
         raise JobResultError(f"{job} returned {type(result).__name__}, not a result object")
     if result.get("status") not in statuses:
         raise JobResultError(f"unknown {job} status {result.get('status')!r} (expected one of {statuses})")
+    if model is not None:
+        try:
+            model.model_validate(result)
+        except ValidationError as exc:
+            raise JobResultError(f"{job}'s result is not a {model.__name__}: {exc}") from exc
     return result
 
 
@@ -138,5 +149,5 @@ class TableJobOperator(SparkJobOperator):
 
         if not self.topic_enabled:
             raise AirflowSkipException(f"topic {self.topic} is not a table topic now "
-                                       f"(automq.table.topic.enable=false): {self.when_disabled}")
+                                       f"({ENABLE}=false): {self.when_disabled}")
         return self.admin_url or manifest.admin_url()

@@ -28,6 +28,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, DeltaTriggerTimetable, Metadata, Param, task
 
+from broker import contracts, topic_configs
 from icefall_airflow import manifest, settings
 from icefall_airflow.assets import maintenance_asset
 from icefall_airflow.job_operator import check_job_result
@@ -38,11 +39,11 @@ from spark_jobs.maintenance_settings import ACTIONS
 log = logging.getLogger(__name__)
 
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
-ENABLE_KEY = "automq.table.topic.maintenance.enable"
-INTERVAL_KEY = "automq.table.topic.maintenance.interval.ms"
-DEFAULT_INTERVAL_MS = 3_600_000  # broker.topic_configs declares the same default
-MIN_INTERVAL_MS = 60_000
-RESULT_STATUSES = ("done", "no_table", "failed")
+ENABLE_KEY = topic_configs.MAINTENANCE_ENABLE
+INTERVAL_KEY = topic_configs.MAINTENANCE_INTERVAL
+DEFAULT_INTERVAL_MS = topic_configs.MAINTENANCE_INTERVAL_MS
+MIN_INTERVAL_MS = topic_configs.MIN_MAINTENANCE_INTERVAL_MS
+RESULT_STATUSES = contracts.MAINTENANCE_STATUSES
 
 DOC = """\
 ### Maintenance of `{namespace}.{table}` (topic `{topic}`)
@@ -59,17 +60,12 @@ Manual run param: `actions`, a subset of {actions}.
 
 
 def maintenance_enabled(entry: manifest.TableTopic) -> bool:
-    return str(entry.configs.get(ENABLE_KEY, "true")).strip().lower() == "true"
+    return entry.settings.maintenance_enabled
 
 
 def maintenance_interval_ms(entry: manifest.TableTopic) -> int:
     """The topic's maintenance interval (the broker validated it; an old manifest may lack it)."""
-    raw = entry.configs.get(INTERVAL_KEY)
-    try:
-        interval = int(raw) if raw not in (None, "") else DEFAULT_INTERVAL_MS
-    except ValueError:
-        interval = DEFAULT_INTERVAL_MS
-    return max(interval, MIN_INTERVAL_MS)
+    return max(entry.settings.maintenance_interval_ms, MIN_INTERVAL_MS)
 
 
 def maintenance_params() -> dict[str, Param]:
@@ -82,7 +78,7 @@ def maintenance_params() -> dict[str, Param]:
 
 
 def check_result(result: Any) -> dict[str, Any]:
-    return check_job_result(result, "maintenance", RESULT_STATUSES)
+    return check_job_result(result, "maintenance", RESULT_STATUSES, contracts.MaintenanceResult)
 
 
 def asset_extra(entry: manifest.TableTopic, result: dict[str, Any]) -> dict[str, Any]:

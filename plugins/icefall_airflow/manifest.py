@@ -3,49 +3,33 @@
 The broker rewrites ``HOME/table_topics.json`` atomically on every topic or
 config change; reading that file is the only thing the factory does at parse
 time (no network, no database), so the DAG processor stays fast and works
-while the broker is down.
+while the broker is down. The file's shape is ``broker.contracts.Manifest``
+(pydantic only: cheap enough for parse time); this module adds what the DAGs
+show of an entry.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker import contracts, topic_configs
 from icefall_airflow import settings
 
-ENABLE_KEY = "automq.table.topic.enable"
-COMMIT_TRIGGER_KEY = "automq.table.topic.commit.trigger.bytes"
+ENABLE_KEY = topic_configs.ENABLE
+COMMIT_TRIGGER_KEY = topic_configs.COMMIT_TRIGGER_BYTES
+# TableTopic's positional order (the fields of the dataclass it used to be)
+_POSITIONAL = ("topic", "namespace", "table", "partitions", "commit_interval_ms", "topic_id", "configs")
 
 
-@dataclass(frozen=True)
-class TableTopic:
-    """One table topic: what its commit DAG needs to know."""
+class TableTopic(contracts.TableTopic):
+    """One table topic: the manifest entry (``broker.contracts.TableTopic``), and what its DAGs
+    show of it (schedule, tags, docs)."""
 
-    topic: str
-    namespace: str
-    table: str
-    partitions: int
-    commit_interval_ms: int
-    topic_id: str = ""
-    configs: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def enabled(self) -> bool:
-        return str(self.configs.get(ENABLE_KEY, "true")).lower() == "true"
-
-    @property
-    def dag_id(self) -> str:
-        return settings.commit_dag_id(self.topic)
-
-    @property
-    def pool(self) -> str:
-        return settings.pool_name(self.topic)
-
-    @property
-    def asset_name(self) -> str:
-        return settings.asset_name(self.namespace, self.table)
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        fields.update(zip(_POSITIONAL, args, strict=False))
+        super().__init__(**fields)
 
     def dag_tags(self, kind: str) -> list[str]:
         """The tags of this topic's ``kind`` DAG (commit, maintenance); ``disabled`` while the flag is off."""
@@ -57,36 +41,23 @@ class TableTopic:
         return "" if self.enabled else f"**Disabled**: the topic's `{ENABLE_KEY}` is `false`; this DAG is paused.\n\n"
 
     @property
-    def commit_trigger_bytes(self) -> int:
-        """``automq.table.topic.commit.trigger.bytes``: 0 (the default) commits on the interval only."""
-        try:
-            return max(int(self.configs.get(COMMIT_TRIGGER_KEY, "0") or 0), 0)
-        except ValueError:
-            return 0
-
-    @property
     def schedule_ms(self) -> int:
         return max(self.commit_interval_ms, settings.MIN_SCHEDULE_MS)
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> TableTopic:
-        return cls(
-            topic=str(raw["topic"]),
-            namespace=str(raw.get("namespace") or "default"),
-            table=str(raw["table"]),
-            partitions=int(raw.get("partitions", 1)),
-            commit_interval_ms=int(raw.get("commit_interval_ms", 60_000)),
-            topic_id=str(raw.get("topic_id", "")),
-            configs={str(k): str(v) for k, v in (raw.get("configs") or {}).items()},
-        )
+    def from_json(cls, raw: Any) -> TableTopic:
+        """An entry of the manifest file, or one the admin API answered (a ``contracts.TableTopic``)."""
+        if isinstance(raw, contracts.TableTopic):
+            raw = raw.model_dump()
+        return cls.model_validate(raw)
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(contracts.Manifest):
+    """The manifest, with the DAGs' view of each entry."""
+
     table_topics: list[TableTopic]
-    admin_url: str | None = None
     # Topics whose automq.table.topic.enable was set to false: their DAGs stay, paused.
-    disabled_table_topics: list[TableTopic] = field(default_factory=list)
+    disabled_table_topics: list[TableTopic] = []
 
 
 def read(path: Path | None = None) -> Manifest:
@@ -95,12 +66,11 @@ def read(path: Path | None = None) -> Manifest:
     shows an import error instead of silently dropping every DAG."""
     path = path or settings.manifest_path()
     if not path.exists():
-        return Manifest([])
+        return Manifest(table_topics=[])
     raw = json.loads(path.read_text())
     if not isinstance(raw, dict) or not isinstance(raw.get("table_topics"), list):
         raise ValueError(f"{path} is not an Icefall table-topic manifest")  # noqa: TRY004
-    return Manifest([TableTopic.from_json(t) for t in raw["table_topics"]], raw.get("admin_url"),
-                    [TableTopic.from_json(t) for t in raw.get("disabled_table_topics") or []])
+    return Manifest.model_validate(raw)
 
 
 def admin_url(manifest: Manifest | None = None) -> str:

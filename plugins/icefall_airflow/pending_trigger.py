@@ -60,8 +60,8 @@ class PendingBytesTrigger(BaseEventTrigger):
         while True:
             try:
                 answer = await asyncio.to_thread(client.pending, self.topic, fired)
-                waiting, records = int(answer["bytes"]), int(answer["records"])
-                ends = {str(p["partition"]): int(p["end_offset"]) for p in answer["partitions"]}
+                waiting, records = answer.bytes, answer.records
+                ends = {str(p.partition): p.end_offset for p in answer.partitions}
             except Exception as exc:  # noqa: BLE001 -- a failed poll is retried: the watcher must outlive broker restarts
                 log.warning("could not ask %s what waits for %s's table: %s", admin_url, self.topic, exc)
             else:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from broker import contracts
 from icefall_airflow.broker_client import BrokerClient
 
 log = logging.getLogger(__name__)
@@ -57,17 +58,16 @@ class RoundPlan:
     log_start_offsets: dict[int, int] = field(default_factory=dict)
     planned_at_ms: int = 0
 
+    def to_contract(self) -> contracts.RoundPlan:
+        return contracts.RoundPlan(
+            topic=self.request.topic, round_id=self.request.round_id,
+            until_append_ms=self.request.until_append_ms, max_records=self.request.max_records,
+            end_offsets=self.end_offsets, high_watermarks=self.high_watermarks,
+            log_start_offsets=self.log_start_offsets, planned_at_ms=self.planned_at_ms)
+
     def to_xcom(self) -> dict[str, Any]:
-        return {
-            "topic": self.request.topic,
-            "round_id": self.request.round_id,
-            "until_append_ms": self.request.until_append_ms,
-            "max_records": self.request.max_records,
-            "end_offsets": {str(p): o for p, o in sorted(self.end_offsets.items())},
-            "high_watermarks": {str(p): o for p, o in sorted(self.high_watermarks.items())},
-            "log_start_offsets": {str(p): o for p, o in sorted(self.log_start_offsets.items())},
-            "planned_at_ms": self.planned_at_ms,
-        }
+        """The plan task's XCom (``broker.contracts.RoundPlan``), which the commit and publish steps read."""
+        return self.to_contract().to_json()
 
 
 def parse_offsets(value: object) -> dict[int, int]:
@@ -107,8 +107,8 @@ def round_request(topic: str, params: Mapping[str, Any], data_interval_end: date
     return RoundRequest(topic, f"{topic}@{run_id}", until_append_ms=now_ms, max_records=max_records)
 
 
-def _by_partition(rows: list[dict[str, Any]], key: str) -> dict[int, int]:
-    return {int(row["partition"]): int(row[key]) for row in rows}
+def _by_partition(rows: list[Any], key: str) -> dict[int, int]:
+    return {row.partition: int(getattr(row, key)) for row in rows}
 
 
 def plan_round(client: BrokerClient, request: RoundRequest, deadline_s: float = 120.0, poll_s: float = 0.25,
@@ -133,24 +133,24 @@ def plan_round(client: BrokerClient, request: RoundRequest, deadline_s: float = 
 def _try_plan(client: BrokerClient, request: RoundRequest) -> tuple[RoundPlan | None, list[int]]:
     now_ms = int(time.time() * 1000)
     if request.until_offsets is None:
-        answer = client.plan(request.topic, request.until_append_ms)
-        rows = answer["partitions"]
-        waiting = [int(r["partition"]) for r in rows if not r["flushed"]]
+        plan = contracts.TopicPlan.model_validate(client.plan(request.topic, request.until_append_ms))
+        rows: list[Any] = plan.partitions
+        waiting = plan.not_flushed
         if waiting:
             return None, waiting
         return RoundPlan(request, _by_partition(rows, "end_offset"), _by_partition(rows, "high_watermark"),
                          _by_partition(rows, "log_start_offset"), now_ms), []
-    answer = client.offsets(request.topic)
-    rows = answer["partitions"]
-    known = {int(r["partition"]): r for r in rows}
+    offsets = contracts.TopicOffsets.model_validate(client.offsets(request.topic))
+    rows = offsets.partitions
+    known = {r.partition: r for r in offsets.partitions}
     unknown = sorted(set(request.until_offsets) - set(known))
     if unknown:
         raise PlanError(f"{request.topic} has no partitions {unknown} (it has {len(known)})")
-    beyond = {p: o for p, o in request.until_offsets.items() if o > int(known[p]["high_watermark"])}
+    beyond = {p: o for p, o in request.until_offsets.items() if o > known[p].high_watermark}
     if beyond:
         raise PlanError(f"until_offsets {beyond} are beyond the end of {request.topic}: "
-                        f"{ {p: known[p]['high_watermark'] for p in beyond} }")
-    waiting = [p for p, o in request.until_offsets.items() if int(known[p]["flushed_offset"]) < o]
+                        f"{ {p: known[p].high_watermark for p in beyond} }")
+    waiting = [p for p, o in request.until_offsets.items() if known[p].flushed_offset < o]
     if waiting:
         return None, waiting
     return RoundPlan(request, dict(request.until_offsets), _by_partition(rows, "high_watermark"),

@@ -1,5 +1,9 @@
 """The publish step: from the commit round's result to an asset event.
 
+The result is the JSON of ``broker.contracts.RoundResult`` (the XCom the commit
+task returned): checked against that model, then read as the dict it is, since
+XComs and asset-event extras are JSON.
+
 Data teams schedule their DAGs on ``Asset("icefall/<namespace>/<table>")``;
 each event's extra says which snapshot to read and which offsets it added. A
 round that committed nothing emits no event (the step is skipped), so
@@ -10,7 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-RESULT_STATUSES = ("committed", "nothing_new")
+from pydantic import ValidationError
+
+from broker import contracts
+
+RESULT_STATUSES = contracts.ROUND_STATUSES
 
 
 class ResultError(ValueError):
@@ -25,6 +33,10 @@ def check_result(result: Any) -> dict[str, Any]:
         raise ResultError(f"unknown commit round status {status!r} (expected one of {RESULT_STATUSES})")
     if status == "committed" and result.get("snapshot_id") is None:
         raise ResultError("a committed round must name its snapshot_id")
+    try:
+        contracts.RoundResult.model_validate(result)
+    except ValidationError as exc:
+        raise ResultError(f"the commit round's result is not a RoundResult: {exc}") from exc
     return result
 
 

@@ -1,10 +1,10 @@
 """The "Table topics" status: one row per table topic, for the view and its JSON endpoint.
 
 Per table: broker end offsets against committed offsets (lag in records and in
-seconds of append time), the last commit (time, snapshot id, round id), rows
-in the table and in its DLQ table, the last compaction, and where its DAG runs
-are. A table whose broker or catalog cannot be reached gets an ``error``
-instead of failing the whole page.
+seconds of append time, ``broker.contracts.Lag``, the broker's metrics' figures),
+the last commit (time, snapshot id, round id), rows in the table and in its DLQ
+table, the last compaction, and where its DAG runs are. A table whose broker or
+catalog cannot be reached gets an ``error`` instead of failing the whole page.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from icefall_airflow import lag, manifest, settings, tables
+from broker import names
+from icefall_airflow import lag, manifest, tables
 from icefall_airflow.broker_client import BrokerClient, BrokerError
 
 
@@ -21,25 +22,25 @@ def table_status(client: BrokerClient, catalog: Any, entry: manifest.TableTopic,
         "topic": entry.topic, "namespace": entry.namespace, "table": entry.table,
         "partitions": entry.partitions, "commit_interval_ms": entry.commit_interval_ms,
         "dag_id": entry.dag_id, "asset": entry.asset_name, "pool": entry.pool,
-        "dag_runs_url": f"dags/{entry.dag_id}/runs", "maintain_dag_id": settings.maintain_dag_id(entry.topic),
-        "dlq_dag_id": settings.dlq_dag_id(entry.topic),
+        "dag_runs_url": f"dags/{entry.dag_id}/runs", "maintain_dag_id": names.maintain_dag_id(entry.topic),
+        "dlq_dag_id": names.dlq_dag_id(entry.topic),
         "error": None,
     }
     try:
         facts = tables.table_facts(catalog, entry.namespace, entry.table)
-        measured = lag.measure(client, entry.topic, facts.checkpoint.offsets, now_ms)
+        measured = lag.measure_checkpoint(client, entry.topic, entry.topic_id, facts.checkpoint, now_ms)
         row.update({
             "table_exists": facts.exists,
             "committed_offsets": {str(p): o for p, o in sorted(facts.checkpoint.offsets.items())},
             "end_offsets": {str(p.partition): p.end_offset for p in measured.partitions},
-            "lag_records": measured.records, "lag_seconds": round(measured.seconds, 3),
+            "lag_records": measured.records, "lag_seconds": measured.seconds,
             "lag": measured.to_json(),
             "last_commit_ms": facts.checkpoint.timestamp_ms, "snapshot_id": facts.checkpoint.snapshot_id,
             "round_id": facts.checkpoint.round_id, "rows": facts.rows,
             "current_snapshot_id": facts.current_snapshot_id, "last_maintenance_ms": facts.last_maintenance_ms,
             "last_maintenance": facts.last_maintenance,
-            "dlq_table": settings.dlq_table(entry.table),
-            "dlq_rows": tables.row_count(catalog, entry.namespace, settings.dlq_table(entry.table)),
+            "dlq_table": entry.dlq_table,
+            "dlq_rows": tables.row_count(catalog, entry.namespace, entry.dlq_table),
         })
     except (BrokerError, OSError, ValueError) as exc:
         row["error"] = str(exc)
@@ -54,11 +55,11 @@ def all_statuses(admin_url: str | None = None) -> dict[str, Any]:
     client = BrokerClient(admin_url or manifest.admin_url())
     now_ms = int(time.time() * 1000)
     try:
-        raw = client.table_topics()
+        answer = client.table_topics()
         cluster = client.cluster()
     except BrokerError as exc:
         return {"admin_url": client.admin_url, "error": str(exc), "generated_at_ms": now_ms, "tables": []}
-    entries = [manifest.TableTopic.from_json(t) for t in raw.get("table_topics", [])]
-    catalog = tables.open_catalog(cluster["catalog_url"])
-    return {"admin_url": client.admin_url, "catalog_url": cluster["catalog_url"], "error": None,
+    entries = [manifest.TableTopic.from_json(t) for t in answer.table_topics]
+    catalog = tables.open_catalog(cluster.catalog_url)
+    return {"admin_url": client.admin_url, "catalog_url": cluster.catalog_url, "error": None,
             "generated_at_ms": now_ms, "tables": [table_status(client, catalog, e, now_ms) for e in entries]}

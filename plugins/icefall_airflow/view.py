@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 
+from broker.topic_configs import ENABLE
 from icefall_airflow import status
 from spark_jobs import maintenance_summary
 
@@ -76,10 +77,7 @@ def render(answer: dict[str, Any]) -> str:
             f"<tr><td><b>{html.escape(t['topic'])}</b></td>"
             f"<td class=mono>{html.escape(t['namespace'])}.{html.escape(t['table'])}</td>{detail}"
             f'<td><a href="{runs}" target="_top">{html.escape(t["dag_id"])}</a></td></tr>')
-    body = (
-        "\n".join(rows)
-        or '<tr><td colspan="10">No table topics yet: set automq.table.topic.enable=true on a topic.</td></tr>'
-    )
+    body = "\n".join(rows) or f'<tr><td colspan="10">No table topics yet: set {ENABLE}=true on a topic.</td></tr>'
     error = f'<p class="error">{html.escape(answer["error"])}</p>' if answer.get("error") else ""
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Icefall table topics</title>

@@ -1,0 +1,124 @@
+"""The one client of the broker's admin API (JSON over HTTP), for the Airflow plugin and the Spark jobs.
+
+There used to be two, one per caller, and they had drifted: one quoted a topic
+name with ``/`` left as is (``a/b`` asked for the wrong path), the other did
+not. Now both callers use this one, and every answer is parsed into the model
+the broker built it from (``broker.contracts``), so a renamed field fails here,
+loudly, instead of as a ``KeyError`` deep in a task.
+
+Plain ``urllib`` (no client library): the same code runs on the Spark driver
+and executors of any cluster, in Airflow tasks, its triggerer and its API
+server, and in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from broker import contracts
+from broker.topic_configs import ENABLE
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class BrokerError(RuntimeError):
+    """The broker answered with an error, or not at all; the message says which URL and why
+    (``status``: the HTTP status, None when there was no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+BrokerRequestError = BrokerError  # the Spark jobs' name for it
+
+
+def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+    """One JSON request; BrokerError for an HTTP error (with the start of its body) or no answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise BrokerError(f"{method} {url}: HTTP {exc.code}: {detail}", exc.code) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise BrokerError(f"{method} {url}: {exc}") from exc
+
+
+def topic_path(topic: str) -> str:
+    """``/v1/topics/<topic>``, the name quoted whole (a ``/`` in it is part of the name)."""
+    return "/v1/topics/" + urllib.parse.quote(topic, safe="")
+
+
+class AdminClient:
+    def __init__(self, admin_url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.url = admin_url.rstrip("/")
+        self.timeout = timeout
+
+    @property
+    def admin_url(self) -> str:
+        return self.url
+
+    def get(self, path: str, **query: Any) -> Any:
+        qs = ("?" + urllib.parse.urlencode(query)) if query else ""
+        return http_json(self.url + path + qs, timeout=self.timeout)
+
+    def health(self) -> contracts.Health:
+        return contracts.Health.model_validate(self.get("/healthz"))
+
+    def cluster(self) -> contracts.ClusterInfo:
+        return contracts.ClusterInfo.model_validate(self.get("/v1/cluster"))
+
+    def table_topics(self) -> contracts.Manifest:
+        return contracts.Manifest.model_validate(self.get("/v1/table-topics"))
+
+    def table_topic(self, topic: str) -> contracts.TableTopic:
+        """The manifest entry of ``topic``; BrokerError (404) when it is not a table topic."""
+        found = self.table_topics().find(topic)
+        if found is None:
+            raise BrokerError(f"topic {topic!r} is not a table topic (set {ENABLE}=true)", 404)
+        return found
+
+    def offsets(self, topic: str) -> contracts.TopicOffsets:
+        return contracts.TopicOffsets.model_validate(self.get(topic_path(topic) + "/offsets"))
+
+    def plan(self, topic: str, until_append_ms: int | None) -> contracts.TopicPlan:
+        query = contracts.PlanRequest(until_append_ms=until_append_ms).query()
+        return contracts.TopicPlan.model_validate(self.get(topic_path(topic) + "/plan", **query))
+
+    def flushed_plan(self, topic: str, until_append_ms: int | None, deadline_s: float = 60.0) -> contracts.TopicPlan:
+        """The plan, once every offset it names is in segment objects (asks the broker to flush)."""
+        give_up = time.monotonic() + deadline_s
+        while True:
+            if until_append_ms is None:
+                self.flush()
+            plan = self.plan(topic, until_append_ms)
+            if plan.flushed:
+                return plan
+            if time.monotonic() > give_up:
+                raise BrokerError(f"the broker has not flushed partitions {plan.not_flushed} of {topic} "
+                                  f"within {deadline_s:.0f} s")
+            self.flush()
+            time.sleep(0.1)  # the flush above already ran; this only spaces out re-plans
+
+    def ranges(self, topic: str, partition: int, start: int, end: int) -> contracts.TopicRanges:
+        query = contracts.RangesRequest(partition=partition, start=start, end=end).query()
+        return contracts.TopicRanges.model_validate(
+            self.get(f"{topic_path(topic)}/partitions/{int(partition)}/ranges", **query))
+
+    def pending(self, topic: str, since: dict[Any, int] | None = None) -> contracts.Pending:
+        """Records and bytes waiting for the topic's table (past ``since`` when given)."""
+        query = contracts.PendingRequest(since=since or {}).query()
+        return contracts.Pending.model_validate(self.get(topic_path(topic) + "/pending", **query))
+
+    def flush(self) -> contracts.FlushAnswer:
+        answer = http_json(self.url + "/v1/flush", method="POST", body={}, timeout=self.timeout)
+        return contracts.FlushAnswer.model_validate(answer)

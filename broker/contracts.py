@@ -1,0 +1,523 @@
+"""What crosses a process boundary, as pydantic models: the one definition of each JSON document.
+
+Three runtimes talk to each other in JSON: the broker (its admin API and the
+table-topic manifest it writes), the Airflow plugin (the DAGs parse the
+manifest, tasks call the admin API, plan and publish rounds through XCom) and
+the Spark jobs (they call the admin API and write a result JSON the operators
+read). Each side used to build and pick apart those dicts on its own, so a key
+renamed on one side failed at run time on the other. Each document is a model
+here, and both ends use it: the broker serves ``model_dump(mode="json")`` of
+the model a client parses with ``model_validate``.
+
+The field names and their order are the JSON's as it always was (Airflow keeps
+XComs and asset-event extras of earlier runs; tests compare answers), so a
+model is a description of an existing contract, not a new one. Offsets keyed by
+partition are ``dict[int, int]`` in Python and ``{"<partition>": offset}``,
+sorted, in JSON (JSON object keys are strings).
+
+Models read like the JSON dicts they replace too (``answer["partitions"]``,
+``answer.get("x")``): code and tests written against the dicts keep working
+while callers move to attributes.
+
+Only pydantic and the standard library: the broker package is installed on
+Spark executors and in Airflow, and the DAG files import the manifest model at
+parse time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+
+from broker import names, topic_configs
+
+
+def _offsets_json(offsets: Mapping[int, int]) -> dict[str, int]:
+    return {str(p): int(o) for p, o in sorted(offsets.items(), key=lambda item: int(item[0]))}
+
+
+# partition -> offset; ``{"<partition>": offset}`` sorted by partition in JSON
+Offsets = Annotated[dict[int, int], PlainSerializer(_offsets_json, when_used="json")]
+
+
+class Contract(BaseModel):
+    """Base of every model here: unknown keys are ignored (a newer peer may add some), and the
+    model reads like the JSON dict it describes."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in type(self).model_fields:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in type(self).model_fields
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in type(self).model_fields else default
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (what the broker serves, a job writes, a task puts in XCom)."""
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------- the table-topic manifest
+
+
+class TableTopic(Contract):
+    """One entry of the broker's table-topic manifest (``GET /v1/table-topics``, ``table_topics.json``).
+
+    Lenient where old manifests were: no namespace means ``default``, config values are
+    kept as text (the broker writes them so; a hand-edited file may not).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    topic: str
+    topic_id: str = ""
+    partitions: int = 1
+    namespace: str = "default"
+    table: str
+    commit_interval_ms: int = 60_000
+    configs: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("namespace", mode="before")
+    @classmethod
+    def _namespace(cls, value: Any) -> Any:
+        return value or "default"
+
+    @field_validator("topic", "topic_id", "table", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        return "" if value is None else str(value)
+
+    @field_validator("configs", mode="before")
+    @classmethod
+    def _configs(cls, value: Any) -> Any:
+        return {str(k): str(v) for k, v in (value or {}).items()}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> TableTopic:
+        return cls.model_validate(raw)
+
+    @property
+    def settings(self) -> topic_configs.TableSettings:
+        """The topic's ``automq.table.topic.*`` configs, typed (``broker.topic_configs``)."""
+        return topic_configs.TableSettings(self.configs)
+
+    @property
+    def identifier(self) -> tuple[str, str]:
+        """(namespace, table): the table's catalog identifier."""
+        return (self.namespace, self.table)
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enabled
+
+    @property
+    def commit_trigger_bytes(self) -> int:
+        """``automq.table.topic.commit.trigger.bytes``: 0 (the default) commits on the interval only."""
+        return self.settings.commit_trigger_bytes
+
+    @property
+    def dag_id(self) -> str:
+        return names.commit_dag_id(self.topic)
+
+    @property
+    def pool(self) -> str:
+        return names.pool_name(self.topic)
+
+    @property
+    def asset_name(self) -> str:
+        return names.asset_name(self.namespace, self.table)
+
+    @property
+    def dlq_table(self) -> str:
+        return names.dlq_table(self.table)
+
+
+MANIFEST_VERSION = 1
+
+
+class Manifest(Contract):
+    """The table-topic manifest: ``table_topics``, and ``disabled_table_topics`` (topics whose
+    ``automq.table.topic.enable`` is set to ``false``: their DAGs stay, paused)."""
+
+    version: int = MANIFEST_VERSION
+    admin_url: str | None = None
+    table_topics: Sequence[TableTopic]  # a list (Sequence: the plugin's Manifest narrows the entry type)
+    disabled_table_topics: Sequence[TableTopic] = Field(default_factory=list)
+
+    @field_validator("disabled_table_topics", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return value or []
+
+    def find(self, topic: str) -> TableTopic | None:
+        """The table topic named ``topic`` (not a disabled one), None when there is none."""
+        return next((t for t in self.table_topics if t.topic == topic), None)
+
+
+# ---------------------------------------------------------------- the admin API: requests
+
+
+class PlanRequest(Contract):
+    """``GET /v1/topics/{topic}/plan``: end offsets for ``until_append_ms`` (exclusive), or the flushed end."""
+
+    until_append_ms: int | None = None
+
+    def query(self) -> dict[str, str]:
+        return {} if self.until_append_ms is None else {"until_append_ms": str(int(self.until_append_ms))}
+
+
+class RangesRequest(Contract):
+    """``GET /v1/topics/{topic}/partitions/{partition}/ranges?start=A&end=B``."""
+
+    partition: int
+    start: int
+    end: int
+
+    def query(self) -> dict[str, str]:
+        return {"start": str(self.start), "end": str(self.end)}
+
+
+class PendingRequest(Contract):
+    """``GET /v1/topics/{topic}/pending?from={"<partition>": offset}``: ``since`` moves the start past
+    the committed offsets (a size trigger that already fired up to them)."""
+
+    since: Offsets = Field(default_factory=dict)
+
+    def query(self) -> dict[str, str]:
+        return {"from": json.dumps({str(p): int(o) for p, o in self.since.items()})}
+
+    @staticmethod
+    def parse_offsets(text: str) -> dict[int, int]:
+        """``{"<partition>": <offset>}`` (JSON) -> {partition: offset}; ValueError or TypeError when it is not that."""
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise TypeError("not a JSON object")
+        return {int(p): int(o) for p, o in value.items()}
+
+
+# ---------------------------------------------------------------- the admin API: responses
+
+
+class ErrorAnswer(Contract):
+    """Any error of the admin API (the HTTP status is ``error_code`` too)."""
+
+    error_code: int
+    message: str
+
+
+class Health(Contract):
+    """``GET /healthz`` (503 once the WAL cannot be written)."""
+
+    status: str
+    object_store: str
+    segments_written: int
+    flush_failures: int
+    unflushed_bytes: int
+    max_unflushed_bytes: int
+    produces_held: int
+
+
+class ClusterInfo(Contract):
+    """``GET /v1/cluster``: where the other services are. Never any credentials."""
+
+    cluster_id: str
+    bootstrap: str
+    registry_url: str
+    catalog_url: str
+    object_store: str
+    object_store_endpoint: str | None = None
+    warehouse: str | None = None
+
+
+class PartitionOffsets(Contract):
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+    flushed_offset: int
+    last_append_ms: int | None = None
+
+
+class TopicOffsets(Contract):
+    """``GET /v1/topics/{topic}/offsets``."""
+
+    topic: str = ""
+    topic_id: str = ""
+    table_topic: bool = False
+    partitions: list[PartitionOffsets]
+
+
+class PartitionPlan(Contract):
+    partition: int
+    log_start_offset: int
+    end_offset: int
+    flushed: bool
+    high_watermark: int
+
+
+class TopicPlan(Contract):
+    """``GET /v1/topics/{topic}/plan``: per partition the end offset and whether the broker flushed that far."""
+
+    topic: str = ""
+    until_append_ms: int | None = None
+    partitions: list[PartitionPlan]
+
+    @property
+    def flushed(self) -> bool:
+        return all(p.flushed for p in self.partitions)
+
+    @property
+    def not_flushed(self) -> list[int]:
+        return [p.partition for p in self.partitions if not p.flushed]
+
+
+class ObjectRange(Contract):
+    """Object bytes holding whole batches: the first may begin before the asked start."""
+
+    object_key: str
+    byte_start: int
+    byte_end: int
+    first_offset: int
+    end_offset: int
+    max_append_ms: int
+
+
+class TopicRanges(Contract):
+    """``GET /v1/topics/{topic}/partitions/{partition}/ranges``."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    object_store: str
+    ranges: list[ObjectRange]
+
+
+class PartitionPending(Contract):
+    partition: int
+    start_offset: int
+    end_offset: int
+    records: int
+    bytes: int
+
+
+class Pending(Contract):
+    """``GET /v1/topics/{topic}/pending``: what waits for the table's next commit round."""
+
+    topic: str
+    committed_offsets: Offsets
+    records: int
+    bytes: int
+    partitions: list[PartitionPending]
+
+
+class FlushAnswer(Contract):
+    """``POST /v1/flush``."""
+
+    bytes_written: int
+
+
+class RetentionBlocked(Contract):
+    """A table topic partition whose retention waits for the table to commit."""
+
+    topic: str
+    partition: int
+    log_start_offset: int
+    wanted_log_start_offset: int  # where retention.ms/bytes would put the log start
+    committed_offset: int  # the table's next offset for this partition
+    blocked_offsets: int
+    blocked_bytes: int  # segment bytes kept only because the table has not committed them
+    since_ms: int
+    passes: int
+
+
+class Retention(Contract):
+    """``GET /v1/retention``: segment retention since the broker started."""
+
+    passes: int
+    chunks_deleted: int
+    bytes_deleted: int
+    objects_deleted: int
+    orphans_deleted: int
+    delete_failures: int
+    blocked_passes: int  # partition-passes where the table held retention back
+    last_pass_ms: int | None = None
+    blocked: list[RetentionBlocked]
+
+
+# ---------------------------------------------------------------- lag
+
+
+def lag_start(committed: int | None, log_start_offset: int) -> int:
+    """Where a table's lag starts in a partition: its committed offset (the log start when it has
+    none); never before the log start, since records before it are gone for good."""
+    return max(committed if committed is not None else log_start_offset, log_start_offset)
+
+
+def lag_seconds(oldest_append_ms: Iterable[int | None], now_ms: int) -> float:
+    """Seconds of append time since the oldest record not yet in the table was appended (``oldest``:
+    per lagging partition; None where unknown), 0 when the table is caught up."""
+    known = [ms for ms in oldest_append_ms if ms is not None]
+    return max(0.0, (now_ms - min(known)) / 1000) if known else 0.0
+
+
+class PartitionLag(Contract):
+    partition: int
+    log_start_offset: int
+    end_offset: int  # the broker's high watermark
+    committed_offset: int  # the next offset the table would take
+    lag_records: int
+    oldest_uncommitted_append_ms: int | None
+
+    @classmethod
+    def of(cls, partition: int, log_start_offset: int, end_offset: int, committed: int | None,
+           oldest_append_ms: Callable[[int], int | None]) -> PartitionLag:
+        """The lag of one partition whose table holds ``committed`` (None: nothing yet);
+        ``oldest_append_ms(start)`` is asked only when the partition lags."""
+        start = lag_start(committed, log_start_offset)
+        behind = max(end_offset - start, 0)
+        return cls(partition=partition, log_start_offset=log_start_offset, end_offset=end_offset,
+                   committed_offset=committed if committed is not None else log_start_offset,
+                   lag_records=behind, oldest_uncommitted_append_ms=oldest_append_ms(start) if behind else None)
+
+
+class Lag(Contract):
+    """How far a table is behind its topic, in records and in seconds of append time (the status
+    view, the publish step's asset event and the broker's ``icefall_table_lag_*`` metrics)."""
+
+    records: int
+    seconds: float
+    measured_at_ms: int
+    partitions: list[PartitionLag]
+
+    @classmethod
+    def of(cls, partitions: list[PartitionLag], now_ms: int) -> Lag:
+        oldest = [p.oldest_uncommitted_append_ms for p in partitions if p.lag_records > 0]
+        return cls(records=sum(p.lag_records for p in partitions), seconds=round(lag_seconds(oldest, now_ms), 3),
+                   measured_at_ms=now_ms, partitions=partitions)
+
+
+# ---------------------------------------------------------------- the round plan (the plan task's XCom)
+
+
+class RoundPlan(Contract):
+    """The offsets a commit round is told to commit up to, and where the log stood (plan -> commit)."""
+
+    topic: str
+    round_id: str
+    until_append_ms: int | None = None
+    max_records: int | None = None
+    end_offsets: Offsets
+    high_watermarks: Offsets = Field(default_factory=dict)
+    log_start_offsets: Offsets = Field(default_factory=dict)
+    planned_at_ms: int = 0
+
+
+# ---------------------------------------------------------------- job results (the result JSON)
+
+# step -> seconds it took (int or float kept as the job wrote it)
+Seconds = dict[str, int | float]
+
+ROUND_STATUSES = ("committed", "nothing_new")  # and "failed", with a message
+MAINTENANCE_STATUSES = ("done", "no_table", "failed")
+REPROCESS_STATUSES = ("moved", "nothing_to_move", "failed")
+
+
+class RoundResult(Contract):
+    """What ``spark_jobs/commit_round.py --result`` writes; the publish step reads it."""
+
+    model_config = ConfigDict(extra="ignore", validate_assignment=False)
+
+    status: str
+    topic: str
+    namespace: str = ""
+    table: str = ""
+    round_id: str = ""
+    until_append_ms: int | None = None
+    snapshot_id: int | None = None
+    parent_snapshot_id: int | None = None
+    offsets_before: Offsets = Field(default_factory=dict)
+    offsets_after: Offsets = Field(default_factory=dict)
+    records: int = 0
+    rows: int = 0
+    dlq_rows: int = 0
+    skipped_records: int = 0
+    bytes_read: int = 0
+    data_files: int = 0
+    attempts: int = 0
+    schema_changes: list[str] = Field(default_factory=list)
+    executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
+    seconds: Seconds = Field(default_factory=dict)
+    message: str = ""
+
+
+class MaintenanceTableResult(Contract):
+    """What maintenance did to one table (the DLQ table's figures in a result's ``dlq``)."""
+
+    table: str
+    snapshot_id_before: int | None = None
+    snapshot_id: int | None = None  # after
+    snapshots_before: int = 0
+    snapshots_after: int = 0
+    data_files_before: int | None = None
+    data_files_after: int | None = None
+    delete_files_before: int | None = None
+    delete_files_after: int | None = None
+    actions: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    seconds: Seconds = Field(default_factory=dict)
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class MaintenanceResult(Contract):
+    """What ``spark_jobs/maintenance.py --result`` writes: the table's own figures at the top level
+    (what Airflow and the status view read), the DLQ table's under ``dlq``."""
+
+    status: str  # done, no_table, failed
+    topic: str
+    namespace: str = ""
+    table: str = ""
+    now_ms: int = 0
+    actions: list[str] = Field(default_factory=list)
+    dlq: MaintenanceTableResult | None = None
+    seconds: Seconds = Field(default_factory=dict)
+    message: str = ""
+    snapshot_id_before: int | None = None
+    snapshot_id: int | None = None
+    snapshots_before: int | None = None
+    snapshots_after: int | None = None
+    data_files_before: int | None = None
+    data_files_after: int | None = None
+    delete_files_before: int | None = None
+    delete_files_after: int | None = None
+    settings: dict[str, Any] | None = None
+    per_action: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class ReprocessResult(Contract):
+    """What ``spark_jobs/dlq_reprocess.py --result`` writes; the DLQ DAG's publish step reads it."""
+
+    model_config = ConfigDict(extra="ignore", validate_assignment=False)
+
+    status: str  # "moved", "nothing_to_move", "failed"
+    topic: str
+    round_id: str = ""
+    dlq_rows: int = 0
+    moved: int = 0
+    still_bad: int = 0
+    superseded: int = 0  # upsert tables: moved out of the DLQ, but a later record of the id had already won
+    # partition -> offsets of the rows this reprocess wrote to the table (not the superseded ones)
+    moved_offsets: dict[str, list[int]] = Field(default_factory=dict)
+    only_in_dlq: int = 0  # DLQ records whose segments retention deleted: decoded from the DLQ's copy
+    unavailable: int = 0  # upsert tables: such records stay in the DLQ (nothing to compare them with)
+    snapshot_id: int | None = None
+    dlq_snapshot_id: int | None = None
+    schema_changes: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+    message: str = ""
