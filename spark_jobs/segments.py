@@ -33,7 +33,7 @@ import functools
 import importlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -53,6 +53,9 @@ try:  # the record loop in C (spark_jobs/_kafka_records.c); _decode_batch below 
     _kafka_records: Any = importlib.import_module("spark_jobs._kafka_records")
 except ImportError:  # pragma: no cover - a build without the extension
     _kafka_records = None
+
+if TYPE_CHECKING:  # executors import this module: only the type of an answer, not the models
+    from broker.contracts import TopicRanges
 
 ATTR_LOG_APPEND_TIME = 0x08
 CONTROL_ABORT = 0
@@ -86,7 +89,7 @@ class SegmentRange:
                    int(row["partition"]), int(row["start"]), int(row["end"]))
 
 
-def ranges_from_admin(answer: Mapping[str, Any]) -> list[SegmentRange]:
+def ranges_from_admin(answer: Mapping[str, Any] | TopicRanges) -> list[SegmentRange]:
     """The ranges of one ``GET /v1/topics/{t}/partitions/{p}/ranges?start=A&end=B`` answer."""
     partition, start, end = int(answer["partition"]), int(answer["start"]), int(answer["end"])
     return [
@@ -399,6 +402,8 @@ def _bytes_or_none(buf: bytes, p: int) -> tuple[bytes | None, int]:
 
 def _headers(buf: bytes, p: int) -> tuple[Headers, int]:
     count, p = _varint(buf, p)
+    if count < 0:  # as the C decoder and Kafka (InvalidRecordException) refuse it
+        raise CorruptBatchError("malformed record: bad header count")
     out: list[tuple[str, bytes | None]] = []
     for _ in range(count):
         n, p = _varint(buf, p)
