@@ -10,6 +10,14 @@
 #
 #   docker build -t icefall:dev .
 #   docker run --rm -p 9092:9092 -p 8090:8090 -p 8081:8081 -p 8181:8181 icefall:dev
+# The Iceberg Spark runtime and AWS bundle, by their Maven Central coordinates
+# (spark_jobs/jvm/pom.xml) and checked against the committed checksums, as `make setup` does.
+FROM maven:3.9-eclipse-temurin-17 AS jars
+WORKDIR /build
+COPY spark_jobs/jvm/pom.xml spark_jobs/jvm/jars.sha256 ./
+RUN mvn -q -B -f pom.xml dependency:copy-dependencies -DoutputDirectory=/jars \
+    && cd /jars && sha256sum --strict -c /build/jars.sha256
+
 FROM python:3.11-slim-bookworm
 
 # Java for Spark (the worker, and the driver that spark-submit starts in Airflow
@@ -35,10 +43,12 @@ COPY constraints.txt pyproject.toml README.md ./
 COPY broker ./broker
 COPY spark_jobs ./spark_jobs
 RUN pip install --no-cache-dir -c constraints.txt . "psycopg2-binary==2.9.10"
+COPY --from=jars /jars /opt/icefall/jars
 COPY --chown=icefall:0 dags ./dags
 COPY --chown=icefall:0 plugins ./plugins
 
 ENV ICEFALL_HOME=/var/lib/icefall \
+    ICEFALL_JARS_DIR=/opt/icefall/jars \
     AIRFLOW_HOME=/opt/airflow
 USER icefall
 EXPOSE 9092 8090 8081 8181

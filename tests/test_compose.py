@@ -367,8 +367,9 @@ def test_spark_pulls_the_iceberg_build_of_the_installed_pyspark(
 
     spark_minor = ".".join(_constraint("pyspark").split(".")[:2])
     packages = _spark_defaults(compose)["spark.jars.packages"].split(",")
-    assert f"org.apache.iceberg:iceberg-spark-runtime-{spark_minor}_{scala_version()}:1.10.0" in packages
-    assert "org.apache.iceberg:iceberg-aws-bundle:1.10.0" in packages
+    pinned = (REPO / "spark_jobs" / "jvm" / "pom.xml").read_text().split("<iceberg.version>")[1].split("<")[0]
+    assert f"org.apache.iceberg:iceberg-spark-runtime-{spark_minor}_{scala_version()}:{pinned}" in packages
+    assert f"org.apache.iceberg:iceberg-aws-bundle:{pinned}" in packages
     image = services["spark-master"]["image"]
     assert image.startswith(f"apache/spark:{spark_minor}."), f"{image}: the master must run Spark {spark_minor}"
     # the worker runs executors for the Airflow-side driver: same image, same Python and packages
@@ -391,9 +392,12 @@ def test_the_image_is_built_from_this_repository_with_the_pinned_constraints(
     dockerfile = (REPO / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-", dockerfile, re.MULTILINE), "the image must run Python 3.11"
     assert re.search(r"pip install .*-c constraints\.txt \.", dockerfile)
+    # the jars Spark sessions get come from the same pom and checksums as `make setup`'s
+    assert "spark_jobs/jvm/pom.xml" in dockerfile and "jars.sha256" in dockerfile
+    assert "COPY --from=jars /jars /opt/icefall/jars" in dockerfile and "ICEFALL_JARS_DIR=/opt/icefall/jars" in dockerfile
     ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
-    for match in re.finditer(r"^COPY (?:--\S+ )*(.+) \S+$", dockerfile, re.MULTILINE):
+    for match in re.finditer(r"^COPY (?!--from)(?:--\S+ )*(.+) \S+$", dockerfile, re.MULTILINE):
         for source in match.group(1).split():
             assert (REPO / source).exists(), f"Dockerfile copies missing {source}"
             assert source not in ignored, f"Dockerfile copies {source}, which .dockerignore leaves out"

@@ -10,6 +10,7 @@ compaction, expiry, manifests) against the same assertions as on local files."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,7 +46,7 @@ from tests.spark_jobs.test_round_upsert import (  # noqa: F401
     test_cdc_field_deletes_on_d_and_upserts_on_i_and_u,
     test_upsert_rounds_on_a_v3_table_write_deletion_vectors,
 )
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, wait_for
 
 HOUR_MS = 3_600_000
 
@@ -79,7 +80,8 @@ def s3_broker(moto_s3: MotoS3, s3_credentials: None,
     bucket = f"lake-{uuid.uuid4().hex[:8]}"
     moto_s3.client().create_bucket(Bucket=bucket)
     broker = BrokerProcess(tmp_path_factory.mktemp("s3rounds") / "home",
-                           ["--segment-flush-ms", "100", "--object-store", f"s3://{bucket}/segments",
+                           ["--segment-flush-ms", "100", "--retention-check-interval-ms", "300",
+                            "--object-store", f"s3://{bucket}/segments",
                             "--warehouse", f"s3://{bucket}/warehouse"], env=moto_s3.env()).start()
     try:
         yield broker, bucket
@@ -185,3 +187,59 @@ def test_expiry_and_orphan_removal_delete_objects_from_s3(spark: Any, s3_broker:
     after = set(s3_keys(moto_s3, bucket, prefix))
     assert old not in after and young in after and referenced <= after
     assert len(table(broker, topic).scan().to_arrow()) == 35
+
+
+def test_retention_deletes_committed_segments_from_s3(spark: Any, s3_broker: tuple[BrokerProcess, str],
+                                                      moto_s3: MotoS3) -> None:
+    """Segment objects on S3 go once the table has committed their offsets, not before."""
+    broker, bucket = s3_broker
+    topic = new_topic(broker, partitions=1, configs={"retention.ms": "0", "file.delete.delay.ms": "0"})
+    # the schema's _schemas record first, in a segment of its own: the topic's segments then hold only the topic
+    http_json(f"{broker.registry_url}/subjects/{topic}-value/versions", "POST", {"schema": json.dumps(CLICK_V1)})
+    broker.admin("/v1/flush", "POST")
+    before = set(s3_keys(moto_s3, bucket, "segments/"))
+    producer = AvroProducer(broker, topic, CLICK_V1)
+    producer.send(clicks(0, 20))
+    broker.admin("/v1/flush", "POST")
+    written = set(s3_keys(moto_s3, bucket, "segments/")) - before
+    assert written, "no segment object in the bucket"
+
+    def log_start() -> int:
+        return int(broker.admin(f"/v1/topics/{topic}/offsets")["partitions"][0]["log_start_offset"])  # type: ignore[index]
+
+    assert log_start() == 0 and written <= set(s3_keys(moto_s3, bucket, "segments/"))  # nothing committed yet
+    assert run_round(spark, broker, topic).status == "committed"
+    wait_for(lambda: log_start() == 20, 30, what="retention to move the log start past the committed offsets")
+    wait_for(lambda: not written & set(s3_keys(moto_s3, bucket, "segments/")), 30,
+             what="the committed segment objects to be deleted from the bucket")
+    assert table_offsets(broker, topic) == sorted(producer.acked)
+
+
+def test_credentials_are_vended_only_when_the_broker_says_so(s3_broker: tuple[BrokerProcess, str], moto_s3: MotoS3,
+                                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    broker, bucket = s3_broker
+    topic = f"vend_{uuid.uuid4().hex[:8]}"
+    path = f"/v1/namespaces/default/tables/{topic}"
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    catalog = load_catalog("vend", type="rest", uri=broker.catalog_url)
+    catalog.create_namespace_if_not_exists("default")
+    catalog.create_table(("default", topic), Schema(NestedField(1, "id", LongType(), required=False)))
+    config = http_json(broker.catalog_url + path)["config"]
+    assert config["s3.endpoint"] == moto_s3.endpoint and "s3.secret-access-key" not in config
+
+    vending = BrokerProcess(tmp_path_factory.mktemp("vend") / "home",
+                            ["--object-store", f"s3://{bucket}/segments-vend", "--warehouse",
+                             f"s3://{bucket}/warehouse-vend", "--override", "catalog.vended.credentials=true"],
+                            env=moto_s3.env()).start()
+    try:
+        other = load_catalog("vend2", type="rest", uri=vending.catalog_url)
+        other.create_namespace_if_not_exists("default")
+        other.create_table(("default", "vended"), Schema(NestedField(1, "id", LongType(), required=False)))
+        config = http_json(vending.catalog_url + "/v1/namespaces/default/tables/vended")["config"]
+        assert (config["s3.access-key-id"], config["s3.secret-access-key"]) == ("testing", "testing")
+        assert "s3.secret-access-key" not in http_json(vending.catalog_url + "/v1/config")["defaults"]
+    finally:
+        vending.stop()
