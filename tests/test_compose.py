@@ -394,7 +394,10 @@ def test_the_image_is_built_from_this_repository_with_the_pinned_constraints(
     assert re.search(r"pip install .*-c constraints\.txt \.", dockerfile)
     # the jars Spark sessions get come from the same pom and checksums as `make setup`'s
     assert "spark_jobs/jvm/pom.xml" in dockerfile and "jars.sha256" in dockerfile
-    assert "COPY --from=jars /jars /opt/icefall/jars" in dockerfile and "ICEFALL_JARS_DIR=/opt/icefall/jars" in dockerfile
+    assert (
+        "COPY --from=jars /jars /opt/icefall/jars" in dockerfile
+        and "ICEFALL_JARS_DIR=/opt/icefall/jars" in dockerfile
+    )
     ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     for match in re.finditer(r"^COPY (?!--from)(?:--\S+ )*(.+) \S+$", dockerfile, re.MULTILINE):
