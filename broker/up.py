@@ -273,7 +273,7 @@ def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: 
         f"duckdb_local.attach_catalog(con, '{config.catalog_url}', 'lake'); "
         f"con.sql('SELECT page, count(*) FROM lake.default.{DEMO_TOPIC} GROUP BY page')\n"
         "  Spark SQL:  spark-sql "
-        "--jars \"$(python -c 'from spark_jobs.jars import iceberg_jars; print(*iceberg_jars())')\" "
+        "--jars \"$(python -c 'from spark_jobs.jars import iceberg_jars; print(\",\".join(iceberg_jars()))')\" "
         f"--conf spark.sql.catalog.icefall=org.apache.iceberg.spark.SparkCatalog "
         f"--conf spark.sql.catalog.icefall.type=rest --conf spark.sql.catalog.icefall.uri={config.catalog_url} "
         f"-e 'SELECT count(*) FROM icefall.default.{DEMO_TOPIC}'\n"
