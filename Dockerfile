@@ -42,10 +42,11 @@ WORKDIR /opt/icefall
 COPY constraints.txt pyproject.toml README.md ./
 COPY broker ./broker
 COPY spark_jobs ./spark_jobs
+# plugins/icefall_airflow is installed too: the Airflow plugin is its entry point
+COPY --chown=icefall:0 plugins ./plugins
 RUN pip install --no-cache-dir -c constraints.txt . "psycopg2-binary==2.9.10"
 COPY --from=jars /jars /opt/icefall/jars
 COPY --chown=icefall:0 dags ./dags
-COPY --chown=icefall:0 plugins ./plugins
 
 ENV ICEFALL_HOME=/var/lib/icefall \
     ICEFALL_JARS_DIR=/opt/icefall/jars \

@@ -104,7 +104,6 @@ class AirflowStack:
         self.env = {
             **os.environ,
             "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "plugins"), os.environ.get("PYTHONPATH")])),
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),

@@ -39,9 +39,6 @@ def configure() -> Path:
         "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
         "PATH": os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")]),
     })
-    plugins = str(REPO / "plugins")
-    if plugins not in sys.path:
-        sys.path.append(plugins)
     return home
 
 

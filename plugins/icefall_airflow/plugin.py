@@ -2,6 +2,9 @@
 
 Mounts the FastAPI app of ``icefall_airflow.view`` on the API server at
 ``/icefall`` and adds a "Table topics" entry to the navigation that embeds it.
+Registered through the ``airflow.plugins`` entry point of the ``icefall``
+distribution (pyproject.toml), so every Airflow component that has the package
+installed loads it, whatever its plugins folder.
 """
 
 from __future__ import annotations
