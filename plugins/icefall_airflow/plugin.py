@@ -10,6 +10,7 @@ installed loads it, whatever its plugins folder.
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
+
 from icefall_airflow.view import app
 
 
