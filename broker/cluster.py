@@ -8,6 +8,8 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from kio.schema.errors import ErrorCode
+
 from broker import manifest, topic_configs
 from broker.config import BrokerConfig
 from broker.logstore import LogStore
@@ -63,17 +65,23 @@ class Cluster:
 
     def validate_new_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> dict[str, str]:
         if not _TOPIC_NAME.match(name) or name in (".", ".."):
-            raise TopicError(17, f"Topic name {name!r} is illegal: use up to 249 of [A-Za-z0-9._-]")
+            raise TopicError(
+                ErrorCode.invalid_topic_exception,
+                f"Topic name {name!r} is illegal: use up to 249 of [A-Za-z0-9._-]",
+            )
         if name in self.topics:
-            raise TopicError(36, f"Topic '{name}' already exists.")
+            raise TopicError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
         if partitions == -1:
             partitions = self.config.default_partitions
         if not 1 <= partitions <= MAX_PARTITIONS:
-            raise TopicError(37, f"Number of partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+            raise TopicError(
+                ErrorCode.invalid_partitions,
+                f"Number of partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}",
+            )
         try:
             return topic_configs.validate_all(configs)
         except topic_configs.InvalidConfigError as exc:
-            raise TopicError(40, str(exc)) from None
+            raise TopicError(ErrorCode.invalid_config, str(exc)) from None
 
     def create_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> Topic:
         valid = self.validate_new_topic(name, partitions, configs)
@@ -92,7 +100,7 @@ class Cluster:
     def delete_topic(self, name: str) -> Topic:
         topic = self.topics.get(name)
         if topic is None:
-            raise TopicError(3, f"Topic '{name}' does not exist.")
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
         self.logs.drop_topic(name)
         unreferenced = self.metadata.delete_topic(name)
         for key in unreferenced:
@@ -109,11 +117,14 @@ class Cluster:
     def add_partitions(self, name: str, count: int, validate_only: bool) -> None:
         topic = self.topics.get(name)
         if topic is None:
-            raise TopicError(3, f"Topic '{name}' does not exist.")
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
         if count <= topic.partitions:
-            raise TopicError(37, f"Topic currently has {topic.partitions} partitions, {count} is not an increase.")
+            raise TopicError(
+                ErrorCode.invalid_partitions,
+                f"Topic currently has {topic.partitions} partitions, {count} is not an increase.",
+            )
         if count > MAX_PARTITIONS:
-            raise TopicError(37, f"At most {MAX_PARTITIONS} partitions")
+            raise TopicError(ErrorCode.invalid_partitions, f"At most {MAX_PARTITIONS} partitions")
         if validate_only:
             return
         self.metadata.add_partitions(name, count)
@@ -125,11 +136,11 @@ class Cluster:
     def set_configs(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
         topic = self.topics.get(name)
         if topic is None:
-            raise TopicError(3, f"Topic '{name}' does not exist.")
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
         try:
             valid = topic_configs.validate_all(dict(configs))
         except topic_configs.InvalidConfigError as exc:
-            raise TopicError(40, str(exc)) from None
+            raise TopicError(ErrorCode.invalid_config, str(exc)) from None
         if validate_only:
             return
         self.metadata.set_configs(name, valid)

@@ -18,6 +18,8 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from kio.schema.errors import ErrorCode
+
 from broker import records
 from broker.config import BrokerConfig
 from broker.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
@@ -97,11 +99,14 @@ class PartitionLog:
         if state is None:
             return None
         if header.producer_epoch < state.epoch:
-            raise ProduceError(90, f"producer epoch {header.producer_epoch} is fenced by {state.epoch}")
+            raise ProduceError(
+                ErrorCode.producer_fenced,
+                f"producer epoch {header.producer_epoch} is fenced by {state.epoch}",
+            )
         if header.producer_epoch > state.epoch:
             if header.base_sequence != 0:
                 raise ProduceError(
-                    45,
+                    ErrorCode.out_of_order_sequence_number,
                     f"new producer epoch {header.producer_epoch} must start at sequence 0, got {header.base_sequence}",
                 )
             return None
@@ -111,7 +116,7 @@ class PartitionLog:
         expected = (state.last_sequence + 1) % (2**31)
         if header.base_sequence != expected:
             raise ProduceError(
-                45,
+                ErrorCode.out_of_order_sequence_number,
                 f"out of order sequence {header.base_sequence} for producer {header.producer_id}, expected {expected}",
             )
         return None
@@ -277,21 +282,24 @@ class LogStore:
         try:
             headers = records.split_batches(records_bytes)
         except records.CorruptBatchError as exc:
-            raise ProduceError(2, str(exc)) from None
+            raise ProduceError(ErrorCode.corrupt_message, str(exc)) from None
         if not headers:
-            raise ProduceError(87, "produce request carries no record batch")
+            raise ProduceError(ErrorCode.invalid_record, "produce request carries no record batch")
         if self.wal.failure is not None:
             # Checked before anything is accepted into memory: a batch that can never be
             # made durable must not take an offset (KAFKA_STORAGE_ERROR is retriable).
-            raise ProduceError(56, f"write-ahead log failed ({self.wal.failure}); the broker needs a restart")
+            raise ProduceError(
+                ErrorCode.kafka_storage_error,
+                f"write-ahead log failed ({self.wal.failure}); the broker needs a restart",
+            )
         for header in headers:
             if header.size > max_message_bytes:
                 raise ProduceError(
-                    10,
+                    ErrorCode.message_too_large,
                     f"record batch of {header.size} bytes exceeds max.message.bytes {max_message_bytes}",
                 )
             if header.is_control:
-                raise ProduceError(87, "clients may not produce control batches")
+                raise ProduceError(ErrorCode.invalid_record, "clients may not produce control batches")
         if self.unflushed_bytes > self.max_unflushed_bytes:
             self.produces_held += 1
             await self._wait_for_room()
@@ -329,7 +337,10 @@ class LogStore:
             self._flush_needed.set()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ProduceError(56, "object store is not keeping up; the broker is holding back produces")
+                raise ProduceError(
+                    ErrorCode.kafka_storage_error,
+                    "object store is not keeping up; the broker is holding back produces",
+                )
             self._flush_done.clear()
             await _wait_event(self._flush_done, remaining)
 

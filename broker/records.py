@@ -12,6 +12,7 @@ import importlib
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -339,40 +340,59 @@ def decompress(codec: int, data: bytes) -> bytes:
     raise CorruptBatchError(f"unknown compression codec {codec}")
 
 
+Headers = tuple[tuple[str, bytes | None], ...]
+
+
+class RawRecord(NamedTuple):
+    """One record of a batch body, its offset and timestamp still relative to the batch's."""
+
+    offset_delta: int
+    timestamp_delta: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+def iter_records(body: Buffer, count: int, pos: int = 0, stop: int | None = None) -> Iterator[RawRecord]:
+    """The ``count`` records of a (decompressed) batch body in ``body[pos:stop]``.
+
+    The one Python walk of Kafka's record format (v2), for the broker (``decode_batch``) and
+    the commit round's fallback when its C loop (``spark_jobs/_kafka_records.c``) is not
+    built; ``CorruptBatchError`` for a record that does not add up to its length, bytes
+    after the last record, or a header without a key."""
+    buf = bytes(body) if not isinstance(body, bytes) else body
+    stop = len(buf) if stop is None else stop
+    for _ in range(count):
+        length, pos = _varint(buf, pos)
+        end = pos + length
+        if length < 0 or end > stop:
+            raise CorruptBatchError("record length runs past the end of the batch")
+        ts_delta, pos = _varint(buf, pos + 1)  # after the record attributes (unused in v2)
+        offset_delta, pos = _varint(buf, pos)
+        key, pos = _bytes_field(buf, pos)
+        value, pos = _bytes_field(buf, pos)
+        n_headers, pos = _varint(buf, pos)
+        headers: list[tuple[str, bytes | None]] = []
+        for _ in range(n_headers):
+            name, pos = _bytes_field(buf, pos)
+            if name is None:
+                raise CorruptBatchError("record header with a null key")
+            header_value, pos = _bytes_field(buf, pos)
+            headers.append((name.decode("utf-8", "replace"), header_value))
+        if pos != end:
+            raise CorruptBatchError("record fields do not add up to the record length")
+        yield RawRecord(offset_delta, ts_delta, key, value, tuple(headers))
+    if pos != stop:
+        raise CorruptBatchError(f"{stop - pos} bytes after the last record of the batch")
+
+
 def decode_batch(batch: Buffer) -> tuple[BatchHeader, list[Record]]:
     """Every record of one batch, with absolute offsets and timestamps."""
     header = read_header(batch)
     body = decompress(header.compression, bytes(batch[HEADER_SIZE : header.size]))
-    records: list[Record] = []
-    pos = 0
-    for _ in range(header.record_count):
-        length, pos = _varint(body, pos)
-        end = pos + length
-        if length < 0 or end > len(body):
-            raise CorruptBatchError("record length runs past the end of the batch")
-        pos += 1  # attributes
-        ts_delta, pos = _varint(body, pos)
-        offset_delta, pos = _varint(body, pos)
-        key, pos = _bytes_field(body, pos)
-        value, pos = _bytes_field(body, pos)
-        n_headers, pos = _varint(body, pos)
-        headers = []
-        for _ in range(n_headers):
-            hkey, pos = _bytes_field(body, pos)
-            hval, pos = _bytes_field(body, pos)
-            headers.append(((hkey or b"").decode("utf-8", "replace"), hval))
-        if pos != end:
-            raise CorruptBatchError("record fields do not add up to the record length")
-        records.append(
-            Record(
-                offset=header.base_offset + offset_delta,
-                timestamp=header.base_timestamp + ts_delta,
-                key=key,
-                value=value,
-                headers=tuple(headers),
-            )
-        )
-    return header, records
+    return header, [Record(offset=header.base_offset + r.offset_delta, timestamp=header.base_timestamp
+                           + r.timestamp_delta, key=r.key, value=r.value, headers=r.headers)
+                    for r in iter_records(body, header.record_count)]
 
 
 # ---------------------------------------------------------------- encoding

@@ -45,7 +45,9 @@ from broker.records import (
     LOG_OVERHEAD,
     BatchHeader,
     CorruptBatchError,
+    Headers,
     decompress,
+    iter_records,
     read_header,
 )
 
@@ -62,7 +64,6 @@ CONTROL_ABORT = 0
 CONTROL_COMMIT = 1
 DEFAULT_CHUNK_RECORDS = 10_000
 
-Headers = tuple[tuple[str, bytes | None], ...]
 _NO_HEADERS: Headers = ()
 
 
@@ -324,21 +325,6 @@ def _control_type(data: bytes, pos: int, end: int, header: BatchHeader) -> int:
 # ---------------------------------------------------------------- record decoding
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """A zigzag varint: (value, position after it)."""
-    shift = 0
-    raw = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        raw |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (raw >> 1) ^ -(raw & 1), pos
-        shift += 7
-        if shift > 63:
-            raise CorruptBatchError("varint too long")
-
-
 def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int, hi: int, chunk: RecordChunk) -> None:
     """Append the batch's records with lo <= offset < hi to ``chunk``."""
     if header.compression == COMPRESSION_NONE:
@@ -365,56 +351,14 @@ def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int,
     offsets, timestamps, keys, values, headers = (
         chunk.offsets.append, chunk.timestamps.append, chunk.keys.append, chunk.values.append, chunk.headers.append
     )
-    for _ in range(header.record_count):  # the fallback of _kafka_records.decode_records: plain, not fast
-        length, p = _varint(buf, p)
-        rec_end = p + length
-        if length < 6 or rec_end > stop:
-            raise CorruptBatchError(f"record of {length} bytes does not fit batch at offset {base_offset}")
-        ts_delta, p = _varint(buf, p + 1)  # after the record attributes (unused in v2)
-        delta, p = _varint(buf, p)
-        offset = base_offset + delta
-        if offset < lo or offset >= hi:
-            p = rec_end
-            continue
-        key, p = _bytes_or_none(buf, p)
-        value, p = _bytes_or_none(buf, p)
-        if buf[p] == 0:
-            record_headers = _NO_HEADERS
-            p += 1
-        else:
-            record_headers, p = _headers(buf, p)
-        if p != rec_end:
-            raise CorruptBatchError(f"record at offset {offset} does not add up to its length")
-        offsets(offset)
-        timestamps(base_ts + ts_delta if append_time is None else append_time)
-        keys(key)
-        values(value)
-        headers(record_headers)
-    if p != stop:
-        raise CorruptBatchError(f"batch at offset {base_offset} has {stop - p} bytes after its last record")
-
-
-def _bytes_or_none(buf: bytes, p: int) -> tuple[bytes | None, int]:
-    """A length-prefixed key or value; a negative length is null."""
-    n, p = _varint(buf, p)
-    return (None, p) if n < 0 else (buf[p : p + n], p + n)
-
-
-def _headers(buf: bytes, p: int) -> tuple[Headers, int]:
-    count, p = _varint(buf, p)
-    if count < 0:  # as the C decoder and Kafka (InvalidRecordException) refuse it
-        raise CorruptBatchError("malformed record: bad header count")
-    out: list[tuple[str, bytes | None]] = []
-    for _ in range(count):
-        n, p = _varint(buf, p)
-        if n < 0:
-            raise CorruptBatchError("record header with a null key")
-        name = bytes(buf[p : p + n]).decode("utf-8", "replace")
-        p += n
-        n, p = _varint(buf, p)
-        if n < 0:
-            out.append((name, None))
-        else:
-            out.append((name, buf[p : p + n]))
-            p += n
-    return tuple(out), p
+    try:  # the fallback of _kafka_records.decode_records: plain, not fast
+        for record in iter_records(buf, header.record_count, p, stop):
+            offset = base_offset + record.offset_delta
+            if lo <= offset < hi:
+                offsets(offset)
+                timestamps(base_ts + record.timestamp_delta if append_time is None else append_time)
+                keys(record.key)
+                values(record.value)
+                headers(record.headers or _NO_HEADERS)
+    except CorruptBatchError as exc:
+        raise CorruptBatchError(f"batch at offset {base_offset}: {exc}") from exc

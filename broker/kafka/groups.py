@@ -14,21 +14,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-log = logging.getLogger(__name__)
+from kio.schema.errors import ErrorCode
 
-# Kafka error codes used here
-NONE = 0
-COORDINATOR_NOT_AVAILABLE = 15
-ILLEGAL_GENERATION = 22
-INCONSISTENT_GROUP_PROTOCOL = 23
-UNKNOWN_MEMBER_ID = 25
-INVALID_SESSION_TIMEOUT = 26
-REBALANCE_IN_PROGRESS = 27
-INVALID_GROUP_ID = 24
-GROUP_ID_NOT_FOUND = 69
-NON_EMPTY_GROUP = 68
-MEMBER_ID_REQUIRED = 79
-FENCED_INSTANCE_ID = 82
+log = logging.getLogger(__name__)
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 
@@ -133,16 +121,16 @@ class GroupCoordinator:
         require_known_member_id: bool,
     ) -> JoinResult:
         if not group_id:
-            return JoinResult(INVALID_GROUP_ID)
+            return JoinResult(ErrorCode.invalid_group_id)
         if not 1000 <= session_timeout_ms <= 30 * 60 * 1000:
-            return JoinResult(INVALID_SESSION_TIMEOUT)
+            return JoinResult(ErrorCode.invalid_session_timeout)
         group = self.group(group_id)
         if group.state == DEAD:
-            return JoinResult(COORDINATOR_NOT_AVAILABLE)
+            return JoinResult(ErrorCode.coordinator_not_available)
         if group.protocol_type is not None and group.members and protocol_type != group.protocol_type:
-            return JoinResult(INCONSISTENT_GROUP_PROTOCOL)
+            return JoinResult(ErrorCode.inconsistent_group_protocol)
         if group.members and not self._supports_common_protocol(group, protocols, member_id):
-            return JoinResult(INCONSISTENT_GROUP_PROTOCOL)
+            return JoinResult(ErrorCode.inconsistent_group_protocol)
 
         if group_instance_id is not None and not member_id:
             # static member rejoining: reuse its identity
@@ -154,9 +142,9 @@ class GroupCoordinator:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
             if require_known_member_id:
                 group.pending_members.add(member_id)
-                return JoinResult(MEMBER_ID_REQUIRED, member_id=member_id)
+                return JoinResult(ErrorCode.member_id_required, member_id=member_id)
         elif member_id not in group.members and member_id not in group.pending_members:
-            return JoinResult(UNKNOWN_MEMBER_ID, member_id=member_id)
+            return JoinResult(ErrorCode.unknown_member_id, member_id=member_id)
         group.pending_members.discard(member_id)
 
         member = group.members.get(member_id)
@@ -174,7 +162,7 @@ class GroupCoordinator:
         member.last_seen = time.monotonic()
         group.protocol_type = protocol_type
         if member.join_future and not member.join_future.done():
-            member.join_future.set_result(JoinResult(UNKNOWN_MEMBER_ID))
+            member.join_future.set_result(JoinResult(ErrorCode.unknown_member_id))
         member.join_future = asyncio.get_running_loop().create_future()
         self._prepare_rebalance(group)
         self._maybe_complete_join(group)
@@ -195,7 +183,7 @@ class GroupCoordinator:
         initial = group.state == EMPTY
         for member in group.members.values():
             if member.sync_future and not member.sync_future.done():
-                member.sync_future.set_result((REBALANCE_IN_PROGRESS, b""))
+                member.sync_future.set_result((ErrorCode.rebalance_in_progress, b""))
         group.state = PREPARING
         group.initial_join = initial
         timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
@@ -260,7 +248,7 @@ class GroupCoordinator:
         for member in group.members.values():
             member.assignment = b""
             result = JoinResult(
-                NONE, group.generation, group.protocol_type, group.protocol_name, group.leader or "",
+                ErrorCode.none, group.generation, group.protocol_type, group.protocol_name, group.leader or "",
                 member.member_id, member_list if member.member_id == group.leader else [],
             )
             if member.join_future and not member.join_future.done():
@@ -278,23 +266,23 @@ class GroupCoordinator:
     ) -> tuple[int, bytes, str | None, str | None]:
         group = self.groups.get(group_id)
         if group is None or member_id not in group.members:
-            return UNKNOWN_MEMBER_ID, b"", None, None
+            return ErrorCode.unknown_member_id, b"", None, None
         if generation != group.generation:
-            return ILLEGAL_GENERATION, b"", None, None
+            return ErrorCode.illegal_generation, b"", None, None
         if group.state == PREPARING:
-            return REBALANCE_IN_PROGRESS, b"", None, None
+            return ErrorCode.rebalance_in_progress, b"", None, None
         member = group.members[member_id]
         member.last_seen = time.monotonic()
         if group.state == STABLE:
-            return NONE, member.assignment, group.protocol_type, group.protocol_name
+            return ErrorCode.none, member.assignment, group.protocol_type, group.protocol_name
         if member_id == group.leader:
             for mid, m in group.members.items():
                 m.assignment = assignments.get(mid, b"")
             group.state = STABLE
             for m in group.members.values():
                 if m.sync_future and not m.sync_future.done():
-                    m.sync_future.set_result((NONE, m.assignment))
-            return NONE, member.assignment, group.protocol_type, group.protocol_name
+                    m.sync_future.set_result((ErrorCode.none, m.assignment))
+            return ErrorCode.none, member.assignment, group.protocol_type, group.protocol_name
         member.sync_future = asyncio.get_running_loop().create_future()
         error, assignment = await member.sync_future
         return error, assignment, group.protocol_type, group.protocol_name
@@ -304,33 +292,33 @@ class GroupCoordinator:
     def heartbeat(self, group_id: str, generation: int, member_id: str) -> int:
         group = self.groups.get(group_id)
         if group is None or member_id not in group.members:
-            return UNKNOWN_MEMBER_ID
+            return ErrorCode.unknown_member_id
         group.members[member_id].last_seen = time.monotonic()
         if group.state == PREPARING:
-            return REBALANCE_IN_PROGRESS
+            return ErrorCode.rebalance_in_progress
         if generation != group.generation:
-            return ILLEGAL_GENERATION
-        return NONE
+            return ErrorCode.illegal_generation
+        return ErrorCode.none
 
     def leave(self, group_id: str, member_id: str, group_instance_id: str | None) -> int:
         group = self.groups.get(group_id)
         if group is None:
-            return UNKNOWN_MEMBER_ID
+            return ErrorCode.unknown_member_id
         if not member_id and group_instance_id:
             for m in group.members.values():
                 if m.group_instance_id == group_instance_id:
                     member_id = m.member_id
         if member_id not in group.members:
-            return UNKNOWN_MEMBER_ID
+            return ErrorCode.unknown_member_id
         self._remove_member(group, member_id)
-        return NONE
+        return ErrorCode.none
 
     def _remove_member(self, group: Group, member_id: str) -> None:
         member = group.members.pop(member_id)
         if member.join_future and not member.join_future.done():
-            member.join_future.set_result(JoinResult(UNKNOWN_MEMBER_ID))
+            member.join_future.set_result(JoinResult(ErrorCode.unknown_member_id))
         if member.sync_future and not member.sync_future.done():
-            member.sync_future.set_result((UNKNOWN_MEMBER_ID, b""))
+            member.sync_future.set_result((ErrorCode.unknown_member_id, b""))
         if group.leader == member_id:
             group.leader = None
         if group.state in (STABLE, COMPLETING):
@@ -343,16 +331,16 @@ class GroupCoordinator:
     def validate_member(self, group_id: str, generation: int, member_id: str) -> int:
         """For OffsetCommit: simple (generation -1) commits pass; group members must be current."""
         if generation < 0 and not member_id:
-            return NONE  # a standalone (assign-mode) consumer or an admin tool
+            return ErrorCode.none  # a standalone (assign-mode) consumer or an admin tool
         group = self.groups.get(group_id)
         if group is None or member_id not in group.members:
-            return UNKNOWN_MEMBER_ID
+            return ErrorCode.unknown_member_id
         if group.state == PREPARING:
-            return REBALANCE_IN_PROGRESS
+            return ErrorCode.rebalance_in_progress
         if generation != group.generation:
-            return ILLEGAL_GENERATION
+            return ErrorCode.illegal_generation
         group.members[member_id].last_seen = time.monotonic()
-        return NONE
+        return ErrorCode.none
 
     async def _expire_sessions(self) -> None:
         while True:
@@ -370,6 +358,6 @@ class GroupCoordinator:
     def delete(self, group_id: str) -> int:
         group = self.groups.get(group_id)
         if group is not None and group.members:
-            return NON_EMPTY_GROUP
+            return ErrorCode.non_empty_group
         self.groups.pop(group_id, None)
-        return NONE
+        return ErrorCode.none

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from broker import topic_configs
 from broker.cluster import Cluster, TopicError
 from broker.config import BrokerConfig
@@ -25,16 +27,6 @@ from broker.logstore import LogStore, ProduceError
 
 log = logging.getLogger(__name__)
 
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-COORDINATOR_NOT_AVAILABLE = 15
-INVALID_TOPIC_EXCEPTION = 17
-UNSUPPORTED_VERSION = 35
-INVALID_REQUEST = 42
-INVALID_CONFIG = 40
-GROUP_ID_NOT_FOUND = 69
-KAFKA_STORAGE_ERROR = 56
 
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
@@ -155,11 +147,11 @@ class KafkaHandlers:
     # ------------------------------------------------------------ versions / cluster
 
     async def api_versions(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
-        return api_versions_response(R, NONE)
+        return api_versions_response(R, ErrorCode.none)
 
     async def describe_cluster(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         return R(
-            error_code=NONE, error_message=None, endpoint_type=1, cluster_id=self.config.cluster_id,
+            error_code=ErrorCode.none, error_message=None, endpoint_type=1, cluster_id=self.config.cluster_id,
             controller_id=self.config.node_id, brokers=[self._broker()],
             cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         )
@@ -191,18 +183,30 @@ class KafkaHandlers:
                     topics.append(self._metadata_error(name, topic_id, exc.code))
                     continue
             if topic is None:
-                topics.append(self._metadata_error(name, topic_id, UNKNOWN_TOPIC_OR_PARTITION))
+                topics.append(self._metadata_error(name, topic_id, ErrorCode.unknown_topic_or_partition))
                 continue
             node = self.config.node_id
-            topics.append({
-                "error_code": NONE, "name": topic.name, "topic_id": topic.topic_id, "is_internal": topic.is_internal,
-                "partitions": [
-                    {"error_code": NONE, "partition_index": p, "leader_id": node, "leader_epoch": 0,
-                     "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
-                    for p in range(topic.partitions)
-                ],
-                "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-            })
+            topics.append(
+                {
+                    "error_code": ErrorCode.none,
+                    "name": topic.name,
+                    "topic_id": topic.topic_id,
+                    "is_internal": topic.is_internal,
+                    "partitions": [
+                        {
+                            "error_code": ErrorCode.none,
+                            "partition_index": p,
+                            "leader_id": node,
+                            "leader_epoch": 0,
+                            "replica_nodes": [node],
+                            "isr_nodes": [node],
+                            "offline_replicas": [],
+                        }
+                        for p in range(topic.partitions)
+                    ],
+                    "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                }
+            )
         return R(
             brokers=[self._broker()], cluster_id=self.config.cluster_id, controller_id=self.config.node_id,
             topics=topics, cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
@@ -221,13 +225,26 @@ class KafkaHandlers:
     async def produce(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:  # noqa: C901 (Produce's checks in the order Kafka makes them)
         acks = req.acks
         if acks not in (0, 1, -1):
-            return R(responses=[
-                {"name": td.name, "partition_responses": [
-                    {"index": pd.index, "error_code": 21, "base_offset": -1, "log_append_time": None,
-                     "log_start_offset": -1, "record_errors": [],
-                     "error_message": f"acks must be 0, 1 or -1 (all), got {acks}"}
-                    for pd in td.partition_data]}
-                for td in req.topic_data])
+            return R(
+                responses=[
+                    {
+                        "name": td.name,
+                        "partition_responses": [
+                            {
+                                "index": pd.index,
+                                "error_code": ErrorCode.invalid_required_acks,
+                                "base_offset": -1,
+                                "log_append_time": None,
+                                "log_start_offset": -1,
+                                "record_errors": [],
+                                "error_message": f"acks must be 0, 1 or -1 (all), got {acks}",
+                            }
+                            for pd in td.partition_data
+                        ],
+                    }
+                    for td in req.topic_data
+                ]
+            )
         results: list[tuple[str, list[dict[str, Any]]]] = []
         last_seq = 0
         for td in req.topic_data:
@@ -235,21 +252,24 @@ class KafkaHandlers:
             partitions = []
             for pd in td.partition_data:
                 entry: dict[str, Any] = {
-                    "index": pd.index, "error_code": NONE, "base_offset": -1, "log_append_time": None,
+                    "index": pd.index, "error_code": ErrorCode.none, "base_offset": -1, "log_append_time": None,
                     "log_start_offset": -1, "record_errors": [], "error_message": None,
                 }
                 part = self._partition(td.name, pd.index) if topic else None
                 if req.transactional_id is not None:
-                    entry.update(error_code=53, error_message="transactions are not supported by this broker")
+                    entry.update(
+                        error_code=ErrorCode.transactional_id_authorization_failed,
+                        error_message="transactions are not supported by this broker",
+                    )
                 elif topic is None or part is None:
-                    entry.update(error_code=UNKNOWN_TOPIC_OR_PARTITION,
+                    entry.update(error_code=ErrorCode.unknown_topic_or_partition,
                                  error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}")
                 elif pd.records is None:
-                    entry.update(error_code=87, error_message="produce request has no records")
+                    entry.update(error_code=ErrorCode.invalid_record, error_message="produce request has no records")
                 elif (rejection := self._gate_rejection(topic.configs, pd.records)) is not None:
                     log.info("produce to %s-%d refused by the data quality gate: %s", td.name, pd.index,
                              rejection.message)
-                    entry.update(error_code=87, error_message=rejection.message, record_errors=[
+                    entry.update(error_code=ErrorCode.invalid_record, error_message=rejection.message, record_errors=[
                         {"batch_index": rejection.batch_index, "batch_index_error_message": rejection.message}])
                 else:
                     try:
@@ -268,12 +288,16 @@ class KafkaHandlers:
             except OSError as exc:
                 for _, partitions in results:
                     for entry in partitions:
-                        if entry["error_code"] == NONE:
-                            entry.update(error_code=KAFKA_STORAGE_ERROR, error_message=str(exc), base_offset=-1)
+                        if entry["error_code"] == ErrorCode.none:
+                            entry.update(
+                                error_code=ErrorCode.kafka_storage_error,
+                                error_message=str(exc),
+                                base_offset=-1,
+                            )
             return R(responses=[{"name": name, "partition_responses": parts} for name, parts in results])
 
         if acks == 0:
-            failed = [e for _, parts in results for e in parts if e["error_code"] != NONE]
+            failed = [e for _, parts in results for e in parts if e["error_code"] != ErrorCode.none]
             if failed:
                 raise CloseConnection(f"acks=0 produce refused: {failed[0]['error_message']}")
             return None
@@ -297,12 +321,12 @@ class KafkaHandlers:
                 for fp in ft.partitions:
                     part = self._partition(ft.topic, fp.partition)
                     entry: dict[str, Any] = {
-                        "partition_index": fp.partition, "error_code": NONE, "high_watermark": -1,
+                        "partition_index": fp.partition, "error_code": ErrorCode.none, "high_watermark": -1,
                         "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                         "preferred_read_replica": -1, "records": b"",
                     }
                     if part is None:
-                        entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                        entry["error_code"] = ErrorCode.unknown_topic_or_partition
                         errors = True
                     else:
                         hw = part.high_watermark
@@ -311,7 +335,7 @@ class KafkaHandlers:
                             entry["aborted_transactions"] = []
                         offset = fp.fetch_offset
                         if offset < part.log_start_offset or offset > hw:
-                            entry["error_code"] = OFFSET_OUT_OF_RANGE
+                            entry["error_code"] = ErrorCode.offset_out_of_range
                             errors = True
                         elif offset < hw and total < max_bytes:
                             budget = min(fp.partition_max_bytes, max_bytes - total)
@@ -320,7 +344,7 @@ class KafkaHandlers:
                             except Exception as exc:  # noqa: BLE001 - the object store failed: a retriable per-partition error
                                 log.warning("fetch %s-%d at %d: object store read failed: %s",
                                             ft.topic, fp.partition, offset, exc)
-                                entry["error_code"] = KAFKA_STORAGE_ERROR
+                                entry["error_code"] = ErrorCode.kafka_storage_error
                                 errors = True
                             else:
                                 entry["records"] = data
@@ -329,7 +353,7 @@ class KafkaHandlers:
                 responses.append({"topic": ft.topic, "partitions": partitions})
             remaining = deadline - time.monotonic()
             if total >= min_bytes or errors or remaining <= 0:
-                return R(error_code=NONE, session_id=0, responses=responses)
+                return R(error_code=ErrorCode.none, session_id=0, responses=responses)
             await self.logs.wait_for_data(remaining)
 
     async def list_offsets(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
@@ -338,10 +362,10 @@ class KafkaHandlers:
             partitions = []
             for p in t.partitions:
                 part = self._partition(t.name, p.partition_index)
-                entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": NONE,
+                entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
                                          "timestamp": -1, "offset": -1, "leader_epoch": 0}
                 if part is None:
-                    entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                    entry["error_code"] = ErrorCode.unknown_topic_or_partition
                 elif p.timestamp == -1:  # latest
                     entry["offset"] = part.high_watermark
                 elif p.timestamp in (-2, -4, -5):  # earliest (and earliest local / tiered)
@@ -351,7 +375,7 @@ class KafkaHandlers:
                 elif p.timestamp >= 0:
                     entry["offset"], entry["timestamp"] = self.logs.offset_for_timestamp(part, p.timestamp)
                 else:
-                    entry["error_code"] = INVALID_REQUEST
+                    entry["error_code"] = ErrorCode.invalid_request
                 partitions.append(entry)
             topics.append({"name": t.name, "partitions": partitions})
         return R(topics=topics)
@@ -363,21 +387,21 @@ class KafkaHandlers:
             for p in t.partitions:
                 part = self._partition(t.topic, p.partition)
                 if part is None:
-                    partitions.append({"error_code": UNKNOWN_TOPIC_OR_PARTITION, "partition": p.partition})
+                    partitions.append({"error_code": ErrorCode.unknown_topic_or_partition, "partition": p.partition})
                 else:
-                    partitions.append({"error_code": NONE, "partition": p.partition, "leader_epoch": 0,
+                    partitions.append({"error_code": ErrorCode.none, "partition": p.partition, "leader_epoch": 0,
                                        "end_offset": part.high_watermark})
             topics.append({"topic": t.topic, "partitions": partitions})
         return R(topics=topics)
 
     async def init_producer_id(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         if req.transactional_id is not None:
-            return R(error_code=UNSUPPORTED_VERSION, producer_id=-1, producer_epoch=-1)
+            return R(error_code=ErrorCode.unsupported_version, producer_id=-1, producer_epoch=-1)
         producer_id = field(req, "producer_id", -1)
         epoch = field(req, "producer_epoch", -1)
         if producer_id >= 0 and 0 <= epoch < 32767:
-            return R(error_code=NONE, producer_id=producer_id, producer_epoch=epoch + 1)
-        return R(error_code=NONE, producer_id=self.cluster.metadata.next_producer_id(), producer_epoch=0)
+            return R(error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=epoch + 1)
+        return R(error_code=ErrorCode.none, producer_id=self.cluster.metadata.next_producer_id(), producer_epoch=0)
 
     # ------------------------------------------------------------ topics and configs
 
@@ -385,14 +409,24 @@ class KafkaHandlers:
         results = []
         for t in req.topics:
             configs = {c.name: c.value for c in t.configs}
-            result: dict[str, Any] = {"name": t.name, "topic_id": None, "error_code": NONE, "error_message": None,
-                                      "num_partitions": -1, "replication_factor": -1, "configs": None}
+            result: dict[str, Any] = {
+                "name": t.name,
+                "topic_id": None,
+                "error_code": ErrorCode.none,
+                "error_message": None,
+                "num_partitions": -1,
+                "replication_factor": -1,
+                "configs": None,
+            }
             try:
                 partitions = t.num_partitions
                 if t.assignments:
                     partitions = len(t.assignments)
                     if any(b != self.config.node_id for a in t.assignments for b in a.broker_ids):
-                        raise TopicError(39, f"replica assignment may only name broker {self.config.node_id}")
+                        raise TopicError(
+                            ErrorCode.invalid_replica_assignment,
+                            f"replica assignment may only name broker {self.config.node_id}",
+                        )
                 if req.validate_only:
                     self.cluster.validate_new_topic(t.name, partitions, configs)
                     topic_partitions = partitions if partitions > 0 else self.config.default_partitions
@@ -427,11 +461,15 @@ class KafkaHandlers:
             wanted = [(name, None) for name in req.topic_names]
         responses = []
         for name, topic_id in wanted:
-            entry: dict[str, Any] = {"name": name, "topic_id": topic_id or uuid.UUID(int=0), "error_code": NONE,
-                                     "error_message": None}
+            entry: dict[str, Any] = {
+                "name": name,
+                "topic_id": topic_id or uuid.UUID(int=0),
+                "error_code": ErrorCode.none,
+                "error_message": None,
+            }
             try:
                 if name is None:
-                    raise TopicError(100, f"Topic id {topic_id} does not exist.")
+                    raise TopicError(ErrorCode.unknown_topic_id, f"Topic id {topic_id} does not exist.")
                 topic = self.cluster.delete_topic(name)
                 entry["topic_id"] = topic.topic_id
             except TopicError as exc:
@@ -442,7 +480,7 @@ class KafkaHandlers:
     async def create_partitions(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         results = []
         for t in req.topics:
-            entry: dict[str, Any] = {"name": t.name, "error_code": NONE, "error_message": None}
+            entry: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none, "error_message": None}
             try:
                 self.cluster.add_partitions(t.name, t.count, req.validate_only)
             except TopicError as exc:
@@ -455,13 +493,18 @@ class KafkaHandlers:
         documentation = field(req, "include_documentation", False)
         results = []
         for res in req.resources:
-            entry: dict[str, Any] = {"error_code": NONE, "error_message": None, "resource_type": res.resource_type,
-                                     "resource_name": res.resource_name, "configs": []}
+            entry: dict[str, Any] = {
+                "error_code": ErrorCode.none,
+                "error_message": None,
+                "resource_type": res.resource_type,
+                "resource_name": res.resource_name,
+                "configs": [],
+            }
             keys = res.configuration_keys
             if res.resource_type == RESOURCE_TOPIC:
                 topic = self.cluster.topics.get(res.resource_name)
                 if topic is None:
-                    entry.update(error_code=UNKNOWN_TOPIC_OR_PARTITION,
+                    entry.update(error_code=ErrorCode.unknown_topic_or_partition,
                                  error_message=f"Topic '{res.resource_name}' does not exist.")
                 else:
                     for name, key in topic_configs.KEYS.items():
@@ -488,7 +531,7 @@ class KafkaHandlers:
                         "config_type": 2, "documentation": None,
                     })
             else:
-                entry.update(error_code=INVALID_REQUEST,
+                entry.update(error_code=ErrorCode.invalid_request,
                              error_message=f"resource type {res.resource_type} is not supported")
             results.append(entry)
         return R(results=results)
@@ -531,15 +574,19 @@ class KafkaHandlers:
     def _apply_configs(
         self, res: Any, change: Callable[[dict[str, str]], dict[str, Any]], validate_only: bool
     ) -> dict[str, Any]:
-        entry: dict[str, Any] = {"error_code": NONE, "error_message": None, "resource_type": res.resource_type,
-                                 "resource_name": res.resource_name}
+        entry: dict[str, Any] = {
+            "error_code": ErrorCode.none,
+            "error_message": None,
+            "resource_type": res.resource_type,
+            "resource_name": res.resource_name,
+        }
         if res.resource_type != RESOURCE_TOPIC:
-            entry.update(error_code=INVALID_REQUEST, error_message="only topic configs can be altered")
+            entry.update(error_code=ErrorCode.invalid_request, error_message="only topic configs can be altered")
             return entry
         topic = self.cluster.topics.get(res.resource_name)
         if topic is None:
             entry.update(
-                error_code=UNKNOWN_TOPIC_OR_PARTITION,
+                error_code=ErrorCode.unknown_topic_or_partition,
                 error_message=f"Topic '{res.resource_name}' does not exist.",
             )
             return entry
@@ -547,7 +594,7 @@ class KafkaHandlers:
             new = change(dict(topic.configs))
             self.cluster.set_configs(topic.name, {k: v for k, v in new.items() if v is not None}, validate_only)
         except topic_configs.InvalidConfigError as exc:
-            entry.update(error_code=INVALID_CONFIG, error_message=str(exc))
+            entry.update(error_code=ErrorCode.invalid_config, error_message=str(exc))
         except TopicError as exc:
             entry.update(error_code=exc.code, error_message=exc.message)
         return entry
@@ -556,8 +603,8 @@ class KafkaHandlers:
 
     async def find_coordinator(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         key_type = field(req, "key_type", 0)
-        error, message = (NONE, None) if key_type == 0 else (
-            COORDINATOR_NOT_AVAILABLE, "transactions are not supported by this broker")
+        error, message = (ErrorCode.none, None) if key_type == 0 else (
+            ErrorCode.coordinator_not_available, "transactions are not supported by this broker")
         node = self._broker()
         if R.version >= 4:
             return R(coordinators=[{"key": key, "node_id": node["node_id"], "host": node["host"],
@@ -595,7 +642,7 @@ class KafkaHandlers:
         for m in req.members:
             members.append({"member_id": m.member_id, "group_instance_id": m.group_instance_id,
                             "error_code": self.groups.leave(req.group_id, m.member_id, m.group_instance_id)})
-        return R(error_code=NONE, members=members)
+        return R(error_code=ErrorCode.none, members=members)
 
     async def offset_commit(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         generation = field(req, "generation_id_or_member_epoch", field(req, "generation_id", -1))
@@ -606,9 +653,9 @@ class KafkaHandlers:
             partitions = []
             for p in t.partitions:
                 code = error
-                if code == NONE and self._partition(t.name, p.partition_index) is None:
-                    code = UNKNOWN_TOPIC_OR_PARTITION
-                if code == NONE:
+                if code == ErrorCode.none and self._partition(t.name, p.partition_index) is None:
+                    code = ErrorCode.unknown_topic_or_partition
+                if code == ErrorCode.none:
                     to_store.append((t.name, p.partition_index, p.committed_offset,
                                      field(p, "committed_leader_epoch", -1), p.committed_metadata))
                 partitions.append({"partition_index": p.partition_index, "error_code": code})
@@ -623,12 +670,12 @@ class KafkaHandlers:
                 {
                     "group_id": g.group_id,
                     "topics": self._fetched_offsets(g.group_id, g.topics, "partition_indexes"),
-                    "error_code": NONE,
+                    "error_code": ErrorCode.none,
                 }
                 for g in req.groups
             ]
             return R(groups=groups)
-        return R(topics=self._fetched_offsets(req.group_id, req.topics, "partition_indexes"), error_code=NONE)
+        return R(topics=self._fetched_offsets(req.group_id, req.topics, "partition_indexes"), error_code=ErrorCode.none)
 
     def _fetched_offsets(self, group_id: str, topics: Any, partitions_field: str) -> list[dict[str, Any]]:
         committed = self.cluster.metadata.committed_offsets(group_id)
@@ -646,7 +693,7 @@ class KafkaHandlers:
                 c = committed.get((name, p))
                 entries.append({"partition_index": p, "committed_offset": c.offset if c else -1,
                                 "committed_leader_epoch": c.leader_epoch if c else -1,
-                                "metadata": c.metadata if c else "", "error_code": NONE})
+                                "metadata": c.metadata if c else "", "error_code": ErrorCode.none})
             result.append({"name": name, "partitions": entries})
         return result
 
@@ -656,7 +703,7 @@ class KafkaHandlers:
         for group_id in req.groups:
             group = self.groups.groups.get(group_id)
             if group is None and group_id not in known_offsets:
-                groups.append({"error_code": GROUP_ID_NOT_FOUND if R.version >= 6 else NONE,
+                groups.append({"error_code": ErrorCode.group_id_not_found if R.version >= 6 else ErrorCode.none,
                                "error_message": f"Group {group_id} not found." if R.version >= 6 else None,
                                "group_id": group_id, "group_state": "Dead", "protocol_type": "",
                                "protocol_data": "", "members": [],
@@ -670,10 +717,18 @@ class KafkaHandlers:
                                     "client_id": m.client_id, "client_host": m.client_host,
                                     "member_metadata": m.metadata_for(group.protocol_name or ""),
                                     "member_assignment": m.assignment})
-            groups.append({"error_code": NONE, "error_message": None, "group_id": group_id, "group_state": state,
-                           "protocol_type": (group.protocol_type or "") if group else "consumer",
-                           "protocol_data": (group.protocol_name or "") if group else "", "members": members,
-                           "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})
+            groups.append(
+                {
+                    "error_code": ErrorCode.none,
+                    "error_message": None,
+                    "group_id": group_id,
+                    "group_state": state,
+                    "protocol_type": (group.protocol_type or "") if group else "consumer",
+                    "protocol_data": (group.protocol_name or "") if group else "",
+                    "members": members,
+                    "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                }
+            )
         return R(groups=groups)
 
     async def list_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
@@ -688,13 +743,13 @@ class KafkaHandlers:
                                       "group_state": group.state, "group_type": "classic"}
         groups = [g for g in listed.values()
                   if (not states or g["group_state"].lower() in states) and (not types or "classic" in types)]
-        return R(error_code=NONE, groups=groups)
+        return R(error_code=ErrorCode.none, groups=groups)
 
     async def delete_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         results = []
         for group_id in req.groups_names:
             code = self.groups.delete(group_id)
-            if code == NONE:
+            if code == ErrorCode.none:
                 self.cluster.metadata.delete_group_offsets(group_id)
             results.append({"group_id": group_id, "error_code": code})
         return R(results=results)

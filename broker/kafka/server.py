@@ -14,6 +14,7 @@ import inspect
 import logging
 from typing import Any
 
+from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 
 from broker.kafka import codec
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
 API_VERSIONS = 18
-UNSUPPORTED_VERSION = 35
 
 
 class KafkaServer:
@@ -106,10 +106,12 @@ class KafkaServer:
             return None
         if not versions[0] <= api_version <= versions[1]:
             if api_key == API_VERSIONS:
-                # Kafka's rule: answer in v0 with UNSUPPORTED_VERSION and the versions we do speak.
+                # Kafka's rule: answer in v0 with ErrorCode.unsupported_version and the versions we do speak.
                 return codec.encode_response(
                     correlation_id,
-                    api_versions_response(codec.Responder(API_VERSIONS, 0), UNSUPPORTED_VERSION),
+                    api_versions_response(
+                        codec.Responder(API_VERSIONS, 0), ErrorCode.unsupported_version
+                    ),
                 )
             self.malformed_requests += 1
             log.warning(
