@@ -80,6 +80,43 @@ CREATE TABLE IF NOT EXISTS counters (
 );
 """
 
+# The schema as a versioned list: a database records the number of migrations applied to it
+# (table schema_version) and a broker applies the ones it lacks, each in its own transaction, at
+# start. Migration 1 is the schema every database had before versions were recorded (its
+# CREATE ... IF NOT EXISTS adopts such a database as it is). Add a migration; never edit one.
+MIGRATIONS: tuple[str, ...] = (_SCHEMA,)
+_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+
+
+def _statements(script: str, postgres: bool) -> list[str]:
+    script = script.replace("BLOB", "BYTEA") if postgres else script
+    return [statement for statement in script.split(";") if statement.strip()]
+
+
+def migrate(connection: Any, postgres: bool) -> int:
+    """Apply the migrations the database lacks; the version it is at now. ``connection`` is
+    in autocommit mode (sqlite3 with ``isolation_level=None``, psycopg with ``autocommit``)."""
+    connection.execute(_VERSION_TABLE)
+    row = connection.execute("SELECT max(version) FROM schema_version").fetchone()
+    version = int(row[0]) if row and row[0] is not None else 0
+    if version > len(MIGRATIONS):
+        raise SchemaTooNewError(f"the metadata database is at schema version {version}, newer than this "
+                                f"broker's {len(MIGRATIONS)}: run a broker at least as new as the one that migrated it")
+    for number in range(version + 1, len(MIGRATIONS) + 1):
+        connection.execute("BEGIN")
+        try:
+            for statement in _statements(MIGRATIONS[number - 1], postgres):
+                connection.execute(statement)
+            connection.execute("DELETE FROM schema_version")
+            connection.execute("INSERT INTO schema_version (version) VALUES (%s)" if postgres
+                               else "INSERT INTO schema_version (version) VALUES (?)", (number,))
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+    return len(MIGRATIONS)
+
+
 # One batch inside a chunk: base offset, byte position within the chunk, size,
 # broker append time, producer max timestamp.
 BATCH_INDEX_ENTRY = struct.Struct(">qIIqq")
@@ -225,12 +262,16 @@ class MetadataInUseError(MetadataUnavailableError):
     """Another broker already keeps its metadata in this database."""
 
 
+class SchemaTooNewError(MetadataUnavailableError):
+    """The database was migrated by a newer broker than this one."""
+
+
 def _open_sqlite(path: Path) -> _Database:
     path.parent.mkdir(parents=True, exist_ok=True)
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     connection.execute("PRAGMA journal_mode=WAL")
     connection.execute("PRAGMA synchronous=FULL")
-    connection.executescript(_SCHEMA)
+    migrate(connection, postgres=False)
     return _Database(connection, postgres=False)
 
 
@@ -262,10 +303,7 @@ def _open_postgres(uri: str, lock_wait_s: float) -> _Database:
         if not _take_lock(connection, lock_wait_s):
             raise MetadataInUseError(
                 f"another broker holds the metadata database {_redact(uri)}: one broker per metadata database")
-        with connection.transaction():
-            for statement in _SCHEMA.replace("BLOB", "BYTEA").split(";"):
-                if statement.strip():
-                    connection.execute(statement)
+        migrate(connection, postgres=True)
     except BaseException:
         connection.close()
         raise

@@ -8,6 +8,7 @@ the next request meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -401,7 +402,8 @@ class KafkaHandlers:
         epoch = field(req, "producer_epoch", -1)
         if producer_id >= 0 and 0 <= epoch < 32767:
             return R(error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=epoch + 1)
-        return R(error_code=ErrorCode.none, producer_id=self.cluster.metadata.next_producer_id(), producer_epoch=0)
+        producer_id = await asyncio.to_thread(self.cluster.metadata.next_producer_id)
+        return R(error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=0)
 
     # ------------------------------------------------------------ topics and configs
 
@@ -660,25 +662,22 @@ class KafkaHandlers:
                                      field(p, "committed_leader_epoch", -1), p.committed_metadata))
                 partitions.append({"partition_index": p.partition_index, "error_code": code})
             topics.append({"name": t.name, "partitions": partitions})
-        if to_store:
-            self.cluster.metadata.commit_offsets(req.group_id, to_store)
+        if to_store:  # a SQLite fsync or a Postgres round trip: off the event loop (requests of one
+            # connection are handled one after another, so its next OffsetFetch sees this commit)
+            await asyncio.to_thread(self.cluster.metadata.commit_offsets, req.group_id, to_store)
         return R(topics=topics)
 
     async def offset_fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         if R.version >= 8:
-            groups = [
-                {
-                    "group_id": g.group_id,
-                    "topics": self._fetched_offsets(g.group_id, g.topics, "partition_indexes"),
-                    "error_code": ErrorCode.none,
-                }
-                for g in req.groups
-            ]
+            groups = [{"group_id": g.group_id,
+                       "topics": await self._fetched_offsets(g.group_id, g.topics, "partition_indexes"),
+                       "error_code": ErrorCode.none} for g in req.groups]
             return R(groups=groups)
-        return R(topics=self._fetched_offsets(req.group_id, req.topics, "partition_indexes"), error_code=ErrorCode.none)
+        return R(topics=await self._fetched_offsets(req.group_id, req.topics, "partition_indexes"),
+                 error_code=ErrorCode.none)
 
-    def _fetched_offsets(self, group_id: str, topics: Any, partitions_field: str) -> list[dict[str, Any]]:
-        committed = self.cluster.metadata.committed_offsets(group_id)
+    async def _fetched_offsets(self, group_id: str, topics: Any, partitions_field: str) -> list[dict[str, Any]]:
+        committed = await asyncio.to_thread(self.cluster.metadata.committed_offsets, group_id)
         wanted: dict[str, list[int]] = {}
         if topics is None:
             for (t, p) in committed:

@@ -9,17 +9,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from broker import metadata
 from broker.metadata import (
     BatchRef,
     Chunk,
     MetadataInUseError,
     MetadataStore,
     MetadataUnavailableError,
+    SchemaTooNewError,
     pack_batch_index,
 )
 from tests.postgres import PostgresServer
@@ -193,3 +196,41 @@ def test_a_metadata_uri_that_is_not_postgres_is_a_configuration_error(tmp_path: 
     assert cli.main(["broker", "--home", str(tmp_path), "--metadata-uri", "mysql://u@h/db"]) == 2
     assert "metadata URI must be postgresql://" in capsys.readouterr().err
     assert not (tmp_path / "metadata.sqlite").exists()
+
+
+def _raw(target: Path | str) -> Any:
+    """A bare autocommit connection to the store's database (what an operator would open)."""
+    if isinstance(target, Path):
+        import sqlite3
+
+        return sqlite3.connect(target, isolation_level=None)
+    import psycopg
+
+    return psycopg.connect(target, autocommit=True)
+
+
+def test_the_schema_is_versioned_and_migrated_once(target: Path | str) -> None:
+    """A new database is at the newest version; one made before versions were recorded (the same
+    tables, no schema_version) is adopted with its data; one a newer broker migrated is refused."""
+    store = MetadataStore(target)
+    store.create_topic("kept", 1, {})
+    store.close()
+    raw = _raw(target)
+    try:
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(len(metadata.MIGRATIONS),)]
+        raw.execute("DROP TABLE schema_version")  # as a database from before versions were recorded
+    finally:
+        raw.close()
+    store = MetadataStore(target)
+    try:
+        assert "kept" in {t.name for t in store.topics()}
+    finally:
+        store.close()
+    raw = _raw(target)
+    try:
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(len(metadata.MIGRATIONS),)]
+        raw.execute("UPDATE schema_version SET version = version + 1")
+    finally:
+        raw.close()
+    with pytest.raises(SchemaTooNewError, match="newer than this broker's"):
+        MetadataStore(target)
