@@ -6,17 +6,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 
-.PHONY: setup system-deps run test docs bench lint clean
-
 JARS := $(VENV)/share/icefall/jars
+# The C extensions (built in place by the editable install).
+EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jobs/_kafka_records.c
+# What the linters look at.
+LINT_PATHS := broker spark_jobs dags plugins tests bench
 
-setup: $(VENV)/.installed $(JARS)/.pinned
+.PHONY: setup system-deps run test test-unit docs bench lint lint-code format-check format clean
+
+setup: $(VENV)/.installed $(VENV)/.extensions $(JARS)/.pinned
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
 	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test,docs]"
+	touch $@ $(VENV)/.extensions
+
+# A changed C source rebuilds the extensions: the editable install of this package alone, again.
+$(VENV)/.extensions: $(EXT_SOURCES) | $(VENV)/.installed
+	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt --no-deps --reinstall-package icefall -e .
 	touch $@
 
 # The Iceberg Spark runtime and AWS bundle from Maven Central by their coordinates
@@ -46,6 +55,10 @@ run: setup
 test: setup system-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The quick loop: tests without a broker process, S3 server, Spark or Airflow (markers: tests/conftest.py).
+test-unit: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
+
 # The documentation site (docs/, mkdocs.yml), built with warnings as errors
 # (NO_MKDOCS_2_WARNING: without Material's end-of-life banner in every build log).
 docs: setup
@@ -54,10 +67,18 @@ docs: setup
 bench: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/produce_consume.py
 
-lint: setup
-	$(BIN)/ruff check broker spark_jobs dags plugins tests bench
+# ruff's rules, mypy (its files and settings: pyproject.toml), then the formatting.
+lint: lint-code format-check
+
+lint-code: setup
+	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy
-	MYPYPATH=plugins $(BIN)/mypy dags plugins
+
+format-check: setup
+	$(BIN)/ruff format --check $(LINT_PATHS)
+
+format: setup
+	$(BIN)/ruff format $(LINT_PATHS)
 
 clean:
 	rm -rf $(VENV) .icefall

@@ -17,13 +17,23 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess  # noqa: E402 (needs the sys.path entry above)
 
 MIB = 1024 * 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-__all__ = ["MIB", "REPO", "BrokerProcess", "CpuByProcess", "Measure", "become_subreaper", "machine", "measure", "pid_cpu_seconds",
-           "reap_orphans"]
+__all__ = [
+    "MIB",
+    "REPO",
+    "BrokerProcess",
+    "CpuByProcess",
+    "Measure",
+    "become_subreaper",
+    "machine",
+    "measure",
+    "pid_cpu_seconds",
+    "reap_orphans",
+]
 
 
 def machine() -> dict[str, str | int]:

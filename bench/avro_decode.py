@@ -75,7 +75,7 @@ def main() -> None:
         "python": RowConverter(table, lookup, flavor="spark", use_extension=False),
         "c": RowConverter(table, lookup, flavor="spark"),
     }
-    for name, converter in converters.items():  # warm up (plans, imports) and compare
+    for converter in converters.values():  # warm up (plans, imports) and compare
         converter.convert(chunks[0])
     a, b = (c.convert(chunks[0]) for c in converters.values())
     assert a.batch.equals(b.batch) and a.errors == b.errors == [], "the two paths disagree"
@@ -95,8 +95,11 @@ def main() -> None:
                         c._column(chunk, "value", c.value_type, chunk.values, c.value_target, {})
             seconds = best_cpu(run, args.repeat)
             results[(what, name)] = seconds
-            print(f"  {what:<13} {name:<7} {records / seconds:>12,.0f} records/s  {value_bytes / MIB / seconds:>8.1f} MiB/s"
-                  f"  {seconds / records * 1e6:>6.2f} µs/record")
+            print(
+                f"  {what:<13} {name:<7} {records / seconds:>12,.0f} records/s  "
+                f"{value_bytes / MIB / seconds:>8.1f} MiB/s"
+                f"  {seconds / records * 1e6:>6.2f} µs/record"
+            )
         ratio = results[(what, "python")] / results[(what, "c")]
         print(f"  {what:<13} C / Python: {ratio:.1f}x")
 

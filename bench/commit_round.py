@@ -256,10 +256,8 @@ def baseline(broker: BrokerProcess, topic: str, partitions: int) -> dict[str, An
     from spark_jobs import avro_schema
 
     catalog = load_catalog(broker.catalog_url)
-    try:
+    with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace("baseline")
-    except NamespaceAlreadyExistsError:
-        pass
     iceberg_schema = avro_schema.table_schema(SCHEMA)  # exactly the round's table schema
     identifier = ("baseline", _table_identifier(topic))
     table = catalog.create_table(identifier, schema=iceberg_schema)
@@ -514,9 +512,11 @@ def markdown(args: argparse.Namespace, info: dict[str, Any], prod: dict[str, Any
     e = (rnd or {}).get("empty", {})
     ratio = f"{f['mib_per_s'] / b['mib_per_s']:.2f}" if f and b else "—"
     lines.append(
-        f"| {info['date']} | {prod['value_bytes'] / MIB:.0f} | {b.get('mib_per_s', '—')} | {b.get('mib_per_cpu_s', '—')} "
+        f"| {info['date']} | {prod['value_bytes'] / MIB:.0f} "
+        f"| {b.get('mib_per_s', '—')} | {b.get('mib_per_cpu_s', '—')} "
         f"| {f.get('mib_per_s', '—')} | {f.get('mib_per_s_per_core', '—')} | {f.get('rows_per_s_per_core', '—')} "
-        f"| {ratio} | {f.get('mib_per_cpu_s', '—')} | {e.get('wall_s', '—')} | local[{args.cores}] |")
+        f"| {ratio} | {f.get('mib_per_cpu_s', '—')} | {e.get('wall_s', '—')} | local[{args.cores}] |"
+    )
     lines.append("")
     if b:
         lines.append(f"Baseline: {b['wall_s']} s wall ({b['rows_per_s']:,} rows/s), phases {b['phases']}, "

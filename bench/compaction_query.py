@@ -235,12 +235,16 @@ def main() -> None:
     print(json.dumps(info, indent=2))
     if args.json:
         args.json.write_text(json.dumps(info, indent=2) + "\n")
-    print(f"\n{info['date']}, {info['machine']['nproc']} cores: {args.rounds} rounds, {before['rows']:,} rows; "
-          f"{before['data_files']} files / {before['manifests']} manifests -> "
-          f"{after['data_files']} / {after['manifests']}\n"
-          f"  Spark SQL  {before['spark_s']:.3f} s -> {after['spark_s']:.3f} s  (before/after {info['ratio']['spark']:.2f})\n"
-          f"  DuckDB     {before['duckdb_s']:.3f} s -> {after['duckdb_s']:.3f} s  (before/after {info['ratio']['duckdb']:.2f})",
-          file=sys.stderr)
+    print(
+        f"\n{info['date']}, {info['machine']['nproc']} cores: {args.rounds} rounds, {before['rows']:,} rows; "
+        f"{before['data_files']} files / {before['manifests']} manifests -> "
+        f"{after['data_files']} / {after['manifests']}\n"
+        f"  Spark SQL  {before['spark_s']:.3f} s -> {after['spark_s']:.3f} s  "
+        f"(before/after {info['ratio']['spark']:.2f})\n"
+        f"  DuckDB     {before['duckdb_s']:.3f} s -> {after['duckdb_s']:.3f} s  "
+        f"(before/after {info['ratio']['duckdb']:.2f})",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -175,13 +175,26 @@ def main() -> int:
         eligible = [seq for seq, ms in enumerate(producer.produced_ms) if ms <= cutoff_ms]
         freshness = [(seen[s] - producer.produced_ms[s]) / 1000 for s in eligible if s in seen]
         result = {
-            "machine": machine(), "minutes": args.minutes, "interval_s": args.interval_s, "rate": args.rate,
-            "trigger_bytes": args.trigger_bytes, "settle_s": settle_s, "value_bytes_per_s": round(producer.bytes_sent / (args.minutes * 60)),
-            "produced": producer.sent, "visible": len(seen), "snapshots": snapshots,
-            "freshness_s": {"n": len(freshness), "p50": round(percentile(freshness, 0.5), 2),
-                            "p99": round(percentile(freshness, 0.99), 2), "max": round(max(freshness), 2)}
-            if freshness else {"n": 0},
-            "measured": len(eligible), "not_visible_by_end": len(eligible) - len(freshness),
+            "machine": machine(),
+            "minutes": args.minutes,
+            "interval_s": args.interval_s,
+            "rate": args.rate,
+            "trigger_bytes": args.trigger_bytes,
+            "settle_s": settle_s,
+            "value_bytes_per_s": round(producer.bytes_sent / (args.minutes * 60)),
+            "produced": producer.sent,
+            "visible": len(seen),
+            "snapshots": snapshots,
+            "freshness_s": {
+                "n": len(freshness),
+                "p50": round(percentile(freshness, 0.5), 2),
+                "p99": round(percentile(freshness, 0.99), 2),
+                "max": round(max(freshness), 2),
+            }
+            if freshness
+            else {"n": 0},
+            "measured": len(eligible),
+            "not_visible_by_end": len(eligible) - len(freshness),
             "target_p99_s": args.interval_s + 10,
             "round_costs": round_costs(airflow.home / "airflow.db"),
         }

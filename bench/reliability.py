@@ -180,7 +180,10 @@ def main() -> None:
                                 per_partition=args.per_partition)
             finally:
                 broker.stop()
-            summary["wide"] = {**wide.as_dict(), "peak_over_baseline": round(wide.peak_rss_mib / wide.baseline_rss_mib, 2)}
+            summary["wide"] = {
+                **wide.as_dict(),
+                "peak_over_baseline": round(wide.peak_rss_mib / wide.baseline_rss_mib, 2),
+            }
             summary["wide_round"] = wide_round(work, args.partitions, args.round_records)
         if "rounds" in only:
             summary["rounds"] = round_kills(args, work)

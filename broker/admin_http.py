@@ -194,7 +194,10 @@ class AdminApi(HttpService):
         if start < part.log_start_offset:
             return _error(416, f"offset {start} is before the log start {part.log_start_offset}")
         if end > part.flushed_offset:
-            return _error(409, f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})")
+            return _error(
+                409,
+                f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})",
+            )
         return _answer(contracts.TopicRanges(topic=topic.name, partition=partition, start=start, end=end,
                                              object_store=self.config.store.url,
                                              ranges=ranges_for(part, start, end)))

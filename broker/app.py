@@ -70,17 +70,30 @@ class Broker:
         await self.catalog.start(self.config.host, self.config.catalog_port)
         self.retention.start()
         log.info(
-            "icefall broker up: kafka %s:%d, admin http://%s:%d, schema registry http://%s:%d, object store %s, home %s",
-            self.config.host, self.config.kafka_port, self.config.host, self.config.admin_port,
-            self.config.host, self.config.registry_port, self.store.describe(), self.config.home,
+            "icefall broker up: kafka %s:%d, admin http://%s:%d, schema registry http://%s:%d, "
+            "object store %s, home %s",
+            self.config.host,
+            self.config.kafka_port,
+            self.config.host,
+            self.config.admin_port,
+            self.config.host,
+            self.config.registry_port,
+            self.store.describe(),
+            self.config.home,
         )
         log.info("iceberg REST catalog http://%s:%d, warehouse %s", self.config.host, self.config.catalog_port,
                  self.config.catalog_warehouse)
 
     async def stop(self) -> None:
-        for name, close in [("segment retention", self.retention.close), ("catalog", self.catalog.close), ("registry", self.registry.close),
-                            ("admin API", self.admin.close), ("kafka listener", self.kafka.close),
-                            ("group coordinator", self.groups.close), ("logs", self.logs.close)]:
+        for name, close in [
+            ("segment retention", self.retention.close),
+            ("catalog", self.catalog.close),
+            ("registry", self.registry.close),
+            ("admin API", self.admin.close),
+            ("kafka listener", self.kafka.close),
+            ("group coordinator", self.groups.close),
+            ("logs", self.logs.close),
+        ]:
             log.debug("stopping the %s", name)
             await close()
         self.metadata.close()

@@ -65,13 +65,19 @@ class Cluster:
 
     def validate_new_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> dict[str, str]:
         if not _TOPIC_NAME.match(name) or name in (".", ".."):
-            raise TopicError(ErrorCode.invalid_topic_exception, f"Topic name {name!r} is illegal: use up to 249 of [A-Za-z0-9._-]")
+            raise TopicError(
+                ErrorCode.invalid_topic_exception,
+                f"Topic name {name!r} is illegal: use up to 249 of [A-Za-z0-9._-]",
+            )
         if name in self.topics:
             raise TopicError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
         if partitions == -1:
             partitions = self.config.default_partitions
         if not 1 <= partitions <= MAX_PARTITIONS:
-            raise TopicError(ErrorCode.invalid_partitions, f"Number of partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+            raise TopicError(
+                ErrorCode.invalid_partitions,
+                f"Number of partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}",
+            )
         try:
             return topic_configs.validate_all(configs)
         except topic_configs.InvalidConfigError as exc:
@@ -113,7 +119,10 @@ class Cluster:
         if topic is None:
             raise TopicError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
         if count <= topic.partitions:
-            raise TopicError(ErrorCode.invalid_partitions, f"Topic currently has {topic.partitions} partitions, {count} is not an increase.")
+            raise TopicError(
+                ErrorCode.invalid_partitions,
+                f"Topic currently has {topic.partitions} partitions, {count} is not an increase.",
+            )
         if count > MAX_PARTITIONS:
             raise TopicError(ErrorCode.invalid_partitions, f"At most {MAX_PARTITIONS} partitions")
         if validate_only:

@@ -119,7 +119,8 @@ class BrokerConfig(BaseSettings):
         "where tables live: a directory, file:// or s3://bucket/prefix (default file://HOME/warehouse); "
         "for a tablebucket catalog, the table bucket's ARN"))
     catalog_vended_credentials: bool = Field(default=False, description=(
-        "hand this broker's AWS credentials to catalog clients in the load-table config (off: clients use their own)"))
+        "hand this broker's AWS credentials to catalog clients in the load-table config "
+        "(off: clients use their own)"))
     catalog: CatalogConfig = Field(default_factory=CatalogConfig, description="the Iceberg catalog of the tables")
 
     @field_validator("object_store", mode="before")
@@ -140,7 +141,8 @@ class BrokerConfig(BaseSettings):
         kind = self.catalog.type
         if kind == "tablebucket" and not (self.warehouse or "").startswith("arn:"):
             raise ValueError(f"{CATALOG_PREFIX}type=tablebucket needs {CATALOG_PREFIX}warehouse set to the table "
-                             f"bucket's ARN (arn:aws:s3tables:<region>:<account>:bucket/<name>), got {self.warehouse!r}")
+                             "bucket's ARN (arn:aws:s3tables:<region>:<account>:bucket/<name>), "
+                             f"got {self.warehouse!r}")
         if kind == "nessie" and not self.catalog.uri:
             raise ValueError(f"{CATALOG_PREFIX}type=nessie needs {CATALOG_PREFIX}uri (e.g. http://host:19120/api/v2)")
         if kind in ("glue", "nessie") and not (self.warehouse or "").startswith("s3"):

@@ -69,7 +69,7 @@ class ProducerState:
         assert isinstance(recent, list)
         epoch = data["epoch"]
         assert isinstance(epoch, int)
-        return cls(epoch, [tuple(r) for r in recent])  # type: ignore[misc]
+        return cls(epoch, [tuple(r) for r in recent])
 
 
 class PartitionLog:
@@ -99,11 +99,15 @@ class PartitionLog:
         if state is None:
             return None
         if header.producer_epoch < state.epoch:
-            raise ProduceError(ErrorCode.producer_fenced, f"producer epoch {header.producer_epoch} is fenced by {state.epoch}")
+            raise ProduceError(
+                ErrorCode.producer_fenced,
+                f"producer epoch {header.producer_epoch} is fenced by {state.epoch}",
+            )
         if header.producer_epoch > state.epoch:
             if header.base_sequence != 0:
                 raise ProduceError(
-                    ErrorCode.out_of_order_sequence_number, f"new producer epoch {header.producer_epoch} must start at sequence 0, got {header.base_sequence}"
+                    ErrorCode.out_of_order_sequence_number,
+                    f"new producer epoch {header.producer_epoch} must start at sequence 0, got {header.base_sequence}",
                 )
             return None
         for first, last, base in state.recent:
@@ -112,7 +116,8 @@ class PartitionLog:
         expected = (state.last_sequence + 1) % (2**31)
         if header.base_sequence != expected:
             raise ProduceError(
-                ErrorCode.out_of_order_sequence_number, f"out of order sequence {header.base_sequence} for producer {header.producer_id}, expected {expected}"
+                ErrorCode.out_of_order_sequence_number,
+                f"out of order sequence {header.base_sequence} for producer {header.producer_id}, expected {expected}",
             )
         return None
 
@@ -283,10 +288,16 @@ class LogStore:
         if self.wal.failure is not None:
             # Checked before anything is accepted into memory: a batch that can never be
             # made durable must not take an offset (KAFKA_STORAGE_ERROR is retriable).
-            raise ProduceError(ErrorCode.kafka_storage_error, f"write-ahead log failed ({self.wal.failure}); the broker needs a restart")
+            raise ProduceError(
+                ErrorCode.kafka_storage_error,
+                f"write-ahead log failed ({self.wal.failure}); the broker needs a restart",
+            )
         for header in headers:
             if header.size > max_message_bytes:
-                raise ProduceError(ErrorCode.message_too_large, f"record batch of {header.size} bytes exceeds max.message.bytes {max_message_bytes}")
+                raise ProduceError(
+                    ErrorCode.message_too_large,
+                    f"record batch of {header.size} bytes exceeds max.message.bytes {max_message_bytes}",
+                )
             if header.is_control:
                 raise ProduceError(ErrorCode.invalid_record, "clients may not produce control batches")
         if self.unflushed_bytes > self.max_unflushed_bytes:
@@ -326,7 +337,10 @@ class LogStore:
             self._flush_needed.set()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ProduceError(ErrorCode.kafka_storage_error, "object store is not keeping up; the broker is holding back produces")
+                raise ProduceError(
+                    ErrorCode.kafka_storage_error,
+                    "object store is not keeping up; the broker is holding back produces",
+                )
             self._flush_done.clear()
             await _wait_event(self._flush_done, remaining)
 
@@ -334,7 +348,7 @@ class LogStore:
         part.high_watermark = max(part.high_watermark, end_offset)
         self._data_arrived.set()
 
-    async def wait_for_data(self, timeout: float) -> None:
+    async def wait_for_data(self, timeout: float) -> None:  # noqa: ASYNC109 (a poll deadline, not a cancellation)
         self._data_arrived.clear()
         await _wait_event(self._data_arrived, timeout)
 
@@ -463,7 +477,13 @@ class LogStore:
                 chunk_start = position
                 for batch in batches:
                     refs.append(
-                        BatchRef(batch.base_offset, position - chunk_start, len(batch.data), batch.append_ms, batch.max_timestamp)
+                        BatchRef(
+                            batch.base_offset,
+                            position - chunk_start,
+                            len(batch.data),
+                            batch.append_ms,
+                            batch.max_timestamp,
+                        )
                     )
                     parts.append(batch.data)
                     position += len(batch.data)
@@ -516,7 +536,7 @@ class LogStore:
         ]
 
 
-async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:  # noqa: ASYNC109 (asyncio.timeout/wait_for cancellation can hang on 3.11)
     """Wait for ``event`` at most ``timeout`` seconds (without asyncio.wait_for,
     whose cancellation can hang on Python 3.11)."""
     waiter = asyncio.ensure_future(event.wait())

@@ -349,7 +349,9 @@ class MetadataStore:
             configs.setdefault(topic, {})[key] = value
         return [
             TopicRecord(name, uuid.UUID(topic_id), partitions, configs.get(name, {}))
-            for name, topic_id, partitions in self.db.query("SELECT name, topic_id, partitions FROM topics ORDER BY name")
+            for name, topic_id, partitions in self.db.query(
+                "SELECT name, topic_id, partitions FROM topics ORDER BY name"
+            )
         ]
 
     def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicRecord:
@@ -426,7 +428,12 @@ class MetadataStore:
         return {k for (k,) in self.db.query("SELECT DISTINCT object_key FROM chunks")}
 
     def log_start_offsets(self) -> dict[tuple[str, int], int]:
-        return {(t, p): o for t, p, o in self.db.query("SELECT topic, partition, log_start_offset FROM partition_state")}
+        return {
+            (t, p): o
+            for t, p, o in self.db.query(
+                "SELECT topic, partition, log_start_offset FROM partition_state"
+            )
+        }
 
     # ------------------------------------------------------------ groups
 

@@ -6,6 +6,7 @@ worker thread, and the Spark executors call it directly to read byte ranges.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Protocol
@@ -64,10 +65,8 @@ class LocalObjectStore:
             os.close(fd)
 
     def delete(self, key: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()
-        except FileNotFoundError:
-            pass
 
     def list(self, prefix: str) -> list[str]:
         return sorted(

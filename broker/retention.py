@@ -36,6 +36,7 @@ on the event loop in one synchronous step, so no flush or fetch sees half of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -210,10 +211,8 @@ class Retention:
         index change is one synchronous step, so a stop leaves at most orphans."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def _loop(self) -> None:
         while True:

@@ -353,7 +353,7 @@ def table_name(topic: str) -> str:
 def _int_or(value: str | None, default: int) -> int:
     """``value`` as an integer; ``default`` when it is unset or not a number (an old or hand-edited manifest)."""
     try:
-        return int(value) if value not in (None, "") else default  # type: ignore[arg-type]
+        return int(value) if value not in (None, "") else default
     except ValueError:
         return default
 

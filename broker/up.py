@@ -13,6 +13,7 @@ sets the demo topic's commit interval (default 60000).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -224,24 +225,18 @@ class AirflowStack:
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
     """SIGTERM the process group, SIGKILL what is left after ``timeout`` (children too: they share the group)."""
     _signal_group(proc, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        pass
     _signal_group(proc, signal.SIGKILL)  # the leader may be gone while children of its group live on
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: AirflowStack | None,
@@ -251,7 +246,11 @@ def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: 
     if airflow is None:
         ui = "  Airflow:          not started (ICEFALL_NO_AIRFLOW)\n"
     else:
-        login = f"admin / {password}" if password else f"see {airflow.home / 'simple_auth_manager_passwords.json.generated'}"
+        login = (
+            f"admin / {password}"
+            if password
+            else f"see {airflow.home / 'simple_auth_manager_passwords.json.generated'}"
+        )
         ui = (f"  Airflow UI:       {airflow.url}  (login {login})\n"
               f"  Commit DAG:       {airflow.url}/dags/{names.commit_dag_id(DEMO_TOPIC)}\n"
               f"  Table topics:     {airflow.url}/plugin/icefall-table-topics\n"
@@ -272,7 +271,8 @@ def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: 
         f"  DuckDB:     from broker.catalog import duckdb_local; con = duckdb_local.connect(); "
         f"duckdb_local.attach_catalog(con, '{config.catalog_url}', 'lake'); "
         f"con.sql('SELECT page, count(*) FROM lake.default.{DEMO_TOPIC} GROUP BY page')\n"
-        f"  Spark SQL:  spark-sql --jars \"$(python -c 'from spark_jobs.jars import iceberg_jars; print(\",\".join(iceberg_jars()))')\" "
+        "  Spark SQL:  spark-sql "
+        "--jars \"$(python -c 'from spark_jobs.jars import iceberg_jars; print(\",\".join(iceberg_jars()))')\" "
         f"--conf spark.sql.catalog.icefall=org.apache.iceberg.spark.SparkCatalog "
         f"--conf spark.sql.catalog.icefall.type=rest --conf spark.sql.catalog.icefall.uri={config.catalog_url} "
         f"-e 'SELECT count(*) FROM icefall.default.{DEMO_TOPIC}'\n"
@@ -375,10 +375,11 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
             print(f"icefall: the demo producer failed: {demo.error!r}", file=sys.stderr)
             return 1
         print(f"\nstopping (demo producer sent {demo.sent} records)...", flush=True)
-        return 0
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 1
+    else:
+        return 0
     finally:
         if airflow is not None:
             airflow.stop()

@@ -9,6 +9,7 @@ index commits. Entries carry a CRC; replay stops at the first torn entry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import struct
@@ -107,10 +108,8 @@ class WriteAheadLog:
             self._wakeup.set()
             await self.wait_durable(self._appended)
             self._writer.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
-            except asyncio.CancelledError:
-                pass
         os.close(self._file[1])
 
     def append(self, entry: WalEntry, on_durable: Callable[[], None]) -> int:
@@ -135,10 +134,6 @@ class WriteAheadLog:
     def last_sequence(self) -> int:
         """The sequence number of the latest append: waiting for it covers all earlier ones."""
         return self._appended
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_size
 
     async def wait_durable(self, seq: int) -> None:
         while self._durable < seq:

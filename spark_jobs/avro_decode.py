@@ -43,10 +43,6 @@ WIRE_HEADER = 5  # magic byte + 4-byte big-endian schema id
 Convert = Callable[[Any], Any]
 
 
-class WireFormatError(ValueError):
-    """Bytes without the Confluent header (magic byte 0 + 4-byte schema id)."""
-
-
 class TrailingBytesError(ValueError):
     """The Avro body decoded but bytes were left over: written with another schema."""
 

@@ -37,6 +37,7 @@ only for format v3: v1/v2 table metadata cannot carry them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from collections.abc import Iterator, Mapping
@@ -94,10 +95,8 @@ def parse_avro(schema: AvroSchemaLike) -> Any:
     if isinstance(schema, Mapping) and schema.get("__fastavro_parsed"):
         return schema
     if isinstance(schema, str):
-        try:
+        with contextlib.suppress(ValueError):  # else a bare primitive name such as `string`
             schema = json.loads(schema)
-        except ValueError:
-            pass  # a bare primitive name such as `string`
     return parse_schema(dict(schema) if isinstance(schema, Mapping) else schema)
 
 
@@ -530,7 +529,10 @@ def storage_type(t: pa.DataType) -> pa.DataType:
     if isinstance(t, pa.StructType):
         return pa.struct([f.with_type(storage_type(f.type)) for f in t])
     if isinstance(t, pa.MapType):
-        return pa.map_(t.key_field.with_type(storage_type(t.key_type)), t.item_field.with_type(storage_type(t.item_type)))
+        return pa.map_(
+            t.key_field.with_type(storage_type(t.key_type)),
+            t.item_field.with_type(storage_type(t.item_type)),
+        )
     if isinstance(t, pa.ListType):
         return pa.list_(t.value_field.with_type(storage_type(t.value_type)))
     return t

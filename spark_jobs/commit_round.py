@@ -219,13 +219,14 @@ class CommitRound:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
                 result = self._attempt(broker_plan, extra_ids, changes)
-                result.attempts = attempt
-                result.schema_changes = changes
-                return result
             except LostRace as exc:
                 log.warning("round %s lost a race (attempt %d): %s", self.round_id, attempt, exc)
             except _Evolve as again:
                 extra_ids |= again.schema_ids
+            else:
+                result.attempts = attempt
+                result.schema_changes = changes
+                return result
         raise RoundFailed(f"gave up after {MAX_ATTEMPTS} attempts: other writers kept moving main")
 
     def _first_schema_id(self, ranges: list[Any]) -> Callable[[], int | None]:
@@ -238,7 +239,9 @@ class CommitRound:
 
         return first
 
-    def _attempt(self, broker_plan: TopicPlan, extra_ids: set[int], changes: list[str]) -> RoundResult:
+    def _attempt(  # noqa: C901 (to be split in a change of its own)
+        self, broker_plan: TopicPlan, extra_ids: set[int], changes: list[str]
+    ) -> RoundResult:
         t0 = time.monotonic()
         table = self.catalog.load_table(self.topic.identifier) if self.catalog.table_exists(
             self.topic.identifier) else None
@@ -309,8 +312,13 @@ class CommitRound:
             parsed = None
             if self.json and staged:
                 spark = self.spark()
-                parsed = json_values.parse(spark, round_tasks.read_staged(spark, table, staged), table, self._spark_table(spark),
-                                           debezium=self.upsert is not None and self.upsert.debezium)
+                parsed = json_values.parse(
+                    spark,
+                    round_tasks.read_staged(spark, table, staged),
+                    table,
+                    self._spark_table(spark),
+                    debezium=self.upsert is not None and self.upsert.debezium,
+                )
                 changes.extend(parsed.schema_changes)
                 report.errors.extend(parsed.errors)
                 report.rows -= len(parsed.errors)

@@ -346,7 +346,9 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
             result.superseded = len(moved) - len(written)
         else:
             columns = [f"`{f.name}`" for f in table.schema().fields]
-            rows = upsert.keep_offsets(spark, round_tasks.read_staged(spark, table, staged), now_good).selectExpr(*columns)
+            rows = upsert.keep_offsets(
+                spark, round_tasks.read_staged(spark, table, staged), now_good
+            ).selectExpr(*columns)
             upsert.with_commit_properties(spark, properties, lambda: rows.writeTo(target).option(
                 "check-nullability", "false").append())
             moved = written = now_good

@@ -214,7 +214,13 @@ def _errors(frame: Any, error_class: str, message: str) -> list[DecodeError]:
     for r in frame.select(*[f"`{c}`" for c in (*SYSTEM, KAFKA_VALUE)]).collect():
         meta = r[KAFKA_METADATA]
         key = r[KAFKA_KEY]
-        key_bytes = key.encode() if isinstance(key, str) else bytes(key) if isinstance(key, (bytes, bytearray)) else None
+        key_bytes = (
+            key.encode()
+            if isinstance(key, str)
+            else bytes(key)
+            if isinstance(key, (bytes, bytearray))
+            else None
+        )
         headers = tuple((k, bytes(v) if v is not None else None) for k, v in (r[KAFKA_HEADERS] or {}).items())
         out.append(DecodeError(meta["partition"], meta["offset"], int(meta["timestamp"].timestamp() * 1000),
                                error_class, message, key_bytes, r[KAFKA_VALUE].encode(), headers))

@@ -77,10 +77,6 @@ DAY_MS = 24 * HOUR_MS
 DANGLING_DELETE_OPTIONS = "'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false'"
 
 
-class MaintenanceFailed(RuntimeError):
-    """An action failed; the message says which and why."""
-
-
 @dataclass
 class TableResult:
     """What maintenance did to one table."""
@@ -150,13 +146,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--zorder-columns", default=None,
                         help="z-order compaction by these columns, e.g. 'id,ts' (default: topic config "
                              "maintenance.compaction.zorder.columns, table property)")
-    parser.add_argument("--min-input-files", type=int, default=None,
-                        help="compact a group of small files only when it has at least this many (default 5, Iceberg's)")
+    parser.add_argument(
+        "--min-input-files",
+        type=int,
+        default=None,
+        help="compact a group of small files only when it has at least this many (default 5, Iceberg's)",
+    )
     parser.add_argument("--delete-file-threshold", type=int, default=None,
                         help="rewrite a data file with at least this many delete files even when its size is fine "
                              "(default: topic config maintenance.compaction.delete.file.threshold, table property, 1)")
-    parser.add_argument("--expire-older-than-hours", type=float, default=None,
-                        help="expire snapshots older than this (default: topic config expire.snapshot.older.than.hours)")
+    parser.add_argument(
+        "--expire-older-than-hours",
+        type=float,
+        default=None,
+        help="expire snapshots older than this (default: topic config expire.snapshot.older.than.hours)",
+    )
     parser.add_argument("--retain-last", type=int, default=None,
                         help="snapshots always kept (default: topic config expire.snapshot.retain.last)")
     parser.add_argument("--orphan-older-than-days", type=float, default=None,
@@ -474,7 +478,8 @@ def _summary(action: str, done: dict[str, Any]) -> str:
 
 
 def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, MaintenanceResult]:
-    """One maintenance run from command-line arguments; ``spark``: a session to use (else one is started and stopped)."""
+    """One maintenance run from command-line arguments; ``spark``: a session to use (else one
+    is started and stopped)."""
     args = parse_args(argv)
     started = time.monotonic()
     job: Maintenance | None = None

@@ -54,12 +54,6 @@ class UnexpectedBranchState(RuntimeError):
     """The round branch does not hold exactly one new snapshot on top of the planned parent."""
 
 
-@dataclass(frozen=True)
-class Published:
-    snapshot_id: int
-    parent_snapshot_id: int | None
-
-
 def _set_ref(name: str, kind: SnapshotRefType, snapshot_id: int) -> SetSnapshotRefUpdate:
     return SetSnapshotRefUpdate.model_validate({"ref-name": name, "type": kind, "snapshot-id": snapshot_id})
 

@@ -52,10 +52,6 @@ class RoundPlan:
     def offsets_after(self) -> dict[int, int]:
         return {w.partition: max(w.end, w.start) for w in self.windows}
 
-    @property
-    def bytes_planned(self) -> int:
-        return sum(r.byte_end - r.byte_start for r in self.ranges)
-
 
 def windows(
     broker_plan: Mapping[str, Any] | TopicPlan,

@@ -412,7 +412,13 @@ def _check_required(array: pa.Array, f: NestedField, path: str, bad: dict[int, _
     if f.required and array.null_count:
         nulls = pc.indices_nonzero(array.is_null())
         for i in (rows.take(nulls) if rows is not None else nulls).to_pylist():
-            bad.setdefault(i, _Failure(NULL_IN_REQUIRED, f"column {path} is required but the record has no value for it"))
+            bad.setdefault(
+                i,
+                _Failure(
+                    NULL_IN_REQUIRED,
+                    f"column {path} is required but the record has no value for it",
+                ),
+            )
     t = f.field_type
     if isinstance(t, StructType):
         assert isinstance(array, pa.StructArray)
@@ -421,8 +427,13 @@ def _check_required(array: pa.Array, f: NestedField, path: str, bad: dict[int, _
                 missing = pc.and_(array.is_valid(), child_array.is_null())
                 positions = pc.indices_nonzero(missing)
                 for i in (rows.take(positions) if rows is not None else positions).to_pylist():
-                    bad.setdefault(i, _Failure(NULL_IN_REQUIRED,
-                                               f"column {path}.{child.name} is required but the record has no value for it"))
+                    bad.setdefault(
+                        i,
+                        _Failure(
+                            NULL_IN_REQUIRED,
+                            f"column {path}.{child.name} is required but the record has no value for it",
+                        ),
+                    )
             _check_required(child_array, _optional(child), f"{path}.{child.name}", bad, rows)
     elif isinstance(t, (ListType, MapType)):
         assert isinstance(array, pa.ListArray)  # MapArray is a ListArray

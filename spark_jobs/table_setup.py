@@ -9,6 +9,7 @@ schema-id), which reloads and plans again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -95,10 +96,8 @@ def load_or_create(
     schema = avro_schema.table_schema(value_schema, key_type=options.key_type, value_type=options.value_type,
                                       transform=options.transform, key_schema=key_schema,
                                       format_version=options.format_version)
-    try:
+    with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(topic.namespace)
-    except NamespaceAlreadyExistsError:
-        pass
     properties = {
         "format-version": str(options.format_version),
         "write.parquet.compression-codec": "zstd",
@@ -106,10 +105,10 @@ def load_or_create(
     }
     try:
         table = catalog.create_table(topic.identifier, schema, properties=properties)
-        log.info("created table %s.%s with %d columns", topic.namespace, topic.table, len(schema.fields))
-        return table
     except TableAlreadyExistsError:  # a concurrent round created it first
         return catalog.load_table(topic.identifier)
+    log.info("created table %s.%s with %d columns", topic.namespace, topic.table, len(schema.fields))
+    return table
 
 
 BASE_PROPERTY, BASE_NOTE = "icefall.base", "empty table created for the first round"
@@ -122,7 +121,10 @@ def ensure_base_snapshot(table: Table) -> Table:
     if table.metadata.refs.get("main") is not None:
         return table
     try:
-        with table.transaction() as tx, tx.update_snapshot(snapshot_properties={BASE_PROPERTY: BASE_NOTE}).fast_append():
+        with (
+            table.transaction() as tx,
+            tx.update_snapshot(snapshot_properties={BASE_PROPERTY: BASE_NOTE}).fast_append(),
+        ):
             pass
     except CommitFailedException:
         pass

@@ -273,7 +273,8 @@ def source_sql(view: str, schema: Schema, options: UpsertOptions) -> str:
     if options.cdc_field:
         first = f"UPPER(SUBSTRING(TRIM({_quote(options.cdc_field)}), 1, 1))"
         letters = ", ".join(f"'{c}'" for c in options.upsert_letters)
-        op = f"CASE WHEN {tombstone} THEN 'D' WHEN {first} IN ({letters}) THEN 'U' WHEN {first} = 'D' THEN 'D' ELSE 'X' END"
+        op = (f"CASE WHEN {tombstone} THEN 'D' WHEN {first} IN ({letters}) THEN 'U' "
+              f"WHEN {first} = 'D' THEN 'D' ELSE 'X' END")
     else:
         op = f"CASE WHEN {tombstone} THEN 'D' ELSE 'U' END"
     id_list = ", ".join(f"`{ID_PREFIX}{i}`" for i in range(len(options.id_columns)))

@@ -1,11 +1,21 @@
 from __future__ import annotations
 
+import contextlib
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import types
+import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, free_port, wait_for
 
 
 @pytest.fixture
@@ -13,17 +23,17 @@ def broker_factory(tmp_path: Path) -> Iterator[object]:
     """Start brokers with extra flags; every one started is stopped at teardown."""
     started: list[BrokerProcess] = []
 
-    def make(extra_args: list[str] | None = None, env: dict[str, str] | None = None, name: str = "home") -> BrokerProcess:
+    def make(
+        extra_args: list[str] | None = None, env: dict[str, str] | None = None, name: str = "home"
+    ) -> BrokerProcess:
         broker = BrokerProcess(tmp_path / name, extra_args, env)
         started.append(broker)
         return broker.start()
 
     yield make
     for broker in started:
-        try:
+        with contextlib.suppress(Exception):  # a broker that failed to start or already died
             broker.stop()
-        except Exception:  # noqa: BLE001, S110
-            pass
 
 
 @pytest.fixture
@@ -34,16 +44,6 @@ def broker(broker_factory: object) -> BrokerProcess:
 
 
 # ---------------------------------------------------------------- S3 (moto)
-
-import os
-import signal
-import subprocess
-import sys
-import urllib.request
-import uuid
-from typing import Any
-
-from tests.support import free_port, wait_for
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # Debian's libfaketime (make system-deps)
 MOTO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
@@ -92,7 +92,9 @@ class MotoS3:
     def wait_ready(self, timeout: float = 30.0) -> None:
         def answers() -> bool:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"moto server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"moto server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
             with urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=2) as resp:
                 return bool(resp.status == 200)
 
@@ -126,3 +128,97 @@ def s3_bucket(moto_s3: MotoS3) -> str:
     name = f"icefall-{uuid.uuid4().hex[:12]}"
     moto_s3.client().create_bucket(Bucket=name)
     return name
+
+
+# ---------------------------------------------------------------- markers
+#
+# Every test gets at least one of the markers registered in pyproject.toml:
+#   e2e, reliability      by directory (tests/e2e, tests/reliability)
+#   airflow               by directory (tests/dags, tests/plugins)
+#   integration           starts a process: a broker, moto's S3 server, PostgreSQL
+#   spark                 uses a Spark session or runs a Spark job as a process
+#   unit                  none of the above: `make test-unit`, the quick loop
+# "Starts a process" and "uses Spark" are read from the code of the test, of the fixtures
+# it uses (with the fixtures those use), and of the tests.* helpers these call, so a new
+# test is classified without a list to keep up to date. A marker set by hand is kept.
+
+CATEGORIES = ("unit", "integration", "spark", "airflow", "e2e", "reliability")
+_BY_DIRECTORY = {"e2e": "e2e", "reliability": "reliability", "dags": "airflow", "plugins": "airflow"}
+# A name in the code that starts a process...
+_PROCESS_NAMES = frozenset({"BrokerProcess", "MotoS3", "PostgresServer", "Popen"})
+# ...or a Spark session, or a Spark job in a process.
+_SPARK_NAMES = frozenset({"spark_session", "SparkSession"})
+_SPARK_STRINGS = frozenset({"spark_jobs.commit_round", "spark_jobs.maintenance", "spark_jobs.dlq_reprocess",
+                            "spark-submit"})
+_SPARK_FIXTURES = frozenset({"spark"})
+_TESTS_DIR = Path(__file__).resolve().parent
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _uses(func: Any, seen: set[Any]) -> tuple[set[str], set[str]]:
+    """Global names and string constants in ``func``'s code and in the code of the
+    functions and classes of tests.* it refers to (transitively)."""
+    names: set[str] = set()
+    strings: set[str] = set()
+    todo = [func]
+    while todo:
+        current = inspect.unwrap(todo.pop())
+        if current in seen:
+            continue
+        seen.add(current)
+        if inspect.isclass(current):
+            todo.extend(v for v in vars(current).values() if inspect.isfunction(v))
+            continue
+        code = getattr(current, "__code__", None)
+        if code is None:
+            continue
+        module_globals = getattr(current, "__globals__", {})
+        for each in _code_objects(code):
+            names.update(each.co_names)
+            strings.update(c for c in each.co_consts if isinstance(c, str))
+            for name in each.co_names:
+                target = module_globals.get(name)
+                if (inspect.isfunction(target) or inspect.isclass(target)) and \
+                        getattr(target, "__module__", "").startswith("tests."):
+                    todo.append(target)
+    return names, strings
+
+
+def _categories(item: pytest.Item) -> set[str]:
+    found: set[str] = set()
+    parts = Path(str(item.path)).resolve().relative_to(_TESTS_DIR).parts
+    if len(parts) > 1 and parts[0] in _BY_DIRECTORY:
+        found.add(_BY_DIRECTORY[parts[0]])
+    fixture_names = set(getattr(item, "fixturenames", ()))
+    if fixture_names & _SPARK_FIXTURES:
+        found.add("spark")
+    funcs: list[Any] = [getattr(item, "function", None)]
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    for name in fixture_names:
+        funcs.extend(d.func for d in (fixture_info.name2fixturedefs.get(name, ()) if fixture_info else ()))
+    seen: set[Any] = set()
+    for func in funcs:
+        if func is None:
+            continue
+        names, strings = _uses(func, seen)
+        if names & _PROCESS_NAMES:
+            found.add("integration")
+        if names & _SPARK_NAMES or strings & _SPARK_STRINGS:
+            found.add("spark")
+    return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        marked = {m.name for m in item.iter_markers() if m.name in CATEGORIES}
+        found = (marked | _categories(item)) - {"unit"}
+        if "unit" in marked and found:
+            raise pytest.UsageError(f"{item.nodeid} is marked unit but is {', '.join(sorted(found))}")
+        for name in sorted(found - marked) or (["unit"] if not marked else []):
+            item.add_marker(name)

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -25,7 +25,18 @@ def free_port() -> int:
         return port
 
 
-def wait_for(condition: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.05, what: str = "condition") -> T:
+def present(value: T | None) -> T:
+    """``value``, asserted not None: for Optional attributes a test knows are set."""
+    assert value is not None
+    return value
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> T:
     """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
@@ -37,7 +48,10 @@ def wait_for(condition: Callable[[], T | None], timeout: float = 30.0, interval:
         except Exception as exc:  # keep polling; report the last error on timeout  # noqa: BLE001
             last_error = exc
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+    raise TimeoutError(
+        f"timed out after {timeout}s waiting for {what}"
+        + (f" (last error: {last_error!r})" if last_error else "")
+    )
 
 
 class BrokerProcess:
@@ -108,10 +122,11 @@ class BrokerProcess:
             self.proc.wait(10)
             raise
 
-    def admin(self, path: str, method: str = "GET") -> dict[str, object]:
+    def admin(self, path: str, method: str = "GET") -> dict[str, Any]:
+        """The admin API's JSON answer."""
         req = urllib.request.Request(self.admin_url + path, method=method)
         with urllib.request.urlopen(req, timeout=10) as resp:
-            data: dict[str, object] = json.loads(resp.read())
+            data: dict[str, Any] = json.loads(resp.read())
             return data
 
     def log_text(self) -> str:

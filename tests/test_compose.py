@@ -149,7 +149,7 @@ def _broker_args(services: dict[str, dict[str, Any]]) -> argparse.Namespace:
 
 
 def test_the_stack_has_every_service_of_the_design(services: dict[str, dict[str, Any]]) -> None:
-    assert REQUIRED <= set(services), f"missing: {REQUIRED - set(services)}"
+    assert set(services) >= REQUIRED, f"missing: {REQUIRED - set(services)}"
     for name, args in AIRFLOW_COMMANDS.items():
         command = _command(services[name])
         assert command[0] == "airflow" and command[1:1 + len(args)] == args, name
@@ -394,7 +394,10 @@ def test_the_image_is_built_from_this_repository_with_the_pinned_constraints(
     assert re.search(r"pip install .*-c constraints\.txt \.", dockerfile)
     # the jars Spark sessions get come from the same pom and checksums as `make setup`'s
     assert "spark_jobs/jvm/pom.xml" in dockerfile and "jars.sha256" in dockerfile
-    assert "COPY --from=jars /jars /opt/icefall/jars" in dockerfile and "ICEFALL_JARS_DIR=/opt/icefall/jars" in dockerfile
+    assert (
+        "COPY --from=jars /jars /opt/icefall/jars" in dockerfile
+        and "ICEFALL_JARS_DIR=/opt/icefall/jars" in dockerfile
+    )
     ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     for match in re.finditer(r"^COPY (?!--from)(?:--\S+ )*(.+) \S+$", dockerfile, re.MULTILINE):

@@ -98,7 +98,9 @@ class CatalogStore:
             raise NamespaceNotEmptyError(f"Namespace {'.'.join(namespace)} has child namespaces")
         self.sql.drop_namespace(namespace)
 
-    def update_namespace(self, namespace: Identifier, removals: set[str], updates: dict[str, str]) -> dict[str, list[str]]:
+    def update_namespace(
+        self, namespace: Identifier, removals: set[str], updates: dict[str, str]
+    ) -> dict[str, list[str]]:
         # the marker is rewritten every time: a namespace left without rows would cease to exist
         summary = self.sql.update_namespace_properties(namespace, removals, {**updates, **EXISTS_MARKER})
         return {"updated": sorted(set(summary.updated) - EXISTS_MARKER.keys()), "removed": sorted(summary.removed),

@@ -12,11 +12,9 @@ import dataclasses
 import datetime
 import io
 import struct
-import sys
 import types
 import typing
 from functools import cache
-from types import ModuleType
 from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
@@ -111,10 +109,6 @@ def check_nulls(entity: Any, path: str = "") -> None:
 @cache
 def response_schema(api_key: int, api_version: int) -> type[Any]:
     return load_response_schema(api_key, api_version)
-
-
-def response_module(api_key: int, api_version: int) -> ModuleType:
-    return sys.modules[response_schema(api_key, api_version).__module__]
 
 
 @cache

@@ -197,7 +197,10 @@ class GroupCoordinator:
         rebalance timeout drops members that did not rejoin."""
         if initial:
             # keep extending while members arrive, up to the rebalance timeout
-            deadline = time.monotonic() + max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
+            deadline = (
+                time.monotonic()
+                + max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
+            )
             while True:
                 group.new_member_added = False
                 await asyncio.sleep(delay)

@@ -187,15 +187,27 @@ class KafkaHandlers:
                 topics.append(self._metadata_error(name, topic_id, ErrorCode.unknown_topic_or_partition))
                 continue
             node = self.config.node_id
-            topics.append({
-                "error_code": ErrorCode.none, "name": topic.name, "topic_id": topic.topic_id, "is_internal": topic.is_internal,
-                "partitions": [
-                    {"error_code": ErrorCode.none, "partition_index": p, "leader_id": node, "leader_epoch": 0,
-                     "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
-                    for p in range(topic.partitions)
-                ],
-                "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-            })
+            topics.append(
+                {
+                    "error_code": ErrorCode.none,
+                    "name": topic.name,
+                    "topic_id": topic.topic_id,
+                    "is_internal": topic.is_internal,
+                    "partitions": [
+                        {
+                            "error_code": ErrorCode.none,
+                            "partition_index": p,
+                            "leader_id": node,
+                            "leader_epoch": 0,
+                            "replica_nodes": [node],
+                            "isr_nodes": [node],
+                            "offline_replicas": [],
+                        }
+                        for p in range(topic.partitions)
+                    ],
+                    "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                }
+            )
         return R(
             brokers=[self._broker()], cluster_id=self.config.cluster_id, controller_id=self.config.node_id,
             topics=topics, cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
@@ -211,16 +223,29 @@ class KafkaHandlers:
 
     # ------------------------------------------------------------ produce / fetch
 
-    async def produce(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+    async def produce(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:  # noqa: C901 (Produce's checks in the order Kafka makes them)
         acks = req.acks
         if acks not in (0, 1, -1):
-            return R(responses=[
-                {"name": td.name, "partition_responses": [
-                    {"index": pd.index, "error_code": ErrorCode.invalid_required_acks, "base_offset": -1, "log_append_time": None,
-                     "log_start_offset": -1, "record_errors": [],
-                     "error_message": f"acks must be 0, 1 or -1 (all), got {acks}"}
-                    for pd in td.partition_data]}
-                for td in req.topic_data])
+            return R(
+                responses=[
+                    {
+                        "name": td.name,
+                        "partition_responses": [
+                            {
+                                "index": pd.index,
+                                "error_code": ErrorCode.invalid_required_acks,
+                                "base_offset": -1,
+                                "log_append_time": None,
+                                "log_start_offset": -1,
+                                "record_errors": [],
+                                "error_message": f"acks must be 0, 1 or -1 (all), got {acks}",
+                            }
+                            for pd in td.partition_data
+                        ],
+                    }
+                    for td in req.topic_data
+                ]
+            )
         results: list[tuple[str, list[dict[str, Any]]]] = []
         last_seq = 0
         for td in req.topic_data:
@@ -233,7 +258,10 @@ class KafkaHandlers:
                 }
                 part = self._partition(td.name, pd.index) if topic else None
                 if req.transactional_id is not None:
-                    entry.update(error_code=ErrorCode.transactional_id_authorization_failed, error_message="transactions are not supported by this broker")
+                    entry.update(
+                        error_code=ErrorCode.transactional_id_authorization_failed,
+                        error_message="transactions are not supported by this broker",
+                    )
                 elif topic is None or part is None:
                     entry.update(error_code=ErrorCode.unknown_topic_or_partition,
                                  error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}")
@@ -262,7 +290,11 @@ class KafkaHandlers:
                 for _, partitions in results:
                     for entry in partitions:
                         if entry["error_code"] == ErrorCode.none:
-                            entry.update(error_code=ErrorCode.kafka_storage_error, error_message=str(exc), base_offset=-1)
+                            entry.update(
+                                error_code=ErrorCode.kafka_storage_error,
+                                error_message=str(exc),
+                                base_offset=-1,
+                            )
             return R(responses=[{"name": name, "partition_responses": parts} for name, parts in results])
 
         if acks == 0:
@@ -310,7 +342,7 @@ class KafkaHandlers:
                             budget = min(fp.partition_max_bytes, max_bytes - total)
                             try:
                                 data = await self.logs.read(part, offset, budget)
-                            except Exception as exc:  # the object store failed: a retriable per-partition error  # noqa: BLE001
+                            except Exception as exc:  # noqa: BLE001 - the object store failed: a retriable per-partition error
                                 log.warning("fetch %s-%d at %d: object store read failed: %s",
                                             ft.topic, fp.partition, offset, exc)
                                 entry["error_code"] = ErrorCode.kafka_storage_error
@@ -379,14 +411,24 @@ class KafkaHandlers:
         results = []
         for t in req.topics:
             configs = {c.name: c.value for c in t.configs}
-            result: dict[str, Any] = {"name": t.name, "topic_id": None, "error_code": ErrorCode.none, "error_message": None,
-                                      "num_partitions": -1, "replication_factor": -1, "configs": None}
+            result: dict[str, Any] = {
+                "name": t.name,
+                "topic_id": None,
+                "error_code": ErrorCode.none,
+                "error_message": None,
+                "num_partitions": -1,
+                "replication_factor": -1,
+                "configs": None,
+            }
             try:
                 partitions = t.num_partitions
                 if t.assignments:
                     partitions = len(t.assignments)
                     if any(b != self.config.node_id for a in t.assignments for b in a.broker_ids):
-                        raise TopicError(ErrorCode.invalid_replica_assignment, f"replica assignment may only name broker {self.config.node_id}")
+                        raise TopicError(
+                            ErrorCode.invalid_replica_assignment,
+                            f"replica assignment may only name broker {self.config.node_id}",
+                        )
                 if req.validate_only:
                     self.cluster.validate_new_topic(t.name, partitions, configs)
                     topic_partitions = partitions if partitions > 0 else self.config.default_partitions
@@ -421,8 +463,12 @@ class KafkaHandlers:
             wanted = [(name, None) for name in req.topic_names]
         responses = []
         for name, topic_id in wanted:
-            entry: dict[str, Any] = {"name": name, "topic_id": topic_id or uuid.UUID(int=0), "error_code": ErrorCode.none,
-                                     "error_message": None}
+            entry: dict[str, Any] = {
+                "name": name,
+                "topic_id": topic_id or uuid.UUID(int=0),
+                "error_code": ErrorCode.none,
+                "error_message": None,
+            }
             try:
                 if name is None:
                     raise TopicError(ErrorCode.unknown_topic_id, f"Topic id {topic_id} does not exist.")
@@ -449,8 +495,13 @@ class KafkaHandlers:
         documentation = field(req, "include_documentation", False)
         results = []
         for res in req.resources:
-            entry: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None, "resource_type": res.resource_type,
-                                     "resource_name": res.resource_name, "configs": []}
+            entry: dict[str, Any] = {
+                "error_code": ErrorCode.none,
+                "error_message": None,
+                "resource_type": res.resource_type,
+                "resource_name": res.resource_name,
+                "configs": [],
+            }
             keys = res.configuration_keys
             if res.resource_type == RESOURCE_TOPIC:
                 topic = self.cluster.topics.get(res.resource_name)
@@ -522,15 +573,24 @@ class KafkaHandlers:
             responses.append(self._apply_configs(res, change, req.validate_only))
         return R(responses=responses)
 
-    def _apply_configs(self, res: Any, change: Callable[[dict[str, str]], dict[str, Any]], validate_only: bool) -> dict[str, Any]:
-        entry: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None, "resource_type": res.resource_type,
-                                 "resource_name": res.resource_name}
+    def _apply_configs(
+        self, res: Any, change: Callable[[dict[str, str]], dict[str, Any]], validate_only: bool
+    ) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "error_code": ErrorCode.none,
+            "error_message": None,
+            "resource_type": res.resource_type,
+            "resource_name": res.resource_name,
+        }
         if res.resource_type != RESOURCE_TOPIC:
             entry.update(error_code=ErrorCode.invalid_request, error_message="only topic configs can be altered")
             return entry
         topic = self.cluster.topics.get(res.resource_name)
         if topic is None:
-            entry.update(error_code=ErrorCode.unknown_topic_or_partition, error_message=f"Topic '{res.resource_name}' does not exist.")
+            entry.update(
+                error_code=ErrorCode.unknown_topic_or_partition,
+                error_message=f"Topic '{res.resource_name}' does not exist.",
+            )
             return entry
         try:
             new = change(dict(topic.configs))
@@ -656,10 +716,18 @@ class KafkaHandlers:
                                     "client_id": m.client_id, "client_host": m.client_host,
                                     "member_metadata": m.metadata_for(group.protocol_name or ""),
                                     "member_assignment": m.assignment})
-            groups.append({"error_code": ErrorCode.none, "error_message": None, "group_id": group_id, "group_state": state,
-                           "protocol_type": (group.protocol_type or "") if group else "consumer",
-                           "protocol_data": (group.protocol_name or "") if group else "", "members": members,
-                           "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})
+            groups.append(
+                {
+                    "error_code": ErrorCode.none,
+                    "error_message": None,
+                    "group_id": group_id,
+                    "group_state": state,
+                    "protocol_type": (group.protocol_type or "") if group else "consumer",
+                    "protocol_data": (group.protocol_name or "") if group else "",
+                    "members": members,
+                    "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                }
+            )
         return R(groups=groups)
 
     async def list_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
@@ -694,6 +762,12 @@ def _replace_all(replacement: dict[str, Any], _old: dict[str, str]) -> dict[str,
 def api_versions_response(R: Responder, error: int) -> Any:
     return R(
         error_code=error,
-        api_keys=[{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(ADVERTISED_VERSIONS.items())],
-        supported_features=[], finalized_features_epoch=-1, finalized_features=[], zk_migration_ready=False,
+        api_keys=[
+            {"api_key": k, "min_version": lo, "max_version": hi}
+            for k, (lo, hi) in sorted(ADVERTISED_VERSIONS.items())
+        ],
+        supported_features=[],
+        finalized_features_epoch=-1,
+        finalized_features=[],
+        zk_migration_ready=False,
     )

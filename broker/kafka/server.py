@@ -107,9 +107,20 @@ class KafkaServer:
         if not versions[0] <= api_version <= versions[1]:
             if api_key == API_VERSIONS:
                 # Kafka's rule: answer in v0 with ErrorCode.unsupported_version and the versions we do speak.
-                return codec.encode_response(correlation_id, api_versions_response(codec.Responder(API_VERSIONS, 0), ErrorCode.unsupported_version))
+                return codec.encode_response(
+                    correlation_id,
+                    api_versions_response(
+                        codec.Responder(API_VERSIONS, 0), ErrorCode.unsupported_version
+                    ),
+                )
             self.malformed_requests += 1
-            log.warning("%s: %s v%d is not supported (%d..%d); closing", host, api_key_map[api_key], api_version, *versions)
+            log.warning(
+                "%s: %s v%d is not supported (%d..%d); closing",
+                host,
+                api_key_map[api_key],
+                api_version,
+                *versions,
+            )
             return None
         try:
             header, request = codec.parse_request(frame)
@@ -320,9 +331,10 @@ async def _put(outbox: asyncio.Queue[Any], sender: asyncio.Task[None], item: Any
         return False
     try:
         outbox.put_nowait(item)
-        return True
     except asyncio.QueueFull:
         pass
+    else:
+        return True
     put = asyncio.ensure_future(outbox.put(item))
     try:
         await asyncio.wait({put, sender}, return_when=asyncio.FIRST_COMPLETED)

@@ -91,7 +91,9 @@ async def _body(request: web.Request) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise errors.bad_request(f"Unexpected content in the request body: not valid JSON ({exc})") from None
     if not isinstance(body, dict):
-        raise errors.bad_request(f"Cannot deserialize the request body: expected a JSON object, got {type(body).__name__}")
+        raise errors.bad_request(
+            f"Cannot deserialize the request body: expected a JSON object, got {type(body).__name__}"
+        )
     return body
 
 

@@ -112,8 +112,6 @@ def _fastavro_check(obj: Any, refs: Mapping[str, str]) -> None:
             trial = dict(named)
             try:
                 fastavro.parse_schema(schema, named_schemas=trial)
-                named.update(trial)
-                return
             except fastavro.schema.UnknownType as exc:
                 key = _reference_for(str(exc.name), refs)
                 if key is None or key in loaded:
@@ -129,6 +127,9 @@ def _fastavro_check(obj: Any, refs: Mapping[str, str]) -> None:
             except Exception as exc:  # noqa: BLE001 (fastavro raises SchemaParseException, KeyError...)
                 detail = f"missing attribute {exc}" if isinstance(exc, KeyError) else str(exc)
                 raise InvalidSchemaError(f"Invalid {label}: {detail}") from None
+            else:
+                named.update(trial)
+                return
 
     parse(obj, "Avro schema")
 

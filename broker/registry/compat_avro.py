@@ -21,9 +21,7 @@ first, outer visit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from broker.registry.avro_schema import AvroField, AvroNode, parse_avro
+from broker.registry.avro_schema import AvroField, AvroNode
 from broker.registry.compat_common import Incompatibility
 
 _PROMOTIONS: dict[str, frozenset[str]] = {
@@ -37,16 +35,9 @@ _PROMOTIONS: dict[str, frozenset[str]] = {
 _Result = list[Incompatibility]
 
 
-def check_avro(reader_text: str, writer_text: str,
-               references: Mapping[str, str] | None = None) -> list[Incompatibility]:
-    """Every reason data written with `writer_text` cannot be read with `reader_text`."""
-    reader = parse_avro(reader_text, references)
-    writer = parse_avro(writer_text, references)
-    return check_avro_nodes(reader, writer)
-
-
 def check_avro_nodes(reader: AvroNode, writer: AvroNode) -> list[Incompatibility]:
-    """As check_avro, on already parsed schemas (lets callers parse each version once)."""
+    """Every reason data written with ``writer`` cannot be read with ``reader``, on already
+    parsed schemas (lets callers parse each version once)."""
     return _Checker().check(reader, writer, "")
 
 

@@ -32,7 +32,7 @@ from fractions import Fraction
 from typing import Any
 
 from broker.registry.compat_common import Incompatibility
-from broker.registry.json_schema_doc import JsonDoc, View, classify, deref, load_json_schema
+from broker.registry.json_schema_doc import JsonDoc, View, classify, deref
 
 COMPATIBLE_CHANGES = frozenset({
     "SCHEMA_REMOVED", "TYPE_EXTENDED",
@@ -64,15 +64,9 @@ _Diffs = list[Incompatibility]
 _Node = tuple[Any, JsonDoc]
 
 
-def check_json(reader_text: str, writer_text: str,
-               references: Mapping[str, str] | None = None) -> list[Incompatibility]:
-    """Every incompatible difference when data valid for the writer is read by the reader."""
-    return check_json_docs(load_json_schema(reader_text, references),
-                           load_json_schema(writer_text, references))
-
-
 def check_json_docs(reader: JsonDoc, writer: JsonDoc) -> list[Incompatibility]:
-    """As check_json, on already loaded documents."""
+    """Every incompatible difference when data valid for the writer is read by the reader,
+    on already loaded documents."""
     diffs = _Differ().compare((writer.root, writer), (reader.root, reader), "#")
     return [d for d in diffs if d.kind not in COMPATIBLE_CHANGES]
 

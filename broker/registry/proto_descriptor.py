@@ -206,8 +206,12 @@ def map_entry_name(field_name: str) -> str:
     return "".join(out) + "Entry"
 
 
-def _message_to(dp: descriptor_pb2.DescriptorProto, msg: ProtoMessage, pf: ProtoFile,
-                table: dict[str, ProtoMessage | ProtoEnum]) -> None:
+def _message_to(  # noqa: C901 (descriptor.proto's message fields one by one)
+    dp: descriptor_pb2.DescriptorProto,
+    msg: ProtoMessage,
+    pf: ProtoFile,
+    table: dict[str, ProtoMessage | ProtoEnum],
+) -> None:
     dp.name = msg.name
     _apply_options(dp, msg.options)
     for name in msg.oneofs:
@@ -228,14 +232,14 @@ def _message_to(dp: descriptor_pb2.DescriptorProto, msg: ProtoMessage, pf: Proto
         if fld.group:
             kind = _FDP.TYPE_GROUP
         if kind:
-            fp.type = kind  # type: ignore[assignment]
+            fp.type = kind
         if type_name:
             fp.type_name = type_name
         if fld.default is not None:
             fp.default_value = fld.default
         if fld.oneof is not None:
             fp.oneof_index = msg.oneofs.index(fld.oneof)
-    for fld, fp in zip(msg.fields, dp.field):
+    for fld, fp in zip(msg.fields, dp.field, strict=True):
         if fld.label == "optional" and pf.syntax != "proto2":
             fp.proto3_optional = True
             fp.oneof_index = len(dp.oneof_decl)
@@ -273,7 +277,7 @@ def _map_entry(fld: ProtoField, msg: ProtoMessage,
         fp = entry.field.add(name=field_name, number=number, label=_FDP.LABEL_OPTIONAL)
         kind, ref = _type_ref(type_name or "", msg.full_name, table)
         if kind:
-            fp.type = kind  # type: ignore[assignment]
+            fp.type = kind
         if ref:
             fp.type_name = ref
     return entry
@@ -291,8 +295,8 @@ def _enum_to(ep: descriptor_pb2.EnumDescriptorProto, enum: ProtoEnum) -> None:
 
 def _apply_options(parent: Message, values: dict[str, str]) -> None:
     """Set parent.options from `values`, leaving the options field unset when none apply."""
-    _options_from_dict(parent.options, values)  # type: ignore[attr-defined]
-    if not parent.options.ListFields():  # type: ignore[attr-defined]
+    _options_from_dict(parent.options, values)
+    if not parent.options.ListFields():
         parent.ClearField("options")
 
 
@@ -359,8 +363,9 @@ def _render_ranges(ranges: list[tuple[int, int]], top: int) -> str:
     return ", ".join(parts)
 
 
-def _render_message(msg: ProtoMessage, pf: ProtoFile, depth: int,
-                    group: ProtoField | None = None) -> list[str]:
+def _render_message(  # noqa: C901 (one branch per element of a .proto message)
+    msg: ProtoMessage, pf: ProtoFile, depth: int, group: ProtoField | None = None
+) -> list[str]:
     pad = "  " * depth
     inner = pad + "  "
     if group is not None:

@@ -15,6 +15,7 @@ text with JSON object keys sorted) and references are equal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,10 +118,8 @@ def fingerprint(schema_type: str, canonical: str, references: list[Reference]) -
     """The identity of a schema for id reuse: equal fingerprints, same id."""
     body = canonical
     if schema_type in ("AVRO", "JSON"):
-        try:
+        with contextlib.suppress(ValueError):
             body = json.dumps(json.loads(canonical), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        except ValueError:
-            pass
     refs = json.dumps([r.to_json() for r in references], sort_keys=True, separators=(",", ":"))
     return f"{schema_type}\x00{body}\x00{refs}"
 
@@ -214,7 +213,7 @@ def _parse_avro(text: str, refs: list[ResolvedReference]) -> ParsedSchema:
         raise
     except fastavro.schema.UnknownType as exc:
         raise InvalidSchemaError(f"Invalid schema: unknown type '{exc.name}'") from None
-    except Exception as exc:  # fastavro raises SchemaParseException, KeyError, TypeError, ValueError...  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - fastavro raises SchemaParseException, KeyError, TypeError, ValueError...
         detail = f"missing attribute {exc}" if isinstance(exc, KeyError) else str(exc)
         raise InvalidSchemaError(f"Invalid schema: {detail}") from None
     if isinstance(obj, dict) and obj.get("type") in ("record", "error") and not isinstance(obj.get("fields"), list):

@@ -21,6 +21,7 @@ id is one more than the largest id in any record ever read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Iterable
@@ -161,7 +162,7 @@ class SchemaStore:
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             log.warning("%s offset %d: malformed %s record skipped: %s", TOPIC, offset, k.get("keytype"), exc)
 
-    def _apply(self, key: dict[str, Any], value: Any) -> None:
+    def _apply(self, key: dict[str, Any], value: Any) -> None:  # noqa: C901 (one branch per record keytype of the _schemas topic)
         """Apply one record to the in-memory state (the single place state changes)."""
         keytype = key.get("keytype")
         if keytype == "SCHEMA":
@@ -359,7 +360,9 @@ class SchemaStore:
                                          self.resolve(rs.references, depth + 1)))
         return out
 
-    def parse(self, schema_type: str, text: Any, refs: list[Reference]) -> tuple[ParsedSchema, list[ResolvedReference], str]:
+    def parse(
+        self, schema_type: str, text: Any, refs: list[Reference]
+    ) -> tuple[ParsedSchema, list[ResolvedReference], str]:
         """Validate a schema from a request: (parsed, resolved references, fingerprint).
         Raises RegistryError 42201."""
         if not isinstance(text, str) or not text.strip():
@@ -490,10 +493,8 @@ class SchemaStore:
             return ["Incompatible because of different schema type"]
         refs: dict[str, str] = {}
         for rs in olds:
-            try:
+            with contextlib.suppress(InvalidSchemaError):
                 refs.update(flatten_references(self.resolve(rs.references)))
-            except InvalidSchemaError:
-                pass
         refs.update(flatten_references(resolved))
         new_text, old_texts = parsed.canonical, [rs.schema for rs in olds]
         if schema_type == "PROTOBUF":
@@ -532,8 +533,15 @@ class SchemaStore:
 
     # ------------------------------------------------------------------ register and delete
 
-    async def register(self, subject: str, schema_type: str, text: Any, refs: list[Reference],
-                       schema_id: int | None = None, version: int | None = None) -> tuple[SubjectVersion, RegisteredSchema]:
+    async def register(  # noqa: C901 (the registry's register rules in their documented order)
+        self,
+        subject: str,
+        schema_type: str,
+        text: Any,
+        refs: list[Reference],
+        schema_id: int | None = None,
+        version: int | None = None,
+    ) -> tuple[SubjectVersion, RegisteredSchema]:
         async with self._lock:
             mode = self.mode(subject)
             if _is_read_only(mode):

@@ -101,7 +101,10 @@ def build_dlq_dag(entry: manifest.TableTopic) -> DAG:
             name=f"icefall-dlq-{entry.topic}", execution_timeout=timedelta(hours=1),
         )
         published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(
-            entry, asset, reprocess.output)  # type: ignore[arg-type]  # XComArgs resolve at run time
+            entry,
+            asset,
+            reprocess.output,  # type: ignore[arg-type]  # XComArgs resolve at run time
+        )
         reprocess >> published
     return dag
 

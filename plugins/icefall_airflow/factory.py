@@ -144,7 +144,11 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
             execution_timeout=timedelta(minutes=30),
         )
         published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(
-            entry, asset, commit.output, plan)  # type: ignore[arg-type]  # XComArgs resolve at run time
+            entry,
+            asset,
+            commit.output,  # type: ignore[arg-type]  # XComArgs resolve at run time
+            plan,  # type: ignore[arg-type]
+        )
         plan >> commit >> published
     return dag
 

@@ -38,9 +38,19 @@ def _oldest_append_ms(client: BrokerClient, topic: str, row: PartitionOffsets, s
 def measure(client: BrokerClient, topic: str, committed: dict[int, int], now_ms: int) -> Lag:
     """Lag of a table whose checkpoint is ``committed`` (partition -> next offset; absent = nothing yet)."""
     answer = client.offsets(topic)
-    return Lag.of([PartitionLag.of(row.partition, row.log_start_offset, row.high_watermark,
-                                   committed.get(row.partition), functools.partial(_oldest_append_ms, client, topic, row))
-                   for row in answer.partitions], now_ms)
+    return Lag.of(
+        [
+            PartitionLag.of(
+                row.partition,
+                row.log_start_offset,
+                row.high_watermark,
+                committed.get(row.partition),
+                functools.partial(_oldest_append_ms, client, topic, row),
+            )
+            for row in answer.partitions
+        ],
+        now_ms,
+    )
 
 
 def measure_checkpoint(client: BrokerClient, topic: str, topic_id: str, checkpoint: Checkpoint, now_ms: int) -> Lag:

@@ -138,7 +138,10 @@ def build_maintain_dag(entry: manifest.TableTopic) -> DAG:
             execution_timeout=timedelta(hours=4),
         )
         published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(
-            entry, asset, maintain.output)  # type: ignore[arg-type]  # XComArgs resolve at run time
+            entry,
+            asset,
+            maintain.output,  # type: ignore[arg-type]  # XComArgs resolve at run time
+        )
         maintain >> published
     return dag
 

@@ -57,7 +57,7 @@ class Manifest(contracts.Manifest):
 
     table_topics: list[TableTopic]
     # Topics whose automq.table.topic.enable was set to false: their DAGs stay, paused.
-    disabled_table_topics: list[TableTopic] = []  # noqa: RUF012 -- pydantic copies defaults
+    disabled_table_topics: list[TableTopic] = []
 
 
 def read(path: Path | None = None) -> Manifest:

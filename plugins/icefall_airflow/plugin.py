@@ -10,14 +10,15 @@ installed loads it, whatever its plugins folder.
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
+
 from icefall_airflow.view import app
 
 
 class IcefallPlugin(AirflowPlugin):
     name = "icefall"
     # AirflowPlugin declares these as plain class attributes.
-    fastapi_apps = [{"app": app, "url_prefix": "/icefall", "name": "Icefall table topics"}]  # noqa: RUF012
-    external_views = [{  # noqa: RUF012
+    fastapi_apps = [{"app": app, "url_prefix": "/icefall", "name": "Icefall table topics"}]
+    external_views = [{
         "name": "Table topics",
         "href": "icefall/",
         "url_route": "icefall-table-topics",

@@ -1,10 +1,10 @@
 """The "Table topics" status: one row per table topic, for the view and its JSON endpoint.
 
 Per table: broker end offsets against committed offsets (lag in records and in
-seconds of append time, ``broker.contracts.Lag``, the broker's metrics' figures), the last commit (time, snapshot id, round id), rows
-in the table and in its DLQ table, the last compaction, and where its DAG runs
-are. A table whose broker or catalog cannot be reached gets an ``error``
-instead of failing the whole page.
+seconds of append time, ``broker.contracts.Lag``, the broker's metrics' figures),
+the last commit (time, snapshot id, round id), rows in the table and in its DLQ
+table, the last compaction, and where its DAG runs are. A table whose broker or
+catalog cannot be reached gets an ``error`` instead of failing the whole page.
 """
 
 from __future__ import annotations

@@ -91,7 +91,8 @@ th {{ background: #f7fafc; }} .num {{ text-align: right; font-variant-numeric: t
 </style></head><body>
 <h2>Table topics</h2>
 <small>broker {html.escape(answer.get("admin_url") or "")} · catalog {html.escape(answer.get("catalog_url") or "—")}
-· as of {_time(answer.get("generated_at_ms"))} · refreshes every 10 s · JSON: <a href="api/tables">api/tables</a></small>
+· as of {_time(answer.get("generated_at_ms"))} · refreshes every 10 s
+· JSON: <a href="api/tables">api/tables</a></small>
 {error}
 <table><thead><tr><th>topic</th><th>table</th><th class=num>lag (records)</th><th class=num>lag (s)</th>
 <th>last commit</th><th>snapshot</th><th class=num>rows</th><th class=num>DLQ rows</th><th>last maintenance</th>

@@ -35,7 +35,11 @@ def async_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., No
     return run
 
 
-async def until(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+async def until(
+    condition: Callable[[], Any],
+    timeout: float = 30.0,  # noqa: ASYNC109 (a poll deadline, not a cancellation)
+    what: str = "condition",
+) -> Any:
     """The async twin of tests.support.wait_for: poll until truthy, fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -49,7 +53,11 @@ async def until(condition: Callable[[], Any], timeout: float = 30.0, what: str =
         await asyncio.sleep(0.05)
 
 
-async def drain(consumer: AIOKafkaConsumer, count: int, timeout: float = 30.0) -> list[ConsumerRecord]:
+async def drain(
+    consumer: AIOKafkaConsumer,
+    count: int,
+    timeout: float = 30.0,  # noqa: ASYNC109 (a poll deadline, not a cancellation)
+) -> list[ConsumerRecord]:
     """Records until ``count`` arrived (fails on timeout), plus whatever else is already pending."""
     got: list[ConsumerRecord] = []
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -22,11 +23,11 @@ def _create(admin: AdminClient, name: str, partitions: int = 1, config: dict[str
         future.result(10)
 
 
-def _consume(bootstrap: str, topic: str, count: int, **conf: object) -> list[object]:
+def _consume(bootstrap: str, topic: str, count: int, **conf: object) -> list[Any]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4()}",
                          "auto.offset.reset": "earliest", **conf})
     consumer.subscribe([topic])
-    got: list[object] = []
+    got: list[Any] = []  # confluent_kafka.Message
     try:
         def poll() -> bool:
             msg = consumer.poll(0.5)
@@ -51,11 +52,11 @@ def test_produce_and_consume_every_codec(broker: BrokerProcess, codec: str) -> N
         producer.produce(topic, key=key, value=value, headers={"h": key.encode()})
     assert producer.flush(30) == 0
     got = _consume(broker.bootstrap, topic, len(sent))
-    assert {m.key().decode(): m.value().decode() for m in got} == sent  # type: ignore[attr-defined]
-    assert all(dict(m.headers())["h"] == m.key() for m in got)  # type: ignore[attr-defined]
+    assert {m.key().decode(): m.value().decode() for m in got} == sent
+    assert all(dict(m.headers())["h"] == m.key() for m in got)
     by_partition: dict[int, list[int]] = {}
     for m in got:
-        by_partition.setdefault(m.partition(), []).append(m.offset())  # type: ignore[attr-defined]
+        by_partition.setdefault(m.partition(), []).append(m.offset())
     for offsets in by_partition.values():
         assert offsets == list(range(len(offsets)))
 
@@ -71,7 +72,7 @@ def test_acks_levels(broker: BrokerProcess, acks: str) -> None:
         producer.produce(topic, value=str(i).encode(), on_delivery=lambda err, msg: delivered.append(0 if err else 1))
     assert producer.flush(30) == 0
     assert sum(delivered) == 100
-    assert sorted(int(m.value()) for m in _consume(broker.bootstrap, topic, 100)) == list(range(100))  # type: ignore[attr-defined]
+    assert sorted(int(m.value()) for m in _consume(broker.bootstrap, topic, 100)) == list(range(100))
 
 
 def test_consume_from_offset_and_timestamp(broker: BrokerProcess) -> None:
@@ -88,9 +89,14 @@ def test_consume_from_offset_and_timestamp(broker: BrokerProcess) -> None:
         found = consumer.offsets_for_times([TopicPartition("seek", 0, 1_700_000_000_000 + 20_500)], timeout=10)
         assert found[0].offset == 21
         consumer.assign([TopicPartition("seek", 0, 30)])
-        msgs: list[object] = []
-        wait_for(lambda: msgs.append(consumer.poll(0.5)) or sum(1 for m in msgs if m is not None) >= 20, 20)
-        values = [int(m.value()) for m in msgs if m is not None]  # type: ignore[attr-defined]
+        msgs: list[Any] = []
+
+        def twenty_polled() -> bool:
+            msgs.append(consumer.poll(0.5))
+            return sum(1 for m in msgs if m is not None) >= 20
+
+        wait_for(twenty_polled, 20)
+        values = [int(m.value()) for m in msgs if m is not None]
         assert values == list(range(30, 50))
     finally:
         consumer.close()
@@ -111,7 +117,7 @@ def test_configs_describe_alter_and_reject_unknown(broker: BrokerProcess) -> Non
     assert described["automq.table.topic.enable"].value == "true"
     assert described["automq.table.topic.commit.interval.ms"].value == "30000"
     manifest = broker.admin("/v1/table-topics")
-    assert [t["topic"] for t in manifest["table_topics"]] == ["cfg"]  # type: ignore[index]
+    assert [t["topic"] for t in manifest["table_topics"]] == ["cfg"]
 
     for bad in ({"no.such.key": "1"}, {"automq.table.topic.commit.interval.ms": "soon"},
                 {"automq.table.topic.convert.value.type": "xml"}):
@@ -131,7 +137,7 @@ def test_configs_describe_alter_and_reject_unknown(broker: BrokerProcess) -> Non
     admin.incremental_alter_configs([off])[off].result(10)
     manifest = broker.admin("/v1/table-topics")
     assert manifest["table_topics"] == []
-    assert [t["topic"] for t in manifest["disabled_table_topics"]] == ["cfg"]  # type: ignore[index]
+    assert [t["topic"] for t in manifest["disabled_table_topics"]] == ["cfg"]
 
 
 def test_delete_topic_and_produce_to_missing_topic(broker: BrokerProcess) -> None:

@@ -46,7 +46,7 @@ def _producers(broker: BrokerProcess) -> list[ContinuousProducer]:
 
 def _offsets(broker: BrokerProcess) -> dict[int, dict[str, Any]]:
     data = broker.admin(f"/v1/topics/{TOPIC}/offsets")
-    return {p["partition"]: p for p in data["partitions"]}  # type: ignore[attr-defined]
+    return {p["partition"]: p for p in data["partitions"]}
 
 
 def _all_acked_beyond(producers: list[ContinuousProducer], counts: list[int], more: int) -> bool:
@@ -60,7 +60,11 @@ def _restart_after_kill9(broker: BrokerProcess, producers: list[ContinuousProduc
     before_kill = {v: po for pr in producers for v, po in list(pr.acked.items())}
     counts = [p.acked_count for p in producers]
     broker.start()
-    wait_for(lambda: _all_acked_beyond(producers, counts, 300), 40, what="producers acknowledged again after the restart")
+    wait_for(
+        lambda: _all_acked_beyond(producers, counts, 300),
+        40,
+        what="producers acknowledged again after the restart",
+    )
     return before_kill
 
 
@@ -117,7 +121,7 @@ def test_kill9_after_segments_were_flushed(broker_factory: Callable[..., BrokerP
     def some_flushed() -> bool:
         health = broker.admin("/healthz")
         offsets = _offsets(broker)
-        return bool(health["segments_written"] >= 3  # type: ignore[operator]
+        return bool(health["segments_written"] >= 3
                     and all(o["flushed_offset"] > 0 for o in offsets.values()))
 
     _run(broker, some_flushed, cycles=2)

@@ -280,4 +280,6 @@ def test_group_commit_and_fetch_committed(broker: BrokerProcess, admin: KafkaAdm
         got = _drain(resumed, (20 - 5) + (20 - 12))
     finally:
         resumed.close()
-    assert sorted((r.partition, r.offset) for r in got) == [(0, o) for o in range(5, 20)] + [(1, o) for o in range(12, 20)]
+    assert sorted((r.partition, r.offset) for r in got) == [(0, o) for o in range(5, 20)] + [
+        (1, o) for o in range(12, 20)
+    ]

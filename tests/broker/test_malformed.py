@@ -40,9 +40,9 @@ from kio.records.readers import read_batch
 from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_batch
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i8, i16, i32, i64
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
-from tests.support import BrokerProcess, wait_for
+from tests.support import BrokerProcess, present, wait_for
 
 MAX_REQUEST_BYTES = 100 * 1024 * 1024  # the broker's default socket.request.max.bytes
 IO_TIMEOUT = 10.0
@@ -188,14 +188,14 @@ class Conn:
 
 
 def api_versions_request(version: int = 3) -> Any:
-    cls = load_request_schema(API_VERSIONS, version)
+    cls: type[Any] = load_request_schema(API_VERSIONS, version)
     if version >= 3:
         return cls(client_software_name="icefall-tests", client_software_version="1.0")
     return cls()
 
 
 def produce_request(topic: str, partitions: dict[int, bytes | None], version: int = 9, acks: int = -1) -> Any:
-    cls = load_request_schema(PRODUCE, version)
+    cls: type[Any] = load_request_schema(PRODUCE, version)
     m = _module(cls)
     return cls(acks=i16(acks), timeout=datetime.timedelta(seconds=10), topic_data=(
         m.TopicProduceData(name=topic, partition_data=tuple(
@@ -235,7 +235,7 @@ def metadata_request(topics: list[str] | None, version: int = 12) -> Any:
 
 def make_batch(values: list[bytes], producer_id: int = -1, base_sequence: int = -1) -> bytes:
     """A valid, uncompressed v2 record batch."""
-    now = datetime.datetime.now(datetime.UTC)
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC))
     records = tuple(Record(attributes=i8(0), timestamp=now, offset=i64(i), key=None, value=v, headers=())
                     for i, v in enumerate(values))
     buf = io.BytesIO()
@@ -382,7 +382,9 @@ def after_trouble(broker: BrokerProcess, bystander: Bystander, stored: tuple[str
 
 @pytest.mark.parametrize("size", [-1, -(2**31), 0, 1, 4, 7, MAX_REQUEST_BYTES + 1, 2**31 - 1],
                          ids=lambda s: f"size={s}")
-def test_bad_size_prefix_closes_connection(kbroker: BrokerProcess, bystander: Bystander, stored: Any, size: int) -> None:
+def test_bad_size_prefix_closes_connection(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any, size: int
+) -> None:
     with Conn(kbroker) as c:
         # A well-formed ApiVersions request after the bad prefix: the broker must not read on.
         c.send(struct.pack(">i", size) + frame(encode(api_versions_request(0), 1)))
@@ -432,7 +434,9 @@ def test_request_at_max_size_is_read_not_refused(kbroker: BrokerProcess) -> None
 
 
 @pytest.mark.parametrize("api_key", [9999, 17, -1, 36, 1000], ids=lambda k: f"key={k}")
-def test_unknown_api_key_closes_connection(kbroker: BrokerProcess, bystander: Bystander, stored: Any, api_key: int) -> None:
+def test_unknown_api_key_closes_connection(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any, api_key: int
+) -> None:
     with Conn(kbroker) as c:
         c.send(frame(header_only(api_key, 0, 7) + b"\0" * 16))
         c.expect_closed()
@@ -770,7 +774,7 @@ def test_stalled_clients_do_not_block_others(kbroker: BrokerProcess, bystander: 
             def poll() -> bool:
                 msg = consumer.poll(0.5)
                 if msg is not None and not msg.error():
-                    got.append(int(msg.value()))
+                    got.append(int(present(msg.value())))
                 return len(got) >= 50
             wait_for(poll, 20, interval=0, what="50 records while clients stall")
         finally:
@@ -990,7 +994,9 @@ def stub_listener() -> Iterator[_InProcessListener]:
     ("deferred response cannot be encoded", produce_request("t", {0: b""})),
     ("deferred response raises", fetch_request("t", 0, 0)),
 ])
-def test_failing_handler_closes_only_its_connection(stub_listener: _InProcessListener, what: str, request_: Any) -> None:
+def test_failing_handler_closes_only_its_connection(
+    stub_listener: _InProcessListener, what: str, request_: Any
+) -> None:
     listener: Any = stub_listener
     with Conn(listener) as bystander:
         assert bystander.call(api_versions_request(3)).error_code == NONE

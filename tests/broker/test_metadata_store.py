@@ -42,7 +42,7 @@ def _database(postgres: PostgresServer) -> str:
     return postgres.create_database(f"meta_{uuid.uuid4().hex[:8]}")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
     if request.param == "sqlite":
         return tmp_path / "metadata.sqlite"
@@ -69,7 +69,7 @@ def test_every_operation_gives_the_same_answers(target: Path | str) -> None:
         big = 2**40  # offsets and times are 64-bit
         chunks = [_chunk("orders", 0, 3, "segments/a.seg"), _chunk("orders", 3, 2, "segments/b.seg"),
                   _chunk("orders", big, 2, "segments/c.seg", at_ms=big), _chunk("other", 0, 1, "segments/b.seg")]
-        states = {("orders", 0, 1000): {"epoch": 0, "last_sequence": 4}}
+        states: dict[tuple[str, int, int], dict[str, object]] = {("orders", 0, 1000): {"epoch": 0, "last_sequence": 4}}
         store.add_chunks(chunks, states)
         store.add_chunks([chunks[0]], {("orders", 0, 1000): {"epoch": 0, "last_sequence": 9}})  # replayed: replaced
         read = store.chunks("orders", 0)

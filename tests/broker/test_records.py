@@ -8,16 +8,17 @@ import io
 import pytest
 from kio.records.schema import NewRecordBatch, Record, RecordHeader
 from kio.records.writers import write_new_batch
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from broker import records
 
 
 def _batch(values: list[bytes], key: bytes | None = b"k") -> bytes:
-    now = datetime.datetime.now(datetime.UTC)
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC))
     batch = NewRecordBatch(
-        producer_id=-1, producer_epoch=-1, base_sequence=-1, attributes=0,
+        producer_id=i64(-1), producer_epoch=i16(-1), base_sequence=i32(-1), attributes=i16(0),
         records=tuple(
-            Record(attributes=0, timestamp=now, offset=i, key=key, value=v,
+            Record(attributes=i8(0), timestamp=now, offset=i64(i), key=key, value=v,
                    headers=(RecordHeader(key=b"h", value=b"x"),))
             for i, v in enumerate(values)
         ),

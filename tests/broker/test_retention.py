@@ -83,7 +83,7 @@ def _objects(broker: BrokerProcess) -> set[str]:
 
 def _partition(broker: BrokerProcess, topic: str) -> dict[str, Any]:
     data = broker.admin(f"/v1/topics/{topic}/offsets")
-    part: dict[str, Any] = data["partitions"][0]  # type: ignore[index]
+    part: dict[str, Any] = data["partitions"][0]
     return part
 
 
@@ -111,7 +111,7 @@ def _consume(bootstrap: str, topic: str, offset: int, reset: str, until: int) ->
                 continue
             error = msg.error()
             if error is not None:
-                return error  # type: ignore[no-any-return]
+                return error
             offset_read = msg.offset()
             assert offset_read is not None
             got.append(offset_read)
@@ -161,7 +161,7 @@ def test_retention_bytes_keeps_the_newest_bytes_of_each_partition(
     _create(broker.bootstrap, topic, {"file.delete.delay.ms": "0"})
     keys = [_produce_segment(broker, topic, 4, size=500) for _ in range(3)]
     ranges: list[dict[str, int]] = broker.admin(f"/v1/topics/{topic}/partitions/0/ranges?start=0&end=12")[
-        "ranges"]  # type: ignore[assignment]
+        "ranges"]
     sizes = [r["byte_end"] - r["byte_start"] for r in ranges]
     assert len(sizes) == 3
 
@@ -198,9 +198,9 @@ def test_a_table_topic_keeps_every_segment_its_table_has_not_committed(
     assert set(keys) <= _objects(broker)
     assert _consume(broker.bootstrap, topic, 0, "error", 12) == list(range(12))
     # ... and counts it: the admin API and a Prometheus gauge say how much waits for the table
-    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [12],  # type: ignore[index]
+    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [12],
              20, what="a pass over all three segments")
-    [held] = broker.admin("/v1/retention")["blocked"]  # type: ignore[index]
+    [held] = broker.admin("/v1/retention")["blocked"]
     assert (held["topic"], held["partition"], held["blocked_offsets"], held["committed_offset"]) == (topic, 0, 12, 0)
     assert held["blocked_bytes"] > 0
     assert f'icefall_retention_held_back_offsets{{topic="{topic}",partition="0"}} 12\n' in _metrics(broker)
@@ -220,7 +220,7 @@ def test_a_table_topic_keeps_every_segment_its_table_has_not_committed(
     assert _watermarks(broker.bootstrap, topic) == (8, 12)
     assert _consume(broker.bootstrap, topic, 8, "error", 12) == [8, 9, 10, 11]
     # the third segment still waits for the table
-    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [4],  # type: ignore[index]
+    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [4],
              20, what="the held-back figures to follow the commit")
     metrics = _metrics(broker)
     assert f'icefall_retention_held_back_offsets{{topic="{topic}",partition="0"}} 4\n' in metrics
@@ -348,11 +348,19 @@ def test_a_pass_records_what_it_deleted_and_what_the_table_held_back(tmp_path: P
         status = logs.retention.to_json()
         assert seen == [("default", "t")]
         assert part.log_start_offset == 1 and status["chunks_deleted"] == 1 and status["objects_deleted"] == 1
-        assert status["blocked"] == [{
-            "topic": "t", "partition": 0, "log_start_offset": 1, "wanted_log_start_offset": 2,
-            "committed_offset": 1, "blocked_offsets": 1, "blocked_bytes": part.chunks[0].byte_end - part.chunks[0].byte_start,
-            "since_ms": status["blocked"][0]["since_ms"], "passes": 1,
-        }]
+        assert status["blocked"] == [
+            {
+                "topic": "t",
+                "partition": 0,
+                "log_start_offset": 1,
+                "wanted_log_start_offset": 2,
+                "committed_offset": 1,
+                "blocked_offsets": 1,
+                "blocked_bytes": part.chunks[0].byte_end - part.chunks[0].byte_start,
+                "since_ms": status["blocked"][0]["since_ms"],
+                "passes": 1,
+            }
+        ]
         assert await logs.read(part, 0, 1 << 20) == b""  # below the log start: nothing, never a later batch
 
         committed["offsets"] = {0: 2}

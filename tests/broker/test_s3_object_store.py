@@ -4,6 +4,7 @@ record batches, and an object store outage costs neither acks nor records."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import urllib.error
@@ -24,7 +25,7 @@ from tests.broker.clients import (
     verify_log,
 )
 from tests.conftest import MotoS3
-from tests.support import BrokerProcess, free_port, wait_for
+from tests.support import BrokerProcess, free_port, present, wait_for
 
 PREFIX = "icefall/test"
 
@@ -44,7 +45,7 @@ def _segment_keys(client: Any, bucket: str, prefix: str = PREFIX) -> list[str]:
 
 def _partitions(broker: BrokerProcess, topic: str) -> dict[int, dict[str, Any]]:
     data = broker.admin(f"/v1/topics/{topic}/offsets")
-    return {p["partition"]: p for p in data["partitions"]}  # type: ignore[attr-defined]
+    return {p["partition"]: p for p in data["partitions"]}
 
 
 def _read_ranges(broker: BrokerProcess, client: Any, topic: str, partition: int,
@@ -56,7 +57,7 @@ def _read_ranges(broker: BrokerProcess, client: Any, topic: str, partition: int,
     assert store.scheme == "s3"
     prefix = store.path.strip("/")
     out: list[records.Record] = []
-    ranges: list[dict[str, Any]] = plan["ranges"]  # type: ignore[assignment]
+    ranges: list[dict[str, Any]] = plan["ranges"]
     assert ranges, f"no ranges for {topic}-{partition} [{start}, {end})"
     assert ranges[0]["first_offset"] <= start and ranges[-1]["end_offset"] >= end
     for r in ranges:
@@ -121,15 +122,16 @@ def test_segments_in_s3_survive_a_restart_and_ranges_decode(
 
     def check_everything() -> None:
         log = read_partitions(broker.bootstrap, topic, 2)
-        assert {p: [v.decode() for _, v in entries] for p, entries in log.items()} == by_partition  # type: ignore[union-attr]
+        assert {p: [present(v).decode() for _, v in entries] for p, entries in log.items()} == by_partition
         offsets = _partitions(broker, topic)
         for p, values in by_partition.items():
             assert offsets[p]["high_watermark"] == offsets[p]["flushed_offset"] == len(values)
             got = _read_ranges(broker, client, topic, p, 0, len(values))
             assert [r.offset for r in got] == list(range(len(values)))
-            assert [r.value.decode() for r in got] == values  # type: ignore[union-attr]
+            assert [present(r.value).decode() for r in got] == values
             lo, hi = len(values) // 3, 2 * len(values) // 3 + 1
-            assert [r.value.decode() for r in _read_ranges(broker, client, topic, p, lo, hi)] == values[lo:hi]  # type: ignore[union-attr]
+            again = _read_ranges(broker, client, topic, p, lo, hi)
+            assert [present(r.value).decode() for r in again] == values[lo:hi]
 
     check_everything()
     assert broker.stop() == 0
@@ -213,10 +215,8 @@ class TcpProxy:
             listener.close()
         with self._lock:
             for sock in self._sockets:
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 sock.close()
             self._sockets.clear()
 
@@ -247,10 +247,8 @@ class TcpProxy:
             pass
         finally:
             for sock in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 @pytest.fixture

@@ -211,6 +211,8 @@ def test_maintenance_configs_through_a_kafka_admin_client(broker: BrokerProcess)
     described = admin.describe_configs([resource])[resource].result(10)
     assert described[MAINTENANCE + "interval.ms"].value == "900000"  # a refused change changes nothing
 
-    [entry] = manifest.read(broker.home / "table_topics.json")["table_topics"]  # type: ignore[misc]
+    entries = manifest.read(broker.home / "table_topics.json")["table_topics"]
+    assert isinstance(entries, list)
+    [entry] = entries
     assert entry["configs"][MAINTENANCE + "interval.ms"] == "900000"
     assert entry["configs"][MAINTENANCE + "compaction.strategy"] == "binpack"

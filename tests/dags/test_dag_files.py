@@ -85,8 +85,11 @@ def test_a_disabled_topic_keeps_its_dag_marked_disabled(tmp_path: Path, monkeypa
 
 def test_a_size_trigger_schedules_rounds_on_the_interval_or_the_pending_asset(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    manifests.write(tmp_path, manifests.entry("bursts", 900_000, **{"automq.table.topic.commit.trigger.bytes": "65536"}),
-                    manifests.entry("steady", 60_000))
+    manifests.write(
+        tmp_path,
+        manifests.entry("bursts", 900_000, configs={"automq.table.topic.commit.trigger.bytes": "65536"}),
+        manifests.entry("steady", 60_000),
+    )
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     timetable = bag.dags["icefall_commit__bursts"].timetable

@@ -4,6 +4,7 @@ publish step turns the job's result into an asset event (or a skip)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,6 +57,7 @@ def test_publish_contract() -> None:
     assert (extra["namespace"], extra["table"], extra["snapshot_id"], extra["moved_offsets"]) == (
         "shop", "orders", 11, {"0": [4, 7]})
     assert (extra["moved"], extra["superseded"], extra["still_bad"]) == (2, 1, 3)
+    bad: Any
     for bad in (None, [], {"status": "failed"}, {"status": "committed"}):
         with pytest.raises(ValueError, match="DLQ reprocess"):
             dlq_factory.check_result(bad)

@@ -19,7 +19,7 @@ def maintain_ids(bag: object) -> set[str]:
 
 
 def test_maintain_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    manifests.write(tmp_path, manifests.entry("shop.orders-v2", 30_000, "shop", 3, **{INTERVAL: "7200000"}))
+    manifests.write(tmp_path, manifests.entry("shop.orders-v2", 30_000, "shop", 3, configs={INTERVAL: "7200000"}))
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     dag = bag.dags["icefall_maintain__shop.orders-v2"]
@@ -40,7 +40,7 @@ def test_maintain_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_maintain_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An old manifest without the interval key gets the default (1 h).
-    manifests.write(tmp_path, manifests.entry("a"), manifests.entry("b", **{INTERVAL: "600000"}))
+    manifests.write(tmp_path, manifests.entry("a"), manifests.entry("b", configs={INTERVAL: "600000"}))
     bag = dagbag(tmp_path, monkeypatch)
     assert maintain_ids(bag) == {"icefall_maintain__a", "icefall_maintain__b"}
     assert bag.dags["icefall_maintain__a"].timetable.delta == timedelta(hours=1)
@@ -48,8 +48,13 @@ def test_maintain_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pyte
 
     # b turns maintenance off, a's interval changes, c appears; d's table-topic flag was set to false:
     # its DAG stays, marked disabled (icefall_airflow.sync pauses it, as it does the commit DAG).
-    manifests.write(tmp_path, manifests.entry("a", **{INTERVAL: "86400000"}), manifests.entry("b", **{ENABLE: "false"}),
-                    manifests.entry("c", namespace="ns"), disabled=(manifests.disabled_entry("d"),))
+    manifests.write(
+        tmp_path,
+        manifests.entry("a", configs={INTERVAL: "86400000"}),
+        manifests.entry("b", configs={ENABLE: "false"}),
+        manifests.entry("c", namespace="ns"),
+        disabled=(manifests.disabled_entry("d"),),
+    )
     bag = dagbag(tmp_path, monkeypatch)
     assert maintain_ids(bag) == {"icefall_maintain__a", "icefall_maintain__c", "icefall_maintain__d"}
     assert "icefall_commit__b" in bag.dag_ids  # the commit rounds go on

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from icefall_airflow.planning import PlanError, RoundRequest, plan_round, round_request
+from icefall_airflow.broker_client import BrokerClient
+from icefall_airflow.planning import PlanError, RoundPlan, RoundRequest, plan_round, round_request
 
 END = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
 END_MS = int(END.timestamp() * 1000)
@@ -28,7 +29,9 @@ def test_a_manual_run_without_logical_date_commits_up_to_now() -> None:
 def test_until_offsets_param() -> None:
     request = round_request("clicks", {"until": "offsets", "until_offsets": {"0": 5, "2": 7}}, END, "m", 1)
     assert request.until_offsets == {0: 5, 2: 7} and request.until_append_ms is None
-    assert round_request("clicks", {"until": "offsets", "until_offsets": '{"1": 3}'}, END, "m", 1).until_offsets == {1: 3}
+    assert round_request(
+        "clicks", {"until": "offsets", "until_offsets": '{"1": 3}'}, END, "m", 1
+    ).until_offsets == {1: 3}
     for bad in ({"until": "offsets"}, {"until": "offsets", "until_offsets": {"x": 1}},
                 {"until": "offsets", "until_offsets": {"0": -1}}, {"until": "tomorrow"}):
         with pytest.raises(PlanError):
@@ -77,9 +80,14 @@ class Clock:
         self.now += seconds
 
 
+def fake_plan_round(broker: FakeBroker, request: RoundRequest, deadline_s: float, clock: Clock) -> RoundPlan:
+    """plan_round over the fake broker (it answers the calls plan_round makes) and the fake clock."""
+    return plan_round(cast(BrokerClient, broker), request, deadline_s, 0.5, clock, clock.sleep)
+
+
 def test_plan_waits_until_flushed_and_hurries_the_broker_once() -> None:
     broker, clock = FakeBroker(flush_after=3), Clock()
-    plan = plan_round(broker, RoundRequest("t", "r", until_append_ms=5), 10, 0.5, clock, clock.sleep)  # type: ignore[arg-type]
+    plan = fake_plan_round(broker, RoundRequest("t", "r", until_append_ms=5), 10, clock)
     assert plan.end_offsets == {0: 10, 1: 8}
     assert plan.high_watermarks == {0: 12, 1: 8} and plan.log_start_offsets == {0: 0, 1: 2}
     assert broker.flushes == 1 and broker.polls == 4
@@ -89,14 +97,14 @@ def test_plan_waits_until_flushed_and_hurries_the_broker_once() -> None:
 def test_plan_gives_up_at_the_deadline() -> None:
     broker, clock = FakeBroker(flush_after=1_000), Clock()
     with pytest.raises(PlanError, match=r"did not flush t partitions \[1\] within 3 s"):
-        plan_round(broker, RoundRequest("t", "r", until_append_ms=5), 3, 0.5, clock, clock.sleep)  # type: ignore[arg-type]
+        fake_plan_round(broker, RoundRequest("t", "r", until_append_ms=5), 3, clock)
 
 
 def test_plan_for_explicit_offsets_checks_them_against_the_log() -> None:
     broker, clock = FakeBroker(flush_after=2), Clock()
-    plan = plan_round(broker, RoundRequest("t", "r", until_offsets={1: 7}), 10, 0.5, clock, clock.sleep)  # type: ignore[arg-type]
+    plan = fake_plan_round(broker, RoundRequest("t", "r", until_offsets={1: 7}), 10, clock)
     assert plan.end_offsets == {1: 7} and broker.flushes == 1
     with pytest.raises(PlanError, match="beyond the end"):
-        plan_round(broker, RoundRequest("t", "r", until_offsets={0: 13}), 10, 0.5, clock, clock.sleep)  # type: ignore[arg-type]
+        fake_plan_round(broker, RoundRequest("t", "r", until_offsets={0: 13}), 10, clock)
     with pytest.raises(PlanError, match="no partitions"):
-        plan_round(broker, RoundRequest("t", "r", until_offsets={5: 1}), 10, 0.5, clock, clock.sleep)  # type: ignore[arg-type]
+        fake_plan_round(broker, RoundRequest("t", "r", until_offsets={5: 1}), 10, clock)

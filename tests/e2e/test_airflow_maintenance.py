@@ -32,7 +32,7 @@ from tests.spark_jobs.round_support import (
     table_offsets,
 )
 from tests.spark_jobs.test_commit_round import clicks
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, present
 
 ROUNDS = 4
 PER_ROUND = 20
@@ -100,7 +100,7 @@ def test_maintenance_dag_compacts_a_table_of_rounds(broker: BrokerProcess, monke
         files_before = data_files(broker, topic)
         assert files_before >= ROUNDS
         tbl = table(broker, topic)
-        checkpoint_snapshot = tbl.current_snapshot().snapshot_id
+        checkpoint_snapshot = present(tbl.current_snapshot()).snapshot_id
         # A few files per round is below Iceberg's default group of 5: let compaction take pairs.
         with tbl.transaction() as transaction:
             transaction.set_properties({"icefall.maintenance.compaction.min-input-files": "2"})
@@ -132,7 +132,11 @@ def test_maintenance_dag_compacts_a_table_of_rounds(broker: BrokerProcess, monke
         assert event["rewritten_bytes"] > 0 and event["orphans_removed"] == 1
         assert event["snapshots_expired"] == 0  # every snapshot is younger than the topic's 1 h
         assert event["snapshot_id_before"] == checkpoint_snapshot
-        assert event["snapshot_id"] == table(broker, topic).current_snapshot().snapshot_id != checkpoint_snapshot
+        assert (
+            event["snapshot_id"]
+            == present(table(broker, topic).current_snapshot()).snapshot_id
+            != checkpoint_snapshot
+        )
         assert events_of(f"icefall/default/{topic}") == []  # the table's own asset: rows only, none added
 
         # The status view shows what the last maintenance did (recorded on the table by the job).

@@ -3,6 +3,7 @@ commit round puts rows in the demo table, and Ctrl-C stops every process it star
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -242,7 +243,5 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(tmp_path: Path
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         for pid in _processes_with_home(home):  # the broker and Airflow run in process groups of their own
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass

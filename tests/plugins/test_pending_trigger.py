@@ -4,6 +4,7 @@ its threshold, and only for bytes that arrived after it last fired."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from typing import Any
@@ -34,11 +35,11 @@ def test_fires_at_the_threshold_and_not_again_for_the_same_bytes(broker: BrokerP
               "automq.table.topic.commit.trigger.bytes": str(THRESHOLD)}
     for f in admin.create_topics([NewTopic("bursts", 1, 1, config=config)]).values():
         f.result(10)
-    answers: list[dict[str, Any]] = []
+    answers: list[Any] = []  # contracts.Pending
     real = broker_client.BrokerClient.pending
     producing = threading.Lock()  # a poll sees a burst whole, never half of it
 
-    def observed(self: Any, topic: str, since: dict[str, int] | None = None) -> dict[str, Any]:
+    def observed(self: Any, topic: str, since: dict[int, int] | None = None) -> Any:
         with producing:
             answer = real(self, topic, since)
         answers.append(answer)
@@ -53,6 +54,7 @@ def test_fires_at_the_threshold_and_not_again_for_the_same_bytes(broker: BrokerP
 
     async def scenario() -> list[dict[str, Any]]:
         events = trigger.run()
+        assert inspect.isasyncgen(events)  # so it has aclose()
         waiting: asyncio.Task[Any] = asyncio.ensure_future(events.__anext__())
 
         async def polls_below_threshold(n: int) -> None:

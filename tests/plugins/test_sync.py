@@ -31,8 +31,14 @@ def reserialize(home: Path) -> None:
 
 
 def run_sync(home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "icefall_airflow.sync"], check=False, env=_env(home), capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "icefall_airflow.sync"],
+        check=False,
+        env=_env(home),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def paused(dag_id: str) -> bool | None:

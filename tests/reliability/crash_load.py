@@ -159,8 +159,11 @@ def run_crashes(
                 outage[0]()
                 outage_since = time.monotonic()
             counts = [p.acked_count for p in producers]
-            wait_for(lambda counts=counts: _acked_beyond(producers, counts, 50), 60,  # type: ignore[misc]
-                     what=f"acks before kill {cycle + 1}")
+
+            def fifty_more_acked(counts: list[int] = counts) -> bool:
+                return _acked_beyond(producers, counts, 50)
+
+            wait_for(fifty_more_acked, 60, what=f"acks before kill {cycle + 1}")
             time.sleep(rng.uniform(0.1, max_run_s))  # the random moment; the condition is the kill itself
             broker.kill9()
             killed = time.monotonic()

@@ -106,8 +106,18 @@ def round_process(broker: BrokerProcess, topic: str, result: Path) -> subprocess
     log = open(result.with_suffix(".log"), "wb")  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "spark_jobs.commit_round", *round_args(broker, topic, result, "--master", "local[2]")],
-            cwd=REPO, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "spark_jobs.commit_round",
+                *round_args(broker, topic, result, "--master", "local[2]"),
+            ],
+            cwd=REPO,
+            env=dict(os.environ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         log.close()
 

@@ -12,7 +12,8 @@ request, afterwards:
   the connection, and no handler crashed;
 - what it accepted is readable by real clients (confluent-kafka from offset 0
   to the high watermark with no consumer error, and kafka-python's batch
-  reader, which decompresses and parses every record), record for record: a producer's bad bytes must never make a partition unreadable;
+  reader, which decompresses and parses every record), record for record: a
+  producer's bad bytes must never make a partition unreadable;
 - a topic written before the fuzzing is unchanged, and a real producer and
   consumer still work.
 """

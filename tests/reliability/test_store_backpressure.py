@@ -89,7 +89,7 @@ def test_an_outage_longer_than_the_buffer_holds_producers_and_loses_nothing(
         observe_until = time.monotonic() + 3
         while time.monotonic() < observe_until:
             health = broker.admin("/healthz")
-            peak_unflushed = max(peak_unflushed, int(health["unflushed_bytes"]))  # type: ignore[call-overload]
+            peak_unflushed = max(peak_unflushed, int(health["unflushed_bytes"]))
             time.sleep(0.1)
         acked_during_outage = len(producer.acked) - acked_at_down
         # slack: requests that passed the check before the bound was crossed (a few per partition)

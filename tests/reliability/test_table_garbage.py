@@ -30,8 +30,11 @@ def _schema_id(broker: BrokerProcess, topic: str) -> int:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("gate", ["on", "off"])
-def test_garbage_is_refused_or_in_the_dlq_never_lost(gate: str, spark: Any,  # noqa: F811
-                                                     round_broker: BrokerProcess) -> None:  # noqa: F811
+def test_garbage_is_refused_or_in_the_dlq_never_lost(
+    gate: str,
+    spark: Any,  # noqa: F811
+    round_broker: BrokerProcess,  # noqa: F811
+) -> None:
     rng = random.Random(SEED)
     topic = new_topic(round_broker, partitions=2, configs=GATE_OFF if gate == "off" else {})
     schema_id = _schema_id(round_broker, topic)

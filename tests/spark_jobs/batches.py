@@ -17,7 +17,7 @@ import cramjam
 from crc32c import crc32c
 from kio.records.schema import NewRecordBatch, Record, RecordHeader
 from kio.records.writers import write_new_batch
-from kio.static.primitive import i8, i16, i32, i64
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from broker import records
 
@@ -65,7 +65,7 @@ def batch(
         producer_id=i64(producer_id), producer_epoch=i16(0 if producer_id >= 0 else -1),
         base_sequence=i32(0 if producer_id >= 0 else -1), attributes=i16(attributes),
         records=tuple(
-            Record(attributes=i8(0), timestamp=base + datetime.timedelta(milliseconds=i),  # type: ignore[arg-type]
+            Record(attributes=i8(0), timestamp=TZAwareMicros.parse(base + datetime.timedelta(milliseconds=i)),
                    offset=i64(base_offset + i),
                    key=key, value=value, headers=tuple(RecordHeader(key=k.encode(), value=v) for k, v in headers))
             for i, (key, value, headers) in enumerate(entries)

@@ -56,7 +56,7 @@ class AvroProducer:
         self.acked: list[tuple[int, int]] = []
 
     def send(self, values: Iterable[Mapping[str, Any]], *, key: Any = None,
-             headers: list[tuple[str, bytes]] | None = None) -> None:
+             headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
         def delivered(err: Any, msg: Any) -> None:
             assert err is None, err
             self.acked.append((msg.partition(), msg.offset()))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import struct
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from fastavro import parse_schema, schemaless_writer
@@ -21,7 +22,11 @@ from spark_jobs.segments import RecordChunk
 
 pytestmark = pytest.mark.skipif(not avro_columns.available(), reason="spark_jobs._avro_columns is not built")
 
-SETTINGS = settings(max_examples=int(os.environ.get("ICEFALL_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("ICEFALL_HYPOTHESIS_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -179,10 +184,12 @@ def assert_same(table: Any, lookup: dict[int, Any], records_: RecordChunk, **kwa
 
 @SETTINGS
 @given(data=st.data(), shape=flat_schemas(), flavor=st.sampled_from(["iceberg", "spark"]))
-def test_random_flat_schemas_decode_as_fastavro_does(data: Any, shape: Any, flavor: str) -> None:
+def test_random_flat_schemas_decode_as_fastavro_does(
+    data: Any, shape: Any, flavor: Literal["iceberg", "spark"]
+) -> None:
     writer, table_avro, spec = shape
     table = table_schema(table_avro)
-    converter = RowConverter(table, {1: writer}.__getitem__, flavor=flavor)  # type: ignore[arg-type]
+    converter = RowConverter(table, {1: writer}.__getitem__, flavor=flavor)
     target = StructType(*converter.value_fields)
     assert avro_columns.compile_columns(avro_schema.parse_avro(writer), target, flavor) is not None
     drawn = data.draw(st.lists(records(spec, writer), max_size=12))
@@ -227,7 +234,8 @@ def test_promoted_int_keeps_64_bit_values_and_error_messages_are_clear() -> None
     writer = {"type": "record", "name": "P", "fields": [{"name": "n", "type": "int"},
                                                          {"name": "s", "type": "string"}]}
     table = table_schema({**writer, "fields": [{"name": "n", "type": "long"}, {"name": "s", "type": "string"}]})
-    values = [encode(writer, {"n": 2**40, "s": "x"}), HEADER + b"\x02\x04\xff\xfe", HEADER + b"\x02\x09ab"]
+    values: list[bytes | None] = [encode(writer, {"n": 2**40, "s": "x"}), HEADER + b"\x02\x04\xff\xfe",
+                                  HEADER + b"\x02\x09ab"]
     result = RowConverter(table, {1: writer}.__getitem__).convert(chunk(values))
     assert [r["n"] for r in result.batch.to_pylist()] == [2**40]
     messages = [(e.error_class, e.message) for e in result.errors]
@@ -294,7 +302,11 @@ def test_record_keys_by_schema_id_decode_in_c_too() -> None:
     ["int", "string"],
 ])
 def test_what_the_c_decoder_leaves_to_the_general_path(field_type: Any) -> None:
-    schema = {"type": "record", "name": "U", "fields": [{"name": "id", "type": "long"}, {"name": "x", "type": field_type}]}
+    schema = {
+        "type": "record",
+        "name": "U",
+        "fields": [{"name": "id", "type": "long"}, {"name": "x", "type": field_type}],
+    }
     parsed = avro_schema.parse_avro(schema)
     target = StructType(*[f for f in table_schema({**schema, "fields": schema["fields"][:1]}).fields
                           if not f.name.startswith("_kafka")])
@@ -325,8 +337,6 @@ def test_bad_programs_raise_instead_of_crashing() -> None:
             _avro_columns.decode(program[:cut], [HEADER + b"\x00\x02a"], HEADER)
     for at in range(len(program)):  # any byte changed: an answer or a ValueError, no crash
         broken = program[:at] + bytes([program[at] ^ 0xFF]) + program[at + 1:]
-        try:
+        with contextlib.suppress(ValueError):
             _avro_columns.decode(broken, [HEADER + b"\x00\x02a", None, b"x"], HEADER)
-        except ValueError:
-            pass
     assert _avro_columns.decode(program, [], HEADER)[1] == 0

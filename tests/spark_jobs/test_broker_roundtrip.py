@@ -111,6 +111,10 @@ def test_a_window_inside_one_batch(broker: BrokerProcess) -> None:
     broker.admin("/v1/flush", method="POST")
     answer = broker.admin("/v1/topics/one/partitions/0/ranges?start=7&end=9")
     store = LocalObjectStore(broker.home / "objects")
-    got = [(o, v) for c in read_ranges(store, ranges_from_admin(answer)) for o, v in zip(c.offsets, c.values)]
+    got = [
+        (o, v)
+        for c in read_ranges(store, ranges_from_admin(answer))
+        for o, v in zip(c.offsets, c.values, strict=True)
+    ]
     assert got == [(7, b"v7"), (8, b"v8")]
     assert all(isinstance(r, SegmentRange) for r in ranges_from_admin(answer))

@@ -26,7 +26,7 @@ from tests.spark_jobs.round_support import (
     table,
     table_offsets,
 )
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, present
 
 AT = 1_700_000_000_000
 
@@ -194,7 +194,7 @@ def test_a_round_after_compaction_starts_from_the_round_before(spark: Any, round
     spark.sql(f"CALL {name}.system.rewrite_data_files(table => 'default.{topic}', "
               "options => map('min-input-files', '2'))").collect()
     tbl = table(round_broker, topic)
-    assert tbl.current_snapshot() is not None and tbl.current_snapshot().summary.operation.value == "replace"
+    assert present(present(tbl.current_snapshot()).summary).operation.value == "replace"
     producer.send(clicks(30, 10))
     result = run_round(spark, round_broker, topic)
     assert result.offsets_before == {0: 30} and result.rows == 10
@@ -229,8 +229,18 @@ def test_a_small_round_runs_in_the_driver_and_writes_what_spark_writes(spark: An
     assert in_driver["rows"] == on_spark.rows == 200 and in_driver["bytes_read"] == on_spark.bytes_read
 
     def rows(topic: str) -> list[tuple[Any, ...]]:
-        return sorted((r["id"], r["page"], r["score"], r["at"], r["_kafka_key"], r["_kafka_metadata"]["partition"],
-                       r["_kafka_metadata"]["offset"]) for r in table(round_broker, topic).scan().to_arrow().to_pylist())
+        return sorted(
+            (
+                r["id"],
+                r["page"],
+                r["score"],
+                r["at"],
+                r["_kafka_key"],
+                r["_kafka_metadata"]["partition"],
+                r["_kafka_metadata"]["offset"],
+            )
+            for r in table(round_broker, topic).scan().to_arrow().to_pylist()
+        )
 
     assert rows(topics["driver"]) == rows(topics["spark"])
     assert len(rows(topics["driver"])) == 200

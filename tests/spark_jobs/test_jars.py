@@ -25,7 +25,8 @@ def test_default_is_the_pinned_runtime_and_aws_bundle(monkeypatch: pytest.Monkey
 
 
 def test_the_jars_match_the_committed_checksums() -> None:
-    pinned = dict(reversed(line.split()) for line in jars.CHECKSUMS.read_text().splitlines() if line.strip())
+    pinned = {name: digest for digest, name in (line.split() for line in jars.CHECKSUMS.read_text().splitlines()
+                                                if line.strip())}
     for path in jars.iceberg_jars():
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
         assert pinned[Path(path).name] == digest, path

@@ -30,9 +30,10 @@ def decode(raw: bytes, lo: int, hi: int, *, use_c: bool) -> RecordChunk | type[r
         chunk = RecordChunk(0)
         header_ = records.read_header(raw, 0)
         segments._decode_batch(raw, 0, len(raw), header_, lo, hi, chunk)
-        return chunk
     except (records.CorruptBatchError, IndexError):  # read_partition maps IndexError to CorruptBatchError too
         return records.CorruptBatchError
+    else:
+        return chunk
     finally:
         segments._kafka_records = saved
 

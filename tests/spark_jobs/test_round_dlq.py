@@ -22,7 +22,7 @@ from tests.spark_jobs.round_support import (
     table_offsets,
 )
 from tests.spark_jobs.test_commit_round import clicks
-from tests.support import BrokerProcess, wait_for
+from tests.support import BrokerProcess, present, wait_for
 
 GATE_OFF = {"automq.table.topic.schema.validation": "false"}
 
@@ -62,8 +62,8 @@ def test_invalid_data_goes_to_the_dlq_in_the_same_commit(spark: Any, round_broke
     assert sorted(good_offsets + [r["offset"] for r in rows]) == list(range(19))  # table + DLQ = the range
     dlq_table = table(round_broker, f"{topic}__dlq")
     main_table = table(round_broker, topic)
-    assert dlq_table.current_snapshot() is not None and main_table.current_snapshot() is not None
-    assert dlq_table.current_snapshot().summary["icefall.round-id"] == result.round_id  # type: ignore[union-attr]
+    assert main_table.current_snapshot() is not None
+    assert present(present(dlq_table.current_snapshot()).summary)["icefall.round-id"] == result.round_id
     assert run_round(spark, round_broker, topic).status == "nothing_new"
     assert len(dlq_rows(round_broker, topic)) == 4
 
@@ -200,7 +200,7 @@ def test_reprocess_after_retention_deleted_the_segments(version: str, upsert_tab
     late.send(clicks(5, 3, campaign="x"), key=lambda c: str(c["id"]))
     first = run_round(spark, broker, topic)
     assert (first.rows, first.dlq_rows) == (5, 3), first.message
-    wait_for(lambda: broker.admin(f"/v1/topics/{topic}/plan")["partitions"][0]["log_start_offset"] == 8,  # type: ignore[index]
+    wait_for(lambda: broker.admin(f"/v1/topics/{topic}/plan")["partitions"][0]["log_start_offset"] == 8,
              30, what="retention to delete the committed segments")
     late.register()
     code, result = dlq_reprocess.run(["--admin-url", broker.admin_url, "--topic", topic], spark)

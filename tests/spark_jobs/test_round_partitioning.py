@@ -56,7 +56,7 @@ def test_rows_are_written_partitioned_and_the_spec_evolves(spark: Any, round_bro
         future.result(15)
 
     def manifest_has_new_spec() -> bool:
-        entry = next(t for t in round_broker.admin("/v1/table-topics")["table_topics"]  # type: ignore[union-attr]
+        entry = next(t for t in round_broker.admin("/v1/table-topics")["table_topics"]
                      if t["topic"] == topic)
         return bool(entry["configs"]["automq.table.topic.partition.by"] == "[hour(at)]")
 

@@ -30,7 +30,10 @@ def test_until_offsets_and_max_records_only_shorten() -> None:
 
 
 def _ranges(sizes: list[int], partition_of: list[int]) -> list[SegmentRange]:
-    return [SegmentRange(f"o{i}", 0, size, p, 0, 10) for i, (size, p) in enumerate(zip(sizes, partition_of, strict=True))]
+    return [
+        SegmentRange(f"o{i}", 0, size, p, 0, 10)
+        for i, (size, p) in enumerate(zip(sizes, partition_of, strict=True))
+    ]
 
 
 def test_task_groups_keep_order_and_spread_bytes() -> None:

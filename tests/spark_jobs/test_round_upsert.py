@@ -330,13 +330,25 @@ ROW: dict[str, Any] = {"type": "record", "name": "Value", "namespace": "dbserver
                        "fields": [{"name": "id", "type": "long"},
                                   {"name": "email", "type": ["null", "string"], "default": None}]}
 ENVELOPE: dict[str, Any] = {  # the shape Debezium's Avro converter registers for a table
-    "type": "record", "name": "Envelope", "namespace": "dbserver1.inventory.customers",
+    "type": "record",
+    "name": "Envelope",
+    "namespace": "dbserver1.inventory.customers",
     "fields": [
         {"name": "before", "type": ["null", ROW], "default": None},
         {"name": "after", "type": ["null", "Value"], "default": None},
-        {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "io.debezium.connector.mysql",
-                                    "fields": [{"name": "connector", "type": "string"}, {"name": "db", "type": "string"},
-                                               {"name": "table", "type": ["null", "string"], "default": None}]}},
+        {
+            "name": "source",
+            "type": {
+                "type": "record",
+                "name": "Source",
+                "namespace": "io.debezium.connector.mysql",
+                "fields": [
+                    {"name": "connector", "type": "string"},
+                    {"name": "db", "type": "string"},
+                    {"name": "table", "type": ["null", "string"], "default": None},
+                ],
+            },
+        },
         {"name": "op", "type": "string"},
         {"name": "ts_ms", "type": ["null", "long"], "default": None},
     ],

@@ -205,7 +205,7 @@ def test_retention_deletes_committed_segments_from_s3(spark: Any, s3_broker: tup
     assert written, "no segment object in the bucket"
 
     def log_start() -> int:
-        return int(broker.admin(f"/v1/topics/{topic}/offsets")["partitions"][0]["log_start_offset"])  # type: ignore[index]
+        return int(broker.admin(f"/v1/topics/{topic}/offsets")["partitions"][0]["log_start_offset"])
 
     assert log_start() == 0 and written <= set(s3_keys(moto_s3, bucket, "segments/"))  # nothing committed yet
     assert run_round(spark, broker, topic).status == "committed"

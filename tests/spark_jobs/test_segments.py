@@ -39,7 +39,7 @@ def whole(store: LocalObjectStore, key: str, partition: int, start: int, end: in
 
 
 def values(store: LocalObjectStore, ranges: list[SegmentRange], **kwargs: object) -> list[tuple[int, bytes | None]]:
-    return [(r.offset, r.value) for r in read_records(store, ranges, **kwargs)]  # type: ignore[arg-type]
+    return [(r.offset, r.value) for r in read_records(store, ranges, **kwargs)]
 
 
 def test_window_keeps_exactly_start_to_end_across_batches_and_ranges(store: LocalObjectStore) -> None:

@@ -41,7 +41,7 @@ def test_each_requirement_is_checked(http: Http, namespace: str) -> None:
     created = http.create_table(namespace, "t")
     pairs = _right_and_wrong(created["metadata"])
     assert len({right["type"] for right, _ in pairs}) == 7  # plus assert-create below: all eight kinds
-    for right, wrong in pairs:
+    for _right, wrong in pairs:
         status, body = http.commit(namespace, "t", [wrong], SET_PROP)
         assert (status, error_type(body)) == (409, "CommitFailedException"), wrong
     status, body = http.commit(namespace, "t", [{"type": "assert-create"}], SET_PROP)
@@ -113,7 +113,9 @@ def test_stage_create_then_commit_with_assert_create(http: Http, namespace: str)
 
 def test_stage_create_of_an_existing_table_is_409(http: Http, namespace: str) -> None:
     http.create_table(namespace, "t")
-    status, body = http.post(f"/v1/namespaces/{namespace}/tables", {"name": "t", "schema": SCHEMA, "stage-create": True})
+    status, body = http.post(
+        f"/v1/namespaces/{namespace}/tables", {"name": "t", "schema": SCHEMA, "stage-create": True}
+    )
     assert (status, error_type(body)) == (409, "AlreadyExistsException")
 
 

@@ -54,7 +54,9 @@ def attached(catalog_broker: BrokerProcess) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def test_attach_reads_and_writes_through_the_catalog(attached: duckdb.DuckDBPyConnection, rest: Catalog, namespace: str) -> None:
+def test_attach_reads_and_writes_through_the_catalog(
+    attached: duckdb.DuckDBPyConnection, rest: Catalog, namespace: str
+) -> None:
     con = attached
     _table_with_rows(rest, f"{namespace}.people", 3)
     assert con.execute(f"SELECT count(*) FROM lake.{namespace}.people").fetchone() == (3,)
@@ -65,7 +67,9 @@ def test_attach_reads_and_writes_through_the_catalog(attached: duckdb.DuckDBPyCo
     assert sorted(made.scan().to_arrow().column("s").to_pylist()) == ["x", "y"]
 
 
-def test_duckdb_transaction_over_two_tables_commits_both(attached: duckdb.DuckDBPyConnection, rest: Catalog, namespace: str) -> None:
+def test_duckdb_transaction_over_two_tables_commits_both(
+    attached: duckdb.DuckDBPyConnection, rest: Catalog, namespace: str
+) -> None:
     con = attached
     for name in ("left_t", "right_t"):
         con.execute(f"CREATE TABLE lake.{namespace}.{name} (id INTEGER)")

@@ -79,7 +79,9 @@ def test_upgrade_from_v2_and_refusals(http: Http, namespace: str) -> None:
     assert _file(body["metadata-location"])["format-version"] == 3
 
     for version in (2, 4):  # no downgrade, no format this catalog does not know
-        status, body = http.commit(namespace, "t", [], [{"action": "upgrade-format-version", "format-version": version}])
+        status, body = http.commit(
+            namespace, "t", [], [{"action": "upgrade-format-version", "format-version": version}]
+        )
         assert (status, error_type(body)) == (400, "BadRequestException"), body
     assert http.load(namespace, "t")["metadata"]["format-version"] == 3
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import struct
 import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -18,20 +20,23 @@ from confluent_kafka.serialization import MessageField, SerializationContext, Se
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from tests.broker.registry.helpers import consume, create_topic, http
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, present
 
 
 def _subject(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def avro(fields: list[dict[str, object]], name: str = "User") -> Schema:
+def avro(fields: Sequence[Mapping[str, Any]], name: str = "User") -> Schema:
     return Schema(json.dumps({"type": "record", "name": name, "namespace": "icefall.test", "fields": fields}), "AVRO")
 
 
-V1 = [{"name": "name", "type": "string"}, {"name": "age", "type": "int"}]
-V2_COMPATIBLE = [*V1, {"name": "email", "type": ["null", "string"], "default": None}]
-V2_INCOMPATIBLE = [*V1, {"name": "email", "type": "string"}]  # new field without a default: not BACKWARD
+V1: list[dict[str, Any]] = [{"name": "name", "type": "string"}, {"name": "age", "type": "int"}]
+V2_COMPATIBLE: list[dict[str, Any]] = [*V1, {"name": "email", "type": ["null", "string"], "default": None}]
+V2_INCOMPATIBLE: list[dict[str, Any]] = [
+    *V1,
+    {"name": "email", "type": "string"},
+]  # new field without a default: not BACKWARD
 
 
 def _expect(code: int, status: int, call: object) -> SchemaRegistryError:
@@ -50,7 +55,7 @@ def test_register_and_read_back(registry_broker: BrokerProcess, client: SchemaRe
 
     fetched = client.get_schema(schema_id)
     assert fetched.schema_type == "AVRO"
-    assert json.loads(fetched.schema_str) == json.loads(schema.schema_str)
+    assert json.loads(present(fetched.schema_str)) == json.loads(present(schema.schema_str))
 
     version = client.get_version(subject, 1)
     assert (version.subject, version.version, version.schema_id) == (subject, 1, schema_id)
@@ -61,7 +66,7 @@ def test_register_and_read_back(registry_broker: BrokerProcess, client: SchemaRe
 
     # registering the same schema again under the subject: same id, no new version
     fresh = SchemaRegistryClient({"url": registry_broker.registry_url})
-    spaced = Schema(json.dumps(json.loads(schema.schema_str), indent=2), "AVRO")
+    spaced = Schema(json.dumps(json.loads(present(schema.schema_str)), indent=2), "AVRO")
     assert fresh.register_schema(subject, spaced) == schema_id
     assert fresh.get_versions(subject) == [1]
     # the same schema under another subject reuses the id, as version 1 there
@@ -136,7 +141,7 @@ def test_config_global_and_per_subject(registry_broker: BrokerProcess, client: S
     base = registry_broker.registry_url
     subject = _subject("config-value")
     assert client.get_compatibility() == "BACKWARD"
-    assert client.get_config().compatibility_level.value == "BACKWARD"
+    assert present(client.get_config().compatibility_level).value == "BACKWARD"
     try:
         assert client.set_compatibility(level="full_transitive") == {"compatibility": "FULL_TRANSITIVE"}
         assert client.get_compatibility() == "FULL_TRANSITIVE"
@@ -160,7 +165,7 @@ def test_config_global_and_per_subject(registry_broker: BrokerProcess, client: S
         client.register_schema(subject, v3)  # allowed under NONE
         client.register_schema(subject, avro(V2_INCOMPATIBLE, name="Cfg"))
         assert client.get_versions(subject) == [1, 2, 3, 4]
-        assert client.delete_config(subject).compatibility_level.value == "NONE"
+        assert present(client.delete_config(subject).compatibility_level).value == "NONE"
         _expect(40408, 404, lambda: client.get_compatibility(subject))
         _expect(409, 409, lambda: client.register_schema(subject, avro([*V1, {"name": "zzz", "type": "int"}],
                                                                         name="Cfg")))
@@ -207,7 +212,7 @@ def test_references(registry_broker: BrokerProcess, client: SchemaRegistryClient
                                          {"name": "home", "type": "icefall.test.Address"}]}), "AVRO", [ref])
     user_id = client.register_schema(user_subject, user)
     got = client.get_version(user_subject, 1)
-    assert [(r.name, r.subject, r.version) for r in got.schema.references] == [(ref.name, ref.subject, 1)]
+    assert [(r.name, r.subject, r.version) for r in present(got.schema.references)] == [(ref.name, ref.subject, 1)]
     assert client.get_referenced_by(address_subject, 1) == [user_id]
     _expect(42206, 422, lambda: client.delete_version(address_subject, 1))
     _expect(42201, 422, lambda: client.register_schema(_subject("dangling"), Schema(
@@ -227,7 +232,7 @@ def test_references(registry_broker: BrokerProcess, client: SchemaRegistryClient
     assert reader(data, ctx) == value
 
 
-def _produce(broker: BrokerProcess, topic: str, serializer: object, values: list[object]) -> list[bytes]:
+def _produce(broker: BrokerProcess, topic: str, serializer: object, values: Sequence[object]) -> list[bytes]:
     assert callable(serializer)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
     encoded = []
@@ -266,7 +271,7 @@ def test_json_schema_serializer_round_trip(registry_broker: BrokerProcess, clien
     _produce(registry_broker, topic, JSONSerializer(schema_str, client), values)
     registered = client.get_latest_version(f"{topic}-value")
     assert registered.schema.schema_type == "JSON"
-    assert json.loads(registered.schema.schema_str) == json.loads(schema_str)
+    assert json.loads(present(registered.schema.schema_str)) == json.loads(schema_str)
     deserializer = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient(
         {"url": registry_broker.registry_url}))
     got = consume(registry_broker.bootstrap, topic, len(values))
@@ -315,7 +320,7 @@ def test_protobuf_serializer_round_trip(registry_broker: BrokerProcess, client: 
 
     registered = client.get_latest_version(f"{topic}-value")
     assert registered.schema.schema_type == "PROTOBUF"
-    text = registered.schema.schema_str  # served as .proto text by default, as Confluent does
+    text = present(registered.schema.schema_str)  # served as .proto text by default, as Confluent does
     assert "message Order" in text and "message Line" in text and "enum Status" in text, text
     status, serialized = http(registry_broker.registry_url, "GET",
                               f"/schemas/ids/{registered.schema_id}?format=serialized")
@@ -358,9 +363,9 @@ def test_protobuf_with_an_imported_file(registry_broker: BrokerProcess, client: 
     _produce(registry_broker, topic, ProtobufSerializer(payment_cls, client, {"use.deprecated.format": False}),
              values)
     registered = client.get_latest_version(f"{topic}-value")
-    assert [(r.name, r.subject, r.version) for r in registered.schema.references] == \
+    assert [(r.name, r.subject, r.version) for r in present(registered.schema.references)] == \
         [(common.name, common.name, 1)]
-    assert f'import "{common.name}";' in registered.schema.schema_str
+    assert f'import "{common.name}";' in present(registered.schema.schema_str)
     assert client.get_referenced_by(common.name, 1) == [registered.schema_id]
 
     deserializer = ProtobufDeserializer(payment_cls, {"use.deprecated.format": False},

@@ -12,15 +12,15 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 
 from tests.broker.registry.helpers import consume, end_offset, http
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, present
 
 
 def avro(name: str, fields: list[dict[str, Any]]) -> Schema:
     return Schema(json.dumps({"type": "record", "name": name, "namespace": "restart", "fields": fields}), "AVRO")
 
 
-F1 = [{"name": "id", "type": "long"}]
-F2 = [*F1, {"name": "note", "type": ["null", "string"], "default": None}]
+F1: list[dict[str, Any]] = [{"name": "id", "type": "long"}]
+F2: list[dict[str, Any]] = [*F1, {"name": "note", "type": ["null", "string"], "default": None}]
 PROTO = 'syntax = "proto3";\npackage restart;\nmessage Event {\n  int64 id = 1;\n  repeated string tags = 2;\n}\n'
 
 
@@ -28,10 +28,14 @@ def populate(client: SchemaRegistryClient, base: str) -> dict[str, int]:
     ids = {
         "orders-1": client.register_schema("orders-value", avro("Order", F1)),
         "orders-2": client.register_schema("orders-value", avro("Order", F2)),
-        "json": client.register_schema("json-value", Schema('{"type": "object", "properties": {"a": {"type": "string"}}}',
-                                                            "JSON")),
+        "json": client.register_schema(
+            "json-value",
+            Schema('{"type": "object", "properties": {"a": {"type": "string"}}}', "JSON"),
+        ),
         "proto": client.register_schema("proto-value", Schema(PROTO, "PROTOBUF")),
-        "address": client.register_schema("address", avro("Address", [{"name": "street", "type": "string"}])),
+        "address": client.register_schema(
+            "address", avro("Address", [{"name": "street", "type": "string"}])
+        ),
     }
     assert client.register_schema("orders-copy-value", avro("Order", F1)) == ids["orders-1"]
     ids["customer"] = client.register_schema("customer-value", Schema(
@@ -132,7 +136,8 @@ def test_schemas_topic_is_plain_kafka(tmp_path: Path) -> None:
         assert configs.result(10)["cleanup.policy"].value == "compact"
 
         records = consume(broker.bootstrap, "_schemas", end_offset(broker.bootstrap, "_schemas"))
-        decoded = [(json.loads(m.key()), None if m.value() is None else json.loads(m.value())) for m in records]
+        decoded = [(json.loads(present(m.key())), None if (v := m.value()) is None else json.loads(v))
+                   for m in records]
     finally:
         broker.stop()
 
@@ -144,11 +149,11 @@ def test_schemas_topic_is_plain_kafka(tmp_path: Path) -> None:
             assert set(value) >= {"subject", "version", "id", "schema", "references", "deleted"}
     first = next(v for k, v in schema_records if k["subject"] == "orders-value" and v is not None)
     assert first == {"subject": "orders-value", "version": 1, "id": ids["orders-1"],
-                     "schema": json.dumps(json.loads(avro("Order", F1).schema_str), separators=(",", ":")),
+                     "schema": json.dumps(json.loads(present(avro("Order", F1).schema_str)), separators=(",", ":")),
                      "references": [], "deleted": False}
-    proto = next(v for k, v in schema_records if k["subject"] == "proto-value")
+    proto = present(next(v for k, v in schema_records if k["subject"] == "proto-value"))
     assert proto["schemaType"] == "PROTOBUF" and "message Event" in proto["schema"]
-    customer = next(v for k, v in schema_records if k["subject"] == "customer-value")
+    customer = present(next(v for k, v in schema_records if k["subject"] == "customer-value"))
     assert customer["references"] == [{"name": "restart.Address", "subject": "address", "version": 1}]
     # soft delete: the same key again with deleted=true; permanent delete: a tombstone
     assert ({"keytype": "SCHEMA", "subject": "orders-value", "version": 1, "magic": 1},
