@@ -353,36 +353,47 @@ class RawRecord(NamedTuple):
     headers: Headers
 
 
-def iter_records(body: Buffer, count: int, pos: int = 0, stop: int | None = None) -> Iterator[RawRecord]:
+def iter_records(body: Buffer, count: int, pos: int = 0, stop: int | None = None,
+                 strict: bool = False, keep: Callable[[int], bool] | None = None) -> Iterator[RawRecord]:
     """The ``count`` records of a (decompressed) batch body in ``body[pos:stop]``.
 
     The one Python walk of Kafka's record format (v2), for the broker (``decode_batch``) and
     the commit round's fallback when its C loop (``spark_jobs/_kafka_records.c``) is not
-    built; ``CorruptBatchError`` for a record that does not add up to its length, bytes
-    after the last record, or a header without a key."""
+    built. Each mirrors a C walk exactly, so ``strict`` picks the rules: off, those of the
+    produce gate's framing check (``_gate.c``: a header without a key reads as ``""``);
+    on, those of the round's decoder and of Kafka's (a record shorter than its fixed fields,
+    a negative header count, a header without a key, bytes after the last record are all
+    ``CorruptBatchError``). ``keep(offset_delta)`` False: the record is skipped unread past
+    its offset, as the round's C loop skips records outside the offsets it was asked for."""
     buf = bytes(body) if not isinstance(body, bytes) else body
     stop = len(buf) if stop is None else stop
     for _ in range(count):
         length, pos = _varint(buf, pos)
         end = pos + length
-        if length < 0 or end > stop:
+        if length < 0 or end > stop or (strict and length < 6):
             raise CorruptBatchError("record length runs past the end of the batch")
-        ts_delta, pos = _varint(buf, pos + 1)  # after the record attributes (unused in v2)
+        pos += 1  # attributes (unused in v2)
+        ts_delta, pos = _varint(buf, pos)
         offset_delta, pos = _varint(buf, pos)
+        if keep is not None and not keep(offset_delta):
+            pos = end
+            continue
         key, pos = _bytes_field(buf, pos)
         value, pos = _bytes_field(buf, pos)
         n_headers, pos = _varint(buf, pos)
+        if strict and n_headers < 0:
+            raise CorruptBatchError("negative record header count")
         headers: list[tuple[str, bytes | None]] = []
         for _ in range(n_headers):
             name, pos = _bytes_field(buf, pos)
-            if name is None:
+            if name is None and strict:
                 raise CorruptBatchError("record header with a null key")
             header_value, pos = _bytes_field(buf, pos)
-            headers.append((name.decode("utf-8", "replace"), header_value))
+            headers.append(((name or b"").decode("utf-8", "replace"), header_value))
         if pos != end:
             raise CorruptBatchError("record fields do not add up to the record length")
         yield RawRecord(offset_delta, ts_delta, key, value, tuple(headers))
-    if pos != stop:
+    if strict and pos != stop:
         raise CorruptBatchError(f"{stop - pos} bytes after the last record of the batch")
 
 

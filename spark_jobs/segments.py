@@ -352,13 +352,12 @@ def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int,
         chunk.offsets.append, chunk.timestamps.append, chunk.keys.append, chunk.values.append, chunk.headers.append
     )
     try:  # the fallback of _kafka_records.decode_records: plain, not fast
-        for record in iter_records(buf, header.record_count, p, stop):
-            offset = base_offset + record.offset_delta
-            if lo <= offset < hi:
-                offsets(offset)
-                timestamps(base_ts + record.timestamp_delta if append_time is None else append_time)
-                keys(record.key)
-                values(record.value)
-                headers(record.headers or _NO_HEADERS)
+        for record in iter_records(buf, header.record_count, p, stop, strict=True,
+                                   keep=lambda delta: lo <= base_offset + delta < hi):
+            offsets(base_offset + record.offset_delta)
+            timestamps(base_ts + record.timestamp_delta if append_time is None else append_time)
+            keys(record.key)
+            values(record.value)
+            headers(record.headers or _NO_HEADERS)
     except CorruptBatchError as exc:
         raise CorruptBatchError(f"batch at offset {base_offset}: {exc}") from exc
