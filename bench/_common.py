@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import signal
 import sys
 import threading
 import time
@@ -29,10 +30,13 @@ __all__ = [
     "CpuByProcess",
     "Measure",
     "become_subreaper",
+    "interrupt_on_sigterm",
     "machine",
     "measure",
+    "own_children",
     "pid_cpu_seconds",
     "reap_orphans",
+    "stop_processes",
 ]
 
 
@@ -130,6 +134,71 @@ def _children(pid: int) -> set[int]:
     return out
 
 
+def own_children() -> set[int]:
+    """The pids whose parent is this process (with ``become_subreaper``, adopted orphans too)."""
+    return _children(os.getpid())
+
+
+def _parents() -> dict[int, int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return parents
+
+
+def _tree(roots: set[int], parents: dict[int, int]) -> set[int]:
+    tree = set(roots)
+    grew = True
+    while grew:
+        new = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        tree |= new
+        grew = bool(new)
+    return tree
+
+
+def stop_processes(roots: set[int], timeout: float = 10.0) -> None:
+    """SIGTERM the processes ``roots`` and all their descendants (pids from /proc), then
+    SIGKILL whatever is still alive after ``timeout``; reap those that are this process's
+    children. For a round interrupted half-way: its driver, JVM and Python workers."""
+    pids = _tree(roots, _parents()) - {os.getpid()}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for pid in pids & own_children():
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            pids = {pid for pid in pids if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"}
+            if not pids:
+                return
+            time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM raises KeyboardInterrupt like Ctrl-C, so ``finally`` blocks stop what a benchmark started."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def reap_orphans(exclude: set[int], timeout: float = 60.0) -> int:
     """Wait until this process has no children outside ``exclude`` (adopted orphans
     exiting); return how many were reaped. Those still alive at ``timeout`` are left."""
@@ -175,20 +244,7 @@ class CpuByProcess:
     def sample(self) -> None:
         if self.root is None:
             return
-        parents: dict[int, int] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-        tree = {self.root}
-        grew = True
-        while grew:
-            new = {pid for pid, ppid in parents.items() if ppid in tree} - tree
-            tree |= new
-            grew = bool(new)
-        for pid in tree:
+        for pid in _tree({self.root}, _parents()):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:

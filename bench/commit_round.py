@@ -70,7 +70,9 @@ from bench._common import (
     become_subreaper,
     machine,
     measure,
+    own_children,
     reap_orphans,
+    stop_processes,
 )
 
 RECORD_BYTES = 500
@@ -383,9 +385,11 @@ def warm_bytecode() -> float:
 
 
 def run_round(broker: BrokerProcess, topic: str, workdir: Path, cores: int, name: str,
-              profile: bool = False) -> tuple[Measure, dict[str, Any]]:
+              profile: bool = False, env: dict[str, str] | None = None) -> tuple[Measure, dict[str, Any]]:
     """One round in a subprocess, pinned to ``cores`` CPUs when the machine has more; with
-    ``profile``, under ``py-spy record --subprocesses`` (collapsed stacks in ``<name>.pyspy.txt``)."""
+    ``profile``, under ``py-spy record --subprocesses`` (collapsed stacks in ``<name>.pyspy.txt``);
+    ``env``: variables added to ``round_env()`` (e.g. S3 credentials). Interrupted (Ctrl-C), the
+    round's processes are stopped before the exception goes on."""
     result = workdir / f"{name}.json"
     log = workdir / f"{name}.log"
     result.unlink(missing_ok=True)
@@ -396,20 +400,26 @@ def run_round(broker: BrokerProcess, topic: str, workdir: Path, cores: int, name
                "-o", str(workdir / f"{name}.pyspy.txt"), "--", *cmd]
     if cores < len(os.sched_getaffinity(0)):
         cmd = ["taskset", "-c", ",".join(map(str, sorted(os.sched_getaffinity(0))[:cores])), *cmd]
-    env = round_env()
+    env = round_env() | (env or {})
     events = workdir / f"{name}-events"
     events.mkdir(exist_ok=True)
     env["PYSPARK_SUBMIT_ARGS"] = (f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={events.as_uri()} "
                                   "pyspark-shell")
     print(f"[round] {' '.join(cmd)}  (log: {log})", file=sys.stderr)
     by_process = CpuByProcess(_process_kind)
+    before = own_children()  # brokers, an S3 server: not the round's
     with open(log, "wb") as out, measure() as m:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-        by_process.start(proc.pid)
-        code = proc.wait(7200)
-        wall = time.perf_counter() - t0
-        reap_orphans(exclude={broker.proc.pid} if broker.proc else set())  # the JVM exits after the driver
+        try:
+            by_process.start(proc.pid)
+            code = proc.wait(7200)
+            wall = time.perf_counter() - t0
+            reap_orphans(exclude=before)  # the JVM exits after the driver
+        except BaseException:
+            by_process.stop()
+            stop_processes({proc.pid} | (own_children() - before))
+            raise
     m.wall = wall
     cpu_split = by_process.stop()
     # RUSAGE_CHILDREN misses descendants that nobody waited for (Spark's Python workers and
@@ -462,10 +472,11 @@ def _process_kind(cmdline: str) -> str:
 
 
 def the_round(broker: BrokerProcess, topic: str, workdir: Path, cores: int, rows: int, value_bytes: int,
-              profile: bool = False) -> dict[str, Any]:
-    """The full round over everything produced, then an empty round (nothing new)."""
+              profile: bool = False, env: dict[str, str] | None = None, name: str = "round") -> dict[str, Any]:
+    """The full round over everything produced, then an empty round (nothing new); ``env`` as
+    in ``run_round``, ``name`` prefixes the logs and results in ``workdir``."""
     print(f"[round] bytecode cache warmed in {warm_bytecode():.1f} s (not measured)", file=sys.stderr)
-    m, result = run_round(broker, topic, workdir, cores, "round", profile)
+    m, result = run_round(broker, topic, workdir, cores, name, profile, env)
     assert result.get("status") == "committed", f"round did not commit: {result}"
     got = int(result.get("rows", -1))
     assert got == rows, f"round wrote {got} rows, expected {rows}: {result}"
@@ -480,7 +491,7 @@ def the_round(broker: BrokerProcess, topic: str, workdir: Path, cores: int, rows
         rw = seconds.get("read_write")
         if rw:
             full["read_write_mib_per_s_per_core"] = round(value_bytes / MIB / float(rw) / cores, 2)
-    me, empty = run_round(broker, topic, workdir, cores, "empty-round")
+    me, empty = run_round(broker, topic, workdir, cores, f"empty-{name}", env=env)
     assert empty.get("status") == "nothing_new" and int(empty.get("rows", 0)) == 0, f"empty round: {empty}"
     return {"full": full, "empty": {"wall_s": round(me.wall, 2), "cpu_s": round(me.cpu_total, 1),
                                      "cpu_by_process_s": empty.get("_cpu_by_process_s"),
