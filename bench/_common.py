@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import resource
@@ -167,17 +168,13 @@ def stop_processes(roots: set[int], timeout: float = 10.0) -> None:
     pids = _tree(roots, _parents()) - {os.getpid()}
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for pid in pids & own_children():
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
             pids = {pid for pid in pids if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"}
             if not pids:
                 return

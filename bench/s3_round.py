@@ -1,4 +1,5 @@
-"""Commit round with its table and segments on S3 (moto's server) against the same round on local files, in one run (issue 13).
+"""A commit round with its table and segments on S3 (moto's server) against the same round on
+local files, in one run (issue 13).
 
 Workload: ``bench/commit_round.py``'s: N MiB of ~500-byte Avro values with 16 fields
 (Confluent wire format, schema registered under ``<topic>-value``) in a table topic
