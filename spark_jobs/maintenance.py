@@ -77,25 +77,8 @@ DAY_MS = 24 * HOUR_MS
 DANGLING_DELETE_OPTIONS = "'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false'"
 
 
-@dataclass
-class TableResult:
-    """What maintenance did to one table."""
-
-    table: str
-    snapshot_id_before: int | None = None
-    snapshot_id: int | None = None  # after
-    snapshots_before: int = 0
-    snapshots_after: int = 0
-    data_files_before: int | None = None
-    data_files_after: int | None = None
-    delete_files_before: int | None = None
-    delete_files_after: int | None = None
-    actions: dict[str, dict[str, Any]] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+# What maintenance did to one table: the contract's model, filled in as the actions run.
+TableResult = contracts.MaintenanceTableResult
 
 
 @dataclass
@@ -118,7 +101,7 @@ class MaintenanceResult:
         return contracts.MaintenanceResult(
             status=self.status, topic=self.topic, namespace=self.namespace, table=self.table, now_ms=self.now_ms,
             actions=self.actions,
-            dlq=contracts.MaintenanceTableResult.model_validate(self.dlq.to_json()) if self.dlq is not None else None,
+            dlq=self.dlq,
             seconds={**main.get("seconds", {}), **self.seconds}, message=self.message,
             per_action=main.get("actions", {}),
             **{k: main.get(k) for k in ("snapshot_id_before", "snapshot_id", "snapshots_before", "snapshots_after",
@@ -264,7 +247,7 @@ class Maintenance:
         settings = resolve(self.topic.configs, table.properties, _flags(self.args))
         name = ".".join(identifier)
         current = table.current_snapshot()
-        out = TableResult(name, settings=settings.to_json(), snapshots_before=len(table.metadata.snapshots),
+        out = TableResult(table=name, settings=settings.to_json(), snapshots_before=len(table.metadata.snapshots),
                           snapshot_id_before=current.snapshot_id if current is not None else None,
                           data_files_before=_total(current, "total-data-files"),
                           delete_files_before=_total(current, "total-delete-files"))
