@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 
 JARS := $(VENV)/share/icefall/jars
+# Apache Iceberg's own REST catalog server, for the tests of an external catalog (tests/jvm).
+REST_FIXTURE_JARS := $(VENV)/share/icefall/test-jars/iceberg-rest-fixture
 # The C extensions (built in place by the editable install).
 EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jobs/_kafka_records.c
 # What the linters look at.
@@ -52,8 +54,15 @@ system-deps:
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up
 
-test: setup system-deps
+test: setup system-deps $(REST_FIXTURE_JARS)/.pinned
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+$(REST_FIXTURE_JARS)/.pinned: tests/jvm/iceberg-rest-fixture/pom.xml tests/jvm/iceberg-rest-fixture/jars.sha256 $(JARS)/.pinned
+	rm -rf $(REST_FIXTURE_JARS) && mkdir -p $(REST_FIXTURE_JARS)
+	mvn -q -B -f tests/jvm/iceberg-rest-fixture/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/$(REST_FIXTURE_JARS)
+	cd $(REST_FIXTURE_JARS) && sha256sum --strict --quiet -c $(CURDIR)/tests/jvm/iceberg-rest-fixture/jars.sha256
+	touch $@
 
 # The quick loop: tests without a broker process, S3 server, Spark or Airflow (markers: tests/conftest.py).
 test-unit: setup

@@ -125,9 +125,10 @@ class AdminApi(HttpService):
         Object store credentials are never served: jobs take them from their own environment."""
         return _answer(contracts.ClusterInfo(
             cluster_id=self.config.cluster_id, bootstrap=f"{self.config.advertised}:{self.config.kafka_port}",
-            registry_url=self.config.registry_url, catalog_url=self.config.catalog_url,
+            registry_url=self.config.registry_url, catalog_url=self.config.tables_catalog.uri,
             object_store=self.config.store.url, object_store_endpoint=self.config.store.endpoint_url,
-            warehouse=self.config.catalog_warehouse,
+            warehouse=self.config.catalog_warehouse if self.config.catalog.builtin else self.config.warehouse,
+            catalog=self.config.tables_catalog,
         ))
 
     async def table_topics(self, request: web.Request) -> web.Response:
@@ -218,7 +219,7 @@ class AdminApi(HttpService):
         if topic_configs.is_table_topic(topic.configs):
             namespace = topic_configs.TableSettings(topic.configs).namespace
             try:
-                checkpoint = await asyncio.to_thread(metrics.catalog_reader(self.config.catalog_url).checkpoint,
+                checkpoint = await asyncio.to_thread(metrics.catalog_reader(self.config.tables_catalog).checkpoint,
                                                      namespace, names.table_name(topic.name))
             except Exception as exc:  # noqa: BLE001 -- any catalog failure: the caller asks again later
                 return _error(503, f"the catalog cannot say what {topic.name}'s table holds: "

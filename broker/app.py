@@ -11,6 +11,7 @@ import signal
 
 from pyiceberg.exceptions import NoSuchTableError
 
+from broker import metrics
 from broker.admin_http import AdminApi
 from broker.catalog import open_catalog
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
@@ -51,8 +52,11 @@ class Broker:
         self.retention = Retention(self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms)
 
     def table_checkpoint(self, namespace: str, table: str) -> Checkpoint:
-        """The offsets a table topic's table holds, from the broker's own catalog
-        (blocking: retention calls it from a thread). No table yet: nothing committed."""
+        """The offsets a table topic's table holds, from the tables' catalog (the broker's own,
+        read directly, or the external one) (blocking: retention calls it from a thread).
+        No table yet: nothing committed."""
+        if not self.config.catalog.builtin:
+            return metrics.catalog_reader(self.config.tables_catalog).checkpoint(namespace, table)
         try:
             loaded = self.catalog.store.load_table((namespace, table))
         except NoSuchTableError:

@@ -225,16 +225,51 @@ class Health(Contract):
     produces_held: int
 
 
+class CatalogSpec(Contract):
+    """The Iceberg catalog that holds the tables, as the broker's settings name it
+    (``automq.table.topic.catalog.type|uri|warehouse`` and the other
+    ``automq.table.topic.catalog.<property>`` keys): what a job, the plugin or the broker's
+    own readers need to open it with pyiceberg or Spark. ``builtin``: the broker's own REST
+    catalog. Only REST catalogs are opened so far (the built-in one or any Iceberg REST
+    catalog); the broker refuses the other types at start."""
+
+    type: str = "rest"
+    uri: str
+    warehouse: str | None = None
+    properties: dict[str, str] = Field(default_factory=dict)
+    builtin: bool = True
+
+    @classmethod
+    def rest(cls, uri: str) -> CatalogSpec:
+        """The broker's own catalog at ``uri`` (or a job's ``--catalog-url``)."""
+        return cls(uri=uri)
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """``load_catalog(name, **these)``."""
+        extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
+        return {**self.properties, **extra, "type": self.type, "uri": self.uri}
+
+    def spark_properties(self) -> dict[str, str]:
+        """``spark.sql.catalog.<name>.<key>`` settings of a ``SparkCatalog`` for it."""
+        extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
+        return {**self.properties, **extra, "type": self.type, "uri": self.uri}
+
+
 class ClusterInfo(Contract):
     """``GET /v1/cluster``: where the other services are. Never any credentials."""
 
     cluster_id: str
     bootstrap: str
     registry_url: str
-    catalog_url: str
+    catalog_url: str  # the tables' REST catalog: the built-in one, or catalog.uri
     object_store: str
     object_store_endpoint: str | None = None
     warehouse: str | None = None
+    catalog: CatalogSpec | None = None  # None from a broker older than the catalog keys
+
+    @property
+    def tables_catalog(self) -> CatalogSpec:
+        return self.catalog or CatalogSpec.rest(self.catalog_url)
 
 
 class PartitionOffsets(Contract):

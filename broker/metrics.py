@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker import contracts, names, topic_configs
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
+from broker.contracts import CatalogSpec
 
 if TYPE_CHECKING:
     from broker.cluster import Cluster
@@ -85,10 +86,11 @@ def _total_records(table: Any) -> int | None:
 
 
 class CatalogReader:
-    """Reads checkpoints and row counts through the broker's own REST catalog (pyiceberg's client)."""
+    """Reads checkpoints and row counts through the tables' catalog (pyiceberg's client): the
+    broker's own REST catalog, or the one ``automq.table.topic.catalog.*`` names."""
 
-    def __init__(self, catalog_url: str) -> None:
-        self.catalog_url = catalog_url
+    def __init__(self, spec: CatalogSpec) -> None:
+        self.spec = spec
         self._catalog: Any = None
 
     def _load(self, namespace: str, table: str) -> Any | None:
@@ -96,7 +98,7 @@ class CatalogReader:
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
         if self._catalog is None:
-            self._catalog = load_catalog("icefall-metrics", type="rest", uri=self.catalog_url)
+            self._catalog = load_catalog("icefall-metrics", **self.spec.pyiceberg_properties())
         try:
             return self._catalog.load_table((namespace, table))
         except (NoSuchTableError, NoSuchNamespaceError):
@@ -127,8 +129,11 @@ class CatalogReader:
 _readers: dict[str, CatalogReader] = {}
 
 
-def catalog_reader(catalog_url: str) -> CatalogReader:
-    return _readers.setdefault(catalog_url, CatalogReader(catalog_url))
+def catalog_reader(spec: CatalogSpec) -> CatalogReader:
+    key = spec.model_dump_json()
+    if key not in _readers:
+        _readers[key] = CatalogReader(spec)
+    return _readers[key]
 
 
 def pending_in(part: PartitionLog, start: int) -> tuple[int, int]:
@@ -281,5 +286,5 @@ def _read_facts(reader: CatalogReader, tables: Iterable[tuple[str, str, str]]) -
 async def scrape(config: BrokerConfig, cluster: Cluster, logs: LogStore) -> str:
     """Catalog facts in a thread, then the log on the loop."""
     tables = [(t.name, *_ident(t)) for t in _table_topics(cluster)]
-    facts = await asyncio.to_thread(_read_facts, catalog_reader(config.catalog_url), tables)
+    facts = await asyncio.to_thread(_read_facts, catalog_reader(config.tables_catalog), tables)
     return render_metrics(cluster, logs, facts, int(time.time() * 1000))

@@ -48,8 +48,8 @@ with DAG(
         from icefall_airflow.broker_client import BrokerClient
         from icefall_airflow.tables import open_catalog
 
-        catalog_url = BrokerClient(manifest.admin_url()).cluster().catalog_url
-        table = open_catalog(catalog_url).load_table(("default", "clicks"))
+        catalog = BrokerClient(manifest.admin_url()).cluster().tables_catalog
+        table = open_catalog(catalog).load_table(("default", "clicks"))
         summaries = []
         for event in triggering_asset_events[CLICKS]:
             extra = event.extra

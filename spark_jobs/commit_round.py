@@ -42,7 +42,7 @@ from typing import Any
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_from_env
-from broker.contracts import RoundResult, TopicPlan
+from broker.contracts import CatalogSpec, RoundResult, TopicPlan
 from spark_jobs import (
     dlq,
     job_output,
@@ -151,14 +151,16 @@ def spark_session(app_name: str, master: str | None) -> Any:
     return session
 
 
-def use_catalog(spark: Any, catalog_url: str) -> str:
-    """A Spark catalog name for the REST catalog at ``catalog_url``, configured at run time
-    (Spark loads catalogs by name on first use), so one session can serve rounds of several
-    brokers (tests) and a user's own ``spark.sql.catalog.*`` settings are left alone."""
-    name = f"{SPARK_CATALOG}_{hashlib.sha1(catalog_url.encode()).hexdigest()[:8]}"
+def use_catalog(spark: Any, catalog: str | CatalogSpec) -> str:
+    """A Spark catalog name for the tables' catalog (a REST catalog URL, or the broker's spec of
+    it), configured at run time (Spark loads catalogs by name on first use), so one session can
+    serve rounds of several brokers (tests) and a user's own ``spark.sql.catalog.*`` settings are
+    left alone."""
+    spec = CatalogSpec.rest(catalog) if isinstance(catalog, str) else catalog
+    name = f"{SPARK_CATALOG}_{hashlib.sha1(spec.model_dump_json().encode()).hexdigest()[:8]}"
     prefix = f"spark.sql.catalog.{name}"
-    settings = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "rest",
-                f"{prefix}.uri": catalog_url, f"{prefix}.cache-enabled": "false"}
+    settings = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.cache-enabled": "false",
+                **{f"{prefix}.{key}": value for key, value in spec.spark_properties().items()}}
     # S3FileIO takes the endpoint and region from the catalog's config; the job's own AWS
     # credentials go with the catalog (the JVM may have started before they were in the
     # environment, and executors get them with the table's FileIO).
@@ -183,8 +185,9 @@ class CommitRound:
         cluster = self.admin.cluster()
         self.topic: TableTopic = self.admin.table_topic(args.topic)
         self.registry = RegistryClient(cluster.registry_url)
-        self.catalog_url = args.catalog_url or cluster.catalog_url
-        self.catalog = table_setup.catalog_for(self.catalog_url)
+        self.catalog_spec = table_setup.job_catalog(args.catalog_url, cluster)
+        self.catalog_url = self.catalog_spec.uri
+        self.catalog = table_setup.catalog_for(self.catalog_spec)
         self.store: ObjectStoreConfig = object_store_from_env(cluster.object_store,
                                                               cluster.object_store_endpoint)
         self.options = table_setup.TableOptions.of(self.topic)
@@ -408,7 +411,7 @@ class CommitRound:
     def _spark_table(self, spark: Any, branch: str | None = None) -> str:
         namespace, name = self.topic.identifier
         suffix = f".`branch_{branch}`" if branch else ""
-        return f"{use_catalog(spark, self.catalog_url)}.`{namespace}`.`{name}`{suffix}"
+        return f"{use_catalog(spark, self.catalog_spec)}.`{namespace}`.`{name}`{suffix}"
 
     def _empty(self, target: Any, properties: dict[str, str]) -> None:
         """A snapshot with no files: a staged round whose records all went to the DLQ still moves the offsets."""

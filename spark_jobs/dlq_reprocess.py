@@ -41,7 +41,7 @@ from pyiceberg.table import Table
 
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
-from broker.contracts import ReprocessResult
+from broker.contracts import CatalogSpec, ReprocessResult
 from spark_jobs import dlq, job_output, round_plan, round_tasks, table_setup, upsert
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
@@ -106,7 +106,7 @@ class _Job:
     admin: AdminClient
     registry: RegistryClient
     catalog: Catalog
-    catalog_url: str
+    catalog_spec: CatalogSpec
     store_config: ObjectStoreConfig
     options: table_setup.TableOptions
     upsert: upsert.UpsertOptions | None
@@ -163,14 +163,14 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     admin = AdminClient(args.admin_url)
     cluster = admin.cluster()
     topic = admin.table_topic(args.topic)
-    catalog_url = args.catalog_url or cluster.catalog_url
+    catalog_spec = table_setup.job_catalog(args.catalog_url, cluster)
     store = object_store_from_env(cluster.object_store, cluster.object_store_endpoint)
     if topic.settings.convert_value_type == "json":
         raise NotImplementedError(f"{topic.topic} has JSON values (convert.value.type=json): their DLQ records "
                                   "are not JSON objects or do not fit the inferred columns, and reprocess does not "
                                   "infer columns yet; nothing moved")
-    job = _Job(args, topic, admin, RegistryClient(cluster.registry_url), table_setup.catalog_for(catalog_url),
-               catalog_url, store, table_setup.TableOptions.of(topic), upsert.UpsertOptions.of(topic),
+    job = _Job(args, topic, admin, RegistryClient(cluster.registry_url), table_setup.catalog_for(catalog_spec),
+               catalog_spec, store, table_setup.TableOptions.of(topic), upsert.UpsertOptions.of(topic),
                ReprocessResult(status="nothing_to_move", topic=topic.topic, round_id=args.round_id or uuid.uuid4().hex))
     result = job.result
     dlq_ident = (topic.namespace, dlq.dlq_name(topic.table))
@@ -225,7 +225,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     dlq_table = write_to_branch(dlq_table.refresh(), delete_moved)
     dlq_head = BranchHead(dlq_table, branch, dlq_parent, round_snapshot(dlq_table, branch, dlq_parent),
                           tag_checkpoint=False)
-    publish(job.catalog, [*heads, dlq_head], job.catalog_url)
+    publish(job.catalog, [*heads, dlq_head], job.catalog_spec.uri)
     result.status = "moved"
     result.snapshot_id = heads[0].snapshot_id if heads else None
     result.dlq_snapshot_id = dlq_head.snapshot_id
@@ -334,7 +334,7 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
                                                               job.args.master)
         create_branch(job.catalog, table, branch, parent)
         namespace, name = job.topic.identifier
-        target = f"{use_catalog(spark, job.catalog_url)}.`{namespace}`.`{name}`.`branch_{branch}`"
+        target = f"{use_catalog(spark, job.catalog_spec)}.`{namespace}`.`{name}`.`branch_{branch}`"
         properties = _properties(result, len(now_good))
         if job.upsert is not None:
             merged = upsert.merge_round(spark, target, table.schema(), job.upsert,

@@ -199,8 +199,8 @@ class Maintenance:
         admin = AdminClient(args.admin_url)
         cluster = admin.cluster()
         self.topic = admin.table_topic(args.topic)
-        self.catalog_url: str = args.catalog_url or cluster.catalog_url
-        self.catalog = table_setup.catalog_for(self.catalog_url)
+        self.catalog_spec = table_setup.job_catalog(args.catalog_url, cluster)
+        self.catalog = table_setup.catalog_for(self.catalog_spec)
         self.now_ms: int = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
         self._spark: Any = spark
         self._own_spark = spark is None
@@ -222,7 +222,7 @@ class Maintenance:
         if self._spark_catalog is None:
             from spark_jobs.commit_round import use_catalog
 
-            self._spark_catalog = use_catalog(self._spark, self.catalog_url)
+            self._spark_catalog = use_catalog(self._spark, self.catalog_spec)
         return self._spark, self._spark_catalog
 
     def run(self) -> MaintenanceResult:

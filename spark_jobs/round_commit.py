@@ -150,7 +150,7 @@ def publish(catalog: Catalog, heads: list[BranchHead], catalog_url: str | None =
             catalog.commit_table(heads[0].table, requirements, updates)
         else:
             assert catalog_url is not None, "a multi-table publish needs the catalog URL"
-            _commit_transaction(catalog_url, heads)
+            _commit_transaction(catalog_url, heads, str(catalog.properties.get("prefix") or ""))
     except CommitFailedException as exc:
         raise LostRace(f"main moved while the round wrote: {exc}") from exc
     except CommitStateUnknownException:
@@ -161,8 +161,9 @@ def publish(catalog: Catalog, heads: list[BranchHead], catalog_url: str | None =
         log.info("published snapshot %d on %s (parent %s)", head.snapshot_id, head.table.name(), head.parent)
 
 
-def _commit_transaction(catalog_url: str, heads: list[BranchHead]) -> None:
-    """``POST /v1/transactions/commit`` (pyiceberg has no client for it)."""
+def _commit_transaction(catalog_url: str, heads: list[BranchHead], prefix: str = "") -> None:
+    """``POST /v1/{prefix}/transactions/commit`` (pyiceberg has no client for it); ``prefix``:
+    what the catalog's ``/v1/config`` told pyiceberg to put after ``/v1``."""
     from spark_jobs.broker_client import BrokerRequestError, http_json
 
     changes = []
@@ -175,7 +176,8 @@ def _commit_transaction(catalog_url: str, heads: list[BranchHead]) -> None:
             "updates": [u.model_dump(mode="json", by_alias=True) for u in updates],
         })
     try:
-        http_json(catalog_url.rstrip("/") + "/v1/transactions/commit", "POST", {"table-changes": changes})
+        path = "/v1/" + (prefix.strip("/") + "/" if prefix.strip("/") else "") + "transactions/commit"
+        http_json(catalog_url.rstrip("/") + path, "POST", {"table-changes": changes})
     except BrokerRequestError as exc:
         if exc.status == 409:
             raise CommitFailedException(str(exc)) from exc

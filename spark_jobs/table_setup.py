@@ -25,6 +25,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table
 
 from broker import names
+from broker.contracts import CatalogSpec, ClusterInfo
 from broker.topic_configs import CONVERT_VALUE_TYPE
 from spark_jobs import avro_schema, evolution
 from spark_jobs.broker_client import BrokerRequestError, RegistryClient, TableTopic
@@ -174,7 +175,14 @@ def value_schemas(registry: RegistryClient, topic: str, extra_ids: Iterable[int]
     return found
 
 
-def catalog_for(uri: str, name: str = "icefall", **properties: Any) -> Catalog:
+def catalog_for(catalog: str | CatalogSpec, name: str = "icefall", **properties: Any) -> Catalog:
+    """pyiceberg's client of the tables' catalog: a REST catalog URL, or the broker's spec of it."""
     from pyiceberg.catalog import load_catalog
 
-    return load_catalog(name, type="rest", uri=uri, **properties)
+    spec = CatalogSpec.rest(catalog) if isinstance(catalog, str) else catalog
+    return load_catalog(name, **{**spec.pyiceberg_properties(), **properties})
+
+
+def job_catalog(catalog_url: str | None, cluster: ClusterInfo) -> CatalogSpec:
+    """The catalog a job writes to: its ``--catalog-url`` (a REST catalog), else the broker's."""
+    return CatalogSpec.rest(catalog_url) if catalog_url else cluster.tables_catalog

@@ -222,3 +222,59 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid} is marked unit but is {', '.join(sorted(found))}")
         for name in sorted(found - marked) or (["unit"] if not marked else []):
             item.add_marker(name)
+
+
+# ---------------------------------------------------------------- an independent Iceberg REST catalog
+
+REST_FIXTURE_JARS = Path(sys.prefix) / "share" / "icefall" / "test-jars" / "iceberg-rest-fixture"
+
+
+class IcebergRestCatalog:
+    """Apache Iceberg's own REST catalog server (``RESTCatalogServer``, from its Maven Central
+    jars: tests/jvm/iceberg-rest-fixture) on a free port, over a JdbcCatalog on SQLite in memory
+    and a warehouse directory: a catalog that is not Icefall's, as a user's would be."""
+
+    def __init__(self, folder: Path) -> None:
+        if not (REST_FIXTURE_JARS / ".pinned").exists():
+            raise RuntimeError(f"the Iceberg REST fixture's jars are not in {REST_FIXTURE_JARS}: run `make test`")
+        self.port = free_port()
+        self.warehouse = (folder / "warehouse").resolve().as_uri()
+        self.log_path = folder / "iceberg-rest.log"
+        env = {**os.environ, "CATALOG_WAREHOUSE": self.warehouse, "CATALOG_REST_PORT": str(self.port)}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                ["java", "-cp", f"{REST_FIXTURE_JARS}/*", "org.apache.iceberg.rest.RESTCatalogServer"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        def answers() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the REST catalog exited with {self.proc.returncode}: "
+                                   f"{self.log_path.read_text()[-2000:]}")
+            with urllib.request.urlopen(self.uri + "/v1/config", timeout=2) as resp:
+                return bool(resp.status == 200)
+
+        wait_for(answers, timeout, interval=0.2, what=f"Iceberg REST catalog on {self.uri} (log: {self.log_path})")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def iceberg_rest_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IcebergRestCatalog]:
+    server = IcebergRestCatalog(tmp_path_factory.mktemp("iceberg-rest"))
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

@@ -30,7 +30,7 @@ def table_missing(admin_url: str, namespace: str, table: str) -> bool:
     from icefall_airflow.tables import open_catalog
 
     try:
-        catalog = open_catalog(BrokerClient(admin_url).cluster().catalog_url)
+        catalog = open_catalog(BrokerClient(admin_url).cluster().tables_catalog)
         return not catalog.table_exists((namespace, table))
     except (BrokerError, OSError, ValueError):  # ValueError: pydantic's, an answer that is not ClusterInfo
         return False

@@ -60,6 +60,6 @@ def all_statuses(admin_url: str | None = None) -> dict[str, Any]:
     except BrokerError as exc:
         return {"admin_url": client.admin_url, "error": str(exc), "generated_at_ms": now_ms, "tables": []}
     entries = [manifest.TableTopic.from_json(t) for t in answer.table_topics]
-    catalog = tables.open_catalog(cluster.catalog_url)
+    catalog = tables.open_catalog(cluster.tables_catalog)
     return {"admin_url": client.admin_url, "catalog_url": cluster.catalog_url, "error": None,
             "generated_at_ms": now_ms, "tables": [table_status(client, catalog, e, now_ms) for e in entries]}

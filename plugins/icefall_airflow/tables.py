@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
+from broker.contracts import CatalogSpec
 from spark_jobs import maintenance_summary
 
 REPLACE = "replace"  # the snapshot operation of rewrite_data_files / rewrite_manifests
@@ -27,10 +28,13 @@ class TableFacts:
     last_maintenance: dict[str, Any] | None = None  # the maintenance job's summary of its last run
 
 
-def open_catalog(catalog_url: str) -> Any:
+def open_catalog(catalog: str | CatalogSpec) -> Any:
+    """pyiceberg's client of the tables' catalog: a REST catalog URL, or the broker's spec of it
+    (``ClusterInfo.tables_catalog``: the built-in catalog or the one the catalog keys name)."""
     from pyiceberg.catalog import load_catalog
 
-    return load_catalog("icefall", type="rest", uri=catalog_url)
+    spec = CatalogSpec.rest(catalog) if isinstance(catalog, str) else catalog
+    return load_catalog("icefall", **spec.pyiceberg_properties())
 
 
 def _load(catalog: Any, namespace: str, table: str) -> Any | None:

@@ -68,9 +68,8 @@ def test_unknown_keys_and_bad_values_name_the_setting(tmp_path: Path) -> None:
         parse(["--override", "segment.flush.ms=0"])
     with pytest.raises(ConfigError, match=r"automq.table.topic.catalog.type: .*'rest', 'glue', 'tablebucket'"):
         parse(["--override", "automq.table.topic.catalog.type=hive"])
-    with pytest.raises(ConfigError, match=r"tablebucket needs automq.table.topic.catalog.warehouse .* ARN"):
-        parse(["--override", "automq.table.topic.catalog.type=tablebucket",
-               "--override", "automq.table.topic.catalog.warehouse=s3://not-an-arn"])
+    with pytest.raises(ConfigError, match=r"catalog.type=glue is not supported yet: use rest"):
+        parse(["--override", "automq.table.topic.catalog.type=glue"])
     with pytest.raises(ConfigError, match="cannot read the config file"):
         parse(["--config", str(tmp_path / "missing.properties")])
     with pytest.raises(ConfigError, match="key=value"):
