@@ -13,10 +13,12 @@ object-store credentials come from this process's ``AWS_*`` environment.
 
 The round: plan (start offsets from the table's checkpoint, end offsets from
 the broker for the cut), create/evolve the table, read and decode the segment
-ranges on the executors and write them to a round branch, then publish with
-one conditional catalog commit (``round_commit``). A round that loses a race
-to another writer starts over from the new checkpoint, so a round run twice,
-two rounds at once, or a round killed and re-run commit each record once.
+ranges on the executors and write them to a round branch (with the writer the
+table and topic call for, ``round_writers``; any error drops the branch), then
+publish with one conditional catalog commit (``round_commit``). A round that
+loses a race to another writer starts over from the new checkpoint, so a round
+run twice, two rounds at once, or a round killed and re-run commit each record
+once.
 On a format v3 table every snapshot is written by Spark (pyiceberg 0.12 writes
 no v3 manifests): append rounds stage their rows and Spark appends them, and
 the base and empty snapshots are empty Spark appends; upsert rounds' MERGE
@@ -50,6 +52,7 @@ from spark_jobs import (
     partitioning,
     round_plan,
     round_tasks,
+    round_writers,
     table_setup,
     upsert,
 )
@@ -242,156 +245,177 @@ class CommitRound:
 
         return first
 
-    def _attempt(  # noqa: C901 (to be split in a change of its own)
-        self, broker_plan: TopicPlan, extra_ids: set[int], changes: list[str]
-    ) -> RoundResult:
+    def _attempt(self, broker_plan: TopicPlan, extra_ids: set[int], changes: list[str]) -> RoundResult:
+        """plan -> prepare the table -> on the round branch: read and decode (the tasks), write
+        (``round_writers``), check -> publish. Any error on the way drops the branch
+        (``round_branch``); a kill leaves it for a later round."""
         t0 = time.monotonic()
+        plan, found = self._plan(broker_plan)
+        if plan.empty:
+            return self.result("nothing_new", snapshot_id=found.snapshot_id, offsets_before=plan.offsets_before,
+                               offsets_after=plan.offsets_after, seconds=self.seconds,
+                               message="no new offsets since the last committed round")
+        table, schemas, parent = self._prepare(plan, found, extra_ids, changes)
+        self.seconds["prepare"] = round(time.monotonic() - t0, 3)
+        _kill_point("before_write")
+
+        create_branch(self.catalog, table, self.branch, parent)
+        properties = self._properties(plan)
+        with round_writers.round_branch(self.catalog, table, self.branch) as cleanup:
+            output, executor = self._run_tasks(table, plan, schemas)
+            rows, table = self._round_rows(table, output, cleanup, changes)
+            skipped_records = self._check_errors(output.report)
+            t1 = time.monotonic()
+            self._write(rows, table, properties)
+            cleanup.remove_staged()
+            table = table.refresh()
+            _kill_point("after_write")
+            snapshot = self._verify(table, parent, properties)
+            heads = [BranchHead(table, self.branch, parent, snapshot.snapshot_id)]
+            if skipped_records:
+                heads.append(self._dlq_head(skipped_records))
+        # outside round_branch: a publish whose outcome is unknown must leave the branches as they are
+        _kill_point("before_publish")
+        self._publish(heads)
+        _kill_point("after_publish")
+        self.seconds["commit"] = round(time.monotonic() - t1, 3)
+        return self._committed(plan, parent, snapshot, output.report, skipped_records, executor)
+
+    def _plan(self, broker_plan: TopicPlan) -> tuple[round_plan.RoundPlan, checkpoint.Checkpoint]:
+        """The round's offsets: from the table's checkpoint (none yet: from the start) to the broker's cut."""
         table = self.catalog.load_table(self.topic.identifier) if self.catalog.table_exists(
             self.topic.identifier) else None
         found = checkpoint.read_checkpoint(table.metadata) if table is not None else checkpoint.NO_CHECKPOINT
         windows = round_plan.windows(broker_plan, found, self.topic.topic_id,
                                      until_offsets=self.args.until_offsets, max_records=self.args.max_records)
-        plan = round_plan.RoundPlan(windows, self.args.until_append_time)
         skipped = sum(w.skipped for w in windows)
         if skipped:
             log.warning("%d records of %s were deleted by retention before any round committed them",
                         skipped, self.topic.topic)
-        if plan.empty:
-            return self.result("nothing_new", snapshot_id=found.snapshot_id, offsets_before=plan.offsets_before,
-                               offsets_after=plan.offsets_after, seconds=self.seconds,
-                               message="no new offsets since the last committed round")
-        plan.ranges = round_plan.fetch_ranges(self.admin, self.topic.topic, windows)
+        return round_plan.RoundPlan(windows, self.args.until_append_time), found
+
+    def _prepare(self, plan: round_plan.RoundPlan, found: checkpoint.Checkpoint, extra_ids: set[int],
+                 changes: list[str]) -> tuple[Any, list[tuple[int, str]], int]:
+        """The table created or evolved for the round's records, with a snapshot on ``main`` (the
+        planned parent, returned with the table and the value schemas); raises ``LostRace`` when
+        another round committed since the plan."""
+        plan.ranges = round_plan.fetch_ranges(self.admin, self.topic.topic, plan.windows)
         table = table_setup.load_or_create(self.catalog, self.topic, self.registry, self.options,
                                            self._first_schema_id(plan.ranges))
-        # pyiceberg 0.12 writes no v3 manifests: on a v3 table every snapshot is Spark's (see _spark_empty)
-        v3 = table.metadata.format_version >= 3
-        staging = self.staging or v3
         schemas = table_setup.value_schemas(self.registry, self.topic.topic, extra_ids)
         evolved = table_setup.evolve(table, schemas, self.options)
         changes.extend(evolved.applied)
         table, spec_changes = partitioning.evolve(table.refresh(), self.topic.settings.partition_by)
         changes.extend(spec_changes)
         if self.upsert is not None:
-            if not self.json:  # json: the id columns exist once the values' columns are inferred (_merge)
+            if not self.json:  # json: the id columns exist once the values' columns are inferred (SparkMerge)
                 upsert.check_columns(table.schema(), self.upsert)
             table = upsert.ensure_merge_on_read(table)
-        table = self._spark_base_snapshot(table) if v3 else table_setup.ensure_base_snapshot(table)
+        # pyiceberg 0.12 writes no v3 manifests: on a v3 table every snapshot is Spark's (round_writers)
+        table = self._spark_base_snapshot(table) if _v3(table) else table_setup.ensure_base_snapshot(table)
         parent = main_snapshot_id(table)
         # Also when the plan found no table: a round that created it and committed in between leaves main
         # on its snapshot, and this round would write the same offsets again on top of it.
         if checkpoint.read_checkpoint(table.metadata).offsets != found.offsets:
             raise LostRace("another round committed while this one planned")
-        self.seconds["prepare"] = round(time.monotonic() - t0, 3)
-        _kill_point("before_write")
-
         assert parent is not None  # ensure_base_snapshot
-        create_branch(self.catalog, table, self.branch, parent)
-        metadata_json = (table.metadata.model_dump_json() if not staging
-                         else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan),
-                                                           text_value=self.json, relax=self.staging))
-        spec = TaskSpec(self.store, metadata_json, round_tasks.task_io_properties(table),
-                        self.options.key_type, "string" if self.json else self.options.value_type, self.registry.url,
-                        tuple(sorted(self.registry.known().items())))
-        properties = {
+        return table, schemas, parent
+
+    def _properties(self, plan: round_plan.RoundPlan) -> dict[str, str]:
+        """The round snapshot's summary properties: the checkpoint ``publish`` makes visible."""
+        return {
             checkpoint.OFFSETS: checkpoint.encode_offsets(plan.offsets_after),
             checkpoint.ROUND_ID: self.round_id,
             checkpoint.TOPIC: self.topic.topic,
             checkpoint.TOPIC_ID: self.topic.topic_id,
         }
+
+    def _staging(self, table: Any) -> bool:
+        """Whether the tasks stage their rows for a Spark write by the driver (not the table's own files)."""
+        return self.staging or _v3(table)
+
+    def _run_tasks(self, table: Any, plan: round_plan.RoundPlan, schemas: list[tuple[int, str]]
+                   ) -> tuple[round_tasks.TaskOutput, str]:
+        """The round's ranges read and decoded into data files (staged, or the table's), in the
+        driver for a small round, else by Spark tasks; the output and where it ran."""
+        metadata_json = (table.metadata.model_dump_json() if not self._staging(table)
+                         else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan),
+                                                           text_value=self.json, relax=self.staging))
+        spec = TaskSpec(self.store, metadata_json, round_tasks.task_io_properties(table),
+                        self.options.key_type, "string" if self.json else self.options.value_type, self.registry.url,
+                        tuple(sorted(self.registry.known().items())))
         round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)
         executor = "driver" if round_bytes <= self.args.in_driver_max_bytes else "spark"
-        try:
-            spark = self.spark() if executor == "spark" else None  # its start-up is timed on its own
-            started = time.monotonic()
-            output = run_in_driver(spec, plan.ranges) if spark is None else run_tasks(
-                spark, spec, round_plan.task_groups(plan.ranges, spark.sparkContext.defaultParallelism))
-        except Exception:
-            drop_branch(self.catalog, table.refresh(), self.branch)
-            raise
+        spark = self.spark() if executor == "spark" else None  # its start-up is timed on its own
+        started = time.monotonic()
+        output = run_in_driver(spec, plan.ranges) if spark is None else run_tasks(
+            spark, spec, round_plan.task_groups(plan.ranges, spark.sparkContext.defaultParallelism))
         self.seconds["read_write"] = round(time.monotonic() - started, 3)
-        report = output.report
-        staged = [f.file_path for f in output.data_files] if staging else []
+        return output, executor
+
+    def _round_rows(self, table: Any, output: round_tasks.TaskOutput, cleanup: round_writers.BranchCleanup,
+                    changes: list[str]) -> tuple[round_writers.RoundRows, Any]:
+        """What the tasks wrote (staged files go to ``cleanup``), and for a JSON round its values
+        parsed into the table's columns (the table evolved for them, refreshed; the values that do
+        not parse join the errors)."""
+        staged = [f.file_path for f in output.data_files] if self._staging(table) else []
+        cleanup.staged.extend(staged)
+        if not (self.json and staged):
+            return round_writers.RoundRows(output.data_files, staged), table
+        spark = self.spark()
+        parsed = json_values.parse(spark, round_tasks.read_staged(spark, table, staged), table, self._spark_table(spark),
+                                   debezium=self.upsert is not None and self.upsert.debezium)
+        changes.extend(parsed.schema_changes)
+        output.report.errors.extend(parsed.errors)
+        output.report.rows -= len(parsed.errors)
+        return round_writers.RoundRows(output.data_files, staged, parsed.rows), table.refresh()
+
+    def _write(self, rows: round_writers.RoundRows, table: Any, properties: dict[str, str]) -> None:
+        """The round's rows as one snapshot on its branch, by the writer its facts call for."""
+        target = round_writers.SparkTarget(self.spark, lambda spark: self._spark_table(spark, self.branch))
+        writer = round_writers.round_writer(rows, self.branch, target, self.round_id, options=self.upsert,
+                                            json=self.json, v3=_v3(table))
         try:
-            parsed = None
-            if self.json and staged:
-                spark = self.spark()
-                parsed = json_values.parse(
-                    spark,
-                    round_tasks.read_staged(spark, table, staged),
-                    table,
-                    self._spark_table(spark),
-                    debezium=self.upsert is not None and self.upsert.debezium,
-                )
-                changes.extend(parsed.schema_changes)
-                report.errors.extend(parsed.errors)
-                report.rows -= len(parsed.errors)
-                table = table.refresh()
-            skipped_records = self._check_errors(report, table)
-        except BaseException:
-            if staging:
-                drop_branch(self.catalog, table.refresh(), self.branch)
-                upsert.remove_staging(table, staged)
-            raise
+            writer.write(table, properties)
+        except (upsert.BadUpsertRecords, upsert.UpsertConfigError) as exc:
+            raise RoundFailed(f"{self.topic.topic}: {exc}") from exc
 
-        t1 = time.monotonic()
-        def append_files(target: Any) -> None:
-            with target.transaction() as tx, \
-                    tx.update_snapshot(properties, branch=self.branch).fast_append() as append:
-                for data_file in output.data_files:
-                    append.append_data_file(data_file)
-
-        merged = None
-        if self.upsert is not None:
-            merged = self._merge(self.spark(), table, staged, properties, parsed.rows if parsed else None)
-        elif parsed is not None:
-            self._append_rows(self.spark(), table, parsed.rows, staged, properties)
-        elif v3 and staged:  # an append round on a v3 table: the staged rows appended by Spark
-            self._append_rows(self.spark(), table, round_tasks.read_staged(self.spark(), table, staged), staged,
-                              properties)
-        if not staged or (merged is not None and not merged.merged):  # no staged rows: an empty snapshot
-            if v3:
-                self._spark_empty(table, properties, self.branch)
-            else:
-                # refreshed: the metadata in hand predates the round branch, and a write against it is refused
-                table = write_to_branch(table.refresh(),
-                                        append_files if not staging else lambda t: self._empty(t, properties))
-        table = table.refresh()
-        _kill_point("after_write")
+    def _verify(self, table: Any, parent: int, properties: dict[str, str]) -> Any:
+        """The round's snapshot: exactly one on the planned parent, carrying the round's offsets."""
         try:
             snapshot_id = round_snapshot(table, self.branch, parent)
         except UnexpectedBranchState as exc:
-            drop_branch(self.catalog, table, self.branch)
             raise LostRace(str(exc)) from exc
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         assert snapshot is not None
         if checkpoint.summary_properties(snapshot).get(checkpoint.OFFSETS) != properties[checkpoint.OFFSETS]:
             # a Spark write whose commit did not take the properties (CommitMetadata is per JVM thread):
             # publishing it would leave the checkpoint behind and the next round would write the records again
-            drop_branch(self.catalog, table, self.branch)
             raise RoundFailed(f"the round's snapshot {snapshot_id} does not carry its offsets; nothing committed")
-        heads = [BranchHead(table, self.branch, parent, snapshot_id)]
-        if skipped_records:
-            heads.append(self._dlq_head(skipped_records))
-        _kill_point("before_publish")
+        return snapshot
+
+    def _publish(self, heads: list[BranchHead]) -> None:
+        """``publish``; a lost race drops every table's round branch (refused: nothing changed)."""
         try:
             publish(self.catalog, heads, self.catalog_url)
         except LostRace:
             for head in heads:
                 drop_branch(self.catalog, head.table.refresh(), self.branch)
             raise
-        _kill_point("after_publish")
-        self.seconds["commit"] = round(time.monotonic() - t1, 3)
+
+    def _committed(self, plan: round_plan.RoundPlan, parent: int, snapshot: Any, report: TaskReport,
+                   skipped_records: list[DecodeError], executor: str) -> RoundResult:
         summary = checkpoint.summary_properties(snapshot)
         dlq_note = f", {len(skipped_records)} records to {dlq.dlq_name(self.topic.table)}" if skipped_records else ""
-        if merged is not None:
-            dlq_note = (f" (merged on {', '.join(self.upsert.id_columns) if self.upsert else ''}: "
+        if self.upsert is not None:
+            dlq_note = (f" (merged on {', '.join(self.upsert.id_columns)}: "
                         f"{summary.get('added-records', '0')} rows written, "
                         f"{summary.get('added-position-deletes', '0')} rows replaced or deleted)" + dlq_note)
         return self.result(
-            "committed", snapshot_id=snapshot_id, parent_snapshot_id=parent,
+            "committed", snapshot_id=snapshot.snapshot_id, parent_snapshot_id=parent,
             offsets_before=plan.offsets_before, offsets_after=plan.offsets_after,
-            records=sum(w.records for w in windows), rows=report.rows, dlq_rows=len(skipped_records),
-            skipped_records=skipped, bytes_read=report.bytes_read,
+            records=sum(w.records for w in plan.windows), rows=report.rows, dlq_rows=len(skipped_records),
+            skipped_records=sum(w.skipped for w in plan.windows), bytes_read=report.bytes_read,
             data_files=int(summary.get("added-data-files", 0)), executor=executor,
             seconds=self.seconds, message=f"committed {report.rows} rows{dlq_note}",
         )
@@ -413,65 +437,15 @@ class CommitRound:
         suffix = f".`branch_{branch}`" if branch else ""
         return f"{use_catalog(spark, self.catalog_spec)}.`{namespace}`.`{name}`{suffix}"
 
-    def _empty(self, target: Any, properties: dict[str, str]) -> None:
-        """A snapshot with no files: a staged round whose records all went to the DLQ still moves the offsets."""
-        with target.transaction() as tx, tx.update_snapshot(properties, branch=self.branch).fast_append():
-            pass
-
-    def _spark_empty(self, table: Any, properties: dict[str, str], branch: str | None) -> None:
-        """An empty snapshot written by Spark (pyiceberg 0.12 cannot write v3 manifest lists): Iceberg's
-        Spark append commits a snapshot even without files. On ``branch``, or ``main`` when None."""
-        spark = self.spark()
-        target = self._spark_table(spark, branch)
-        try:
-            upsert.with_commit_properties(spark, properties,
-                                          lambda: spark.table(target).limit(0).writeTo(target).append())
-        except Exception:
-            if branch is not None:
-                drop_branch(self.catalog, table.refresh(), branch)
-            raise
-
     def _spark_base_snapshot(self, table: Any) -> Any:
         """``table_setup.ensure_base_snapshot`` for a v3 table, through Spark. Unlike pyiceberg's it
         cannot insist that ``main`` is still missing: a round racing this one sees ``main`` move
         and starts over (``LostRace``), which costs time, not correctness."""
         if table.metadata.refs.get("main") is not None:
             return table
-        self._spark_empty(table, {table_setup.BASE_PROPERTY: table_setup.BASE_NOTE}, None)
+        main = round_writers.SparkTarget(self.spark, self._spark_table)
+        round_writers.SparkEmpty(main).write(table, {table_setup.BASE_PROPERTY: table_setup.BASE_NOTE})
         return table.refresh()
-
-    def _append_rows(self, spark: Any, table: Any, rows: Any, staged: list[str], properties: dict[str, str]) -> None:
-        """A json round's rows appended to the round branch by Spark's Iceberg writer, one snapshot
-        carrying ``properties`` (nullability is the table's: Spark's staged columns are all nullable)."""
-        columns = [f"`{f.name}`" for f in table.schema().fields]
-        try:
-            upsert.with_commit_properties(spark, properties, lambda: rows.selectExpr(*columns).writeTo(
-                self._spark_table(spark, self.branch)).option("check-nullability", "false").append())
-        except Exception:
-            drop_branch(self.catalog, table.refresh(), self.branch)
-            raise
-        finally:
-            upsert.remove_staging(table, staged)
-
-    def _merge(self, spark: Any, table: Any, staged: list[str], properties: dict[str, str], rows: Any = None
-               ) -> upsert.MergeOutcome:
-        """The upsert round's write: the staged rows MERGEd into the round branch (``upsert``)."""
-        assert self.upsert is not None
-        target = self._spark_table(spark, self.branch)
-        try:
-            if self.json:
-                upsert.check_columns(table.schema(), self.upsert)
-            staged_rows = round_tasks.read_staged(spark, table, staged) if staged and rows is None else None
-            return upsert.merge_round(spark, target, table.schema(), self.upsert, staged_rows, properties,
-                                      self.round_id, rows)
-        except (upsert.BadUpsertRecords, upsert.UpsertConfigError) as exc:
-            drop_branch(self.catalog, table.refresh(), self.branch)
-            raise RoundFailed(f"{self.topic.topic}: {exc}") from exc
-        except Exception:
-            drop_branch(self.catalog, table.refresh(), self.branch)
-            raise
-        finally:
-            upsert.remove_staging(table, staged)
 
     def _dlq_head(self, errors: list[DecodeError]) -> BranchHead:
         """The DLQ rows on the DLQ table's own round branch, published with the round's rows."""
@@ -486,21 +460,20 @@ class CommitRound:
         return BranchHead(table, self.branch, parent, round_snapshot(table, self.branch, parent),
                           tag_checkpoint=False)
 
-    def _check_errors(self, report: TaskReport, table: Any) -> list[DecodeError]:
-        """The records to send to the DLQ; raises when the tolerance does not allow skipping them all."""
+    def _check_errors(self, report: TaskReport) -> list[DecodeError]:
+        """The records to send to the DLQ; raises when the tolerance does not allow skipping them all
+        (``round_branch`` drops the branch)."""
         errors = report.errors
         if not errors:
             return []
         behind = {int(m.group(1)) for e in errors if e.error_class == TABLE_SCHEMA_BEHIND
                   and (m := re.match(r"schema id (\d+)", e.message))}
         if behind:
-            drop_branch(self.catalog, table.refresh(), self.branch)
             raise _Evolve(behind)
         tolerance = self.topic.settings.errors_tolerance
         sorted_out = dlq.triage(errors, tolerance)
         if not sorted_out.fatal and not report.errors_dropped:
             return sorted_out.skipped
-        drop_branch(self.catalog, table.refresh(), self.branch)
         if report.errors_dropped:
             raise RoundFailed(f"more than {len(errors)} bad records in one round of {self.topic.topic}; "
                               "nothing committed (run smaller rounds with --max-records)")
@@ -510,6 +483,11 @@ class CommitRound:
         kind = "schema" if any(e.error_class == INCOMPATIBLE_SCHEMA for e in fatal) else "record"
         raise RoundFailed(f"{len(fatal)} records of {self.topic.topic} cannot be written ({kind} errors; "
                           f"errors.tolerance={tolerance}), nothing committed: {shown}")
+
+
+def _v3(table: Any) -> bool:
+    """pyiceberg 0.12 writes no v3 manifests: on a format v3 table every snapshot is Spark's."""
+    return bool(table.metadata.format_version >= 3)
 
 
 class _Evolve(Exception):

@@ -20,6 +20,8 @@ v2) gets them with a pyiceberg append and Spark is not started. An upsert/CDC
 table gets a Spark MERGE on its id columns that takes a DLQ record only if no
 later record of its id has been committed since (``_write_with_spark``), and a
 format v3 table a Spark append (pyiceberg 0.12 writes no v3 manifests).
+These are the commit round's writers (``round_writers``), on a reprocess
+branch that any error drops, as a round's.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from pyiceberg.table import Table
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
 from broker.contracts import CatalogSpec, ReprocessResult
-from spark_jobs import dlq, job_output, round_plan, round_tasks, table_setup, upsert
+from spark_jobs import dlq, job_output, round_plan, round_tasks, round_writers, table_setup, upsert
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
 from spark_jobs.commit_round import (
@@ -260,9 +262,11 @@ def _append_with_pyiceberg(job: _Job, table: Table, chunks: list[Any]
     assert parent is not None
     create_branch(job.catalog, table, branch, parent)
     rows = pa.Table.from_batches(batches, schema=converter.arrow_schema)
-    table = write_to_branch(table.refresh(), lambda target: target.append(
-        rows, snapshot_properties=_properties(job.result, sum(len(v) for v in moved.values())), branch=branch))
-    head = BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)
+    with round_writers.round_branch(job.catalog, table, branch):
+        round_writers.PyIcebergAppend(branch, rows=rows).write(
+            table, _properties(job.result, sum(len(v) for v in moved.values())))
+        table = table.refresh()
+        head = BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)
     return [head], moved, moved
 
 
@@ -276,7 +280,7 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
     """An upsert/CDC table, or any format v3 table (pyiceberg 0.12 writes no v3 manifests): the
     records are staged as a round's are (``round_tasks``; every column optional for a merge, the
     table's own columns for an append) and Spark's Iceberg writer appends them, or MERGEs them on
-    the id columns, on the reprocess branch.
+    the id columns, on the reprocess branch (``round_writers``).
 
     An upsert table must not take an old record over a newer one: the replay reads each
     partition from its first DLQ offset up to the table's committed offset, and a DLQ record
@@ -285,6 +289,44 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
     table already holds what it would have become. An append stages just the DLQ records,
     ``dlq_chunks``, already read for the schema ids: their segments are not read twice."""
     result = job.result
+    wanted, output, spark = _stage(job, table, spark, dlq_chunks)
+    staged = [f.file_path for f in output.data_files]
+    branch = branch_name(result.round_id)
+    with round_writers.round_branch(job.catalog, table, branch, staged) as cleanup:
+        if output.report.errors_dropped:  # the failures not kept would pass for records that decode
+            raise RuntimeError(f"more than {len(output.report.errors)} of the records retried still fail; "
+                               "nothing moved (fix what they have in common, then run again)")
+        failed = {(e.partition, e.offset) for e in output.report.errors}
+        result.still_bad = len(wanted & failed)
+        now_good = sorted(wanted - failed)
+        if not now_good:
+            cleanup.remove_staged()
+            return [], {}, {}
+        parent = main_snapshot_id(table)
+        if parent is None:
+            raise RuntimeError(f"{job.topic.table} has no snapshot on main yet; nothing moved")
+        spark = _spark(job, spark)
+        create_branch(job.catalog, table, branch, parent)
+        moved, written = _write_replay(job, table, spark, branch, staged, now_good)
+        cleanup.remove_staged()
+        table = table.refresh()
+        if not written:  # every record a later one replaced (or none mergeable): only the DLQ changes
+            drop_branch(job.catalog, table, branch)
+            return [], _by_partition(moved), {}
+        head = BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)
+    return [head], _by_partition(moved), _by_partition(written)
+
+
+def _spark(job: _Job, spark: Any) -> Any:
+    """``spark``, or a session started for the reprocess."""
+    return spark if spark is not None else spark_session(f"icefall-dlq-reprocess-{job.topic.topic}", job.args.master)
+
+
+def _stage(job: _Job, table: Table, spark: Any, dlq_chunks: list[RecordChunk]
+           ) -> tuple[set[tuple[int, int]], round_tasks.TaskOutput, Any]:
+    """The records to write staged as a round's are (an upsert table: the replay from each
+    partition's first DLQ offset; else the DLQ records); the DLQ records wanted from them, the
+    tasks' output and the Spark session (if the tasks started one)."""
     committed = checkpoint.read_checkpoint(table.metadata).offsets
     wanted = job.wanted
     windows: list[tuple[int, int, int]] = []
@@ -293,76 +335,53 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
         upsert.check_columns(table.schema(), job.upsert)
         windows = [(p, min(offsets), max(committed.get(p, 0), max(offsets) + 1))
                    for p, offsets in sorted(job.in_segments.items())]
-        result.unavailable = len(job.only_in_dlq)
+        job.result.unavailable = len(job.only_in_dlq)
         wanted -= job.only_in_dlq
         extra = []
-    envelope = None
-    if job.upsert is not None and job.upsert.debezium:
-        schemas = table_setup.value_schemas(job.registry, job.topic.topic)
-        if not schemas:
-            raise RuntimeError(f"{job.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry")
-        envelope = schemas[-1][1]
-    metadata_json = upsert.staging_metadata_json(table, result.round_id, envelope, relax=job.upsert is not None)
+    metadata_json = upsert.staging_metadata_json(table, job.result.round_id, _envelope(job),
+                                                 relax=job.upsert is not None)
     spec = TaskSpec(job.store_config, metadata_json,
                     round_tasks.task_io_properties(table), job.options.key_type, job.options.value_type,
                     job.registry.url, tuple(sorted(job.registry.known().items())))
     ranges = job.ranges(windows)
     if extra or sum(r.byte_end - r.byte_start for r in ranges) <= job.args.in_driver_max_bytes:
-        output = run_in_driver(spec, ranges, extra)
-    else:  # a long upsert replay: Spark tasks decode and stage it, as in a large round
-        spark = spark if spark is not None else spark_session(f"icefall-dlq-reprocess-{job.topic.topic}",
-                                                              job.args.master)
-        output = run_tasks(spark, spec, round_plan.task_groups(ranges, spark.sparkContext.defaultParallelism))
-    staged = [f.file_path for f in output.data_files]
-    if output.report.errors_dropped:  # the failures not kept would pass for records that decode
-        upsert.remove_staging(table, staged)
-        raise RuntimeError(f"more than {len(output.report.errors)} of the records retried still fail; nothing "
-                           "moved (fix what they have in common, then run again)")
-    failed = {(e.partition, e.offset) for e in output.report.errors}
-    result.still_bad = len(wanted & failed)
-    now_good = sorted(wanted - failed)
-    if not now_good:
-        upsert.remove_staging(table, staged)
-        return [], {}, {}
+        return wanted, run_in_driver(spec, ranges, extra), spark
+    # a long upsert replay: Spark tasks decode and stage it, as in a large round
+    spark = _spark(job, spark)
+    return wanted, run_tasks(spark, spec, round_plan.task_groups(ranges, spark.sparkContext.defaultParallelism)), spark
 
-    branch = branch_name(result.round_id)
-    parent = main_snapshot_id(table)
-    try:
-        if parent is None:
-            raise RuntimeError(f"{job.topic.table} has no snapshot on main yet; nothing moved")
-        spark = spark if spark is not None else spark_session(f"icefall-dlq-reprocess-{job.topic.topic}",
-                                                              job.args.master)
-        create_branch(job.catalog, table, branch, parent)
-        namespace, name = job.topic.identifier
-        target = f"{use_catalog(spark, job.catalog_spec)}.`{namespace}`.`{name}`.`branch_{branch}`"
-        properties = _properties(result, len(now_good))
-        if job.upsert is not None:
-            merged = upsert.merge_round(spark, target, table.schema(), job.upsert,
-                                        round_tasks.read_staged(spark, table, staged) if staged else None,
-                                        properties, result.round_id, only=now_good)
-            result.still_bad += len(merged.bad)  # decodes now, but has no id or I/U/D op: it stays
-            moved = sorted(set(now_good) - set(merged.bad))
-            written = list(merged.applied)
-            result.superseded = len(moved) - len(written)
-        else:
-            columns = [f"`{f.name}`" for f in table.schema().fields]
-            rows = upsert.keep_offsets(
-                spark, round_tasks.read_staged(spark, table, staged), now_good
-            ).selectExpr(*columns)
-            upsert.with_commit_properties(spark, properties, lambda: rows.writeTo(target).option(
-                "check-nullability", "false").append())
-            moved = written = now_good
-    except Exception:
-        drop_branch(job.catalog, table.refresh(), branch)
-        raise
-    finally:
-        upsert.remove_staging(table, staged)
-    table = table.refresh()
-    if not written:  # every record a later one replaced (or none mergeable): only the DLQ changes
-        drop_branch(job.catalog, table, branch)
-        return [], _by_partition(moved), {}
-    head = BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)
-    return [head], _by_partition(moved), _by_partition(written)
+
+def _envelope(job: _Job) -> str | None:
+    """For ``flatten_debezium``: the Debezium envelope schema the staged rows keep whole."""
+    if job.upsert is None or not job.upsert.debezium:
+        return None
+    schemas = table_setup.value_schemas(job.registry, job.topic.topic)
+    if not schemas:
+        raise RuntimeError(f"{job.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry")
+    return schemas[-1][1]
+
+
+def _write_replay(job: _Job, table: Table, spark: Any, branch: str, staged: list[str],
+                  now_good: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The DLQ records that decode now (``now_good``) on the branch: MERGEd (an upsert table; those a
+    later record replaced or that have no id or op are not written) or appended. The records that
+    leave the DLQ and those written."""
+    namespace, name = job.topic.identifier
+    target = round_writers.SparkTarget(
+        lambda: spark, lambda session: f"{use_catalog(session, job.catalog_spec)}.`{namespace}`.`{name}`.`branch_{branch}`")
+    properties = _properties(job.result, len(now_good))
+    if job.upsert is None:
+        round_writers.SparkAppend(target, lambda session, t: upsert.keep_offsets(
+            session, round_tasks.read_staged(session, t, staged), now_good)).write(table, properties)
+        return now_good, now_good
+    merge = round_writers.SparkMerge(target, job.upsert, job.result.round_id, staged, only=now_good)
+    merge.write(table, properties)
+    assert merge.outcome is not None
+    job.result.still_bad += len(merge.outcome.bad)  # decodes now, but has no id or I/U/D op: it stays
+    moved = sorted(set(now_good) - set(merge.outcome.bad))
+    written = list(merge.outcome.applied)
+    job.result.superseded = len(moved) - len(written)
+    return moved, written
 
 
 def _by_partition(pairs: list[tuple[int, int]]) -> dict[int, list[int]]:
