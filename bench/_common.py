@@ -58,9 +58,13 @@ def machine() -> dict[str, str | int]:
                 mem_gib = round(int(line.split()[1]) / 1024 / 1024)
     except OSError:
         pass
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu": model, "mem_gib": mem_gib,
-            "os": f"{platform.system()} {platform.release()} {platform.machine()}",
-            "python": platform.python_version()}
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": model,
+        "mem_gib": mem_gib,
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": platform.python_version(),
+    }
 
 
 def pid_cpu_seconds(pid: int) -> float:
@@ -145,7 +149,9 @@ def _parents() -> dict[int, int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
             except (OSError, ValueError, IndexError):
                 continue
     return parents
@@ -190,6 +196,7 @@ def _state(pid: int) -> str:
 
 def interrupt_on_sigterm() -> None:
     """SIGTERM raises KeyboardInterrupt like Ctrl-C, so ``finally`` blocks stop what a benchmark started."""
+
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -243,7 +250,12 @@ class CpuByProcess:
             return
         for pid in _tree({self.root}, _parents()):
             try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cmd = (
+                    Path(f"/proc/{pid}/cmdline")
+                    .read_bytes()
+                    .replace(b"\0", b" ")
+                    .decode(errors="replace")
+                )
             except OSError:
                 continue
             # classified anew while it has a command line (exec changes it); a zombie has none

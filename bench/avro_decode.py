@@ -43,9 +43,13 @@ def workload(records: int) -> list[RecordChunk]:
         n = min(DEFAULT_CHUNK_RECORDS, records - start)
         offsets = list(range(start, start + n))
         values: list[bytes | None] = [
-            header + _zigzag_varint(o) + _zigzag_varint(now_ms + o) + tails[o % len(tails)] for o in offsets]
+            header + _zigzag_varint(o) + _zigzag_varint(now_ms + o) + tails[o % len(tails)]
+            for o in offsets
+        ]
         chunk_keys: list[bytes | None] = [keys[o % len(keys)] for o in offsets]
-        chunks.append(RecordChunk(0, offsets, [now_ms + o for o in offsets], chunk_keys, values, [()] * n))
+        chunks.append(
+            RecordChunk(0, offsets, [now_ms + o for o in offsets], chunk_keys, values, [()] * n)
+        )
     return chunks
 
 
@@ -80,19 +84,24 @@ def main() -> None:
     a, b = (c.convert(chunks[0]) for c in converters.values())
     assert a.batch.equals(b.batch) and a.errors == b.errors == [], "the two paths disagree"
 
-    print(f"{records} records, {value_bytes / records:.0f} B mean value, {value_bytes / MIB:.1f} MiB, "
-          f"{len(SCHEMA['fields'])} fields, chunks of {DEFAULT_CHUNK_RECORDS}; best of {args.repeat}, CPU time")
+    print(
+        f"{records} records, {value_bytes / records:.0f} B mean value, {value_bytes / MIB:.1f} MiB, "
+        f"{len(SCHEMA['fields'])} fields, chunks of {DEFAULT_CHUNK_RECORDS}; best of {args.repeat}, CPU time"
+    )
     results: dict[tuple[str, str], float] = {}
     for what in ("convert", "value column"):
         for name, converter in converters.items():
             if what == "convert":
+
                 def run(c: RowConverter = converter) -> None:
                     for chunk in chunks:
                         c.convert(chunk)
             else:
+
                 def run(c: RowConverter = converter) -> None:
                     for chunk in chunks:
                         c._column(chunk, "value", c.value_type, chunk.values, c.value_target, {})
+
             seconds = best_cpu(run, args.repeat)
             results[(what, name)] = seconds
             print(

@@ -52,7 +52,9 @@ STEP_MS = 1_000
 PAGES = [f"/p/{i}" for i in range(40)]
 COUNTRIES = ["de", "fr", "us", "br", "jp", "in", "ng", "au"]
 SCHEMA = {
-    "type": "record", "name": "Click", "namespace": "icefall.bench",
+    "type": "record",
+    "name": "Click",
+    "namespace": "icefall.bench",
     "fields": [
         {"name": "id", "type": "long"},
         {"name": "user", "type": "string"},
@@ -81,15 +83,24 @@ def produce(broker: BrokerProcess, rows: int) -> None:
     config = {"automq.table.topic.enable": "true", "automq.table.topic.maintenance.enable": "true"}
     for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1, config=config)]).values():
         future.result(15)
-    serialize = AvroSerializer(SchemaRegistryClient({"url": broker.registry_url}), json.dumps(SCHEMA))
+    serialize = AvroSerializer(
+        SchemaRegistryClient({"url": broker.registry_url}), json.dumps(SCHEMA)
+    )
     context = SerializationContext(TOPIC, MessageField.VALUE)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "linger.ms": 20, "enable.idempotence": True}
+    )
     rng = random.Random(7)
     for i in range(rows):
-        value = {"id": i, "user": f"u{rng.randrange(5000)}", "page": rng.choice(PAGES),
-                 "country": rng.choice(COUNTRIES), "score": rng.randrange(100),
-                 "amount_cents": rng.randrange(100_000),
-                 "ts": datetime.fromtimestamp((START_MS + i * STEP_MS) / 1000, UTC)}
+        value = {
+            "id": i,
+            "user": f"u{rng.randrange(5000)}",
+            "page": rng.choice(PAGES),
+            "country": rng.choice(COUNTRIES),
+            "score": rng.randrange(100),
+            "amount_cents": rng.randrange(100_000),
+            "ts": datetime.fromtimestamp((START_MS + i * STEP_MS) / 1000, UTC),
+        }
         producer.produce(TOPIC, value=serialize(value, context), partition=i % PARTITIONS)
         if i % 10_000 == 0:
             producer.poll(0)
@@ -103,8 +114,17 @@ def make_rounds(spark: Any, broker: BrokerProcess, rounds: int, rows_per_round: 
     seconds = []
     for n in range(rounds):
         started = time.monotonic()
-        code, result = commit_round.run(["--admin-url", broker.admin_url, "--topic", TOPIC,
-                                         "--max-records", str(per_partition)], spark)
+        code, result = commit_round.run(
+            [
+                "--admin-url",
+                broker.admin_url,
+                "--topic",
+                TOPIC,
+                "--max-records",
+                str(per_partition),
+            ],
+            spark,
+        )
         if code != 0 or result.status != "committed":
             raise SystemExit(f"round {n + 1} did not commit: {result.status} {result.message}")
         seconds.append(time.monotonic() - started)
@@ -116,11 +136,15 @@ def make_rounds(spark: Any, broker: BrokerProcess, rounds: int, rows_per_round: 
 def query_sql(table: str, cut_ms: int) -> str:
     at = datetime.fromtimestamp(cut_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
     # Integer aggregates only: a float sum depends on the order tasks add up, and the answers must match.
-    return (f"SELECT country, page, count(*) AS n, sum(score) AS score, sum(amount_cents) AS amount_cents "
-            f"FROM {table} WHERE ts >= TIMESTAMP '{at}' GROUP BY country, page ORDER BY country, page")
+    return (
+        f"SELECT country, page, count(*) AS n, sum(score) AS score, sum(amount_cents) AS amount_cents "
+        f"FROM {table} WHERE ts >= TIMESTAMP '{at}' GROUP BY country, page ORDER BY country, page"
+    )
 
 
-def timed(run: Callable[[], list[tuple[Any, ...]]], repeat: int) -> tuple[float, float, list[tuple[Any, ...]]]:
+def timed(
+    run: Callable[[], list[tuple[Any, ...]]], repeat: int
+) -> tuple[float, float, list[tuple[Any, ...]]]:
     """(first run's seconds, median of ``repeat`` more, the answer)."""
     started = time.monotonic()
     answer = run()
@@ -138,12 +162,18 @@ def timed(run: Callable[[], list[tuple[Any, ...]]], repeat: int) -> tuple[float,
 def table_shape(broker: BrokerProcess) -> dict[str, int]:
     from pyiceberg.catalog import load_catalog
 
-    table = load_catalog("bench", type="rest", uri=broker.catalog_url).load_table(("default", TOPIC))
+    table = load_catalog("bench", type="rest", uri=broker.catalog_url).load_table(
+        ("default", TOPIC)
+    )
     snapshot = table.current_snapshot()
     assert snapshot is not None
-    return {"data_files": len(table.inspect.files()), "manifests": len(snapshot.manifests(table.io)),
-            "snapshots": len(table.metadata.snapshots), "rows": int(snapshot.summary["total-records"]),
-            "bytes": int(snapshot.summary["total-files-size"])}
+    return {
+        "data_files": len(table.inspect.files()),
+        "manifests": len(snapshot.manifests(table.io)),
+        "snapshots": len(table.metadata.snapshots),
+        "rows": int(snapshot.summary["total-records"]),
+        "bytes": int(snapshot.summary["total-files-size"]),
+    }
 
 
 def measure_queries(spark: Any, broker: BrokerProcess, cut_ms: int, repeat: int) -> dict[str, Any]:
@@ -158,7 +188,9 @@ def measure_queries(spark: Any, broker: BrokerProcess, cut_ms: int, repeat: int)
 
     con = duckdb_local.connect()
     try:
-        con.execute("SET TimeZone = 'UTC'")  # the cut is a UTC wall-clock literal, as in Spark's session
+        con.execute(
+            "SET TimeZone = 'UTC'"
+        )  # the cut is a UTC wall-clock literal, as in Spark's session
         duckdb_local.attach_catalog(con, broker.catalog_url, "lake")
         duck_sql = query_sql(f"lake.default.{TOPIC}", cut_ms)
 
@@ -169,17 +201,25 @@ def measure_queries(spark: Any, broker: BrokerProcess, cut_ms: int, repeat: int)
         d_first, d_median, d_answer = timed(in_duckdb, repeat)
     finally:
         con.close()
-    return {"spark_first_s": s_first, "spark_s": s_median, "duckdb_first_s": d_first, "duckdb_s": d_median,
-            "spark_answer": [list(map(str, r)) for r in s_answer],
-            "duckdb_answer": [list(map(str, r)) for r in d_answer]}
+    return {
+        "spark_first_s": s_first,
+        "spark_s": s_median,
+        "duckdb_first_s": d_first,
+        "duckdb_s": d_median,
+        "spark_answer": [list(map(str, r)) for r in s_answer],
+        "duckdb_answer": [list(map(str, r)) for r in d_answer],
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--rows-per-round", type=int, default=200)
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs per engine and phase (median)")
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="timed runs per engine and phase (median)"
+    )
     parser.add_argument("--cores", type=int, default=2, help="Spark local[N]")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -188,13 +228,19 @@ def main() -> None:
 
     from spark_jobs import commit_round, maintenance
 
-    info: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine(),
-                            "command": " ".join([".venv/bin/python", "bench/compaction_query.py", *sys.argv[1:]])}
+    info: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "command": " ".join([".venv/bin/python", "bench/compaction_query.py", *sys.argv[1:]]),
+    }
     rows = args.rounds * args.rows_per_round
     cut_ms = START_MS + (rows // 2) * STEP_MS
     with contextlib.ExitStack() as stack:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="icefall-bench-compact-",
-                                                                       dir=Path.home())))
+        workdir = Path(
+            stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="icefall-bench-compact-", dir=Path.home())
+            )
+        )
         broker = BrokerProcess(workdir / "home", ["--segment-flush-ms", "200"]).start()
         stack.callback(broker.stop)
         log(f"producing {rows:,} records")
@@ -205,30 +251,52 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         log(f"{args.rounds} commit rounds of {args.rows_per_round} records")
         round_seconds = make_rounds(spark, broker, args.rounds, args.rows_per_round)
-        info["rounds"] = {"count": args.rounds, "rows_per_round": args.rows_per_round,
-                          "median_s": statistics.median(round_seconds), "total_s": sum(round_seconds)}
+        info["rounds"] = {
+            "count": args.rounds,
+            "rows_per_round": args.rows_per_round,
+            "median_s": statistics.median(round_seconds),
+            "total_s": sum(round_seconds),
+        }
 
-        info["before"] = {**table_shape(broker), **measure_queries(spark, broker, cut_ms, args.repeat)}
-        log(f"before: {json.dumps({k: v for k, v in info['before'].items() if not k.endswith('answer')})}")
+        info["before"] = {
+            **table_shape(broker),
+            **measure_queries(spark, broker, cut_ms, args.repeat),
+        }
+        log(
+            f"before: {json.dumps({k: v for k, v in info['before'].items() if not k.endswith('answer')})}"
+        )
 
         started = time.monotonic()
-        code, result = maintenance.run(["--admin-url", broker.admin_url, "--topic", TOPIC,
-                                        "--actions", "compact,manifests"], spark)
+        code, result = maintenance.run(
+            ["--admin-url", broker.admin_url, "--topic", TOPIC, "--actions", "compact,manifests"],
+            spark,
+        )
         if code != 0:
             raise SystemExit(f"maintenance failed: {result.message}")
         info["maintenance"] = {"seconds": time.monotonic() - started, "message": result.message}
 
-        info["after"] = {**table_shape(broker), **measure_queries(spark, broker, cut_ms, args.repeat)}
-        log(f"after: {json.dumps({k: v for k, v in info['after'].items() if not k.endswith('answer')})}")
+        info["after"] = {
+            **table_shape(broker),
+            **measure_queries(spark, broker, cut_ms, args.repeat),
+        }
+        log(
+            f"after: {json.dumps({k: v for k, v in info['after'].items() if not k.endswith('answer')})}"
+        )
 
     before, after = info["before"], info["after"]
-    if before["rows"] != after["rows"] or before["spark_answer"] != after["spark_answer"] \
-            or before["duckdb_answer"] != after["duckdb_answer"]:
+    if (
+        before["rows"] != after["rows"]
+        or before["spark_answer"] != after["spark_answer"]
+        or before["duckdb_answer"] != after["duckdb_answer"]
+    ):
         raise SystemExit("compaction changed the table's rows or the query's answer")
     if before["spark_answer"] != before["duckdb_answer"]:
         raise SystemExit("Spark and DuckDB disagree on the groups, counts or sums")
-    info["ratio"] = {"spark": before["spark_s"] / after["spark_s"], "duckdb": before["duckdb_s"] / after["duckdb_s"],
-                     "duckdb_first": before["duckdb_first_s"] / after["duckdb_first_s"]}
+    info["ratio"] = {
+        "spark": before["spark_s"] / after["spark_s"],
+        "duckdb": before["duckdb_s"] / after["duckdb_s"],
+        "duckdb_first": before["duckdb_first_s"] / after["duckdb_first_s"],
+    }
     for phase in ("before", "after"):
         for key in ("spark_answer", "duckdb_answer"):
             info[phase][key + "_groups"] = len(info[phase].pop(key))

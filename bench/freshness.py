@@ -34,8 +34,14 @@ from broker.config import BrokerConfig
 from broker.up import AirflowStack
 
 TOPIC = "freshness"
-SCHEMA = json.dumps({"type": "record", "name": "Tick", "namespace": "icefall.bench",
-                     "fields": [{"name": "seq", "type": "long"}, {"name": "produced_ms", "type": "long"}]})
+SCHEMA = json.dumps(
+    {
+        "type": "record",
+        "name": "Tick",
+        "namespace": "icefall.bench",
+        "fields": [{"name": "seq", "type": "long"}, {"name": "produced_ms", "type": "long"}],
+    }
+)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -59,7 +65,9 @@ class Producer(threading.Thread):
 
         serialize = AvroSerializer(SchemaRegistryClient({"url": self.broker.registry_url}), SCHEMA)
         context = SerializationContext(TOPIC, MessageField.VALUE)
-        producer = KafkaProducer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5, "acks": "all"})
+        producer = KafkaProducer(
+            {"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5, "acks": "all"}
+        )
         next_at = time.monotonic()
         while not self.stop.is_set():
             now_ms = int(time.time() * 1000)
@@ -103,25 +111,42 @@ def round_costs(airflow_db: Path) -> dict[str, Any]:
     con = sqlite3.connect(airflow_db)
     runs = con.execute(
         "SELECT run_id, (julianday(end_date) - julianday(start_date)) * 86400 FROM dag_run "
-        "WHERE dag_id = ? AND state = 'success' AND end_date IS NOT NULL", (f"icefall_commit__{TOPIC}",)).fetchall()
+        "WHERE dag_id = ? AND state = 'success' AND end_date IS NOT NULL",
+        (f"icefall_commit__{TOPIC}",),
+    ).fetchall()
     tasks: dict[str, list[float]] = {}
     for task_id, duration in con.execute(
-            "SELECT task_id, duration FROM task_instance WHERE dag_id = ? AND state IN ('success', 'skipped') "
-            "AND duration IS NOT NULL", (f"icefall_commit__{TOPIC}",)):
+        "SELECT task_id, duration FROM task_instance WHERE dag_id = ? AND state IN ('success', 'skipped') "
+        "AND duration IS NOT NULL",
+        (f"icefall_commit__{TOPIC}",),
+    ):
         tasks.setdefault(task_id, []).append(float(duration))
-    extras = [json.loads(e) for (e,) in con.execute(
-        "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = ?",
-        (f"icefall/default/{TOPIC}",))]
+    extras = [
+        json.loads(e)
+        for (e,) in con.execute(
+            "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = ?",
+            (f"icefall/default/{TOPIC}",),
+        )
+    ]
     con.close()
 
     def stats(values: list[float]) -> dict[str, float]:
-        return {"n": len(values), "p50": round(statistics.median(values), 2), "max": round(max(values), 2)} \
-            if values else {"n": 0}
+        return (
+            {
+                "n": len(values),
+                "p50": round(statistics.median(values), 2),
+                "max": round(max(values), 2),
+            }
+            if values
+            else {"n": 0}
+        )
 
     spark = [float(e["seconds"]["total"]) for e in extras if e.get("seconds")]
-    return {"dag_run_s": stats([float(d) for _, d in runs]),
-            **{f"task_{k}_s": stats(v) for k, v in sorted(tasks.items())},
-            "spark_job_total_s": stats(spark)}
+    return {
+        "dag_run_s": stats([float(d) for _, d in runs]),
+        **{f"task_{k}_s": stats(v) for k, v in sorted(tasks.items())},
+        "spark_job_total_s": stats(spark),
+    }
 
 
 def main() -> int:
@@ -129,11 +154,19 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--interval-s", type=float, default=30.0)
     parser.add_argument("--rate", type=float, default=20.0, help="records per second")
-    parser.add_argument("--trigger-bytes", type=int, default=0,
-                        help="automq.table.topic.commit.trigger.bytes: also commit when this many bytes wait")
-    parser.add_argument("--settle-s", type=float, default=None,
-                        help="records produced in the last this many seconds are not measured (default: two "
-                             "intervals; 30 s with --trigger-bytes)")
+    parser.add_argument(
+        "--trigger-bytes",
+        type=int,
+        default=0,
+        help="automq.table.topic.commit.trigger.bytes: also commit when this many bytes wait",
+    )
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=None,
+        help="records produced in the last this many seconds are not measured (default: two "
+        "intervals; 30 s with --trigger-bytes)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary home")
     args = parser.parse_args()
 
@@ -143,15 +176,25 @@ def main() -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="icefall-freshness-"))
     broker = BrokerProcess(workdir / "home").start()
-    airflow = AirflowStack(BrokerConfig(home=broker.home, kafka_port=broker.kafka_port,
-                                        admin_port=broker.admin_port, registry_port=broker.registry_port,
-                                        catalog_port=broker.catalog_port), broker.home.resolve(), free_port())
+    airflow = AirflowStack(
+        BrokerConfig(
+            home=broker.home,
+            kafka_port=broker.kafka_port,
+            admin_port=broker.admin_port,
+            registry_port=broker.registry_port,
+            catalog_port=broker.catalog_port,
+        ),
+        broker.home.resolve(),
+        free_port(),
+    )
     stop = threading.Event()
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        config = {"automq.table.topic.enable": "true",
-                  "automq.table.topic.commit.interval.ms": str(int(args.interval_s * 1000)),
-                  "automq.table.topic.commit.trigger.bytes": str(args.trigger_bytes)}
+        config = {
+            "automq.table.topic.enable": "true",
+            "automq.table.topic.commit.interval.ms": str(int(args.interval_s * 1000)),
+            "automq.table.topic.commit.trigger.bytes": str(args.trigger_bytes),
+        }
         for future in admin.create_topics([NewTopic(TOPIC, 3, 1, config=config)]).values():
             future.result(10)
         started = time.monotonic()
@@ -159,8 +202,11 @@ def main() -> int:
         airflow.sync()
         airflow.start()
         airflow.wait_ready(should_stop=stop.is_set)
-        print(f"Airflow up in {time.monotonic() - started:.0f} s at {airflow.url}; "
-              f"producing {args.rate:g} records/s for {args.minutes:g} min", flush=True)
+        print(
+            f"Airflow up in {time.monotonic() - started:.0f} s at {airflow.url}; "
+            f"producing {args.rate:g} records/s for {args.minutes:g} min",
+            flush=True,
+        )
         producer = Producer(broker, args.rate, stop)
         producer.start()
         seen: dict[int, float] = {}
@@ -170,7 +216,13 @@ def main() -> int:
         producer.join(30)
         # Records produced near the end had no chance to be committed: measure those produced before
         # the end minus two intervals (or --settle-s); one of those never seen counts as "not visible by the end".
-        settle_s = args.settle_s if args.settle_s is not None else 30.0 if args.trigger_bytes else 2 * args.interval_s
+        settle_s = (
+            args.settle_s
+            if args.settle_s is not None
+            else 30.0
+            if args.trigger_bytes
+            else 2 * args.interval_s
+        )
         cutoff_ms = (end - settle_s) * 1000
         eligible = [seq for seq, ms in enumerate(producer.produced_ms) if ms <= cutoff_ms]
         freshness = [(seen[s] - producer.produced_ms[s]) / 1000 for s in eligible if s in seen]

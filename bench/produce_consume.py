@@ -86,12 +86,20 @@ def produce(bootstrap: str, topic: str, total: int, record_size: int) -> tuple[f
     from confluent_kafka import Producer
 
     failures: list[object] = []
-    producer = Producer({
-        "on_delivery": lambda err, msg: err and failures.append(err),
-        "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "batch.size": MIB,
-        "batch.num.messages": 1_000_000, "message.max.bytes": 2 * MIB, "queue.buffering.max.kbytes": 1024 * 1024,
-        "queue.buffering.max.messages": 10_000_000, "compression.type": "none",
-    })
+    producer = Producer(
+        {
+            "on_delivery": lambda err, msg: err and failures.append(err),
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": MIB,
+            "batch.num.messages": 1_000_000,
+            "message.max.bytes": 2 * MIB,
+            "queue.buffering.max.kbytes": 1024 * 1024,
+            "queue.buffering.max.messages": 10_000_000,
+            "compression.type": "none",
+        }
+    )
     value = os.urandom(record_size)
     count = total // record_size
     start = time.perf_counter()
@@ -113,9 +121,16 @@ def produce(bootstrap: str, topic: str, total: int, record_size: int) -> tuple[f
 def consume(bootstrap: str, topic: str, count: int) -> float:
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "auto.offset.reset": "earliest",
-                         "fetch.max.bytes": 64 * MIB, "max.partition.fetch.bytes": 16 * MIB,
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench",
+            "auto.offset.reset": "earliest",
+            "fetch.max.bytes": 64 * MIB,
+            "max.partition.fetch.bytes": 16 * MIB,
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     got = 0
     size = 0
@@ -149,18 +164,24 @@ def main() -> None:
             from confluent_kafka.admin import AdminClient, NewTopic
 
             admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-            for f in admin.create_topics([NewTopic("bench", args.partitions, 1,
-                                                   config={"max.message.bytes": str(2 * MIB)})]).values():
+            for f in admin.create_topics(
+                [NewTopic("bench", args.partitions, 1, config={"max.message.bytes": str(2 * MIB)})]
+            ).values():
                 f.result(10)
             produce_mibs, count = produce(broker.bootstrap, "bench", total, args.record_bytes)
             consume_mibs = consume(broker.bootstrap, "bench", count)
         finally:
             broker.stop()
     result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores {platform.machine()}",
-        "mib": args.mib, "partitions": args.partitions, "record_bytes": args.record_bytes,
-        "limit_mib_s": round(limit, 1), "produce_mib_s": round(produce_mibs, 1),
-        "produce_vs_limit": round(produce_mibs / limit, 2), "consume_mib_s": round(consume_mibs, 1),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.node()} {os.cpu_count()} cores {platform.machine()}",
+        "mib": args.mib,
+        "partitions": args.partitions,
+        "record_bytes": args.record_bytes,
+        "limit_mib_s": round(limit, 1),
+        "produce_mib_s": round(produce_mibs, 1),
+        "produce_vs_limit": round(produce_mibs / limit, 2),
+        "consume_mib_s": round(consume_mibs, 1),
         "consume_vs_limit": round(consume_mibs / limit, 2),
     }
     print(json.dumps(result, indent=2))

@@ -28,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support import BrokerProcess
 
 SCHEMA = {
-    "type": "record", "name": "Click", "namespace": "bench",
+    "type": "record",
+    "name": "Click",
+    "namespace": "bench",
     "fields": [{"name": f"s{i}", "type": "string"} for i in range(8)]
     + [{"name": f"l{i}", "type": "long"} for i in range(6)]
     + [{"name": "d0", "type": "double"}, {"name": "b0", "type": "boolean"}],
@@ -56,8 +58,12 @@ def requests_per_second(url: str, seconds: float) -> float:
 
 def register(registry_url: str) -> int:
     body = json.dumps({"schema": json.dumps(SCHEMA)}).encode()
-    req = urllib.request.Request(f"{registry_url}/subjects/clicks-value/versions", data=body, method="POST",
-                                 headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+    req = urllib.request.Request(
+        f"{registry_url}/subjects/clicks-value/versions",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         schema_id: int = json.loads(resp.read())["id"]
         return schema_id
@@ -82,10 +88,17 @@ def produce_mib_s(bootstrap: str, topic: str, values: list[bytes]) -> float:
     from confluent_kafka import Producer
 
     failures: list[object] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20,
-                         "batch.size": 1024 * 1024, "queue.buffering.max.kbytes": 1024 * 1024,
-                         "queue.buffering.max.messages": 10_000_000,
-                         "on_delivery": lambda err, msg: err and failures.append(err)})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": 1024 * 1024,
+            "queue.buffering.max.kbytes": 1024 * 1024,
+            "queue.buffering.max.messages": 10_000_000,
+            "on_delivery": lambda err, msg: err and failures.append(err),
+        }
+    )
     start = time.perf_counter()
     for i, value in enumerate(values):
         producer.produce(topic, value)
@@ -109,30 +122,55 @@ def main() -> None:
         try:
             schema_id = register(broker.registry_url)
             floor = requests_per_second(broker.registry_url + "/", args.seconds)
-            lookups = requests_per_second(f"{broker.registry_url}/schemas/ids/{schema_id}", args.seconds)
+            lookups = requests_per_second(
+                f"{broker.registry_url}/schemas/ids/{schema_id}", args.seconds
+            )
             admin = AdminClient({"bootstrap.servers": broker.bootstrap})
             table = {"automq.table.topic.enable": "true"}
-            topics = [NewTopic("gate-on", 4, 1, config={**table, "automq.table.topic.schema.validation": "true"}),
-                      NewTopic("gate-off", 4, 1, config={**table, "automq.table.topic.schema.validation": "false"})]
+            topics = [
+                NewTopic(
+                    "gate-on",
+                    4,
+                    1,
+                    config={**table, "automq.table.topic.schema.validation": "true"},
+                ),
+                NewTopic(
+                    "gate-off",
+                    4,
+                    1,
+                    config={**table, "automq.table.topic.schema.validation": "false"},
+                ),
+            ]
             for f in admin.create_topics(topics).values():
                 f.result(10)
             values = encoded_records(schema_id, args.records)
             results = {}
             for topic in ("gate-off", "gate-on", "gate-off", "gate-on"):  # interleaved, best of two
-                results[topic] = max(results.get(topic, 0.0), produce_mib_s(broker.bootstrap, topic, values))
+                results[topic] = max(
+                    results.get(topic, 0.0), produce_mib_s(broker.bootstrap, topic, values)
+                )
         except BaseException:
             print(broker.log_text()[-4000:], file=sys.stderr)
             raise
         finally:
             broker.stop(60)
-    print(json.dumps({
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
-        "lookups_per_s": round(lookups), "http_floor_per_s": round(floor),
-        "lookups_vs_floor": round(lookups / floor, 2),
-        "records": args.records, "record_bytes": len(values[0]),
-        "produce_gate_off_mib_s": round(results["gate-off"], 1), "produce_gate_on_mib_s": round(results["gate-on"], 1),
-        "gate_on_vs_off": round(results["gate-on"] / results["gate-off"], 2),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "date": time.strftime("%Y-%m-%d"),
+                "machine": f"{platform.node()} {os.cpu_count()} cores",
+                "lookups_per_s": round(lookups),
+                "http_floor_per_s": round(floor),
+                "lookups_vs_floor": round(lookups / floor, 2),
+                "records": args.records,
+                "record_bytes": len(values[0]),
+                "produce_gate_off_mib_s": round(results["gate-off"], 1),
+                "produce_gate_on_mib_s": round(results["gate-on"], 1),
+                "gate_on_vs_off": round(results["gate-on"] / results["gate-off"], 2),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,14 @@ def crash_runs(args: argparse.Namespace, work: Path) -> list[CrashRun]:
                     env = moto.env(proxy.endpoint)
                 broker = BrokerProcess(home, extra, env).start()
                 try:
-                    outage = (proxy.down, proxy.up) if proxy is not None and backend == "s3+outage" else None
-                    run = run_crashes(broker, kills=args.kills, seed=seed, backend=backend, outage=outage)
+                    outage = (
+                        (proxy.down, proxy.up)
+                        if proxy is not None and backend == "s3+outage"
+                        else None
+                    )
+                    run = run_crashes(
+                        broker, kills=args.kills, seed=seed, backend=backend, outage=outage
+                    )
                 finally:
                     broker.stop()
                     if proxy is not None:
@@ -87,12 +93,21 @@ def summarise_crashes(runs: list[CrashRun]) -> dict[str, Any]:
         kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for run in group:
             for name, o in run.producers.items():
-                for key in ("produced", "acked", "failed", "acked_lost", "acked_misplaced", "duplicates",
-                            "order_violations", "unknown"):
+                for key in (
+                    "produced",
+                    "acked",
+                    "failed",
+                    "acked_lost",
+                    "acked_misplaced",
+                    "duplicates",
+                    "order_violations",
+                    "unknown",
+                ):
                     kinds[name][key] += getattr(o, key)
         restarts = sorted(s for run in group for s in run.restart_seconds)
         out[backend] = {
-            "runs": len(group), "kills": sum(r.kills for r in group),
+            "runs": len(group),
+            "kills": sum(r.kills for r in group),
             "startup_kills": sum(r.startup_kills for r in group),
             "outage_seconds": round(sum(r.outage_seconds for r in group), 1),
             "restart_s_median": restarts[len(restarts) // 2] if restarts else None,
@@ -121,17 +136,26 @@ def round_kills(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             rerun = complete_round(broker, topic, work)
             offsets = table_offsets(broker, topic)
             acked = sorted(producer.acked)
-            trial = {"kill_after_s": round(delay, 2), "finished_before_kill": code is not None,
-                     "rerun": rerun["status"], "rows": len(offsets),
-                     "missing": len(set(acked) - set(offsets)), "duplicates": len(offsets) - len(set(offsets))}
+            trial = {
+                "kill_after_s": round(delay, 2),
+                "finished_before_kill": code is not None,
+                "rerun": rerun["status"],
+                "rows": len(offsets),
+                "missing": len(set(acked) - set(offsets)),
+                "duplicates": len(offsets) - len(set(offsets)),
+            }
             print(json.dumps({"round_trial": trial}), flush=True)
             trials.append(trial)
     finally:
         broker.stop()
-    return {"trials": len(trials), "round_s": duration,
-            "killed_mid_round": sum(not t["finished_before_kill"] for t in trials),
-            "missing": sum(t["missing"] for t in trials), "duplicates": sum(t["duplicates"] for t in trials),
-            "kill_after_s": sorted(t["kill_after_s"] for t in trials)}
+    return {
+        "trials": len(trials),
+        "round_s": duration,
+        "killed_mid_round": sum(not t["finished_before_kill"] for t in trials),
+        "missing": sum(t["missing"] for t in trials),
+        "duplicates": sum(t["duplicates"] for t in trials),
+        "kill_after_s": sorted(t["kill_after_s"] for t in trials),
+    }
 
 
 def wide_round(work: Path, partitions: int, records: int) -> dict[str, Any]:
@@ -146,15 +170,20 @@ def wide_round(work: Path, partitions: int, records: int) -> dict[str, Any]:
             result = complete_round(broker, topic, work)
             exact = table_offsets(broker, topic) == sorted(producer.acked)
             out[label] = {"status": result["status"], "exact": exact, "seconds": result["seconds"]}
-        out["total_over_baseline"] = round(out[f"{partitions}_partitions"]["seconds"]["total"]
-                                           / out["baseline_1_partition"]["seconds"]["total"], 2)
+        out["total_over_baseline"] = round(
+            out[f"{partitions}_partitions"]["seconds"]["total"]
+            / out["baseline_1_partition"]["seconds"]["total"],
+            2,
+        )
     finally:
         broker.stop()
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", default="crash,wide,rounds")
     parser.add_argument("--runs", type=int, default=5, help="crash runs per backend")
     parser.add_argument("--kills", type=int, default=5, help="kills per crash run")
@@ -163,12 +192,17 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--per-partition", type=int, default=50)
     parser.add_argument("--round-trials", type=int, default=10)
-    parser.add_argument("--round-records", type=int, default=20000, help="records in the 1,000-partition round")
+    parser.add_argument(
+        "--round-records", type=int, default=20000, help="records in the 1,000-partition round"
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     assert only <= {"crash", "wide", "rounds"}, only
-    summary: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                               "machine": machine(), "command": " ".join(sys.argv)}
+    summary: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+    }
     with tempfile.TemporaryDirectory(prefix="icefall-reliability-") as tmp:
         work = Path(tmp)
         if "crash" in only:
@@ -176,8 +210,12 @@ def main() -> None:
         if "wide" in only:
             broker = BrokerProcess(work / "wide", ["--segment-flush-ms", "200"]).start()
             try:
-                wide = run_wide(broker, partitions=args.partitions, connections=args.connections,
-                                per_partition=args.per_partition)
+                wide = run_wide(
+                    broker,
+                    partitions=args.partitions,
+                    connections=args.connections,
+                    per_partition=args.per_partition,
+                )
             finally:
                 broker.stop()
             summary["wide"] = {

@@ -80,14 +80,24 @@ BACKENDS = ("local", "s3")
 PHASES = ("spark_start", "plan", "prepare", "read_write", "commit", "total")
 
 
-def start_brokers(stack: contextlib.ExitStack, workdir: Path, moto: MotoS3) -> dict[str, BrokerProcess]:
+def start_brokers(
+    stack: contextlib.ExitStack, workdir: Path, moto: MotoS3
+) -> dict[str, BrokerProcess]:
     """The local broker and the S3 broker (bucket created here); each stopped when ``stack`` closes."""
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
     moto.client().create_bucket(Bucket=bucket)
     brokers = {
         "local": BrokerProcess(workdir / "local"),
-        "s3": BrokerProcess(workdir / "s3", ["--object-store", f"s3://{bucket}/segments",
-                                             "--warehouse", f"s3://{bucket}/warehouse"], env=moto.env()),
+        "s3": BrokerProcess(
+            workdir / "s3",
+            [
+                "--object-store",
+                f"s3://{bucket}/segments",
+                "--warehouse",
+                f"s3://{bucket}/warehouse",
+            ],
+            env=moto.env(),
+        ),
     }
     for name, broker in brokers.items():
         stack.callback(_stop_broker, broker, name)  # registered first: also stopped if start fails
@@ -120,21 +130,34 @@ def round_env() -> dict[str, str]:
 def empty_round(broker: BrokerProcess, workdir: Path, cores: int, name: str) -> tuple[float, float]:
     """One more empty round: its wall and CPU seconds."""
     m, result = run_round(broker, TOPIC, workdir, cores, name, env=round_env())
-    assert result.get("status") == "nothing_new" and int(result.get("rows", 0)) == 0, f"empty round: {result}"
-    return round(m.wall, 2), round(m.cpu_total, 1)  # cpu_total includes the /proc samples run_round adds
+    assert result.get("status") == "nothing_new" and int(result.get("rows", 0)) == 0, (
+        f"empty round: {result}"
+    )
+    return round(m.wall, 2), round(
+        m.cpu_total, 1
+    )  # cpu_total includes the /proc samples run_round adds
 
 
-def summary(rnd: dict[str, Any], empties: list[tuple[float, float]], moto_cpu: float) -> dict[str, Any]:
+def summary(
+    rnd: dict[str, Any], empties: list[tuple[float, float]], moto_cpu: float
+) -> dict[str, Any]:
     full = rnd["full"]
     phases = full.get("phases_s") or {}
     return {
-        "rows": full["rows"], "mib": full["mib"], "wall_s": full["wall_s"], "rows_per_s": full["rows_per_s"],
-        "mib_per_s": full["mib_per_s"], "cpu_s": full["cpu_s"], "mib_per_cpu_s": full["mib_per_cpu_s"],
-        "cpu_by_process_s": full.get("cpu_by_process_s"), "data_files": full.get("data_files"),
+        "rows": full["rows"],
+        "mib": full["mib"],
+        "wall_s": full["wall_s"],
+        "rows_per_s": full["rows_per_s"],
+        "mib_per_s": full["mib_per_s"],
+        "cpu_s": full["cpu_s"],
+        "mib_per_cpu_s": full["mib_per_cpu_s"],
+        "cpu_by_process_s": full.get("cpu_by_process_s"),
+        "data_files": full.get("data_files"),
         "executor": rnd["results"]["round"].get("executor"),
         "phases_s": {k: phases[k] for k in PHASES if k in phases},
         "outside_job_s": full.get("outside_job_s"),
-        "empty_wall_s": round(statistics.median(w for w, _ in empties), 2), "empty_walls_s": [w for w, _ in empties],
+        "empty_wall_s": round(statistics.median(w for w, _ in empties), 2),
+        "empty_walls_s": [w for w, _ in empties],
         "empty_cpu_s": round(statistics.median(c for _, c in empties), 1),
         "empty_phases_s": rnd["empty"].get("phases_s"),
         "moto_cpu_s": round(moto_cpu, 1),
@@ -156,20 +179,32 @@ def ratios(local: dict[str, Any], s3: dict[str, Any]) -> dict[str, float | None]
     }
 
 
-def markdown(info: dict[str, Any], prod: dict[str, dict[str, Any]], res: dict[str, dict[str, Any]],
-             rat: dict[str, float | None], args: argparse.Namespace) -> str:
+def markdown(
+    info: dict[str, Any],
+    prod: dict[str, dict[str, Any]],
+    res: dict[str, dict[str, Any]],
+    rat: dict[str, float | None],
+    args: argparse.Namespace,
+) -> str:
     mach = info["machine"]
     p = prod["local"]
     lines = [
-        (f"Date {info['date']}; machine: {mach['nproc']} cores ({mach['cpu']}), {mach['mem_gib']} GiB, "
-         f"{mach['os']}, Python {mach['python']}; brokers, moto, bench and Spark share the cores."),
+        (
+            f"Date {info['date']}; machine: {mach['nproc']} cores ({mach['cpu']}), {mach['mem_gib']} GiB, "
+            f"{mach['os']}, Python {mach['python']}; brokers, moto, bench and Spark share the cores."
+        ),
         "",
-        (f"Command: `{info['command']}` ({p['rows']:,} records, {p['value_bytes'] / MIB:.0f} MiB of values, "
-         f"16 fields, {args.partitions} partitions, {args.compression}, to each broker; produced in "
-         + ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in prod.items()) + ", not counted)."),
+        (
+            f"Command: `{info['command']}` ({p['rows']:,} records, {p['value_bytes'] / MIB:.0f} MiB of values, "
+            f"16 fields, {args.partitions} partitions, {args.compression}, to each broker; produced in "
+            + ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in prod.items())
+            + ", not counted)."
+        ),
         "",
-        ("| backend | round wall s | rows/s | MiB/s | spark_start | plan | prepare | read_write | commit "
-         "| job total | round CPU s | empty round s (fixed cost) | empty round CPU s | moto CPU s |"),
+        (
+            "| backend | round wall s | rows/s | MiB/s | spark_start | plan | prepare | read_write | commit "
+            "| job total | round CPU s | empty round s (fixed cost) | empty round CPU s | moto CPU s |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in BACKENDS:
@@ -179,36 +214,62 @@ def markdown(info: dict[str, Any], prod: dict[str, dict[str, Any]], res: dict[st
             f"| {name} | {r['wall_s']} | {r['rows_per_s']:,} | {r['mib_per_s']} "
             + "".join(f"| {ph.get(k, '—')} " for k in PHASES)
             + f"| {r['cpu_s']} | {r['empty_wall_s']} ({', '.join(map(str, r['empty_walls_s']))}) "
-            f"| {r['empty_cpu_s']} | {r['moto_cpu_s']} |")
+            f"| {r['empty_cpu_s']} | {r['moto_cpu_s']} |"
+        )
     lines += [
         "",
-        (f"**S3 / local: throughput {rat['throughput']}, fixed cost {rat['fixed_cost']}**; in CPU seconds: "
-         f"round {rat['round_cpu_s']}, empty round {rat['empty_cpu_s']} (read_write phase "
-         f"{rat['read_write_s']}x the time, commit phase {rat['commit_s']}x). Empty rounds: median of "
-         f"{args.empty_rounds}, each listed."),
-        (f"Executor: {res['local']['executor']} (local), {res['s3']['executor']} (S3); data files: "
-         f"{res['local']['data_files']} (local), {res['s3']['data_files']} (S3)."),
+        (
+            f"**S3 / local: throughput {rat['throughput']}, fixed cost {rat['fixed_cost']}**; in CPU seconds: "
+            f"round {rat['round_cpu_s']}, empty round {rat['empty_cpu_s']} (read_write phase "
+            f"{rat['read_write_s']}x the time, commit phase {rat['commit_s']}x). Empty rounds: median of "
+            f"{args.empty_rounds}, each listed."
+        ),
+        (
+            f"Executor: {res['local']['executor']} (local), {res['s3']['executor']} (S3); data files: "
+            f"{res['local']['data_files']} (local), {res['s3']['data_files']} (S3)."
+        ),
     ]
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mib", type=int, default=256, help="MiB of record values per broker (default 256)")
-    parser.add_argument("--cores", type=int, default=2, help="cores for each round: local[N] (default 2)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--mib", type=int, default=256, help="MiB of record values per broker (default 256)"
+    )
+    parser.add_argument(
+        "--cores", type=int, default=2, help="cores for each round: local[N] (default 2)"
+    )
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--compression", default="lz4", choices=["none", "lz4", "snappy", "zstd", "gzip"])
-    parser.add_argument("--empty-rounds", type=int, default=3,
-                        help="empty rounds per backend; the fixed cost is their median (default 3)")
-    parser.add_argument("--keep", type=Path, default=None, help="keep broker homes, logs and results in this directory")
-    parser.add_argument("--json", type=Path, default=None, help="also write all figures to this JSON file")
+    parser.add_argument(
+        "--compression", default="lz4", choices=["none", "lz4", "snappy", "zstd", "gzip"]
+    )
+    parser.add_argument(
+        "--empty-rounds",
+        type=int,
+        default=3,
+        help="empty rounds per backend; the fixed cost is their median (default 3)",
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep broker homes, logs and results in this directory",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write all figures to this JSON file"
+    )
     args = parser.parse_args()
     if args.empty_rounds < 1:
         parser.error("--empty-rounds must be 1 or more")
 
-    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-            "command": " ".join([".venv/bin/python", "bench/s3_round.py", *sys.argv[1:]])}
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "command": " ".join([".venv/bin/python", "bench/s3_round.py", *sys.argv[1:]]),
+    }
     become_subreaper()  # so the Spark JVM's CPU time is counted (PySpark never waits for it)
     interrupt_on_sigterm()  # SIGTERM unwinds like Ctrl-C: the finally blocks below stop everything
     prod: dict[str, dict[str, Any]] = {}
@@ -217,11 +278,16 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
-            workdir = Path(tempfile.mkdtemp(prefix=f"s3-{time.strftime('%Y%m%d-%H%M%S')}-", dir=args.keep))
+            workdir = Path(
+                tempfile.mkdtemp(prefix=f"s3-{time.strftime('%Y%m%d-%H%M%S')}-", dir=args.keep)
+            )
             print(f"[bench] working in {workdir}", file=sys.stderr)
         else:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="icefall-bench-s3-",
-                                                                           dir=Path.home())))
+            workdir = Path(
+                stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix="icefall-bench-s3-", dir=Path.home())
+                )
+            )
         moto = MotoS3(workdir / "moto.log")
         stack.callback(moto.stop)
         moto.wait_ready()
@@ -229,31 +295,53 @@ def main() -> None:
         try:
             for name, broker in brokers.items():
                 prod[name] = fill(broker, args.mib, args.partitions, args.compression)
-                print(f"[produce] {name}: {prod[name]['rows']:,} rows, {prod[name]['value_bytes'] / MIB:.1f} MiB "
-                      f"in {prod[name]['seconds']:.1f} s", file=sys.stderr)
+                print(
+                    f"[produce] {name}: {prod[name]['rows']:,} rows, {prod[name]['value_bytes'] / MIB:.1f} MiB "
+                    f"in {prod[name]['seconds']:.1f} s",
+                    file=sys.stderr,
+                )
             assert prod["local"]["rows"] == prod["s3"]["rows"], prod
             moto_cpu: dict[str, float] = {}
             empties: dict[str, list[tuple[float, float]]] = {}
             for name, broker in brokers.items():  # the full round, then the_round's empty round
                 moto_before = pid_cpu_seconds(moto.proc.pid)
-                rounds[name] = the_round(broker, TOPIC, workdir, args.cores, prod[name]["rows"],
-                                         prod[name]["value_bytes"], env=round_env(), name=f"{name}-round")
+                rounds[name] = the_round(
+                    broker,
+                    TOPIC,
+                    workdir,
+                    args.cores,
+                    prod[name]["rows"],
+                    prod[name]["value_bytes"],
+                    env=round_env(),
+                    name=f"{name}-round",
+                )
                 moto_cpu[name] = pid_cpu_seconds(moto.proc.pid) - moto_before
                 empty = rounds[name]["empty"]
                 empties[name] = [(empty["wall_s"], empty["cpu_s"])]
-            for i in range(2, args.empty_rounds + 1):  # the other empty rounds, the backends taking turns
+            for i in range(
+                2, args.empty_rounds + 1
+            ):  # the other empty rounds, the backends taking turns
                 for name, broker in brokers.items():
-                    empties[name].append(empty_round(broker, workdir, args.cores, f"empty-{name}-round-{i}"))
+                    empties[name].append(
+                        empty_round(broker, workdir, args.cores, f"empty-{name}-round-{i}")
+                    )
             for name in brokers:
                 res[name] = summary(rounds[name], empties[name], moto_cpu[name])
                 print(f"[round] {name}: {json.dumps(res[name])}", file=sys.stderr)
         except BaseException:
             for name, broker in brokers.items():
-                print(f"[bench] broker {name} log tail:\n{broker.log_text()[-2000:]}", file=sys.stderr)
+                print(
+                    f"[bench] broker {name} log tail:\n{broker.log_text()[-2000:]}", file=sys.stderr
+                )
             raise
     rat = ratios(res["local"], res["s3"])
-    figures = {"info": info, "produce": prod, "results": res, "s3_over_local": rat,
-               "rounds": rounds}
+    figures = {
+        "info": info,
+        "produce": prod,
+        "results": res,
+        "s3_over_local": rat,
+        "rounds": rounds,
+    }
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, default=str))
     print(json.dumps({k: v for k, v in figures.items() if k != "rounds"}, indent=2, default=str))

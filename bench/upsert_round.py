@@ -53,21 +53,38 @@ def create_topics(bootstrap: str) -> None:
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     base = {"automq.table.topic.enable": "true", "max.message.bytes": str(2 * MIB)}
-    upsert = {**base, "automq.table.topic.upsert.enable": "true", "automq.table.topic.id.columns": "[id]"}
-    topics = [NewTopic(APPEND, PARTITIONS, 1, config=base), NewTopic(UPSERT, PARTITIONS, 1, config=upsert)]
+    upsert = {
+        **base,
+        "automq.table.topic.upsert.enable": "true",
+        "automq.table.topic.id.columns": "[id]",
+    }
+    topics = [
+        NewTopic(APPEND, PARTITIONS, 1, config=base),
+        NewTopic(UPSERT, PARTITIONS, 1, config=upsert),
+    ]
     for future in admin.create_topics(topics).values():
         future.result(15)
 
 
-def produce(bootstrap: str, schema_ids: dict[str, int], records: int, repeat: float, seed: int) -> dict[str, Any]:
+def produce(
+    bootstrap: str, schema_ids: dict[str, int], records: int, repeat: float, seed: int
+) -> dict[str, Any]:
     """The same records to both topics; the key is the id (so a repeated id lands in the same partition)."""
     from confluent_kafka import Producer
 
     tails, _ = _tails(POOL)
     rnd = random.Random(seed)
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "batch.size": MIB,
-                         "compression.type": "lz4", "queue.buffering.max.kbytes": 512 * 1024,
-                         "queue.buffering.max.messages": 10_000_000})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": MIB,
+            "compression.type": "lz4",
+            "queue.buffering.max.kbytes": 512 * 1024,
+            "queue.buffering.max.messages": 10_000_000,
+        }
+    )
     base_ms = int(time.time() * 1000) - 3_600_000
     ids: list[int] = []
     value_bytes = 0
@@ -89,39 +106,61 @@ def produce(bootstrap: str, schema_ids: dict[str, int], records: int, repeat: fl
         if n % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(600) == 0, "producer did not drain"
-    return {"records": records, "distinct_ids": len(set(ids)), "value_bytes": value_bytes,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "records": records,
+        "distinct_ids": len(set(ids)),
+        "value_bytes": value_bytes,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
-def one_round(broker: BrokerProcess, topic: str, workdir: Path, cores: int, name: str, records: int
-              ) -> dict[str, Any]:
+def one_round(
+    broker: BrokerProcess, topic: str, workdir: Path, cores: int, name: str, records: int
+) -> dict[str, Any]:
     m, result = run_round(broker, topic, workdir, cores, name)
     assert result.get("status") == "committed" and int(result.get("rows", -1)) == records, result
-    return {"wall_s": round(m.wall, 2), "rows_per_s": round(records / m.wall), "cpu_s": round(m.cpu_total, 1),
-            "phases_s": result.get("seconds"), "message": result.get("message")}
+    return {
+        "wall_s": round(m.wall, 2),
+        "rows_per_s": round(records / m.wall),
+        "cpu_s": round(m.cpu_total, 1),
+        "phases_s": result.get("seconds"),
+        "message": result.get("message"),
+    }
 
 
 def check_tables(broker: BrokerProcess, produced: dict[str, Any], rounds: int) -> dict[str, int]:
     from pyiceberg.catalog import load_catalog
 
     catalog = load_catalog("bench", type="rest", uri=broker.catalog_url)
-    rows = {t: len(catalog.load_table(("default", t.replace("-", "_"))).scan(selected_fields=("id",)).to_arrow())
-            for t in (APPEND, UPSERT)}
+    rows = {
+        t: len(
+            catalog.load_table(("default", t.replace("-", "_")))
+            .scan(selected_fields=("id",))
+            .to_arrow()
+        )
+        for t in (APPEND, UPSERT)
+    }
     assert rows[APPEND] == rounds * produced["records"], rows
     assert rows[UPSERT] == produced["distinct_ids"], rows
     return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=float, default=0.1, help="share of records repeating an earlier id")
+    parser.add_argument(
+        "--repeat", type=float, default=0.1, help="share of records repeating an earlier id"
+    )
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    info = {"date": time.strftime("%Y-%m-%d"), "machine": machine(),
-            "command": " ".join([".venv/bin/python", "bench/upsert_round.py", *sys.argv[1:]])}
+    info = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "command": " ".join([".venv/bin/python", "bench/upsert_round.py", *sys.argv[1:]]),
+    }
     become_subreaper()
     figures: dict[str, Any] = {"info": info}
     with tempfile.TemporaryDirectory(prefix="icefall-bench-upsert-", dir=Path.home()) as tmp:
@@ -130,14 +169,28 @@ def main() -> None:
         try:
             ids = {t: register_schema(broker.registry_url, f"{t}-value") for t in (APPEND, UPSERT)}
             create_topics(broker.bootstrap)
-            print(f"[bench] bytecode cache warmed in {warm_bytecode():.1f} s (not measured)", file=sys.stderr)
-            for pass_ in (1, 2):  # pass 2: the same records again, every id already in the upsert table
+            print(
+                f"[bench] bytecode cache warmed in {warm_bytecode():.1f} s (not measured)",
+                file=sys.stderr,
+            )
+            for pass_ in (
+                1,
+                2,
+            ):  # pass 2: the same records again, every id already in the upsert table
                 produced = produce(broker.bootstrap, ids, args.records, args.repeat, seed=5)
                 broker.admin("/v1/flush", method="POST")
                 print(f"[produce {pass_}] {produced}", file=sys.stderr)
-                pair = {"append": one_round(broker, APPEND, workdir, args.cores, f"append{pass_}", args.records),
-                        "upsert": one_round(broker, UPSERT, workdir, args.cores, f"upsert{pass_}", args.records)}
-                pair["upsert_over_append"] = round(pair["upsert"]["rows_per_s"] / pair["append"]["rows_per_s"], 3)
+                pair = {
+                    "append": one_round(
+                        broker, APPEND, workdir, args.cores, f"append{pass_}", args.records
+                    ),
+                    "upsert": one_round(
+                        broker, UPSERT, workdir, args.cores, f"upsert{pass_}", args.records
+                    ),
+                }
+                pair["upsert_over_append"] = round(
+                    pair["upsert"]["rows_per_s"] / pair["append"]["rows_per_s"], 3
+                )
                 figures[f"pass{pass_}"] = {"produced": produced, **pair}
                 figures[f"pass{pass_}"]["table_rows"] = check_tables(broker, produced, pass_)
                 print(f"[pass {pass_}] {json.dumps(figures[f'pass{pass_}'])}", file=sys.stderr)

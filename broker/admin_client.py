@@ -38,11 +38,17 @@ class BrokerError(RuntimeError):
 BrokerRequestError = BrokerError  # the Spark jobs' name for it
 
 
-def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+def http_json(
+    url: str, method: str = "GET", body: Any = None, timeout: float = DEFAULT_TIMEOUT_S
+) -> Any:
     """One JSON request; BrokerError for an HTTP error (with the start of its body) or no answer."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    request = urllib.request.Request(
+        url,
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json", "Accept": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read() or b"null")
@@ -94,7 +100,9 @@ class AdminClient:
         query = contracts.PlanRequest(until_append_ms=until_append_ms).query()
         return contracts.TopicPlan.model_validate(self.get(topic_path(topic) + "/plan", **query))
 
-    def flushed_plan(self, topic: str, until_append_ms: int | None, deadline_s: float = 60.0) -> contracts.TopicPlan:
+    def flushed_plan(
+        self, topic: str, until_append_ms: int | None, deadline_s: float = 60.0
+    ) -> contracts.TopicPlan:
         """The plan, once every offset it names is in segment objects (asks the broker to flush)."""
         give_up = time.monotonic() + deadline_s
         while True:
@@ -104,15 +112,18 @@ class AdminClient:
             if plan.flushed:
                 return plan
             if time.monotonic() > give_up:
-                raise BrokerError(f"the broker has not flushed partitions {plan.not_flushed} of {topic} "
-                                  f"within {deadline_s:.0f} s")
+                raise BrokerError(
+                    f"the broker has not flushed partitions {plan.not_flushed} of {topic} "
+                    f"within {deadline_s:.0f} s"
+                )
             self.flush()
             time.sleep(0.1)  # the flush above already ran; this only spaces out re-plans
 
     def ranges(self, topic: str, partition: int, start: int, end: int) -> contracts.TopicRanges:
         query = contracts.RangesRequest(partition=partition, start=start, end=end).query()
         return contracts.TopicRanges.model_validate(
-            self.get(f"{topic_path(topic)}/partitions/{int(partition)}/ranges", **query))
+            self.get(f"{topic_path(topic)}/partitions/{int(partition)}/ranges", **query)
+        )
 
     def pending(self, topic: str, since: dict[Any, int] | None = None) -> contracts.Pending:
         """Records and bytes waiting for the topic's table (past ``since`` when given)."""

@@ -68,14 +68,19 @@ def ranges_for(part: PartitionLog, start: int, end: int) -> list[contracts.Objec
         first = max(bisect.bisect_right(chunk.ref_bases, start) - 1, 0)
         last = bisect.bisect_left(chunk.ref_bases, end)
         selected = refs[first:last]
-        out.append(contracts.ObjectRange(
-            object_key=chunk.object_key,
-            byte_start=chunk.byte_start + selected[0].position,
-            byte_end=chunk.byte_start + selected[-1].position + selected[-1].size,
-            first_offset=selected[0].base_offset,
-            end_offset=min(chunk.end_offset, refs[last].base_offset if last < len(refs) else chunk.end_offset),
-            max_append_ms=max(r.append_ms for r in selected),
-        ))
+        out.append(
+            contracts.ObjectRange(
+                object_key=chunk.object_key,
+                byte_start=chunk.byte_start + selected[0].position,
+                byte_end=chunk.byte_start + selected[-1].position + selected[-1].size,
+                first_offset=selected[0].base_offset,
+                end_offset=min(
+                    chunk.end_offset,
+                    refs[last].base_offset if last < len(refs) else chunk.end_offset,
+                ),
+                max_append_ms=max(r.append_ms for r in selected),
+            )
+        )
     return out
 
 
@@ -88,32 +93,37 @@ class AdminApi(HttpService):
         self.cluster = cluster
         self.logs = logs
         self.app = web.Application()
-        self.app.add_routes([
-            web.get("/healthz", self.health),
-            web.get("/v1/cluster", self.cluster_info),
-            web.get("/v1/table-topics", self.table_topics),
-            web.get("/v1/topics/{topic}/offsets", self.offsets),
-            web.get("/v1/topics/{topic}/plan", self.plan),
-            web.get("/v1/topics/{topic}/partitions/{partition}/ranges", self.ranges),
-            web.get("/v1/topics/{topic}/pending", self.pending),
-            web.post("/v1/flush", self.flush),
-            web.get("/metrics", self.metrics),
-            web.get("/v1/retention", self.retention),
-        ])
-
+        self.app.add_routes(
+            [
+                web.get("/healthz", self.health),
+                web.get("/v1/cluster", self.cluster_info),
+                web.get("/v1/table-topics", self.table_topics),
+                web.get("/v1/topics/{topic}/offsets", self.offsets),
+                web.get("/v1/topics/{topic}/plan", self.plan),
+                web.get("/v1/topics/{topic}/partitions/{partition}/ranges", self.ranges),
+                web.get("/v1/topics/{topic}/pending", self.pending),
+                web.post("/v1/flush", self.flush),
+                web.get("/metrics", self.metrics),
+                web.get("/v1/retention", self.retention),
+            ]
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         failure = self.logs.wal.failure
         # 503 once the WAL cannot be written: the broker refuses every produce until a
         # restart, so whatever supervises it should restart it (Kafka halts on a failed log dir).
-        return _answer(contracts.Health(status="ok" if failure is None else f"wal failed: {failure}",
-                                        object_store=self.logs.store.describe(),
-                                        segments_written=self.logs.segments_written,
-                                        flush_failures=self.logs.flush_failures,
-                                        unflushed_bytes=self.logs.unflushed_bytes,
-                                        max_unflushed_bytes=self.logs.max_unflushed_bytes,
-                                        produces_held=self.logs.produces_held),
-                       status=200 if failure is None else 503)
+        return _answer(
+            contracts.Health(
+                status="ok" if failure is None else f"wal failed: {failure}",
+                object_store=self.logs.store.describe(),
+                segments_written=self.logs.segments_written,
+                flush_failures=self.logs.flush_failures,
+                unflushed_bytes=self.logs.unflushed_bytes,
+                max_unflushed_bytes=self.logs.max_unflushed_bytes,
+                produces_held=self.logs.produces_held,
+            ),
+            status=200 if failure is None else 503,
+        )
 
     async def retention(self, request: web.Request) -> web.Response:
         """Segment retention since the broker started: what it deleted, and the table topic
@@ -123,13 +133,20 @@ class AdminApi(HttpService):
     async def cluster_info(self, request: web.Request) -> web.Response:
         """Where the other services are: a commit round needs only the admin URL to find them.
         Object store credentials are never served: jobs take them from their own environment."""
-        return _answer(contracts.ClusterInfo(
-            cluster_id=self.config.cluster_id, bootstrap=f"{self.config.advertised}:{self.config.kafka_port}",
-            registry_url=self.config.registry_url, catalog_url=self.config.tables_catalog.uri,
-            object_store=self.config.store.url, object_store_endpoint=self.config.store.endpoint_url,
-            warehouse=self.config.catalog_warehouse if self.config.catalog.builtin else self.config.warehouse,
-            catalog=self.config.tables_catalog,
-        ))
+        return _answer(
+            contracts.ClusterInfo(
+                cluster_id=self.config.cluster_id,
+                bootstrap=f"{self.config.advertised}:{self.config.kafka_port}",
+                registry_url=self.config.registry_url,
+                catalog_url=self.config.tables_catalog.uri,
+                object_store=self.config.store.url,
+                object_store_endpoint=self.config.store.endpoint_url,
+                warehouse=self.config.catalog_warehouse
+                if self.config.catalog.builtin
+                else self.config.warehouse,
+                catalog=self.config.tables_catalog,
+            )
+        )
 
     async def table_topics(self, request: web.Request) -> web.Response:
         """The manifest file (``broker.manifest``), as written: ``exclude_unset`` keeps the keys it has."""
@@ -139,9 +156,12 @@ class AdminApi(HttpService):
     def _topic(self, request: web.Request) -> Any:
         topic = self.cluster.topics.get(request.match_info["topic"])
         if topic is None:
-            missing = contracts.ErrorAnswer(error_code=404,
-                                            message=f"topic {request.match_info['topic']} does not exist")
-            raise web.HTTPNotFound(text=json.dumps(missing.to_json()), content_type="application/json")
+            missing = contracts.ErrorAnswer(
+                error_code=404, message=f"topic {request.match_info['topic']} does not exist"
+            )
+            raise web.HTTPNotFound(
+                text=json.dumps(missing.to_json()), content_type="application/json"
+            )
         return topic
 
     async def offsets(self, request: web.Request) -> web.Response:
@@ -149,15 +169,29 @@ class AdminApi(HttpService):
         partitions = []
         for p in range(topic.partitions):
             part = self.logs.partitions[(topic.name, p)]
-            partitions.append(contracts.PartitionOffsets(
-                partition=p, log_start_offset=part.log_start_offset, high_watermark=part.high_watermark,
-                flushed_offset=part.flushed_offset,
-                last_append_ms=(part.tail[-1].append_ms if part.tail else
-                                part.chunks[-1].max_append_ms if part.chunks else None),
-            ))
-        return _answer(contracts.TopicOffsets(topic=topic.name, topic_id=str(topic.topic_id),
-                                              table_topic=topic_configs.is_table_topic(topic.configs),
-                                              partitions=partitions))
+            partitions.append(
+                contracts.PartitionOffsets(
+                    partition=p,
+                    log_start_offset=part.log_start_offset,
+                    high_watermark=part.high_watermark,
+                    flushed_offset=part.flushed_offset,
+                    last_append_ms=(
+                        part.tail[-1].append_ms
+                        if part.tail
+                        else part.chunks[-1].max_append_ms
+                        if part.chunks
+                        else None
+                    ),
+                )
+            )
+        return _answer(
+            contracts.TopicOffsets(
+                topic=topic.name,
+                topic_id=str(topic.topic_id),
+                table_topic=topic_configs.is_table_topic(topic.configs),
+                partitions=partitions,
+            )
+        )
 
     async def plan(self, request: web.Request) -> web.Response:
         """Per partition: the end offset for ``until_append_ms`` (exclusive) or
@@ -175,17 +209,29 @@ class AdminApi(HttpService):
                 end, flushed = part.flushed_offset, part.flushed_offset >= part.high_watermark
             else:
                 end, flushed = end_offset_before(part, asked.until_append_ms)
-            partitions.append(contracts.PartitionPlan(partition=p, log_start_offset=part.log_start_offset,
-                                                      end_offset=end, flushed=flushed,
-                                                      high_watermark=part.high_watermark))
-        return _answer(contracts.TopicPlan(topic=topic.name, until_append_ms=asked.until_append_ms,
-                                           partitions=partitions))
+            partitions.append(
+                contracts.PartitionPlan(
+                    partition=p,
+                    log_start_offset=part.log_start_offset,
+                    end_offset=end,
+                    flushed=flushed,
+                    high_watermark=part.high_watermark,
+                )
+            )
+        return _answer(
+            contracts.TopicPlan(
+                topic=topic.name, until_append_ms=asked.until_append_ms, partitions=partitions
+            )
+        )
 
     async def ranges(self, request: web.Request) -> web.Response:
         topic = self._topic(request)
         try:
-            asked = contracts.RangesRequest(partition=int(request.match_info["partition"]),
-                                            start=int(request.query["start"]), end=int(request.query["end"]))
+            asked = contracts.RangesRequest(
+                partition=int(request.match_info["partition"]),
+                start=int(request.query["start"]),
+                end=int(request.query["end"]),
+            )
         except (KeyError, ValueError):
             return _error(400, "need integer partition, start and end")
         partition, start, end = asked.partition, asked.start, asked.end
@@ -199,9 +245,16 @@ class AdminApi(HttpService):
                 409,
                 f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})",
             )
-        return _answer(contracts.TopicRanges(topic=topic.name, partition=partition, start=start, end=end,
-                                             object_store=self.config.store.url,
-                                             ranges=ranges_for(part, start, end)))
+        return _answer(
+            contracts.TopicRanges(
+                topic=topic.name,
+                partition=partition,
+                start=start,
+                end=end,
+                object_store=self.config.store.url,
+                ranges=ranges_for(part, start, end),
+            )
+        )
 
     async def pending(self, request: web.Request) -> web.Response:
         """What waits for a table topic's next commit round: per partition, records and bytes from
@@ -219,25 +272,45 @@ class AdminApi(HttpService):
         if topic_configs.is_table_topic(topic.configs):
             namespace = topic_configs.TableSettings(topic.configs).namespace
             try:
-                checkpoint = await asyncio.to_thread(metrics.catalog_reader(self.config.tables_catalog).checkpoint,
-                                                     namespace, names.table_name(topic.name))
+                checkpoint = await asyncio.to_thread(
+                    metrics.catalog_reader(self.config.tables_catalog).checkpoint,
+                    namespace,
+                    names.table_name(topic.name),
+                )
             except Exception as exc:  # noqa: BLE001 -- any catalog failure: the caller asks again later
-                return _error(503, f"the catalog cannot say what {topic.name}'s table holds: "
-                                   f"{type(exc).__name__}: {exc}")
+                return _error(
+                    503,
+                    f"the catalog cannot say what {topic.name}'s table holds: "
+                    f"{type(exc).__name__}: {exc}",
+                )
         committed = retention.committed_offsets(checkpoint, str(topic.topic_id))
         partitions = []
         for p in range(topic.partitions):
             part = self.logs.partitions.get((topic.name, p))
             if part is None:  # a partition being created
                 continue
-            start = max(contracts.lag_start(committed.get(p), part.log_start_offset), since.get(p, 0))
+            start = max(
+                contracts.lag_start(committed.get(p), part.log_start_offset), since.get(p, 0)
+            )
             records, size = metrics.pending_in(part, start)
-            partitions.append(contracts.PartitionPending(partition=p, start_offset=start,
-                                                         end_offset=part.high_watermark, records=records, bytes=size))
-        return _answer(contracts.Pending(
-            topic=topic.name, committed_offsets=committed,
-            records=sum(p.records for p in partitions), bytes=sum(p.bytes for p in partitions),
-            partitions=partitions))
+            partitions.append(
+                contracts.PartitionPending(
+                    partition=p,
+                    start_offset=start,
+                    end_offset=part.high_watermark,
+                    records=records,
+                    bytes=size,
+                )
+            )
+        return _answer(
+            contracts.Pending(
+                topic=topic.name,
+                committed_offsets=committed,
+                records=sum(p.records for p in partitions),
+                bytes=sum(p.bytes for p in partitions),
+                partitions=partitions,
+            )
+        )
 
     async def flush(self, request: web.Request) -> web.Response:
         written = await self.logs.flush()

@@ -45,11 +45,16 @@ class Broker:
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes)
         self.admin = AdminApi(config, self.cluster, self.logs)
         self.schemas = registry_store.SchemaStore(
-            InternalTopic(self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS))
+            InternalTopic(
+                self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
+            )
+        )
         self.registry = RegistryApi(self.schemas)
         self.handlers.gate = DataQualityGate(self.schemas)
         self.catalog = open_catalog(config)
-        self.retention = Retention(self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms)
+        self.retention = Retention(
+            self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms
+        )
 
     def table_checkpoint(self, namespace: str, table: str) -> Checkpoint:
         """The offsets a table topic's table holds, from the tables' catalog (the broker's own,
@@ -85,8 +90,12 @@ class Broker:
             self.store.describe(),
             self.config.home,
         )
-        log.info("iceberg REST catalog http://%s:%d, warehouse %s", self.config.host, self.config.catalog_port,
-                 self.config.catalog_warehouse)
+        log.info(
+            "iceberg REST catalog http://%s:%d, warehouse %s",
+            self.config.host,
+            self.config.catalog_port,
+            self.config.catalog_warehouse,
+        )
 
     async def stop(self) -> None:
         for name, close in [
@@ -124,10 +133,21 @@ def check_locations(config: BrokerConfig) -> None:
     if config.store.is_s3:
         places.append((config.store, "object.store"))
     if config.catalog.builtin and config.catalog_warehouse.startswith("s3"):
-        places.append((object_store_from_env(config.catalog_warehouse), "automq.table.topic.catalog.warehouse"))
+        places.append(
+            (
+                object_store_from_env(config.catalog_warehouse),
+                "automq.table.topic.catalog.warehouse",
+            )
+        )
     for place, setting in places:
-        problem = check_s3_location(place.url, setting, place.endpoint_url, place.region,
-                                    place.access_key_id, place.secret_access_key)
+        problem = check_s3_location(
+            place.url,
+            setting,
+            place.endpoint_url,
+            place.region,
+            place.access_key_id,
+            place.secret_access_key,
+        )
         if problem is not None:
             log.log(*problem)
 

@@ -132,7 +132,9 @@ def _parsed(schema: Any) -> Any:
     try:
         return parse_schema(schema)
     except Exception as exc:  # fastavro raises SchemaParseException, UnknownType, KeyError...
-        raise AvroProgramError(f"fastavro cannot parse the schema: {type(exc).__name__}: {exc}") from exc
+        raise AvroProgramError(
+            f"fastavro cannot parse the schema: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 class _Compiler:
@@ -172,7 +174,9 @@ class _Compiler:
         for code in self.funcs:
             offsets.append(pos)
             pos += len(code)
-        return MAGIC + struct.pack(f"<I{len(offsets)}I", len(offsets), *offsets) + b"".join(self.funcs)
+        return (
+            MAGIC + struct.pack(f"<I{len(offsets)}I", len(offsets), *offsets) + b"".join(self.funcs)
+        )
 
     # ------------------------------------------------------------ helpers
 
@@ -192,7 +196,9 @@ class _Compiler:
             return "union", node
         if isinstance(node, dict):
             kind = node.get("type")
-            if isinstance(kind, str) and (kind in _PRIMITIVES or kind in _NAMED or kind in ("array", "map")):
+            if isinstance(kind, str) and (
+                kind in _PRIMITIVES or kind in _NAMED or kind in ("array", "map")
+            ):
                 return kind, node
             raise AvroProgramError(f"unsupported type node {str(node)[:200]}")
         raise AvroProgramError(f"unsupported schema node {node!r}")
@@ -223,12 +229,16 @@ class _Compiler:
             return True
         if kind == "fixed":
             logical = self._logical(kind, d)
-            return d.get("size") == 0 and (logical is None or (logical == "fixed-decimal" and self._decimal_ok(d)))
+            return d.get("size") == 0 and (
+                logical is None or (logical == "fixed-decimal" and self._decimal_ok(d))
+            )
         if kind in ("record", "error"):
             name = d.get("name")
             if name in visiting:
                 return False
-            return all(self._zero_width(f["type"], visiting | {name}) for f in d.get("fields") or [])
+            return all(
+                self._zero_width(f["type"], visiting | {name}) for f in d.get("fields") or []
+            )
         return False
 
     def _func_for(self, node: Any) -> int:

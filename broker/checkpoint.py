@@ -89,8 +89,13 @@ def _from_snapshot(snapshot: Any) -> Checkpoint | None:
     text = props.get(OFFSETS)
     if text is None:
         return None
-    return Checkpoint(decode_offsets(text), snapshot.snapshot_id, props.get(ROUND_ID), props.get(TOPIC_ID),
-                      snapshot.timestamp_ms)
+    return Checkpoint(
+        decode_offsets(text),
+        snapshot.snapshot_id,
+        props.get(ROUND_ID),
+        props.get(TOPIC_ID),
+        snapshot.timestamp_ms,
+    )
 
 
 def read_checkpoint(metadata: Any, branch: str = MAIN) -> Checkpoint:

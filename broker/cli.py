@@ -21,39 +21,61 @@ from broker.config import (
 def _broker_config(args: argparse.Namespace) -> BrokerConfig:
     flags = {name: getattr(args, name) for name in SCALAR_FIELDS}
     flags["object_store"] = args.object_store
-    return load_broker_config(Path(args.config) if args.config else None, parse_overrides(args.override), flags)
+    return load_broker_config(
+        Path(args.config) if args.config else None, parse_overrides(args.override), flags
+    )
 
 
 def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per setting of ``BrokerConfig``, generated from the model (its descriptions are
     the help); each beats the config file and the environment. ``--override key=value`` takes
     any setting by its property key, as ``kafka-server-start.sh --override`` does."""
-    parser.add_argument("--config", default=None, metavar="FILE",
-                        help="a server.properties file (key=value lines; flags and --override win over it)")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="set one property (any key of the config file), e.g. segment.flush.ms=100")
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="a server.properties file (key=value lines; flags and --override win over it)",
+    )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set one property (any key of the config file), e.g. segment.flush.ms=100",
+    )
     for name in SCALAR_FIELDS:
         field = BrokerConfig.model_fields[name]
         flag = "--" + name.replace("_", "-")
         default = field.get_default(call_default_factory=False)
         help_text = f"{field.description} (default {default}; key {property_key(name)})"
         if field.annotation is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         else:
             kind = int if field.annotation in (int, int | None) else str
             parser.add_argument(flag, type=kind, default=None, help=help_text)
-    parser.add_argument("--object-store", default=None,
-                        help=f"{BrokerConfig.model_fields['object_store'].description} (key object.store)")
-    parser.add_argument("--ready-file", default=None, help="write the pid here once listening (for tests)")
+    parser.add_argument(
+        "--object-store",
+        default=None,
+        help=f"{BrokerConfig.model_fields['object_store'].description} (key object.store)",
+    )
+    parser.add_argument(
+        "--ready-file", default=None, help="write the pid here once listening (for tests)"
+    )
     parser.add_argument("--log-level", default="INFO")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="icefall", description="Kafka topics to Apache Iceberg tables")
+    parser = argparse.ArgumentParser(
+        prog="icefall", description="Kafka topics to Apache Iceberg tables"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     broker = sub.add_parser("broker", help="run the broker (Kafka, admin API)")
     _add_broker_flags(broker)
-    up = sub.add_parser("up", help="run the whole system on the embedded defaults, with a demo producer")
+    up = sub.add_parser(
+        "up", help="run the whole system on the embedded defaults, with a demo producer"
+    )
     _add_broker_flags(up)
     up.add_argument("--demo-rate", type=float, default=20.0, help="demo records per second")
     args = parser.parse_args(argv)

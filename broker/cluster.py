@@ -60,10 +60,16 @@ class Cluster:
         self.topics_by_id = {t.topic_id: t for t in self.topics.values()}
 
     def write_manifest(self) -> None:
-        records = [TopicRecord(t.name, t.topic_id, t.partitions, t.configs) for t in self.topics.values()]
-        manifest.write_atomically(self.config.manifest_path, manifest.render(records, self.config.admin_url))
+        records = [
+            TopicRecord(t.name, t.topic_id, t.partitions, t.configs) for t in self.topics.values()
+        ]
+        manifest.write_atomically(
+            self.config.manifest_path, manifest.render(records, self.config.admin_url)
+        )
 
-    def validate_new_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> dict[str, str]:
+    def validate_new_topic(
+        self, name: str, partitions: int, configs: dict[str, str | None]
+    ) -> dict[str, str]:
         if not _TOPIC_NAME.match(name) or name in (".", ".."):
             raise TopicError(
                 ErrorCode.invalid_topic_exception,
@@ -100,7 +106,9 @@ class Cluster:
     def delete_topic(self, name: str) -> Topic:
         topic = self.topics.get(name)
         if topic is None:
-            raise TopicError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+            raise TopicError(
+                ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
+            )
         self.logs.drop_topic(name)
         unreferenced = self.metadata.delete_topic(name)
         for key in unreferenced:
@@ -117,7 +125,9 @@ class Cluster:
     def add_partitions(self, name: str, count: int, validate_only: bool) -> None:
         topic = self.topics.get(name)
         if topic is None:
-            raise TopicError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+            raise TopicError(
+                ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
+            )
         if count <= topic.partitions:
             raise TopicError(
                 ErrorCode.invalid_partitions,
@@ -136,7 +146,9 @@ class Cluster:
     def set_configs(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
         topic = self.topics.get(name)
         if topic is None:
-            raise TopicError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+            raise TopicError(
+                ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
+            )
         try:
             valid = topic_configs.validate_all(dict(configs))
         except topic_configs.InvalidConfigError as exc:

@@ -54,7 +54,9 @@ class ObjectStoreConfig(BaseModel):
     def _known_scheme(cls, value: str) -> str:
         scheme = urlparse(value).scheme
         if scheme not in ("", "file", "s3"):
-            raise ValueError(f"object store must be a directory, file:// or s3:// URL, got {value!r}")
+            raise ValueError(
+                f"object store must be a directory, file:// or s3:// URL, got {value!r}"
+            )
         if scheme == "s3" and not urlparse(value).netloc:
             raise ValueError(f"s3 object store URL needs a bucket: {value!r}")
         return value
@@ -72,10 +74,18 @@ class CatalogConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    type: CatalogType = Field(default="rest", description=(
-        "rest (the built-in catalog, or any Iceberg REST catalog at uri), glue, tablebucket (S3 Tables), nessie"))
-    uri: str | None = Field(default=None, description="the catalog's URI; for rest, unset means the built-in one")
-    properties: dict[str, str] = Field(default_factory=dict, description="Iceberg catalog properties")
+    type: CatalogType = Field(
+        default="rest",
+        description=(
+            "rest (the built-in catalog, or any Iceberg REST catalog at uri), glue, tablebucket (S3 Tables), nessie"
+        ),
+    )
+    uri: str | None = Field(
+        default=None, description="the catalog's URI; for rest, unset means the built-in one"
+    )
+    properties: dict[str, str] = Field(
+        default_factory=dict, description="Iceberg catalog properties"
+    )
 
     @property
     def builtin(self) -> bool:
@@ -87,43 +97,91 @@ class BrokerConfig(BaseSettings):
 
     model_config = SettingsConfigDict(frozen=True, env_prefix="ICEFALL_", extra="forbid")
 
-    home: Path = Field(default=Path(".icefall"), description="state directory: WAL, metadata, manifest")
+    home: Path = Field(
+        default=Path(".icefall"), description="state directory: WAL, metadata, manifest"
+    )
     host: str = Field(default="127.0.0.1", description="listen address")
-    advertised_host: str | None = Field(default=None, description="host name given to clients in Metadata")
+    advertised_host: str | None = Field(
+        default=None, description="host name given to clients in Metadata"
+    )
     kafka_port: int = Field(default=9092, description="Kafka listener")
     registry_port: int = Field(default=8081, description="schema registry")
     catalog_port: int = Field(default=8181, description="Iceberg REST catalog")
     admin_port: int = Field(default=8090, description="admin HTTP API and Prometheus /metrics")
     node_id: int = Field(default=0, description="this broker's id in Metadata")
-    cluster_id: str = Field(default="icefall-local-cluster", description="the cluster id clients see")
-    object_store: Annotated[ObjectStoreConfig | None, NoDecode] = Field(default=None, description=(
-        "s3://bucket/prefix (endpoint and credentials from AWS_* variables); default: HOME/objects"))
-    segment_flush_ms: int = Field(default=1000, ge=1, description="flush segments at least this often")
-    segment_flush_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="flush segments at this size")
+    cluster_id: str = Field(
+        default="icefall-local-cluster", description="the cluster id clients see"
+    )
+    object_store: Annotated[ObjectStoreConfig | None, NoDecode] = Field(
+        default=None,
+        description=(
+            "s3://bucket/prefix (endpoint and credentials from AWS_* variables); default: HOME/objects"
+        ),
+    )
+    segment_flush_ms: int = Field(
+        default=1000, ge=1, description="flush segments at least this often"
+    )
+    segment_flush_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="flush segments at this size"
+    )
     wal_fsync: bool = Field(default=True, description="fdatasync the WAL before acknowledging")
     # Acknowledged bytes not yet in the object store (held in memory and the WAL) above
     # which produces wait for a flush, then fail with KAFKA_STORAGE_ERROR (retriable):
     # an object store outage slows producers instead of growing memory without end.
-    max_unflushed_bytes: int | None = Field(default=None, ge=1024, description=(
-        "hold produces while more than this is not yet in the object store (default max(256 MiB, 8 x flush bytes))"))
-    max_request_bytes: int = Field(default=100 * 1024 * 1024, ge=1024, description="largest request accepted")
-    default_partitions: int = Field(default=1, ge=1, description="partitions of auto-created topics")
-    auto_create_topics: bool = Field(default=False, description="create unknown topics on first use")
-    group_initial_rebalance_delay_ms: int = Field(default=300, ge=0, description="wait for more members this long")
-    retention_check_interval_ms: int = Field(default=300_000, ge=1, description=(
-        "run segment retention this often (Kafka's log.retention.check.interval.ms)"))
-    catalog_uri: str | None = Field(default=None, description=(
-        "the built-in catalog's database, a SQLAlchemy URL (default sqlite:///HOME/catalog.sqlite)"))
-    metadata_uri: str | None = Field(default=None, description=(
-        "the broker's metadata in Postgres, postgresql://user:password@host:port/database "
-        "(default SQLite in HOME/metadata.sqlite; one broker per database)"))
-    warehouse: str | None = Field(default=None, description=(
-        "where tables live: a directory, file:// or s3://bucket/prefix (default file://HOME/warehouse); "
-        "for a tablebucket catalog, the table bucket's ARN"))
-    catalog_vended_credentials: bool = Field(default=False, description=(
-        "hand this broker's AWS credentials to catalog clients in the load-table config "
-        "(off: clients use their own)"))
-    catalog: CatalogConfig = Field(default_factory=CatalogConfig, description="the Iceberg catalog of the tables")
+    max_unflushed_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description=(
+            "hold produces while more than this is not yet in the object store (default max(256 MiB, 8 x flush bytes))"
+        ),
+    )
+    max_request_bytes: int = Field(
+        default=100 * 1024 * 1024, ge=1024, description="largest request accepted"
+    )
+    default_partitions: int = Field(
+        default=1, ge=1, description="partitions of auto-created topics"
+    )
+    auto_create_topics: bool = Field(
+        default=False, description="create unknown topics on first use"
+    )
+    group_initial_rebalance_delay_ms: int = Field(
+        default=300, ge=0, description="wait for more members this long"
+    )
+    retention_check_interval_ms: int = Field(
+        default=300_000,
+        ge=1,
+        description=("run segment retention this often (Kafka's log.retention.check.interval.ms)"),
+    )
+    catalog_uri: str | None = Field(
+        default=None,
+        description=(
+            "the built-in catalog's database, a SQLAlchemy URL (default sqlite:///HOME/catalog.sqlite)"
+        ),
+    )
+    metadata_uri: str | None = Field(
+        default=None,
+        description=(
+            "the broker's metadata in Postgres, postgresql://user:password@host:port/database "
+            "(default SQLite in HOME/metadata.sqlite; one broker per database)"
+        ),
+    )
+    warehouse: str | None = Field(
+        default=None,
+        description=(
+            "where tables live: a directory, file:// or s3://bucket/prefix (default file://HOME/warehouse); "
+            "for a tablebucket catalog, the table bucket's ARN"
+        ),
+    )
+    catalog_vended_credentials: bool = Field(
+        default=False,
+        description=(
+            "hand this broker's AWS credentials to catalog clients in the load-table config "
+            "(off: clients use their own)"
+        ),
+    )
+    catalog: CatalogConfig = Field(
+        default_factory=CatalogConfig, description="the Iceberg catalog of the tables"
+    )
 
     @field_validator("object_store", mode="before")
     @classmethod
@@ -134,8 +192,10 @@ class BrokerConfig(BaseSettings):
     @classmethod
     def _postgres_uri(cls, value: str | None) -> str | None:
         if value is not None and value.split(":", 1)[0] not in ("postgresql", "postgres"):
-            raise ValueError(f"metadata URI must be postgresql://user:password@host:port/database, got {value!r} "
-                             "(leave it unset for SQLite in HOME/metadata.sqlite)")
+            raise ValueError(
+                f"metadata URI must be postgresql://user:password@host:port/database, got {value!r} "
+                "(leave it unset for SQLite in HOME/metadata.sqlite)"
+            )
         return value
 
     @model_validator(mode="after")
@@ -143,8 +203,10 @@ class BrokerConfig(BaseSettings):
         """Only REST catalogs are opened so far; the other AutoMQ types are refused by name
         rather than failing every round later."""
         if self.catalog.type != "rest":
-            raise ValueError(f"{CATALOG_PREFIX}type={self.catalog.type} is not supported yet: use rest (the "
-                             f"built-in catalog, or any Iceberg REST catalog at {CATALOG_PREFIX}uri)")
+            raise ValueError(
+                f"{CATALOG_PREFIX}type={self.catalog.type} is not supported yet: use rest (the "
+                f"built-in catalog, or any Iceberg REST catalog at {CATALOG_PREFIX}uri)"
+            )
         return self
 
     @property
@@ -198,21 +260,28 @@ class BrokerConfig(BaseSettings):
         if self.catalog.builtin:
             return CatalogSpec.rest(self.catalog_url)
         assert self.catalog.uri is not None
-        return CatalogSpec(type=self.catalog.type, uri=self.catalog.uri, warehouse=self.warehouse,
-                           properties=dict(self.catalog.properties), builtin=False)
+        return CatalogSpec(
+            type=self.catalog.type,
+            uri=self.catalog.uri,
+            warehouse=self.warehouse,
+            properties=dict(self.catalog.properties),
+            builtin=False,
+        )
 
     @property
     def registry_url(self) -> str:
         return f"http://{self.advertised}:{self.registry_port}"
 
 
-def object_store_from_env(url: str, default_endpoint_url: str | None = None,
-                          region: str | None = None) -> ObjectStoreConfig:
+def object_store_from_env(
+    url: str, default_endpoint_url: str | None = None, region: str | None = None
+) -> ObjectStoreConfig:
     """Build the object store settings from a URL plus the usual AWS variables (the endpoint
     variables win over ``default_endpoint_url``, e.g. the one the broker's /v1/cluster names)."""
     return ObjectStoreConfig(
         url=url,
-        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
         or default_endpoint_url,
         region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or region,
         access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
@@ -224,8 +293,11 @@ def aws_io_credentials() -> dict[str, str]:
     """This process's ``AWS_*`` credentials as Iceberg FileIO properties (empty without them):
     what a writer hands the FileIO it configures (a Spark catalog, a round's tasks) so the
     JVM or the executors need not have them in their own environment."""
-    pairs = (("s3.access-key-id", "AWS_ACCESS_KEY_ID"), ("s3.secret-access-key", "AWS_SECRET_ACCESS_KEY"),
-             ("s3.session-token", "AWS_SESSION_TOKEN"))
+    pairs = (
+        ("s3.access-key-id", "AWS_ACCESS_KEY_ID"),
+        ("s3.secret-access-key", "AWS_SECRET_ACCESS_KEY"),
+        ("s3.session-token", "AWS_SESSION_TOKEN"),
+    )
     return {key: os.environ[var] for key, var in pairs if os.environ.get(var)}
 
 
@@ -242,8 +314,14 @@ KAFKA_NAMES = {
     "retention_check_interval_ms": "log.retention.check.interval.ms",
     "warehouse": CATALOG_PREFIX + "warehouse",
 }
-OBJECT_STORE_KEYS = {"object.store": "url", "object.store.endpoint": "endpoint_url", "object.store.region": "region"}
-SCALAR_FIELDS = [name for name in BrokerConfig.model_fields if name not in ("object_store", "catalog")]
+OBJECT_STORE_KEYS = {
+    "object.store": "url",
+    "object.store.endpoint": "endpoint_url",
+    "object.store.region": "region",
+}
+SCALAR_FIELDS = [
+    name for name in BrokerConfig.model_fields if name not in ("object_store", "catalog")
+]
 
 
 def property_key(field: str) -> str:
@@ -256,8 +334,15 @@ FIELD_ALIASES = {name.replace("_", "."): name for name in KAFKA_NAMES}
 
 
 def known_keys() -> list[str]:
-    return sorted([*FIELD_BY_KEY, *OBJECT_STORE_KEYS, CATALOG_PREFIX + "type", CATALOG_PREFIX + "uri",
-                   CATALOG_PREFIX + "<iceberg catalog property>"])
+    return sorted(
+        [
+            *FIELD_BY_KEY,
+            *OBJECT_STORE_KEYS,
+            CATALOG_PREFIX + "type",
+            CATALOG_PREFIX + "uri",
+            CATALOG_PREFIX + "<iceberg catalog property>",
+        ]
+    )
 
 
 def fields_from_properties(properties: Mapping[str, str], origin: str) -> dict[str, Any]:
@@ -276,10 +361,14 @@ def fields_from_properties(properties: Mapping[str, str], origin: str) -> dict[s
         elif key.startswith(CATALOG_PREFIX) and key != CATALOG_PREFIX:
             catalog.setdefault("properties", {})[key.removeprefix(CATALOG_PREFIX)] = value
         else:
-            raise ConfigError(f"{origin}: unknown setting {key!r}; known: {', '.join(known_keys())}")
+            raise ConfigError(
+                f"{origin}: unknown setting {key!r}; known: {', '.join(known_keys())}"
+            )
     if store:
         if "url" not in store:
-            raise ConfigError(f"{origin}: object.store.endpoint/region need object.store=s3://bucket/prefix")
+            raise ConfigError(
+                f"{origin}: object.store.endpoint/region need object.store=s3://bucket/prefix"
+            )
         env = object_store_from_env(store["url"], store.get("endpoint_url"), store.get("region"))
         # a setting given here wins over the environment's
         values["object_store"] = env.model_copy(update={k: v for k, v in store.items() if v})
@@ -311,8 +400,11 @@ def parse_overrides(items: Iterable[str], origin: str = "--override") -> dict[st
     return out
 
 
-def load_broker_config(config_file: Path | None = None, overrides: Mapping[str, str] | None = None,
-                       flags: Mapping[str, Any] | None = None) -> BrokerConfig:
+def load_broker_config(
+    config_file: Path | None = None,
+    overrides: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> BrokerConfig:
     """The model from its sources: defaults < ``config_file`` < ``ICEFALL_*`` environment <
     ``overrides`` (property keys) and ``flags`` (field names). Raises ``ConfigError``."""
     layers: dict[str, Any] = {}
@@ -326,7 +418,10 @@ def load_broker_config(config_file: Path | None = None, overrides: Mapping[str, 
         over = fields_from_properties(overrides, "--override")
         if "catalog" in over and "catalog" in layers:  # catalog keys merge key by key
             merged = {**layers["catalog"], **over["catalog"]}
-            merged["properties"] = {**layers["catalog"].get("properties", {}), **over["catalog"].get("properties", {})}
+            merged["properties"] = {
+                **layers["catalog"].get("properties", {}),
+                **over["catalog"].get("properties", {}),
+            }
             over["catalog"] = merged
         layers.update(over)
     layers.update({k: v for k, v in (flags or {}).items() if v is not None})
@@ -350,7 +445,9 @@ def _explain(exc: ValidationError) -> str:
             key = property_key(field)
         else:
             key = "settings"
-        lines.append(f"{key}: {error['msg']} (got {error.get('input')!r})" if field else f"{error['msg']}")
+        lines.append(
+            f"{key}: {error['msg']} (got {error.get('input')!r})" if field else f"{error['msg']}"
+        )
     return "bad configuration:\n  " + "\n  ".join(lines)
 
 

@@ -149,7 +149,9 @@ class Manifest(Contract):
 
     version: int = MANIFEST_VERSION
     admin_url: str | None = None
-    table_topics: Sequence[TableTopic]  # a list (Sequence: the plugin's Manifest narrows the entry type)
+    table_topics: Sequence[
+        TableTopic
+    ]  # a list (Sequence: the plugin's Manifest narrows the entry type)
     disabled_table_topics: Sequence[TableTopic] = Field(default_factory=list)
 
     @field_validator("disabled_table_topics", mode="before")
@@ -171,7 +173,11 @@ class PlanRequest(Contract):
     until_append_ms: int | None = None
 
     def query(self) -> dict[str, str]:
-        return {} if self.until_append_ms is None else {"until_append_ms": str(int(self.until_append_ms))}
+        return (
+            {}
+            if self.until_append_ms is None
+            else {"until_append_ms": str(int(self.until_append_ms))}
+        )
 
 
 class RangesRequest(Contract):
@@ -412,15 +418,26 @@ class PartitionLag(Contract):
     oldest_uncommitted_append_ms: int | None
 
     @classmethod
-    def of(cls, partition: int, log_start_offset: int, end_offset: int, committed: int | None,
-           oldest_append_ms: Callable[[int], int | None]) -> PartitionLag:
+    def of(
+        cls,
+        partition: int,
+        log_start_offset: int,
+        end_offset: int,
+        committed: int | None,
+        oldest_append_ms: Callable[[int], int | None],
+    ) -> PartitionLag:
         """The lag of one partition whose table holds ``committed`` (None: nothing yet);
         ``oldest_append_ms(start)`` is asked only when the partition lags."""
         start = lag_start(committed, log_start_offset)
         behind = max(end_offset - start, 0)
-        return cls(partition=partition, log_start_offset=log_start_offset, end_offset=end_offset,
-                   committed_offset=committed if committed is not None else log_start_offset,
-                   lag_records=behind, oldest_uncommitted_append_ms=oldest_append_ms(start) if behind else None)
+        return cls(
+            partition=partition,
+            log_start_offset=log_start_offset,
+            end_offset=end_offset,
+            committed_offset=committed if committed is not None else log_start_offset,
+            lag_records=behind,
+            oldest_uncommitted_append_ms=oldest_append_ms(start) if behind else None,
+        )
 
 
 class Lag(Contract):
@@ -435,8 +452,12 @@ class Lag(Contract):
     @classmethod
     def of(cls, partitions: list[PartitionLag], now_ms: int) -> Lag:
         oldest = [p.oldest_uncommitted_append_ms for p in partitions if p.lag_records > 0]
-        return cls(records=sum(p.lag_records for p in partitions), seconds=round(lag_seconds(oldest, now_ms), 3),
-                   measured_at_ms=now_ms, partitions=partitions)
+        return cls(
+            records=sum(p.lag_records for p in partitions),
+            seconds=round(lag_seconds(oldest, now_ms), 3),
+            measured_at_ms=now_ms,
+            partitions=partitions,
+        )
 
 
 # ---------------------------------------------------------------- the round plan (the plan task's XCom)
@@ -546,11 +567,17 @@ class ReprocessResult(Contract):
     dlq_rows: int = 0
     moved: int = 0
     still_bad: int = 0
-    superseded: int = 0  # upsert tables: moved out of the DLQ, but a later record of the id had already won
+    superseded: int = (
+        0  # upsert tables: moved out of the DLQ, but a later record of the id had already won
+    )
     # partition -> offsets of the rows this reprocess wrote to the table (not the superseded ones)
     moved_offsets: dict[str, list[int]] = Field(default_factory=dict)
-    only_in_dlq: int = 0  # DLQ records whose segments retention deleted: decoded from the DLQ's copy
-    unavailable: int = 0  # upsert tables: such records stay in the DLQ (nothing to compare them with)
+    only_in_dlq: int = (
+        0  # DLQ records whose segments retention deleted: decoded from the DLQ's copy
+    )
+    unavailable: int = (
+        0  # upsert tables: such records stay in the DLQ (nothing to compare them with)
+    )
     snapshot_id: int | None = None
     dlq_snapshot_id: int | None = None
     schema_changes: list[str] = Field(default_factory=list)

@@ -48,7 +48,9 @@ class SchemaLookup(Protocol):
 
 @dataclass(frozen=True)
 class GateRejection:
-    batch_index: int  # index of the bad record within the partition's records, as Kafka's record_errors use
+    batch_index: (
+        int  # index of the bad record within the partition's records, as Kafka's record_errors use
+    )
     message: str
 
 
@@ -77,8 +79,10 @@ class DataQualityGate:
         self._programs: dict[int, tuple[Any, Any, bytes | None]] = {}
         if use_extension and _gate is None and not _fallback_logged:
             _fallback_logged = True
-            log.warning("broker._gate is not built (%s): the data quality gate checks records in Python",
-                        _import_error)
+            log.warning(
+                "broker._gate is not built (%s): the data quality gate checks records in Python",
+                _import_error,
+            )
 
     def check(self, records_bytes: records.Buffer) -> GateRejection | None:
         """The first record that would not decode, or None. Batches are assumed
@@ -124,8 +128,11 @@ class DataQualityGate:
             try:
                 program = avro_program.compile_schema(schema.parsed)
             except Exception as exc:  # noqa: BLE001 - fastavro judges this schema's values
-                log.warning("schema id %d: no validator program (%s); its values are checked with fastavro",
-                            schema_id, exc)
+                log.warning(
+                    "schema id %d: no validator program (%s); its values are checked with fastavro",
+                    schema_id,
+                    exc,
+                )
                 program = None
         elif schema.schema_type == "JSON":
             program = None
@@ -206,9 +213,13 @@ def _well_formed(ext: ModuleType, records_bytes: records.Buffer) -> bool:
                 return False
             if crc32c(view[pos + 21 : end]) != header.crc:
                 return False
-            if header.compression == records.COMPRESSION_NONE and ext.record_framing_problem(
-                view[pos + records.HEADER_SIZE : end], header.record_count
-            ) is not None:
+            if (
+                header.compression == records.COMPRESSION_NONE
+                and ext.record_framing_problem(
+                    view[pos + records.HEADER_SIZE : end], header.record_count
+                )
+                is not None
+            ):
                 return False
             pos = end
     except records.CorruptBatchError:

@@ -12,7 +12,9 @@ from broker.logstore import LogStore, PartitionLog
 
 
 class InternalTopic:
-    def __init__(self, cluster: Cluster, logs: LogStore, name: str, configs: dict[str, str | None]) -> None:
+    def __init__(
+        self, cluster: Cluster, logs: LogStore, name: str, configs: dict[str, str | None]
+    ) -> None:
         self.cluster = cluster
         self.logs = logs
         self.name = name

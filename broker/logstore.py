@@ -61,7 +61,10 @@ class ProducerState:
         return self.recent[-1][1] if self.recent else -1
 
     def to_json(self) -> dict[str, object]:
-        return {"epoch": self.epoch, "recent": list(self.recent)}  # a copy: later batches must not leak in
+        return {
+            "epoch": self.epoch,
+            "recent": list(self.recent),
+        }  # a copy: later batches must not leak in
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> ProducerState:
@@ -73,7 +76,9 @@ class ProducerState:
 
 
 class PartitionLog:
-    def __init__(self, topic: str, partition: int, chunks: list[Chunk], log_start_offset: int = 0) -> None:
+    def __init__(
+        self, topic: str, partition: int, chunks: list[Chunk], log_start_offset: int = 0
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.chunks = chunks
@@ -135,7 +140,9 @@ class PartitionLog:
     def accept(self, batch: bytes, header: records.BatchHeader, append_ms: int) -> TailBatch:
         base = self.next_offset
         data = records.with_base_offset(batch, base)
-        tail = TailBatch(base, base + header.last_offset_delta + 1, data, append_ms, header.max_timestamp)
+        tail = TailBatch(
+            base, base + header.last_offset_delta + 1, data, append_ms, header.max_timestamp
+        )
         self.tail.append(tail)
         self.next_offset = tail.end_offset
         self.record_producer(header, base)
@@ -161,7 +168,9 @@ class LogStore:
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
         self.wal = WriteAheadLog(config.wal_dir, fsync=config.wal_fsync)
         self.unflushed_bytes = 0
-        self.max_unflushed_bytes = config.max_unflushed_bytes or max(256 * 1024 * 1024, 8 * config.segment_flush_bytes)
+        self.max_unflushed_bytes = config.max_unflushed_bytes or max(
+            256 * 1024 * 1024, 8 * config.segment_flush_bytes
+        )
         self.produces_held = 0  # produce requests that had to wait for room (object store behind)
         self._flush_needed = asyncio.Event()
         self._flush_done = asyncio.Event()
@@ -202,11 +211,17 @@ class LogStore:
                 if header.base_offset != part.next_offset:
                     log.error(
                         "WAL gap in %s-%d: expected offset %d, found %d",
-                        entry.topic, entry.partition, part.next_offset, header.base_offset,
+                        entry.topic,
+                        entry.partition,
+                        part.next_offset,
+                        header.base_offset,
                     )
                 tail = TailBatch(
-                    header.base_offset, header.base_offset + header.last_offset_delta + 1,
-                    entry.batch, entry.append_ms, header.max_timestamp,
+                    header.base_offset,
+                    header.base_offset + header.last_offset_delta + 1,
+                    entry.batch,
+                    entry.append_ms,
+                    header.max_timestamp,
                 )
                 part.tail.append(tail)
                 part.next_offset = part.high_watermark = tail.end_offset
@@ -223,7 +238,10 @@ class LogStore:
             # files (the flusher's next roll includes them) until a flush succeeds:
             # an object store outage must not keep the broker from starting.
             self.flush_failures += 1
-            log.error("flushing the replayed WAL failed, the flusher will retry (data is safe in the WAL): %s", exc)
+            log.error(
+                "flushing the replayed WAL failed, the flusher will retry (data is safe in the WAL): %s",
+                exc,
+            )
         else:
             for path in old_files:
                 path.unlink(missing_ok=True)
@@ -241,7 +259,9 @@ class LogStore:
         await self.wal.close()
 
     def add_partition(self, topic: str, partition: int, log_start_offset: int = 0) -> PartitionLog:
-        part = PartitionLog(topic, partition, self.metadata.chunks(topic, partition), log_start_offset)
+        part = PartitionLog(
+            topic, partition, self.metadata.chunks(topic, partition), log_start_offset
+        )
         self.partitions[(topic, partition)] = part
         return part
 
@@ -277,7 +297,9 @@ class LogStore:
 
     # ------------------------------------------------------------ produce
 
-    async def append(self, part: PartitionLog, records_bytes: bytes, max_message_bytes: int) -> tuple[int, int]:
+    async def append(
+        self, part: PartitionLog, records_bytes: bytes, max_message_bytes: int
+    ) -> tuple[int, int]:
         """Append a partition's records; returns (base offset, WAL sequence to await)."""
         try:
             headers = records.split_batches(records_bytes)
@@ -299,7 +321,9 @@ class LogStore:
                     f"record batch of {header.size} bytes exceeds max.message.bytes {max_message_bytes}",
                 )
             if header.is_control:
-                raise ProduceError(ErrorCode.invalid_record, "clients may not produce control batches")
+                raise ProduceError(
+                    ErrorCode.invalid_record, "clients may not produce control batches"
+                )
         if self.unflushed_bytes > self.max_unflushed_bytes:
             self.produces_held += 1
             await self._wait_for_room()
@@ -362,7 +386,9 @@ class LogStore:
         hw = part.high_watermark
         full = False
         while offset < part.flushed_offset:
-            if offset < part.log_start_offset:  # retention dropped it (maybe during the await below)
+            if (
+                offset < part.log_start_offset
+            ):  # retention dropped it (maybe during the await below)
                 full = True
                 break
             # looked up on every pass: retention may drop leading chunks during the await below
@@ -375,13 +401,19 @@ class LogStore:
             refs = chunk.refs
             k = max(bisect.bisect_right(chunk.ref_bases, offset) - 1, 0)
             start = end = refs[k].position
-            while k < len(refs) and ((not out and end == start) or size + end - start + refs[k].size <= max_bytes):
+            while k < len(refs) and (
+                (not out and end == start) or size + end - start + refs[k].size <= max_bytes
+            ):
                 end = refs[k].position + refs[k].size
                 k += 1
             if end == start:
                 full = True
                 break
-            out.append(await self._read_object(chunk.object_key, chunk.byte_start + start, chunk.byte_start + end))
+            out.append(
+                await self._read_object(
+                    chunk.object_key, chunk.byte_start + start, chunk.byte_start + end
+                )
+            )
             size += end - start
             if k < len(refs):
                 full = True
@@ -403,7 +435,9 @@ class LogStore:
         if cached is not None:
             self._object_cache.move_to_end(key)
             return cached[start:end]
-        return await asyncio.get_running_loop().run_in_executor(None, self.store.get_range, key, start, end)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self.store.get_range, key, start, end
+        )
 
     def _cache_object(self, key: str, data: bytes) -> None:
         self._object_cache[key] = data
@@ -456,7 +490,11 @@ class LogStore:
                 backoff = interval
             except Exception as exc:  # noqa: BLE001 - retried; the WAL keeps the data
                 self.flush_failures += 1
-                log.error("segment flush failed, retrying in %.1fs (data is safe in the WAL): %s", backoff, exc)
+                log.error(
+                    "segment flush failed, retrying in %.1fs (data is safe in the WAL): %s",
+                    backoff,
+                    exc,
+                )
                 await _wait_event(self._flush_needed, backoff)
                 backoff = min(backoff * 2, 30.0)
 
@@ -488,8 +526,15 @@ class LogStore:
                     parts.append(batch.data)
                     position += len(batch.data)
                 chunk = Chunk(
-                    part.topic, part.partition, batches[0].base_offset, batches[-1].end_offset, key,
-                    chunk_start, position, min(b.append_ms for b in batches), max(b.append_ms for b in batches),
+                    part.topic,
+                    part.partition,
+                    batches[0].base_offset,
+                    batches[-1].end_offset,
+                    key,
+                    chunk_start,
+                    position,
+                    min(b.append_ms for b in batches),
+                    max(b.append_ms for b in batches),
                     pack_batch_index(refs),
                 )
                 chunks.append((part, chunk, len(batches)))
@@ -498,7 +543,11 @@ class LogStore:
             # Topics deleted during the put: their chunks must not reach the index (a
             # topic created again under the same name would inherit them), and
             # drop_topic already took their bytes off unflushed_bytes.
-            live = {id(part) for part, _, _ in snapshot if self.partitions.get((part.topic, part.partition)) is part}
+            live = {
+                id(part)
+                for part, _, _ in snapshot
+                if self.partitions.get((part.topic, part.partition)) is part
+            }
             chunks = [c for c in chunks if id(c[0]) in live]
             # Producer states as of the WAL roll, i.e. matching the batches in this
             # segment. Taken now they could include batches not yet in the WAL, and a
@@ -529,8 +578,15 @@ class LogStore:
     def _snapshot(self) -> list[tuple[PartitionLog, list[TailBatch], dict[int, dict[str, object]]]]:
         """Each partition's tail and the state of its changed producers, at the WAL roll point."""
         return [
-            (part, list(part.tail),
-             {pid: part.producers[pid].to_json() for pid in part.dirty_producers if pid in part.producers})
+            (
+                part,
+                list(part.tail),
+                {
+                    pid: part.producers[pid].to_json()
+                    for pid in part.dirty_producers
+                    if pid in part.producers
+                },
+            )
             for part in self.partitions.values()
             if part.tail
         ]

@@ -30,8 +30,12 @@ def render(topics: Iterable[TopicRecord], admin_url: str) -> dict[str, object]:
             tables.append(_entry(topic))
         elif topic.configs.get(topic_configs.ENABLE) == "false":
             disabled.append(_entry(topic))
-    return contracts.Manifest(version=MANIFEST_VERSION, admin_url=admin_url, table_topics=tables,
-                              disabled_table_topics=disabled).to_json()
+    return contracts.Manifest(
+        version=MANIFEST_VERSION,
+        admin_url=admin_url,
+        table_topics=tables,
+        disabled_table_topics=disabled,
+    ).to_json()
 
 
 def _entry(topic: TopicRecord) -> contracts.TableTopic:

@@ -100,16 +100,22 @@ def migrate(connection: Any, postgres: bool) -> int:
     row = connection.execute("SELECT max(version) FROM schema_version").fetchone()
     version = int(row[0]) if row and row[0] is not None else 0
     if version > len(MIGRATIONS):
-        raise SchemaTooNewError(f"the metadata database is at schema version {version}, newer than this "
-                                f"broker's {len(MIGRATIONS)}: run a broker at least as new as the one that migrated it")
+        raise SchemaTooNewError(
+            f"the metadata database is at schema version {version}, newer than this "
+            f"broker's {len(MIGRATIONS)}: run a broker at least as new as the one that migrated it"
+        )
     for number in range(version + 1, len(MIGRATIONS) + 1):
         connection.execute("BEGIN")
         try:
             for statement in _statements(MIGRATIONS[number - 1], postgres):
                 connection.execute(statement)
             connection.execute("DELETE FROM schema_version")
-            connection.execute("INSERT INTO schema_version (version) VALUES (%s)" if postgres
-                               else "INSERT INTO schema_version (version) VALUES (?)", (number,))
+            connection.execute(
+                "INSERT INTO schema_version (version) VALUES (%s)"
+                if postgres
+                else "INSERT INTO schema_version (version) VALUES (?)",
+                (number,),
+            )
         except BaseException:
             connection.execute("ROLLBACK")
             raise
@@ -200,7 +206,9 @@ class _Database:
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return [tuple(row) for row in self.connection.execute(self._sql(sql), params).fetchall()]
+            return [
+                tuple(row) for row in self.connection.execute(self._sql(sql), params).fetchall()
+            ]
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         with self._lock:
@@ -236,19 +244,38 @@ class _Database:
 def _upsert(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
     """``INSERT ... ON CONFLICT (key) DO UPDATE``: a replace that both SQLite and Postgres run."""
     updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
-    return (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)}) "
-            f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}")
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)}) "
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+    )
 
 
-_CHUNK_COLUMNS = ("topic", "partition", "base_offset", "end_offset", "object_key", "byte_start", "byte_end",
-                  "min_append_ms", "max_append_ms", "batch_index")
+_CHUNK_COLUMNS = (
+    "topic",
+    "partition",
+    "base_offset",
+    "end_offset",
+    "object_key",
+    "byte_start",
+    "byte_end",
+    "min_append_ms",
+    "max_append_ms",
+    "batch_index",
+)
 _UPSERT_CHUNK = _upsert("chunks", _CHUNK_COLUMNS, ("topic", "partition", "base_offset"))
-_UPSERT_PRODUCER = _upsert("producer_state", ("topic", "partition", "producer_id", "state"),
-                           ("topic", "partition", "producer_id"))
-_UPSERT_LOG_START = _upsert("partition_state", ("topic", "partition", "log_start_offset"), ("topic", "partition"))
+_UPSERT_PRODUCER = _upsert(
+    "producer_state",
+    ("topic", "partition", "producer_id", "state"),
+    ("topic", "partition", "producer_id"),
+)
+_UPSERT_LOG_START = _upsert(
+    "partition_state", ("topic", "partition", "log_start_offset"), ("topic", "partition")
+)
 _UPSERT_GROUP_OFFSET = _upsert(
-    "group_offsets", ("group_id", "topic", "partition", "committed_offset", "leader_epoch", "metadata", "commit_ms"),
-    ("group_id", "topic", "partition"))
+    "group_offsets",
+    ("group_id", "topic", "partition", "committed_offset", "leader_epoch", "metadata", "commit_ms"),
+    ("group_id", "topic", "partition"),
+)
 # 64-bit key of the Postgres advisory lock a broker holds on its metadata database.
 POSTGRES_LOCK_KEY = 0x1CEFA11
 POSTGRES_LOCK_WAIT_S = 5.0
@@ -280,7 +307,9 @@ def _take_lock(connection: Any, wait_s: float) -> bool:
     (or was killed) releases it when its backend notices the closed connection, a moment later."""
     deadline = time.monotonic() + wait_s
     while True:
-        locked = connection.execute("SELECT pg_try_advisory_lock(%s)", (POSTGRES_LOCK_KEY,)).fetchone()
+        locked = connection.execute(
+            "SELECT pg_try_advisory_lock(%s)", (POSTGRES_LOCK_KEY,)
+        ).fetchone()
         if locked and locked[0]:
             return True
         if time.monotonic() >= deadline:
@@ -298,11 +327,14 @@ def _open_postgres(uri: str, lock_wait_s: float) -> _Database:
     try:
         connection = psycopg.connect(uri, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
-        raise MetadataUnavailableError(f"cannot connect to the metadata database {_redact(uri)}: {exc}") from exc
+        raise MetadataUnavailableError(
+            f"cannot connect to the metadata database {_redact(uri)}: {exc}"
+        ) from exc
     try:
         if not _take_lock(connection, lock_wait_s):
             raise MetadataInUseError(
-                f"another broker holds the metadata database {_redact(uri)}: one broker per metadata database")
+                f"another broker holds the metadata database {_redact(uri)}: one broker per metadata database"
+            )
         migrate(connection, postgres=True)
     except BaseException:
         connection.close()
@@ -357,9 +389,14 @@ class MetadataStore:
     def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicRecord:
         topic_id = uuid.uuid4()
         with self.db.transaction():
-            self.db.execute("INSERT INTO topics VALUES (?, ?, ?, ?)", (name, str(topic_id), partitions, _now_ms()))
-            self.db.executemany("INSERT INTO topic_configs VALUES (?, ?, ?)",
-                                [(name, k, v) for k, v in configs.items()])
+            self.db.execute(
+                "INSERT INTO topics VALUES (?, ?, ?, ?)",
+                (name, str(topic_id), partitions, _now_ms()),
+            )
+            self.db.executemany(
+                "INSERT INTO topic_configs VALUES (?, ?, ?)",
+                [(name, k, v) for k, v in configs.items()],
+            )
         return TopicRecord(name, topic_id, partitions, dict(configs))
 
     def add_partitions(self, name: str, partitions: int) -> None:
@@ -368,44 +405,76 @@ class MetadataStore:
     def delete_topic(self, name: str) -> list[str]:
         """Forget a topic; returns the object keys no other chunk refers to any more."""
         with self.db.transaction():
-            keys = [k for (k,) in self.db.query("SELECT DISTINCT object_key FROM chunks WHERE topic = ?", (name,))]
+            keys = [
+                k
+                for (k,) in self.db.query(
+                    "SELECT DISTINCT object_key FROM chunks WHERE topic = ?", (name,)
+                )
+            ]
             for table in ("topic_configs", "chunks", "partition_state", "producer_state"):
                 self.db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
             self.db.execute("DELETE FROM group_offsets WHERE topic = ?", (name,))
             self.db.execute("DELETE FROM topics WHERE name = ?", (name,))
-            unreferenced = [k for k in keys if not self.db.query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1",
-                                                                 (k,))]
+            unreferenced = [
+                k
+                for k in keys
+                if not self.db.query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1", (k,))
+            ]
         return unreferenced
 
     def set_configs(self, name: str, configs: dict[str, str]) -> None:
         with self.db.transaction():
             self.db.execute("DELETE FROM topic_configs WHERE topic = ?", (name,))
-            self.db.executemany("INSERT INTO topic_configs VALUES (?, ?, ?)",
-                                [(name, k, v) for k, v in configs.items()])
+            self.db.executemany(
+                "INSERT INTO topic_configs VALUES (?, ?, ?)",
+                [(name, k, v) for k, v in configs.items()],
+            )
 
     # ------------------------------------------------------------ segment index
 
-    def add_chunks(self, chunks: list[Chunk], producer_states: dict[tuple[str, int, int], dict[str, object]]) -> None:
+    def add_chunks(
+        self, chunks: list[Chunk], producer_states: dict[tuple[str, int, int], dict[str, object]]
+    ) -> None:
         with self.db.transaction():
-            self.db.executemany(_UPSERT_CHUNK, [
-                (c.topic, c.partition, c.base_offset, c.end_offset, c.object_key, c.byte_start,
-                 c.byte_end, c.min_append_ms, c.max_append_ms, c.batch_index)
-                for c in chunks
-            ])
-            self.db.executemany(_UPSERT_PRODUCER, [(t, p, pid, json.dumps(state))
-                                                   for (t, p, pid), state in producer_states.items()])
+            self.db.executemany(
+                _UPSERT_CHUNK,
+                [
+                    (
+                        c.topic,
+                        c.partition,
+                        c.base_offset,
+                        c.end_offset,
+                        c.object_key,
+                        c.byte_start,
+                        c.byte_end,
+                        c.min_append_ms,
+                        c.max_append_ms,
+                        c.batch_index,
+                    )
+                    for c in chunks
+                ],
+            )
+            self.db.executemany(
+                _UPSERT_PRODUCER,
+                [(t, p, pid, json.dumps(state)) for (t, p, pid), state in producer_states.items()],
+            )
 
     def chunks(self, topic: str, partition: int) -> list[Chunk]:
         return [
             _chunk(row)
-            for row in self.db.query(f"SELECT {', '.join(_CHUNK_COLUMNS)} FROM chunks "
-                                     "WHERE topic = ? AND partition = ? ORDER BY base_offset", (topic, partition))
+            for row in self.db.query(
+                f"SELECT {', '.join(_CHUNK_COLUMNS)} FROM chunks "
+                "WHERE topic = ? AND partition = ? ORDER BY base_offset",
+                (topic, partition),
+            )
         ]
 
     def producer_states(self) -> dict[tuple[str, int, int], dict[str, object]]:
         return {
             (t, p, pid): json.loads(state)
-            for t, p, pid, state in self.db.query("SELECT topic, partition, producer_id, state FROM producer_state")
+            for t, p, pid, state in self.db.query(
+                "SELECT topic, partition, producer_id, state FROM producer_state"
+            )
         }
 
     def drop_chunks_before(self, topic: str, partition: int, offset: int) -> list[str]:
@@ -415,12 +484,20 @@ class MetadataStore:
         commits, so the index never points at a deleted object, whatever crashes when."""
         where = "topic = ? AND partition = ? AND end_offset <= ?"
         with self.db.transaction():
-            keys = [k for (k,) in self.db.query(f"SELECT DISTINCT object_key FROM chunks WHERE {where}",
-                                                (topic, partition, offset))]
+            keys = [
+                k
+                for (k,) in self.db.query(
+                    f"SELECT DISTINCT object_key FROM chunks WHERE {where}",
+                    (topic, partition, offset),
+                )
+            ]
             self.db.execute(f"DELETE FROM chunks WHERE {where}", (topic, partition, offset))
             self.db.execute(_UPSERT_LOG_START, (topic, partition, offset))
-            unreferenced = [k for k in keys if not self.db.query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1",
-                                                                 (k,))]
+            unreferenced = [
+                k
+                for k in keys
+                if not self.db.query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1", (k,))
+            ]
         return unreferenced
 
     def object_keys(self) -> set[str]:
@@ -437,10 +514,14 @@ class MetadataStore:
 
     # ------------------------------------------------------------ groups
 
-    def commit_offsets(self, group_id: str, offsets: list[tuple[str, int, int, int, str | None]]) -> None:
+    def commit_offsets(
+        self, group_id: str, offsets: list[tuple[str, int, int, int, str | None]]
+    ) -> None:
         now = _now_ms()
         with self.db.transaction():
-            self.db.executemany(_UPSERT_GROUP_OFFSET, [(group_id, t, p, o, e, m, now) for t, p, o, e, m in offsets])
+            self.db.executemany(
+                _UPSERT_GROUP_OFFSET, [(group_id, t, p, o, e, m, now) for t, p, o, e, m in offsets]
+            )
 
     def committed_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
         return {
@@ -464,13 +545,16 @@ class MetadataStore:
         """1000, 1001, ...: one atomic statement, so even two writers never get the same id."""
         [(value,)] = self.db.query(
             "INSERT INTO counters (name, value) VALUES ('producer_id', 1000) "
-            "ON CONFLICT (name) DO UPDATE SET value = counters.value + 1 RETURNING value")
+            "ON CONFLICT (name) DO UPDATE SET value = counters.value + 1 RETURNING value"
+        )
         return int(value)
 
 
 def _chunk(row: tuple[Any, ...]) -> Chunk:
     topic, partition, base, end, key, byte_start, byte_end, min_ms, max_ms, index = row
-    return Chunk(topic, partition, base, end, key, byte_start, byte_end, min_ms, max_ms, bytes(index))
+    return Chunk(
+        topic, partition, base, end, key, byte_start, byte_end, min_ms, max_ms, bytes(index)
+    )
 
 
 def _now_ms() -> int:

@@ -65,7 +65,11 @@ class Family:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
         for labels, value in self.samples:
             text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            lines.append(f"{self.name}{{{text}}} {_number(value)}" if text else f"{self.name} {_number(value)}")
+            lines.append(
+                f"{self.name}{{{text}}} {_number(value)}"
+                if text
+                else f"{self.name} {_number(value)}"
+            )
         return "\n".join(lines)
 
 
@@ -119,8 +123,11 @@ class CatalogReader:
             if loaded is None:
                 return TableFacts()
             dlq = self._load(namespace, names.dlq_table(table))
-            return TableFacts(read_checkpoint(loaded.metadata), _total_records(loaded),
-                              _total_records(dlq) if dlq is not None else None)
+            return TableFacts(
+                read_checkpoint(loaded.metadata),
+                _total_records(loaded),
+                _total_records(dlq) if dlq is not None else None,
+            )
         except Exception as exc:  # noqa: BLE001 -- a scrape reports what it can; the error is a series of its own
             self._catalog = None
             return TableFacts(error=f"{type(exc).__name__}: {exc}")
@@ -148,7 +155,9 @@ def pending_in(part: PartitionLog, start: int) -> tuple[int, int]:
         size += sum(ref.size for ref in chunk.refs[first:])
     flushed = part.flushed_offset
     hwm = part.high_watermark
-    size += sum(len(b.data) for b in part.tail if start < b.end_offset <= hwm and b.base_offset >= flushed)
+    size += sum(
+        len(b.data) for b in part.tail if start < b.end_offset <= hwm and b.base_offset >= flushed
+    )
     return max(part.high_watermark - start, 0), size
 
 
@@ -180,55 +189,121 @@ def _ident(topic: Any) -> tuple[str, str]:
 # icefall_retention_held_back_offsets > 0 for long: the commit DAG is stalled and the log grows.
 RETENTION_FAMILIES = [
     ("icefall_retention_passes_total", "counter", "Segment retention passes"),
-    ("icefall_retention_deleted_chunks_total", "counter", "Partition chunks dropped by retention.ms/bytes"),
-    ("icefall_retention_deleted_bytes_total", "counter", "Segment bytes dropped by retention.ms/bytes"),
+    (
+        "icefall_retention_deleted_chunks_total",
+        "counter",
+        "Partition chunks dropped by retention.ms/bytes",
+    ),
+    (
+        "icefall_retention_deleted_bytes_total",
+        "counter",
+        "Segment bytes dropped by retention.ms/bytes",
+    ),
     ("icefall_retention_deleted_objects_total", "counter", "Segment objects deleted"),
     ("icefall_retention_orphans_deleted_total", "counter", "Unreferenced segment objects swept"),
-    ("icefall_retention_delete_failures_total", "counter", "Segment object deletes that failed (retried)"),
-    ("icefall_retention_held_back_passes_total", "counter",
-     "Partition-passes where a table topic's uncommitted records stopped retention"),
-    ("icefall_retention_held_back_offsets", "gauge",
-     "Offsets past retention.ms/bytes kept because the table has not committed them"),
-    ("icefall_retention_held_back_bytes", "gauge", "Segment bytes kept because the table has not committed them"),
-    ("icefall_retention_held_back_since_timestamp_seconds", "gauge",
-     "Since when retention of this partition has been held back"),
+    (
+        "icefall_retention_delete_failures_total",
+        "counter",
+        "Segment object deletes that failed (retried)",
+    ),
+    (
+        "icefall_retention_held_back_passes_total",
+        "counter",
+        "Partition-passes where a table topic's uncommitted records stopped retention",
+    ),
+    (
+        "icefall_retention_held_back_offsets",
+        "gauge",
+        "Offsets past retention.ms/bytes kept because the table has not committed them",
+    ),
+    (
+        "icefall_retention_held_back_bytes",
+        "gauge",
+        "Segment bytes kept because the table has not committed them",
+    ),
+    (
+        "icefall_retention_held_back_since_timestamp_seconds",
+        "gauge",
+        "Since when retention of this partition has been held back",
+    ),
 ]
 
 
 def _retention(f: dict[str, Family], status: RetentionStatus) -> None:
-    for name, value in (("passes", status.passes), ("deleted_chunks", status.chunks_deleted),
-                        ("deleted_bytes", status.bytes_deleted), ("deleted_objects", status.objects_deleted),
-                        ("orphans_deleted", status.orphans_deleted), ("delete_failures", status.delete_failures),
-                        ("held_back_passes", status.blocked_passes)):
+    for name, value in (
+        ("passes", status.passes),
+        ("deleted_chunks", status.chunks_deleted),
+        ("deleted_bytes", status.bytes_deleted),
+        ("deleted_objects", status.objects_deleted),
+        ("orphans_deleted", status.orphans_deleted),
+        ("delete_failures", status.delete_failures),
+        ("held_back_passes", status.blocked_passes),
+    ):
         f[f"icefall_retention_{name}_total"].add({}, value)
     for (topic, partition), blocked in sorted(status.blocked.items()):
         labels = {"topic": topic, "partition": str(partition)}
-        f["icefall_retention_held_back_offsets"].add(labels,
-                                                     blocked.wanted_log_start_offset - blocked.log_start_offset)
+        f["icefall_retention_held_back_offsets"].add(
+            labels, blocked.wanted_log_start_offset - blocked.log_start_offset
+        )
         f["icefall_retention_held_back_bytes"].add(labels, blocked.bytes)
-        f["icefall_retention_held_back_since_timestamp_seconds"].add(labels, blocked.since_ms / 1000)
+        f["icefall_retention_held_back_since_timestamp_seconds"].add(
+            labels, blocked.since_ms / 1000
+        )
 
 
-def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts], now_ms: int) -> str:
+def render_metrics(
+    cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts], now_ms: int
+) -> str:
     """The exposition text; synchronous, so it sees one consistent state of the log."""
-    f = {name: Family(name, kind, text) for name, kind, text in [
-        ("icefall_partition_log_start_offset", "gauge", "First offset still readable"),
-        ("icefall_partition_high_watermark", "gauge", "Offset the next record gets"),
-        ("icefall_partition_flushed_offset", "gauge", "Offsets below this are in segment objects"),
-        ("icefall_partition_last_append_timestamp_seconds", "gauge", "Broker append time of the newest batch"),
-        ("icefall_segments_written_total", "counter", "Segment objects written"),
-        ("icefall_flush_failures_total", "counter", "Failed segment flushes"),
-        ("icefall_unflushed_bytes", "gauge", "Bytes in the write-ahead log not yet in segment objects"),
-        ("icefall_table_committed_offset", "gauge", "Next offset the table holds (its Iceberg checkpoint)"),
-        ("icefall_table_lag_records", "gauge", "Records in the topic not yet in the table"),
-        ("icefall_table_lag_bytes", "gauge", "Bytes (whole batches) in the topic not yet in the table"),
-        ("icefall_table_lag_seconds", "gauge", "Age of the oldest record not yet in the table (append time)"),
-        ("icefall_table_last_commit_timestamp_seconds", "gauge", "Time of the snapshot holding the checkpoint"),
-        ("icefall_table_rows", "gauge", "Rows in the table's current snapshot"),
-        ("icefall_table_dlq_rows", "gauge", "Rows in the table's DLQ table <table>__dlq"),
-        ("icefall_table_catalog_up", "gauge", "1 when the catalog answered for this table"),
-        *RETENTION_FAMILIES,
-    ]}
+    f = {
+        name: Family(name, kind, text)
+        for name, kind, text in [
+            ("icefall_partition_log_start_offset", "gauge", "First offset still readable"),
+            ("icefall_partition_high_watermark", "gauge", "Offset the next record gets"),
+            (
+                "icefall_partition_flushed_offset",
+                "gauge",
+                "Offsets below this are in segment objects",
+            ),
+            (
+                "icefall_partition_last_append_timestamp_seconds",
+                "gauge",
+                "Broker append time of the newest batch",
+            ),
+            ("icefall_segments_written_total", "counter", "Segment objects written"),
+            ("icefall_flush_failures_total", "counter", "Failed segment flushes"),
+            (
+                "icefall_unflushed_bytes",
+                "gauge",
+                "Bytes in the write-ahead log not yet in segment objects",
+            ),
+            (
+                "icefall_table_committed_offset",
+                "gauge",
+                "Next offset the table holds (its Iceberg checkpoint)",
+            ),
+            ("icefall_table_lag_records", "gauge", "Records in the topic not yet in the table"),
+            (
+                "icefall_table_lag_bytes",
+                "gauge",
+                "Bytes (whole batches) in the topic not yet in the table",
+            ),
+            (
+                "icefall_table_lag_seconds",
+                "gauge",
+                "Age of the oldest record not yet in the table (append time)",
+            ),
+            (
+                "icefall_table_last_commit_timestamp_seconds",
+                "gauge",
+                "Time of the snapshot holding the checkpoint",
+            ),
+            ("icefall_table_rows", "gauge", "Rows in the table's current snapshot"),
+            ("icefall_table_dlq_rows", "gauge", "Rows in the table's DLQ table <table>__dlq"),
+            ("icefall_table_catalog_up", "gauge", "1 when the catalog answered for this table"),
+            *RETENTION_FAMILIES,
+        ]
+    }
     f["icefall_segments_written_total"].add({}, logs.segments_written)
     f["icefall_flush_failures_total"].add({}, logs.flush_failures)
     f["icefall_unflushed_bytes"].add({}, logs.unflushed_bytes)
@@ -242,7 +317,13 @@ def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts
             f["icefall_partition_log_start_offset"].add(labels, part.log_start_offset)
             f["icefall_partition_high_watermark"].add(labels, part.high_watermark)
             f["icefall_partition_flushed_offset"].add(labels, part.flushed_offset)
-            last = part.tail[-1].append_ms if part.tail else part.chunks[-1].max_append_ms if part.chunks else None
+            last = (
+                part.tail[-1].append_ms
+                if part.tail
+                else part.chunks[-1].max_append_ms
+                if part.chunks
+                else None
+            )
             if last is not None:
                 f["icefall_partition_last_append_timestamp_seconds"].add(labels, last / 1000)
     for topic in sorted(_table_topics(cluster), key=lambda t: t.name):
@@ -261,17 +342,26 @@ def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts
                 continue
             committed = committed_offsets.get(p)
             f["icefall_table_committed_offset"].add({**labels, "partition": str(p)}, committed or 0)
-            lag = contracts.PartitionLag.of(p, part.log_start_offset, part.high_watermark, committed,
-                                            functools.partial(append_ms_at, part))
+            lag = contracts.PartitionLag.of(
+                p,
+                part.log_start_offset,
+                part.high_watermark,
+                committed,
+                functools.partial(append_ms_at, part),
+            )
             lags.append(lag)
             if lag.lag_records:
-                behind_bytes += pending_in(part, contracts.lag_start(committed, part.log_start_offset))[1]
+                behind_bytes += pending_in(
+                    part, contracts.lag_start(committed, part.log_start_offset)
+                )[1]
         lag_of_table = contracts.Lag.of(lags, now_ms)
         f["icefall_table_lag_records"].add(labels, lag_of_table.records)
         f["icefall_table_lag_bytes"].add(labels, behind_bytes)
         f["icefall_table_lag_seconds"].add(labels, lag_of_table.seconds)
         if got.checkpoint.timestamp_ms is not None:
-            f["icefall_table_last_commit_timestamp_seconds"].add(labels, got.checkpoint.timestamp_ms / 1000)
+            f["icefall_table_last_commit_timestamp_seconds"].add(
+                labels, got.checkpoint.timestamp_ms / 1000
+            )
         if got.rows is not None:
             f["icefall_table_rows"].add(labels, got.rows)
         if got.dlq_rows is not None:
@@ -279,7 +369,9 @@ def render_metrics(cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts
     return "\n".join(family.render() for family in f.values()) + "\n"
 
 
-def _read_facts(reader: CatalogReader, tables: Iterable[tuple[str, str, str]]) -> dict[str, TableFacts]:
+def _read_facts(
+    reader: CatalogReader, tables: Iterable[tuple[str, str, str]]
+) -> dict[str, TableFacts]:
     return {topic: reader.facts(namespace, table) for topic, namespace, table in tables}
 
 

@@ -72,7 +72,9 @@ class LocalObjectStore:
         return sorted(
             str(p.relative_to(self.root))
             for p in self.root.rglob("*")
-            if p.is_file() and not p.name.endswith(".tmp") and str(p.relative_to(self.root)).startswith(prefix)
+            if p.is_file()
+            and not p.name.endswith(".tmp")
+            and str(p.relative_to(self.root)).startswith(prefix)
         )
 
     def describe(self) -> str:
@@ -136,8 +138,14 @@ def open_object_store(config: ObjectStoreConfig) -> ObjectStore:
     return LocalObjectStore(Path(parsed.path if parsed.scheme == "file" else config.url))
 
 
-def check_s3_location(url: str, setting: str, endpoint_url: str | None, region: str | None,
-                      access_key_id: str | None, secret_access_key: str | None) -> tuple[int, str] | None:
+def check_s3_location(
+    url: str,
+    setting: str,
+    endpoint_url: str | None,
+    region: str | None,
+    access_key_id: str | None,
+    secret_access_key: str | None,
+) -> tuple[int, str] | None:
     """Ask S3 once, at start, whether ``url``'s bucket is there for these credentials: None
     when it is, else the log level and a message naming the setting.
 
@@ -154,24 +162,43 @@ def check_s3_location(url: str, setting: str, endpoint_url: str | None, region: 
 
     bucket = urlparse(url).netloc
     where = endpoint_url or "AWS"
-    client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
-                          aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
-                          config=Config(connect_timeout=3, read_timeout=5, retries={"max_attempts": 1}))
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=region or "us-east-1",
+        aws_access_key_id=access_key_id,
+        aws_secret_access_key=secret_access_key,
+        config=Config(connect_timeout=3, read_timeout=5, retries={"max_attempts": 1}),
+    )
     try:
         client.head_bucket(Bucket=bucket)
     except NoCredentialsError:
-        return logging.ERROR, (f"{setting}={url}: no AWS credentials (set AWS_ACCESS_KEY_ID and "
-                               "AWS_SECRET_ACCESS_KEY, or a profile)")
+        return logging.ERROR, (
+            f"{setting}={url}: no AWS credentials (set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or a profile)"
+        )
     except ClientError as exc:
         code = str(exc.response.get("Error", {}).get("Code", ""))
         if code in ("404", "NoSuchBucket", "NotFound"):
-            return logging.ERROR, (f"{setting}={url}: bucket '{bucket}' does not exist at {where}; "
-                                   "nothing can be written there until it does")
-        if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"):
-            return logging.ERROR, (f"{setting}={url}: {where} refuses these credentials for bucket "
-                                   f"'{bucket}' ({code}; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
+            return logging.ERROR, (
+                f"{setting}={url}: bucket '{bucket}' does not exist at {where}; "
+                "nothing can be written there until it does"
+            )
+        if code in (
+            "403",
+            "AccessDenied",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "Forbidden",
+        ):
+            return logging.ERROR, (
+                f"{setting}={url}: {where} refuses these credentials for bucket "
+                f"'{bucket}' ({code}; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+            )
         return logging.WARNING, f"{setting}={url}: {where} answered {code} for bucket '{bucket}'"
     except BotoCoreError as exc:
-        return logging.WARNING, (f"{setting}={url}: cannot reach {where} ({exc}); acknowledged data "
-                                 "waits in the WAL until it can")
+        return logging.WARNING, (
+            f"{setting}={url}: cannot reach {where} ({exc}); acknowledged data "
+            "waits in the WAL until it can"
+        )
     return None

@@ -86,12 +86,18 @@ class BatchHeader:
 
 def read_header(buf: Buffer, pos: int = 0) -> BatchHeader:
     if len(buf) - pos < HEADER_SIZE:
-        raise CorruptBatchError(f"record batch truncated: {len(buf) - pos} bytes, header needs {HEADER_SIZE}")
+        raise CorruptBatchError(
+            f"record batch truncated: {len(buf) - pos} bytes, header needs {HEADER_SIZE}"
+        )
     header = BatchHeader(*_HEADER.unpack_from(buf, pos))
     if header.magic != 2:
-        raise CorruptBatchError(f"unsupported record batch magic {header.magic} (only v2 is accepted)")
+        raise CorruptBatchError(
+            f"unsupported record batch magic {header.magic} (only v2 is accepted)"
+        )
     if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
-        raise CorruptBatchError(f"record batch length {header.batch_length} is shorter than its header")
+        raise CorruptBatchError(
+            f"record batch length {header.batch_length} is shorter than its header"
+        )
     return header
 
 
@@ -125,7 +131,9 @@ def split_batches(records: Buffer, verify_crc: bool = True) -> list[BatchHeader]
             except CorruptBatchError:
                 raise
             except Exception as exc:  # noqa: BLE001 - cramjam raises DecompressionError, ValueError...
-                raise CorruptBatchError(f"record batch at byte {pos} does not decompress: {exc}") from None
+                raise CorruptBatchError(
+                    f"record batch at byte {pos} does not decompress: {exc}"
+                ) from None
             check_record_framing(memoryview(inner), header.record_count)
         headers.append(header)
         pos = end
@@ -162,8 +170,9 @@ def _field_varint(body: memoryview, pos: int, end: int) -> tuple[int, int] | Non
     return (raw >> 1) ^ -(raw & 1), pos
 
 
-def _sized_field(body: memoryview, pos: int, end: int, index: int, name: str,
-                 minimum: int) -> tuple[int, int] | str:
+def _sized_field(
+    body: memoryview, pos: int, end: int, index: int, name: str, minimum: int
+) -> tuple[int, int] | str:
     """A length or count varint at ``pos`` and the position after it, or what is wrong with it:
     it runs past the record, or is below ``minimum`` or more than the bytes left."""
     got = _field_varint(body, pos, end)
@@ -324,11 +333,15 @@ def decompress(codec: int, data: bytes) -> bytes:
             pos = 16
             while pos < len(data):
                 if pos + 4 > len(data):
-                    raise CorruptBatchError("snappy-java framing: trailing bytes after the last chunk")
+                    raise CorruptBatchError(
+                        "snappy-java framing: trailing bytes after the last chunk"
+                    )
                 (length,) = struct.unpack_from(">i", data, pos)
                 pos += 4
                 if not 0 < length <= len(data) - pos:  # librdkafka refuses these too
-                    raise CorruptBatchError(f"snappy-java framing: chunk length {length} does not fit")
+                    raise CorruptBatchError(
+                        f"snappy-java framing: chunk length {length} does not fit"
+                    )
                 out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + length]))
                 pos += length
             return bytes(out)
@@ -353,8 +366,14 @@ class RawRecord(NamedTuple):
     headers: Headers
 
 
-def iter_records(body: Buffer, count: int, pos: int = 0, stop: int | None = None,
-                 strict: bool = False, keep: Callable[[int], bool] | None = None) -> Iterator[RawRecord]:
+def iter_records(
+    body: Buffer,
+    count: int,
+    pos: int = 0,
+    stop: int | None = None,
+    strict: bool = False,
+    keep: Callable[[int], bool] | None = None,
+) -> Iterator[RawRecord]:
     """The ``count`` records of a (decompressed) batch body in ``body[pos:stop]``.
 
     The one Python walk of Kafka's record format (v2), for the broker (``decode_batch``) and
@@ -401,9 +420,16 @@ def decode_batch(batch: Buffer) -> tuple[BatchHeader, list[Record]]:
     """Every record of one batch, with absolute offsets and timestamps."""
     header = read_header(batch)
     body = decompress(header.compression, bytes(batch[HEADER_SIZE : header.size]))
-    return header, [Record(offset=header.base_offset + r.offset_delta, timestamp=header.base_timestamp
-                           + r.timestamp_delta, key=r.key, value=r.value, headers=r.headers)
-                    for r in iter_records(body, header.record_count)]
+    return header, [
+        Record(
+            offset=header.base_offset + r.offset_delta,
+            timestamp=header.base_timestamp + r.timestamp_delta,
+            key=r.key,
+            value=r.value,
+            headers=r.headers,
+        )
+        for r in iter_records(body, header.record_count)
+    ]
 
 
 # ---------------------------------------------------------------- encoding
@@ -452,4 +478,8 @@ def encode_batch(
         ">hiqqqhii", 0, len(entries) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(entries)
     ) + bytes(body)
     batch_length = 4 + 1 + 4 + len(after_crc)  # leader epoch, magic, crc, rest
-    return struct.pack(">qiib", 0, batch_length, -1, 2) + struct.pack(">I", crc32c(after_crc)) + after_crc
+    return (
+        struct.pack(">qiib", 0, batch_length, -1, 2)
+        + struct.pack(">I", crc32c(after_crc))
+        + after_crc
+    )

@@ -76,10 +76,16 @@ class Blocked:
 
     def answer(self, topic: str, partition: int) -> contracts.RetentionBlocked:
         return contracts.RetentionBlocked(
-            topic=topic, partition=partition, log_start_offset=self.log_start_offset,
-            wanted_log_start_offset=self.wanted_log_start_offset, committed_offset=self.committed_offset,
+            topic=topic,
+            partition=partition,
+            log_start_offset=self.log_start_offset,
+            wanted_log_start_offset=self.wanted_log_start_offset,
+            committed_offset=self.committed_offset,
             blocked_offsets=self.wanted_log_start_offset - self.log_start_offset,
-            blocked_bytes=self.bytes, since_ms=self.since_ms, passes=self.passes)
+            blocked_bytes=self.bytes,
+            since_ms=self.since_ms,
+            passes=self.passes,
+        )
 
 
 @dataclass
@@ -99,10 +105,16 @@ class RetentionStatus:
     def answer(self) -> contracts.Retention:
         """What ``GET /v1/retention`` serves."""
         return contracts.Retention(
-            passes=self.passes, chunks_deleted=self.chunks_deleted, bytes_deleted=self.bytes_deleted,
-            objects_deleted=self.objects_deleted, orphans_deleted=self.orphans_deleted,
-            delete_failures=self.delete_failures, blocked_passes=self.blocked_passes, last_pass_ms=self.last_pass_ms,
-            blocked=[b.answer(t, p) for (t, p), b in sorted(self.blocked.items())])
+            passes=self.passes,
+            chunks_deleted=self.chunks_deleted,
+            bytes_deleted=self.bytes_deleted,
+            objects_deleted=self.objects_deleted,
+            orphans_deleted=self.orphans_deleted,
+            delete_failures=self.delete_failures,
+            blocked_passes=self.blocked_passes,
+            last_pass_ms=self.last_pass_ms,
+            blocked=[b.answer(t, p) for (t, p), b in sorted(self.blocked.items())],
+        )
 
     def to_json(self) -> dict[str, Any]:
         return self.answer().to_json()
@@ -125,10 +137,14 @@ class Policy:
         if "delete" not in topic.config("cleanup.policy").split(","):
             return None  # compacted only (e.g. _schemas): retention does not apply
         policy = cls(
-            int(topic.config("retention.ms")), int(topic.config("retention.bytes")),
+            int(topic.config("retention.ms")),
+            int(topic.config("retention.bytes")),
             topic.config("message.timestamp.type") == "LogAppendTime",
-            ((topic_configs.TableSettings(topic.configs).namespace, names.table_name(topic.name))
-             if topic_configs.is_table_topic(topic.configs) else None),
+            (
+                (topic_configs.TableSettings(topic.configs).namespace, names.table_name(topic.name))
+                if topic_configs.is_table_topic(topic.configs)
+                else None
+            ),
             int(topic.config("file.delete.delay.ms")),
         )
         return policy if policy.retention_ms >= 0 or policy.retention_bytes >= 0 else None
@@ -146,7 +162,9 @@ def chunk_bytes(chunk: Chunk) -> int:
     return chunk.byte_end - chunk.byte_start
 
 
-def expired_chunks(chunks: Sequence[Chunk], unflushed_bytes: int, policy: Policy, now_ms: int) -> int:
+def expired_chunks(
+    chunks: Sequence[Chunk], unflushed_bytes: int, policy: Policy, now_ms: int
+) -> int:
     """How many leading chunks retention.ms or retention.bytes asks to delete."""
     by_time = 0
     if policy.retention_ms >= 0:
@@ -193,7 +211,9 @@ class _Candidate:
 class Retention:
     """Runs a retention pass every ``interval_ms`` until closed."""
 
-    def __init__(self, cluster: Cluster, logs: LogStore, checkpoints: CheckpointReader, interval_ms: int) -> None:
+    def __init__(
+        self, cluster: Cluster, logs: LogStore, checkpoints: CheckpointReader, interval_ms: int
+    ) -> None:
         self.cluster = cluster
         self.logs = logs
         self.checkpoints = checkpoints
@@ -226,7 +246,9 @@ class Retention:
         """One pass: trim every partition, delete due objects, sweep orphans."""
         now_ms = int(time.time() * 1000)
         candidates = self._candidates(now_ms)
-        committed = await self._committed({c.topic.name: c for c in candidates if c.policy.table}.values())
+        committed = await self._committed(
+            {c.topic.name: c for c in candidates if c.policy.table}.values()
+        )
         for candidate in candidates:
             self._trim(candidate, committed.get(candidate.topic.name), now_ms)
         await self._delete_due()
@@ -255,7 +277,9 @@ class Retention:
             self._warned.pop(key, None)
         return out
 
-    async def _committed(self, candidates: Iterable[_Candidate]) -> dict[str, dict[int, int] | None]:
+    async def _committed(
+        self, candidates: Iterable[_Candidate]
+    ) -> dict[str, dict[int, int] | None]:
         """Each table topic's committed offsets (None when the catalog could not say:
         then nothing of that topic is deleted)."""
         out: dict[str, dict[int, int] | None] = {}
@@ -265,8 +289,13 @@ class Retention:
             try:
                 checkpoint = await asyncio.to_thread(self.checkpoints, namespace, table)
             except Exception as exc:  # noqa: BLE001 - any catalog failure means: keep everything
-                log.error("retention of table topic %s skipped: cannot read the checkpoint of %s.%s: %s",
-                          candidate.topic.name, namespace, table, exc)
+                log.error(
+                    "retention of table topic %s skipped: cannot read the checkpoint of %s.%s: %s",
+                    candidate.topic.name,
+                    namespace,
+                    table,
+                    exc,
+                )
                 out[candidate.topic.name] = None
                 continue
             out[candidate.topic.name] = committed_offsets(checkpoint, str(candidate.topic.topic_id))
@@ -297,18 +326,30 @@ class Retention:
         due = time.monotonic() + candidate.policy.file_delete_delay_ms / 1000
         for object_key in keys:
             self.pending[object_key] = min(self.pending.get(object_key, due), due)
-        log.info("retention: %s-%d now starts at offset %d (%d chunks dropped, %d objects to delete)",
-                 part.topic, part.partition, end, allowed, len(keys))
+        log.info(
+            "retention: %s-%d now starts at offset %d (%d chunks dropped, %d objects to delete)",
+            part.topic,
+            part.partition,
+            end,
+            allowed,
+            len(keys),
+        )
 
     def _blocked(self, candidate: _Candidate, allowed: int, committed: int, now_ms: int) -> None:
         part, chunks = candidate.part, candidate.chunks
         key = (part.topic, part.partition)
         start = chunks[allowed - 1].end_offset if allowed else part.log_start_offset
         wanted = chunks[candidate.count - 1].end_offset
-        kept = sum(chunk_bytes(c) for c in chunks[allowed:candidate.count])
+        kept = sum(chunk_bytes(c) for c in chunks[allowed : candidate.count])
         previous = self.status.blocked.get(key)
-        self.status.blocked[key] = Blocked(start, wanted, committed, kept, previous.since_ms if previous else now_ms,
-                                           previous.passes + 1 if previous else 1)
+        self.status.blocked[key] = Blocked(
+            start,
+            wanted,
+            committed,
+            kept,
+            previous.since_ms if previous else now_ms,
+            previous.passes + 1 if previous else 1,
+        )
         self.status.blocked_passes += 1
         last = self._warned.get(key)
         if last is None or time.monotonic() - last >= WARN_EVERY_S:
@@ -316,7 +357,13 @@ class Retention:
             log.warning(
                 "retention of table topic %s-%d is held back: offsets %d-%d (%d bytes) are past retention.ms/"
                 "retention.bytes but the table has committed only up to offset %d; they stay until a commit round "
-                "takes them", part.topic, part.partition, start, wanted, kept, committed,
+                "takes them",
+                part.topic,
+                part.partition,
+                start,
+                wanted,
+                kept,
+                committed,
             )
 
     async def _delete_due(self) -> None:
@@ -343,6 +390,8 @@ class Retention:
             await asyncio.to_thread(self.logs.store.delete, key)
         except Exception as exc:  # noqa: BLE001 - a leftover object costs space, not correctness; retried
             self.status.delete_failures += 1
-            log.warning("retention: could not delete segment object %s (retrying next pass): %s", key, exc)
+            log.warning(
+                "retention: could not delete segment object %s (retrying next pass): %s", key, exc
+            )
             return False
         return True

@@ -194,7 +194,13 @@ KEYS: Mapping[str, ConfigKey] = {
     key.name: key
     for key in [
         # Kafka's topic-level configs (defaults as in Apache Kafka 4.x).
-        ConfigKey("cleanup.policy", "delete", _list_of("delete", "compact"), "delete or compact old segments", 7),
+        ConfigKey(
+            "cleanup.policy",
+            "delete",
+            _list_of("delete", "compact"),
+            "delete or compact old segments",
+            7,
+        ),
         ConfigKey(
             "compression.type",
             "producer",
@@ -204,62 +210,108 @@ KEYS: Mapping[str, ConfigKey] = {
         ),
         ConfigKey("delete.retention.ms", "86400000", _long(0), "tombstone retention", 5),
         ConfigKey("file.delete.delay.ms", "60000", _long(0), "delay before deleting a file", 5),
-        ConfigKey("flush.messages", str(LONG_MAX), _long(1), "(WAL group commit always applies)", 5),
-        ConfigKey("flush.ms", str(LONG_MAX), _long(0), "(WAL group commit always applies)", 5),
-        ConfigKey("index.interval.bytes", "4096", _long(0, 2**31 - 1), "unused: every batch is indexed", 3),
-        ConfigKey("max.compaction.lag.ms", str(LONG_MAX), _long(1), "compaction lag", 5),
-        ConfigKey("max.message.bytes", "1048588", _long(0, 2**31 - 1), "largest record batch accepted", 3),
         ConfigKey(
-            "message.timestamp.type", "CreateTime", _choice("CreateTime", "LogAppendTime", lower=False),
-            "record timestamp semantics", 2,
+            "flush.messages", str(LONG_MAX), _long(1), "(WAL group commit always applies)", 5
         ),
-        ConfigKey("message.timestamp.before.max.ms", str(LONG_MAX), _long(0), "timestamp skew allowed", 5),
-        ConfigKey("message.timestamp.after.max.ms", str(LONG_MAX), _long(0), "timestamp skew allowed", 5),
-        ConfigKey("message.timestamp.difference.max.ms", str(LONG_MAX), _long(0), "deprecated skew bound", 5),
+        ConfigKey("flush.ms", str(LONG_MAX), _long(0), "(WAL group commit always applies)", 5),
+        ConfigKey(
+            "index.interval.bytes", "4096", _long(0, 2**31 - 1), "unused: every batch is indexed", 3
+        ),
+        ConfigKey("max.compaction.lag.ms", str(LONG_MAX), _long(1), "compaction lag", 5),
+        ConfigKey(
+            "max.message.bytes", "1048588", _long(0, 2**31 - 1), "largest record batch accepted", 3
+        ),
+        ConfigKey(
+            "message.timestamp.type",
+            "CreateTime",
+            _choice("CreateTime", "LogAppendTime", lower=False),
+            "record timestamp semantics",
+            2,
+        ),
+        ConfigKey(
+            "message.timestamp.before.max.ms", str(LONG_MAX), _long(0), "timestamp skew allowed", 5
+        ),
+        ConfigKey(
+            "message.timestamp.after.max.ms", str(LONG_MAX), _long(0), "timestamp skew allowed", 5
+        ),
+        ConfigKey(
+            "message.timestamp.difference.max.ms",
+            str(LONG_MAX),
+            _long(0),
+            "deprecated skew bound",
+            5,
+        ),
         ConfigKey("min.cleanable.dirty.ratio", "0.5", _double(0.0, 1.0), "compaction ratio", 6),
         ConfigKey("min.compaction.lag.ms", "0", _long(0), "compaction lag", 5),
-        ConfigKey("min.insync.replicas", "1", _long(1, 2**31 - 1), "durability comes from the WAL and object store", 3),
+        ConfigKey(
+            "min.insync.replicas",
+            "1",
+            _long(1, 2**31 - 1),
+            "durability comes from the WAL and object store",
+            3,
+        ),
         ConfigKey("preallocate", "false", _bool, "unused", 1),
         ConfigKey("retention.bytes", "-1", _long(-1), "bytes kept per partition (-1: no limit)", 5),
-        ConfigKey("retention.ms", "604800000", _long(-1), "time records stay readable (-1: forever)", 5),
-        ConfigKey("segment.bytes", "1073741824", _long(14, 2**31 - 1), "unused: segments roll on flush", 3),
+        ConfigKey(
+            "retention.ms", "604800000", _long(-1), "time records stay readable (-1: forever)", 5
+        ),
+        ConfigKey(
+            "segment.bytes", "1073741824", _long(14, 2**31 - 1), "unused: segments roll on flush", 3
+        ),
         ConfigKey("segment.index.bytes", "10485760", _long(4, 2**31 - 1), "unused", 3),
         ConfigKey("segment.jitter.ms", "0", _long(0), "unused", 5),
         ConfigKey("segment.ms", "604800000", _long(1), "unused: segments roll on flush", 5),
         ConfigKey("unclean.leader.election.enable", "false", _bool, "single leader", 1),
         ConfigKey("message.downconversion.enable", "true", _bool, "unused", 1),
-        ConfigKey("remote.storage.enable", "false", _bool, "the log is always in object storage", 1),
+        ConfigKey(
+            "remote.storage.enable", "false", _bool, "the log is always in object storage", 1
+        ),
         ConfigKey("local.retention.ms", "-2", _long(-2), "unused", 5),
         ConfigKey("local.retention.bytes", "-2", _long(-2), "unused", 5),
         # AutoMQ Table Topic keys.
         ConfigKey(ENABLE, "false", _bool, "make this topic a table topic", 1),
         ConfigKey(
-            COMMIT_INTERVAL_MS, "60000", _long(1000, 15 * 60 * 1000),
-            "commit round interval (the DAG schedule)", 5,
+            COMMIT_INTERVAL_MS,
+            "60000",
+            _long(1000, 15 * 60 * 1000),
+            "commit round interval (the DAG schedule)",
+            5,
         ),
         ConfigKey(
-            COMMIT_TRIGGER_BYTES, "0", _long(0),
-            "also start a commit round as soon as this many bytes wait for the table (0: on the interval only)", 5,
+            COMMIT_TRIGGER_BYTES,
+            "0",
+            _long(0),
+            "also start a commit round as soon as this many bytes wait for the table (0: on the interval only)",
+            5,
         ),
         ConfigKey(NAMESPACE, "default", _identifier, "Iceberg namespace", 2),
         ConfigKey(CONVERT_VALUE_TYPE, "by_schema_id", _choice(*_CONVERT), "value conversion", 2),
         ConfigKey(CONVERT_KEY_TYPE, "string", _choice(*_CONVERT), "key conversion", 2),
         ConfigKey(
-            TRANSFORM_VALUE_TYPE, "flatten",
-            _choice("none", "flatten", "flatten_debezium"), "value transform", 2,
+            TRANSFORM_VALUE_TYPE,
+            "flatten",
+            _choice("none", "flatten", "flatten_debezium"),
+            "value transform",
+            2,
         ),
         ConfigKey(PARTITION_BY, "", _partition_by, "Iceberg partition spec", 2),
         ConfigKey(ID_COLUMNS, "", _id_columns, "primary key for upsert", 2),
         ConfigKey(UPSERT_ENABLE, "false", _bool, "upsert by id columns", 1),
         ConfigKey(CDC_FIELD, "", _cdc_field, "field holding I/U/D", 2),
         ConfigKey(
-            ERRORS_TOLERANCE, "invalid_data",
-            _choice("none", "invalid_data", "all"), "what to do with bad records", 2,
+            ERRORS_TOLERANCE,
+            "invalid_data",
+            _choice("none", "invalid_data", "all"),
+            "what to do with bad records",
+            2,
         ),
         ConfigKey(FORMAT_VERSION, "2", _choice("2", "3"), "Iceberg format version", 3),
         ConfigKey(
-            SCHEMA_VALIDATION, "true", _bool,
-            "data quality gate: refuse undecodable records at produce time (by_schema_id)", 1,
+            SCHEMA_VALIDATION,
+            "true",
+            _bool,
+            "data quality gate: refuse undecodable records at produce time (by_schema_id)",
+            1,
         ),
         ConfigKey(EXPIRE_SNAPSHOT_ENABLED, "true", _bool, "expire old snapshots", 1),
         ConfigKey(EXPIRE_SNAPSHOT_OLDER_THAN_HOURS, "1", _long(1), "snapshot age to expire", 3),
@@ -268,33 +320,49 @@ KEYS: Mapping[str, ConfigKey] = {
         # "" means: not set on the topic, so the table property or S3 Tables' default applies.
         ConfigKey(MAINTENANCE_ENABLE, "true", _bool, "run the maintenance DAG for this table", 1),
         ConfigKey(
-            MAINTENANCE_INTERVAL, str(MAINTENANCE_INTERVAL_MS),
+            MAINTENANCE_INTERVAL,
+            str(MAINTENANCE_INTERVAL_MS),
             _long(MIN_MAINTENANCE_INTERVAL_MS, MAX_MAINTENANCE_INTERVAL_MS),
-            "time between maintenance runs (the maintenance DAG's schedule)", 5,
+            "time between maintenance runs (the maintenance DAG's schedule)",
+            5,
         ),
         ConfigKey(
-            MAINTENANCE_TARGET_FILE_SIZE, "", _unset_or(_long(1)),
-            "compaction target file size (unset: table property write.target-file-size-bytes, else 512 MiB)", 5,
+            MAINTENANCE_TARGET_FILE_SIZE,
+            "",
+            _unset_or(_long(1)),
+            "compaction target file size (unset: table property write.target-file-size-bytes, else 512 MiB)",
+            5,
         ),
         ConfigKey(
-            MAINTENANCE_STRATEGY, "",
+            MAINTENANCE_STRATEGY,
+            "",
             _unset_or(_choice("auto", "binpack", "sort", "zorder")),
             "compaction strategy (unset: table property, else auto: zorder when z-order columns are set, "
-            "sort when the table has a sort order, else binpack)", 2,
+            "sort when the table has a sort order, else binpack)",
+            2,
         ),
         ConfigKey(
-            MAINTENANCE_ZORDER_COLUMNS, "", _id_columns,
-            "z-order compaction by these columns, e.g. [user_id, ts] (unset: table property)", 2,
+            MAINTENANCE_ZORDER_COLUMNS,
+            "",
+            _id_columns,
+            "z-order compaction by these columns, e.g. [user_id, ts] (unset: table property)",
+            2,
         ),
         ConfigKey(
-            MAINTENANCE_DELETE_FILE_THRESHOLD, "", _unset_or(_long(1, 2**31 - 1)),
+            MAINTENANCE_DELETE_FILE_THRESHOLD,
+            "",
+            _unset_or(_long(1, 2**31 - 1)),
             "compaction rewrites a data file with at least this many delete files (applying them) even when "
-            "its size is fine (unset: table property, else 1)", 3,
+            "its size is fine (unset: table property, else 1)",
+            3,
         ),
         ConfigKey(
-            MAINTENANCE_UNREFERENCED_DAYS, "", _unset_or(_double(1.0, 36500.0)),
+            MAINTENANCE_UNREFERENCED_DAYS,
+            "",
+            _unset_or(_double(1.0, 36500.0)),
             "remove unreferenced files older than this (unset: table property, else 3 days); Iceberg "
-            "refuses less than 1 day", 6,
+            "refuses less than 1 day",
+            6,
         ),
     ]
 }
@@ -310,7 +378,9 @@ def validate(name: str, value: str | None) -> str | None:
     try:
         return key.validate(value)
     except InvalidConfigError as exc:
-        raise InvalidConfigError(f"Invalid value {value!r} for configuration {name}: {exc}") from None
+        raise InvalidConfigError(
+            f"Invalid value {value!r} for configuration {name}: {exc}"
+        ) from None
 
 
 def validate_all(configs: Mapping[str, str | None]) -> dict[str, str]:
@@ -331,8 +401,9 @@ def check_consistency(configs: Mapping[str, str]) -> None:
     if configs.get(CDC_FIELD) and not ids:
         raise InvalidConfigError(f"{CDC_FIELD} needs {ID_COLUMNS} (the rows it changes)")
     if configs.get(TRANSFORM_VALUE_TYPE) == "flatten_debezium" and not ids:
-        raise InvalidConfigError(f"{TRANSFORM_VALUE_TYPE}=flatten_debezium needs "
-                                 f"{ID_COLUMNS} (the rows it changes)")
+        raise InvalidConfigError(
+            f"{TRANSFORM_VALUE_TYPE}=flatten_debezium needs {ID_COLUMNS} (the rows it changes)"
+        )
 
 
 def effective(configs: Mapping[str, str]) -> dict[str, str]:

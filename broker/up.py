@@ -59,14 +59,18 @@ def _ensure_demo_topic(bootstrap: str) -> None:
         future.result(10)
 
 
-DEMO_SCHEMA = json.dumps({
-    "type": "record", "name": "Click", "namespace": "icefall.demo",
-    "fields": [
-        {"name": "user_id", "type": "long"},
-        {"name": "page", "type": "string"},
-        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    ],
-})
+DEMO_SCHEMA = json.dumps(
+    {
+        "type": "record",
+        "name": "Click",
+        "namespace": "icefall.demo",
+        "fields": [
+            {"name": "user_id", "type": "long"},
+            {"name": "page", "type": "string"},
+            {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        ],
+    }
+)
 
 
 def _demo_serializer(registry_url: str) -> Callable[[dict[str, object]], bytes]:
@@ -126,7 +130,8 @@ class AirflowStack:
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
             "AIRFLOW_CONN_SPARK_DEFAULT": os.environ.get(
-                "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"})),
+                "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"})
+            ),
             "ICEFALL_HOME": str(home),
             "ICEFALL_ADMIN_URL": config.admin_url,
         }
@@ -140,10 +145,18 @@ class AirflowStack:
         secrets every component then shares)."""
         self.home.mkdir(parents=True, exist_ok=True)
         with self._log("db-migrate") as log:
-            done = subprocess.run(["airflow", "db", "migrate"], check=False, env=self.env, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+            done = subprocess.run(
+                ["airflow", "db", "migrate"],
+                check=False,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         if done.returncode != 0:
-            raise SystemExit(f"icefall: `airflow db migrate` failed; see {self.home / 'logs' / 'db-migrate.log'}")
+            raise SystemExit(
+                f"icefall: `airflow db migrate` failed; see {self.home / 'logs' / 'db-migrate.log'}"
+            )
 
     def start(self) -> None:
         for name in AIRFLOW_COMPONENTS:
@@ -152,8 +165,9 @@ class AirflowStack:
     def _start(self, name: str) -> None:
         args = ["airflow", name] + (["--port", str(self.port)] if name == "api-server" else [])
         with self._log(name) as log:
-            self.procs[name] = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
+            self.procs[name] = subprocess.Popen(
+                args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def kill_and_restart(self, name: str) -> None:
         """SIGKILL one component's process group (a scheduler takes its LocalExecutor workers and
@@ -169,14 +183,18 @@ class AirflowStack:
         while not should_stop():
             self.check()
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v2/monitor/health", timeout=2) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/api/v2/monitor/health", timeout=2
+                ) as r:
                     if r.status == 200:
                         break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise SystemExit(f"icefall: the Airflow API server did not answer within {timeout:g} s "
-                                 f"(logs: {self.home / 'logs'})")
+                raise SystemExit(
+                    f"icefall: the Airflow API server did not answer within {timeout:g} s "
+                    f"(logs: {self.home / 'logs'})"
+                )
             time.sleep(0.5)
         passwords = self.home / "simple_auth_manager_passwords.json.generated"
         if passwords.exists():
@@ -186,8 +204,10 @@ class AirflowStack:
     def check(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
-                raise SystemExit(f"icefall: airflow {name} exited with code {proc.returncode} "
-                                 f"(log: {self.home / 'logs' / (name + '.log')})")
+                raise SystemExit(
+                    f"icefall: airflow {name} exited with code {proc.returncode} "
+                    f"(log: {self.home / 'logs' / (name + '.log')})"
+                )
 
     def sync(self) -> None:
         """Pools and paused DAGs (``icefall_airflow.sync``) when the manifest changed, one run at a
@@ -209,14 +229,21 @@ class AirflowStack:
         self.manifest_mtime = mtime
         self.sync_again_at = time.monotonic() + SYNC_RETRY_S
         with self._log("sync") as log:
-            self.db_sync = subprocess.Popen([sys.executable, "-m", "icefall_airflow.sync"], env=self.env,
-                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.db_sync = subprocess.Popen(
+                [sys.executable, "-m", "icefall_airflow.sync"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def stop(self) -> None:
         """The API server goes last: running tasks talk to it (execution API) until they are stopped."""
         first = [p for name, p in self.procs.items() if name != "api-server"]
         first += [self.db_sync] if self.db_sync is not None else []
-        for proc in first:  # in parallel: the scheduler's group holds its workers and their spark-submits
+        for (
+            proc
+        ) in first:  # in parallel: the scheduler's group holds its workers and their spark-submits
             _signal_group(proc, signal.SIGTERM)
         for proc in first:
             _stop(proc, 15)
@@ -234,13 +261,20 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
     _signal_group(proc, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout)
-    _signal_group(proc, signal.SIGKILL)  # the leader may be gone while children of its group live on
+    _signal_group(
+        proc, signal.SIGKILL
+    )  # the leader may be gone while children of its group live on
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
 
 
-def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: AirflowStack | None,
-                   password: str | None) -> str:
+def _where_to_look(
+    config: BrokerConfig,
+    home: Path,
+    demo_rate: float,
+    airflow: AirflowStack | None,
+    password: str | None,
+) -> str:
     bootstrap = f"{config.advertised}:{config.kafka_port}"
     table = f"default.{DEMO_TOPIC}"
     if airflow is None:
@@ -251,10 +285,12 @@ def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: 
             if password
             else f"see {airflow.home / 'simple_auth_manager_passwords.json.generated'}"
         )
-        ui = (f"  Airflow UI:       {airflow.url}  (login {login})\n"
-              f"  Commit DAG:       {airflow.url}/dags/{names.commit_dag_id(DEMO_TOPIC)}\n"
-              f"  Table topics:     {airflow.url}/plugin/icefall-table-topics\n"
-              f"  Airflow logs:     {airflow.home / 'logs'}\n")
+        ui = (
+            f"  Airflow UI:       {airflow.url}  (login {login})\n"
+            f"  Commit DAG:       {airflow.url}/dags/{names.commit_dag_id(DEMO_TOPIC)}\n"
+            f"  Table topics:     {airflow.url}/plugin/icefall-table-topics\n"
+            f"  Airflow logs:     {airflow.home / 'logs'}\n"
+        )
     return (
         f"\nIcefall is up.\n"
         f"  Kafka bootstrap:  {bootstrap}\n"
@@ -272,7 +308,7 @@ def _where_to_look(config: BrokerConfig, home: Path, demo_rate: float, airflow: 
         f"duckdb_local.attach_catalog(con, '{config.catalog_url}', 'lake'); "
         f"con.sql('SELECT page, count(*) FROM lake.default.{DEMO_TOPIC} GROUP BY page')\n"
         "  Spark SQL:  spark-sql "
-        "--jars \"$(python -c 'from spark_jobs.jars import iceberg_jars; print(\",\".join(iceberg_jars()))')\" "
+        '--jars "$(python -c \'from spark_jobs.jars import iceberg_jars; print(",".join(iceberg_jars()))\')" '
         f"--conf spark.sql.catalog.icefall=org.apache.iceberg.spark.SparkCatalog "
         f"--conf spark.sql.catalog.icefall.type=rest --conf spark.sql.catalog.icefall.uri={config.catalog_url} "
         f"-e 'SELECT count(*) FROM icefall.default.{DEMO_TOPIC}'\n"
@@ -300,8 +336,14 @@ class DemoProducer(threading.Thread):
     def _produce(self) -> None:
         from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": f"{self.config.advertised}:{self.config.kafka_port}",
-                             "acks": "all", "enable.idempotence": True, "linger.ms": 50})
+        producer = Producer(
+            {
+                "bootstrap.servers": f"{self.config.advertised}:{self.config.kafka_port}",
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 50,
+            }
+        )
         serialize = _demo_serializer(self.config.registry_url)
         pages = ["/", "/pricing", "/docs", "/blog", "/signup"]
         next_at = time.monotonic()
@@ -320,14 +362,24 @@ def broker_command(config: BrokerConfig, home: Path, ready: Path) -> list[str]:
     """``icefall broker`` with every setting of ``config`` as ``--override`` (they beat the
     environment and any config file), so the broker runs on exactly the model ``icefall up`` has."""
     overrides = {**to_overrides(config), "home": str(home)}
-    return [sys.executable, "-m", "broker.cli", "broker", "--ready-file", str(ready),
-            *(arg for key, value in overrides.items() for arg in ("--override", f"{key}={value}"))]
+    return [
+        sys.executable,
+        "-m",
+        "broker.cli",
+        "broker",
+        "--ready-file",
+        str(ready),
+        *(arg for key, value in overrides.items() for arg in ("--override", f"{key}={value}")),
+    ]
 
 
 def _start_broker(config: BrokerConfig, home: Path, ready: Path) -> subprocess.Popen[bytes]:
     # ICEFALL_HOME marks every process of this run (the broker and all Airflow processes carry it).
-    return subprocess.Popen(broker_command(config, home, ready), start_new_session=True,
-                            env={**os.environ, "ICEFALL_HOME": str(home)})
+    return subprocess.Popen(
+        broker_command(config, home, ready),
+        start_new_session=True,
+        env={**os.environ, "ICEFALL_HOME": str(home)},
+    )
 
 
 def run_up(config: BrokerConfig, demo_rate: float) -> int:
@@ -354,8 +406,10 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
         demo.start()
         password = None
         if airflow is not None and not stopping.is_set():
-            print(f"starting Airflow (AIRFLOW_HOME {airflow.home}; first start migrates its database)...",
-                  flush=True)
+            print(
+                f"starting Airflow (AIRFLOW_HOME {airflow.home}; first start migrates its database)...",
+                flush=True,
+            )
             airflow.migrate()
             airflow.sync()
             if not stopping.is_set():

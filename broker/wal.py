@@ -162,7 +162,9 @@ class WriteAheadLog:
         if not data:
             return
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self._write_sync, self._file[1], data)
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._write_sync, self._file[1], data
+            )
         except OSError as exc:
             log.error("WAL write failed: %s", exc)
             self._failure = exc

@@ -25,8 +25,11 @@ CLICKS = table_asset("default", "clicks")
 def new_rows_query(extra: dict[str, Any]) -> str:
     """SQL over the scanned snapshot (view ``snap``) keeping only the offsets this round added."""
     before, after = extra.get("offsets_before") or {}, extra.get("offsets_after") or {}
-    ranges = [f"(_kafka_metadata.partition = {int(p)} AND _kafka_metadata.offset >= {int(before.get(p, 0))} "
-              f"AND _kafka_metadata.offset < {int(o)})" for p, o in after.items()]
+    ranges = [
+        f"(_kafka_metadata.partition = {int(p)} AND _kafka_metadata.offset >= {int(before.get(p, 0))} "
+        f"AND _kafka_metadata.offset < {int(o)})"
+        for p, o in after.items()
+    ]
     where = " OR ".join(ranges) or "FALSE"
     return f"SELECT page, count(*) AS clicks FROM snap WHERE {where} GROUP BY page ORDER BY clicks DESC"
 
@@ -53,13 +56,19 @@ with DAG(
         summaries = []
         for event in triggering_asset_events[CLICKS]:
             extra = event.extra
-            snap = table.scan(snapshot_id=int(extra["snapshot_id"]),
-                              selected_fields=("page", "_kafka_metadata")).to_arrow()
+            snap = table.scan(
+                snapshot_id=int(extra["snapshot_id"]), selected_fields=("page", "_kafka_metadata")
+            ).to_arrow()
             con = duckdb.connect()
             con.register("snap", snap)
             counts = con.sql(new_rows_query(extra)).fetchall()
-            log.info("snapshot %s (round %s, %s rows): %s", extra["snapshot_id"], extra.get("round_id"),
-                     extra.get("rows"), counts)
+            log.info(
+                "snapshot %s (round %s, %s rows): %s",
+                extra["snapshot_id"],
+                extra.get("round_id"),
+                extra.get("rows"),
+                counts,
+            )
             summaries.append({"snapshot_id": extra["snapshot_id"], "page_counts": dict(counts)})
         return summaries
 

@@ -77,26 +77,39 @@ OP_STRING, OP_BYTES, OP_ENUM, OP_DATE, OP_TS_MILLIS, OP_TS_MICROS = 6, 7, 8, 9, 
 U_NONE, U_NULL_FIRST, U_NULL_SECOND, U_NULL_ONLY = 0, 1, 2, 3
 
 _PRIMITIVE_OPS = {
-    "null": OP_NULL, "boolean": OP_BOOLEAN, "int": OP_INT, "long": OP_LONG, "float": OP_FLOAT,
-    "double": OP_DOUBLE, "string": OP_STRING, "bytes": OP_BYTES,
+    "null": OP_NULL,
+    "boolean": OP_BOOLEAN,
+    "int": OP_INT,
+    "long": OP_LONG,
+    "float": OP_FLOAT,
+    "double": OP_DOUBLE,
+    "string": OP_STRING,
+    "bytes": OP_BYTES,
 }
 _LOGICAL_OPS = {
     "int-date": OP_DATE,
-    "long-timestamp-millis": OP_TS_MILLIS, "long-local-timestamp-millis": OP_TS_MILLIS,
-    "long-timestamp-micros": OP_TS_MICROS, "long-local-timestamp-micros": OP_TS_MICROS,
+    "long-timestamp-millis": OP_TS_MILLIS,
+    "long-local-timestamp-millis": OP_TS_MILLIS,
+    "long-timestamp-micros": OP_TS_MICROS,
+    "long-local-timestamp-micros": OP_TS_MICROS,
 }
 # (writer op, Iceberg column type) -> column kind
 _SINKS: dict[tuple[int, type], int] = {
     (OP_BOOLEAN, BooleanType): COL_BOOL,
-    (OP_INT, IntegerType): COL_I32, (OP_INT, LongType): COL_I64,
+    (OP_INT, IntegerType): COL_I32,
+    (OP_INT, LongType): COL_I64,
     (OP_LONG, LongType): COL_I64,
-    (OP_FLOAT, FloatType): COL_F32, (OP_FLOAT, DoubleType): COL_F64,
+    (OP_FLOAT, FloatType): COL_F32,
+    (OP_FLOAT, DoubleType): COL_F64,
     (OP_DOUBLE, DoubleType): COL_F64,
-    (OP_STRING, StringType): COL_BIN, (OP_ENUM, StringType): COL_BIN,
+    (OP_STRING, StringType): COL_BIN,
+    (OP_ENUM, StringType): COL_BIN,
     (OP_BYTES, BinaryType): COL_BIN,
     (OP_DATE, DateType): COL_I32,
-    (OP_TS_MILLIS, TimestampType): COL_I64, (OP_TS_MILLIS, TimestamptzType): COL_I64,
-    (OP_TS_MICROS, TimestampType): COL_I64, (OP_TS_MICROS, TimestamptzType): COL_I64,
+    (OP_TS_MILLIS, TimestampType): COL_I64,
+    (OP_TS_MILLIS, TimestamptzType): COL_I64,
+    (OP_TS_MICROS, TimestampType): COL_I64,
+    (OP_TS_MICROS, TimestamptzType): COL_I64,
 }
 
 
@@ -154,13 +167,16 @@ class ColumnPlan:
             if data is not None:
                 buffers.append(pa.py_buffer(data))
             children.append(pa.Array.from_buffers(f.type, n, buffers, null_count=nulls_count))
-        array = pa.Array.from_buffers(self.arrow_type, n, [pa.py_buffer(row_valid)], null_count=row_nulls,
-                                      children=children)
+        array = pa.Array.from_buffers(
+            self.arrow_type, n, [pa.py_buffer(row_valid)], null_count=row_nulls, children=children
+        )
         assert isinstance(array, pa.StructArray)
         return Decoded(array, bad, others)
 
 
-def compile_columns(writer: Any, target: IcebergType, flavor: ArrowFlavor = "iceberg") -> ColumnPlan | None:
+def compile_columns(
+    writer: Any, target: IcebergType, flavor: ArrowFlavor = "iceberg"
+) -> ColumnPlan | None:
     """The column plan for a fastavro-parsed writer schema whose values go to a column
     of type ``target`` (the StructType of the table's value columns when the value is
     flattened); None when the C decoder cannot do it (or is not built)."""
@@ -208,8 +224,13 @@ def _compile(writer: Any, target: StructType, flavor: ArrowFlavor) -> ColumnPlan
             for symbol in symbols:
                 encoded = symbol.encode()
                 fields += struct.pack("<I", len(encoded)) + encoded
-    program = (b"AVC1" + struct.pack("<I", len(kinds)) + bytes(kinds)
-               + struct.pack("<I", len(writer["fields"])) + fields)
+    program = (
+        b"AVC1"
+        + struct.pack("<I", len(kinds))
+        + bytes(kinds)
+        + struct.pack("<I", len(writer["fields"]))
+        + fields
+    )
     return ColumnPlan(program, arrow_type, tuple(slots))
 
 

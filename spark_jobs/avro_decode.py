@@ -66,13 +66,17 @@ class DecodePlan:
         """The value of the Avro body that starts at ``offset``; raises on bad or trailing bytes."""
         stream = io.BytesIO(data)
         stream.seek(offset)
-        value = schemaless_reader(stream, self.decode_schema, None, True, True)  # return_record_name(_override)
+        value = schemaless_reader(
+            stream, self.decode_schema, None, True, True
+        )  # return_record_name(_override)
         if stream.tell() != len(data):
             raise TrailingBytesError(f"{len(data) - stream.tell()} bytes left after the Avro value")
         return value if self.convert is None else self.convert(value)
 
 
-def build_plan(writer_parsed: Any, target: IcebergType, flavor: ArrowFlavor = "iceberg") -> DecodePlan:
+def build_plan(
+    writer_parsed: Any, target: IcebergType, flavor: ArrowFlavor = "iceberg"
+) -> DecodePlan:
     """The plan for a fastavro-parsed writer schema whose values go to a column of type ``target``
     (a StructType of the table's value columns when the value is flattened)."""
     decode_schema = parse_schema(_wrap_unions(writer_parsed, itertools.count()))
@@ -92,8 +96,11 @@ def _wrap_unions(node: Any, counter: Iterator[int]) -> Any:
         if is_option_union(node) or all(b == "null" for b in node):
             return [_wrap_unions(b, counter) for b in node]
         return [
-            b if b == "null" else {
-                "type": "record", "name": f"{WRAPPER_NAMESPACE}.b{next(counter)}",
+            b
+            if b == "null"
+            else {
+                "type": "record",
+                "name": f"{WRAPPER_NAMESPACE}.b{next(counter)}",
                 "fields": [{"name": "v", "type": _wrap_unions(b, counter)}],
             }
             for b in node
@@ -148,8 +155,11 @@ class _Compiler:
     def _record(self, node: dict[str, Any], target: StructType) -> Convert | None:
         columns = {f.name: f.field_type for f in target.fields}
         steps = [
-            (f["name"], c) for f in node["fields"] if f["name"] in columns
-            for c in [self.compile(f["type"], columns[f["name"]])] if c is not None
+            (f["name"], c)
+            for f in node["fields"]
+            if f["name"] in columns
+            for c in [self.compile(f["type"], columns[f["name"]])]
+            if c is not None
         ]
         if not steps:
             return None
@@ -174,7 +184,9 @@ class _Compiler:
         return None
 
     def _union(self, branches: list[Any], target: IcebergType) -> Convert | None:
-        if not any(_is_wrapper(self.resolve(b)) for b in branches):  # an option union (or only null)
+        if not any(
+            _is_wrapper(self.resolve(b)) for b in branches
+        ):  # an option union (or only null)
             other = [b for b in branches if b != "null"]
             compiled = self.compile(other[0], target) if other else None
             if compiled is None:
@@ -187,7 +199,11 @@ class _Compiler:
         by_name: dict[str, tuple[int, str, Convert]] = {}
         for tag, wrapper in enumerate(self.resolve(b) for b in branches if b != "null"):
             column = f"field{tag}"
-            branch = self.compile(wrapper["fields"][0]["type"], columns[column]) if column in columns else None
+            branch = (
+                self.compile(wrapper["fields"][0]["type"], columns[column])
+                if column in columns
+                else None
+            )
             by_name[wrapper["name"]] = (tag, column, branch or _same)
         if len(by_name) == 1:  # fastavro names a record only in unions of several records
             ((only_tag, only_column, only),) = by_name.values()

@@ -113,7 +113,9 @@ class _Converter:
     callers assign fresh ids to the finished type."""
 
     def __init__(self, parsed: Any, format_version: int, ids: Iterator[int] | None = None) -> None:
-        self.named: dict[str, Any] = dict(parsed.get("__named_schemas", {})) if isinstance(parsed, dict) else {}
+        self.named: dict[str, Any] = (
+            dict(parsed.get("__named_schemas", {})) if isinstance(parsed, dict) else {}
+        )
         self.format_version = format_version
         self.stack: list[str] = []
         self.ids = ids if ids is not None else itertools.count(1)
@@ -141,7 +143,9 @@ class _Converter:
             return self._array(node, where)
         if kind == "map":
             value_type, value_required = self._required(node["values"], where + ".value")
-            return MapType(self._id(), StringType(), self._id(), value_type, value_required=value_required)
+            return MapType(
+                self._id(), StringType(), self._id(), value_type, value_required=value_required
+            )
         if kind == "enum":
             return StringType()
         if kind == "fixed":
@@ -159,13 +163,17 @@ class _Converter:
         if result is None:
             if self.format_version >= 3:
                 return UnknownType(), False
-            raise UnsupportedAvroSchema(f"{where}: an Avro null type has no Iceberg v{self.format_version} type")
+            raise UnsupportedAvroSchema(
+                f"{where}: an Avro null type has no Iceberg v{self.format_version} type"
+            )
         return result, not _nullable(node)
 
     def _record(self, node: dict[str, Any], where: str) -> StructType:
         name = node["name"]
         if name in self.stack:
-            raise UnsupportedAvroSchema(f"{where}: record {name} is recursive; Iceberg schemas cannot nest themselves")
+            raise UnsupportedAvroSchema(
+                f"{where}: record {name} is recursive; Iceberg schemas cannot nest themselves"
+            )
         self.stack.append(name)
         try:
             fields = [f for f in (self.field(f, where) for f in node["fields"]) if f is not None]
@@ -184,8 +192,15 @@ class _Converter:
             field_type = UnknownType()
         required = not _nullable(node) and not isinstance(field_type, UnknownType)
         default = _default(node, field_type, avro_field) if self.format_version >= 3 else None
-        return NestedField(self._id(), avro_field["name"], field_type, required=required,
-                           doc=avro_field.get("doc"), initial_default=default, write_default=default)
+        return NestedField(
+            self._id(),
+            avro_field["name"],
+            field_type,
+            required=required,
+            doc=avro_field.get("doc"),
+            initial_default=default,
+            write_default=default,
+        )
 
     def _array(self, node: dict[str, Any], where: str) -> IcebergType:
         items = self.resolve(node["items"])
@@ -193,7 +208,9 @@ class _Converter:
             fields = {f["name"]: f for f in items["fields"]}
             key_type, _ = self._required(fields["key"]["type"], where + ".key")
             value_type, value_required = self._required(fields["value"]["type"], where + ".value")
-            return MapType(self._id(), key_type, self._id(), value_type, value_required=value_required)
+            return MapType(
+                self._id(), key_type, self._id(), value_type, value_required=value_required
+            )
         element_type, element_required = self._required(items, where + ".element")
         return ListType(self._id(), element_type, element_required=element_required)
 
@@ -217,8 +234,13 @@ class _Converter:
 
 
 _PRIMITIVES: dict[str, IcebergType] = {
-    "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
-    "double": DoubleType(), "string": StringType(), "bytes": BinaryType(),
+    "boolean": BooleanType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "string": StringType(),
+    "bytes": BinaryType(),
 }
 
 
@@ -228,8 +250,11 @@ def _nullable(node: Any) -> bool:
 
 
 def _is_key_value_record(node: Any) -> bool:
-    return (isinstance(node, dict) and node.get("type") == "record"
-            and sorted(f["name"] for f in node.get("fields", [])) == ["key", "value"])
+    return (
+        isinstance(node, dict)
+        and node.get("type") == "record"
+        and sorted(f["name"] for f in node.get("fields", [])) == ["key", "value"]
+    )
 
 
 def _logical(node: Mapping[str, Any]) -> IcebergType | None:
@@ -242,7 +267,9 @@ def _logical(node: Mapping[str, Any]) -> IcebergType | None:
         precision = int(node.get("precision", 0))
         scale = int(node.get("scale", 0))
         if precision > MAX_DECIMAL_PRECISION:
-            raise UnsupportedAvroSchema(f"decimal({precision}, {scale}): Iceberg decimals hold at most 38 digits")
+            raise UnsupportedAvroSchema(
+                f"decimal({precision}, {scale}): Iceberg decimals hold at most 38 digits"
+            )
         if precision <= 0 or not 0 <= scale <= precision:
             return None
         return DecimalType(precision, scale)
@@ -254,7 +281,9 @@ def _logical(node: Mapping[str, Any]) -> IcebergType | None:
         return TimestamptzType() if _adjust_to_utc(node) else TimestampType()
     if logical in ("local-timestamp-millis", "local-timestamp-micros") and kind == "long":
         return TimestampType()
-    if logical == "uuid" and (kind == "string" or (kind == "fixed" and int(node.get("size", 0)) == 16)):
+    if logical == "uuid" and (
+        kind == "string" or (kind == "fixed" and int(node.get("size", 0)) == 16)
+    ):
         return UUIDType()
     return None
 
@@ -278,7 +307,11 @@ def _default(node: Any, field_type: IcebergType, avro_field: Mapping[str, Any]) 
         return None  # a union's default belongs to its first branch
     if isinstance(field_type, BooleanType) and isinstance(value, bool):
         return value
-    if isinstance(field_type, (IntegerType, LongType)) and isinstance(value, int) and not isinstance(value, bool):
+    if (
+        isinstance(field_type, (IntegerType, LongType))
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+    ):
         return value
     if isinstance(field_type, (FloatType, DoubleType)) and isinstance(value, (int, float)):
         return float(value)
@@ -301,8 +334,15 @@ def fresh_ids(schema: Schema) -> Schema:
 def _fresh_fields(fields: tuple[NestedField, ...], ids: Iterator[int]) -> list[NestedField]:
     new_ids = [next(ids) for _ in fields]
     return [
-        NestedField(new_id, f.name, _fresh_type(f.field_type, ids), required=f.required, doc=f.doc,
-                    initial_default=f.initial_default, write_default=f.write_default)
+        NestedField(
+            new_id,
+            f.name,
+            _fresh_type(f.field_type, ids),
+            required=f.required,
+            doc=f.doc,
+            initial_default=f.initial_default,
+            write_default=f.write_default,
+        )
         for new_id, f in zip(new_ids, fields, strict=True)
     ]
 
@@ -312,11 +352,18 @@ def _fresh_type(t: IcebergType, ids: Iterator[int]) -> IcebergType:
         return StructType(*_fresh_fields(t.fields, ids))
     if isinstance(t, ListType):
         element_id = next(ids)
-        return ListType(element_id, _fresh_type(t.element_type, ids), element_required=t.element_required)
+        return ListType(
+            element_id, _fresh_type(t.element_type, ids), element_required=t.element_required
+        )
     if isinstance(t, MapType):
         key_id, value_id = next(ids), next(ids)
-        return MapType(key_id, _fresh_type(t.key_type, ids), value_id, _fresh_type(t.value_type, ids),
-                       value_required=t.value_required)
+        return MapType(
+            key_id,
+            _fresh_type(t.key_type, ids),
+            value_id,
+            _fresh_type(t.value_type, ids),
+            value_required=t.value_required,
+        )
     return t
 
 
@@ -357,18 +404,32 @@ def system_fields(key_type: IcebergType) -> list[NestedField]:
     struct(partition int, offset long, timestamp timestamptz), ids placeholders."""
     return [
         NestedField(-1, KAFKA_KEY, key_type, required=False, doc="Kafka record key"),
-        NestedField(-2, KAFKA_HEADERS, MapType(-3, StringType(), -4, BinaryType(), value_required=False),
-                    required=False, doc="Kafka record headers"),
-        NestedField(-5, KAFKA_METADATA, StructType(
-            NestedField(-6, "partition", IntegerType(), required=True),
-            NestedField(-7, "offset", LongType(), required=True),
-            NestedField(-8, "timestamp", TimestamptzType(), required=True),
-        ), required=True, doc="Kafka partition, offset and record timestamp"),
+        NestedField(
+            -2,
+            KAFKA_HEADERS,
+            MapType(-3, StringType(), -4, BinaryType(), value_required=False),
+            required=False,
+            doc="Kafka record headers",
+        ),
+        NestedField(
+            -5,
+            KAFKA_METADATA,
+            StructType(
+                NestedField(-6, "partition", IntegerType(), required=True),
+                NestedField(-7, "offset", LongType(), required=True),
+                NestedField(-8, "timestamp", TimestamptzType(), required=True),
+            ),
+            required=True,
+            doc="Kafka partition, offset and record timestamp",
+        ),
     ]
 
 
-def key_column_type(key_type: str = "string", key_schema: AvroSchemaLike | None = None,
-                    ids: Iterator[int] | None = None) -> IcebergType:
+def key_column_type(
+    key_type: str = "string",
+    key_schema: AvroSchemaLike | None = None,
+    ids: Iterator[int] | None = None,
+) -> IcebergType:
     """Type of ``_kafka_key`` for ``automq.table.topic.convert.key.type`` (placeholder ids from ``ids``)."""
     if key_type == "string":
         return StringType()
@@ -399,14 +460,18 @@ def table_schema(
     ``transform=none``, string or binary for ``convert.value.type`` ``string``/``raw``.
     """
     if transform not in TRANSFORM_TYPES:
-        raise ValueError(f"unknown transform.value.type {transform!r}; expected one of {TRANSFORM_TYPES}")
+        raise ValueError(
+            f"unknown transform.value.type {transform!r}; expected one of {TRANSFORM_TYPES}"
+        )
     ids = itertools.count(1)  # placeholders, unique across key and value; fresh ids at the end
     fields = system_fields(key_column_type(key_type, key_schema, ids))
     if value_type == "raw":
         fields.append(NestedField(-9, KAFKA_VALUE, BinaryType(), required=False))
     elif value_type == "string":
         fields.append(NestedField(-9, KAFKA_VALUE, StringType(), required=False))
-    elif value_type == "json":  # the value's columns are inferred from the records, round by round (json_values)
+    elif (
+        value_type == "json"
+    ):  # the value's columns are inferred from the records, round by round (json_values)
         if transform == "flatten_debezium":
             fields.append(cdc_field())
     elif value_type in ("by_schema_id", "by_latest_schema"):
@@ -419,17 +484,23 @@ def table_schema(
             value_fields = _value_fields(parsed, format_version, ids)
             clash = sorted(f.name for f in value_fields if f.name in RESERVED_COLUMNS)
             if clash:
-                raise UnsupportedAvroSchema(f"value fields {clash} clash with Icefall's system columns")
+                raise UnsupportedAvroSchema(
+                    f"value fields {clash} clash with Icefall's system columns"
+                )
             fields.extend(value_fields)
             if transform == "flatten_debezium":
                 if any(f.name == CDC for f in value_fields):
-                    raise UnsupportedAvroSchema(f"the row has a field {CDC}, the column Debezium's metadata goes in")
+                    raise UnsupportedAvroSchema(
+                        f"the row has a field {CDC}, the column Debezium's metadata goes in"
+                    )
                 fields.append(cdc_field())
         else:
             value = _type_with_placeholder_ids(parsed, format_version, ids)
             fields.append(NestedField(-9, KAFKA_VALUE, value, required=False))
     else:
-        raise ValueError(f"unknown convert.value.type {value_type!r}; expected one of {CONVERT_TYPES}")
+        raise ValueError(
+            f"unknown convert.value.type {value_type!r}; expected one of {CONVERT_TYPES}"
+        )
     return fresh_ids(Schema(*fields))
 
 
@@ -438,12 +509,18 @@ CDC = "_cdc"
 
 def cdc_field() -> NestedField:
     """``_cdc`` struct(op, ts, offset, source) of a ``flatten_debezium`` table (placeholder ids)."""
-    return NestedField(-20, CDC, StructType(
-        NestedField(-21, "op", StringType(), required=False),
-        NestedField(-22, "ts", TimestamptzType(), required=False),
-        NestedField(-23, "offset", LongType(), required=False),
-        NestedField(-24, "source", StringType(), required=False),
-    ), required=False, doc="Debezium operation (c, r, u, d), event time, Kafka offset, source (JSON)")
+    return NestedField(
+        -20,
+        CDC,
+        StructType(
+            NestedField(-21, "op", StringType(), required=False),
+            NestedField(-22, "ts", TimestamptzType(), required=False),
+            NestedField(-23, "offset", LongType(), required=False),
+            NestedField(-24, "source", StringType(), required=False),
+        ),
+        required=False,
+        doc="Debezium operation (c, r, u, d), event time, Kafka offset, source (JSON)",
+    )
 
 
 def debezium_row(envelope: Any) -> Any:
@@ -452,14 +529,18 @@ def debezium_row(envelope: Any) -> Any:
     fields = {f.get("name"): f for f in envelope.get("fields", [])} if _is_record(envelope) else {}
     after = fields.get("after")
     if after is None or "op" not in fields:
-        raise UnsupportedAvroSchema("transform.value.type=flatten_debezium needs a Debezium envelope "
-                                    "(a record with before, after, op, ts_ms, source)")
+        raise UnsupportedAvroSchema(
+            "transform.value.type=flatten_debezium needs a Debezium envelope "
+            "(a record with before, after, op, ts_ms, source)"
+        )
     rows = []
     for name in ("before", "after"):  # the record is defined in the first, named in the second
         kind = fields[name]["type"] if name in fields else []
         rows += [b for b in (kind if isinstance(kind, list) else [kind]) if _is_record(b)]
     if not rows:
-        raise UnsupportedAvroSchema("the envelope's after field must be a record (or null and a record)")
+        raise UnsupportedAvroSchema(
+            "the envelope's after field must be a record (or null and a record)"
+        )
     return rows[0]
 
 
@@ -484,8 +565,12 @@ def arrow_schema(schema: Schema, flavor: ArrowFlavor = "iceberg") -> pa.Schema:
 
 
 def _arrow_field(field: NestedField, flavor: ArrowFlavor) -> pa.Field:
-    return pa.field(field.name, arrow_type(field.field_type, flavor), nullable=not field.required,
-                    metadata={b"PARQUET:field_id": str(field.field_id).encode()})
+    return pa.field(
+        field.name,
+        arrow_type(field.field_type, flavor),
+        nullable=not field.required,
+        metadata={b"PARQUET:field_id": str(field.field_id).encode()},
+    )
 
 
 def arrow_type(field_type: IcebergType, flavor: ArrowFlavor = "iceberg") -> pa.DataType:
@@ -494,16 +579,26 @@ def arrow_type(field_type: IcebergType, flavor: ArrowFlavor = "iceberg") -> pa.D
     if isinstance(field_type, ListType):
         return pa.list_(_arrow_field(field_type.element_field, flavor))
     if isinstance(field_type, MapType):
-        return pa.map_(_arrow_field(field_type.key_field, flavor), _arrow_field(field_type.value_field, flavor))
+        return pa.map_(
+            _arrow_field(field_type.key_field, flavor), _arrow_field(field_type.value_field, flavor)
+        )
     assert isinstance(field_type, PrimitiveType)
     return _arrow_primitive(field_type, flavor)
 
 
 def _arrow_primitive(t: PrimitiveType, flavor: ArrowFlavor) -> pa.DataType:
     simple: dict[type, pa.DataType] = {
-        BooleanType: pa.bool_(), IntegerType: pa.int32(), LongType: pa.int64(), FloatType: pa.float32(),
-        DoubleType: pa.float64(), DateType: pa.date32(), StringType: pa.string(), BinaryType: pa.binary(),
-        TimestampType: pa.timestamp("us"), TimestamptzType: pa.timestamp("us", tz="UTC"), UnknownType: pa.null(),
+        BooleanType: pa.bool_(),
+        IntegerType: pa.int32(),
+        LongType: pa.int64(),
+        FloatType: pa.float32(),
+        DoubleType: pa.float64(),
+        DateType: pa.date32(),
+        StringType: pa.string(),
+        BinaryType: pa.binary(),
+        TimestampType: pa.timestamp("us"),
+        TimestamptzType: pa.timestamp("us", tz="UTC"),
+        UnknownType: pa.null(),
     }
     if type(t) in simple:
         return simple[type(t)]
@@ -515,7 +610,9 @@ def _arrow_primitive(t: PrimitiveType, flavor: ArrowFlavor) -> pa.DataType:
         return pa.uuid() if flavor == "iceberg" else pa.string()
     if isinstance(t, TimeType):
         if flavor == "spark":
-            raise UnsupportedAvroSchema("Spark 3.5 has no time type: Iceberg time columns cannot be written from Spark")
+            raise UnsupportedAvroSchema(
+                "Spark 3.5 has no time type: Iceberg time columns cannot be written from Spark"
+            )
         return pa.time64("us")
     raise UnsupportedAvroSchema(f"no Arrow type for Iceberg {t}")
 

@@ -16,7 +16,14 @@ from typing import Any
 from broker.admin_client import DEFAULT_TIMEOUT_S, AdminClient, BrokerRequestError, http_json
 from broker.contracts import TableTopic
 
-__all__ = ["DEFAULT_TIMEOUT_S", "AdminClient", "BrokerRequestError", "RegistryClient", "TableTopic", "http_json"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "AdminClient",
+    "BrokerRequestError",
+    "RegistryClient",
+    "TableTopic",
+    "http_json",
+]
 
 
 class RegistryClient:
@@ -55,7 +62,9 @@ class RegistryClient:
             raise
         out = []
         for version in sorted(versions):
-            entry = http_json(f"{self.url}/subjects/{quoted}/versions/{version}", timeout=self.timeout)
+            entry = http_json(
+                f"{self.url}/subjects/{quoted}/versions/{version}", timeout=self.timeout
+            )
             if entry.get("schemaType", "AVRO") != "AVRO":
                 continue
             self._by_id[int(entry["id"])] = {"schema": entry["schema"], "schemaType": "AVRO"}
@@ -64,4 +73,8 @@ class RegistryClient:
 
     def known(self) -> dict[int, str]:
         """Every Avro schema fetched so far, by id: shipped to executors so they rarely ask."""
-        return {i: str(s["schema"]) for i, s in self._by_id.items() if s.get("schemaType", "AVRO") == "AVRO"}
+        return {
+            i: str(s["schema"])
+            for i, s in self._by_id.items()
+            if s.get("schemaType", "AVRO") == "AVRO"
+        }

@@ -98,29 +98,59 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="commit_round", description=__doc__.split("\n\n")[0])
     parser.add_argument("--topic", required=True)
     until = parser.add_mutually_exclusive_group()
-    until.add_argument("--until-append-time", type=int, metavar="MS",
-                       help="commit the offsets the broker appended before this time (ms since the epoch)")
-    until.add_argument("--until-offsets", metavar="JSON", help='commit up to these offsets, e.g. {"0": 1200}')
-    until.add_argument("--until-now", action="store_true", help="commit everything appended so far (the default)")
+    until.add_argument(
+        "--until-append-time",
+        type=int,
+        metavar="MS",
+        help="commit the offsets the broker appended before this time (ms since the epoch)",
+    )
+    until.add_argument(
+        "--until-offsets", metavar="JSON", help='commit up to these offsets, e.g. {"0": 1200}'
+    )
+    until.add_argument(
+        "--until-now", action="store_true", help="commit everything appended so far (the default)"
+    )
     parser.add_argument("--result", type=Path, help="write the result JSON here")
-    parser.add_argument("--round-id", default=None, help="recorded in the snapshot summary (default: a new uuid)")
-    parser.add_argument("--max-records", type=int, default=None, help="at most this many offsets per partition")
-    parser.add_argument("--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090"))
-    parser.add_argument("--catalog-url", default=None, help="Iceberg REST catalog (default: the broker's)")
-    parser.add_argument("--master", default=None, help="Spark master when not run by spark-submit (default local[*])")
-    parser.add_argument("--flush-deadline-s", type=float, default=60.0,
-                        help="how long to wait for the broker to flush the planned offsets to segment objects")
-    parser.add_argument("--in-driver-max-bytes", type=int, metavar="BYTES",
-                        default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
-                        help="a round reading at most this many segment bytes runs its one task in the driver "
-                             f"without starting Spark (default 64 MiB or ${DRIVER_MAX_BYTES_ENV}; 0: always Spark)")
+    parser.add_argument(
+        "--round-id", default=None, help="recorded in the snapshot summary (default: a new uuid)"
+    )
+    parser.add_argument(
+        "--max-records", type=int, default=None, help="at most this many offsets per partition"
+    )
+    parser.add_argument(
+        "--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090")
+    )
+    parser.add_argument(
+        "--catalog-url", default=None, help="Iceberg REST catalog (default: the broker's)"
+    )
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master when not run by spark-submit (default local[*])",
+    )
+    parser.add_argument(
+        "--flush-deadline-s",
+        type=float,
+        default=60.0,
+        help="how long to wait for the broker to flush the planned offsets to segment objects",
+    )
+    parser.add_argument(
+        "--in-driver-max-bytes",
+        type=int,
+        metavar="BYTES",
+        default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
+        help="a round reading at most this many segment bytes runs its one task in the driver "
+        f"without starting Spark (default 64 MiB or ${DRIVER_MAX_BYTES_ENV}; 0: always Spark)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     if args.until_offsets is not None:
         try:
             args.until_offsets = {int(p): int(o) for p, o in json.loads(args.until_offsets).items()}
         except (ValueError, AttributeError, TypeError) as exc:
-            parser.error(f'--until-offsets must be a JSON object of partition -> offset, e.g. {{"0": 1200}}: {exc}')
+            parser.error(
+                f'--until-offsets must be a JSON object of partition -> offset, e.g. {{"0": 1200}}: {exc}'
+            )
     if args.max_records is not None and args.max_records < 1:
         parser.error("--max-records must be at least 1")
     if args.in_driver_max_bytes < 0:
@@ -141,12 +171,19 @@ def spark_session(app_name: str, master: str | None) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if not _under_spark_submit():
-        builder = (builder.master(master or "local[*]").config("spark.jars", ",".join(iceberg_jars()))
-                   .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false"))
+        builder = (
+            builder.master(master or "local[*]")
+            .config("spark.jars", ",".join(iceberg_jars()))
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+        )
     elif master:
         builder = builder.master(master)
     session = (
-        builder.config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        builder.config(
+            "spark.sql.extensions",
+            "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        )
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
@@ -162,8 +199,11 @@ def use_catalog(spark: Any, catalog: str | CatalogSpec) -> str:
     spec = CatalogSpec.rest(catalog) if isinstance(catalog, str) else catalog
     name = f"{SPARK_CATALOG}_{hashlib.sha1(spec.model_dump_json().encode()).hexdigest()[:8]}"
     prefix = f"spark.sql.catalog.{name}"
-    settings = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.cache-enabled": "false",
-                **{f"{prefix}.{key}": value for key, value in spec.spark_properties().items()}}
+    settings = {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.cache-enabled": "false",
+        **{f"{prefix}.{key}": value for key, value in spec.spark_properties().items()},
+    }
     # S3FileIO takes the endpoint and region from the catalog's config; the job's own AWS
     # credentials go with the catalog (the JVM may have started before they were in the
     # environment, and executors get them with the table's FileIO).
@@ -191,12 +231,15 @@ class CommitRound:
         self.catalog_spec = table_setup.job_catalog(args.catalog_url, cluster)
         self.catalog_url = self.catalog_spec.uri
         self.catalog = table_setup.catalog_for(self.catalog_spec)
-        self.store: ObjectStoreConfig = object_store_from_env(cluster.object_store,
-                                                              cluster.object_store_endpoint)
+        self.store: ObjectStoreConfig = object_store_from_env(
+            cluster.object_store, cluster.object_store_endpoint
+        )
         self.options = table_setup.TableOptions.of(self.topic)
         self.upsert = upsert.UpsertOptions.of(self.topic)
         self.json = self.options.value_type == "json"
-        self.staging = self.upsert is not None or self.json  # tasks stage rows for the driver's Spark write
+        self.staging = (
+            self.upsert is not None or self.json
+        )  # tasks stage rows for the driver's Spark write
         self.round_id = args.round_id or uuid.uuid4().hex
         self.branch = branch_name(self.round_id)
         self._spark: Any = spark
@@ -211,14 +254,21 @@ class CommitRound:
         return self._spark
 
     def result(self, status: str, **values: Any) -> RoundResult:
-        return RoundResult(status=status, topic=self.topic.topic, namespace=self.topic.namespace,
-                           table=self.topic.table, round_id=self.round_id,
-                           until_append_ms=self.args.until_append_time, **values)
+        return RoundResult(
+            status=status,
+            topic=self.topic.topic,
+            namespace=self.topic.namespace,
+            table=self.topic.table,
+            round_id=self.round_id,
+            until_append_ms=self.args.until_append_time,
+            **values,
+        )
 
     def run(self) -> RoundResult:
         started = time.monotonic()
-        broker_plan = self.admin.flushed_plan(self.topic.topic, self.args.until_append_time,
-                                              self.args.flush_deadline_s)
+        broker_plan = self.admin.flushed_plan(
+            self.topic.topic, self.args.until_append_time, self.args.flush_deadline_s
+        )
         self.seconds["plan"] = round(time.monotonic() - started, 3)
         extra_ids: set[int] = set()
         changes: list[str] = []
@@ -245,16 +295,23 @@ class CommitRound:
 
         return first
 
-    def _attempt(self, broker_plan: TopicPlan, extra_ids: set[int], changes: list[str]) -> RoundResult:
+    def _attempt(
+        self, broker_plan: TopicPlan, extra_ids: set[int], changes: list[str]
+    ) -> RoundResult:
         """plan -> prepare the table -> on the round branch: read and decode (the tasks), write
         (``round_writers``), check -> publish. Any error on the way drops the branch
         (``round_branch``); a kill leaves it for a later round."""
         t0 = time.monotonic()
         plan, found = self._plan(broker_plan)
         if plan.empty:
-            return self.result("nothing_new", snapshot_id=found.snapshot_id, offsets_before=plan.offsets_before,
-                               offsets_after=plan.offsets_after, seconds=self.seconds,
-                               message="no new offsets since the last committed round")
+            return self.result(
+                "nothing_new",
+                snapshot_id=found.snapshot_id,
+                offsets_before=plan.offsets_before,
+                offsets_after=plan.offsets_after,
+                seconds=self.seconds,
+                message="no new offsets since the last committed round",
+            )
         table, schemas, parent = self._prepare(plan, found, extra_ids, changes)
         self.seconds["prepare"] = round(time.monotonic() - t0, 3)
         _kill_point("before_write")
@@ -283,36 +340,67 @@ class CommitRound:
 
     def _plan(self, broker_plan: TopicPlan) -> tuple[round_plan.RoundPlan, checkpoint.Checkpoint]:
         """The round's offsets: from the table's checkpoint (none yet: from the start) to the broker's cut."""
-        table = self.catalog.load_table(self.topic.identifier) if self.catalog.table_exists(
-            self.topic.identifier) else None
-        found = checkpoint.read_checkpoint(table.metadata) if table is not None else checkpoint.NO_CHECKPOINT
-        windows = round_plan.windows(broker_plan, found, self.topic.topic_id,
-                                     until_offsets=self.args.until_offsets, max_records=self.args.max_records)
+        table = (
+            self.catalog.load_table(self.topic.identifier)
+            if self.catalog.table_exists(self.topic.identifier)
+            else None
+        )
+        found = (
+            checkpoint.read_checkpoint(table.metadata)
+            if table is not None
+            else checkpoint.NO_CHECKPOINT
+        )
+        windows = round_plan.windows(
+            broker_plan,
+            found,
+            self.topic.topic_id,
+            until_offsets=self.args.until_offsets,
+            max_records=self.args.max_records,
+        )
         skipped = sum(w.skipped for w in windows)
         if skipped:
-            log.warning("%d records of %s were deleted by retention before any round committed them",
-                        skipped, self.topic.topic)
+            log.warning(
+                "%d records of %s were deleted by retention before any round committed them",
+                skipped,
+                self.topic.topic,
+            )
         return round_plan.RoundPlan(windows, self.args.until_append_time), found
 
-    def _prepare(self, plan: round_plan.RoundPlan, found: checkpoint.Checkpoint, extra_ids: set[int],
-                 changes: list[str]) -> tuple[Any, list[tuple[int, str]], int]:
+    def _prepare(
+        self,
+        plan: round_plan.RoundPlan,
+        found: checkpoint.Checkpoint,
+        extra_ids: set[int],
+        changes: list[str],
+    ) -> tuple[Any, list[tuple[int, str]], int]:
         """The table created or evolved for the round's records, with a snapshot on ``main`` (the
         planned parent, returned with the table and the value schemas); raises ``LostRace`` when
         another round committed since the plan."""
         plan.ranges = round_plan.fetch_ranges(self.admin, self.topic.topic, plan.windows)
-        table = table_setup.load_or_create(self.catalog, self.topic, self.registry, self.options,
-                                           self._first_schema_id(plan.ranges))
+        table = table_setup.load_or_create(
+            self.catalog,
+            self.topic,
+            self.registry,
+            self.options,
+            self._first_schema_id(plan.ranges),
+        )
         schemas = table_setup.value_schemas(self.registry, self.topic.topic, extra_ids)
         evolved = table_setup.evolve(table, schemas, self.options)
         changes.extend(evolved.applied)
         table, spec_changes = partitioning.evolve(table.refresh(), self.topic.settings.partition_by)
         changes.extend(spec_changes)
         if self.upsert is not None:
-            if not self.json:  # json: the id columns exist once the values' columns are inferred (SparkMerge)
+            if (
+                not self.json
+            ):  # json: the id columns exist once the values' columns are inferred (SparkMerge)
                 upsert.check_columns(table.schema(), self.upsert)
             table = upsert.ensure_merge_on_read(table)
         # pyiceberg 0.12 writes no v3 manifests: on a v3 table every snapshot is Spark's (round_writers)
-        table = self._spark_base_snapshot(table) if _v3(table) else table_setup.ensure_base_snapshot(table)
+        table = (
+            self._spark_base_snapshot(table)
+            if _v3(table)
+            else table_setup.ensure_base_snapshot(table)
+        )
         parent = main_snapshot_id(table)
         # Also when the plan found no table: a round that created it and committed in between leaves main
         # on its snapshot, and this round would write the same offsets again on top of it.
@@ -334,27 +422,54 @@ class CommitRound:
         """Whether the tasks stage their rows for a Spark write by the driver (not the table's own files)."""
         return self.staging or _v3(table)
 
-    def _run_tasks(self, table: Any, plan: round_plan.RoundPlan, schemas: list[tuple[int, str]]
-                   ) -> tuple[round_tasks.TaskOutput, str]:
+    def _run_tasks(
+        self, table: Any, plan: round_plan.RoundPlan, schemas: list[tuple[int, str]]
+    ) -> tuple[round_tasks.TaskOutput, str]:
         """The round's ranges read and decoded into data files (staged, or the table's), in the
         driver for a small round, else by Spark tasks; the output and where it ran."""
-        metadata_json = (table.metadata.model_dump_json() if not self._staging(table)
-                         else upsert.staging_metadata_json(table, self.round_id, self._envelope(schemas, plan),
-                                                           text_value=self.json, relax=self.staging))
-        spec = TaskSpec(self.store, metadata_json, round_tasks.task_io_properties(table),
-                        self.options.key_type, "string" if self.json else self.options.value_type, self.registry.url,
-                        tuple(sorted(self.registry.known().items())))
+        metadata_json = (
+            table.metadata.model_dump_json()
+            if not self._staging(table)
+            else upsert.staging_metadata_json(
+                table,
+                self.round_id,
+                self._envelope(schemas, plan),
+                text_value=self.json,
+                relax=self.staging,
+            )
+        )
+        spec = TaskSpec(
+            self.store,
+            metadata_json,
+            round_tasks.task_io_properties(table),
+            self.options.key_type,
+            "string" if self.json else self.options.value_type,
+            self.registry.url,
+            tuple(sorted(self.registry.known().items())),
+        )
         round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)
         executor = "driver" if round_bytes <= self.args.in_driver_max_bytes else "spark"
         spark = self.spark() if executor == "spark" else None  # its start-up is timed on its own
         started = time.monotonic()
-        output = run_in_driver(spec, plan.ranges) if spark is None else run_tasks(
-            spark, spec, round_plan.task_groups(plan.ranges, spark.sparkContext.defaultParallelism))
+        output = (
+            run_in_driver(spec, plan.ranges)
+            if spark is None
+            else run_tasks(
+                spark,
+                spec,
+                round_plan.task_groups(plan.ranges, spark.sparkContext.defaultParallelism),
+            )
+        )
         self.seconds["read_write"] = round(time.monotonic() - started, 3)
         return output, executor
 
-    def _round_rows(self, table: Any, output: round_tasks.TaskOutput, cleanup: round_writers.BranchCleanup,
-                    changes: list[str]) -> tuple[round_writers.RoundRows, Any]:
+    def _round_rows(
+        self,
+        table: Any,
+        output: round_tasks.TaskOutput,
+        cleanup: round_writers.BranchCleanup,
+        changes: list[str],
+    ) -> tuple[round_writers.RoundRows, Any]:
         """What the tasks wrote (staged files go to ``cleanup``), and for a JSON round its values
         parsed into the table's columns (the table evolved for them, refreshed; the values that do
         not parse join the errors)."""
@@ -363,8 +478,13 @@ class CommitRound:
         if not (self.json and staged):
             return round_writers.RoundRows(output.data_files, staged), table
         spark = self.spark()
-        parsed = json_values.parse(spark, round_tasks.read_staged(spark, table, staged), table, self._spark_table(spark),
-                                   debezium=self.upsert is not None and self.upsert.debezium)
+        parsed = json_values.parse(
+            spark,
+            round_tasks.read_staged(spark, table, staged),
+            table,
+            self._spark_table(spark),
+            debezium=self.upsert is not None and self.upsert.debezium,
+        )
         changes.extend(parsed.schema_changes)
         output.report.errors.extend(parsed.errors)
         output.report.rows -= len(parsed.errors)
@@ -372,9 +492,18 @@ class CommitRound:
 
     def _write(self, rows: round_writers.RoundRows, table: Any, properties: dict[str, str]) -> None:
         """The round's rows as one snapshot on its branch, by the writer its facts call for."""
-        target = round_writers.SparkTarget(self.spark, lambda spark: self._spark_table(spark, self.branch))
-        writer = round_writers.round_writer(rows, self.branch, target, self.round_id, options=self.upsert,
-                                            json=self.json, v3=_v3(table))
+        target = round_writers.SparkTarget(
+            self.spark, lambda spark: self._spark_table(spark, self.branch)
+        )
+        writer = round_writers.round_writer(
+            rows,
+            self.branch,
+            target,
+            self.round_id,
+            options=self.upsert,
+            json=self.json,
+            v3=_v3(table),
+        )
         try:
             writer.write(table, properties)
         except (upsert.BadUpsertRecords, upsert.UpsertConfigError) as exc:
@@ -388,10 +517,15 @@ class CommitRound:
             raise LostRace(str(exc)) from exc
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         assert snapshot is not None
-        if checkpoint.summary_properties(snapshot).get(checkpoint.OFFSETS) != properties[checkpoint.OFFSETS]:
+        if (
+            checkpoint.summary_properties(snapshot).get(checkpoint.OFFSETS)
+            != properties[checkpoint.OFFSETS]
+        ):
             # a Spark write whose commit did not take the properties (CommitMetadata is per JVM thread):
             # publishing it would leave the checkpoint behind and the next round would write the records again
-            raise RoundFailed(f"the round's snapshot {snapshot_id} does not carry its offsets; nothing committed")
+            raise RoundFailed(
+                f"the round's snapshot {snapshot_id} does not carry its offsets; nothing committed"
+            )
         return snapshot
 
     def _publish(self, heads: list[BranchHead]) -> None:
@@ -403,21 +537,42 @@ class CommitRound:
                 drop_branch(self.catalog, head.table.refresh(), self.branch)
             raise
 
-    def _committed(self, plan: round_plan.RoundPlan, parent: int, snapshot: Any, report: TaskReport,
-                   skipped_records: list[DecodeError], executor: str) -> RoundResult:
+    def _committed(
+        self,
+        plan: round_plan.RoundPlan,
+        parent: int,
+        snapshot: Any,
+        report: TaskReport,
+        skipped_records: list[DecodeError],
+        executor: str,
+    ) -> RoundResult:
         summary = checkpoint.summary_properties(snapshot)
-        dlq_note = f", {len(skipped_records)} records to {dlq.dlq_name(self.topic.table)}" if skipped_records else ""
+        dlq_note = (
+            f", {len(skipped_records)} records to {dlq.dlq_name(self.topic.table)}"
+            if skipped_records
+            else ""
+        )
         if self.upsert is not None:
-            dlq_note = (f" (merged on {', '.join(self.upsert.id_columns)}: "
-                        f"{summary.get('added-records', '0')} rows written, "
-                        f"{summary.get('added-position-deletes', '0')} rows replaced or deleted)" + dlq_note)
+            dlq_note = (
+                f" (merged on {', '.join(self.upsert.id_columns)}: "
+                f"{summary.get('added-records', '0')} rows written, "
+                f"{summary.get('added-position-deletes', '0')} rows replaced or deleted)" + dlq_note
+            )
         return self.result(
-            "committed", snapshot_id=snapshot.snapshot_id, parent_snapshot_id=parent,
-            offsets_before=plan.offsets_before, offsets_after=plan.offsets_after,
-            records=sum(w.records for w in plan.windows), rows=report.rows, dlq_rows=len(skipped_records),
-            skipped_records=sum(w.skipped for w in plan.windows), bytes_read=report.bytes_read,
-            data_files=int(summary.get("added-data-files", 0)), executor=executor,
-            seconds=self.seconds, message=f"committed {report.rows} rows{dlq_note}",
+            "committed",
+            snapshot_id=snapshot.snapshot_id,
+            parent_snapshot_id=parent,
+            offsets_before=plan.offsets_before,
+            offsets_after=plan.offsets_after,
+            records=sum(w.records for w in plan.windows),
+            rows=report.rows,
+            dlq_rows=len(skipped_records),
+            skipped_records=sum(w.skipped for w in plan.windows),
+            bytes_read=report.bytes_read,
+            data_files=int(summary.get("added-data-files", 0)),
+            executor=executor,
+            seconds=self.seconds,
+            message=f"committed {report.rows} rows{dlq_note}",
         )
 
     def _envelope(self, schemas: list[tuple[int, str]], plan: round_plan.RoundPlan) -> str | None:
@@ -429,7 +584,9 @@ class CommitRound:
             return schemas[-1][1]
         first = self._first_schema_id(plan.ranges)()
         if first is None:
-            raise RoundFailed(f"{self.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry")
+            raise RoundFailed(
+                f"{self.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry"
+            )
         return self.registry.avro_schema(first)
 
     def _spark_table(self, spark: Any, branch: str | None = None) -> str:
@@ -444,21 +601,33 @@ class CommitRound:
         if table.metadata.refs.get("main") is not None:
             return table
         main = round_writers.SparkTarget(self.spark, self._spark_table)
-        round_writers.SparkEmpty(main).write(table, {table_setup.BASE_PROPERTY: table_setup.BASE_NOTE})
+        round_writers.SparkEmpty(main).write(
+            table, {table_setup.BASE_PROPERTY: table_setup.BASE_NOTE}
+        )
         return table.refresh()
 
     def _dlq_head(self, errors: list[DecodeError]) -> BranchHead:
         """The DLQ rows on the DLQ table's own round branch, published with the round's rows."""
         table = table_setup.ensure_base_snapshot(
-            dlq.load_or_create(self.catalog, (self.topic.namespace, dlq.dlq_name(self.topic.table))))
+            dlq.load_or_create(self.catalog, (self.topic.namespace, dlq.dlq_name(self.topic.table)))
+        )
         parent = main_snapshot_id(table)
         assert parent is not None
         create_branch(self.catalog, table, self.branch, parent)
         rows = dlq.to_arrow(errors, self.topic.topic, self.round_id, table.schema())
-        table = write_to_branch(table.refresh(), lambda target: target.append(
-            rows, snapshot_properties={checkpoint.ROUND_ID: self.round_id}, branch=self.branch))
-        return BranchHead(table, self.branch, parent, round_snapshot(table, self.branch, parent),
-                          tag_checkpoint=False)
+        table = write_to_branch(
+            table.refresh(),
+            lambda target: target.append(
+                rows, snapshot_properties={checkpoint.ROUND_ID: self.round_id}, branch=self.branch
+            ),
+        )
+        return BranchHead(
+            table,
+            self.branch,
+            parent,
+            round_snapshot(table, self.branch, parent),
+            tag_checkpoint=False,
+        )
 
     def _check_errors(self, report: TaskReport) -> list[DecodeError]:
         """The records to send to the DLQ; raises when the tolerance does not allow skipping them all
@@ -466,8 +635,12 @@ class CommitRound:
         errors = report.errors
         if not errors:
             return []
-        behind = {int(m.group(1)) for e in errors if e.error_class == TABLE_SCHEMA_BEHIND
-                  and (m := re.match(r"schema id (\d+)", e.message))}
+        behind = {
+            int(m.group(1))
+            for e in errors
+            if e.error_class == TABLE_SCHEMA_BEHIND
+            and (m := re.match(r"schema id (\d+)", e.message))
+        }
         if behind:
             raise _Evolve(behind)
         tolerance = self.topic.settings.errors_tolerance
@@ -475,14 +648,20 @@ class CommitRound:
         if not sorted_out.fatal and not report.errors_dropped:
             return sorted_out.skipped
         if report.errors_dropped:
-            raise RoundFailed(f"more than {len(errors)} bad records in one round of {self.topic.topic}; "
-                              "nothing committed (run smaller rounds with --max-records)")
+            raise RoundFailed(
+                f"more than {len(errors)} bad records in one round of {self.topic.topic}; "
+                "nothing committed (run smaller rounds with --max-records)"
+            )
         fatal = sorted_out.fatal
-        shown = "; ".join(f"partition {e.partition} offset {e.offset}: {e.error_class}: {e.message}"
-                          for e in fatal[:ERRORS_SHOWN])
+        shown = "; ".join(
+            f"partition {e.partition} offset {e.offset}: {e.error_class}: {e.message}"
+            for e in fatal[:ERRORS_SHOWN]
+        )
         kind = "schema" if any(e.error_class == INCOMPATIBLE_SCHEMA for e in fatal) else "record"
-        raise RoundFailed(f"{len(fatal)} records of {self.topic.topic} cannot be written ({kind} errors; "
-                          f"errors.tolerance={tolerance}), nothing committed: {shown}")
+        raise RoundFailed(
+            f"{len(fatal)} records of {self.topic.topic} cannot be written ({kind} errors; "
+            f"errors.tolerance={tolerance}), nothing committed: {shown}"
+        )
 
 
 def _v3(table: Any) -> bool:
@@ -492,7 +671,9 @@ def _v3(table: Any) -> bool:
 
 class _Evolve(Exception):
     def __init__(self, schema_ids: set[int]) -> None:
-        super().__init__(f"records use schema ids {sorted(schema_ids)} the table was not evolved for")
+        super().__init__(
+            f"records use schema ids {sorted(schema_ids)} the table was not evolved for"
+        )
         self.schema_ids = schema_ids
 
 
@@ -516,8 +697,13 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundRes
         if round_ is not None:
             result = round_.result("failed", message=message, seconds=round_.seconds)
         else:
-            result = RoundResult(status="failed", topic=args.topic, round_id=args.round_id or "",
-                                 until_append_ms=args.until_append_time, message=message)
+            result = RoundResult(
+                status="failed",
+                topic=args.topic,
+                round_id=args.round_id or "",
+                until_append_ms=args.until_append_time,
+                message=message,
+            )
         code = 1
     result.seconds["total"] = round(time.monotonic() - started, 3)
     if args.result is not None:
@@ -530,7 +716,9 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundRes
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     return run(argv)[0]
 
 

@@ -49,9 +49,12 @@ from spark_jobs.rows import (
 )
 
 DLQ_SUFFIX = names.DLQ_SUFFIX
-UNDECODABLE = frozenset({MISSING_WIRE_HEADER, UNKNOWN_SCHEMA, AVRO_DECODE, TRAILING_BYTES, INVALID_UTF8,
-                         INVALID_JSON})
-DOES_NOT_FIT = frozenset({ARROW_CONVERSION, NULL_IN_REQUIRED, INCOMPATIBLE_SCHEMA, JSON_DOES_NOT_FIT})
+UNDECODABLE = frozenset(
+    {MISSING_WIRE_HEADER, UNKNOWN_SCHEMA, AVRO_DECODE, TRAILING_BYTES, INVALID_UTF8, INVALID_JSON}
+)
+DOES_NOT_FIT = frozenset(
+    {ARROW_CONVERSION, NULL_IN_REQUIRED, INCOMPATIBLE_SCHEMA, JSON_DOES_NOT_FIT}
+)
 
 DLQ_SCHEMA = Schema(
     NestedField(1, "topic", StringType(), required=True),
@@ -60,7 +63,12 @@ DLQ_SCHEMA = Schema(
     NestedField(4, "timestamp", TimestamptzType(), required=True),
     NestedField(5, "key", BinaryType(), required=False),
     NestedField(6, "value", BinaryType(), required=False),
-    NestedField(7, "headers", MapType(11, StringType(), 12, BinaryType(), value_required=False), required=False),
+    NestedField(
+        7,
+        "headers",
+        MapType(11, StringType(), 12, BinaryType(), value_required=False),
+        required=False,
+    ),
     NestedField(8, "error_class", StringType(), required=True),
     NestedField(9, "error_message", StringType(), required=True),
     NestedField(10, "round_id", StringType(), required=True),
@@ -91,25 +99,38 @@ class Triage:
 
 def triage(errors: Sequence[DecodeError], tolerance: str) -> Triage:
     ordered = sorted(errors, key=lambda e: (e.partition, e.offset))
-    return Triage([e for e in ordered if skippable(e, tolerance)], [e for e in ordered if not skippable(e, tolerance)])
+    return Triage(
+        [e for e in ordered if skippable(e, tolerance)],
+        [e for e in ordered if not skippable(e, tolerance)],
+    )
 
 
-def to_arrow(errors: Sequence[DecodeError], topic: str, round_id: str, schema: Schema = DLQ_SCHEMA) -> pa.Table:
+def to_arrow(
+    errors: Sequence[DecodeError], topic: str, round_id: str, schema: Schema = DLQ_SCHEMA
+) -> pa.Table:
     """The DLQ rows in ``schema`` (the table's own: its field ids are what a writer must use)."""
     arrow = schema.as_arrow()
     n = len(errors)
-    columns = dict(zip((f.name for f in DLQ_SCHEMA.fields), [
-        pa.array([topic] * n, pa.large_string()),
-        pa.array([e.partition for e in errors], pa.int32()),
-        pa.array([e.offset for e in errors], pa.int64()),
-        pa.array([e.timestamp * 1000 for e in errors], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        pa.array([e.key for e in errors], pa.large_binary()),
-        pa.array([e.value for e in errors], pa.large_binary()),
-        pa.array([list(e.headers) for e in errors], arrow.field("headers").type),
-        pa.array([e.error_class for e in errors], pa.large_string()),
-        pa.array([e.message for e in errors], pa.large_string()),
-        pa.array([round_id] * n, pa.large_string()),
-    ], strict=True))
+    columns = dict(
+        zip(
+            (f.name for f in DLQ_SCHEMA.fields),
+            [
+                pa.array([topic] * n, pa.large_string()),
+                pa.array([e.partition for e in errors], pa.int32()),
+                pa.array([e.offset for e in errors], pa.int64()),
+                pa.array([e.timestamp * 1000 for e in errors], pa.int64()).cast(
+                    pa.timestamp("us", tz="UTC")
+                ),
+                pa.array([e.key for e in errors], pa.large_binary()),
+                pa.array([e.value for e in errors], pa.large_binary()),
+                pa.array([list(e.headers) for e in errors], arrow.field("headers").type),
+                pa.array([e.error_class for e in errors], pa.large_string()),
+                pa.array([e.message for e in errors], pa.large_string()),
+                pa.array([round_id] * n, pa.large_string()),
+            ],
+            strict=True,
+        )
+    )
     return pa.Table.from_arrays([columns[f.name] for f in arrow], schema=arrow)
 
 
@@ -119,7 +140,10 @@ def load_or_create(catalog: Catalog, identifier: tuple[str, str]) -> Table:
     except NoSuchTableError:
         pass
     try:
-        return catalog.create_table(identifier, DLQ_SCHEMA, properties={
-            "format-version": "2", "icefall.dlq-of": names.dlq_of(identifier[1])})
+        return catalog.create_table(
+            identifier,
+            DLQ_SCHEMA,
+            properties={"format-version": "2", "icefall.dlq-of": names.dlq_of(identifier[1])},
+        )
     except TableAlreadyExistsError:
         return catalog.load_table(identifier)

@@ -94,8 +94,10 @@ def _literal(text: str) -> str:
 
 def _dlq_filter(topic: str, by_partition: dict[int, list[int]]) -> str:
     """The DLQ rows of these offsets, as a pyiceberg filter expression."""
-    either = " OR ".join(f"(partition = {p} AND offset IN ({', '.join(map(str, sorted(set(offsets))))}))"
-                         for p, offsets in sorted(by_partition.items()))
+    either = " OR ".join(
+        f"(partition = {p} AND offset IN ({', '.join(map(str, sorted(set(offsets))))}))"
+        for p, offsets in sorted(by_partition.items())
+    )
     return f"topic = {_literal(topic)} AND ({either})"
 
 
@@ -125,7 +127,10 @@ class _Job:
     @property
     def in_segments(self) -> dict[int, list[int]]:
         """The DLQ offsets still in the topic's segments (at or past the log start)."""
-        out = {p: [o for o in offsets if o >= self.log_start.get(p, 0)] for p, offsets in self.by_partition.items()}
+        out = {
+            p: [o for o in offsets if o >= self.log_start.get(p, 0)]
+            for p, offsets in self.by_partition.items()
+        }
         return {p: offsets for p, offsets in out.items() if offsets}
 
     @property
@@ -140,15 +145,22 @@ class _Job:
         return out
 
     def dlq_windows(self) -> list[tuple[int, int, int]]:
-        return [(p, a, b) for p, offsets in sorted(self.in_segments.items()) for a, b in _runs(offsets)]
+        return [
+            (p, a, b) for p, offsets in sorted(self.in_segments.items()) for a, b in _runs(offsets)
+        ]
 
 
 def _retained_chunks(rows: pa.Table, log_start: dict[int, int]) -> list[RecordChunk]:
     """The DLQ rows below their partition's log start as records to decode, one chunk a partition."""
-    columns = {name: rows.column(name).to_pylist() for name in ("partition", "offset", "key", "value", "headers")}
+    columns = {
+        name: rows.column(name).to_pylist()
+        for name in ("partition", "offset", "key", "value", "headers")
+    }
     micros = rows.column("timestamp").cast(pa.int64()).to_pylist()
     chunks: dict[int, RecordChunk] = {}
-    for i in sorted(range(rows.num_rows), key=lambda i: (columns["partition"][i], columns["offset"][i])):
+    for i in sorted(
+        range(rows.num_rows), key=lambda i: (columns["partition"][i], columns["offset"][i])
+    ):
         p, o = int(columns["partition"][i]), int(columns["offset"][i])
         if o >= log_start.get(p, 0):
             continue
@@ -168,12 +180,25 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     catalog_spec = table_setup.job_catalog(args.catalog_url, cluster)
     store = object_store_from_env(cluster.object_store, cluster.object_store_endpoint)
     if topic.settings.convert_value_type == "json":
-        raise NotImplementedError(f"{topic.topic} has JSON values (convert.value.type=json): their DLQ records "
-                                  "are not JSON objects or do not fit the inferred columns, and reprocess does not "
-                                  "infer columns yet; nothing moved")
-    job = _Job(args, topic, admin, RegistryClient(cluster.registry_url), table_setup.catalog_for(catalog_spec),
-               catalog_spec, store, table_setup.TableOptions.of(topic), upsert.UpsertOptions.of(topic),
-               ReprocessResult(status="nothing_to_move", topic=topic.topic, round_id=args.round_id or uuid.uuid4().hex))
+        raise NotImplementedError(
+            f"{topic.topic} has JSON values (convert.value.type=json): their DLQ records "
+            "are not JSON objects or do not fit the inferred columns, and reprocess does not "
+            "infer columns yet; nothing moved"
+        )
+    job = _Job(
+        args,
+        topic,
+        admin,
+        RegistryClient(cluster.registry_url),
+        table_setup.catalog_for(catalog_spec),
+        catalog_spec,
+        store,
+        table_setup.TableOptions.of(topic),
+        upsert.UpsertOptions.of(topic),
+        ReprocessResult(
+            status="nothing_to_move", topic=topic.topic, round_id=args.round_id or uuid.uuid4().hex
+        ),
+    )
     result = job.result
     dlq_ident = (topic.namespace, dlq.dlq_name(topic.table))
     if not job.catalog.table_exists(dlq_ident) or not job.catalog.table_exists(topic.identifier):
@@ -185,32 +210,55 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     if not bad.num_rows:
         result.message = "the DLQ has no rows of this topic"
         return result
-    for p, o in zip(bad.column("partition").to_pylist(), bad.column("offset").to_pylist(), strict=True):
+    for p, o in zip(
+        bad.column("partition").to_pylist(), bad.column("offset").to_pylist(), strict=True
+    ):
         job.by_partition.setdefault(int(p), []).append(int(o))
-    job.log_start = {p.partition: p.log_start_offset for p in admin.plan(topic.topic, None).partitions}
+    job.log_start = {
+        p.partition: p.log_start_offset for p in admin.plan(topic.topic, None).partitions
+    }
     job.retained = _retained_chunks(bad, job.log_start)
     result.only_in_dlq = len(job.only_in_dlq)
 
     # evolve the table for every schema id of the DLQ records the registry can answer now
-    dlq_chunks = job.retained + list(read_ranges(cached_store(store), job.ranges(job.dlq_windows())))
+    dlq_chunks = job.retained + list(
+        read_ranges(cached_store(store), job.ranges(job.dlq_windows()))
+    )
     ids = {i for c in dlq_chunks for i in map(wire_schema_id, c.values) if i is not None}
     table = job.catalog.load_table(topic.identifier)
-    evolved = table_setup.evolve(table, table_setup.value_schemas(job.registry, topic.topic,
-                                                                  _known(job.registry, ids)), job.options)
+    evolved = table_setup.evolve(
+        table,
+        table_setup.value_schemas(job.registry, topic.topic, _known(job.registry, ids)),
+        job.options,
+    )
     result.schema_changes = evolved.applied
     table = table.refresh()
     v3 = table.metadata.format_version >= 3
     if job.upsert is None and not v3:
-        heads, moved, written = _append_with_pyiceberg(job, table_setup.ensure_base_snapshot(table), dlq_chunks)
+        heads, moved, written = _append_with_pyiceberg(
+            job, table_setup.ensure_base_snapshot(table), dlq_chunks
+        )
     else:
         heads, moved, written = _write_with_spark(job, table, spark, dlq_chunks)
     result.moved = sum(len(v) for v in moved.values())
     result.moved_offsets = {str(p): sorted(offsets) for p, offsets in sorted(written.items())}
-    unavailable = (f"{result.unavailable} stay: retention deleted their segments, so an upsert table cannot tell "
-                   "whether a later record replaced them" if result.unavailable else "")
+    unavailable = (
+        f"{result.unavailable} stay: retention deleted their segments, so an upsert table cannot tell "
+        "whether a later record replaced them"
+        if result.unavailable
+        else ""
+    )
     if not moved:
-        result.message = "; ".join(m for m in (f"none of the {result.still_bad} records retried decode yet"
-                                               if result.still_bad else "", unavailable) if m)
+        result.message = "; ".join(
+            m
+            for m in (
+                f"none of the {result.still_bad} records retried decode yet"
+                if result.still_bad
+                else "",
+                unavailable,
+            )
+            if m
+        )
         return result
 
     branch = branch_name(result.round_id)
@@ -222,38 +270,60 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
 
     def delete_moved(target: Table) -> None:
         with target.transaction() as tx:
-            tx.delete(_dlq_filter(topic.topic, moved), snapshot_properties=properties, branch=branch)
+            tx.delete(
+                _dlq_filter(topic.topic, moved), snapshot_properties=properties, branch=branch
+            )
 
     dlq_table = write_to_branch(dlq_table.refresh(), delete_moved)
-    dlq_head = BranchHead(dlq_table, branch, dlq_parent, round_snapshot(dlq_table, branch, dlq_parent),
-                          tag_checkpoint=False)
+    dlq_head = BranchHead(
+        dlq_table,
+        branch,
+        dlq_parent,
+        round_snapshot(dlq_table, branch, dlq_parent),
+        tag_checkpoint=False,
+    )
     publish(job.catalog, [*heads, dlq_head], job.catalog_spec.uri)
     result.status = "moved"
     result.snapshot_id = heads[0].snapshot_id if heads else None
     result.dlq_snapshot_id = dlq_head.snapshot_id
-    result.message = f"moved {result.moved} records from the DLQ to {topic.namespace}.{topic.table}" + (
-        f" ({result.superseded} already replaced by a later record of their id)" if result.superseded else "") + (
-        f"; {unavailable}" if unavailable else "") + (
-        f"; {result.still_bad} still do not decode" if result.still_bad else "")
+    result.message = (
+        f"moved {result.moved} records from the DLQ to {topic.namespace}.{topic.table}"
+        + (
+            f" ({result.superseded} already replaced by a later record of their id)"
+            if result.superseded
+            else ""
+        )
+        + (f"; {unavailable}" if unavailable else "")
+        + (f"; {result.still_bad} still do not decode" if result.still_bad else "")
+    )
     return result
 
 
-def _append_with_pyiceberg(job: _Job, table: Table, chunks: list[Any]
-                           ) -> tuple[list[BranchHead], dict[int, list[int]], dict[int, list[int]]]:
+def _append_with_pyiceberg(
+    job: _Job, table: Table, chunks: list[Any]
+) -> tuple[list[BranchHead], dict[int, list[int]], dict[int, list[int]]]:
     """An append table (format v2): the DLQ records that decode now, appended in the driver."""
-    converter = RowConverter(table.schema(), job.registry.avro_schema, key_type=job.options.key_type,
-                             value_type=job.options.value_type)
+    converter = RowConverter(
+        table.schema(),
+        job.registry.avro_schema,
+        key_type=job.options.key_type,
+        value_type=job.options.value_type,
+    )
     wanted = job.wanted
     batches: list[pa.RecordBatch] = []
     moved: dict[int, list[int]] = {}
     for chunk in chunks:
         rows = converter.convert(chunk)
         failed = {e.offset for e in rows.errors}
-        job.result.still_bad += sum(1 for o in chunk.offsets if (chunk.partition, o) in wanted and o in failed)
+        job.result.still_bad += sum(
+            1 for o in chunk.offsets if (chunk.partition, o) in wanted and o in failed
+        )
         good = [o for o in chunk.offsets if o not in failed]
         keep = pa.array([(chunk.partition, o) in wanted for o in good], pa.bool_())
         batches.append(rows.batch.filter(keep))
-        moved.setdefault(chunk.partition, []).extend(o for o in good if (chunk.partition, o) in wanted)
+        moved.setdefault(chunk.partition, []).extend(
+            o for o in good if (chunk.partition, o) in wanted
+        )
     moved = {p: offsets for p, offsets in moved.items() if offsets}
     if not moved:
         return [], {}, {}
@@ -264,9 +334,12 @@ def _append_with_pyiceberg(job: _Job, table: Table, chunks: list[Any]
     rows = pa.Table.from_batches(batches, schema=converter.arrow_schema)
     with round_writers.round_branch(job.catalog, table, branch):
         round_writers.PyIcebergAppend(branch, rows=rows).write(
-            table, _properties(job.result, sum(len(v) for v in moved.values())))
+            table, _properties(job.result, sum(len(v) for v in moved.values()))
+        )
         table = table.refresh()
-        head = BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)
+        head = BranchHead(
+            table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False
+        )
     return [head], moved, moved
 
 
@@ -275,8 +348,9 @@ def _properties(result: ReprocessResult, retried_ok: int) -> dict[str, str]:
     return {checkpoint.ROUND_ID: result.round_id, REPROCESSED: str(retried_ok)}
 
 
-def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[RecordChunk]
-                      ) -> tuple[list[BranchHead], dict[int, list[int]], dict[int, list[int]]]:
+def _write_with_spark(
+    job: _Job, table: Table, spark: Any, dlq_chunks: list[RecordChunk]
+) -> tuple[list[BranchHead], dict[int, list[int]], dict[int, list[int]]]:
     """An upsert/CDC table, or any format v3 table (pyiceberg 0.12 writes no v3 manifests): the
     records are staged as a round's are (``round_tasks``; every column optional for a merge, the
     table's own columns for an append) and Spark's Iceberg writer appends them, or MERGEs them on
@@ -294,8 +368,10 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
     branch = branch_name(result.round_id)
     with round_writers.round_branch(job.catalog, table, branch, staged) as cleanup:
         if output.report.errors_dropped:  # the failures not kept would pass for records that decode
-            raise RuntimeError(f"more than {len(output.report.errors)} of the records retried still fail; "
-                               "nothing moved (fix what they have in common, then run again)")
+            raise RuntimeError(
+                f"more than {len(output.report.errors)} of the records retried still fail; "
+                "nothing moved (fix what they have in common, then run again)"
+            )
         failed = {(e.partition, e.offset) for e in output.report.errors}
         result.still_bad = len(wanted & failed)
         now_good = sorted(wanted - failed)
@@ -310,20 +386,29 @@ def _write_with_spark(job: _Job, table: Table, spark: Any, dlq_chunks: list[Reco
         moved, written = _write_replay(job, table, spark, branch, staged, now_good)
         cleanup.remove_staged()
         table = table.refresh()
-        if not written:  # every record a later one replaced (or none mergeable): only the DLQ changes
+        if (
+            not written
+        ):  # every record a later one replaced (or none mergeable): only the DLQ changes
             drop_branch(job.catalog, table, branch)
             return [], _by_partition(moved), {}
-        head = BranchHead(table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False)
+        head = BranchHead(
+            table, branch, parent, round_snapshot(table, branch, parent), tag_checkpoint=False
+        )
     return [head], _by_partition(moved), _by_partition(written)
 
 
 def _spark(job: _Job, spark: Any) -> Any:
     """``spark``, or a session started for the reprocess."""
-    return spark if spark is not None else spark_session(f"icefall-dlq-reprocess-{job.topic.topic}", job.args.master)
+    return (
+        spark
+        if spark is not None
+        else spark_session(f"icefall-dlq-reprocess-{job.topic.topic}", job.args.master)
+    )
 
 
-def _stage(job: _Job, table: Table, spark: Any, dlq_chunks: list[RecordChunk]
-           ) -> tuple[set[tuple[int, int]], round_tasks.TaskOutput, Any]:
+def _stage(
+    job: _Job, table: Table, spark: Any, dlq_chunks: list[RecordChunk]
+) -> tuple[set[tuple[int, int]], round_tasks.TaskOutput, Any]:
     """The records to write staged as a round's are (an upsert table: the replay from each
     partition's first DLQ offset; else the DLQ records); the DLQ records wanted from them, the
     tasks' output and the Spark session (if the tasks started one)."""
@@ -333,22 +418,37 @@ def _stage(job: _Job, table: Table, spark: Any, dlq_chunks: list[RecordChunk]
     extra = dlq_chunks
     if job.upsert is not None:
         upsert.check_columns(table.schema(), job.upsert)
-        windows = [(p, min(offsets), max(committed.get(p, 0), max(offsets) + 1))
-                   for p, offsets in sorted(job.in_segments.items())]
+        windows = [
+            (p, min(offsets), max(committed.get(p, 0), max(offsets) + 1))
+            for p, offsets in sorted(job.in_segments.items())
+        ]
         job.result.unavailable = len(job.only_in_dlq)
         wanted -= job.only_in_dlq
         extra = []
-    metadata_json = upsert.staging_metadata_json(table, job.result.round_id, _envelope(job),
-                                                 relax=job.upsert is not None)
-    spec = TaskSpec(job.store_config, metadata_json,
-                    round_tasks.task_io_properties(table), job.options.key_type, job.options.value_type,
-                    job.registry.url, tuple(sorted(job.registry.known().items())))
+    metadata_json = upsert.staging_metadata_json(
+        table, job.result.round_id, _envelope(job), relax=job.upsert is not None
+    )
+    spec = TaskSpec(
+        job.store_config,
+        metadata_json,
+        round_tasks.task_io_properties(table),
+        job.options.key_type,
+        job.options.value_type,
+        job.registry.url,
+        tuple(sorted(job.registry.known().items())),
+    )
     ranges = job.ranges(windows)
     if extra or sum(r.byte_end - r.byte_start for r in ranges) <= job.args.in_driver_max_bytes:
         return wanted, run_in_driver(spec, ranges, extra), spark
     # a long upsert replay: Spark tasks decode and stage it, as in a large round
     spark = _spark(job, spark)
-    return wanted, run_tasks(spark, spec, round_plan.task_groups(ranges, spark.sparkContext.defaultParallelism)), spark
+    return (
+        wanted,
+        run_tasks(
+            spark, spec, round_plan.task_groups(ranges, spark.sparkContext.defaultParallelism)
+        ),
+        spark,
+    )
 
 
 def _envelope(job: _Job) -> str | None:
@@ -357,27 +457,45 @@ def _envelope(job: _Job) -> str | None:
         return None
     schemas = table_setup.value_schemas(job.registry, job.topic.topic)
     if not schemas:
-        raise RuntimeError(f"{job.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry")
+        raise RuntimeError(
+            f"{job.topic.topic}: flatten_debezium needs the envelope's Avro schema in the registry"
+        )
     return schemas[-1][1]
 
 
-def _write_replay(job: _Job, table: Table, spark: Any, branch: str, staged: list[str],
-                  now_good: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def _write_replay(
+    job: _Job,
+    table: Table,
+    spark: Any,
+    branch: str,
+    staged: list[str],
+    now_good: list[tuple[int, int]],
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The DLQ records that decode now (``now_good``) on the branch: MERGEd (an upsert table; those a
     later record replaced or that have no id or op are not written) or appended. The records that
     leave the DLQ and those written."""
     namespace, name = job.topic.identifier
     target = round_writers.SparkTarget(
-        lambda: spark, lambda session: f"{use_catalog(session, job.catalog_spec)}.`{namespace}`.`{name}`.`branch_{branch}`")
+        lambda: spark,
+        lambda session: (
+            f"{use_catalog(session, job.catalog_spec)}.`{namespace}`.`{name}`.`branch_{branch}`"
+        ),
+    )
     properties = _properties(job.result, len(now_good))
     if job.upsert is None:
-        round_writers.SparkAppend(target, lambda session, t: upsert.keep_offsets(
-            session, round_tasks.read_staged(session, t, staged), now_good)).write(table, properties)
+        round_writers.SparkAppend(
+            target,
+            lambda session, t: upsert.keep_offsets(
+                session, round_tasks.read_staged(session, t, staged), now_good
+            ),
+        ).write(table, properties)
         return now_good, now_good
     merge = round_writers.SparkMerge(target, job.upsert, job.result.round_id, staged, only=now_good)
     merge.write(table, properties)
     assert merge.outcome is not None
-    job.result.still_bad += len(merge.outcome.bad)  # decodes now, but has no id or I/U/D op: it stays
+    job.result.still_bad += len(
+        merge.outcome.bad
+    )  # decodes now, but has no id or I/U/D op: it stays
     moved = sorted(set(now_good) - set(merge.outcome.bad))
     written = list(merge.outcome.applied)
     job.result.superseded = len(moved) - len(written)
@@ -397,7 +515,10 @@ def _known(registry: RegistryClient, ids: set[int]) -> set[int]:
     for schema_id in ids:
         try:
             registry.avro_schema(schema_id)
-        except (BrokerRequestError, ValueError) as exc:  # an unknown id is exactly what may still be broken
+        except (
+            BrokerRequestError,
+            ValueError,
+        ) as exc:  # an unknown id is exactly what may still be broken
             log.info("schema id %d is still unusable: %s", schema_id, exc)
         else:
             out.add(schema_id)
@@ -407,15 +528,25 @@ def _known(registry: RegistryClient, ids: set[int]) -> set[int]:
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
     parser = argparse.ArgumentParser(prog="dlq_reprocess", description=__doc__.split("\n\n")[0])
     parser.add_argument("--topic", required=True)
-    parser.add_argument("--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090"))
+    parser.add_argument(
+        "--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090")
+    )
     parser.add_argument("--catalog-url", default=None)
     parser.add_argument("--round-id", default=None)
-    parser.add_argument("--master", default=None, help="Spark master for upsert and format v3 tables "
-                        "(default: spark-submit's, else local[*])")
-    parser.add_argument("--in-driver-max-bytes", type=int, metavar="BYTES",
-                        default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
-                        help="an upsert replay of at most this many segment bytes is decoded in the driver, a "
-                             "longer one by Spark tasks (default 64 MiB, as commit rounds)")
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master for upsert and format v3 tables "
+        "(default: spark-submit's, else local[*])",
+    )
+    parser.add_argument(
+        "--in-driver-max-bytes",
+        type=int,
+        metavar="BYTES",
+        default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
+        help="an upsert replay of at most this many segment bytes is decoded in the driver, a "
+        "longer one by Spark tasks (default 64 MiB, as commit rounds)",
+    )
     parser.add_argument("--result", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -425,8 +556,12 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         code = 0
     except Exception as exc:  # a clear message and a result file, as the commit round does
         log.debug("reprocess failed", exc_info=True)
-        result = ReprocessResult(status="failed", topic=args.topic, round_id=args.round_id or "",
-                                 message=f"{type(exc).__name__}: {exc}")
+        result = ReprocessResult(
+            status="failed",
+            topic=args.topic,
+            round_id=args.round_id or "",
+            message=f"{type(exc).__name__}: {exc}",
+        )
         print(f"DLQ reprocess of {args.topic} failed: {result.message}", file=sys.stderr)
         code = 1
     result.seconds = round(time.monotonic() - started, 3)

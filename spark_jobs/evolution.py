@@ -95,7 +95,9 @@ class MakeOptional:
 SchemaChange = AddColumn | WidenColumn | MakeOptional
 
 
-def plan_schema_update(current: Schema, target: Schema, *, refuse_narrowing: bool = False) -> list[SchemaChange]:
+def plan_schema_update(
+    current: Schema, target: Schema, *, refuse_narrowing: bool = False
+) -> list[SchemaChange]:
     """The changes that let ``current`` take rows of ``target`` (ids of ``target`` are ignored)."""
     changes: list[SchemaChange] = []
     _struct(current.as_struct(), target.as_struct(), (), changes, refuse_narrowing)
@@ -103,12 +105,18 @@ def plan_schema_update(current: Schema, target: Schema, *, refuse_narrowing: boo
 
 
 def plan_evolution(
-    current: Schema, value_schema: AvroSchemaLike | None, *, refuse_narrowing: bool = False, **table_options: Any
+    current: Schema,
+    value_schema: AvroSchemaLike | None,
+    *,
+    refuse_narrowing: bool = False,
+    **table_options: Any,
 ) -> list[SchemaChange]:
     """``plan_schema_update`` against the table schema a new Avro value schema
     gives (``table_options``: ``key_type``, ``value_type``, ``transform``,
     ``key_schema``, ``format_version``, as for ``avro_schema.table_schema``)."""
-    return plan_schema_update(current, table_schema(value_schema, **table_options), refuse_narrowing=refuse_narrowing)
+    return plan_schema_update(
+        current, table_schema(value_schema, **table_options), refuse_narrowing=refuse_narrowing
+    )
 
 
 def apply_schema_changes(update: UpdateSchema, changes: Sequence[SchemaChange]) -> UpdateSchema:
@@ -153,7 +161,9 @@ def can_promote(old: IcebergType, new: IcebergType) -> bool:
     return False
 
 
-def _struct(current: StructType, target: StructType, path: Path, changes: list[SchemaChange], strict: bool) -> None:
+def _struct(
+    current: StructType, target: StructType, path: Path, changes: list[SchemaChange], strict: bool
+) -> None:
     names = {f.name: f for f in current.fields}
     wanted = {f.name for f in target.fields}
     for field in target.fields:
@@ -167,21 +177,26 @@ def _struct(current: StructType, target: StructType, path: Path, changes: list[S
             changes.append(MakeOptional(path + (field.name,)))
 
 
-def _field(current: NestedField, target: NestedField, path: Path, changes: list[SchemaChange], strict: bool) -> None:
+def _field(
+    current: NestedField, target: NestedField, path: Path, changes: list[SchemaChange], strict: bool
+) -> None:
     _type(current.field_type, target.field_type, path, changes, strict)
     if current.required and not target.required:
         changes.append(MakeOptional(path))
 
 
-def _type(current: IcebergType, target: IcebergType, path: Path, changes: list[SchemaChange], strict: bool) -> None:
+def _type(
+    current: IcebergType, target: IcebergType, path: Path, changes: list[SchemaChange], strict: bool
+) -> None:
     if isinstance(current, StructType) and isinstance(target, StructType):
         _struct(current, target, path, changes, strict)
     elif isinstance(current, ListType) and isinstance(target, ListType):
         _field(current.element_field, target.element_field, path + ("element",), changes, strict)
     elif isinstance(current, MapType) and isinstance(target, MapType):
         if current.key_type != target.key_type:
-            raise IncompatibleSchemaChange(path + ("key",), current.key_type, target.key_type,
-                                           "map keys cannot change type")
+            raise IncompatibleSchemaChange(
+                path + ("key",), current.key_type, target.key_type, "map keys cannot change type"
+            )
         _field(current.value_field, target.value_field, path + ("value",), changes, strict)
     elif isinstance(current, PrimitiveType) and isinstance(target, PrimitiveType):
         if current == target:
@@ -190,7 +205,9 @@ def _type(current: IcebergType, target: IcebergType, path: Path, changes: list[S
             changes.append(WidenColumn(path, target))
         elif can_promote(target, current):
             if strict:
-                raise IncompatibleSchemaChange(path, current, target, "the new type is narrower than the column")
+                raise IncompatibleSchemaChange(
+                    path, current, target, "the new type is narrower than the column"
+                )
         else:
             raise IncompatibleSchemaChange(path, current, target, "not an Iceberg type promotion")
     else:

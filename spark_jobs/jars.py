@@ -57,9 +57,12 @@ def iceberg_jars() -> list[str]:
     if missing:
         raise FileNotFoundError(
             f"the pinned Iceberg jars {missing} are not in {folder}: run `make setup` (it fetches them "
-            f"from Maven Central with {JVM_DIR / 'pom.xml'}), or set {ENV} or {DIR_ENV}")
+            f"from Maven Central with {JVM_DIR / 'pom.xml'}), or set {ENV} or {DIR_ENV}"
+        )
     scala = scala_version()
     runtime = [n for n in names if n.startswith("iceberg-spark-runtime-")]
     if not any(n.startswith(f"iceberg-spark-runtime-3.5_{scala}-") for n in runtime):
-        raise FileNotFoundError(f"the pinned Iceberg runtime {runtime} is not built for PySpark's Scala {scala}")
+        raise FileNotFoundError(
+            f"the pinned Iceberg runtime {runtime} is not built for PySpark's Scala {scala}"
+        )
     return [str(folder / name) for name in names]

@@ -99,14 +99,24 @@ def _merged(current: IcebergType, inferred: IcebergType) -> IcebergType:
     if isinstance(current, StructType) and isinstance(inferred, StructType):
         have = {f.name: f for f in current.fields}
         new = {f.name: f for f in inferred.fields}
-        fields = [NestedField(f.field_id, f.name, _merged(f.field_type, new[f.name].field_type)
-                              if f.name in new else f.field_type, required=f.required, doc=f.doc)
-                  for f in current.fields]
+        fields = [
+            NestedField(
+                f.field_id,
+                f.name,
+                _merged(f.field_type, new[f.name].field_type) if f.name in new else f.field_type,
+                required=f.required,
+                doc=f.doc,
+            )
+            for f in current.fields
+        ]
         fields += [f for f in inferred.fields if f.name not in have]
         return StructType(*fields)
     if isinstance(current, ListType) and isinstance(inferred, ListType):
-        return ListType(current.element_id, _merged(current.element_type, inferred.element_type),
-                        element_required=current.element_required)
+        return ListType(
+            current.element_id,
+            _merged(current.element_type, inferred.element_type),
+            element_required=current.element_required,
+        )
     return current
 
 
@@ -114,8 +124,16 @@ def target_schema(current: Schema, inferred: Any) -> Schema:
     """The table schema with the inferred value fields added (existing columns keep their types)."""
     ids = [0]
     value = iceberg_type(inferred, ids)
-    merged = _merged(current.as_struct(), StructType(*[
-        f for f in (value.fields if isinstance(value, StructType) else []) if f.name not in SYSTEM]))
+    merged = _merged(
+        current.as_struct(),
+        StructType(
+            *[
+                f
+                for f in (value.fields if isinstance(value, StructType) else [])
+                if f.name not in SYSTEM
+            ]
+        ),
+    )
     assert isinstance(merged, StructType)
     return Schema(*merged.fields)
 
@@ -149,8 +167,10 @@ def _debezium_row(inferred: Any) -> Any:
 
     names = {f.name: f.dataType for f in inferred.fields}
     if "op" not in names or not ({"after", "before"} & set(names)):
-        raise ValueError("transform.value.type=flatten_debezium: the JSON values are not Debezium envelopes "
-                         "(before, after, op, ts_ms, source; JsonConverter with schemas.enable=false)")
+        raise ValueError(
+            "transform.value.type=flatten_debezium: the JSON values are not Debezium envelopes "
+            "(before, after, op, ts_ms, source; JsonConverter with schemas.enable=false)"
+        )
     fields: dict[str, Any] = {}
     for side in ("after", "before"):
         if isinstance(names.get(side), T.StructType):
@@ -173,36 +193,64 @@ def parse(spark: Any, staged: Any, table: Table, table_name: str, debezium: bool
         # Spark's JSON inference over a Dataset[String], all in the JVM (``as`` is a Python keyword)
         encoder = spark.sparkContext._jvm.org.apache.spark.sql.Encoders.STRING()
         texts = getattr(objects.select(KAFKA_VALUE)._jdf, "as")(encoder)
-        reader = spark._jsparkSession.read().option("prefersDecimal", "false").option("dropFieldIfAllNull", "true")
+        reader = (
+            spark._jsparkSession.read()
+            .option("prefersDecimal", "false")
+            .option("dropFieldIfAllNull", "true")
+        )
         inferred_json = reader.json(texts).schema().json()
         inferred = T.StructType.fromJson(json.loads(inferred_json))
         changes = evolve(table, _debezium_row(inferred) if debezium else inferred)
-        value_type = T.StructType([f for f in spark.table(table_name).schema.fields if f.name not in SYSTEM])
+        value_type = T.StructType(
+            [f for f in spark.table(table_name).schema.fields if f.name not in SYSTEM]
+        )
         parse_type = value_type
         if debezium:
             row = T.StructType([f for f in value_type.fields if f.name != CDC])
-            parse_type = T.StructType([T.StructField("before", row), T.StructField("after", row),
-                                       T.StructField("op", T.StringType()), T.StructField("ts_ms", T.LongType()),
-                                       T.StructField("source", T.StringType())])  # an object's JSON text
+            parse_type = T.StructType(
+                [
+                    T.StructField("before", row),
+                    T.StructField("after", row),
+                    T.StructField("op", T.StringType()),
+                    T.StructField("ts_ms", T.LongType()),
+                    T.StructField("source", T.StringType()),
+                ]
+            )  # an object's JSON text
         with_corrupt = T.StructType([*parse_type.fields, T.StructField(CORRUPT, T.StringType())])
         parsed = objects.unionByName(staged.where(f"`{KAFKA_VALUE}` IS NULL")).withColumn(
-            "__v", F.from_json(F.col(KAFKA_VALUE), with_corrupt,
-                               {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
+            "__v",
+            F.from_json(
+                F.col(KAFKA_VALUE),
+                with_corrupt,
+                {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
+            ),
+        )
         unfit = parsed.where(f"__v.`{CORRUPT}` IS NOT NULL")
         good = parsed.where(f"__v IS NULL OR __v.`{CORRUPT}` IS NULL")
         if debezium:
             from spark_jobs.upsert import debezium_rows_sql
 
-            envelopes = good.select(*[F.col(f"`{c}`") for c in SYSTEM], F.col("__v").dropFields(CORRUPT)
-                                    .alias(KAFKA_VALUE))
+            envelopes = good.select(
+                *[F.col(f"`{c}`") for c in SYSTEM],
+                F.col("__v").dropFields(CORRUPT).alias(KAFKA_VALUE),
+            )
             envelopes.createOrReplaceTempView("__icefall_json_envelopes")
-            rows = spark.sql(debezium_rows_sql("__icefall_json_envelopes", envelopes.schema, table.refresh().schema()))
+            rows = spark.sql(
+                debezium_rows_sql(
+                    "__icefall_json_envelopes", envelopes.schema, table.refresh().schema()
+                )
+            )
         else:
-            rows = good.select(*[F.col(f"`{c}`") for c in SYSTEM],
-                               *[F.col(f"__v.`{f.name}`").alias(f.name) for f in value_type.fields])
-        errors = (_errors(invalid, INVALID_JSON, "value is not a JSON object")
-                  + _errors(unfit, JSON_DOES_NOT_FIT, "value does not fit the table's columns "
-                            f"({', '.join(f'{f.name} {f.dataType.simpleString()}' for f in value_type.fields)})"))
+            rows = good.select(
+                *[F.col(f"`{c}`") for c in SYSTEM],
+                *[F.col(f"__v.`{f.name}`").alias(f.name) for f in value_type.fields],
+            )
+        errors = _errors(invalid, INVALID_JSON, "value is not a JSON object") + _errors(
+            unfit,
+            JSON_DOES_NOT_FIT,
+            "value does not fit the table's columns "
+            f"({', '.join(f'{f.name} {f.dataType.simpleString()}' for f in value_type.fields)})",
+        )
         return Parsed(rows, errors, changes)
     finally:
         spark.catalog.dropTempView("__icefall_json_envelopes")
@@ -221,7 +269,19 @@ def _errors(frame: Any, error_class: str, message: str) -> list[DecodeError]:
             if isinstance(key, (bytes, bytearray))
             else None
         )
-        headers = tuple((k, bytes(v) if v is not None else None) for k, v in (r[KAFKA_HEADERS] or {}).items())
-        out.append(DecodeError(meta["partition"], meta["offset"], int(meta["timestamp"].timestamp() * 1000),
-                               error_class, message, key_bytes, r[KAFKA_VALUE].encode(), headers))
+        headers = tuple(
+            (k, bytes(v) if v is not None else None) for k, v in (r[KAFKA_HEADERS] or {}).items()
+        )
+        out.append(
+            DecodeError(
+                meta["partition"],
+                meta["offset"],
+                int(meta["timestamp"].timestamp() * 1000),
+                error_class,
+                message,
+                key_bytes,
+                r[KAFKA_VALUE].encode(),
+                headers,
+            )
+        )
     return sorted(out, key=lambda e: (e.partition, e.offset))

@@ -74,7 +74,9 @@ DAY_MS = 24 * HOUR_MS
 # for the files being rewritten makes the rewrite's commit fail Iceberg's validation, never lose
 # the deletes (and the pool shared with the rounds keeps the two apart anyway); equality deletes,
 # the case the starting sequence number exists for, are never written by our rounds.
-DANGLING_DELETE_OPTIONS = "'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false'"
+DANGLING_DELETE_OPTIONS = (
+    "'remove-dangling-deletes', 'true', 'use-starting-sequence-number', 'false'"
+)
 
 
 # What maintenance did to one table: the contract's model, filled in as the actions run.
@@ -99,55 +101,109 @@ class MaintenanceResult:
         top level, what Airflow and the status view read; the DLQ table's under ``dlq``."""
         main = self.result.to_json() if self.result is not None else {}
         return contracts.MaintenanceResult(
-            status=self.status, topic=self.topic, namespace=self.namespace, table=self.table, now_ms=self.now_ms,
+            status=self.status,
+            topic=self.topic,
+            namespace=self.namespace,
+            table=self.table,
+            now_ms=self.now_ms,
             actions=self.actions,
             dlq=self.dlq,
-            seconds={**main.get("seconds", {}), **self.seconds}, message=self.message,
+            seconds={**main.get("seconds", {}), **self.seconds},
+            message=self.message,
             per_action=main.get("actions", {}),
-            **{k: main.get(k) for k in ("snapshot_id_before", "snapshot_id", "snapshots_before", "snapshots_after",
-                                        "data_files_before", "data_files_after", "delete_files_before",
-                                        "delete_files_after", "settings")},
+            **{
+                k: main.get(k)
+                for k in (
+                    "snapshot_id_before",
+                    "snapshot_id",
+                    "snapshots_before",
+                    "snapshots_after",
+                    "data_files_before",
+                    "data_files_after",
+                    "delete_files_before",
+                    "delete_files_after",
+                    "settings",
+                )
+            },
         ).to_json()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="maintenance", description=__doc__.split("\n\n")[0])
     parser.add_argument("--topic", required=True)
-    parser.add_argument("--actions", default=",".join(ACTIONS),
-                        help=f"comma-separated subset of {','.join(ACTIONS)} (default: all, in that order)")
+    parser.add_argument(
+        "--actions",
+        default=",".join(ACTIONS),
+        help=f"comma-separated subset of {','.join(ACTIONS)} (default: all, in that order)",
+    )
     parser.add_argument("--result", type=Path, help="write the result JSON here")
-    parser.add_argument("--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090"))
-    parser.add_argument("--catalog-url", default=None, help="Iceberg REST catalog (default: the broker's)")
-    parser.add_argument("--master", default=None, help="Spark master when not run by spark-submit (default local[*])")
-    parser.add_argument("--now-ms", type=int, default=None,
-                        help="the time the age thresholds count back from (default: now; for tests)")
-    parser.add_argument("--target-file-size-bytes", type=int, default=None,
-                        help="compaction target (default: table property write.target-file-size-bytes, else 512 MiB)")
-    parser.add_argument("--strategy", choices=("auto", "binpack", "sort", "zorder"), default=None,
-                        help="compaction strategy (default auto: zorder when z-order columns are configured, "
-                             "sort when the table has a sort order, else binpack)")
-    parser.add_argument("--zorder-columns", default=None,
-                        help="z-order compaction by these columns, e.g. 'id,ts' (default: topic config "
-                             "maintenance.compaction.zorder.columns, table property)")
+    parser.add_argument(
+        "--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090")
+    )
+    parser.add_argument(
+        "--catalog-url", default=None, help="Iceberg REST catalog (default: the broker's)"
+    )
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master when not run by spark-submit (default local[*])",
+    )
+    parser.add_argument(
+        "--now-ms",
+        type=int,
+        default=None,
+        help="the time the age thresholds count back from (default: now; for tests)",
+    )
+    parser.add_argument(
+        "--target-file-size-bytes",
+        type=int,
+        default=None,
+        help="compaction target (default: table property write.target-file-size-bytes, else 512 MiB)",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=("auto", "binpack", "sort", "zorder"),
+        default=None,
+        help="compaction strategy (default auto: zorder when z-order columns are configured, "
+        "sort when the table has a sort order, else binpack)",
+    )
+    parser.add_argument(
+        "--zorder-columns",
+        default=None,
+        help="z-order compaction by these columns, e.g. 'id,ts' (default: topic config "
+        "maintenance.compaction.zorder.columns, table property)",
+    )
     parser.add_argument(
         "--min-input-files",
         type=int,
         default=None,
         help="compact a group of small files only when it has at least this many (default 5, Iceberg's)",
     )
-    parser.add_argument("--delete-file-threshold", type=int, default=None,
-                        help="rewrite a data file with at least this many delete files even when its size is fine "
-                             "(default: topic config maintenance.compaction.delete.file.threshold, table property, 1)")
+    parser.add_argument(
+        "--delete-file-threshold",
+        type=int,
+        default=None,
+        help="rewrite a data file with at least this many delete files even when its size is fine "
+        "(default: topic config maintenance.compaction.delete.file.threshold, table property, 1)",
+    )
     parser.add_argument(
         "--expire-older-than-hours",
         type=float,
         default=None,
         help="expire snapshots older than this (default: topic config expire.snapshot.older.than.hours)",
     )
-    parser.add_argument("--retain-last", type=int, default=None,
-                        help="snapshots always kept (default: topic config expire.snapshot.retain.last)")
-    parser.add_argument("--orphan-older-than-days", type=float, default=None,
-                        help="remove unreferenced files older than this (default 3, as S3 Tables)")
+    parser.add_argument(
+        "--retain-last",
+        type=int,
+        default=None,
+        help="snapshots always kept (default: topic config expire.snapshot.retain.last)",
+    )
+    parser.add_argument(
+        "--orphan-older-than-days",
+        type=float,
+        default=None,
+        help="remove unreferenced files older than this (default 3, as S3 Tables)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     try:
@@ -158,11 +214,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
-    return {"target_file_size_bytes": args.target_file_size_bytes, "strategy": args.strategy,
-            "zorder_columns": args.zorder_columns,
-            "min_input_files": args.min_input_files, "delete_file_threshold": args.delete_file_threshold,
-            "expire_older_than_hours": args.expire_older_than_hours, "retain_last": args.retain_last,
-            "orphan_older_than_days": args.orphan_older_than_days}
+    return {
+        "target_file_size_bytes": args.target_file_size_bytes,
+        "strategy": args.strategy,
+        "zorder_columns": args.zorder_columns,
+        "min_input_files": args.min_input_files,
+        "delete_file_threshold": args.delete_file_threshold,
+        "expire_older_than_hours": args.expire_older_than_hours,
+        "retain_last": args.retain_last,
+        "orphan_older_than_days": args.orphan_older_than_days,
+    }
 
 
 def sql_timestamp(ms: int) -> str:
@@ -208,8 +269,15 @@ class Maintenance:
         self.seconds: dict[str, float] = {}
 
     def result(self, status: str, **values: Any) -> MaintenanceResult:
-        return MaintenanceResult(status, self.topic.topic, self.topic.namespace, self.topic.table, self.now_ms,
-                                 list(self.args.actions), **values)
+        return MaintenanceResult(
+            status,
+            self.topic.topic,
+            self.topic.namespace,
+            self.topic.table,
+            self.now_ms,
+            list(self.args.actions),
+            **values,
+        )
 
     def spark_catalog(self) -> tuple[Any, str]:
         if self._spark is None:
@@ -228,15 +296,23 @@ class Maintenance:
     def run(self) -> MaintenanceResult:
         identifier = self.topic.identifier
         if not self.catalog.table_exists(identifier):
-            return self.result("no_table", message=f"{'.'.join(identifier)} does not exist yet (no round committed)")
+            return self.result(
+                "no_table",
+                message=f"{'.'.join(identifier)} does not exist yet (no round committed)",
+            )
         main = self.maintain(identifier, self.args.actions)
         dlq_result = None
         dlq_identifier = (self.topic.namespace, dlq.dlq_name(self.topic.table))
         dlq_actions = [a for a in self.args.actions if a in DLQ_ACTIONS]
         if dlq_actions and self.catalog.table_exists(dlq_identifier):
             dlq_result = self.maintain(dlq_identifier, dlq_actions)
-        failed = [f"{r.table} {name}: {a['error']}" for r in (main, dlq_result) if r is not None
-                  for name, a in r.actions.items() if "error" in a]
+        failed = [
+            f"{r.table} {name}: {a['error']}"
+            for r in (main, dlq_result)
+            if r is not None
+            for name, a in r.actions.items()
+            if "error" in a
+        ]
         if failed:
             return self.result("failed", result=main, dlq=dlq_result, message="; ".join(failed))
         done = ", ".join(f"{name} {_summary(name, a)}" for name, a in main.actions.items())
@@ -247,14 +323,22 @@ class Maintenance:
         settings = resolve(self.topic.configs, table.properties, _flags(self.args))
         name = ".".join(identifier)
         current = table.current_snapshot()
-        out = TableResult(table=name, settings=settings.to_json(), snapshots_before=len(table.metadata.snapshots),
-                          snapshot_id_before=current.snapshot_id if current is not None else None,
-                          data_files_before=_total(current, "total-data-files"),
-                          delete_files_before=_total(current, "total-delete-files"))
+        out = TableResult(
+            table=name,
+            settings=settings.to_json(),
+            snapshots_before=len(table.metadata.snapshots),
+            snapshot_id_before=current.snapshot_id if current is not None else None,
+            data_files_before=_total(current, "total-data-files"),
+            delete_files_before=_total(current, "total-delete-files"),
+        )
         spark, catalog = self.spark_catalog()
         target = f"{_quote(identifier[0])}.{_quote(identifier[1])}"
-        steps = {"compact": self._compact, "manifests": self._rewrite_manifests, "expire": self._expire,
-                 "orphans": self._remove_orphans}
+        steps = {
+            "compact": self._compact,
+            "manifests": self._rewrite_manifests,
+            "expire": self._expire,
+            "orphans": self._remove_orphans,
+        }
         for action in actions:
             started = time.monotonic()
             try:
@@ -282,11 +366,19 @@ class Maintenance:
         try:
             table = self.catalog.load_table(self.topic.identifier)
             with table.transaction() as transaction:
-                transaction.set_properties({maintenance_summary.LAST_RUN_PROPERTY:
-                                            maintenance_summary.to_property(summary)})
+                transaction.set_properties(
+                    {
+                        maintenance_summary.LAST_RUN_PROPERTY: maintenance_summary.to_property(
+                            summary
+                        )
+                    }
+                )
         except Exception as exc:  # a catalog or network error: see the docstring
-            log.warning("could not record the maintenance run on %s", ".".join(self.topic.identifier),
-                        exc_info=True)
+            log.warning(
+                "could not record the maintenance run on %s",
+                ".".join(self.topic.identifier),
+                exc_info=True,
+            )
             result.message += f" (not recorded on the table: {job_output.error_message(exc)})"
 
     def _call(self, spark: Any, catalog: str, procedure: str, **named: str) -> list[Any]:
@@ -296,14 +388,20 @@ class Maintenance:
         rows: list[Any] = spark.sql(sql).collect()
         return rows
 
-    def _compact(self, spark: Any, catalog: str, target: str, table: Any, settings: Settings) -> dict[str, Any]:
+    def _compact(
+        self, spark: Any, catalog: str, target: str, table: Any, settings: Settings
+    ) -> dict[str, Any]:
         sort_order = table.sort_order()
         strategy = settings.compaction_strategy(not sort_order.is_unsorted)
-        options = (f"map('target-file-size-bytes', '{settings.target_file_size_bytes}', "
-                   f"'min-input-files', '{settings.min_input_files}', "
-                   f"'delete-file-threshold', '{settings.delete_file_threshold}', {DANGLING_DELETE_OPTIONS})")
+        options = (
+            f"map('target-file-size-bytes', '{settings.target_file_size_bytes}', "
+            f"'min-input-files', '{settings.min_input_files}', "
+            f"'delete-file-threshold', '{settings.delete_file_threshold}', {DANGLING_DELETE_OPTIONS})"
+        )
         named = {"table": _sql_string(target), "options": options}
-        if strategy == ZORDER:  # Iceberg's z-order is the sort strategy with a zorder(...) sort order
+        if (
+            strategy == ZORDER
+        ):  # Iceberg's z-order is the sort strategy with a zorder(...) sort order
             columns = ", ".join(_quote_column(c) for c in settings.zorder_columns)
             named.update(strategy=_sql_string(SORT), sort_order=_sql_string(f"zorder({columns})"))
         else:
@@ -311,18 +409,30 @@ class Maintenance:
         row = _first_row(self._call(spark, catalog, "rewrite_data_files", **named))
         done_extra = {"zorder_columns": list(settings.zorder_columns)} if strategy == ZORDER else {}
         done: dict[str, Any] = {
-            "strategy": strategy, **done_extra, "target_file_size_bytes": settings.target_file_size_bytes,
-            "min_input_files": settings.min_input_files, "delete_file_threshold": settings.delete_file_threshold,
+            "strategy": strategy,
+            **done_extra,
+            "target_file_size_bytes": settings.target_file_size_bytes,
+            "min_input_files": settings.min_input_files,
+            "delete_file_threshold": settings.delete_file_threshold,
             "rewritten_data_files": _count(row, "rewritten_data_files_count"),
             "added_data_files": _count(row, "added_data_files_count"),
             "rewritten_bytes": _count(row, "rewritten_bytes_count"),
             "failed_data_files": _count(row, "failed_data_files_count"),
-            "removed_delete_files": _count(row, "removed_delete_files_count")}
+            "removed_delete_files": _count(row, "removed_delete_files_count"),
+        }
         started = time.monotonic()
         try:
-            deletes = self._rewrite_position_deletes(spark, catalog, target, table.refresh(), settings,
-                                                     rewrote_data=done["rewritten_data_files"] > 0)
-        except Exception as exc:  # keep what rewrite_data_files did; the action still counts as failed
+            deletes = self._rewrite_position_deletes(
+                spark,
+                catalog,
+                target,
+                table.refresh(),
+                settings,
+                rewrote_data=done["rewritten_data_files"] > 0,
+            )
+        except (
+            Exception
+        ) as exc:  # keep what rewrite_data_files did; the action still counts as failed
             log.warning("rewrite_position_delete_files of %s failed", target, exc_info=True)
             deletes = {"error": job_output.error_message(exc)}
             done["error"] = f"rewrite_position_delete_files: {deletes['error']}"
@@ -330,8 +440,15 @@ class Maintenance:
         done["position_deletes"] = deletes
         return done
 
-    def _rewrite_position_deletes(self, spark: Any, catalog: str, target: str, table: Any,
-                                  settings: Settings, rewrote_data: bool) -> dict[str, Any]:
+    def _rewrite_position_deletes(
+        self,
+        spark: Any,
+        catalog: str,
+        target: str,
+        table: Any,
+        settings: Settings,
+        rewrote_data: bool,
+    ) -> dict[str, Any]:
         """``rewrite_position_delete_files`` where it has work: it bin-packs small position
         delete files and drops the ones (and the rows in them) that point at data files no
         longer live, e.g. partition-scoped deletes whose data files compaction just rewrote.
@@ -345,64 +462,111 @@ class Maintenance:
         vectors, so it runs there only when such files exist. (Upsert rounds write
         partition-scoped deletes: no referenced data file, observed with Iceberg 1.10.)"""
         version = int(table.metadata.format_version)
-        base = {"format_version": version, "rewritten_delete_files": 0, "added_delete_files": 0,
-                "rewritten_bytes": 0, "added_bytes": 0}
+        base = {
+            "format_version": version,
+            "rewritten_delete_files": 0,
+            "added_delete_files": 0,
+            "rewritten_bytes": 0,
+            "added_bytes": 0,
+        }
         if version < 2:
             return {**base, "skipped": "format version 1 has no delete files"}
-        if _total(table.current_snapshot(), "total-delete-files") == 0:  # an append-only table: no Spark job
+        if (
+            _total(table.current_snapshot(), "total-delete-files") == 0
+        ):  # an append-only table: no Spark job
             return {**base, "position_delete_files": 0, "skipped": "no delete files"}
-        files = spark.sql(f"SELECT file_format, referenced_data_file FROM {catalog}.{target}.delete_files "
-                          "WHERE content = 1").collect()
+        files = spark.sql(
+            f"SELECT file_format, referenced_data_file FROM {catalog}.{target}.delete_files "
+            "WHERE content = 1"
+        ).collect()
         puffin = sum(1 for f in files if str(f["file_format"]).upper() == "PUFFIN")
         file_scoped = sum(1 for f in files if f["referenced_data_file"] is not None)
         base.update(position_delete_files=len(files), deletion_vectors=puffin)
         if not files:
             return {**base, "skipped": "no position delete files"}
         if _has_map_or_list(table.schema()):
-            return {**base, "skipped": "Iceberg 1.10's position_deletes reader cannot read a table with a map or "
-                                       "list column (every table topic has _kafka_headers); compaction applies "
-                                       "the deletes instead (delete file threshold)"}
+            return {
+                **base,
+                "skipped": "Iceberg 1.10's position_deletes reader cannot read a table with a map or "
+                "list column (every table topic has _kafka_headers); compaction applies "
+                "the deletes instead (delete file threshold)",
+            }
         if version >= 3 and puffin == len(files):
-            return {**base, "skipped": "deletion vectors only (one per data file; compaction applies them)"}
+            return {
+                **base,
+                "skipped": "deletion vectors only (one per data file; compaction applies them)",
+            }
         if version == 2 and file_scoped == len(files):
-            return {**base, "skipped": "file-scoped deletes only (one per data file; compaction applies them)"}
+            return {
+                **base,
+                "skipped": "file-scoped deletes only (one per data file; compaction applies them)",
+            }
         # After rewrite_data_files, partition-scoped deletes may point only at files it replaced.
         # Its remove-dangling-deletes cannot tell (it compares sequence numbers, and the new files
         # keep the rewrite's starting one); rewriting every delete file filters such rows out.
         rewrite_all = "true" if rewrote_data else "false"
-        options = f"map('min-input-files', '{settings.min_input_files}', 'rewrite-all', '{rewrite_all}')"
-        row = _first_row(self._call(spark, catalog, "rewrite_position_delete_files", table=_sql_string(target),
-                                    options=options))
-        return {**base, "rewritten_delete_files": _count(row, "rewritten_delete_files_count"),
-                "added_delete_files": _count(row, "added_delete_files_count"),
-                "rewritten_bytes": _count(row, "rewritten_bytes_count"),
-                "added_bytes": _count(row, "added_bytes_count")}
+        options = (
+            f"map('min-input-files', '{settings.min_input_files}', 'rewrite-all', '{rewrite_all}')"
+        )
+        row = _first_row(
+            self._call(
+                spark,
+                catalog,
+                "rewrite_position_delete_files",
+                table=_sql_string(target),
+                options=options,
+            )
+        )
+        return {
+            **base,
+            "rewritten_delete_files": _count(row, "rewritten_delete_files_count"),
+            "added_delete_files": _count(row, "added_delete_files_count"),
+            "rewritten_bytes": _count(row, "rewritten_bytes_count"),
+            "added_bytes": _count(row, "added_bytes_count"),
+        }
 
-    def _rewrite_manifests(self, spark: Any, catalog: str, target: str, table: Any,
-                           settings: Settings) -> dict[str, Any]:
+    def _rewrite_manifests(
+        self, spark: Any, catalog: str, target: str, table: Any, settings: Settings
+    ) -> dict[str, Any]:
         row = _first_row(self._call(spark, catalog, "rewrite_manifests", table=_sql_string(target)))
-        return {"rewritten_manifests": _count(row, "rewritten_manifests_count"),
-                "added_manifests": _count(row, "added_manifests_count")}
+        return {
+            "rewritten_manifests": _count(row, "rewritten_manifests_count"),
+            "added_manifests": _count(row, "added_manifests_count"),
+        }
 
-    def _expire(self, spark: Any, catalog: str, target: str, table: Any, settings: Settings) -> dict[str, Any]:
+    def _expire(
+        self, spark: Any, catalog: str, target: str, table: Any, settings: Settings
+    ) -> dict[str, Any]:
         if not settings.expire_enabled:
             return {"skipped": f"{EXPIRE_ENABLED}=false", "snapshots_expired": 0}
         older_than_ms = self.now_ms - int(settings.expire_older_than_hours * HOUR_MS)
         before = {s.snapshot_id for s in table.metadata.snapshots}
-        row = _first_row(self._call(spark, catalog, "expire_snapshots", table=_sql_string(target),
-                                    older_than=sql_timestamp(older_than_ms), retain_last=str(settings.retain_last)))
+        row = _first_row(
+            self._call(
+                spark,
+                catalog,
+                "expire_snapshots",
+                table=_sql_string(target),
+                older_than=sql_timestamp(older_than_ms),
+                retain_last=str(settings.retain_last),
+            )
+        )
         after = {s.snapshot_id for s in table.refresh().metadata.snapshots}
-        return {"older_than_ms": older_than_ms, "retain_last": settings.retain_last,
-                "snapshots_expired": len(before - after),
-                "deleted_data_files": _count(row, "deleted_data_files_count"),
-                "deleted_position_delete_files": _count(row, "deleted_position_delete_files_count"),
-                "deleted_equality_delete_files": _count(row, "deleted_equality_delete_files_count"),
-                "deleted_manifest_files": _count(row, "deleted_manifest_files_count"),
-                "deleted_manifest_lists": _count(row, "deleted_manifest_lists_count"),
-                "deleted_statistics_files": _count(row, "deleted_statistics_files_count")}
+        return {
+            "older_than_ms": older_than_ms,
+            "retain_last": settings.retain_last,
+            "snapshots_expired": len(before - after),
+            "deleted_data_files": _count(row, "deleted_data_files_count"),
+            "deleted_position_delete_files": _count(row, "deleted_position_delete_files_count"),
+            "deleted_equality_delete_files": _count(row, "deleted_equality_delete_files_count"),
+            "deleted_manifest_files": _count(row, "deleted_manifest_files_count"),
+            "deleted_manifest_lists": _count(row, "deleted_manifest_lists_count"),
+            "deleted_statistics_files": _count(row, "deleted_statistics_files_count"),
+        }
 
-    def _remove_orphans(self, spark: Any, catalog: str, target: str, table: Any,
-                        settings: Settings) -> dict[str, Any]:
+    def _remove_orphans(
+        self, spark: Any, catalog: str, target: str, table: Any, settings: Settings
+    ) -> dict[str, Any]:
         older_than_ms = self.now_ms - int(settings.orphan_older_than_days * DAY_MS)
         named = {"table": _sql_string(target), "older_than": sql_timestamp(older_than_ms)}
         if not table.location().startswith(("file:", "/")):
@@ -411,7 +575,11 @@ class Maintenance:
             named["prefix_listing"] = "true"
         rows = self._call(spark, catalog, "remove_orphan_files", **named)
         paths = [str(r["orphan_file_location"]) for r in rows]
-        return {"older_than_ms": older_than_ms, "removed": len(paths), "paths": paths[:ORPHAN_PATHS_SHOWN]}
+        return {
+            "older_than_ms": older_than_ms,
+            "removed": len(paths),
+            "paths": paths[:ORPHAN_PATHS_SHOWN],
+        }
 
 
 def _small_shuffles(spark: Any) -> None:
@@ -419,8 +587,12 @@ def _small_shuffles(spark: Any) -> None:
     procedures' joins (expire_snapshots compares the files of expired and kept snapshots) then run
     a few tasks instead of hundreds of near-empty ones. A cluster's or the user's setting is kept."""
     conf = spark.sparkContext.getConf()
-    if conf.get("spark.master", "").startswith("local") and not conf.contains("spark.sql.shuffle.partitions"):
-        spark.conf.set("spark.sql.shuffle.partitions", str(max(1, spark.sparkContext.defaultParallelism)))
+    if conf.get("spark.master", "").startswith("local") and not conf.contains(
+        "spark.sql.shuffle.partitions"
+    ):
+        spark.conf.set(
+            "spark.sql.shuffle.partitions", str(max(1, spark.sparkContext.defaultParallelism))
+        )
 
 
 def _has_map_or_list(schema: Any) -> bool:
@@ -431,7 +603,9 @@ def _has_map_or_list(schema: Any) -> bool:
     from pyiceberg.schema import index_by_id
     from pyiceberg.types import ListType, MapType
 
-    return any(isinstance(field.field_type, ListType | MapType) for field in index_by_id(schema).values())
+    return any(
+        isinstance(field.field_type, ListType | MapType) for field in index_by_id(schema).values()
+    )
 
 
 def _total(snapshot: Any, key: str) -> int | None:
@@ -449,9 +623,16 @@ def _summary(action: str, done: dict[str, Any]) -> str:
         return f"skipped ({done['skipped']})"
     if action == "compact":
         deletes = done.get("position_deletes") or {}
-        tail = (f", {deletes['rewritten_delete_files']} position delete files -> {deletes['added_delete_files']}"
-                if deletes.get("rewritten_delete_files") else "")
-        removed = f", {done['removed_delete_files']} delete files applied" if done.get("removed_delete_files") else ""
+        tail = (
+            f", {deletes['rewritten_delete_files']} position delete files -> {deletes['added_delete_files']}"
+            if deletes.get("rewritten_delete_files")
+            else ""
+        )
+        removed = (
+            f", {done['removed_delete_files']} delete files applied"
+            if done.get("removed_delete_files")
+            else ""
+        )
         return f"{done['rewritten_data_files']} data files -> {done['added_data_files']}{removed}{tail}"
     if action == "manifests":
         return f"{done['rewritten_manifests']} manifests -> {done['added_manifests']}"
@@ -472,8 +653,13 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, Maintena
     except Exception as exc:  # every failure ends as a clear message + result JSON
         log.debug("maintenance failed", exc_info=True)
         message = job_output.error_message(exc)
-        result = job.result("failed", message=message) if job is not None else MaintenanceResult(
-            "failed", args.topic, actions=list(args.actions), message=message)
+        result = (
+            job.result("failed", message=message)
+            if job is not None
+            else MaintenanceResult(
+                "failed", args.topic, actions=list(args.actions), message=message
+            )
+        )
     if job is not None:
         result.seconds.update(job.seconds)
     result.seconds["total"] = round(time.monotonic() - started, 3)
@@ -492,7 +678,9 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, Maintena
 
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     return run(argv, spark)[0]
 
 

@@ -48,10 +48,14 @@ TOPIC_ZORDER_COLUMNS = declared.MAINTENANCE_ZORDER_COLUMNS
 TOPIC_DELETE_FILE_THRESHOLD = declared.MAINTENANCE_DELETE_FILE_THRESHOLD
 
 # Table properties.
-TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # Iceberg's key; its default is 512 MiB too
+TARGET_FILE_SIZE_PROPERTY = (
+    "write.target-file-size-bytes"  # Iceberg's key; its default is 512 MiB too
+)
 STRATEGY_PROPERTY = "icefall.maintenance.compaction.strategy"
 MIN_INPUT_FILES_PROPERTY = "icefall.maintenance.compaction.min-input-files"
-ICEBERG_MIN_INPUT_FILES = 5  # rewrite_data_files' own default: fewer small files in a group are left alone
+ICEBERG_MIN_INPUT_FILES = (
+    5  # rewrite_data_files' own default: fewer small files in a group are left alone
+)
 ORPHAN_DAYS_PROPERTY = "icefall.maintenance.unreferenced-days"
 ZORDER_COLUMNS_PROPERTY = "icefall.maintenance.compaction.zorder-columns"
 DELETE_FILE_THRESHOLD_PROPERTY = "icefall.maintenance.compaction.delete-file-threshold"
@@ -101,8 +105,11 @@ class Settings:
         return self.strategy
 
 
-def resolve(topic_configs: Mapping[str, str], table_properties: Mapping[str, str],
-            flags: Mapping[str, Any] | None = None) -> Settings:
+def resolve(
+    topic_configs: Mapping[str, str],
+    table_properties: Mapping[str, str],
+    flags: Mapping[str, Any] | None = None,
+) -> Settings:
     """The settings for one table; ``flags`` holds the job's overrides (None = not given)."""
     flags = flags or {}
     sources: dict[str, str] = {}
@@ -120,26 +127,62 @@ def resolve(topic_configs: Mapping[str, str], table_properties: Mapping[str, str
         sources[name] = "default"
         return default
 
-    target = int(pick("target_file_size_bytes", TOPIC_TARGET_FILE_SIZE, TARGET_FILE_SIZE_PROPERTY,
-                      str(S3_TABLES_TARGET_FILE_SIZE_BYTES)))
+    target = int(
+        pick(
+            "target_file_size_bytes",
+            TOPIC_TARGET_FILE_SIZE,
+            TARGET_FILE_SIZE_PROPERTY,
+            str(S3_TABLES_TARGET_FILE_SIZE_BYTES),
+        )
+    )
     strategy = pick("strategy", TOPIC_STRATEGY, STRATEGY_PROPERTY, AUTO).strip().lower()
-    min_input = int(pick("min_input_files", None, MIN_INPUT_FILES_PROPERTY, str(ICEBERG_MIN_INPUT_FILES)))
-    delete_threshold = int(pick("delete_file_threshold", TOPIC_DELETE_FILE_THRESHOLD, DELETE_FILE_THRESHOLD_PROPERTY,
-                                str(DEFAULT_DELETE_FILE_THRESHOLD)))
-    enabled = _truthy(pick("expire_enabled", EXPIRE_ENABLED, None, _topic_default(EXPIRE_ENABLED, "true")))
-    hours = float(pick("expire_older_than_hours", EXPIRE_OLDER_THAN_HOURS, None,
-                       _topic_default(EXPIRE_OLDER_THAN_HOURS, "1")))
-    retain = int(pick("retain_last", EXPIRE_RETAIN_LAST, None, _topic_default(EXPIRE_RETAIN_LAST, "1")))
-    days = float(pick("orphan_older_than_days", TOPIC_ORPHAN_DAYS, ORPHAN_DAYS_PROPERTY,
-                      str(S3_TABLES_UNREFERENCED_DAYS)))
+    min_input = int(
+        pick("min_input_files", None, MIN_INPUT_FILES_PROPERTY, str(ICEBERG_MIN_INPUT_FILES))
+    )
+    delete_threshold = int(
+        pick(
+            "delete_file_threshold",
+            TOPIC_DELETE_FILE_THRESHOLD,
+            DELETE_FILE_THRESHOLD_PROPERTY,
+            str(DEFAULT_DELETE_FILE_THRESHOLD),
+        )
+    )
+    enabled = _truthy(
+        pick("expire_enabled", EXPIRE_ENABLED, None, _topic_default(EXPIRE_ENABLED, "true"))
+    )
+    hours = float(
+        pick(
+            "expire_older_than_hours",
+            EXPIRE_OLDER_THAN_HOURS,
+            None,
+            _topic_default(EXPIRE_OLDER_THAN_HOURS, "1"),
+        )
+    )
+    retain = int(
+        pick("retain_last", EXPIRE_RETAIN_LAST, None, _topic_default(EXPIRE_RETAIN_LAST, "1"))
+    )
+    days = float(
+        pick(
+            "orphan_older_than_days",
+            TOPIC_ORPHAN_DAYS,
+            ORPHAN_DAYS_PROPERTY,
+            str(S3_TABLES_UNREFERENCED_DAYS),
+        )
+    )
     if target < 1:
         raise ValueError(f"target file size must be positive, got {target}")
     if strategy not in STRATEGIES:
-        raise ValueError(f"compaction strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    zorder = parse_columns(pick("zorder_columns", TOPIC_ZORDER_COLUMNS, ZORDER_COLUMNS_PROPERTY, ""))
+        raise ValueError(
+            f"compaction strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
+        )
+    zorder = parse_columns(
+        pick("zorder_columns", TOPIC_ZORDER_COLUMNS, ZORDER_COLUMNS_PROPERTY, "")
+    )
     if strategy == ZORDER and not zorder:
-        raise ValueError(f"compaction strategy zorder needs columns ({TOPIC_ZORDER_COLUMNS} or the table "
-                         f"property {ZORDER_COLUMNS_PROPERTY})")
+        raise ValueError(
+            f"compaction strategy zorder needs columns ({TOPIC_ZORDER_COLUMNS} or the table "
+            f"property {ZORDER_COLUMNS_PROPERTY})"
+        )
     if min_input < 1:
         raise ValueError(f"min input files must be at least 1, got {min_input}")
     if delete_threshold < 1:
@@ -148,7 +191,9 @@ def resolve(topic_configs: Mapping[str, str], table_properties: Mapping[str, str
         raise ValueError(f"retain last must be at least 1, got {retain}")
     if hours < 0 or days < 0:
         raise ValueError("snapshot age and orphan age must not be negative")
-    return Settings(target, strategy, min_input, enabled, hours, retain, days, sources, zorder, delete_threshold)
+    return Settings(
+        target, strategy, min_input, enabled, hours, retain, days, sources, zorder, delete_threshold
+    )
 
 
 def parse_columns(text: str) -> tuple[str, ...]:

@@ -37,7 +37,9 @@ def summarize(result: Mapping[str, Any]) -> dict[str, Any]:
     """The short form of a maintenance result JSON (``MaintenanceResult.to_json()``)."""
     per_action: Mapping[str, Any] = result.get("per_action") or {}
     seconds: Mapping[str, Any] = result.get("seconds") or {}
-    failed = sorted(name for name, done in per_action.items() if isinstance(done, Mapping) and "error" in done)
+    failed = sorted(
+        name for name, done in per_action.items() if isinstance(done, Mapping) and "error" in done
+    )
     return {
         "status": result.get("status"),
         "at_ms": result.get("now_ms"),
@@ -52,9 +54,12 @@ def summarize(result: Mapping[str, Any]) -> dict[str, Any]:
         "rewritten_bytes": _number(per_action, "compact", "rewritten_bytes"),
         "delete_files_before": result.get("delete_files_before"),
         "delete_files_after": result.get("delete_files_after"),
-        "rewritten_position_delete_files": _nested(per_action, "compact", "position_deletes",
-                                                   "rewritten_delete_files"),
-        "added_position_delete_files": _nested(per_action, "compact", "position_deletes", "added_delete_files"),
+        "rewritten_position_delete_files": _nested(
+            per_action, "compact", "position_deletes", "rewritten_delete_files"
+        ),
+        "added_position_delete_files": _nested(
+            per_action, "compact", "position_deletes", "added_delete_files"
+        ),
         "rewritten_manifests": _number(per_action, "manifests", "rewritten_manifests"),
         "snapshots_expired": _number(per_action, "expire", "snapshots_expired"),
         "expired_data_files_deleted": _number(per_action, "expire", "deleted_data_files"),
@@ -85,9 +90,13 @@ def one_line(summary: Mapping[str, Any]) -> str:
     expired; 0 orphans removed``."""
     parts = []
     if summary.get("rewritten_data_files") is not None:
-        parts.append(f"compacted {summary['rewritten_data_files']} -> {summary.get('added_data_files')} data files")
+        parts.append(
+            f"compacted {summary['rewritten_data_files']} -> {summary.get('added_data_files')} data files"
+        )
     if summary.get("delete_files_before") and summary.get("delete_files_after") is not None:
-        parts.append(f"{summary['delete_files_before']} -> {summary['delete_files_after']} delete files")
+        parts.append(
+            f"{summary['delete_files_before']} -> {summary['delete_files_after']} delete files"
+        )
     if summary.get("snapshots_expired") is not None:
         parts.append(f"{summary['snapshots_expired']} snapshots expired")
     if summary.get("orphans_removed") is not None:

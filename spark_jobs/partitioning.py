@@ -34,8 +34,10 @@ from pyiceberg.transforms import (
 )
 
 log = logging.getLogger(__name__)
-_ITEM = re.compile(r"^(?:(?P<fn>year|month|day|hour|bucket|truncate)\(\s*(?P<col>[\w.]+)\s*(?:,\s*(?P<n>\d+)\s*)?\)"
-                   r"|(?P<ident>[\w.]+))$")
+_ITEM = re.compile(
+    r"^(?:(?P<fn>year|month|day|hour|bucket|truncate)\(\s*(?P<col>[\w.]+)\s*(?:,\s*(?P<n>\d+)\s*)?\)"
+    r"|(?P<ident>[\w.]+))$"
+)
 ATTEMPTS = 5
 
 
@@ -70,8 +72,12 @@ def parse(config: str) -> list[PartitionField]:
         elif fn == "truncate":
             transform, name = TruncateTransform(int(n)), f"{base}_trunc_{n}"
         else:
-            transform = {"year": YearTransform(), "month": MonthTransform(), "day": DayTransform(),
-                         "hour": HourTransform()}[fn]
+            transform = {
+                "year": YearTransform(),
+                "month": MonthTransform(),
+                "day": DayTransform(),
+                "hour": HourTransform(),
+            }[fn]
             name = f"{base}_{fn}"
         fields.append(PartitionField(column, transform, name))
     return fields
@@ -93,7 +99,9 @@ def _split(text: str) -> list[str]:
 
 def _current(table: Table) -> set[tuple[str, str]]:
     schema = table.schema()
-    return {(schema.find_column_name(f.source_id) or "", str(f.transform)) for f in table.spec().fields}
+    return {
+        (schema.find_column_name(f.source_id) or "", str(f.transform)) for f in table.spec().fields
+    }
 
 
 def evolve(table: Table, config: str) -> tuple[Table, list[str]]:
@@ -108,14 +116,19 @@ def evolve(table: Table, config: str) -> tuple[Table, list[str]]:
         try:
             with table.update_spec() as update:
                 for existing in table.spec().fields:
-                    key = (table.schema().find_column_name(existing.source_id) or "", str(existing.transform))
+                    key = (
+                        table.schema().find_column_name(existing.source_id) or "",
+                        str(existing.transform),
+                    )
                     if key not in wanted_keys:
                         update.remove_field(existing.name)
                         changes.append(f"drop partition field {existing.name}")
                 for field in wanted:
                     if (field.column, str(field.transform)) not in current:
                         update.add_field(field.column, field.transform, field.name)
-                        changes.append(f"add partition field {field.name} = {field.transform}({field.column})")
+                        changes.append(
+                            f"add partition field {field.name} = {field.transform}({field.column})"
+                        )
             log.info("partition spec of %s: %s", table.name(), "; ".join(changes))
             return table.refresh(), changes
         except CommitFailedException:

@@ -55,7 +55,9 @@ class UnexpectedBranchState(RuntimeError):
 
 
 def _set_ref(name: str, kind: SnapshotRefType, snapshot_id: int) -> SetSnapshotRefUpdate:
-    return SetSnapshotRefUpdate.model_validate({"ref-name": name, "type": kind, "snapshot-id": snapshot_id})
+    return SetSnapshotRefUpdate.model_validate(
+        {"ref-name": name, "type": kind, "snapshot-id": snapshot_id}
+    )
 
 
 def _remove_ref(name: str) -> RemoveSnapshotRefUpdate:
@@ -84,13 +86,13 @@ def create_branch(catalog: Catalog, table: Table, name: str, parent: int) -> Non
         AssertTableUUID(uuid=table.metadata.table_uuid),
         _assert_ref(MAIN, parent),
     )
-    updates: tuple[TableUpdate, ...] = (
-        _set_ref(name, SnapshotRefType.BRANCH, parent),
-    )
+    updates: tuple[TableUpdate, ...] = (_set_ref(name, SnapshotRefType.BRANCH, parent),)
     try:
         catalog.commit_table(table, requirements, updates)
     except CommitFailedException as exc:
-        raise LostRace(f"main moved before the round could branch from snapshot {parent}: {exc}") from exc
+        raise LostRace(
+            f"main moved before the round could branch from snapshot {parent}: {exc}"
+        ) from exc
 
 
 def round_snapshot(table: Table, name: str, parent: int | None) -> int:
@@ -102,7 +104,8 @@ def round_snapshot(table: Table, name: str, parent: int | None) -> int:
     if snapshot is None or snapshot.snapshot_id == parent or snapshot.parent_snapshot_id != parent:
         raise UnexpectedBranchState(
             f"branch {name} is at snapshot {ref.snapshot_id} whose parent is "
-            f"{getattr(snapshot, 'parent_snapshot_id', None)}, not the planned parent {parent}")
+            f"{getattr(snapshot, 'parent_snapshot_id', None)}, not the planned parent {parent}"
+        )
     return snapshot.snapshot_id
 
 
@@ -137,7 +140,10 @@ def _change(head: BranchHead) -> tuple[tuple[TableRequirement, ...], tuple[Table
     if head.tag_checkpoint:
         updates.append(_set_ref(CHECKPOINT_TAG, SnapshotRefType.TAG, head.snapshot_id))
     updates.append(_remove_ref(head.branch))
-    updates += [_remove_ref(stale) for stale in _stale_branches(head.table, head.branch, int(time.time() * 1000))]
+    updates += [
+        _remove_ref(stale)
+        for stale in _stale_branches(head.table, head.branch, int(time.time() * 1000))
+    ]
     return requirements, tuple(updates)
 
 
@@ -158,7 +164,12 @@ def publish(catalog: Catalog, heads: list[BranchHead], catalog_url: str | None =
         if main_snapshot_id(heads[0].table.refresh()) != heads[0].snapshot_id:
             raise
     for head in heads:
-        log.info("published snapshot %d on %s (parent %s)", head.snapshot_id, head.table.name(), head.parent)
+        log.info(
+            "published snapshot %d on %s (parent %s)",
+            head.snapshot_id,
+            head.table.name(),
+            head.parent,
+        )
 
 
 def _commit_transaction(catalog_url: str, heads: list[BranchHead], prefix: str = "") -> None:
@@ -170,13 +181,17 @@ def _commit_transaction(catalog_url: str, heads: list[BranchHead], prefix: str =
     for head in heads:
         requirements, updates = _change(head)
         namespace, name = head.table.name()[-2:]
-        changes.append({
-            "identifier": {"namespace": [namespace], "name": name},
-            "requirements": [r.model_dump(mode="json", by_alias=True) for r in requirements],
-            "updates": [u.model_dump(mode="json", by_alias=True) for u in updates],
-        })
+        changes.append(
+            {
+                "identifier": {"namespace": [namespace], "name": name},
+                "requirements": [r.model_dump(mode="json", by_alias=True) for r in requirements],
+                "updates": [u.model_dump(mode="json", by_alias=True) for u in updates],
+            }
+        )
     try:
-        path = "/v1/" + (prefix.strip("/") + "/" if prefix.strip("/") else "") + "transactions/commit"
+        path = (
+            "/v1/" + (prefix.strip("/") + "/" if prefix.strip("/") else "") + "transactions/commit"
+        )
         http_json(catalog_url.rstrip("/") + path, "POST", {"table-changes": changes})
     except BrokerRequestError as exc:
         if exc.status == 409:
@@ -186,7 +201,9 @@ def _commit_transaction(catalog_url: str, heads: list[BranchHead], prefix: str =
         raise
 
 
-def write_to_branch(table: Table, write: Callable[[Table], None], attempts: int = BRANCH_WRITE_ATTEMPTS) -> Table:
+def write_to_branch(
+    table: Table, write: Callable[[Table], None], attempts: int = BRANCH_WRITE_ATTEMPTS
+) -> Table:
     """Run a pyiceberg write on the round's own branch; the table, refreshed, after it.
 
     Another writer's commit to another ref (a concurrent round's branch, ``main``) moves the
@@ -200,7 +217,11 @@ def write_to_branch(table: Table, write: Callable[[Table], None], attempts: int 
         except (CommitFailedException, BadRequestError) as exc:
             if attempt == attempts - 1:
                 raise
-            log.info("write to a round branch of %s refused (%s); again on fresh metadata", table.name(), exc)
+            log.info(
+                "write to a round branch of %s refused (%s); again on fresh metadata",
+                table.name(),
+                exc,
+            )
             table = table.refresh()
     raise AssertionError("unreachable")
 

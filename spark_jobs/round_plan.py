@@ -27,7 +27,9 @@ class PartitionWindow:
     start: int
     end: int
     log_start_offset: int
-    skipped: int = 0  # records lost to retention before they were committed (start moved up to the log start)
+    skipped: int = (
+        0  # records lost to retention before they were committed (start moved up to the log start)
+    )
 
     @property
     def records(self) -> int:

@@ -53,7 +53,9 @@ class TaskSpec:
     key_type: str
     value_type: str
     registry_url: str
-    schemas: tuple[tuple[int, str], ...] = ()  # (id, Avro schema text): hashable, so a worker caches by spec
+    schemas: tuple[
+        tuple[int, str], ...
+    ] = ()  # (id, Avro schema text): hashable, so a worker caches by spec
     verify_crc: bool = True
 
 
@@ -72,8 +74,16 @@ class TaskReport:
     errors_dropped: int = 0  # past MAX_ERRORS_KEPT: counted, not kept
 
     def merge(self, other: TaskReport) -> TaskReport:
-        for name in ("ranges", "bytes_read", "batches", "control_batches", "aborted_batches", "records", "rows",
-                     "errors_dropped"):
+        for name in (
+            "ranges",
+            "bytes_read",
+            "batches",
+            "control_batches",
+            "aborted_batches",
+            "records",
+            "rows",
+            "errors_dropped",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         room = MAX_ERRORS_KEPT - len(self.errors)
         self.errors.extend(other.errors[:room])
@@ -82,11 +92,16 @@ class TaskReport:
 
 
 def encode_group(group: list[SegmentRange]) -> str:
-    return json.dumps([[r.object_key, r.byte_start, r.byte_end, r.partition, r.start, r.end] for r in group])
+    return json.dumps(
+        [[r.object_key, r.byte_start, r.byte_end, r.partition, r.start, r.end] for r in group]
+    )
 
 
 def decode_group(text: str) -> list[SegmentRange]:
-    return [SegmentRange(str(k), int(a), int(b), int(p), int(s), int(e)) for k, a, b, p, s, e in json.loads(text)]
+    return [
+        SegmentRange(str(k), int(a), int(b), int(p), int(s), int(e))
+        for k, a, b, p, s, e in json.loads(text)
+    ]
 
 
 @functools.lru_cache(maxsize=4)
@@ -108,7 +123,9 @@ def _converter(spec: TaskSpec) -> RowConverter:
         known = schemas.get(schema_id)
         return known if known is not None else registry.avro_schema(schema_id)
 
-    return RowConverter(_metadata(spec).schema(), lookup, key_type=spec.key_type, value_type=spec.value_type)
+    return RowConverter(
+        _metadata(spec).schema(), lookup, key_type=spec.key_type, value_type=spec.value_type
+    )
 
 
 @dataclass
@@ -122,7 +139,9 @@ def write_group(spec: TaskSpec, text: str) -> TaskOutput:
     return _write(spec, decode_group(text))
 
 
-def _write(spec: TaskSpec, ranges: list[SegmentRange], extra: Sequence[RecordChunk] = ()) -> TaskOutput:
+def _write(
+    spec: TaskSpec, ranges: list[SegmentRange], extra: Sequence[RecordChunk] = ()
+) -> TaskOutput:
     """Decode the records of ``extra`` and then of ``ranges`` into data files of the table."""
     from pyiceberg.io import load_file_io
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
@@ -134,14 +153,18 @@ def _write(spec: TaskSpec, ranges: list[SegmentRange], extra: Sequence[RecordChu
     report = TaskReport()
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for chunk in itertools.chain(extra, read_ranges(store, ranges, verify_crc=spec.verify_crc, stats=stats)):
+        for chunk in itertools.chain(
+            extra, read_ranges(store, ranges, verify_crc=spec.verify_crc, stats=stats)
+        ):
             rows = converter.convert(chunk)
             report.rows += rows.batch.num_rows
             report.errors.extend(rows.errors)
             if rows.batch.num_rows:
                 yield rows.batch
 
-    data: pa.RecordBatchReader | pa.Table = pa.RecordBatchReader.from_batches(converter.arrow_schema, batches())
+    data: pa.RecordBatchReader | pa.Table = pa.RecordBatchReader.from_batches(
+        converter.arrow_schema, batches()
+    )
     if not metadata.spec().is_unpartitioned():  # pyiceberg splits partitions of a whole table only
         data = data.read_all()
     io = load_file_io(dict(spec.io_properties), metadata.location)
@@ -155,12 +178,17 @@ def _write(spec: TaskSpec, ranges: list[SegmentRange], extra: Sequence[RecordChu
 def run_tasks(spark: Any, spec: TaskSpec, groups: list[list[SegmentRange]]) -> TaskOutput:
     """Every group as one Spark task; the files and reports of all of them."""
     texts = [encode_group(g) for g in groups]
-    outputs = spark.sparkContext.parallelize(texts, max(len(texts), 1)).map(
-        functools.partial(write_group, spec)).collect()
+    outputs = (
+        spark.sparkContext.parallelize(texts, max(len(texts), 1))
+        .map(functools.partial(write_group, spec))
+        .collect()
+    )
     return _combine(outputs)
 
 
-def run_in_driver(spec: TaskSpec, ranges: list[SegmentRange], extra: Sequence[RecordChunk] = ()) -> TaskOutput:
+def run_in_driver(
+    spec: TaskSpec, ranges: list[SegmentRange], extra: Sequence[RecordChunk] = ()
+) -> TaskOutput:
     """All ranges (and the records of ``extra``, which the DLQ reprocess has from elsewhere) as
     one task in this (the driver's) process, with no SparkContext.
 
@@ -205,7 +233,9 @@ def read_staged(spark: Any, table: Any, staged: Sequence[str]) -> Any:
                     yield from pq.ParquetFile(f).iter_batches()
 
     paths = spark.createDataFrame([(p,) for p in staged], "path string")
-    return paths.repartition(max(1, min(len(staged), spark.sparkContext.defaultParallelism))).mapInArrow(read, schema)
+    return paths.repartition(
+        max(1, min(len(staged), spark.sparkContext.defaultParallelism))
+    ).mapInArrow(read, schema)
 
 
 def _nullable(data_type: Any) -> Any:
@@ -213,7 +243,9 @@ def _nullable(data_type: Any) -> Any:
     from pyspark.sql.types import ArrayType, MapType, StructField, StructType
 
     if isinstance(data_type, StructType):
-        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in data_type.fields])
+        return StructType(
+            [StructField(f.name, _nullable(f.dataType), True) for f in data_type.fields]
+        )
     if isinstance(data_type, ArrayType):
         return ArrayType(_nullable(data_type.elementType), True)
     if isinstance(data_type, MapType):

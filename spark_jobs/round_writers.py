@@ -57,8 +57,9 @@ class BranchCleanup:
 
 
 @contextlib.contextmanager
-def round_branch(catalog: Catalog, table: Table, branch: str,
-                 staged: Sequence[str] = ()) -> Iterator[BranchCleanup]:
+def round_branch(
+    catalog: Catalog, table: Table, branch: str, staged: Sequence[str] = ()
+) -> Iterator[BranchCleanup]:
     """Drop ``branch`` and remove the staged files (``staged``, and those added to the cleanup
     later) when the block raises an ``Exception``; the error is raised again."""
     cleanup = BranchCleanup(table, list(staged))
@@ -100,8 +101,10 @@ class PyIcebergAppend:
             if self.rows is not None:
                 target.append(self.rows, snapshot_properties=properties, branch=self.branch)
                 return
-            with target.transaction() as tx, \
-                    tx.update_snapshot(properties, branch=self.branch).fast_append() as fast:
+            with (
+                target.transaction() as tx,
+                tx.update_snapshot(properties, branch=self.branch).fast_append() as fast,
+            ):
                 for data_file in self.data_files:
                     fast.append_data_file(data_file)
 
@@ -125,8 +128,16 @@ class SparkAppend:
         name = self.target.name(spark)
         columns = [f"`{f.name}`" for f in table.schema().fields]
         frame = self.rows(spark, table)
-        upsert.with_commit_properties(spark, properties, lambda: frame.selectExpr(*columns).writeTo(
-            name).option("check-nullability", "false").append())
+        upsert.with_commit_properties(
+            spark,
+            properties,
+            lambda: (
+                frame.selectExpr(*columns)
+                .writeTo(name)
+                .option("check-nullability", "false")
+                .append()
+            ),
+        )
         return True
 
 
@@ -141,7 +152,9 @@ class SparkMerge:
     round_id: str
     staged: Sequence[str] = ()
     rows: Any = None
-    check_columns: bool = False  # JSON: the id columns exist only once the values' columns are inferred
+    check_columns: bool = (
+        False  # JSON: the id columns exist only once the values' columns are inferred
+    )
     only: Sequence[tuple[int, int]] | None = None
     outcome: upsert.MergeOutcome | None = None
 
@@ -150,9 +163,22 @@ class SparkMerge:
         name = self.target.name(spark)
         if self.check_columns:
             upsert.check_columns(table.schema(), self.options)
-        staged = round_tasks.read_staged(spark, table, self.staged) if self.staged and self.rows is None else None
-        self.outcome = upsert.merge_round(spark, name, table.schema(), self.options, staged, properties,
-                                          self.round_id, self.rows, only=self.only)
+        staged = (
+            round_tasks.read_staged(spark, table, self.staged)
+            if self.staged and self.rows is None
+            else None
+        )
+        self.outcome = upsert.merge_round(
+            spark,
+            name,
+            table.schema(),
+            self.options,
+            staged,
+            properties,
+            self.round_id,
+            self.rows,
+            only=self.only,
+        )
         return self.outcome.merged
 
 
@@ -166,8 +192,9 @@ class SparkEmpty:
     def write(self, table: Table, properties: dict[str, str]) -> bool:
         spark = self.target.session()
         name = self.target.name(spark)
-        upsert.with_commit_properties(spark, properties,
-                                      lambda: spark.table(name).limit(0).writeTo(name).append())
+        upsert.with_commit_properties(
+            spark, properties, lambda: spark.table(name).limit(0).writeTo(name).append()
+        )
         return True
 
 
@@ -193,18 +220,33 @@ class RoundRows:
     parsed: Any = None
 
 
-def round_writer(rows: RoundRows, branch: str, target: SparkTarget, round_id: str, *,
-                 options: upsert.UpsertOptions | None, json: bool, v3: bool) -> Writer:
+def round_writer(
+    rows: RoundRows,
+    branch: str,
+    target: SparkTarget,
+    round_id: str,
+    *,
+    options: upsert.UpsertOptions | None,
+    json: bool,
+    v3: bool,
+) -> Writer:
     """A round's writer, from its facts: upsert (MERGE), JSON (its parsed rows by Spark), format
     v3 (everything by Spark), else the tasks' files by pyiceberg."""
     empty: Writer = SparkEmpty(target) if v3 else PyIcebergAppend(branch)
     if options is not None:
-        return OrEmpty(SparkMerge(target, options, round_id, rows.staged, rows.parsed, check_columns=json), empty)
+        return OrEmpty(
+            SparkMerge(target, options, round_id, rows.staged, rows.parsed, check_columns=json),
+            empty,
+        )
     if json:
         parsed = rows.parsed
-        return OrEmpty(SparkAppend(target, None if parsed is None else lambda spark, table: parsed), empty)
+        return OrEmpty(
+            SparkAppend(target, None if parsed is None else lambda spark, table: parsed), empty
+        )
     if v3:
-        return OrEmpty(SparkAppend(target, staged_rows(rows.staged) if rows.staged else None), empty)
+        return OrEmpty(
+            SparkAppend(target, staged_rows(rows.staged) if rows.staged else None), empty
+        )
     return PyIcebergAppend(branch, rows.data_files)
 
 

@@ -92,26 +92,38 @@ class Rows:
     errors: list[DecodeError] = field(default_factory=list)
 
 
-DLQ_ARROW_SCHEMA = pa.schema([
-    ("partition", pa.int32()), ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")),
-    ("error_class", pa.string()), ("message", pa.string()), ("key", pa.binary()), ("value", pa.binary()),
-    ("headers", pa.map_(pa.string(), pa.binary())),
-])
+DLQ_ARROW_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("error_class", pa.string()),
+        ("message", pa.string()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", pa.map_(pa.string(), pa.binary())),
+    ]
+)
 
 
 def errors_to_arrow(errors: Iterable[DecodeError]) -> pa.RecordBatch:
     """Decode errors as a record batch (``DLQ_ARROW_SCHEMA``) for a DLQ table."""
     errors = list(errors)
-    return pa.RecordBatch.from_arrays([
-        pa.array([e.partition for e in errors], pa.int32()),
-        pa.array([e.offset for e in errors], pa.int64()),
-        pa.array([e.timestamp * 1000 for e in errors], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        pa.array([e.error_class for e in errors], pa.string()),
-        pa.array([e.message for e in errors], pa.string()),
-        pa.array([e.key for e in errors], pa.binary()),
-        pa.array([e.value for e in errors], pa.binary()),
-        pa.array([list(e.headers) for e in errors], DLQ_ARROW_SCHEMA.field("headers").type),
-    ], schema=DLQ_ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([e.partition for e in errors], pa.int32()),
+            pa.array([e.offset for e in errors], pa.int64()),
+            pa.array([e.timestamp * 1000 for e in errors], pa.int64()).cast(
+                pa.timestamp("us", tz="UTC")
+            ),
+            pa.array([e.error_class for e in errors], pa.string()),
+            pa.array([e.message for e in errors], pa.string()),
+            pa.array([e.key for e in errors], pa.binary()),
+            pa.array([e.value for e in errors], pa.binary()),
+            pa.array([list(e.headers) for e in errors], DLQ_ARROW_SCHEMA.field("headers").type),
+        ],
+        schema=DLQ_ARROW_SCHEMA,
+    )
 
 
 def schema_ids(chunk: RecordChunk, *, keys: bool = False) -> set[int]:
@@ -163,11 +175,15 @@ class RowConverter:
             raise ValueError(f"convert.value.type={value_type} needs a {KAFKA_VALUE} column")
         expected = {"raw": "binary", "string": "string"}.get(value_type)
         if expected and str(table.find_field(KAFKA_VALUE).field_type) != expected:
-            raise ValueError(f"convert.value.type={value_type} needs {KAFKA_VALUE} of type {expected}")
+            raise ValueError(
+                f"convert.value.type={value_type} needs {KAFKA_VALUE} of type {expected}"
+            )
         system = {KAFKA_KEY, KAFKA_HEADERS, KAFKA_METADATA}
         self.value_fields = [f for f in table.fields if f.name not in system]
         self.value_target: IcebergType = (
-            StructType(*self.value_fields) if self.flattened else table.find_field(KAFKA_VALUE).field_type
+            StructType(*self.value_fields)
+            if self.flattened
+            else table.find_field(KAFKA_VALUE).field_type
         )
         self.key_target = table.find_field(KAFKA_KEY).field_type
         self._plans: dict[tuple[str, int], DecodePlan | _Failure] = {}
@@ -196,7 +212,9 @@ class RowConverter:
         try:
             writer = avro_schema.parse_avro(self.lookup(schema_id))
         except Exception as exc:
-            raise _Failure(UNKNOWN_SCHEMA, f"schema id {schema_id}: {type(exc).__name__}: {exc}") from exc
+            raise _Failure(
+                UNKNOWN_SCHEMA, f"schema id {schema_id}: {type(exc).__name__}: {exc}"
+            ) from exc
         self._writers[(role, schema_id)] = writer
         target = self.value_target if role == "value" else self.key_target
         try:
@@ -204,8 +222,11 @@ class RowConverter:
         except (evolution.IncompatibleSchemaChange, avro_schema.UnsupportedAvroSchema) as exc:
             raise _Failure(INCOMPATIBLE_SCHEMA, f"schema id {schema_id}: {exc}") from exc
         if changes:
-            raise _Failure(TABLE_SCHEMA_BEHIND, f"schema id {schema_id} needs the table to "
-                           + "; ".join(evolution.describe(changes)))
+            raise _Failure(
+                TABLE_SCHEMA_BEHIND,
+                f"schema id {schema_id} needs the table to "
+                + "; ".join(evolution.describe(changes)),
+            )
         return build_plan(writer, target, self.flavor)
 
     def _changes(self, role: str, writer: Any) -> list[evolution.SchemaChange]:
@@ -213,18 +234,24 @@ class RowConverter:
             wanted = avro_schema.key_column_type("by_schema_id", writer)
             return evolution.plan_schema_update(
                 Schema(NestedField(1, KAFKA_KEY, self.key_target, required=False)),
-                Schema(NestedField(1, KAFKA_KEY, wanted, required=False)))
+                Schema(NestedField(1, KAFKA_KEY, wanted, required=False)),
+            )
         if self.flattened:
             current = Schema(*self.value_fields)
             if not (isinstance(writer, dict) and writer.get("type") == "record"):
-                raise avro_schema.UnsupportedAvroSchema("a flattened table needs a record value schema")
+                raise avro_schema.UnsupportedAvroSchema(
+                    "a flattened table needs a record value schema"
+                )
             return evolution.plan_schema_update(current, avro_schema.avro_to_iceberg_schema(writer))
         wanted = avro_schema.avro_to_iceberg_type(writer)
         return evolution.plan_schema_update(
             Schema(NestedField(1, KAFKA_VALUE, self.value_target, required=False)),
-            Schema(NestedField(1, KAFKA_VALUE, wanted, required=False)))
+            Schema(NestedField(1, KAFKA_VALUE, wanted, required=False)),
+        )
 
-    def _decode_all(self, role: str, data: list[bytes | None], bad: dict[int, _Failure]) -> list[Any]:
+    def _decode_all(
+        self, role: str, data: list[bytes | None], bad: dict[int, _Failure]
+    ) -> list[Any]:
         """Decoded payloads (None for null and for failures, which go to ``bad``)."""
         out: list[Any] = []
         append = out.append
@@ -235,8 +262,10 @@ class RowConverter:
                 continue
             try:
                 if len(item) < WIRE_HEADER or item[0] != MAGIC:
-                    raise _Failure(MISSING_WIRE_HEADER, f"{role} lacks the Confluent wire format "
-                                   "(magic byte 0 + schema id)")
+                    raise _Failure(
+                        MISSING_WIRE_HEADER,
+                        f"{role} lacks the Confluent wire format (magic byte 0 + schema id)",
+                    )
                 schema_id = int.from_bytes(item[1:WIRE_HEADER], "big")
                 plan = plans.get(schema_id)
                 if plan is None:
@@ -244,10 +273,14 @@ class RowConverter:
                 try:
                     append(plan.decode(item))
                 except TrailingBytesError as exc:
-                    raise _Failure(TRAILING_BYTES, f"{role} with schema id {schema_id}: {exc}") from exc
+                    raise _Failure(
+                        TRAILING_BYTES, f"{role} with schema id {schema_id}: {exc}"
+                    ) from exc
                 except Exception as exc:  # fastavro raises many kinds on garbage
-                    raise _Failure(AVRO_DECODE, f"{role} with schema id {schema_id}: "
-                                   f"{type(exc).__name__}: {exc}") from exc
+                    raise _Failure(
+                        AVRO_DECODE,
+                        f"{role} with schema id {schema_id}: {type(exc).__name__}: {exc}",
+                    ) from exc
             except _Failure as failure:
                 bad.setdefault(i, failure)
                 append(None)
@@ -279,16 +312,34 @@ class RowConverter:
             return Rows(batch)
         keep = pa.array([i not in bad for i in range(n)], pa.bool_())
         errors = [
-            DecodeError(chunk.partition, chunk.offsets[i], chunk.timestamps[i], f.error_class,
-                        f.message + (" (the value is null: a tombstone)"
-                                     if f.error_class == NULL_IN_REQUIRED and chunk.values[i] is None else ""),
-                        chunk.keys[i], chunk.values[i], chunk.headers[i])
+            DecodeError(
+                chunk.partition,
+                chunk.offsets[i],
+                chunk.timestamps[i],
+                f.error_class,
+                f.message
+                + (
+                    " (the value is null: a tombstone)"
+                    if f.error_class == NULL_IN_REQUIRED and chunk.values[i] is None
+                    else ""
+                ),
+                chunk.keys[i],
+                chunk.values[i],
+                chunk.headers[i],
+            )
             for i, f in sorted(bad.items())
         ]
         return Rows(batch.filter(keep), errors)
 
-    def _column(self, chunk: RecordChunk, role: str, kind: str, data: list[bytes | None],
-                target: IcebergType, bad: dict[int, _Failure]) -> pa.Array:
+    def _column(
+        self,
+        chunk: RecordChunk,
+        role: str,
+        kind: str,
+        data: list[bytes | None],
+        target: IcebergType,
+        bad: dict[int, _Failure],
+    ) -> pa.Array:
         arrow_type = avro_schema.arrow_type(target, self.flavor)
         if kind == "raw":
             return pa.array(data, pa.binary())
@@ -315,13 +366,21 @@ class RowConverter:
             self._column_plans[key] = plan
         return self._column_plans[key]
 
-    def _columns(self, role: str, data: list[bytes | None], bad: dict[int, _Failure]) -> pa.Array | None:
+    def _columns(
+        self, role: str, data: list[bytes | None], bad: dict[int, _Failure]
+    ) -> pa.Array | None:
         """The column decoded by the C decoder (``avro_columns``), or None when the
         first schema id in ``data`` needs the general path. Values of other schema ids
         (or without the wire format) are converted by a recursive call or the general
         path and merged in, row for row."""
-        first = next((item for item in data
-                      if item is not None and len(item) >= WIRE_HEADER and item[0] == MAGIC), None)
+        first = next(
+            (
+                item
+                for item in data
+                if item is not None and len(item) >= WIRE_HEADER and item[0] == MAGIC
+            ),
+            None,
+        )
         if first is None:
             return None
         schema_id = int.from_bytes(first[1:WIRE_HEADER], "big")
@@ -348,8 +407,9 @@ class RowConverter:
             rest[i] = data[i]
         other = self._columns(role, rest, bad)
         if other is None:
-            arrow_type = avro_schema.arrow_type(self.value_target if role == "value" else self.key_target,
-                                                self.flavor)
+            arrow_type = avro_schema.arrow_type(
+                self.value_target if role == "value" else self.key_target, self.flavor
+            )
             other = _to_arrow(self._decode_all(role, rest, bad), arrow_type, role, bad)
         take = list(range(n))
         for i in decoded.others:
@@ -361,8 +421,11 @@ class RowConverter:
         micros = pc.multiply(pa.array(chunk.timestamps, pa.int64()), 1000)
         metadata_type = self.arrow_schema.field(KAFKA_METADATA).type
         return pa.StructArray.from_arrays(
-            [pa.array([chunk.partition] * n, pa.int32()), pa.array(chunk.offsets, pa.int64()),
-             micros.cast(pa.timestamp("us", tz="UTC"))],
+            [
+                pa.array([chunk.partition] * n, pa.int32()),
+                pa.array(chunk.offsets, pa.int64()),
+                micros.cast(pa.timestamp("us", tz="UTC")),
+            ],
             fields=list(metadata_type),
         )
 
@@ -385,7 +448,9 @@ def _utf8(data: list[bytes | None], role: str, bad: dict[int, _Failure]) -> pa.A
     return pa.array(clean, pa.binary()).cast(pa.string())
 
 
-def _to_arrow(values: list[Any], arrow_type: pa.DataType, role: str, bad: dict[int, _Failure]) -> pa.Array:
+def _to_arrow(
+    values: list[Any], arrow_type: pa.DataType, role: str, bad: dict[int, _Failure]
+) -> pa.Array:
     """One Arrow array; a value Arrow refuses (out of range, wrong type) fails its row only."""
     build = avro_schema.storage_type(arrow_type)
     try:
@@ -402,8 +467,13 @@ def _to_arrow(values: list[Any], arrow_type: pa.DataType, role: str, bad: dict[i
     return array if build == arrow_type else array.view(arrow_type)
 
 
-def _check_required(array: pa.Array, f: NestedField, path: str, bad: dict[int, _Failure],
-                    rows: pa.Array | None = None) -> None:
+def _check_required(
+    array: pa.Array,
+    f: NestedField,
+    path: str,
+    bad: dict[int, _Failure],
+    rows: pa.Array | None = None,
+) -> None:
     """Mark rows with a null where the table requires a value (Arrow does not
     enforce non-nullable fields when building from Python). ``rows`` maps the
     array's slots to batch rows (None: one slot per row). A null under a null

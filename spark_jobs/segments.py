@@ -86,15 +86,23 @@ class SegmentRange:
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> SegmentRange:
         """From a plain mapping, e.g. a Spark ``Row.asDict()`` or an Arrow ``to_pylist()`` row."""
-        return cls(str(row["object_key"]), int(row["byte_start"]), int(row["byte_end"]),
-                   int(row["partition"]), int(row["start"]), int(row["end"]))
+        return cls(
+            str(row["object_key"]),
+            int(row["byte_start"]),
+            int(row["byte_end"]),
+            int(row["partition"]),
+            int(row["start"]),
+            int(row["end"]),
+        )
 
 
 def ranges_from_admin(answer: Mapping[str, Any] | TopicRanges) -> list[SegmentRange]:
     """The ranges of one ``GET /v1/topics/{t}/partitions/{p}/ranges?start=A&end=B`` answer."""
     partition, start, end = int(answer["partition"]), int(answer["start"]), int(answer["end"])
     return [
-        SegmentRange(str(r["object_key"]), int(r["byte_start"]), int(r["byte_end"]), partition, start, end)
+        SegmentRange(
+            str(r["object_key"]), int(r["byte_start"]), int(r["byte_end"]), partition, start, end
+        )
         for r in answer["ranges"]
     ]
 
@@ -131,7 +139,9 @@ class RecordChunk:
 
     def records(self) -> Iterator[SegmentRecord]:
         p = self.partition
-        for o, t, k, v, h in zip(self.offsets, self.timestamps, self.keys, self.values, self.headers, strict=True):
+        for o, t, k, v, h in zip(
+            self.offsets, self.timestamps, self.keys, self.values, self.headers, strict=True
+        ):
             yield SegmentRecord(p, o, t, k, v, h)
 
 
@@ -178,17 +188,24 @@ def read_ranges(
         by_partition.setdefault(rng.partition, []).append(rng)
     if aborted is not None and not isinstance(aborted, Mapping):
         if len(by_partition) > 1:
-            raise ValueError("aborted transactions are per partition: pass a mapping for ranges of several")
+            raise ValueError(
+                "aborted transactions are per partition: pass a mapping for ranges of several"
+            )
         aborted = {p: aborted for p in by_partition}
     for partition, group in by_partition.items():
         yield from read_partition(
-            store, group,
+            store,
+            group,
             aborted=None if aborted is None else aborted.get(partition, ()),
-            max_records=max_records, verify_crc=verify_crc, stats=stats,
+            max_records=max_records,
+            verify_crc=verify_crc,
+            stats=stats,
         )
 
 
-def read_records(store: ObjectStore, ranges: Iterable[SegmentRange], **kwargs: Any) -> Iterator[SegmentRecord]:
+def read_records(
+    store: ObjectStore, ranges: Iterable[SegmentRange], **kwargs: Any
+) -> Iterator[SegmentRecord]:
     """Record by record (convenient, slower than consuming ``read_ranges`` chunks)."""
     for chunk in read_ranges(store, ranges, **kwargs):
         yield from chunk.records()
@@ -217,7 +234,9 @@ def read_partition(
     next_offset = -1  # offsets below this were already yielded (or skipped as non-data)
     for rng in ranges:
         if rng.partition != partition:
-            raise ValueError(f"read_partition got ranges of partitions {partition} and {rng.partition}")
+            raise ValueError(
+                f"read_partition got ranges of partitions {partition} and {rng.partition}"
+            )
         if rng.byte_end <= rng.byte_start or rng.end <= rng.start:
             continue
         data = store.get_range(rng.object_key, rng.byte_start, rng.byte_end)
@@ -231,7 +250,9 @@ def read_partition(
             next_offset = _read_range(data, rng, chunk, txn, next_offset, verify_crc, stats)
         except (IndexError, ValueError) as exc:
             if isinstance(exc, CorruptBatchError):
-                raise CorruptBatchError(f"{rng.object_key}[{rng.byte_start}:{rng.byte_end}]: {exc}") from exc
+                raise CorruptBatchError(
+                    f"{rng.object_key}[{rng.byte_start}:{rng.byte_end}]: {exc}"
+                ) from exc
             raise CorruptBatchError(
                 f"{rng.object_key}[{rng.byte_start}:{rng.byte_end}]: malformed record: {exc}"
             ) from exc
@@ -296,7 +317,9 @@ class _TransactionFilter:
     ABORT marker ends it."""
 
     def __init__(self, aborted: Sequence[tuple[int, int]]) -> None:
-        self.pending = sorted((AbortedTransaction(int(p), int(o)) for p, o in aborted), key=lambda a: a.first_offset)
+        self.pending = sorted(
+            (AbortedTransaction(int(p), int(o)) for p, o in aborted), key=lambda a: a.first_offset
+        )
         self.next = 0
         self.active: set[int] = set()
 
@@ -325,7 +348,9 @@ def _control_type(data: bytes, pos: int, end: int, header: BatchHeader) -> int:
 # ---------------------------------------------------------------- record decoding
 
 
-def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int, hi: int, chunk: RecordChunk) -> None:
+def _decode_batch(
+    data: bytes, pos: int, end: int, header: BatchHeader, lo: int, hi: int, chunk: RecordChunk
+) -> None:
     """Append the batch's records with lo <= offset < hi to ``chunk``."""
     if header.compression == COMPRESSION_NONE:
         buf, p, stop = data, pos + HEADER_SIZE, end
@@ -335,7 +360,9 @@ def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int,
         except CorruptBatchError:
             raise
         except Exception as exc:  # cramjam's DecompressionError and friends
-            raise CorruptBatchError(f"batch at offset {header.base_offset} does not decompress: {exc}") from exc
+            raise CorruptBatchError(
+                f"batch at offset {header.base_offset} does not decompress: {exc}"
+            ) from exc
         p, stop = 0, len(buf)
     base_offset = header.base_offset
     base_ts = header.base_timestamp
@@ -343,17 +370,41 @@ def _decode_batch(data: bytes, pos: int, end: int, header: BatchHeader, lo: int,
     if _kafka_records is not None:
         try:
             _kafka_records.decode_records(
-                buf, p, stop, header.record_count, base_offset, base_ts, -1 if append_time is None else append_time,
-                lo, hi, chunk.offsets, chunk.timestamps, chunk.keys, chunk.values, chunk.headers, _NO_HEADERS)
+                buf,
+                p,
+                stop,
+                header.record_count,
+                base_offset,
+                base_ts,
+                -1 if append_time is None else append_time,
+                lo,
+                hi,
+                chunk.offsets,
+                chunk.timestamps,
+                chunk.keys,
+                chunk.values,
+                chunk.headers,
+                _NO_HEADERS,
+            )
         except ValueError as exc:
             raise CorruptBatchError(str(exc)) from exc
         return
     offsets, timestamps, keys, values, headers = (
-        chunk.offsets.append, chunk.timestamps.append, chunk.keys.append, chunk.values.append, chunk.headers.append
+        chunk.offsets.append,
+        chunk.timestamps.append,
+        chunk.keys.append,
+        chunk.values.append,
+        chunk.headers.append,
     )
     try:  # the fallback of _kafka_records.decode_records: plain, not fast
-        for record in iter_records(buf, header.record_count, p, stop, strict=True,
-                                   keep=lambda delta: lo <= base_offset + delta < hi):
+        for record in iter_records(
+            buf,
+            header.record_count,
+            p,
+            stop,
+            strict=True,
+            keep=lambda delta: lo <= base_offset + delta < hi,
+        ):
             offsets(base_offset + record.offset_delta)
             timestamps(base_ts + record.timestamp_delta if append_time is None else append_time)
             keys(record.key)

@@ -50,14 +50,20 @@ class TableOptions:
     @classmethod
     def of(cls, topic: TableTopic) -> TableOptions:
         settings = topic.settings
-        return cls(settings.convert_key_type, settings.convert_value_type, settings.transform_value_type,
-                   settings.format_version)
+        return cls(
+            settings.convert_key_type,
+            settings.convert_value_type,
+            settings.transform_value_type,
+            settings.format_version,
+        )
 
 
 @dataclass
 class Evolution:
     applied: list[str] = field(default_factory=list)
-    refused: dict[int, str] = field(default_factory=dict)  # schema id -> why the table cannot take it
+    refused: dict[int, str] = field(
+        default_factory=dict
+    )  # schema id -> why the table cannot take it
 
 
 value_subject = names.value_subject
@@ -70,7 +76,10 @@ def _latest(registry: RegistryClient, subject: str) -> str | None:
 
 
 def load_or_create(
-    catalog: Catalog, topic: TableTopic, registry: RegistryClient, options: TableOptions,
+    catalog: Catalog,
+    topic: TableTopic,
+    registry: RegistryClient,
+    options: TableOptions,
     first_value_schema_id: Callable[[], int | None],
 ) -> Table:
     """The table, created (with its namespace) if missing, from the schema of the round's
@@ -84,19 +93,32 @@ def load_or_create(
     if options.value_type in ("by_schema_id", "by_latest_schema"):
         if (schema_id := first_value_schema_id()) is not None:
             try:
-                value_schema = registry.avro_schema(schema_id)  # what the data starts with; evolve() adds the rest
-            except (BrokerRequestError, ValueError) as exc:  # a bad first record: the DLQ's business
+                value_schema = registry.avro_schema(
+                    schema_id
+                )  # what the data starts with; evolve() adds the rest
+            except (
+                BrokerRequestError,
+                ValueError,
+            ) as exc:  # a bad first record: the DLQ's business
                 log.warning("the first record names schema id %d: %s", schema_id, exc)
         if value_schema is None:
             value_schema = _latest(registry, value_subject(topic.topic))
         if value_schema is None:
             raise SchemaUnavailable(
                 f"no Avro schema for the values of {topic.topic}: register one under subject "
-                f"{value_subject(topic.topic)!r} (or set {CONVERT_VALUE_TYPE}=raw/string)")
-    key_schema = _latest(registry, key_subject(topic.topic)) if options.key_type == "by_schema_id" else None
-    schema = avro_schema.table_schema(value_schema, key_type=options.key_type, value_type=options.value_type,
-                                      transform=options.transform, key_schema=key_schema,
-                                      format_version=options.format_version)
+                f"{value_subject(topic.topic)!r} (or set {CONVERT_VALUE_TYPE}=raw/string)"
+            )
+    key_schema = (
+        _latest(registry, key_subject(topic.topic)) if options.key_type == "by_schema_id" else None
+    )
+    schema = avro_schema.table_schema(
+        value_schema,
+        key_type=options.key_type,
+        value_type=options.value_type,
+        transform=options.transform,
+        key_schema=key_schema,
+        format_version=options.format_version,
+    )
     with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(topic.namespace)
     properties = {
@@ -108,7 +130,9 @@ def load_or_create(
         table = catalog.create_table(topic.identifier, schema, properties=properties)
     except TableAlreadyExistsError:  # a concurrent round created it first
         return catalog.load_table(topic.identifier)
-    log.info("created table %s.%s with %d columns", topic.namespace, topic.table, len(schema.fields))
+    log.info(
+        "created table %s.%s with %d columns", topic.namespace, topic.table, len(schema.fields)
+    )
     return table
 
 
@@ -143,10 +167,18 @@ def evolve(table: Table, schemas: Iterable[tuple[int, str]], options: TableOptio
         for attempt in range(EVOLVE_ATTEMPTS):
             try:
                 changes = evolution.plan_evolution(
-                    table.schema(), text, key_type="raw" if options.key_type == "by_schema_id" else options.key_type,
-                    value_type=options.value_type, transform=options.transform,
-                    format_version=options.format_version)
-            except (evolution.IncompatibleSchemaChange, avro_schema.UnsupportedAvroSchema, ValueError) as exc:
+                    table.schema(),
+                    text,
+                    key_type="raw" if options.key_type == "by_schema_id" else options.key_type,
+                    value_type=options.value_type,
+                    transform=options.transform,
+                    format_version=options.format_version,
+                )
+            except (
+                evolution.IncompatibleSchemaChange,
+                avro_schema.UnsupportedAvroSchema,
+                ValueError,
+            ) as exc:
                 result.refused[schema_id] = str(exc)
                 break
             changes = [c for c in changes if c.path[:1] != (avro_schema.KAFKA_KEY,)]
@@ -156,7 +188,9 @@ def evolve(table: Table, schemas: Iterable[tuple[int, str]], options: TableOptio
                 with table.update_schema() as update:
                     evolution.apply_schema_changes(update, changes)
                 described = evolution.describe(changes)
-                log.info("evolved %s for schema id %d: %s", table.name(), schema_id, "; ".join(described))
+                log.info(
+                    "evolved %s for schema id %d: %s", table.name(), schema_id, "; ".join(described)
+                )
                 result.applied.extend(described)
                 break
             except CommitFailedException:
@@ -166,7 +200,9 @@ def evolve(table: Table, schemas: Iterable[tuple[int, str]], options: TableOptio
     return result
 
 
-def value_schemas(registry: RegistryClient, topic: str, extra_ids: Iterable[int] = ()) -> list[tuple[int, str]]:
+def value_schemas(
+    registry: RegistryClient, topic: str, extra_ids: Iterable[int] = ()
+) -> list[tuple[int, str]]:
     """The value subject's versions, then any other ids the records named."""
     found = registry.subject_versions(value_subject(topic))
     have = {i for i, _ in found}

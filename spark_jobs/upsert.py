@@ -101,7 +101,9 @@ class BadUpsertRecords(RuntimeError):
 class UpsertOptions:
     id_columns: tuple[str, ...]
     cdc_field: str | None
-    debezium: bool = False  # transform.value.type=flatten_debezium: rows from before/after, ops c/r/u/d
+    debezium: bool = (
+        False  # transform.value.type=flatten_debezium: rows from before/after, ops c/r/u/d
+    )
 
     @classmethod
     def of(cls, topic: TableTopic) -> UpsertOptions | None:
@@ -114,7 +116,9 @@ class UpsertOptions:
         if not upsert and cdc is None and not debezium:
             return None
         if not ids:
-            raise UpsertConfigError(f"{topic.topic}: upsert, CDC and flatten_debezium need {ID_COLUMNS}")
+            raise UpsertConfigError(
+                f"{topic.topic}: upsert, CDC and flatten_debezium need {ID_COLUMNS}"
+            )
         if debezium:
             return cls(ids, f"{CDC}.op", debezium=True)
         return cls(ids, cdc)
@@ -136,10 +140,14 @@ def check_columns(schema: Schema, options: UpsertOptions) -> None:
     for name in (*options.id_columns, *([options.cdc_field] if options.cdc_field else [])):
         found = schema.find_field(name, case_sensitive=True) if _has(schema, name) else None
         if found is None:
-            raise UpsertConfigError(f"column {name!r} named by the topic's upsert settings is not in the table "
-                                    f"(columns: {', '.join(f.name for f in schema.fields)})")
+            raise UpsertConfigError(
+                f"column {name!r} named by the topic's upsert settings is not in the table "
+                f"(columns: {', '.join(f.name for f in schema.fields)})"
+            )
         if isinstance(found.field_type, (StructType, ListType, MapType)):
-            raise UpsertConfigError(f"column {name!r} must be a primitive column, not {found.field_type}")
+            raise UpsertConfigError(
+                f"column {name!r} must be a primitive column, not {found.field_type}"
+            )
 
 
 def _has(schema: Schema, name: str) -> bool:
@@ -166,12 +174,22 @@ def ensure_merge_on_read(table: Table) -> Table:
 
 def _optional(t: IcebergType) -> IcebergType:
     if isinstance(t, StructType):
-        return StructType(*(NestedField(f.field_id, f.name, _optional(f.field_type), required=False, doc=f.doc)
-                            for f in t.fields))
+        return StructType(
+            *(
+                NestedField(f.field_id, f.name, _optional(f.field_type), required=False, doc=f.doc)
+                for f in t.fields
+            )
+        )
     if isinstance(t, ListType):
         return ListType(t.element_id, _optional(t.element_type), element_required=False)
     if isinstance(t, MapType):
-        return MapType(t.key_id, _optional(t.key_type), t.value_id, _optional(t.value_type), value_required=False)
+        return MapType(
+            t.key_id,
+            _optional(t.key_type),
+            t.value_id,
+            _optional(t.value_type),
+            value_required=False,
+        )
     return t
 
 
@@ -179,8 +197,9 @@ def staging_location(table: Table, round_id: str) -> str:
     return f"{table.metadata.location.rstrip('/')}/{STAGING_DIR}/{round_id}"
 
 
-def staging_metadata_json(table: Table, round_id: str, envelope: Any = None, text_value: bool = False,
-                          relax: bool = True) -> str:
+def staging_metadata_json(
+    table: Table, round_id: str, envelope: Any = None, text_value: bool = False, relax: bool = True
+) -> str:
     """The table's metadata as the round's tasks should see it for an upsert round: every
     column optional (a tombstone is a row of nulls until the MERGE turns it into a delete;
     ``relax=False`` keeps the table's required columns, for rows Spark appends as they are)
@@ -210,9 +229,15 @@ def staging_metadata_json(table: Table, round_id: str, envelope: Any = None, tex
     spec = UNPARTITIONED_PARTITION_SPEC
     specs = [s for s in metadata.partition_specs if s.spec_id != spec.spec_id] + [spec]
     properties = {**metadata.properties, "write.data.path": staging_location(table, round_id)}
-    staged = metadata.model_copy(update={"schemas": schemas, "properties": properties, "partition_specs": specs,
-                                         "default_spec_id": spec.spec_id,
-                                         "last_column_id": max(metadata.last_column_id, relaxed.highest_field_id)})
+    staged = metadata.model_copy(
+        update={
+            "schemas": schemas,
+            "properties": properties,
+            "partition_specs": specs,
+            "default_spec_id": spec.spec_id,
+            "last_column_id": max(metadata.last_column_id, relaxed.highest_field_id),
+        }
+    )
     return iceberg_json.to_json(staged)  # pyiceberg's own dump refuses v3 metadata
 
 
@@ -242,20 +267,29 @@ def _key_expr(schema: Schema, column: str, single: bool) -> str | None:
     if not single:
         return None
     target = schema.find_field(column).field_type
-    text = f"CAST(`{KAFKA_KEY}` AS STRING)" if isinstance(key_type, BinaryType) else f"`{KAFKA_KEY}`"
+    text = (
+        f"CAST(`{KAFKA_KEY}` AS STRING)" if isinstance(key_type, BinaryType) else f"`{KAFKA_KEY}`"
+    )
     if isinstance(target, StringType):
         return text
     from pyiceberg.types import BooleanType, DoubleType, FloatType, IntegerType, LongType
 
-    spark_types: dict[type, str] = {IntegerType: "INT", LongType: "BIGINT", FloatType: "FLOAT",
-                                    DoubleType: "DOUBLE", BooleanType: "BOOLEAN"}
+    spark_types: dict[type, str] = {
+        IntegerType: "INT",
+        LongType: "BIGINT",
+        FloatType: "FLOAT",
+        DoubleType: "DOUBLE",
+        BooleanType: "BOOLEAN",
+    }
     spark_type = spark_types.get(type(target))
     return f"TRY_CAST(TRIM({text}) AS {spark_type})" if spark_type else None
 
 
 def _tombstone(schema: Schema) -> str:
     """A staged row is a tombstone when its value is null: every value column null."""
-    value_columns = [f.name for f in schema.fields if f.name not in (KAFKA_KEY, KAFKA_HEADERS, KAFKA_METADATA)]
+    value_columns = [
+        f.name for f in schema.fields if f.name not in (KAFKA_KEY, KAFKA_HEADERS, KAFKA_METADATA)
+    ]
     if value_columns == [KAFKA_VALUE]:
         return f"`{KAFKA_VALUE}` IS NULL"
     return " AND ".join(f"`{c}` IS NULL" for c in value_columns) or "FALSE"
@@ -269,12 +303,17 @@ def _id_expr(schema: Schema, options: UpsertOptions, column: str) -> str:
 def source_sql(view: str, schema: Schema, options: UpsertOptions) -> str:
     """The staged rows with their op (``U`` or ``D``) and ids, the last record per id only."""
     tombstone = _tombstone(schema)
-    ids = [f"{_id_expr(schema, options, c)} AS `{ID_PREFIX}{i}`" for i, c in enumerate(options.id_columns)]
+    ids = [
+        f"{_id_expr(schema, options, c)} AS `{ID_PREFIX}{i}`"
+        for i, c in enumerate(options.id_columns)
+    ]
     if options.cdc_field:
         first = f"UPPER(SUBSTRING(TRIM({_quote(options.cdc_field)}), 1, 1))"
         letters = ", ".join(f"'{c}'" for c in options.upsert_letters)
-        op = (f"CASE WHEN {tombstone} THEN 'D' WHEN {first} IN ({letters}) THEN 'U' "
-              f"WHEN {first} = 'D' THEN 'D' ELSE 'X' END")
+        op = (
+            f"CASE WHEN {tombstone} THEN 'D' WHEN {first} IN ({letters}) THEN 'U' "
+            f"WHEN {first} = 'D' THEN 'D' ELSE 'X' END"
+        )
     else:
         op = f"CASE WHEN {tombstone} THEN 'D' ELSE 'U' END"
     id_list = ", ".join(f"`{ID_PREFIX}{i}`" for i in range(len(options.id_columns)))
@@ -293,11 +332,15 @@ def bad_rows_sql(view: str, schema: Schema, options: UpsertOptions) -> str:
     if options.cdc_field:
         first = f"UPPER(SUBSTRING(TRIM({_quote(options.cdc_field)}), 1, 1))"
         known = ", ".join(f"'{c}'" for c in (*options.upsert_letters, "D"))
-        reasons.append(f"WHEN NOT ({tombstone}) AND ({first} IS NULL OR {first} NOT IN ({known})) "
-                       f"THEN '{BAD_CDC_OP}'")
-    return (f"SELECT `{KAFKA_METADATA}`.`partition` AS p, `{KAFKA_METADATA}`.`offset` AS o, "
-            f"CASE {' '.join(reasons)} END AS reason FROM {view} "
-            f"WHERE CASE {' '.join(reasons)} END IS NOT NULL ORDER BY p, o")
+        reasons.append(
+            f"WHEN NOT ({tombstone}) AND ({first} IS NULL OR {first} NOT IN ({known})) "
+            f"THEN '{BAD_CDC_OP}'"
+        )
+    return (
+        f"SELECT `{KAFKA_METADATA}`.`partition` AS p, `{KAFKA_METADATA}`.`offset` AS o, "
+        f"CASE {' '.join(reasons)} END AS reason FROM {view} "
+        f"WHERE CASE {' '.join(reasons)} END IS NOT NULL ORDER BY p, o"
+    )
 
 
 def debezium_rows_sql(view: str, staged: Any, schema: Schema) -> str:
@@ -312,29 +355,44 @@ def debezium_rows_sql(view: str, staged: Any, schema: Schema) -> str:
         if f.name in (KAFKA_KEY, KAFKA_HEADERS, KAFKA_METADATA, CDC):
             continue
         if f.name in row_fields:
-            columns.append(f"CASE WHEN {deleting} THEN `{KAFKA_VALUE}`.`before`.`{f.name}` "
-                           f"ELSE `{KAFKA_VALUE}`.`after`.`{f.name}` END AS `{f.name}`")
+            columns.append(
+                f"CASE WHEN {deleting} THEN `{KAFKA_VALUE}`.`before`.`{f.name}` "
+                f"ELSE `{KAFKA_VALUE}`.`after`.`{f.name}` END AS `{f.name}`"
+            )
         else:
             columns.append(f"NULL AS `{f.name}`")
-    ts = f"TIMESTAMP_MILLIS(`{KAFKA_VALUE}`.`ts_ms`)" if "ts_ms" in envelope else "CAST(NULL AS TIMESTAMP)"
+    ts = (
+        f"TIMESTAMP_MILLIS(`{KAFKA_VALUE}`.`ts_ms`)"
+        if "ts_ms" in envelope
+        else "CAST(NULL AS TIMESTAMP)"
+    )
     source = "CAST(NULL AS STRING)"
     if "source" in envelope:  # a struct (Avro) or already its JSON text (JSON envelopes)
-        source = (f"`{KAFKA_VALUE}`.`source`" if envelope["source"].typeName() == "string"
-                  else f"TO_JSON(`{KAFKA_VALUE}`.`source`)")
-    columns.append(f"CASE WHEN `{KAFKA_VALUE}` IS NULL THEN NULL ELSE NAMED_STRUCT('op', `{KAFKA_VALUE}`.`op`, "
-                   f"'ts', {ts}, 'offset', `{KAFKA_METADATA}`.`offset`, 'source', {source}) END AS `{CDC}`")
+        source = (
+            f"`{KAFKA_VALUE}`.`source`"
+            if envelope["source"].typeName() == "string"
+            else f"TO_JSON(`{KAFKA_VALUE}`.`source`)"
+        )
+    columns.append(
+        f"CASE WHEN `{KAFKA_VALUE}` IS NULL THEN NULL ELSE NAMED_STRUCT('op', `{KAFKA_VALUE}`.`op`, "
+        f"'ts', {ts}, 'offset', `{KAFKA_METADATA}`.`offset`, 'source', {source}) END AS `{CDC}`"
+    )
     return f"SELECT {', '.join(columns)} FROM {view}"
 
 
 def merge_sql(target: str, source: str, schema: Schema, options: UpsertOptions) -> str:
-    on = " AND ".join(f"t.{_quote(c)} = s.`{ID_PREFIX}{i}`" for i, c in enumerate(options.id_columns))
+    on = " AND ".join(
+        f"t.{_quote(c)} = s.`{ID_PREFIX}{i}`" for i, c in enumerate(options.id_columns)
+    )
     columns = [f"`{f.name}`" for f in schema.fields]
     sets = ", ".join(f"t.{c} = s.{c}" for c in columns)
-    return (f"MERGE INTO {target} t USING {source} s ON {on} "
-            f"WHEN MATCHED AND s.`{OP}` = 'D' THEN DELETE "
-            f"WHEN MATCHED THEN UPDATE SET {sets} "
-            f"WHEN NOT MATCHED AND s.`{OP}` = 'U' THEN INSERT ({', '.join(columns)}) "
-            f"VALUES ({', '.join('s.' + c for c in columns)})")
+    return (
+        f"MERGE INTO {target} t USING {source} s ON {on} "
+        f"WHEN MATCHED AND s.`{OP}` = 'D' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {sets} "
+        f"WHEN NOT MATCHED AND s.`{OP}` = 'U' THEN INSERT ({', '.join(columns)}) "
+        f"VALUES ({', '.join('s.' + c for c in columns)})"
+    )
 
 
 @dataclass(frozen=True)
@@ -346,12 +404,16 @@ class MergeOutcome:
     bad: tuple[tuple[int, int], ...] = ()
 
 
-def keep_offsets(spark: Any, frame: Any, pairs: Iterable[tuple[int, int]], how: str = "left_semi") -> Any:
+def keep_offsets(
+    spark: Any, frame: Any, pairs: Iterable[tuple[int, int]], how: str = "left_semi"
+) -> Any:
     """The rows of ``frame`` whose Kafka (partition, offset) is one of ``pairs`` (``how="left_anti"``:
     is none of them)."""
     wanted = spark.createDataFrame(sorted(set(pairs)), "p INT, o BIGINT")
     meta = frame[KAFKA_METADATA]
-    return frame.join(wanted, (meta["partition"] == wanted["p"]) & (meta["offset"] == wanted["o"]), how)
+    return frame.join(
+        wanted, (meta["partition"] == wanted["p"]) & (meta["offset"] == wanted["o"]), how
+    )
 
 
 def _offsets(frame: Any) -> tuple[tuple[int, int], ...]:
@@ -360,7 +422,9 @@ def _offsets(frame: Any) -> tuple[tuple[int, int], ...]:
     return tuple(sorted((int(r[0]), int(r[1])) for r in rows))
 
 
-def with_commit_properties(spark: Any, properties: dict[str, str], action: Callable[[], None]) -> None:
+def with_commit_properties(
+    spark: Any, properties: dict[str, str], action: Callable[[], None]
+) -> None:
     """Run ``action`` (Spark SQL) with Iceberg's ``CommitMetadata`` set: its commit carries ``properties``."""
     from pyspark.java_gateway import ensure_callback_server_started
 
@@ -385,16 +449,25 @@ def with_commit_properties(spark: Any, properties: dict[str, str], action: Calla
         java_props.put(key, value)
     try:
         jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
-            java_props, _Call(), jvm.java.lang.Class.forName("java.lang.RuntimeException"))
+            java_props, _Call(), jvm.java.lang.Class.forName("java.lang.RuntimeException")
+        )
     except Exception:
         if failure:
             raise failure[0] from None
         raise
 
 
-def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions, staged: Any,
-                properties: dict[str, str], round_id: str, rows: Any = None,
-                only: Iterable[tuple[int, int]] | None = None) -> MergeOutcome:
+def merge_round(
+    spark: Any,
+    target: str,
+    schema: Schema,
+    options: UpsertOptions,
+    staged: Any,
+    properties: dict[str, str],
+    round_id: str,
+    rows: Any = None,
+    only: Iterable[tuple[int, int]] | None = None,
+) -> MergeOutcome:
     """MERGE the staged rows (``staged``, a DataFrame of the staged files from
     ``round_tasks.read_staged``, None when nothing was staged; or ``rows``, a DataFrame of the
     table's columns) into ``target`` (the
@@ -410,19 +483,27 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
         return MergeOutcome(False)
     view = "icefall_upsert_" + re.sub(r"\W", "_", round_id)
     frame = staged if rows is None else rows
-    if options.debezium and rows is None:  # JSON rounds hand over rows already made from the envelopes
+    if (
+        options.debezium and rows is None
+    ):  # JSON rounds hand over rows already made from the envelopes
         frame.createOrReplaceTempView(view + "_envelopes")
         frame = spark.sql(debezium_rows_sql(view + "_envelopes", frame.schema, schema))
     frame.createOrReplaceTempView(view)
     try:
         bad = spark.sql(bad_rows_sql(view, schema, options)).collect()
         new = set(only) if only is not None else set()
-        left_out = tuple(sorted((int(r["p"]), int(r["o"])) for r in bad if (int(r["p"]), int(r["o"])) in new))
+        left_out = tuple(
+            sorted((int(r["p"]), int(r["o"])) for r in bad if (int(r["p"]), int(r["o"])) in new)
+        )
         if len(left_out) < len(bad):
             bad = [r for r in bad if (int(r["p"]), int(r["o"])) not in new]
-            shown = "; ".join(f"partition {r['p']} offset {r['o']}: {r['reason']}" for r in bad[:ERRORS_SHOWN])
-            raise BadUpsertRecords(f"{len(bad)} records have no value for the id columns "
-                                   f"{list(options.id_columns)} or no I/U/D operation; nothing committed: {shown}")
+            shown = "; ".join(
+                f"partition {r['p']} offset {r['o']}: {r['reason']}" for r in bad[:ERRORS_SHOWN]
+            )
+            raise BadUpsertRecords(
+                f"{len(bad)} records have no value for the id columns "
+                f"{list(options.id_columns)} or no I/U/D operation; nothing committed: {shown}"
+            )
         if left_out:
             keep_offsets(spark, frame, left_out, "left_anti").createOrReplaceTempView(view)
         source = view + "_last"
@@ -434,7 +515,9 @@ def merge_round(spark: Any, target: str, schema: Schema, options: UpsertOptions,
             if not applied:
                 return MergeOutcome(False, (), left_out)
         last.createOrReplaceTempView(source)
-        with_commit_properties(spark, properties, lambda: spark.sql(merge_sql(target, source, schema, options)))
+        with_commit_properties(
+            spark, properties, lambda: spark.sql(merge_sql(target, source, schema, options))
+        )
         return MergeOutcome(True, applied, left_out)
     finally:
         for name in (view, view + "_last", view + "_envelopes"):

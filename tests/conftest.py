@@ -45,8 +45,14 @@ def broker(broker_factory: object) -> BrokerProcess:
 
 # ---------------------------------------------------------------- S3 (moto)
 
-LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # Debian's libfaketime (make system-deps)
-MOTO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+LIBFAKETIME = (
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # Debian's libfaketime (make system-deps)
+)
+MOTO_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_REGION": "us-east-1",
+}
 
 
 class MotoS3:
@@ -62,12 +68,19 @@ class MotoS3:
         env = {**os.environ, **MOTO_CREDENTIALS}
         if clock_file is not None:
             clock_file.write_text("+0\n")
-            env.update(LD_PRELOAD=LIBFAKETIME, FAKETIME_TIMESTAMP_FILE=str(clock_file), FAKETIME_NO_CACHE="1",
-                       FAKETIME_DONT_FAKE_MONOTONIC="1")
+            env.update(
+                LD_PRELOAD=LIBFAKETIME,
+                FAKETIME_TIMESTAMP_FILE=str(clock_file),
+                FAKETIME_NO_CACHE="1",
+                FAKETIME_DONT_FAKE_MONOTONIC="1",
+            )
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
             )
 
     def set_clock(self, offset: str) -> None:
@@ -86,8 +99,13 @@ class MotoS3:
     def client(self) -> Any:
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def answers() -> bool:
@@ -98,7 +116,12 @@ class MotoS3:
             with urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=2) as resp:
                 return bool(resp.status == 200)
 
-        wait_for(answers, timeout, interval=0.1, what=f"moto server on {self.endpoint} (log: {self.log_path})")
+        wait_for(
+            answers,
+            timeout,
+            interval=0.1,
+            what=f"moto server on {self.endpoint} (log: {self.log_path})",
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is not None:
@@ -143,13 +166,24 @@ def s3_bucket(moto_s3: MotoS3) -> str:
 # test is classified without a list to keep up to date. A marker set by hand is kept.
 
 CATEGORIES = ("unit", "integration", "spark", "airflow", "e2e", "reliability")
-_BY_DIRECTORY = {"e2e": "e2e", "reliability": "reliability", "dags": "airflow", "plugins": "airflow"}
+_BY_DIRECTORY = {
+    "e2e": "e2e",
+    "reliability": "reliability",
+    "dags": "airflow",
+    "plugins": "airflow",
+}
 # A name in the code that starts a process...
 _PROCESS_NAMES = frozenset({"BrokerProcess", "MotoS3", "PostgresServer", "Popen"})
 # ...or a Spark session, or a Spark job in a process.
 _SPARK_NAMES = frozenset({"spark_session", "SparkSession"})
-_SPARK_STRINGS = frozenset({"spark_jobs.commit_round", "spark_jobs.maintenance", "spark_jobs.dlq_reprocess",
-                            "spark-submit"})
+_SPARK_STRINGS = frozenset(
+    {
+        "spark_jobs.commit_round",
+        "spark_jobs.maintenance",
+        "spark_jobs.dlq_reprocess",
+        "spark-submit",
+    }
+)
 _SPARK_FIXTURES = frozenset({"spark"})
 _TESTS_DIR = Path(__file__).resolve().parent
 
@@ -184,8 +218,9 @@ def _uses(func: Any, seen: set[Any]) -> tuple[set[str], set[str]]:
             strings.update(c for c in each.co_consts if isinstance(c, str))
             for name in each.co_names:
                 target = module_globals.get(name)
-                if (inspect.isfunction(target) or inspect.isclass(target)) and \
-                        getattr(target, "__module__", "").startswith("tests."):
+                if (inspect.isfunction(target) or inspect.isclass(target)) and getattr(
+                    target, "__module__", ""
+                ).startswith("tests."):
                     todo.append(target)
     return names, strings
 
@@ -201,7 +236,9 @@ def _categories(item: pytest.Item) -> set[str]:
     funcs: list[Any] = [getattr(item, "function", None)]
     fixture_info = getattr(item, "_fixtureinfo", None)
     for name in fixture_names:
-        funcs.extend(d.func for d in (fixture_info.name2fixturedefs.get(name, ()) if fixture_info else ()))
+        funcs.extend(
+            d.func for d in (fixture_info.name2fixturedefs.get(name, ()) if fixture_info else ())
+        )
     seen: set[Any] = set()
     for func in funcs:
         if func is None:
@@ -219,7 +256,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marked = {m.name for m in item.iter_markers() if m.name in CATEGORIES}
         found = (marked | _categories(item)) - {"unit"}
         if "unit" in marked and found:
-            raise pytest.UsageError(f"{item.nodeid} is marked unit but is {', '.join(sorted(found))}")
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked unit but is {', '.join(sorted(found))}"
+            )
         for name in sorted(found - marked) or (["unit"] if not marked else []):
             item.add_marker(name)
 
@@ -236,15 +275,30 @@ class IcebergRestCatalog:
 
     def __init__(self, folder: Path) -> None:
         if not (REST_FIXTURE_JARS / ".pinned").exists():
-            raise RuntimeError(f"the Iceberg REST fixture's jars are not in {REST_FIXTURE_JARS}: run `make test`")
+            raise RuntimeError(
+                f"the Iceberg REST fixture's jars are not in {REST_FIXTURE_JARS}: run `make test`"
+            )
         self.port = free_port()
         self.warehouse = (folder / "warehouse").resolve().as_uri()
         self.log_path = folder / "iceberg-rest.log"
-        env = {**os.environ, "CATALOG_WAREHOUSE": self.warehouse, "CATALOG_REST_PORT": str(self.port)}
+        env = {
+            **os.environ,
+            "CATALOG_WAREHOUSE": self.warehouse,
+            "CATALOG_REST_PORT": str(self.port),
+        }
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                ["java", "-cp", f"{REST_FIXTURE_JARS}/*", "org.apache.iceberg.rest.RESTCatalogServer"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                [
+                    "java",
+                    "-cp",
+                    f"{REST_FIXTURE_JARS}/*",
+                    "org.apache.iceberg.rest.RESTCatalogServer",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
 
     @property
     def uri(self) -> str:
@@ -253,12 +307,19 @@ class IcebergRestCatalog:
     def wait_ready(self, timeout: float = 60.0) -> None:
         def answers() -> bool:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the REST catalog exited with {self.proc.returncode}: "
-                                   f"{self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"the REST catalog exited with {self.proc.returncode}: "
+                    f"{self.log_path.read_text()[-2000:]}"
+                )
             with urllib.request.urlopen(self.uri + "/v1/config", timeout=2) as resp:
                 return bool(resp.status == 200)
 
-        wait_for(answers, timeout, interval=0.2, what=f"Iceberg REST catalog on {self.uri} (log: {self.log_path})")
+        wait_for(
+            answers,
+            timeout,
+            interval=0.2,
+            what=f"Iceberg REST catalog on {self.uri} (log: {self.log_path})",
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:

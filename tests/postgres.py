@@ -19,8 +19,9 @@ from tests.support import free_port
 
 
 def _binary(name: str) -> str:
-    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)),
-                                       None)
+    found = shutil.which(name) or next(
+        iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None
+    )
     if found is None:
         raise RuntimeError(f"{name} not found: install Debian's postgresql (make system-deps)")
     return found
@@ -44,11 +45,31 @@ class PostgresServer:
 
     def start(self) -> PostgresServer:
         try:
-            self._run(_binary("initdb"), "-D", str(self.data), "-A", "trust", "-U", self.USER, "-E", "UTF8",
-                      "--no-sync")
-            self._run(_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.root / "postgres.log"), "-w",
-                      "-t", "60", "-o",
-                      f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+            self._run(
+                _binary("initdb"),
+                "-D",
+                str(self.data),
+                "-A",
+                "trust",
+                "-U",
+                self.USER,
+                "-E",
+                "UTF8",
+                "--no-sync",
+            )
+            self._run(
+                _binary("pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.root / "postgres.log"),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+                "start",
+            )
             self.started = True
         except BaseException:
             self.stop()
@@ -71,7 +92,11 @@ class PostgresServer:
 
     def stop(self) -> None:
         if self.started:
-            subprocess.run([*self._as, _binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
-                           check=False, capture_output=True, timeout=120)
+            subprocess.run(
+                [*self._as, _binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
+                check=False,
+                capture_output=True,
+                timeout=120,
+            )
             self.started = False
         shutil.rmtree(self.root, ignore_errors=True)

@@ -57,7 +57,9 @@ def wait_for(
 class BrokerProcess:
     """``icefall broker`` in its own process group, on free ports."""
 
-    def __init__(self, home: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, home: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.home = home
         self.kafka_port = free_port()
         self.admin_port = free_port()
@@ -88,19 +90,40 @@ class BrokerProcess:
         ready = self.home.parent / f"{self.home.name}.ready"
         ready.unlink(missing_ok=True)
         cmd = [
-            sys.executable, "-m", "broker.cli", "broker", "--home", str(self.home),
-            "--kafka-port", str(self.kafka_port), "--admin-port", str(self.admin_port),
-            "--registry-port", str(self.registry_port), "--catalog-port", str(self.catalog_port),
-            "--ready-file", str(ready), *self.extra_args,
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "broker",
+            "--home",
+            str(self.home),
+            "--kafka-port",
+            str(self.kafka_port),
+            "--admin-port",
+            str(self.admin_port),
+            "--registry-port",
+            str(self.registry_port),
+            "--catalog-port",
+            str(self.catalog_port),
+            "--ready-file",
+            str(ready),
+            *self.extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while not ready.exists():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+                raise RuntimeError(
+                    f"broker exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"broker did not start within {timeout}s (log: {self.log_path})")
             time.sleep(0.05)

@@ -30,11 +30,25 @@ _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
 _URL = re.compile(r"\b([a-z][a-z0-9+.-]*)://([^\s'\",]+)")
 LOCAL = {"localhost", "127.0.0.1", "0.0.0.0"}
 
-REQUIRED = {"postgres", "minio", "broker", "airflow-init", "airflow-apiserver", "airflow-scheduler",
-            "airflow-dag-processor", "airflow-triggerer", "spark-master", "spark-worker"}
-AIRFLOW_COMMANDS = {"airflow-init": ["db", "migrate"], "airflow-apiserver": ["api-server"],
-                    "airflow-scheduler": ["scheduler"], "airflow-dag-processor": ["dag-processor"],
-                    "airflow-triggerer": ["triggerer"]}
+REQUIRED = {
+    "postgres",
+    "minio",
+    "broker",
+    "airflow-init",
+    "airflow-apiserver",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+    "spark-master",
+    "spark-worker",
+}
+AIRFLOW_COMMANDS = {
+    "airflow-init": ["db", "migrate"],
+    "airflow-apiserver": ["api-server"],
+    "airflow-scheduler": ["scheduler"],
+    "airflow-dag-processor": ["dag-processor"],
+    "airflow-triggerer": ["triggerer"],
+}
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 
 
@@ -98,7 +112,9 @@ def _published(service: dict[str, Any]) -> list[tuple[int, int]]:
 
 def _listens(service: dict[str, Any]) -> set[int]:
     """Container ports a service declares (published or exposed)."""
-    return {c for _, c in _published(service)} | {int(str(p).split("/")[0]) for p in service.get("expose") or []}
+    return {c for _, c in _published(service)} | {
+        int(str(p).split("/")[0]) for p in service.get("expose") or []
+    }
 
 
 def _hostnames(services: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -113,8 +129,11 @@ def _config_text(compose: dict[str, Any], name: str) -> str:
 
 
 def _spark_defaults(compose: dict[str, Any]) -> dict[str, str]:
-    pairs = (line.split(None, 1) for line in _config_text(compose, "spark-defaults").splitlines()
-             if line.strip() and not line.lstrip().startswith("#"))
+    pairs = (
+        line.split(None, 1)
+        for line in _config_text(compose, "spark-defaults").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    )
     return {p[0]: p[1].strip() for p in pairs}
 
 
@@ -130,7 +149,9 @@ def _strings(value: Any) -> Iterator[str]:
 
 
 def _constraint(name: str) -> str:
-    match = re.search(rf"^{re.escape(name)}==(\S+)$", (REPO / "constraints.txt").read_text(), re.MULTILINE)
+    match = re.search(
+        rf"^{re.escape(name)}==(\S+)$", (REPO / "constraints.txt").read_text(), re.MULTILINE
+    )
     assert match, f"{name} is not pinned in constraints.txt"
     return match.group(1)
 
@@ -152,19 +173,25 @@ def test_the_stack_has_every_service_of_the_design(services: dict[str, dict[str,
     assert set(services) >= REQUIRED, f"missing: {REQUIRED - set(services)}"
     for name, args in AIRFLOW_COMMANDS.items():
         command = _command(services[name])
-        assert command[0] == "airflow" and command[1:1 + len(args)] == args, name
+        assert command[0] == "airflow" and command[1 : 1 + len(args)] == args, name
 
 
-def test_dependencies_exist_and_their_conditions_can_be_met(services: dict[str, dict[str, Any]]) -> None:
+def test_dependencies_exist_and_their_conditions_can_be_met(
+    services: dict[str, dict[str, Any]],
+) -> None:
     for name, service in services.items():
         for target, condition in _depends_on(service).items():
             assert target in services, f"{name} depends on unknown service {target}"
             assert target != name
             assert condition in CONDITIONS, f"{name} -> {target}: unknown condition {condition}"
             if condition == "service_healthy":
-                assert "healthcheck" in services[target], f"{name} waits for {target} to be healthy; it has no check"
+                assert "healthcheck" in services[target], (
+                    f"{name} waits for {target} to be healthy; it has no check"
+                )
             if condition == "service_completed_successfully":
-                assert _one_shot(services[target]), f"{name} waits for {target} to exit, but it restarts"
+                assert _one_shot(services[target]), (
+                    f"{name} waits for {target} to exit, but it restarts"
+                )
     # no cycles: Compose could not order the start
     done: set[str] = set()
     remaining = dict(services)
@@ -184,7 +211,9 @@ def test_every_long_running_service_has_a_healthcheck(services: dict[str, dict[s
             assert check["test"][0] in ("CMD", "CMD-SHELL"), name
 
 
-def test_the_broker_waits_for_its_stores_and_airflow_for_its_database(services: dict[str, dict[str, Any]]) -> None:
+def test_the_broker_waits_for_its_stores_and_airflow_for_its_database(
+    services: dict[str, dict[str, Any]],
+) -> None:
     broker = _depends_on(services["broker"])
     assert broker["postgres"] == "service_healthy"
     assert broker["minio-init"] == "service_completed_successfully"
@@ -202,19 +231,25 @@ def test_the_broker_waits_for_its_stores_and_airflow_for_its_database(services: 
 # ---------------------------------------------------------------- ports and volumes
 
 
-def test_host_ports_do_not_collide_and_the_readme_lists_them(services: dict[str, dict[str, Any]]) -> None:
+def test_host_ports_do_not_collide_and_the_readme_lists_them(
+    services: dict[str, dict[str, Any]],
+) -> None:
     owners: dict[int, str] = {}
     for name, service in services.items():
         for host, _ in _published(service):
             assert host not in owners, f"host port {host} published by {owners[host]} and {name}"
             owners[host] = name
-    assert {p: owners.get(p) for p in (9092, 8090, 8081, 8181)} == dict.fromkeys((9092, 8090, 8081, 8181), "broker")
+    assert {p: owners.get(p) for p in (9092, 8090, 8081, 8181)} == dict.fromkeys(
+        (9092, 8090, 8081, 8181), "broker"
+    )
     assert owners.get(8080) == "airflow-apiserver" and owners.get(9000) == "minio"
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Production-shaped stack (docker-compose)", 1)
     assert len(section) == 2, "README has no 'Production-shaped stack (docker-compose)' section"
     for port in owners:
-        assert f"{port}" in section[1].split("\n## ", 1)[0], f"README's compose section does not mention port {port}"
+        assert f"{port}" in section[1].split("\n## ", 1)[0], (
+            f"README's compose section does not mention port {port}"
+        )
 
 
 def test_broker_ports_match_the_cli_defaults(services: dict[str, dict[str, Any]]) -> None:
@@ -226,7 +261,8 @@ def test_broker_ports_match_the_cli_defaults(services: dict[str, dict[str, Any]]
 
 
 def test_named_volumes_are_declared_used_and_shared_where_needed(
-    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+    compose: dict[str, Any],
+    services: dict[str, dict[str, Any]],
 ) -> None:
     declared = set(compose.get("volumes") or {})
     used: set[str] = set()
@@ -243,9 +279,14 @@ def test_named_volumes_are_declared_used_and_shared_where_needed(
     assert declared == used, f"declared but unused volumes: {declared - used}"
 
     broker_home = _broker_args(services).home
-    assert mounts["broker"]["broker-home"] == broker_home, "the broker's --home must be on its volume"
+    assert mounts["broker"]["broker-home"] == broker_home, (
+        "the broker's --home must be on its volume"
+    )
     assert mounts["minio"]["minio-data"] == "/data" and "postgres-data" in mounts["postgres"]
-    for name in ("airflow-scheduler", "airflow-dag-processor"):  # they read the table-topic manifest
+    for name in (
+        "airflow-scheduler",
+        "airflow-dag-processor",
+    ):  # they read the table-topic manifest
         assert mounts[name]["broker-home"] == f"{_env(services[name])['ICEFALL_HOME']}:ro", name
 
 
@@ -253,12 +294,15 @@ def test_named_volumes_are_declared_used_and_shared_where_needed(
 
 
 def test_every_url_names_a_service_listening_on_that_port(
-    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+    compose: dict[str, Any],
+    services: dict[str, dict[str, Any]],
 ) -> None:
     hosts = _hostnames(services)
     found = 0
-    texts = [*(t for s in services.values() for t in _strings([s.get("environment"), s.get("command")])),
-             *(c["content"] for c in compose.get("configs", {}).values())]
+    texts = [
+        *(t for s in services.values() for t in _strings([s.get("environment"), s.get("command")])),
+        *(c["content"] for c in compose.get("configs", {}).values()),
+    ]
     for text in texts:
         if text.startswith("{"):
             continue  # an Airflow connection as JSON: checked below
@@ -269,10 +313,13 @@ def test_every_url_names_a_service_listening_on_that_port(
             assert parsed.hostname, text
             if parsed.hostname in LOCAL:
                 continue
-            assert parsed.hostname in hosts, f"{text!r} names {parsed.hostname}, which is no service"
+            assert parsed.hostname in hosts, (
+                f"{text!r} names {parsed.hostname}, which is no service"
+            )
             assert parsed.port, f"{text!r}: give the port explicitly"
-            assert parsed.port in _listens(services[hosts[parsed.hostname]]), \
+            assert parsed.port in _listens(services[hosts[parsed.hostname]]), (
                 f"{text!r}: {parsed.hostname} does not listen on {parsed.port}"
+            )
             found += 1
     assert found >= 10
 
@@ -283,18 +330,26 @@ def test_every_url_names_a_service_listening_on_that_port(
 
 
 def test_databases_and_credentials_in_connection_strings_exist(
-    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+    compose: dict[str, Any],
+    services: dict[str, dict[str, Any]],
 ) -> None:
     postgres = _env(services["postgres"])
     databases = {postgres["POSTGRES_DB"]}
-    databases |= set(re.findall(r"CREATE DATABASE (\w+)", _config_text(compose, "postgres-databases")))
+    databases |= set(
+        re.findall(r"CREATE DATABASE (\w+)", _config_text(compose, "postgres-databases"))
+    )
     mounted = {c["source"]: c["target"] for c in services["postgres"].get("configs", [])}
     assert mounted["postgres-databases"].startswith("/docker-entrypoint-initdb.d/")
     seen = set()
-    for text in (t for s in services.values() for t in _strings([s.get("environment"), s.get("command")])):
+    for text in (
+        t for s in services.values() for t in _strings([s.get("environment"), s.get("command")])
+    ):
         for match in re.finditer(r"postgresql(?:\+\w+)?://[^\s'\"]+", text):
             url = urlparse(match.group(0))
-            assert url.username == postgres["POSTGRES_USER"] and url.password == postgres["POSTGRES_PASSWORD"]
+            assert (
+                url.username == postgres["POSTGRES_USER"]
+                and url.password == postgres["POSTGRES_PASSWORD"]
+            )
             database = url.path.lstrip("/")
             assert database in databases, f"{match.group(0)}: database {database} is never created"
             seen.add(database)
@@ -302,7 +357,8 @@ def test_databases_and_credentials_in_connection_strings_exist(
 
 
 def test_s3_settings_agree_between_minio_the_broker_and_spark(
-    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+    compose: dict[str, Any],
+    services: dict[str, dict[str, Any]],
 ) -> None:
     minio = _env(services["minio"])
     for name in ("broker", "minio-init", "spark-worker", "airflow-scheduler"):
@@ -319,7 +375,9 @@ def test_s3_settings_agree_between_minio_the_broker_and_spark(
     for catalog in ("icefall", "icefall_round"):
         assert defaults[f"spark.sql.catalog.{catalog}.s3.endpoint"] == "http://minio:9000"
         assert defaults[f"spark.sql.catalog.{catalog}.s3.path-style-access"] == "true"
-        assert defaults[f"spark.sql.catalog.{catalog}.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+        assert (
+            defaults[f"spark.sql.catalog.{catalog}.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+        )
 
 
 def test_airflow_components_share_one_configuration(services: dict[str, dict[str, Any]]) -> None:
@@ -328,9 +386,13 @@ def test_airflow_components_share_one_configuration(services: dict[str, dict[str
     for name, env in envs.items():
         assert env == first, f"{name}'s Airflow settings differ from the scheduler's"
     assert first["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
-    assert urlparse(first["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"]).hostname == "airflow-apiserver"
+    assert (
+        urlparse(first["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"]).hostname == "airflow-apiserver"
+    )
     assert first["AIRFLOW__API_AUTH__JWT_SECRET"] and first["AIRFLOW__API__SECRET_KEY"]
-    assert first["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "true"  # the scheduler's healthcheck needs it
+    assert (
+        first["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "true"
+    )  # the scheduler's healthcheck needs it
     for key in ("AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER"):
         folder = Path(first[key])
         assert folder.parent == Path("/opt/icefall") and (REPO / folder.name).is_dir(), key
@@ -341,7 +403,8 @@ def test_airflow_components_share_one_configuration(services: dict[str, dict[str
 
 
 def test_the_broker_command_is_one_the_cli_accepts(
-    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+    services: dict[str, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     args = _broker_args(services)
     for key, value in _env(services["broker"]).items():
@@ -361,17 +424,28 @@ def test_the_broker_command_is_one_the_cli_accepts(
 
 
 def test_spark_pulls_the_iceberg_build_of_the_installed_pyspark(
-    compose: dict[str, Any], services: dict[str, dict[str, Any]],
+    compose: dict[str, Any],
+    services: dict[str, dict[str, Any]],
 ) -> None:
     from spark_jobs.jars import scala_version
 
     spark_minor = ".".join(_constraint("pyspark").split(".")[:2])
     packages = _spark_defaults(compose)["spark.jars.packages"].split(",")
-    pinned = (REPO / "spark_jobs" / "jvm" / "pom.xml").read_text().split("<iceberg.version>")[1].split("<")[0]
-    assert f"org.apache.iceberg:iceberg-spark-runtime-{spark_minor}_{scala_version()}:{pinned}" in packages
+    pinned = (
+        (REPO / "spark_jobs" / "jvm" / "pom.xml")
+        .read_text()
+        .split("<iceberg.version>")[1]
+        .split("<")[0]
+    )
+    assert (
+        f"org.apache.iceberg:iceberg-spark-runtime-{spark_minor}_{scala_version()}:{pinned}"
+        in packages
+    )
     assert f"org.apache.iceberg:iceberg-aws-bundle:{pinned}" in packages
     image = services["spark-master"]["image"]
-    assert image.startswith(f"apache/spark:{spark_minor}."), f"{image}: the master must run Spark {spark_minor}"
+    assert image.startswith(f"apache/spark:{spark_minor}."), (
+        f"{image}: the master must run Spark {spark_minor}"
+    )
     # the worker runs executors for the Airflow-side driver: same image, same Python and packages
     assert services["spark-worker"]["image"] == services["airflow-scheduler"]["image"]
     for name in ("spark-worker", "airflow-scheduler"):
@@ -390,7 +464,9 @@ def test_the_image_is_built_from_this_repository_with_the_pinned_constraints(
     services: dict[str, dict[str, Any]],
 ) -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-", dockerfile, re.MULTILINE), "the image must run Python 3.11"
+    assert re.search(r"^FROM python:3\.11-", dockerfile, re.MULTILINE), (
+        "the image must run Python 3.11"
+    )
     assert re.search(r"pip install .*-c constraints\.txt \.", dockerfile)
     # the jars Spark sessions get come from the same pom and checksums as `make setup`'s
     assert "spark_jobs/jvm/pom.xml" in dockerfile and "jars.sha256" in dockerfile
@@ -398,12 +474,17 @@ def test_the_image_is_built_from_this_repository_with_the_pinned_constraints(
         "COPY --from=jars /jars /opt/icefall/jars" in dockerfile
         and "ICEFALL_JARS_DIR=/opt/icefall/jars" in dockerfile
     )
-    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     for match in re.finditer(r"^COPY (?!--from)(?:--\S+ )*(.+) \S+$", dockerfile, re.MULTILINE):
         for source in match.group(1).split():
             assert (REPO / source).exists(), f"Dockerfile copies missing {source}"
-            assert source not in ignored, f"Dockerfile copies {source}, which .dockerignore leaves out"
+            assert source not in ignored, (
+                f"Dockerfile copies {source}, which .dockerignore leaves out"
+            )
     built = [n for n, s in services.items() if "build" in s]
     assert built and all(services[n]["build"]["context"] == "." for n in built)
     images = {services[n]["image"] for n in built}

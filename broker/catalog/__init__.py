@@ -29,8 +29,12 @@ def client_io_properties(config: BrokerConfig) -> dict[str, str]:
         return {}
     store = object_store_from_env(warehouse)
     region = store.region or DEFAULT_REGION
-    found = {"s3.endpoint": store.endpoint_url, "s3.path-style-access": "true" if store.endpoint_url else None,
-             "s3.region": region, "client.region": region}
+    found = {
+        "s3.endpoint": store.endpoint_url,
+        "s3.path-style-access": "true" if store.endpoint_url else None,
+        "s3.region": region,
+        "client.region": region,
+    }
     given = {k: v for k, v in config.catalog.properties.items() if k.startswith(("s3.", "client."))}
     return {**{k: v for k, v in found.items() if v}, **given}
 
@@ -47,6 +51,11 @@ def open_catalog(config: BrokerConfig) -> CatalogApi:
     """The catalog's HTTP app over its store, ready for ``start(host, port)``. The store writes
     metadata files with the client settings plus this process's credentials."""
     client = client_io_properties(config)
-    store = CatalogStore(config.catalog_db_uri, config.catalog_warehouse,
-                         {**client, **aws_io_credentials()} if client else {})
-    return CatalogApi(store, client_config=client, table_config={**client, **vended_credentials(config)})
+    store = CatalogStore(
+        config.catalog_db_uri,
+        config.catalog_warehouse,
+        {**client, **aws_io_credentials()} if client else {},
+    )
+    return CatalogApi(
+        store, client_config=client, table_config={**client, **vended_credentials(config)}
+    )

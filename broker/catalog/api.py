@@ -89,7 +89,9 @@ class TableLocks:
     were touched once do not accumulate."""
 
     def __init__(self) -> None:
-        self._locks: weakref.WeakValueDictionary[Identifier, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._locks: weakref.WeakValueDictionary[Identifier, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
 
     @contextlib.asynccontextmanager
     async def hold(self, identifiers: Iterable[Identifier]) -> AsyncIterator[None]:
@@ -103,18 +105,24 @@ class TableLocks:
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json", headers=headers)
+    return web.Response(
+        status=status, text=json.dumps(body), content_type="application/json", headers=headers
+    )
 
 
 def _metadata_json(metadata: Any) -> dict[str, Any]:
     return iceberg_json.to_dict(metadata)
 
 
-def _table_result(table: LoadedTable, snapshots: str = "all", config: dict[str, str] | None = None) -> dict[str, Any]:
+def _table_result(
+    table: LoadedTable, snapshots: str = "all", config: dict[str, str] | None = None
+) -> dict[str, Any]:
     metadata = _metadata_json(table.metadata)
     if snapshots == "refs":
         referenced = {ref["snapshot-id"] for ref in metadata.get("refs", {}).values()}
-        metadata["snapshots"] = [s for s in metadata.get("snapshots", []) if s["snapshot-id"] in referenced]
+        metadata["snapshots"] = [
+            s for s in metadata.get("snapshots", []) if s["snapshot-id"] in referenced
+        ]
     result: dict[str, Any] = {"metadata": metadata, "config": dict(config or {})}
     if table.metadata_location is not None:
         result["metadata-location"] = table.metadata_location
@@ -149,8 +157,13 @@ def _page(request: web.Request, items: list[T]) -> tuple[list[T], dict[str, Any]
 
 
 class CatalogApi(HttpService):
-    def __init__(self, store: CatalogStore, workers: int = 4, client_config: dict[str, str] | None = None,
-                 table_config: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        store: CatalogStore,
+        workers: int = 4,
+        client_config: dict[str, str] | None = None,
+        table_config: dict[str, str] | None = None,
+    ) -> None:
         """``client_config``: the FileIO settings every client gets (``/v1/config`` defaults);
         ``table_config``: what each load-table result's ``config`` carries (the same, plus
         credentials when the broker vends them)."""
@@ -160,43 +173,45 @@ class CatalogApi(HttpService):
         self.locks = TableLocks()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="iceberg-catalog")
         self.app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
-        self.app.add_routes([
-            web.get("/v1/config", self.get_config),
-            web.post("/v1/oauth/tokens", self.oauth_tokens),
-            web.get("/v1/namespaces", self.list_namespaces),
-            web.post("/v1/namespaces", self.create_namespace),
-            web.get(NS, self.load_namespace, allow_head=False),
-            web.head(NS, self.namespace_exists),
-            web.delete(NS, self.drop_namespace),
-            web.post(NS + "/properties", self.update_properties),
-            web.get(NS + "/tables", self.list_tables),
-            web.post(NS + "/tables", self.create_table),
-            web.post(NS + "/register", self.register_table),
-            web.get(TABLE, self.load_table, allow_head=False),
-            web.head(TABLE, self.table_exists),
-            web.post(TABLE, self.commit_table),
-            web.delete(TABLE, self.drop_table),
-            web.post(TABLE + "/unregister", self.unregister_table),
-            web.get(TABLE + "/credentials", self.load_credentials),
-            web.post(TABLE + "/metrics", self.report_metrics),
-            web.post(TABLE + "/plan", self.unsupported),
-            web.get(TABLE + "/plan/{plan_id}", self.no_such_plan, allow_head=False),
-            web.delete(TABLE + "/plan/{plan_id}", self.no_such_plan),
-            web.post(TABLE + "/tasks", self.no_such_plan_task),
-            web.post(TABLE + "/sign", self.unsupported),
-            web.post("/v1/tables/rename", self.rename_table),
-            web.post("/v1/transactions/commit", self.commit_transaction),
-            web.get(NS + "/views", self.list_views),
-            web.post(NS + "/views", self.unsupported),
-            web.post(NS + "/register-view", self.unsupported),
-            web.get(NS + "/views/{view}", self.no_such_view, allow_head=False),
-            web.head(NS + "/views/{view}", self.no_such_view),
-            web.delete(NS + "/views/{view}", self.no_such_view),
-            web.post(NS + "/views/{view}", self.no_such_view),
-            web.post("/v1/views/rename", self.unsupported),
-            web.get(NS + "/functions", self.list_functions),
-            web.get(NS + "/functions/{function}", self.no_such_function, allow_head=False),
-        ])
+        self.app.add_routes(
+            [
+                web.get("/v1/config", self.get_config),
+                web.post("/v1/oauth/tokens", self.oauth_tokens),
+                web.get("/v1/namespaces", self.list_namespaces),
+                web.post("/v1/namespaces", self.create_namespace),
+                web.get(NS, self.load_namespace, allow_head=False),
+                web.head(NS, self.namespace_exists),
+                web.delete(NS, self.drop_namespace),
+                web.post(NS + "/properties", self.update_properties),
+                web.get(NS + "/tables", self.list_tables),
+                web.post(NS + "/tables", self.create_table),
+                web.post(NS + "/register", self.register_table),
+                web.get(TABLE, self.load_table, allow_head=False),
+                web.head(TABLE, self.table_exists),
+                web.post(TABLE, self.commit_table),
+                web.delete(TABLE, self.drop_table),
+                web.post(TABLE + "/unregister", self.unregister_table),
+                web.get(TABLE + "/credentials", self.load_credentials),
+                web.post(TABLE + "/metrics", self.report_metrics),
+                web.post(TABLE + "/plan", self.unsupported),
+                web.get(TABLE + "/plan/{plan_id}", self.no_such_plan, allow_head=False),
+                web.delete(TABLE + "/plan/{plan_id}", self.no_such_plan),
+                web.post(TABLE + "/tasks", self.no_such_plan_task),
+                web.post(TABLE + "/sign", self.unsupported),
+                web.post("/v1/tables/rename", self.rename_table),
+                web.post("/v1/transactions/commit", self.commit_transaction),
+                web.get(NS + "/views", self.list_views),
+                web.post(NS + "/views", self.unsupported),
+                web.post(NS + "/register-view", self.unsupported),
+                web.get(NS + "/views/{view}", self.no_such_view, allow_head=False),
+                web.head(NS + "/views/{view}", self.no_such_view),
+                web.delete(NS + "/views/{view}", self.no_such_view),
+                web.post(NS + "/views/{view}", self.no_such_view),
+                web.post("/v1/views/rename", self.unsupported),
+                web.get(NS + "/functions", self.list_functions),
+                web.get(NS + "/functions/{function}", self.no_such_function, allow_head=False),
+            ]
+        )
         self.access_log = log if log.isEnabledFor(logging.DEBUG) else None
 
     async def close(self) -> None:
@@ -233,8 +248,13 @@ class CatalogApi(HttpService):
         return _json({"defaults": self.client_config, "overrides": {}, "endpoints": ENDPOINTS})
 
     async def oauth_tokens(self, request: web.Request) -> web.Response:
-        return _json({"error": "invalid_request",
-                      "error_description": "this catalog needs no authentication: configure no credential"}, 400)
+        return _json(
+            {
+                "error": "invalid_request",
+                "error_description": "this catalog needs no authentication: configure no credential",
+            },
+            400,
+        )
 
     # ------------------------------------------------------------ namespaces
 
@@ -248,7 +268,9 @@ class CatalogApi(HttpService):
         body = await read_body(request, CreateNamespaceRequest)
         namespace = check_namespace(body.namespace)
         check_namespace_keys(body.properties)
-        props = await self._run(self.store.create_namespace, namespace, check_properties(body.properties))
+        props = await self._run(
+            self.store.create_namespace, namespace, check_properties(body.properties)
+        )
         return _json({"namespace": list(namespace), "properties": props})
 
     async def load_namespace(self, request: web.Request) -> web.Response:
@@ -270,15 +292,23 @@ class CatalogApi(HttpService):
         removals, updates = set(body.removals), check_properties(body.updates)
         check_namespace_keys([*removals, *updates])
         if overlap := removals & updates.keys():
-            raise CatalogError(f"keys both updated and removed: {sorted(overlap)}", 422, "UnprocessableEntityException")
+            raise CatalogError(
+                f"keys both updated and removed: {sorted(overlap)}",
+                422,
+                "UnprocessableEntityException",
+            )
         summary = await self._run(self.store.update_namespace, namespace, removals, updates)
         return _json(summary)
 
     # ------------------------------------------------------------ tables
 
     async def list_tables(self, request: web.Request) -> web.Response:
-        items, token = _page(request, await self._run(self.store.list_tables, self._namespace(request)))
-        return _json({"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in items], **token})
+        items, token = _page(
+            request, await self._run(self.store.list_tables, self._namespace(request))
+        )
+        return _json(
+            {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in items], **token}
+        )
 
     async def create_table(self, request: web.Request) -> web.Response:
         namespace = self._namespace(request)
@@ -295,7 +325,9 @@ class CatalogApi(HttpService):
         body = await read_body(request, RegisterTableRequest)
         ident = (*namespace, check_name(body.name))
         async with self.locks.hold([ident]):
-            table = await self._run(self.store.register_table, ident, body.metadata_location, body.overwrite)
+            table = await self._run(
+                self.store.register_table, ident, body.metadata_location, body.overwrite
+            )
         return _json(_table_result(table, config=self.table_config))
 
     async def load_table(self, request: web.Request) -> web.Response:
@@ -307,7 +339,10 @@ class CatalogApi(HttpService):
         etag = _etag(table.metadata_location, snapshots)
         if etag and request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers={"ETag": etag})
-        return _json(_table_result(table, snapshots, self.table_config), headers={"ETag": etag} if etag else None)
+        return _json(
+            _table_result(table, snapshots, self.table_config),
+            headers={"ETag": etag} if etag else None,
+        )
 
     async def table_exists(self, request: web.Request) -> web.Response:
         location = await self._run(self.store.current_location, self._table(request))
@@ -325,11 +360,18 @@ class CatalogApi(HttpService):
         async with self.locks.hold([ident]):
             table = await self._run(self.store.load_table, ident)
             await self._run(self.store.drop_table, ident, False)
-        return _json({"metadata-location": table.metadata_location, "metadata": _metadata_json(table.metadata)})
+        return _json(
+            {
+                "metadata-location": table.metadata_location,
+                "metadata": _metadata_json(table.metadata),
+            }
+        )
 
     async def load_credentials(self, request: web.Request) -> web.Response:
         await self._require_table(self._table(request))
-        return _json({"storage-credentials": []})  # the warehouse needs none beyond the client's own
+        return _json(
+            {"storage-credentials": []}
+        )  # the warehouse needs none beyond the client's own
 
     async def report_metrics(self, request: web.Request) -> web.Response:
         """Accepted and logged at debug level. Not checked against the table: Java
@@ -355,7 +397,10 @@ class CatalogApi(HttpService):
         async with self.locks.hold([ident]):
             (result,) = await self._run(commits.commit, self.store, [change])
         etag = _etag(result.metadata_location, "all")
-        return _json(_table_result(result, config=self.table_config), headers={"ETag": etag} if etag else None)
+        return _json(
+            _table_result(result, config=self.table_config),
+            headers={"ETag": etag} if etag else None,
+        )
 
     async def commit_transaction(self, request: web.Request) -> web.Response:
         body = await read_body(request, CommitTransactionRequest)
@@ -363,8 +408,11 @@ class CatalogApi(HttpService):
         for item in body.table_changes:
             if item.identifier is None:
                 raise BadRequest("every table change of a transaction needs an identifier")
-            changes.append(commits.TableChange(item.identifier.identifier, tuple(item.requirements),
-                                               tuple(item.updates)))
+            changes.append(
+                commits.TableChange(
+                    item.identifier.identifier, tuple(item.requirements), tuple(item.updates)
+                )
+            )
         idents = [c.identifier for c in changes]
         if len(set(idents)) != len(idents):
             raise BadRequest("a transaction may change each table once")
@@ -383,8 +431,10 @@ class CatalogApi(HttpService):
         return _json({"identifiers": [], "next-page-token": None})
 
     async def no_such_view(self, request: web.Request) -> web.Response:
-        raise NotFound(f"View does not exist: {request.match_info['view']} (this catalog has no views)",
-                       type="NoSuchViewException")
+        raise NotFound(
+            f"View does not exist: {request.match_info['view']} (this catalog has no views)",
+            type="NoSuchViewException",
+        )
 
     async def list_functions(self, request: web.Request) -> web.Response:
         await self._require_namespace(self._namespace(request))
@@ -392,7 +442,10 @@ class CatalogApi(HttpService):
         return _json({"identifiers": [], "next-page-token": None})
 
     async def no_such_function(self, request: web.Request) -> web.Response:
-        raise NotFound(f"Function does not exist: {request.match_info['function']}", type="NoSuchFunctionException")
+        raise NotFound(
+            f"Function does not exist: {request.match_info['function']}",
+            type="NoSuchFunctionException",
+        )
 
     async def no_such_plan(self, request: web.Request) -> web.Response:
         raise NotFound("this catalog plans no scans on the server", type="NoSuchPlanIdException")

@@ -77,14 +77,18 @@ def commit(store: CatalogStore, changes: list[TableChange]) -> list[LoadedTable]
         try:
             for item in staged:
                 if item.changed:
-                    store.sql._write_metadata(item.new.metadata, item.new.io, item.new.metadata_location)
+                    store.sql._write_metadata(
+                        item.new.metadata, item.new.io, item.new.metadata_location
+                    )
                     written.append(item)
             _swap(store, staged)
         except CommitStateUnknown:
             raise  # the files may be live now: leave them
         except _LostSwap:
             _delete(written)
-            log.info("catalog commit lost a swap to another writer (attempt %d of %d)", attempt, ATTEMPTS)
+            log.info(
+                "catalog commit lost a swap to another writer (attempt %d of %d)", attempt, ATTEMPTS
+            )
             continue
         except BaseException:
             _delete(written)
@@ -105,7 +109,9 @@ def _stage(store: CatalogStore, change: TableChange) -> _Staged:
             raise NoSuchTableError(f"Table does not exist: {'.'.join(ident)}")
         if not store.sql.namespace_exists(ident[:-1]):
             raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(ident[:-1])}")
-    new = store.sql._update_and_stage_table(current, ident, change.requirements, v3.server_updates(change.updates))
+    new = store.sql._update_and_stage_table(
+        current, ident, change.requirements, v3.server_updates(change.updates)
+    )
     store.warehouse.check(new.metadata.location)
     store.warehouse.check(new.metadata_location, "metadata location")
     return _Staged(ident, current, new)
@@ -118,27 +124,40 @@ def _swap(store: CatalogStore, staged: list[_Staged]) -> None:
         for item in staged:
             if item.current is None:
                 namespace = Catalog.namespace_to_string(item.identifier[:-1])
-                row = store.sql._create_table_row(namespace, item.identifier[-1], item.new.metadata_location)
+                row = store.sql._create_table_row(
+                    namespace, item.identifier[-1], item.new.metadata_location
+                )
                 try:
                     session.execute(insert(IcebergTables).values(**row))
-                except IntegrityError as exc:  # created concurrently: assert-create fails on the retry
+                except (
+                    IntegrityError
+                ) as exc:  # created concurrently: assert-create fails on the retry
                     raise _LostSwap from exc
                 continue
-            new_location = item.new.metadata_location if item.changed else item.current.metadata_location
+            new_location = (
+                item.new.metadata_location if item.changed else item.current.metadata_location
+            )
             result = session.execute(
                 update(IcebergTables)
-                .where(*store.row_filter(item.identifier),
-                       IcebergTables.metadata_location == item.current.metadata_location)
-                .values(metadata_location=new_location,
-                        previous_metadata_location=item.current.metadata_location if item.changed
-                        else IcebergTables.previous_metadata_location)
+                .where(
+                    *store.row_filter(item.identifier),
+                    IcebergTables.metadata_location == item.current.metadata_location,
+                )
+                .values(
+                    metadata_location=new_location,
+                    previous_metadata_location=item.current.metadata_location
+                    if item.changed
+                    else IcebergTables.previous_metadata_location,
+                )
             )
             if result.rowcount != 1:  # type: ignore[attr-defined]
                 raise _LostSwap
         try:
             session.commit()
         except Exception as exc:
-            raise CommitStateUnknown(f"the catalog database failed while committing: {exc}") from exc
+            raise CommitStateUnknown(
+                f"the catalog database failed while committing: {exc}"
+            ) from exc
 
 
 def _delete(staged: list[_Staged]) -> None:

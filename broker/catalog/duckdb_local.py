@@ -27,16 +27,21 @@ def extension_path(name: str) -> Path:
         return wanted
     found = sorted(root.glob(f"*/{name}.duckdb_extension"))
     if not found:
-        raise FileNotFoundError(f"duckdb-extension-{name} has no {name}.duckdb_extension under {root}")
+        raise FileNotFoundError(
+            f"duckdb-extension-{name} has no {name}.duckdb_extension under {root}"
+        )
     return found[-1]
 
 
 def connect(database: str = ":memory:") -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with avro, httpfs and iceberg loaded from the wheels."""
-    con = duckdb.connect(database, config={
-        "autoinstall_known_extensions": "false",
-        "autoload_known_extensions": "false",
-    })
+    con = duckdb.connect(
+        database,
+        config={
+            "autoinstall_known_extensions": "false",
+            "autoload_known_extensions": "false",
+        },
+    )
     for name in EXTENSIONS:
         con.execute(f"LOAD '{extension_path(name)}'")
     return con
@@ -48,9 +53,7 @@ def attach_catalog(con: duckdb.DuckDBPyConnection, uri: str, alias: str = "icefa
     warehouse on S3 reads too (the catalog hands DuckDB the endpoint and region)."""
     if os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"):
         create_s3_secret(con)
-    con.execute(
-        f"ATTACH '' AS {alias} (TYPE iceberg, ENDPOINT '{uri}', AUTHORIZATION_TYPE 'none')"
-    )
+    con.execute(f"ATTACH '' AS {alias} (TYPE iceberg, ENDPOINT '{uri}', AUTHORIZATION_TYPE 'none')")
 
 
 def create_s3_secret(con: duckdb.DuckDBPyConnection, name: str = "icefall_s3") -> None:
@@ -58,7 +61,9 @@ def create_s3_secret(con: duckdb.DuckDBPyConnection, name: str = "icefall_s3") -
     S3 reader); the endpoint, path style and region of an S3 warehouse come from the catalog."""
     key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
     if not key or not secret:
-        raise ValueError("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are needed to read an S3 warehouse")
+        raise ValueError(
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are needed to read an S3 warehouse"
+        )
     parts = [f"KEY_ID '{key}'", f"SECRET '{secret}'"]
     if token := os.environ.get("AWS_SESSION_TOKEN"):
         parts.append(f"SESSION_TOKEN '{token}'")

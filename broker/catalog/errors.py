@@ -86,9 +86,13 @@ def _message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def error_response(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+def error_response(
+    status: int, type_: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
     body = {"error": {"message": message, "type": type_, "code": status}}
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json", headers=headers)
+    return web.Response(
+        status=status, text=json.dumps(body), content_type="application/json", headers=headers
+    )
 
 
 def head_error(status: int) -> web.Response:
@@ -97,7 +101,11 @@ def head_error(status: int) -> web.Response:
 
 
 # aiohttp's own HTTP errors (no route, wrong method, body too large) in the error model
-_HTTP_TYPES = {404: "NotFoundException", 405: "MethodNotAllowedException", 413: "BadRequestException"}
+_HTTP_TYPES = {
+    404: "NotFoundException",
+    405: "MethodNotAllowedException",
+    413: "BadRequestException",
+}
 
 
 @web.middleware
@@ -110,13 +118,19 @@ async def error_middleware(
         if exc.status < 400:
             raise
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return error_response(exc.status, _HTTP_TYPES.get(exc.status, "BadRequestException"),
-                              exc.reason or "error", headers)
+        return error_response(
+            exc.status,
+            _HTTP_TYPES.get(exc.status, "BadRequestException"),
+            exc.reason or "error",
+            headers,
+        )
     except Exception as exc:  # every failure leaves in the error model
         mapped = as_catalog_error(exc)
         if mapped is None:
             log.exception("catalog: %s %s failed", request.method, request.path)
-            return error_response(500, "ServiceFailureException", f"internal error: {type(exc).__name__}: {exc}")
+            return error_response(
+                500, "ServiceFailureException", f"internal error: {type(exc).__name__}: {exc}"
+            )
         if request.method == "HEAD":
             return head_error(mapped.status)
         return error_response(mapped.status, mapped.type, mapped.message)

@@ -15,7 +15,9 @@ from urllib.parse import unquote, urlparse
 from broker.catalog.errors import BadRequest
 
 # schemes pyiceberg's FileIO can read; register-table refuses anything else (no http:// fetches)
-READABLE_SCHEMES = frozenset({"file", "s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "hdfs"})
+READABLE_SCHEMES = frozenset(
+    {"file", "s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "hdfs"}
+)
 
 
 def _key(uri: str) -> tuple[str, str, str]:
@@ -40,7 +42,9 @@ class Warehouse:
         root_scheme, root_authority, root_path = self._root
         if scheme != root_scheme and {scheme, root_scheme} - {"s3", "s3a", "s3n"}:
             return False
-        return authority == root_authority and (path == root_path or path.startswith(root_path.rstrip("/") + "/"))
+        return authority == root_authority and (
+            path == root_path or path.startswith(root_path.rstrip("/") + "/")
+        )
 
     def check(self, location: str, what: str = "table location") -> str:
         if not self.contains(location):

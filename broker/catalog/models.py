@@ -35,7 +35,9 @@ def check_name(name: str, what: str = "table name") -> str:
     if not name or name != name.strip():
         raise BadRequest(f"{what} must be non-empty without surrounding blanks: {name!r}")
     if name in (".", "..") or any(c in name for c in "/\\" + SEPARATOR) or not name.isprintable():
-        raise BadRequest(f"{what} must be printable, without slashes or the 0x1F separator: {name!r}")
+        raise BadRequest(
+            f"{what} must be printable, without slashes or the 0x1F separator: {name!r}"
+        )
     if len(name) > MAX_NAME:
         raise BadRequest(f"{what} is longer than {MAX_NAME} characters")
     return name
@@ -64,7 +66,9 @@ RESERVED_NAMESPACE_KEYS = frozenset({"exists"})  # the SQL catalog's marker row 
 def check_properties(props: dict[str, str]) -> dict[str, str]:
     for key, value in props.items():
         if not key or len(key) > MAX_NAME or len(value) > MAX_VALUE:
-            raise BadRequest(f"property keys must be 1-{MAX_NAME} and values 0-{MAX_VALUE} characters: {key[:40]!r}")
+            raise BadRequest(
+                f"property keys must be 1-{MAX_NAME} and values 0-{MAX_VALUE} characters: {key[:40]!r}"
+            )
     return props
 
 

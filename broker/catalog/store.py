@@ -63,9 +63,13 @@ class _SqlCatalog(SqlCatalog):
 
 
 class CatalogStore:
-    def __init__(self, uri: str, warehouse: str, io_properties: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, uri: str, warehouse: str, io_properties: dict[str, str] | None = None
+    ) -> None:
         self.warehouse = Warehouse(warehouse)
-        self.sql = _SqlCatalog(CATALOG_NAME, uri=uri, warehouse=self.warehouse.root, **(io_properties or {}))
+        self.sql = _SqlCatalog(
+            CATALOG_NAME, uri=uri, warehouse=self.warehouse.root, **(io_properties or {})
+        )
         if self.sql.engine.dialect.name == "sqlite":
             # readers do not wait for the writer; a writer waits up to 10 s for another
             event.listen(self.sql.engine, "connect", _sqlite_pragmas)
@@ -83,7 +87,9 @@ class CatalogStore:
         try:
             self.sql.create_namespace(namespace, {**properties, **EXISTS_MARKER})
         except IntegrityError as exc:  # created concurrently between pyiceberg's check and insert
-            raise NamespaceAlreadyExistsError(f"Namespace {'.'.join(namespace)} already exists") from exc
+            raise NamespaceAlreadyExistsError(
+                f"Namespace {'.'.join(namespace)} already exists"
+            ) from exc
         return self.load_namespace(namespace)
 
     def load_namespace(self, namespace: Identifier) -> dict[str, str]:
@@ -102,9 +108,14 @@ class CatalogStore:
         self, namespace: Identifier, removals: set[str], updates: dict[str, str]
     ) -> dict[str, list[str]]:
         # the marker is rewritten every time: a namespace left without rows would cease to exist
-        summary = self.sql.update_namespace_properties(namespace, removals, {**updates, **EXISTS_MARKER})
-        return {"updated": sorted(set(summary.updated) - EXISTS_MARKER.keys()), "removed": sorted(summary.removed),
-                "missing": sorted(summary.missing)}
+        summary = self.sql.update_namespace_properties(
+            namespace, removals, {**updates, **EXISTS_MARKER}
+        )
+        return {
+            "updated": sorted(set(summary.updated) - EXISTS_MARKER.keys()),
+            "removed": sorted(summary.removed),
+            "missing": sorted(summary.missing),
+        }
 
     # ------------------------------------------------------------ tables
 
@@ -140,19 +151,27 @@ class CatalogStore:
             raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
         if self.current_location(identifier) is not None:
             raise TableAlreadyExistsError(f"Table {'.'.join(identifier)} already exists")
-        location = self.sql._resolve_table_location(request.location, Catalog.namespace_to_string(namespace), name)
+        location = self.sql._resolve_table_location(
+            request.location, Catalog.namespace_to_string(namespace), name
+        )
         self.warehouse.check(location)
         properties = dict(request.properties)
-        metadata_location = load_location_provider(location, properties).new_table_metadata_file_location()
+        metadata_location = load_location_provider(
+            location, properties
+        ).new_table_metadata_file_location()
         self.warehouse.check(metadata_location, "metadata location")
         if properties.get(TableProperties.FORMAT_VERSION, "2") not in ("1", "2", "3"):
-            raise BadRequest(f"unsupported format-version {properties[TableProperties.FORMAT_VERSION]!r}")
+            raise BadRequest(
+                f"unsupported format-version {properties[TableProperties.FORMAT_VERSION]!r}"
+            )
         spec = request.partition_spec or UNPARTITIONED_PARTITION_SPEC
         order = request.write_order or UNSORTED_SORT_ORDER
         if request.stage_create:
             metadata = new_table_metadata(request.table_schema, spec, order, location, properties)
             return LoadedTable(None, iceberg_json.with_row_lineage(metadata))
-        table = self.sql.create_table(identifier, request.table_schema, location, spec, order, properties)
+        table = self.sql.create_table(
+            identifier, request.table_schema, location, spec, order, properties
+        )
         return LoadedTable(table.metadata_location, table.metadata)
 
     def drop_table(self, identifier: Identifier, purge: bool) -> None:
@@ -170,7 +189,9 @@ class CatalogStore:
             raise TableAlreadyExistsError(f"Table {'.'.join(destination)} already exists")
         self.sql.rename_table(source, destination)
 
-    def register_table(self, identifier: Identifier, metadata_location: str, overwrite: bool) -> LoadedTable:
+    def register_table(
+        self, identifier: Identifier, metadata_location: str, overwrite: bool
+    ) -> LoadedTable:
         """Point the catalog at an existing metadata file, read first so a bad
         location is a 400 and never leaves a row behind."""
         check_readable(metadata_location)
@@ -180,13 +201,18 @@ class CatalogStore:
             io = load_file_io(self.sql.properties, metadata_location)
             metadata = FromInputFile.table_metadata(io.new_input(metadata_location))
         except Exception as exc:  # whatever the FileIO raises, the request is at fault
-            raise BadRequest(f"cannot read table metadata at {metadata_location!r}: {type(exc).__name__}") from exc
+            raise BadRequest(
+                f"cannot read table metadata at {metadata_location!r}: {type(exc).__name__}"
+            ) from exc
         if self.current_location(identifier) is None:
             self.sql.register_table(identifier, metadata_location)
         elif overwrite:
             with Session(self.sql.engine) as session:
-                session.execute(update(IcebergTables).where(*self.row_filter(identifier))
-                                .values(metadata_location=metadata_location, previous_metadata_location=None))
+                session.execute(
+                    update(IcebergTables)
+                    .where(*self.row_filter(identifier))
+                    .values(metadata_location=metadata_location, previous_metadata_location=None)
+                )
                 session.commit()
         else:
             raise TableAlreadyExistsError(f"Table {'.'.join(identifier)} already exists")

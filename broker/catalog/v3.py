@@ -28,17 +28,24 @@ class UpgradeToV3(UpgradeFormatVersionUpdate):
 
 def server_updates(updates: tuple[TableUpdate, ...]) -> tuple[TableUpdate, ...]:
     """The request's updates with upgrades to v3 handed to ``UpgradeToV3``."""
-    return tuple(UpgradeToV3.model_validate({"format-version": V3})
-                 if isinstance(u, UpgradeFormatVersionUpdate) and u.format_version == V3 else u
-                 for u in updates)
+    return tuple(
+        UpgradeToV3.model_validate({"format-version": V3})
+        if isinstance(u, UpgradeFormatVersionUpdate) and u.format_version == V3
+        else u
+        for u in updates
+    )
 
 
 @_apply_table_update.register(UpgradeToV3)
-def _upgrade_to_v3(update: UpgradeToV3, base: TableMetadata, context: _TableMetadataUpdateContext) -> TableMetadata:
+def _upgrade_to_v3(
+    update: UpgradeToV3, base: TableMetadata, context: _TableMetadataUpdateContext
+) -> TableMetadata:
     if base.format_version == V3:
         return base
     if base.format_version == 1:  # v1 -> v2 first: pyiceberg moves v1's single schema/spec fields
-        base = _apply_table_update(UpgradeFormatVersionUpdate.model_validate({"format-version": 2}), base, context)
+        base = _apply_table_update(
+            UpgradeFormatVersionUpdate.model_validate({"format-version": 2}), base, context
+        )
     fields = {**dict(base), "format_version": V3, "next_row_id": INITIAL_ROW_ID}
     context.add_update(update)
     return TableMetadataV3.model_construct(**fields)

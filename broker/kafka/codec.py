@@ -48,7 +48,9 @@ def known_versions(api_key: int) -> tuple[int, int] | None:
     name = api_key_map.get(api_key)
     if name is None:
         return None
-    versions = sorted(v for v, types in schema_name_map[name].items() if EntityType.request in types)
+    versions = sorted(
+        v for v, types in schema_name_map[name].items() if EntityType.request in types
+    )
     return (versions[0], versions[-1]) if versions else None
 
 
@@ -63,7 +65,9 @@ def parse_request(frame: bytes | bytearray) -> tuple[Any, Any]:
     """(header, request) or ValueError for bytes that do not parse."""
     api_key, api_version, _ = peek_header(frame)
     header_reader, body_reader = _request_reader(api_key, api_version)
-    if isinstance(frame, bytearray):  # kio's reader wants a read-only buffer; this view copies nothing
+    if isinstance(
+        frame, bytearray
+    ):  # kio's reader wants a read-only buffer; this view copies nothing
         frame = memoryview(frame).toreadonly()  # type: ignore[assignment]
     header, header_size = header_reader(frame, 0)
     # Like Kafka's own parser, trailing bytes are ignored: librdkafka sends an
@@ -79,9 +83,9 @@ def _null_rules(cls: Any) -> tuple[tuple[str, bool, bool, type[Any] | None], ...
     rules = []
     for f in dataclasses.fields(cls):
         annotation: Any = f.type
-        nullable = typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(
-            annotation
-        )
+        nullable = typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(
+            None
+        ) in typing.get_args(annotation)
         many, entity = _entity_type(f)
         if nullable and entity is None:
             continue  # nothing to check
@@ -132,7 +136,9 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
     kafka_type = field.metadata.get("kafka_type")
     if kafka_type == "error_code" and not isinstance(value, ErrorCode):
         return ErrorCode(value)
-    if kafka_type in ("timedelta_i32", "timedelta_i64") and not isinstance(value, datetime.timedelta):
+    if kafka_type in ("timedelta_i32", "timedelta_i64") and not isinstance(
+        value, datetime.timedelta
+    ):
         return datetime.timedelta(milliseconds=value)
     if isinstance(value, list):
         return tuple(value)
@@ -148,7 +154,9 @@ def _entity_type(field: dataclasses.Field[Any]) -> tuple[bool, type[Any] | None]
     if typing.get_origin(annotation) is tuple:
         inner = typing.get_args(annotation)[0]
         return True, typing.cast(type[Any], inner) if dataclasses.is_dataclass(inner) else None
-    return False, typing.cast(type[Any], annotation) if dataclasses.is_dataclass(annotation) else None
+    return False, typing.cast(type[Any], annotation) if dataclasses.is_dataclass(
+        annotation
+    ) else None
 
 
 @cache

@@ -18,7 +18,13 @@ from kio.schema.errors import ErrorCode
 
 log = logging.getLogger(__name__)
 
-EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
+EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
+    "Empty",
+    "PreparingRebalance",
+    "CompletingRebalance",
+    "Stable",
+    "Dead",
+)
 
 
 @dataclass
@@ -127,7 +133,11 @@ class GroupCoordinator:
         group = self.group(group_id)
         if group.state == DEAD:
             return JoinResult(ErrorCode.coordinator_not_available)
-        if group.protocol_type is not None and group.members and protocol_type != group.protocol_type:
+        if (
+            group.protocol_type is not None
+            and group.members
+            and protocol_type != group.protocol_type
+        ):
             return JoinResult(ErrorCode.inconsistent_group_protocol)
         if group.members and not self._supports_common_protocol(group, protocols, member_id):
             return JoinResult(ErrorCode.inconsistent_group_protocol)
@@ -150,8 +160,13 @@ class GroupCoordinator:
         member = group.members.get(member_id)
         if member is None:
             member = Member(
-                member_id, group_instance_id, client_id, client_host, session_timeout_ms,
-                rebalance_timeout_ms, protocols,
+                member_id,
+                group_instance_id,
+                client_id,
+                client_host,
+                session_timeout_ms,
+                rebalance_timeout_ms,
+                protocols,
             )
             group.members[member_id] = member
             group.new_member_added = True
@@ -168,7 +183,9 @@ class GroupCoordinator:
         self._maybe_complete_join(group)
         return await member.join_future
 
-    def _supports_common_protocol(self, group: Group, protocols: list[tuple[str, bytes]], member_id: str) -> bool:
+    def _supports_common_protocol(
+        self, group: Group, protocols: list[tuple[str, bytes]], member_id: str
+    ) -> bool:
         offered = {name for name, _ in protocols}
         for other in group.members.values():
             if other.member_id == member_id:
@@ -213,7 +230,11 @@ class GroupCoordinator:
             return
         for member in list(group.members.values()):
             if member.join_future is None or member.join_future.done():
-                log.info("group %s: member %s did not rejoin in time, removing", group.group_id, member.member_id)
+                log.info(
+                    "group %s: member %s did not rejoin in time, removing",
+                    group.group_id,
+                    member.member_id,
+                )
                 del group.members[member.member_id]
         group.rebalance_task = None
         self._complete_join(group)
@@ -223,7 +244,9 @@ class GroupCoordinator:
             return
         if group.initial_join:
             return  # the initial delay is still gathering members
-        if all(m.join_future is not None and not m.join_future.done() for m in group.members.values()):
+        if all(
+            m.join_future is not None and not m.join_future.done() for m in group.members.values()
+        ):
             if group.rebalance_task:
                 group.rebalance_task.cancel()
                 group.rebalance_task = None
@@ -243,20 +266,29 @@ class GroupCoordinator:
         group.state = COMPLETING
         assert group.protocol_name is not None
         member_list = [
-            (m.member_id, m.group_instance_id, m.metadata_for(group.protocol_name)) for m in group.members.values()
+            (m.member_id, m.group_instance_id, m.metadata_for(group.protocol_name))
+            for m in group.members.values()
         ]
         for member in group.members.values():
             member.assignment = b""
             result = JoinResult(
-                ErrorCode.none, group.generation, group.protocol_type, group.protocol_name, group.leader or "",
-                member.member_id, member_list if member.member_id == group.leader else [],
+                ErrorCode.none,
+                group.generation,
+                group.protocol_type,
+                group.protocol_name,
+                group.leader or "",
+                member.member_id,
+                member_list if member.member_id == group.leader else [],
             )
             if member.join_future and not member.join_future.done():
                 member.join_future.set_result(result)
             member.last_seen = time.monotonic()
         log.info(
             "group %s: generation %d with %d members, leader %s",
-            group.group_id, group.generation, len(group.members), group.leader,
+            group.group_id,
+            group.generation,
+            len(group.members),
+            group.leader,
         )
 
     # ------------------------------------------------------------ sync
@@ -352,7 +384,9 @@ class GroupCoordinator:
                     if waiting:
                         continue
                     if now - member.last_seen > member.session_timeout_ms / 1000:
-                        log.info("group %s: member %s session expired", group.group_id, member.member_id)
+                        log.info(
+                            "group %s: member %s session expired", group.group_id, member.member_id
+                        )
                         self._remove_member(group, member.member_id)
 
     def delete(self, group_id: str) -> int:

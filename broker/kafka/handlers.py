@@ -70,7 +70,11 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
 # librdkafka before the fix of its issue #4956 (2.0.2 in Debian's kcat, say)
 # compresses with gzip, snappy or lz4 only if the broker lists Produce v0, and
 # otherwise sends every batch uncompressed without a word.
-ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = {**SUPPORTED_VERSIONS, 0: (0, SUPPORTED_VERSIONS[0][1])}
+ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = {
+    **SUPPORTED_VERSIONS,
+    0: (0, SUPPORTED_VERSIONS[0][1]),
+}
+
 
 # A few broker-level configs, so DescribeConfigs(BROKER) answers admin tools.
 def _broker_configs(config: BrokerConfig) -> dict[str, str]:
@@ -105,7 +109,9 @@ Handler = Callable[[ConnectionContext, Any, Responder], Awaitable[Any]]
 
 
 class KafkaHandlers:
-    def __init__(self, config: BrokerConfig, cluster: Cluster, logs: LogStore, groups: GroupCoordinator) -> None:
+    def __init__(
+        self, config: BrokerConfig, cluster: Cluster, logs: LogStore, groups: GroupCoordinator
+    ) -> None:
         self.config = config
         self.cluster = cluster
         self.logs = logs
@@ -139,8 +145,13 @@ class KafkaHandlers:
         }
 
     def _broker(self) -> dict[str, Any]:
-        return {"node_id": self.config.node_id, "broker_id": self.config.node_id, "host": self.config.advertised,
-                "port": self.config.kafka_port, "rack": None}
+        return {
+            "node_id": self.config.node_id,
+            "broker_id": self.config.node_id,
+            "host": self.config.advertised,
+            "port": self.config.kafka_port,
+            "rack": None,
+        }
 
     def _partition(self, topic: str, partition: int) -> Any:
         return self.logs.partitions.get((topic, partition))
@@ -152,8 +163,12 @@ class KafkaHandlers:
 
     async def describe_cluster(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         return R(
-            error_code=ErrorCode.none, error_message=None, endpoint_type=1, cluster_id=self.config.cluster_id,
-            controller_id=self.config.node_id, brokers=[self._broker()],
+            error_code=ErrorCode.none,
+            error_message=None,
+            endpoint_type=1,
+            cluster_id=self.config.cluster_id,
+            controller_id=self.config.node_id,
+            brokers=[self._broker()],
             cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         )
 
@@ -173,7 +188,9 @@ class KafkaHandlers:
                     found = self.cluster.topics_by_id.get(topic_id)
                     name = found.name if found else None
                 names.append((name, topic_id))
-        auto_create = field(req, "allow_auto_topic_creation", True) and self.config.auto_create_topics
+        auto_create = (
+            field(req, "allow_auto_topic_creation", True) and self.config.auto_create_topics
+        )
         topics = []
         for name, topic_id in names:
             topic = self.cluster.topics.get(name) if name else None
@@ -184,7 +201,9 @@ class KafkaHandlers:
                     topics.append(self._metadata_error(name, topic_id, exc.code))
                     continue
             if topic is None:
-                topics.append(self._metadata_error(name, topic_id, ErrorCode.unknown_topic_or_partition))
+                topics.append(
+                    self._metadata_error(name, topic_id, ErrorCode.unknown_topic_or_partition)
+                )
                 continue
             node = self.config.node_id
             topics.append(
@@ -209,17 +228,25 @@ class KafkaHandlers:
                 }
             )
         return R(
-            brokers=[self._broker()], cluster_id=self.config.cluster_id, controller_id=self.config.node_id,
-            topics=topics, cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            brokers=[self._broker()],
+            cluster_id=self.config.cluster_id,
+            controller_id=self.config.node_id,
+            topics=topics,
+            cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         )
 
     @staticmethod
     def _metadata_error(name: str | None, topic_id: Any, code: int) -> dict[str, Any]:
         import uuid
 
-        return {"error_code": code, "name": name or "", "topic_id": topic_id or uuid.UUID(int=0),
-                "is_internal": False, "partitions": [],
-                "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED}
+        return {
+            "error_code": code,
+            "name": name or "",
+            "topic_id": topic_id or uuid.UUID(int=0),
+            "is_internal": False,
+            "partitions": [],
+            "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        }
 
     # ------------------------------------------------------------ produce / fetch
 
@@ -253,8 +280,13 @@ class KafkaHandlers:
             partitions = []
             for pd in td.partition_data:
                 entry: dict[str, Any] = {
-                    "index": pd.index, "error_code": ErrorCode.none, "base_offset": -1, "log_append_time": None,
-                    "log_start_offset": -1, "record_errors": [], "error_message": None,
+                    "index": pd.index,
+                    "error_code": ErrorCode.none,
+                    "base_offset": -1,
+                    "log_append_time": None,
+                    "log_start_offset": -1,
+                    "record_errors": [],
+                    "error_message": None,
                 }
                 part = self._partition(td.name, pd.index) if topic else None
                 if req.transactional_id is not None:
@@ -263,18 +295,37 @@ class KafkaHandlers:
                         error_message="transactions are not supported by this broker",
                     )
                 elif topic is None or part is None:
-                    entry.update(error_code=ErrorCode.unknown_topic_or_partition,
-                                 error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}")
+                    entry.update(
+                        error_code=ErrorCode.unknown_topic_or_partition,
+                        error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}",
+                    )
                 elif pd.records is None:
-                    entry.update(error_code=ErrorCode.invalid_record, error_message="produce request has no records")
+                    entry.update(
+                        error_code=ErrorCode.invalid_record,
+                        error_message="produce request has no records",
+                    )
                 elif (rejection := self._gate_rejection(topic.configs, pd.records)) is not None:
-                    log.info("produce to %s-%d refused by the data quality gate: %s", td.name, pd.index,
-                             rejection.message)
-                    entry.update(error_code=ErrorCode.invalid_record, error_message=rejection.message, record_errors=[
-                        {"batch_index": rejection.batch_index, "batch_index_error_message": rejection.message}])
+                    log.info(
+                        "produce to %s-%d refused by the data quality gate: %s",
+                        td.name,
+                        pd.index,
+                        rejection.message,
+                    )
+                    entry.update(
+                        error_code=ErrorCode.invalid_record,
+                        error_message=rejection.message,
+                        record_errors=[
+                            {
+                                "batch_index": rejection.batch_index,
+                                "batch_index_error_message": rejection.message,
+                            }
+                        ],
+                    )
                 else:
                     try:
-                        base, seq = await self.logs.append(part, pd.records, topic.max_message_bytes)
+                        base, seq = await self.logs.append(
+                            part, pd.records, topic.max_message_bytes
+                        )
                         last_seq = max(last_seq, seq)
                         entry.update(base_offset=base, log_start_offset=part.log_start_offset)
                     except ProduceError as exc:
@@ -295,7 +346,9 @@ class KafkaHandlers:
                                 error_message=str(exc),
                                 base_offset=-1,
                             )
-            return R(responses=[{"name": name, "partition_responses": parts} for name, parts in results])
+            return R(
+                responses=[{"name": name, "partition_responses": parts} for name, parts in results]
+            )
 
         if acks == 0:
             failed = [e for _, parts in results for e in parts if e["error_code"] != ErrorCode.none]
@@ -304,7 +357,9 @@ class KafkaHandlers:
             return None
         return respond()
 
-    def _gate_rejection(self, configs: dict[str, str], records_bytes: bytes) -> GateRejection | None:
+    def _gate_rejection(
+        self, configs: dict[str, str], records_bytes: bytes
+    ) -> GateRejection | None:
         if self.gate is None or not gate_applies(configs):
             return None
         return self.gate.check(records_bytes)
@@ -322,16 +377,25 @@ class KafkaHandlers:
                 for fp in ft.partitions:
                     part = self._partition(ft.topic, fp.partition)
                     entry: dict[str, Any] = {
-                        "partition_index": fp.partition, "error_code": ErrorCode.none, "high_watermark": -1,
-                        "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
-                        "preferred_read_replica": -1, "records": b"",
+                        "partition_index": fp.partition,
+                        "error_code": ErrorCode.none,
+                        "high_watermark": -1,
+                        "last_stable_offset": -1,
+                        "log_start_offset": -1,
+                        "aborted_transactions": None,
+                        "preferred_read_replica": -1,
+                        "records": b"",
                     }
                     if part is None:
                         entry["error_code"] = ErrorCode.unknown_topic_or_partition
                         errors = True
                     else:
                         hw = part.high_watermark
-                        entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=part.log_start_offset)
+                        entry.update(
+                            high_watermark=hw,
+                            last_stable_offset=hw,
+                            log_start_offset=part.log_start_offset,
+                        )
                         if req.isolation_level == 1:
                             entry["aborted_transactions"] = []
                         offset = fp.fetch_offset
@@ -343,8 +407,13 @@ class KafkaHandlers:
                             try:
                                 data = await self.logs.read(part, offset, budget)
                             except Exception as exc:  # noqa: BLE001 - the object store failed: a retriable per-partition error
-                                log.warning("fetch %s-%d at %d: object store read failed: %s",
-                                            ft.topic, fp.partition, offset, exc)
+                                log.warning(
+                                    "fetch %s-%d at %d: object store read failed: %s",
+                                    ft.topic,
+                                    fp.partition,
+                                    offset,
+                                    exc,
+                                )
                                 entry["error_code"] = ErrorCode.kafka_storage_error
                                 errors = True
                             else:
@@ -363,8 +432,13 @@ class KafkaHandlers:
             partitions = []
             for p in t.partitions:
                 part = self._partition(t.name, p.partition_index)
-                entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
-                                         "timestamp": -1, "offset": -1, "leader_epoch": 0}
+                entry: dict[str, Any] = {
+                    "partition_index": p.partition_index,
+                    "error_code": ErrorCode.none,
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": 0,
+                }
                 if part is None:
                     entry["error_code"] = ErrorCode.unknown_topic_or_partition
                 elif p.timestamp == -1:  # latest
@@ -374,7 +448,9 @@ class KafkaHandlers:
                 elif p.timestamp == -3:  # max timestamp
                     entry["offset"], entry["timestamp"] = self.logs.max_timestamp(part)
                 elif p.timestamp >= 0:
-                    entry["offset"], entry["timestamp"] = self.logs.offset_for_timestamp(part, p.timestamp)
+                    entry["offset"], entry["timestamp"] = self.logs.offset_for_timestamp(
+                        part, p.timestamp
+                    )
                 else:
                     entry["error_code"] = ErrorCode.invalid_request
                 partitions.append(entry)
@@ -388,10 +464,21 @@ class KafkaHandlers:
             for p in t.partitions:
                 part = self._partition(t.topic, p.partition)
                 if part is None:
-                    partitions.append({"error_code": ErrorCode.unknown_topic_or_partition, "partition": p.partition})
+                    partitions.append(
+                        {
+                            "error_code": ErrorCode.unknown_topic_or_partition,
+                            "partition": p.partition,
+                        }
+                    )
                 else:
-                    partitions.append({"error_code": ErrorCode.none, "partition": p.partition, "leader_epoch": 0,
-                                       "end_offset": part.high_watermark})
+                    partitions.append(
+                        {
+                            "error_code": ErrorCode.none,
+                            "partition": p.partition,
+                            "leader_epoch": 0,
+                            "end_offset": part.high_watermark,
+                        }
+                    )
             topics.append({"topic": t.topic, "partitions": partitions})
         return R(topics=topics)
 
@@ -431,14 +518,27 @@ class KafkaHandlers:
                         )
                 if req.validate_only:
                     self.cluster.validate_new_topic(t.name, partitions, configs)
-                    topic_partitions = partitions if partitions > 0 else self.config.default_partitions
+                    topic_partitions = (
+                        partitions if partitions > 0 else self.config.default_partitions
+                    )
                     result.update(num_partitions=topic_partitions, replication_factor=1)
                 else:
                     topic = self.cluster.create_topic(t.name, partitions, configs)
-                    result.update(topic_id=topic.topic_id, num_partitions=topic.partitions, replication_factor=1,
-                                  configs=[{"name": k, "value": v, "read_only": False,
-                                            "config_source": SOURCE_DYNAMIC_TOPIC, "is_sensitive": False}
-                                           for k, v in sorted(topic.configs.items())])
+                    result.update(
+                        topic_id=topic.topic_id,
+                        num_partitions=topic.partitions,
+                        replication_factor=1,
+                        configs=[
+                            {
+                                "name": k,
+                                "value": v,
+                                "read_only": False,
+                                "config_source": SOURCE_DYNAMIC_TOPIC,
+                                "is_sensitive": False,
+                            }
+                            for k, v in sorted(topic.configs.items())
+                        ],
+                    )
             except TopicError as exc:
                 result.update(error_code=exc.code, error_message=exc.message)
             if result["topic_id"] is None:
@@ -471,7 +571,9 @@ class KafkaHandlers:
             }
             try:
                 if name is None:
-                    raise TopicError(ErrorCode.unknown_topic_id, f"Topic id {topic_id} does not exist.")
+                    raise TopicError(
+                        ErrorCode.unknown_topic_id, f"Topic id {topic_id} does not exist."
+                    )
                 topic = self.cluster.delete_topic(name)
                 entry["topic_id"] = topic.topic_id
             except TopicError as exc:
@@ -482,7 +584,11 @@ class KafkaHandlers:
     async def create_partitions(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         results = []
         for t in req.topics:
-            entry: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none, "error_message": None}
+            entry: dict[str, Any] = {
+                "name": t.name,
+                "error_code": ErrorCode.none,
+                "error_message": None,
+            }
             try:
                 self.cluster.add_partitions(t.name, t.count, req.validate_only)
             except TopicError as exc:
@@ -506,8 +612,10 @@ class KafkaHandlers:
             if res.resource_type == RESOURCE_TOPIC:
                 topic = self.cluster.topics.get(res.resource_name)
                 if topic is None:
-                    entry.update(error_code=ErrorCode.unknown_topic_or_partition,
-                                 error_message=f"Topic '{res.resource_name}' does not exist.")
+                    entry.update(
+                        error_code=ErrorCode.unknown_topic_or_partition,
+                        error_message=f"Topic '{res.resource_name}' does not exist.",
+                    )
                 else:
                     for name, key in topic_configs.KEYS.items():
                         if keys is not None and name not in keys:
@@ -517,24 +625,44 @@ class KafkaHandlers:
                         source = SOURCE_DYNAMIC_TOPIC if dynamic else SOURCE_DEFAULT
                         syn = [{"name": name, "value": value, "source": source}] if synonyms else []
                         if synonyms and dynamic:
-                            syn.append({"name": name, "value": key.default, "source": SOURCE_DEFAULT})
-                        entry["configs"].append({
-                            "name": name, "value": value, "read_only": False, "is_default": not dynamic,
-                            "config_source": source, "is_sensitive": False, "synonyms": syn,
-                            "config_type": key.config_type, "documentation": key.doc if documentation else None,
-                        })
+                            syn.append(
+                                {"name": name, "value": key.default, "source": SOURCE_DEFAULT}
+                            )
+                        entry["configs"].append(
+                            {
+                                "name": name,
+                                "value": value,
+                                "read_only": False,
+                                "is_default": not dynamic,
+                                "config_source": source,
+                                "is_sensitive": False,
+                                "synonyms": syn,
+                                "config_type": key.config_type,
+                                "documentation": key.doc if documentation else None,
+                            }
+                        )
             elif res.resource_type == RESOURCE_BROKER:
                 for name, value in _broker_configs(self.config).items():
                     if keys is not None and name not in keys:
                         continue
-                    entry["configs"].append({
-                        "name": name, "value": value, "read_only": True, "is_default": False,
-                        "config_source": SOURCE_STATIC_BROKER, "is_sensitive": False, "synonyms": [],
-                        "config_type": 2, "documentation": None,
-                    })
+                    entry["configs"].append(
+                        {
+                            "name": name,
+                            "value": value,
+                            "read_only": True,
+                            "is_default": False,
+                            "config_source": SOURCE_STATIC_BROKER,
+                            "is_sensitive": False,
+                            "synonyms": [],
+                            "config_type": 2,
+                            "documentation": None,
+                        }
+                    )
             else:
-                entry.update(error_code=ErrorCode.invalid_request,
-                             error_message=f"resource type {res.resource_type} is not supported")
+                entry.update(
+                    error_code=ErrorCode.invalid_request,
+                    error_message=f"resource type {res.resource_type} is not supported",
+                )
             results.append(entry)
         return R(results=results)
 
@@ -542,10 +670,16 @@ class KafkaHandlers:
         responses = []
         for res in req.resources:
             replacement: dict[str, Any] = {c.name: c.value for c in res.configs}
-            responses.append(self._apply_configs(res, functools.partial(_replace_all, replacement), req.validate_only))
+            responses.append(
+                self._apply_configs(
+                    res, functools.partial(_replace_all, replacement), req.validate_only
+                )
+            )
         return R(responses=responses)
 
-    async def incremental_alter_configs(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+    async def incremental_alter_configs(
+        self, ctx: ConnectionContext, req: Any, R: Responder
+    ) -> Any:
         responses = []
         for res in req.resources:
 
@@ -567,7 +701,9 @@ class KafkaHandlers:
                         remove = set((c.value or "").split(","))
                         new[c.name] = ",".join(i for i in items if i not in remove)
                     else:
-                        raise topic_configs.InvalidConfigError(f"unknown config operation {c.config_operation}")
+                        raise topic_configs.InvalidConfigError(
+                            f"unknown config operation {c.config_operation}"
+                        )
                 return new
 
             responses.append(self._apply_configs(res, change, req.validate_only))
@@ -583,7 +719,10 @@ class KafkaHandlers:
             "resource_name": res.resource_name,
         }
         if res.resource_type != RESOURCE_TOPIC:
-            entry.update(error_code=ErrorCode.invalid_request, error_message="only topic configs can be altered")
+            entry.update(
+                error_code=ErrorCode.invalid_request,
+                error_message="only topic configs can be altered",
+            )
             return entry
         topic = self.cluster.topics.get(res.resource_name)
         if topic is None:
@@ -594,7 +733,9 @@ class KafkaHandlers:
             return entry
         try:
             new = change(dict(topic.configs))
-            self.cluster.set_configs(topic.name, {k: v for k, v in new.items() if v is not None}, validate_only)
+            self.cluster.set_configs(
+                topic.name, {k: v for k, v in new.items() if v is not None}, validate_only
+            )
         except topic_configs.InvalidConfigError as exc:
             entry.update(error_code=ErrorCode.invalid_config, error_message=str(exc))
         except TopicError as exc:
@@ -605,32 +746,71 @@ class KafkaHandlers:
 
     async def find_coordinator(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         key_type = field(req, "key_type", 0)
-        error, message = (ErrorCode.none, None) if key_type == 0 else (
-            ErrorCode.coordinator_not_available, "transactions are not supported by this broker")
+        error, message = (
+            (ErrorCode.none, None)
+            if key_type == 0
+            else (
+                ErrorCode.coordinator_not_available,
+                "transactions are not supported by this broker",
+            )
+        )
         node = self._broker()
         if R.version >= 4:
-            return R(coordinators=[{"key": key, "node_id": node["node_id"], "host": node["host"],
-                                    "port": node["port"], "error_code": error, "error_message": message}
-                                   for key in req.coordinator_keys])
-        return R(error_code=error, error_message=message, node_id=node["node_id"], host=node["host"], port=node["port"])
+            return R(
+                coordinators=[
+                    {
+                        "key": key,
+                        "node_id": node["node_id"],
+                        "host": node["host"],
+                        "port": node["port"],
+                        "error_code": error,
+                        "error_message": message,
+                    }
+                    for key in req.coordinator_keys
+                ]
+            )
+        return R(
+            error_code=error,
+            error_message=message,
+            node_id=node["node_id"],
+            host=node["host"],
+            port=node["port"],
+        )
 
     async def join_group(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         session_ms = ms(req.session_timeout)
         result = await self.groups.join(
-            req.group_id, req.member_id, field(req, "group_instance_id"), ctx.client_id, ctx.client_host,
-            session_ms, ms(field(req, "rebalance_timeout", session_ms)), req.protocol_type,
-            [(p.name, p.metadata) for p in req.protocols], require_known_member_id=R.version >= 4,
+            req.group_id,
+            req.member_id,
+            field(req, "group_instance_id"),
+            ctx.client_id,
+            ctx.client_host,
+            session_ms,
+            ms(field(req, "rebalance_timeout", session_ms)),
+            req.protocol_type,
+            [(p.name, p.metadata) for p in req.protocols],
+            require_known_member_id=R.version >= 4,
         )
         return R(
-            error_code=result.error, generation_id=result.generation, protocol_type=result.protocol_type,
+            error_code=result.error,
+            generation_id=result.generation,
+            protocol_type=result.protocol_type,
             protocol_name=result.protocol_name if R.version >= 7 else (result.protocol_name or ""),
-            leader=result.leader, skip_assignment=False, member_id=result.member_id,
-            members=[{"member_id": m, "group_instance_id": g, "metadata": md} for m, g, md in result.members],
+            leader=result.leader,
+            skip_assignment=False,
+            member_id=result.member_id,
+            members=[
+                {"member_id": m, "group_instance_id": g, "metadata": md}
+                for m, g, md in result.members
+            ],
         )
 
     async def sync_group(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         error, assignment, ptype, pname = await self.groups.sync(
-            req.group_id, req.generation_id, req.member_id, {a.member_id: a.assignment for a in req.assignments}
+            req.group_id,
+            req.generation_id,
+            req.member_id,
+            {a.member_id: a.assignment for a in req.assignments},
         )
         return R(error_code=error, protocol_type=ptype, protocol_name=pname, assignment=assignment)
 
@@ -642,8 +822,13 @@ class KafkaHandlers:
             return R(error_code=self.groups.leave(req.group_id, req.member_id, None))
         members = []
         for m in req.members:
-            members.append({"member_id": m.member_id, "group_instance_id": m.group_instance_id,
-                            "error_code": self.groups.leave(req.group_id, m.member_id, m.group_instance_id)})
+            members.append(
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.group_instance_id,
+                    "error_code": self.groups.leave(req.group_id, m.member_id, m.group_instance_id),
+                }
+            )
         return R(error_code=ErrorCode.none, members=members)
 
     async def offset_commit(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
@@ -658,8 +843,15 @@ class KafkaHandlers:
                 if code == ErrorCode.none and self._partition(t.name, p.partition_index) is None:
                     code = ErrorCode.unknown_topic_or_partition
                 if code == ErrorCode.none:
-                    to_store.append((t.name, p.partition_index, p.committed_offset,
-                                     field(p, "committed_leader_epoch", -1), p.committed_metadata))
+                    to_store.append(
+                        (
+                            t.name,
+                            p.partition_index,
+                            p.committed_offset,
+                            field(p, "committed_leader_epoch", -1),
+                            p.committed_metadata,
+                        )
+                    )
                 partitions.append({"partition_index": p.partition_index, "error_code": code})
             topics.append({"name": t.name, "partitions": partitions})
         if to_store:  # a SQLite fsync or a Postgres round trip: off the event loop (requests of one
@@ -669,18 +861,29 @@ class KafkaHandlers:
 
     async def offset_fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         if R.version >= 8:
-            groups = [{"group_id": g.group_id,
-                       "topics": await self._fetched_offsets(g.group_id, g.topics, "partition_indexes"),
-                       "error_code": ErrorCode.none} for g in req.groups]
+            groups = [
+                {
+                    "group_id": g.group_id,
+                    "topics": await self._fetched_offsets(
+                        g.group_id, g.topics, "partition_indexes"
+                    ),
+                    "error_code": ErrorCode.none,
+                }
+                for g in req.groups
+            ]
             return R(groups=groups)
-        return R(topics=await self._fetched_offsets(req.group_id, req.topics, "partition_indexes"),
-                 error_code=ErrorCode.none)
+        return R(
+            topics=await self._fetched_offsets(req.group_id, req.topics, "partition_indexes"),
+            error_code=ErrorCode.none,
+        )
 
-    async def _fetched_offsets(self, group_id: str, topics: Any, partitions_field: str) -> list[dict[str, Any]]:
+    async def _fetched_offsets(
+        self, group_id: str, topics: Any, partitions_field: str
+    ) -> list[dict[str, Any]]:
         committed = await asyncio.to_thread(self.cluster.metadata.committed_offsets, group_id)
         wanted: dict[str, list[int]] = {}
         if topics is None:
-            for (t, p) in committed:
+            for t, p in committed:
                 wanted.setdefault(t, []).append(p)
         else:
             for t in topics:
@@ -690,9 +893,15 @@ class KafkaHandlers:
             entries = []
             for p in sorted(partitions):
                 c = committed.get((name, p))
-                entries.append({"partition_index": p, "committed_offset": c.offset if c else -1,
-                                "committed_leader_epoch": c.leader_epoch if c else -1,
-                                "metadata": c.metadata if c else "", "error_code": ErrorCode.none})
+                entries.append(
+                    {
+                        "partition_index": p,
+                        "committed_offset": c.offset if c else -1,
+                        "committed_leader_epoch": c.leader_epoch if c else -1,
+                        "metadata": c.metadata if c else "",
+                        "error_code": ErrorCode.none,
+                    }
+                )
             result.append({"name": name, "partitions": entries})
         return result
 
@@ -702,20 +911,35 @@ class KafkaHandlers:
         for group_id in req.groups:
             group = self.groups.groups.get(group_id)
             if group is None and group_id not in known_offsets:
-                groups.append({"error_code": ErrorCode.group_id_not_found if R.version >= 6 else ErrorCode.none,
-                               "error_message": f"Group {group_id} not found." if R.version >= 6 else None,
-                               "group_id": group_id, "group_state": "Dead", "protocol_type": "",
-                               "protocol_data": "", "members": [],
-                               "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})
+                groups.append(
+                    {
+                        "error_code": ErrorCode.group_id_not_found
+                        if R.version >= 6
+                        else ErrorCode.none,
+                        "error_message": f"Group {group_id} not found." if R.version >= 6 else None,
+                        "group_id": group_id,
+                        "group_state": "Dead",
+                        "protocol_type": "",
+                        "protocol_data": "",
+                        "members": [],
+                        "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                    }
+                )
                 continue
             state = group.state if group else "Empty"
             members = []
             if group:
                 for m in group.members.values():
-                    members.append({"member_id": m.member_id, "group_instance_id": m.group_instance_id,
-                                    "client_id": m.client_id, "client_host": m.client_host,
-                                    "member_metadata": m.metadata_for(group.protocol_name or ""),
-                                    "member_assignment": m.assignment})
+                    members.append(
+                        {
+                            "member_id": m.member_id,
+                            "group_instance_id": m.group_instance_id,
+                            "client_id": m.client_id,
+                            "client_host": m.client_host,
+                            "member_metadata": m.metadata_for(group.protocol_name or ""),
+                            "member_assignment": m.assignment,
+                        }
+                    )
             groups.append(
                 {
                     "error_code": ErrorCode.none,
@@ -735,13 +959,25 @@ class KafkaHandlers:
         types = {s.lower() for s in field(req, "types_filter", ()) or ()}
         listed: dict[str, dict[str, Any]] = {}
         for group_id in self.cluster.metadata.groups_with_offsets():
-            listed[group_id] = {"group_id": group_id, "protocol_type": "consumer", "group_state": "Empty",
-                                "group_type": "classic"}
+            listed[group_id] = {
+                "group_id": group_id,
+                "protocol_type": "consumer",
+                "group_state": "Empty",
+                "group_type": "classic",
+            }
         for group in self.groups.groups.values():
-            listed[group.group_id] = {"group_id": group.group_id, "protocol_type": group.protocol_type or "",
-                                      "group_state": group.state, "group_type": "classic"}
-        groups = [g for g in listed.values()
-                  if (not states or g["group_state"].lower() in states) and (not types or "classic" in types)]
+            listed[group.group_id] = {
+                "group_id": group.group_id,
+                "protocol_type": group.protocol_type or "",
+                "group_state": group.state,
+                "group_type": "classic",
+            }
+        groups = [
+            g
+            for g in listed.values()
+            if (not states or g["group_state"].lower() in states)
+            and (not types or "classic" in types)
+        ]
         return R(error_code=ErrorCode.none, groups=groups)
 
     async def delete_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:

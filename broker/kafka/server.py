@@ -43,7 +43,8 @@ class KafkaServer:
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(
-            lambda: _KafkaProtocol(self._serve, self.max_request_bytes), host, port, backlog=1024)
+            lambda: _KafkaProtocol(self._serve, self.max_request_bytes), host, port, backlog=1024
+        )
 
     async def close(self) -> None:
         if self.server:
@@ -69,7 +70,12 @@ class KafkaServer:
                 frame = await reader.read_frame()
                 if isinstance(frame, int):
                     self.malformed_requests += 1
-                    log.warning("%s: request size %d outside [8, %d]; closing", host, frame, self.max_request_bytes)
+                    log.warning(
+                        "%s: request size %d outside [8, %d]; closing",
+                        host,
+                        frame,
+                        self.max_request_bytes,
+                    )
                     break
                 item = await self._dispatch(ctx, frame, host)
                 if item is None:
@@ -87,7 +93,9 @@ class KafkaServer:
             # Whatever goes wrong here, the socket is closed and the connection forgotten.
             try:
                 if await _put(outbox, sender, None):
-                    await asyncio.wait({sender}, timeout=30)  # not wait_for: its cancellation can hang on 3.11
+                    await asyncio.wait(
+                        {sender}, timeout=30
+                    )  # not wait_for: its cancellation can hang on 3.11
                     if not sender.done():
                         sender.cancel()
             except BaseException:  # noqa: BLE001 - timeout, cancellation, or the sender's own failure
@@ -126,8 +134,14 @@ class KafkaServer:
             header, request = codec.parse_request(frame)
         except Exception as exc:  # noqa: BLE001 -- whatever fails to parse is the client's malformed frame
             self.malformed_requests += 1
-            log.warning("%s: malformed %s v%d request: %s; closing (first bytes %s)", host, api_key_map[api_key],
-                        api_version, exc, frame[:64].hex())
+            log.warning(
+                "%s: malformed %s v%d request: %s; closing (first bytes %s)",
+                host,
+                api_key_map[api_key],
+                api_version,
+                exc,
+                frame[:64].hex(),
+            )
             return None
         if header.client_id:
             ctx.client_id = header.client_id
@@ -138,7 +152,9 @@ class KafkaServer:
             log.info("%s: %s; closing", host, exc)
             return None
         except Exception:
-            log.exception("%s: %s v%d handler failed; closing", host, api_key_map[api_key], api_version)
+            log.exception(
+                "%s: %s v%d handler failed; closing", host, api_key_map[api_key], api_version
+            )
             return None
         if result is None:
             return _NO_RESPONSE
@@ -147,7 +163,12 @@ class KafkaServer:
         try:
             return codec.encode_response(correlation_id, result)
         except Exception:
-            log.exception("%s: %s v%d response could not be encoded; closing", host, api_key_map[api_key], api_version)
+            log.exception(
+                "%s: %s v%d response could not be encoded; closing",
+                host,
+                api_key_map[api_key],
+                api_version,
+            )
             return None
 
     @staticmethod
@@ -210,8 +231,8 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._frame is not None:
-            return memoryview(self._frame)[self._frame_pos:]
-        return memoryview(self._scratch)[self._scratch_len:]
+            return memoryview(self._frame)[self._frame_pos :]
+        return memoryview(self._scratch)[self._scratch_len :]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._frame is not None:
@@ -297,7 +318,11 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
             self._frame_waiter = asyncio.get_running_loop().create_future()
             await self._frame_waiter
         frame = self._frames.popleft()
-        if self._reading_paused and len(self._frames) < _MAX_QUEUED_FRAMES // 2 and not isinstance(frame, int):
+        if (
+            self._reading_paused
+            and len(self._frames) < _MAX_QUEUED_FRAMES // 2
+            and not isinstance(frame, int)
+        ):
             self._reading_paused = False
             if self.transport is not None:
                 self.transport.resume_reading()

@@ -36,7 +36,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def reply(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(obj, ensure_ascii=False), status=status, content_type=CONTENT_TYPE)
+    return web.Response(
+        text=json.dumps(obj, ensure_ascii=False), status=status, content_type=CONTENT_TYPE
+    )
 
 
 def _flag(request: web.Request, name: str) -> bool:
@@ -50,7 +52,9 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise errors.bad_request(f"Query parameter '{name}' must be an integer, got {value!r}") from None
+        raise errors.bad_request(
+            f"Query parameter '{name}' must be an integer, got {value!r}"
+        ) from None
 
 
 def _page(request: web.Request, items: list[Any]) -> list[Any]:
@@ -89,7 +93,9 @@ async def _body(request: web.Request) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise errors.bad_request(f"Unexpected content in the request body: not valid JSON ({exc})") from None
+        raise errors.bad_request(
+            f"Unexpected content in the request body: not valid JSON ({exc})"
+        ) from None
     if not isinstance(body, dict):
         raise errors.bad_request(
             f"Cannot deserialize the request body: expected a JSON object, got {type(body).__name__}"
@@ -101,8 +107,10 @@ def _schema_request(body: dict[str, Any]) -> tuple[str, Any, list[Reference]]:
     """(schemaType, schema text, references) of a register/lookup/compatibility body."""
     text = body.get("schema")
     if isinstance(text, (dict, list)):
-        raise errors.bad_request("Cannot deserialize value of type `java.lang.String` from an object or array "
-                                 "(field 'schema' must be a string)")
+        raise errors.bad_request(
+            "Cannot deserialize value of type `java.lang.String` from an object or array "
+            "(field 'schema' must be a string)"
+        )
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         text = str(text)
     try:
@@ -125,10 +133,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return reply({"error_code": exc.status, "message": f"HTTP {exc.status} {exc.reason}"}, exc.status)
+        return reply(
+            {"error_code": exc.status, "message": f"HTTP {exc.status} {exc.reason}"}, exc.status
+        )
     except Exception as exc:  # a bug; still answer in the registry's format
         log.exception("schema registry: %s %s failed", request.method, request.path)
-        return reply({"error_code": 500, "message": f"Internal Server Error: {type(exc).__name__}"}, 500)
+        return reply(
+            {"error_code": 500, "message": f"Internal Server Error: {type(exc).__name__}"}, 500
+        )
 
 
 class RegistryApi(HttpService):
@@ -136,41 +148,46 @@ class RegistryApi(HttpService):
         self.store = store
         self.app = web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024)
         s = "{subject}"
-        self.app.add_routes([
-            web.get("/", self.root),
-            web.get("/contexts", self.contexts),
-            web.get("/subjects", self.list_subjects),
-            web.post(f"/subjects/{s}", self.lookup),
-            web.delete(f"/subjects/{s}", self.delete_subject),
-            web.get(f"/subjects/{s}/versions", self.list_versions),
-            web.post(f"/subjects/{s}/versions", self.register),
-            web.get(f"/subjects/{s}/versions/{{version}}", self.get_version),
-            web.delete(f"/subjects/{s}/versions/{{version}}", self.delete_version),
-            web.get(f"/subjects/{s}/versions/{{version}}/schema", self.get_version_schema),
-            web.get(f"/subjects/{s}/versions/{{version}}/referencedby", self.referenced_by),
-            web.get("/schemas", self.list_schemas),
-            web.get("/schemas/types", self.schema_types),
-            web.get("/schemas/ids/{id}", self.get_by_id),
-            web.get("/schemas/ids/{id}/schema", self.get_by_id_schema),
-            web.get("/schemas/ids/{id}/subjects", self.subjects_of_id),
-            web.get("/schemas/ids/{id}/versions", self.versions_of_id),
-            web.post(f"/compatibility/subjects/{s}/versions/{{version}}", self.compatibility_version),
-            web.post(f"/compatibility/subjects/{s}/versions", self.compatibility_all),
-            web.get("/config", self.get_config),
-            web.put("/config", self.put_config),
-            web.delete("/config", self.delete_config),
-            web.get(f"/config/{s}", self.get_config),
-            web.put(f"/config/{s}", self.put_config),
-            web.delete(f"/config/{s}", self.delete_config),
-            web.get("/mode", self.get_mode),
-            web.put("/mode", self.put_mode),
-            web.delete("/mode", self.delete_mode),
-            web.get(f"/mode/{s}", self.get_mode),
-            web.put(f"/mode/{s}", self.put_mode),
-            web.delete(f"/mode/{s}", self.delete_mode),
-        ])
-        self._serialized: dict[int, str] = {}  # protobuf id -> base64 descriptor (an id's schema never changes)
-
+        self.app.add_routes(
+            [
+                web.get("/", self.root),
+                web.get("/contexts", self.contexts),
+                web.get("/subjects", self.list_subjects),
+                web.post(f"/subjects/{s}", self.lookup),
+                web.delete(f"/subjects/{s}", self.delete_subject),
+                web.get(f"/subjects/{s}/versions", self.list_versions),
+                web.post(f"/subjects/{s}/versions", self.register),
+                web.get(f"/subjects/{s}/versions/{{version}}", self.get_version),
+                web.delete(f"/subjects/{s}/versions/{{version}}", self.delete_version),
+                web.get(f"/subjects/{s}/versions/{{version}}/schema", self.get_version_schema),
+                web.get(f"/subjects/{s}/versions/{{version}}/referencedby", self.referenced_by),
+                web.get("/schemas", self.list_schemas),
+                web.get("/schemas/types", self.schema_types),
+                web.get("/schemas/ids/{id}", self.get_by_id),
+                web.get("/schemas/ids/{id}/schema", self.get_by_id_schema),
+                web.get("/schemas/ids/{id}/subjects", self.subjects_of_id),
+                web.get("/schemas/ids/{id}/versions", self.versions_of_id),
+                web.post(
+                    f"/compatibility/subjects/{s}/versions/{{version}}", self.compatibility_version
+                ),
+                web.post(f"/compatibility/subjects/{s}/versions", self.compatibility_all),
+                web.get("/config", self.get_config),
+                web.put("/config", self.put_config),
+                web.delete("/config", self.delete_config),
+                web.get(f"/config/{s}", self.get_config),
+                web.put(f"/config/{s}", self.put_config),
+                web.delete(f"/config/{s}", self.delete_config),
+                web.get("/mode", self.get_mode),
+                web.put("/mode", self.put_mode),
+                web.delete("/mode", self.delete_mode),
+                web.get(f"/mode/{s}", self.get_mode),
+                web.put(f"/mode/{s}", self.put_mode),
+                web.delete(f"/mode/{s}", self.delete_mode),
+            ]
+        )
+        self._serialized: dict[
+            int, str
+        ] = {}  # protobuf id -> base64 descriptor (an id's schema never changes)
 
     # ------------------------------------------------------------------ rendering
 
@@ -184,14 +201,17 @@ class RegistryApi(HttpService):
             if cached is not None:
                 return cached
             try:
-                deps = {name: proto_text.as_text(text)
-                        for name, text in flatten_references(self.store.resolve(rs.references)).items()}
+                deps = {
+                    name: proto_text.as_text(text)
+                    for name, text in flatten_references(self.store.resolve(rs.references)).items()
+                }
                 self._serialized[rs.id] = proto_text.as_serialized(rs.schema, deps)
                 return self._serialized[rs.id]
             except Exception as exc:  # noqa: BLE001
                 log.warning("schema id %d: no serialized form: %s", rs.id, exc)
-                raise errors.invalid_schema(f"Schema {rs.id} cannot be returned in the serialized format: {exc}") \
-                    from None
+                raise errors.invalid_schema(
+                    f"Schema {rs.id} cannot be returned in the serialized format: {exc}"
+                ) from None
         return proto_text.as_text(rs.schema)
 
     def _schema_json(self, rs: RegisteredSchema, fmt: str | None) -> dict[str, Any]:
@@ -205,7 +225,12 @@ class RegistryApi(HttpService):
 
     def _version_json(self, sv: SubjectVersion, fmt: str | None) -> dict[str, Any]:
         rs = self.store.schema_of(sv)
-        return {"subject": sv.subject, "version": sv.version, "id": rs.id, **self._schema_json(rs, fmt)}
+        return {
+            "subject": sv.subject,
+            "version": sv.version,
+            "id": rs.id,
+            **self._schema_json(rs, fmt),
+        }
 
     def _schema_id(self, request: web.Request) -> int:
         try:
@@ -223,13 +248,16 @@ class RegistryApi(HttpService):
 
     async def list_subjects(self, request: web.Request) -> web.Response:
         deleted_only = _flag(request, "deletedOnly") or _flag(request, "deleted_only")
-        subjects = self.store.list_subjects(_flag(request, "deleted"), deleted_only,
-                                            request.query.get("subjectPrefix", ""))
+        subjects = self.store.list_subjects(
+            _flag(request, "deleted"), deleted_only, request.query.get("subjectPrefix", "")
+        )
         return reply(_page(request, subjects))
 
     async def list_versions(self, request: web.Request) -> web.Response:
         deleted_only = _flag(request, "deletedOnly") or _flag(request, "deleted_only")
-        versions = self.store.list_versions(_subject(request), _flag(request, "deleted"), deleted_only)
+        versions = self.store.list_versions(
+            _subject(request), _flag(request, "deleted"), deleted_only
+        )
         return reply(_page(request, versions))
 
     async def register(self, request: web.Request) -> web.Response:
@@ -255,18 +283,26 @@ class RegistryApi(HttpService):
         return reply(self._version_json(sv, request.query.get("format")))
 
     async def get_version(self, request: web.Request) -> web.Response:
-        sv = self.store.get_version(_subject(request), parse_version(request.match_info["version"]),
-                                    _flag(request, "deleted"))
+        sv = self.store.get_version(
+            _subject(request),
+            parse_version(request.match_info["version"]),
+            _flag(request, "deleted"),
+        )
         return reply(self._version_json(sv, request.query.get("format")))
 
     async def get_version_schema(self, request: web.Request) -> web.Response:
-        sv = self.store.get_version(_subject(request), parse_version(request.match_info["version"]),
-                                    _flag(request, "deleted"))
+        sv = self.store.get_version(
+            _subject(request),
+            parse_version(request.match_info["version"]),
+            _flag(request, "deleted"),
+        )
         text = self._schema_text(self.store.schema_of(sv), request.query.get("format"))
         return web.Response(text=text, content_type=CONTENT_TYPE)
 
     async def referenced_by(self, request: web.Request) -> web.Response:
-        sv = self.store.get_version(_subject(request), parse_version(request.match_info["version"]), True)
+        sv = self.store.get_version(
+            _subject(request), parse_version(request.match_info["version"]), True
+        )
         return reply(_page(request, self.store.referenced_by(sv)))
 
     async def delete_subject(self, request: web.Request) -> web.Response:
@@ -275,8 +311,9 @@ class RegistryApi(HttpService):
 
     async def delete_version(self, request: web.Request) -> web.Response:
         subject = _subject(request)
-        version = await self.store.delete_version(subject, parse_version(request.match_info["version"]),
-                                                  _flag(request, "permanent"))
+        version = await self.store.delete_version(
+            subject, parse_version(request.match_info["version"]), _flag(request, "permanent")
+        )
         return reply(version)
 
     async def list_schemas(self, request: web.Request) -> web.Response:
@@ -304,17 +341,23 @@ class RegistryApi(HttpService):
         rs = self.store.schema_by_id(schema_id)
         if rs is None:
             raise errors.schema_not_found(schema_id)
-        return web.Response(text=self._schema_text(rs, request.query.get("format")), content_type=CONTENT_TYPE)
+        return web.Response(
+            text=self._schema_text(rs, request.query.get("format")), content_type=CONTENT_TYPE
+        )
 
     async def subjects_of_id(self, request: web.Request) -> web.Response:
-        versions = self.store.versions_of_id(self._schema_id(request), _flag(request, "deleted"),
-                                             request.query.get("subject"))
+        versions = self.store.versions_of_id(
+            self._schema_id(request), _flag(request, "deleted"), request.query.get("subject")
+        )
         return reply(_page(request, sorted({sv.subject for sv in versions})))
 
     async def versions_of_id(self, request: web.Request) -> web.Response:
-        versions = self.store.versions_of_id(self._schema_id(request), _flag(request, "deleted"),
-                                             request.query.get("subject"))
-        return reply(_page(request, [{"subject": sv.subject, "version": sv.version} for sv in versions]))
+        versions = self.store.versions_of_id(
+            self._schema_id(request), _flag(request, "deleted"), request.query.get("subject")
+        )
+        return reply(
+            _page(request, [{"subject": sv.subject, "version": sv.version} for sv in versions])
+        )
 
     async def _compatibility(self, request: web.Request, version: int | None) -> web.Response:
         subject = _subject(request)
@@ -352,7 +395,9 @@ class RegistryApi(HttpService):
     async def put_mode(self, request: web.Request) -> web.Response:
         subject = _subject(request) if "subject" in request.match_info else None
         body = await _body(request)
-        return reply({"mode": await self.store.set_mode(subject, body.get("mode"), _flag(request, "force"))})
+        return reply(
+            {"mode": await self.store.set_mode(subject, body.get("mode"), _flag(request, "force"))}
+        )
 
     async def delete_mode(self, request: web.Request) -> web.Response:
         subject = _subject(request) if "subject" in request.match_info else None

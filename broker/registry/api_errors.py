@@ -8,7 +8,13 @@ turns it into ``{"error_code": ..., "message": ...}`` with the status.
 from __future__ import annotations
 
 COMPATIBILITY_LEVELS = (
-    "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE",
+    "NONE",
+    "BACKWARD",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD",
+    "FORWARD_TRANSITIVE",
+    "FULL",
+    "FULL_TRANSITIVE",
 )
 MODES = ("READWRITE", "READONLY", "READONLY_OVERRIDE", "IMPORT")
 
@@ -26,6 +32,7 @@ class RegistryError(Exception):
 
 # ------------------------------------------------------------------ 400 / 422 request shape
 
+
 def bad_request(message: str) -> RegistryError:
     """A body that is not JSON at all (rest-utils' JsonParseExceptionMapper: 400 / 400)."""
     return RegistryError(400, 400, message)
@@ -38,6 +45,7 @@ def unprocessable(message: str) -> RegistryError:
 
 # ------------------------------------------------------------------ 404
 
+
 def subject_not_found(subject: str) -> RegistryError:
     return RegistryError(404, 40401, f"Subject '{subject}' not found.")
 
@@ -47,33 +55,51 @@ def version_not_found(version: int | str) -> RegistryError:
 
 
 def schema_not_found(schema_id: int | None = None) -> RegistryError:
-    return RegistryError(404, 40403, "Schema not found" if schema_id is None else f"Schema {schema_id} not found")
+    return RegistryError(
+        404, 40403, "Schema not found" if schema_id is None else f"Schema {schema_id} not found"
+    )
 
 
 def subject_soft_deleted(subject: str) -> RegistryError:
-    return RegistryError(404, 40404, f"Subject '{subject}' was soft deleted.Set permanent=true to delete permanently")
+    return RegistryError(
+        404, 40404, f"Subject '{subject}' was soft deleted.Set permanent=true to delete permanently"
+    )
 
 
 def subject_not_soft_deleted(subject: str) -> RegistryError:
-    return RegistryError(404, 40405, f"Subject '{subject}' was not deleted first before being permanently deleted")
+    return RegistryError(
+        404, 40405, f"Subject '{subject}' was not deleted first before being permanently deleted"
+    )
 
 
 def version_soft_deleted(subject: str, version: int | str) -> RegistryError:
-    return RegistryError(404, 40406, f"Subject '{subject}' Version {version} was soft deleted."
-                                     "Set permanent=true to delete permanently")
+    return RegistryError(
+        404,
+        40406,
+        f"Subject '{subject}' Version {version} was soft deleted."
+        "Set permanent=true to delete permanently",
+    )
 
 
 def version_not_soft_deleted(subject: str, version: int | str) -> RegistryError:
-    return RegistryError(404, 40407, f"Subject '{subject}' Version {version} was not deleted "
-                                     "first before being permanently deleted")
+    return RegistryError(
+        404,
+        40407,
+        f"Subject '{subject}' Version {version} was not deleted "
+        "first before being permanently deleted",
+    )
 
 
 def compatibility_not_configured(subject: str) -> RegistryError:
-    return RegistryError(404, 40408, f"Subject '{subject}' does not have subject-level compatibility configured")
+    return RegistryError(
+        404, 40408, f"Subject '{subject}' does not have subject-level compatibility configured"
+    )
 
 
 def mode_not_configured(subject: str) -> RegistryError:
-    return RegistryError(404, 40409, f"Subject '{subject}' does not have subject-level mode configured")
+    return RegistryError(
+        404, 40409, f"Subject '{subject}' does not have subject-level mode configured"
+    )
 
 
 def not_found(message: str = "HTTP 404 Not Found") -> RegistryError:
@@ -82,28 +108,40 @@ def not_found(message: str = "HTTP 404 Not Found") -> RegistryError:
 
 # ------------------------------------------------------------------ 409
 
+
 def incompatible(message: str) -> RegistryError:
     return RegistryError(409, 409, message)
 
 
 # ------------------------------------------------------------------ 422
 
+
 def invalid_schema(message: str) -> RegistryError:
     return RegistryError(422, 42201, message)
 
 
 def invalid_version(version: str) -> RegistryError:
-    return RegistryError(422, 42202, f"The specified version '{version}' is not a valid version id. "
-                                     "Allowed values are between [1, 2^31-1] and the string \"latest\"")
+    return RegistryError(
+        422,
+        42202,
+        f"The specified version '{version}' is not a valid version id. "
+        'Allowed values are between [1, 2^31-1] and the string "latest"',
+    )
 
 
 def invalid_compatibility_level(level: object) -> RegistryError:
-    return RegistryError(422, 42203, "Invalid compatibility level. Valid values are none, backward, forward, full, "
-                                     "backward_transitive, forward_transitive, and full_transitive")
+    return RegistryError(
+        422,
+        42203,
+        "Invalid compatibility level. Valid values are none, backward, forward, full, "
+        "backward_transitive, forward_transitive, and full_transitive",
+    )
 
 
 def invalid_mode(mode: object) -> RegistryError:
-    return RegistryError(422, 42204, "Invalid mode. Valid values are READWRITE, READONLY, READONLY_OVERRIDE, IMPORT")
+    return RegistryError(
+        422, 42204, "Invalid mode. Valid values are READWRITE, READONLY, READONLY_OVERRIDE, IMPORT"
+    )
 
 
 def not_permitted(message: str) -> RegistryError:
@@ -123,6 +161,7 @@ def invalid_subject(subject: str) -> RegistryError:
 
 
 # ------------------------------------------------------------------ 500
+
 
 def store_error(message: str) -> RegistryError:
     return RegistryError(500, 50001, message)

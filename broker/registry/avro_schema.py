@@ -198,7 +198,9 @@ class _Parser:
     def reference(self, name: str, namespace: str, path: str) -> AvroNode:
         if name in PRIMITIVES:
             return AvroNode(name)
-        candidates = [name] if "." in name else ([f"{namespace}.{name}"] if namespace else []) + [name]
+        candidates = (
+            [name] if "." in name else ([f"{namespace}.{name}"] if namespace else []) + [name]
+        )
         for candidate in candidates:
             if candidate in self.names:
                 return self.names[candidate]
@@ -234,13 +236,16 @@ class _Parser:
         if not isinstance(raw, list):
             return frozenset()
         return frozenset(
-            a if "." in a or not namespace else f"{namespace}.{a}" for a in raw if isinstance(a, str)
+            a if "." in a or not namespace else f"{namespace}.{a}"
+            for a in raw
+            if isinstance(a, str)
         )
 
     def named(self, kind: str, obj: dict[str, Any], namespace: str, path: str) -> AvroNode:
         full, own_ns = self.fullname(obj, namespace, path)
-        node = AvroNode("record" if kind == "error" else kind, fullname=full,
-                        aliases=self.aliases(obj, own_ns))
+        node = AvroNode(
+            "record" if kind == "error" else kind, fullname=full, aliases=self.aliases(obj, own_ns)
+        )
         self.names[full] = node  # registered before the body: recursive references
         if kind == "fixed":
             size = obj.get("size")
@@ -287,8 +292,14 @@ class _Parser:
             if "type" not in raw:
                 raise self.fail(fpath, f"field '{name}' has no 'type'")
             aliases = tuple(a for a in raw.get("aliases") or [] if isinstance(a, str))
-            fld = AvroField(name, self.parse(raw["type"], namespace, f"{fpath}/type"), pos,
-                            "default" in raw, raw.get("default"), aliases)
+            fld = AvroField(
+                name,
+                self.parse(raw["type"], namespace, f"{fpath}/type"),
+                pos,
+                "default" in raw,
+                raw.get("default"),
+                aliases,
+            )
             if fld.has_default:
                 self.pending_defaults.append((fpath, fld))
             node.fields.append(fld)
@@ -311,7 +322,10 @@ def default_matches(node: AvroNode, value: Any, _depth: int = 0) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind in ("float", "double"):
         return (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in (
-            "NaN", "Infinity", "-Infinity")
+            "NaN",
+            "Infinity",
+            "-Infinity",
+        )
     if kind in ("bytes", "string"):
         return isinstance(value, str)
     if kind == "fixed":
@@ -321,15 +335,18 @@ def default_matches(node: AvroNode, value: Any, _depth: int = 0) -> bool:
     if kind == "array":
         assert node.items is not None
         return isinstance(value, list) and all(
-            default_matches(node.items, v, _depth + 1) for v in value)
+            default_matches(node.items, v, _depth + 1) for v in value
+        )
     if kind == "map":
         assert node.items is not None
         return isinstance(value, dict) and all(
-            default_matches(node.items, v, _depth + 1) for v in value.values())
+            default_matches(node.items, v, _depth + 1) for v in value.values()
+        )
     if kind == "record":
         return isinstance(value, dict) and all(
             default_matches(f.type, value[f.name], _depth + 1) if f.name in value else f.has_default
-            for f in node.fields)
+            for f in node.fields
+        )
     if kind == "union":
         return any(default_matches(b, value, _depth + 1) for b in node.branches)
     return False

@@ -31,8 +31,15 @@ from broker.registry.json_schema_doc import load_json_schema
 
 __all__ = ["LEVELS", "SCHEMA_TYPES", "InvalidSchemaError", "check_compatibility", "parse_schema"]
 
-LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL",
-          "FULL_TRANSITIVE")
+LEVELS = (
+    "NONE",
+    "BACKWARD",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD",
+    "FORWARD_TRANSITIVE",
+    "FULL",
+    "FULL_TRANSITIVE",
+)
 SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
 
 
@@ -61,12 +68,18 @@ def _format(schema_type: str) -> _Format:
     fmt = _FORMATS.get((schema_type or "AVRO").upper())
     if fmt is None:
         raise InvalidSchemaError(
-            f"Unknown schema type {schema_type!r}: expected one of {', '.join(SCHEMA_TYPES)}")
+            f"Unknown schema type {schema_type!r}: expected one of {', '.join(SCHEMA_TYPES)}"
+        )
     return fmt
 
 
-def check_compatibility(schema_type: str, new_schema: str, existing: list[str], level: str,
-                        references: dict[str, str] | None = None) -> list[str]:
+def check_compatibility(
+    schema_type: str,
+    new_schema: str,
+    existing: list[str],
+    level: str,
+    references: dict[str, str] | None = None,
+) -> list[str]:
     """Messages describing every incompatibility of `new_schema` against the registered
     versions `existing` (oldest first) under `level`; empty list = compatible.
 
@@ -82,14 +95,17 @@ def check_compatibility(schema_type: str, new_schema: str, existing: list[str], 
     """
     normalized = (level or "").upper()
     if normalized not in LEVELS:
-        raise ValueError(f"Unknown compatibility level {level!r}: expected one of {', '.join(LEVELS)}")
+        raise ValueError(
+            f"Unknown compatibility level {level!r}: expected one of {', '.join(LEVELS)}"
+        )
     fmt = _format(schema_type)
     new = fmt.parse(new_schema, references)
     if normalized == "NONE" or not existing:
         return []
-    positions = range(len(existing), 0, -1) if normalized.endswith("_TRANSITIVE") else [len(existing)]
-    directions = [d for d in ("BACKWARD", "FORWARD")
-                  if normalized.startswith((d, "FULL"))]
+    positions = (
+        range(len(existing), 0, -1) if normalized.endswith("_TRANSITIVE") else [len(existing)]
+    )
+    directions = [d for d in ("BACKWARD", "FORWARD") if normalized.startswith((d, "FULL"))]
     messages: list[str] = []
     for position in positions:
         try:

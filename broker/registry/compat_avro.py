@@ -59,18 +59,25 @@ class _Checker:
         if reader.kind == writer.kind:
             return self.same_kind(reader, writer, path)
         if writer.kind == "union":
-            return [issue for index, branch in enumerate(writer.branches)
-                    for issue in self.check(reader, branch, f"{path}/{index}")]
+            return [
+                issue
+                for index, branch in enumerate(writer.branches)
+                for issue in self.check(reader, branch, f"{path}/{index}")
+            ]
         if writer.kind in _PROMOTIONS.get(reader.kind, frozenset()):
             return []
         if reader.kind == "union":
             for branch in reader.branches:
                 if not self.check(branch, writer, path):
                     return []
-            return [Incompatibility(
-                "MISSING_UNION_BRANCH", path,
-                f"the union of {{reader}} ({reader.describe()}) has no branch that can read "
-                f"type {writer.describe()} of {{writer}}")]
+            return [
+                Incompatibility(
+                    "MISSING_UNION_BRANCH",
+                    path,
+                    f"the union of {{reader}} ({reader.describe()}) has no branch that can read "
+                    f"type {writer.describe()} of {{writer}}",
+                )
+            ]
         return [_type_mismatch(reader, writer, path)]
 
     def same_kind(self, reader: AvroNode, writer: AvroNode, path: str) -> _Result:
@@ -82,18 +89,25 @@ class _Checker:
         if kind == "fixed":
             issues = _name_check(reader, writer, path)
             if reader.size != writer.size:
-                issues.append(Incompatibility(
-                    "FIXED_SIZE_MISMATCH", f"{path}/size",
-                    f"the size of fixed '{reader.fullname}' is {reader.size} in {{reader}} "
-                    f"but {writer.size} in {{writer}}"))
+                issues.append(
+                    Incompatibility(
+                        "FIXED_SIZE_MISMATCH",
+                        f"{path}/size",
+                        f"the size of fixed '{reader.fullname}' is {reader.size} in {{reader}} "
+                        f"but {writer.size} in {{writer}}",
+                    )
+                )
             return issues
         if kind in ("array", "map"):
             assert reader.items is not None and writer.items is not None
             step = "items" if kind == "array" else "values"
             return self.check(reader.items, writer.items, f"{path}/{step}")
         if kind == "union":
-            return [issue for index, branch in enumerate(writer.branches)
-                    for issue in self.check(reader, branch, f"{path}/{index}")]
+            return [
+                issue
+                for index, branch in enumerate(writer.branches)
+                for issue in self.check(reader, branch, f"{path}/{index}")
+            ]
         return []  # identical primitives
 
     def record_fields(self, reader: AvroNode, writer: AvroNode, path: str) -> _Result:
@@ -105,14 +119,20 @@ class _Checker:
             if wfield is not None:
                 issues += self.check(rfield.type, wfield.type, f"{fpath}/type")
             elif not rfield.has_default:
-                issues.append(Incompatibility(
-                    "READER_FIELD_MISSING_DEFAULT_VALUE", fpath,
-                    f"the field '{rfield.name}' of record '{reader.fullname}' in {{reader}} has "
-                    "no default value and is missing in {writer}"))
+                issues.append(
+                    Incompatibility(
+                        "READER_FIELD_MISSING_DEFAULT_VALUE",
+                        fpath,
+                        f"the field '{rfield.name}' of record '{reader.fullname}' in {{reader}} has "
+                        "no default value and is missing in {writer}",
+                    )
+                )
         return issues
 
 
-def _lookup_writer_field(writer_fields: dict[str, AvroField], rfield: AvroField) -> AvroField | None:
+def _lookup_writer_field(
+    writer_fields: dict[str, AvroField], rfield: AvroField
+) -> AvroField | None:
     """The writer field a reader field reads: same name first, then the reader's aliases."""
     if rfield.name in writer_fields:
         return writer_fields[rfield.name]
@@ -126,24 +146,34 @@ def _name_check(reader: AvroNode, writer: AvroNode, path: str) -> _Result:
     """Avro's schemaNameEquals: equal unqualified names, or a reader alias naming the writer."""
     if reader.name == writer.name or writer.fullname in reader.aliases:
         return []
-    return [Incompatibility(
-        "NAME_MISMATCH", f"{path}/name",
-        f"the {reader.kind} is named '{reader.fullname}' in {{reader}} but "
-        f"'{writer.fullname}' in {{writer}} (and no alias of the former matches)")]
+    return [
+        Incompatibility(
+            "NAME_MISMATCH",
+            f"{path}/name",
+            f"the {reader.kind} is named '{reader.fullname}' in {{reader}} but "
+            f"'{writer.fullname}' in {{writer}} (and no alias of the former matches)",
+        )
+    ]
 
 
 def _enum_symbols(reader: AvroNode, writer: AvroNode, path: str) -> _Result:
     missing = [s for s in writer.symbols if s not in reader.symbols]
     if not missing or reader.enum_default is not None:
         return []
-    return [Incompatibility(
-        "MISSING_ENUM_SYMBOLS", f"{path}/symbols",
-        f"enum '{reader.fullname}' in {{reader}} lacks symbols {missing} of {{writer}} "
-        "and has no default symbol")]
+    return [
+        Incompatibility(
+            "MISSING_ENUM_SYMBOLS",
+            f"{path}/symbols",
+            f"enum '{reader.fullname}' in {{reader}} lacks symbols {missing} of {{writer}} "
+            "and has no default symbol",
+        )
+    ]
 
 
 def _type_mismatch(reader: AvroNode, writer: AvroNode, path: str) -> Incompatibility:
     return Incompatibility(
-        "TYPE_MISMATCH", path,
+        "TYPE_MISMATCH",
+        path,
         f"type {reader.describe()} of {{reader}} cannot read type {writer.describe()} "
-        "of {writer}")
+        "of {writer}",
+    )

@@ -34,31 +34,60 @@ from typing import Any
 from broker.registry.compat_common import Incompatibility
 from broker.registry.json_schema_doc import JsonDoc, View, classify, deref
 
-COMPATIBLE_CHANGES = frozenset({
-    "SCHEMA_REMOVED", "TYPE_EXTENDED",
-    "MAX_LENGTH_INCREASED", "MAX_LENGTH_REMOVED", "MIN_LENGTH_DECREASED", "MIN_LENGTH_REMOVED",
-    "PATTERN_REMOVED",
-    "MAXIMUM_INCREASED", "MAXIMUM_REMOVED", "MINIMUM_DECREASED", "MINIMUM_REMOVED",
-    "EXCLUSIVE_MAXIMUM_INCREASED", "EXCLUSIVE_MAXIMUM_REMOVED", "EXCLUSIVE_MINIMUM_DECREASED",
-    "EXCLUSIVE_MINIMUM_REMOVED", "MULTIPLE_OF_REDUCED", "MULTIPLE_OF_REMOVED",
-    "REQUIRED_ATTRIBUTE_WITH_DEFAULT_ADDED", "REQUIRED_ATTRIBUTE_REMOVED",
-    "DEPENDENCY_ARRAY_NARROWED", "DEPENDENCY_ARRAY_REMOVED", "DEPENDENCY_SCHEMA_REMOVED",
-    "MAX_PROPERTIES_INCREASED", "MAX_PROPERTIES_REMOVED", "MIN_PROPERTIES_DECREASED",
-    "MIN_PROPERTIES_REMOVED", "ADDITIONAL_PROPERTIES_ADDED", "ADDITIONAL_PROPERTIES_EXTENDED",
-    "PROPERTY_WITH_EMPTY_SCHEMA_ADDED_TO_OPEN_CONTENT_MODEL",
-    "REQUIRED_PROPERTY_WITH_DEFAULT_ADDED_TO_UNOPEN_CONTENT_MODEL",
-    "OPTIONAL_PROPERTY_ADDED_TO_UNOPEN_CONTENT_MODEL",
-    "PROPERTY_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL",
-    "PROPERTY_REMOVED_FROM_OPEN_CONTENT_MODEL",
-    "PROPERTY_ADDED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL",
-    "PROPERTY_REMOVED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL",
-    "MAX_ITEMS_INCREASED", "MAX_ITEMS_REMOVED", "MIN_ITEMS_DECREASED", "MIN_ITEMS_REMOVED",
-    "UNIQUE_ITEMS_REMOVED", "ADDITIONAL_ITEMS_ADDED", "ADDITIONAL_ITEMS_EXTENDED",
-    "ITEM_WITH_EMPTY_SCHEMA_ADDED_TO_OPEN_CONTENT_MODEL", "ITEM_ADDED_TO_CLOSED_CONTENT_MODEL",
-    "ITEM_REMOVED_FROM_OPEN_CONTENT_MODEL",
-    "ENUM_ARRAY_EXTENDED", "COMBINED_TYPE_EXTENDED", "PRODUCT_TYPE_NARROWED",
-    "SUM_TYPE_EXTENDED", "NOT_TYPE_NARROWED",
-})
+COMPATIBLE_CHANGES = frozenset(
+    {
+        "SCHEMA_REMOVED",
+        "TYPE_EXTENDED",
+        "MAX_LENGTH_INCREASED",
+        "MAX_LENGTH_REMOVED",
+        "MIN_LENGTH_DECREASED",
+        "MIN_LENGTH_REMOVED",
+        "PATTERN_REMOVED",
+        "MAXIMUM_INCREASED",
+        "MAXIMUM_REMOVED",
+        "MINIMUM_DECREASED",
+        "MINIMUM_REMOVED",
+        "EXCLUSIVE_MAXIMUM_INCREASED",
+        "EXCLUSIVE_MAXIMUM_REMOVED",
+        "EXCLUSIVE_MINIMUM_DECREASED",
+        "EXCLUSIVE_MINIMUM_REMOVED",
+        "MULTIPLE_OF_REDUCED",
+        "MULTIPLE_OF_REMOVED",
+        "REQUIRED_ATTRIBUTE_WITH_DEFAULT_ADDED",
+        "REQUIRED_ATTRIBUTE_REMOVED",
+        "DEPENDENCY_ARRAY_NARROWED",
+        "DEPENDENCY_ARRAY_REMOVED",
+        "DEPENDENCY_SCHEMA_REMOVED",
+        "MAX_PROPERTIES_INCREASED",
+        "MAX_PROPERTIES_REMOVED",
+        "MIN_PROPERTIES_DECREASED",
+        "MIN_PROPERTIES_REMOVED",
+        "ADDITIONAL_PROPERTIES_ADDED",
+        "ADDITIONAL_PROPERTIES_EXTENDED",
+        "PROPERTY_WITH_EMPTY_SCHEMA_ADDED_TO_OPEN_CONTENT_MODEL",
+        "REQUIRED_PROPERTY_WITH_DEFAULT_ADDED_TO_UNOPEN_CONTENT_MODEL",
+        "OPTIONAL_PROPERTY_ADDED_TO_UNOPEN_CONTENT_MODEL",
+        "PROPERTY_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL",
+        "PROPERTY_REMOVED_FROM_OPEN_CONTENT_MODEL",
+        "PROPERTY_ADDED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL",
+        "PROPERTY_REMOVED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL",
+        "MAX_ITEMS_INCREASED",
+        "MAX_ITEMS_REMOVED",
+        "MIN_ITEMS_DECREASED",
+        "MIN_ITEMS_REMOVED",
+        "UNIQUE_ITEMS_REMOVED",
+        "ADDITIONAL_ITEMS_ADDED",
+        "ADDITIONAL_ITEMS_EXTENDED",
+        "ITEM_WITH_EMPTY_SCHEMA_ADDED_TO_OPEN_CONTENT_MODEL",
+        "ITEM_ADDED_TO_CLOSED_CONTENT_MODEL",
+        "ITEM_REMOVED_FROM_OPEN_CONTENT_MODEL",
+        "ENUM_ARRAY_EXTENDED",
+        "COMBINED_TYPE_EXTENDED",
+        "PRODUCT_TYPE_NARROWED",
+        "SUM_TYPE_EXTENDED",
+        "NOT_TYPE_NARROWED",
+    }
+)
 
 _Diffs = list[Incompatibility]
 _Node = tuple[Any, JsonDoc]
@@ -111,8 +140,11 @@ class _Differ:
                     if _compatible(diffs):
                         if len(u.subschemas) == 1:
                             return diffs
-                        return diffs + [_diff("SUM_TYPE_EXTENDED", path,
-                                              "{reader} turned the type into a union")]
+                        return diffs + [
+                            _diff(
+                                "SUM_TYPE_EXTENDED", path, "{reader} turned the type into a union"
+                            )
+                        ]
         elif o.kind == "combined" and u.kind != "combined" and len(o.subschemas) == 1:
             diffs = self.compare((o.subschemas[0], o.doc), (u.value, u.doc), path)
             if _compatible(diffs):
@@ -120,8 +152,13 @@ class _Differ:
         if o.kind != u.kind:
             if o.kind == "false" or u.kind == "empty":
                 return []
-            return [_diff("TYPE_CHANGED", path,
-                          f"the type is {_describe(o)} in {{writer}} but {_describe(u)} in {{reader}}")]
+            return [
+                _diff(
+                    "TYPE_CHANGED",
+                    path,
+                    f"the type is {_describe(o)} in {{writer}} but {_describe(u)} in {{reader}}",
+                )
+            ]
         handler = _HANDLERS.get(o.kind)
         return handler(self, o, u, path) if handler else []
 
@@ -132,22 +169,42 @@ class _Differ:
         diffs += _bound(o.schema, u.schema, "minLength", path, upper=False)
         op, up = o.schema.get("pattern"), u.schema.get("pattern")
         if op != up:
-            kind = "PATTERN_ADDED" if op is None else "PATTERN_REMOVED" if up is None else "PATTERN_CHANGED"
-            diffs.append(_diff(kind, f"{path}/pattern",
-                               f"pattern is {op!r} in {{writer}} and {up!r} in {{reader}}"))
+            kind = (
+                "PATTERN_ADDED"
+                if op is None
+                else "PATTERN_REMOVED"
+                if up is None
+                else "PATTERN_CHANGED"
+            )
+            diffs.append(
+                _diff(
+                    kind,
+                    f"{path}/pattern",
+                    f"pattern is {op!r} in {{writer}} and {up!r} in {{reader}}",
+                )
+            )
         return diffs
 
     def numbers(self, o: View, u: View, path: str) -> _Diffs:
         diffs: _Diffs = []
-        for keyword, upper in (("maximum", True), ("minimum", False),
-                               ("exclusiveMaximum", True), ("exclusiveMinimum", False)):
+        for keyword, upper in (
+            ("maximum", True),
+            ("minimum", False),
+            ("exclusiveMaximum", True),
+            ("exclusiveMinimum", False),
+        ):
             diffs += _bound(o.schema, u.schema, keyword, path, upper)
         diffs += _multiple_of(o.schema.get("multipleOf"), u.schema.get("multipleOf"), path)
         if o.integer and not u.integer:
             diffs.append(_diff("TYPE_EXTENDED", path, "integer widened to number"))
         elif u.integer and not o.integer:
-            diffs.append(_diff("TYPE_NARROWED", path,
-                               "the type is number in {writer} but only integer in {reader}"))
+            diffs.append(
+                _diff(
+                    "TYPE_NARROWED",
+                    path,
+                    "the type is number in {writer} but only integer in {reader}",
+                )
+            )
         return diffs
 
     def enums(self, o: View, u: View, path: str) -> _Diffs:
@@ -161,9 +218,15 @@ class _Differ:
         else:
             kind = "ENUM_ARRAY_CHANGED"
         missing = [o_values[k] for k in o_values if k not in u_values]
-        return [_diff(kind, f"{path}/enum",
-                      f"values {missing} allowed by {{writer}} are not allowed by {{reader}}"
-                      if missing else "{reader} allows more values")]
+        return [
+            _diff(
+                kind,
+                f"{path}/enum",
+                f"values {missing} allowed by {{writer}} are not allowed by {{reader}}"
+                if missing
+                else "{reader} allows more values",
+            )
+        ]
 
     def nots(self, o: View, u: View, path: str) -> _Diffs:
         o_not, u_not = o.schema.get("not"), u.schema.get("not")
@@ -173,19 +236,32 @@ class _Differ:
         diffs = self.compare((u_not, u.doc), (o_not, o.doc), f"{path}/not")
         if _compatible(diffs):
             return [_diff("NOT_TYPE_NARROWED", f"{path}/not", "the negated schema narrowed")]
-        return [_diff("NOT_TYPE_EXTENDED", f"{path}/not",
-                      "{reader} negates a schema that accepts values {writer} allowed")]
+        return [
+            _diff(
+                "NOT_TYPE_EXTENDED",
+                f"{path}/not",
+                "{reader} negates a schema that accepts values {writer} allowed",
+            )
+        ]
 
     def combined(self, o: View, u: View, path: str) -> _Diffs:
         diffs: _Diffs = []
         if o.criterion != u.criterion:
             single_o, single_u = len(o.subschemas) == 1, len(u.subschemas) == 1
-            if u.criterion == "anyOf" or (u.criterion == "oneOf" and single_o) or (
-                    u.criterion == "allOf" and single_o and single_u):
+            if (
+                u.criterion == "anyOf"
+                or (u.criterion == "oneOf" and single_o)
+                or (u.criterion == "allOf" and single_o and single_u)
+            ):
                 diffs.append(_diff("COMBINED_TYPE_EXTENDED", path, "combination loosened"))
             else:
-                return [_diff("COMBINED_TYPE_CHANGED", path,
-                              f"{{writer}} uses {o.criterion} but {{reader}} uses {u.criterion}")]
+                return [
+                    _diff(
+                        "COMBINED_TYPE_CHANGED",
+                        path,
+                        f"{{writer}} uses {o.criterion} but {{reader}} uses {u.criterion}",
+                    )
+                ]
         o_subs = _dedupe(o.subschemas)
         u_subs = _dedupe(u.subschemas)
         if len(o_subs) != len(u_subs):
@@ -194,8 +270,14 @@ class _Differ:
                 kind = "PRODUCT_TYPE_EXTENDED" if more else "PRODUCT_TYPE_NARROWED"
             else:
                 kind = "SUM_TYPE_EXTENDED" if more else "SUM_TYPE_NARROWED"
-            diffs.append(_diff(kind, path, f"{u.criterion} has {len(o_subs)} subschemas in "
-                                           f"{{writer}} and {len(u_subs)} in {{reader}}"))
+            diffs.append(
+                _diff(
+                    kind,
+                    path,
+                    f"{u.criterion} has {len(o_subs)} subschemas in "
+                    f"{{writer}} and {len(u_subs)} in {{reader}}",
+                )
+            )
         edges: dict[tuple[int, int], _Diffs] = {}
         for i, o_sub in enumerate(o_subs):
             for j, u_sub in enumerate(u_subs):
@@ -206,17 +288,23 @@ class _Differ:
         for edge in matching:
             diffs += edges[edge]
         if len(matching) < min(len(o_subs), len(u_subs)):
-            diffs.append(_diff("COMBINED_TYPE_SUBSCHEMAS_CHANGED", path,
-                               f"not every subschema of {{writer}}'s {o.criterion} has a "
-                               f"compatible counterpart in {{reader}}"))
+            diffs.append(
+                _diff(
+                    "COMBINED_TYPE_SUBSCHEMAS_CHANGED",
+                    path,
+                    f"not every subschema of {{writer}}'s {o.criterion} has a "
+                    f"compatible counterpart in {{reader}}",
+                )
+            )
         return diffs
 
     def objects(self, o: View, u: View, path: str) -> _Diffs:
         os, us = o.schema, u.schema
         diffs = self.required(o, u, path) + self.properties(o, u, path)
         diffs += self.dependencies(o, u, path)
-        diffs += self.additional(o, u, f"{path}/additionalProperties", "additionalProperties",
-                                 "ADDITIONAL_PROPERTIES")
+        diffs += self.additional(
+            o, u, f"{path}/additionalProperties", "additionalProperties", "ADDITIONAL_PROPERTIES"
+        )
         diffs += _bound(os, us, "maxProperties", path, upper=True)
         diffs += _bound(os, us, "minProperties", path, upper=False)
         return diffs
@@ -230,15 +318,30 @@ class _Differ:
                 continue
             if name in u_req and name not in o_req:
                 if _has_default(u_props[name], u.doc):
-                    diffs.append(_diff("REQUIRED_ATTRIBUTE_WITH_DEFAULT_ADDED",
-                                       f"{path}/required/{name}", "required with a default"))
+                    diffs.append(
+                        _diff(
+                            "REQUIRED_ATTRIBUTE_WITH_DEFAULT_ADDED",
+                            f"{path}/required/{name}",
+                            "required with a default",
+                        )
+                    )
                 else:
-                    diffs.append(_diff("REQUIRED_ATTRIBUTE_ADDED", f"{path}/required/{name}",
-                                       f"property '{name}' is required in {{reader}} but optional "
-                                       "in {writer}"))
+                    diffs.append(
+                        _diff(
+                            "REQUIRED_ATTRIBUTE_ADDED",
+                            f"{path}/required/{name}",
+                            f"property '{name}' is required in {{reader}} but optional "
+                            "in {writer}",
+                        )
+                    )
             elif name in o_req and name not in u_req:
-                diffs.append(_diff("REQUIRED_ATTRIBUTE_REMOVED", f"{path}/required/{name}",
-                                   "no longer required"))
+                diffs.append(
+                    _diff(
+                        "REQUIRED_ATTRIBUTE_REMOVED",
+                        f"{path}/required/{name}",
+                        "no longer required",
+                    )
+                )
         return diffs
 
     def properties(self, o: View, u: View, path: str) -> _Diffs:
@@ -262,60 +365,114 @@ class _Differ:
         if partial is not None:
             sub = self.compare((schema, o.doc), (partial, u.doc), path)
             if _compatible(sub):
-                return sub + [_diff("PROPERTY_REMOVED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL",
-                                    path, "covered")]
-            return sub + [_diff("PROPERTY_REMOVED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL", path,
-                                f"property '{name}' of {{writer}} was removed and {{reader}}'s "
-                                "additionalProperties/patternProperties do not accept its values")]
+                return sub + [
+                    _diff(
+                        "PROPERTY_REMOVED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL",
+                        path,
+                        "covered",
+                    )
+                ]
+            return sub + [
+                _diff(
+                    "PROPERTY_REMOVED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL",
+                    path,
+                    f"property '{name}' of {{writer}} was removed and {{reader}}'s "
+                    "additionalProperties/patternProperties do not accept its values",
+                )
+            ]
         if deref(schema, o.doc)[0] is False:
             return [_diff("PROPERTY_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL", path, "removed")]
-        return [_diff("PROPERTY_REMOVED_FROM_CLOSED_CONTENT_MODEL", path,
-                      f"property '{name}' of {{writer}} was removed and {{reader}} does not allow "
-                      "additional properties")]
+        return [
+            _diff(
+                "PROPERTY_REMOVED_FROM_CLOSED_CONTENT_MODEL",
+                path,
+                f"property '{name}' of {{writer}} was removed and {{reader}} does not allow "
+                "additional properties",
+            )
+        ]
 
-    def property_added(self, schema: Any, o: View, u: View, name: str, path: str,
-                       required: bool) -> _Diffs:
+    def property_added(
+        self, schema: Any, o: View, u: View, name: str, path: str, required: bool
+    ) -> _Diffs:
         if _is_open(o.schema):
             if classify(*deref(schema, u.doc)).kind == "empty":
-                return [_diff("PROPERTY_WITH_EMPTY_SCHEMA_ADDED_TO_OPEN_CONTENT_MODEL", path, "added")]
-            return [_diff("PROPERTY_ADDED_TO_OPEN_CONTENT_MODEL", path,
-                          f"property '{name}' was added to {{reader}}, but {{writer}} has an open "
-                          "content model, so existing data may hold any value under that name")]
+                return [
+                    _diff("PROPERTY_WITH_EMPTY_SCHEMA_ADDED_TO_OPEN_CONTENT_MODEL", path, "added")
+                ]
+            return [
+                _diff(
+                    "PROPERTY_ADDED_TO_OPEN_CONTENT_MODEL",
+                    path,
+                    f"property '{name}' was added to {{reader}}, but {{writer}} has an open "
+                    "content model, so existing data may hold any value under that name",
+                )
+            ]
         diffs: _Diffs = []
         partial = _partial_schema(o.schema, name)
         if partial is not None:
             sub = self.compare((partial, o.doc), (schema, u.doc), path)
             diffs += sub
             if _compatible(sub):
-                diffs.append(_diff("PROPERTY_ADDED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL",
-                                   path, "covered"))
+                diffs.append(
+                    _diff(
+                        "PROPERTY_ADDED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL", path, "covered"
+                    )
+                )
             else:
-                diffs.append(_diff("PROPERTY_ADDED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL", path,
-                                   f"property '{name}' was added to {{reader}} but values "
-                                   "{writer} accepted under that name do not validate against it"))
+                diffs.append(
+                    _diff(
+                        "PROPERTY_ADDED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL",
+                        path,
+                        f"property '{name}' was added to {{reader}} but values "
+                        "{writer} accepted under that name do not validate against it",
+                    )
+                )
         if not required:
             diffs.append(_diff("OPTIONAL_PROPERTY_ADDED_TO_UNOPEN_CONTENT_MODEL", path, "added"))
         elif _has_default(schema, u.doc):
-            diffs.append(_diff("REQUIRED_PROPERTY_WITH_DEFAULT_ADDED_TO_UNOPEN_CONTENT_MODEL",
-                               path, "added with default"))
+            diffs.append(
+                _diff(
+                    "REQUIRED_PROPERTY_WITH_DEFAULT_ADDED_TO_UNOPEN_CONTENT_MODEL",
+                    path,
+                    "added with default",
+                )
+            )
         else:
-            diffs.append(_diff("REQUIRED_PROPERTY_ADDED_TO_UNOPEN_CONTENT_MODEL", path,
-                               f"required property '{name}' was added to {{reader}}; data written "
-                               "with {writer} does not have it"))
+            diffs.append(
+                _diff(
+                    "REQUIRED_PROPERTY_ADDED_TO_UNOPEN_CONTENT_MODEL",
+                    path,
+                    f"required property '{name}' was added to {{reader}}; data written "
+                    "with {writer} does not have it",
+                )
+            )
         return diffs
 
     def additional(self, o: View, u: View, path: str, keyword: str, prefix: str) -> _Diffs:
         """additionalProperties / additionalItems: false < schema < absent or true."""
-        o_permits, u_permits = o.schema.get(keyword) is not False, u.schema.get(keyword) is not False
+        o_permits, u_permits = (
+            o.schema.get(keyword) is not False,
+            u.schema.get(keyword) is not False,
+        )
         o_sub, u_sub = _sub_schema(o.schema.get(keyword)), _sub_schema(u.schema.get(keyword))
         if o_permits != u_permits:
             if u_permits:
                 return [_diff(f"{prefix}_ADDED", path, "now allowed")]
-            return [_diff(f"{prefix}_REMOVED", path,
-                          f"{{writer}} allows {keyword} but {{reader}} forbids them")]
+            return [
+                _diff(
+                    f"{prefix}_REMOVED",
+                    path,
+                    f"{{writer}} allows {keyword} but {{reader}} forbids them",
+                )
+            ]
         if o_sub is None and u_sub is not None:
-            return [_diff(f"{prefix}_NARROWED", path,
-                          f"{{reader}} restricts {keyword} that {{writer}} left unconstrained")]
+            return [
+                _diff(
+                    f"{prefix}_NARROWED",
+                    path,
+                    f"{{reader}} restricts {keyword} that {{writer}} left unconstrained",
+                )
+            ]
         if u_sub is None and o_sub is not None:
             return [_diff(f"{prefix}_EXTENDED", path, "now unconstrained")]
         if o_sub is not None and u_sub is not None:
@@ -332,20 +489,41 @@ class _Differ:
             if uv is None:
                 diffs.append(_diff("DEPENDENCY_ARRAY_REMOVED", dpath, "removed"))
             elif ov is None:
-                diffs.append(_diff("DEPENDENCY_ARRAY_ADDED", dpath,
-                                   f"{{reader}} adds a dependency of property '{name}'"))
+                diffs.append(
+                    _diff(
+                        "DEPENDENCY_ARRAY_ADDED",
+                        dpath,
+                        f"{{reader}} adds a dependency of property '{name}'",
+                    )
+                )
             elif ov != uv:
-                kind = ("DEPENDENCY_ARRAY_EXTENDED" if ov <= uv else
-                        "DEPENDENCY_ARRAY_NARROWED" if uv <= ov else "DEPENDENCY_ARRAY_CHANGED")
-                diffs.append(_diff(kind, dpath, f"dependencies of property '{name}' changed "
-                                                f"from {sorted(ov)} to {sorted(uv)}"))
+                kind = (
+                    "DEPENDENCY_ARRAY_EXTENDED"
+                    if ov <= uv
+                    else "DEPENDENCY_ARRAY_NARROWED"
+                    if uv <= ov
+                    else "DEPENDENCY_ARRAY_CHANGED"
+                )
+                diffs.append(
+                    _diff(
+                        kind,
+                        dpath,
+                        f"dependencies of property '{name}' changed "
+                        f"from {sorted(ov)} to {sorted(uv)}",
+                    )
+                )
         for name in sorted(set(o_schemas) | set(u_schemas)):
             dpath = f"{path}/dependencies/{name}"
             if name not in u_schemas:
                 diffs.append(_diff("DEPENDENCY_SCHEMA_REMOVED", dpath, "removed"))
             elif name not in o_schemas:
-                diffs.append(_diff("DEPENDENCY_SCHEMA_ADDED", dpath,
-                                   f"{{reader}} adds a schema dependency on property '{name}'"))
+                diffs.append(
+                    _diff(
+                        "DEPENDENCY_SCHEMA_ADDED",
+                        dpath,
+                        f"{{reader}} adds a schema dependency on property '{name}'",
+                    )
+                )
             else:
                 diffs += self.compare((o_schemas[name], o.doc), (u_schemas[name], u.doc), dpath)
         return diffs
@@ -356,17 +534,30 @@ class _Differ:
         o_items, u_items = _item_schema(os), _item_schema(us)
         if o_items is not None and u_items is not None:
             diffs += self.compare((o_items, o.doc), (u_items, u.doc), f"{path}/items")
-        elif o_items is None and u_items is not None and \
-                classify(*deref(u_items, u.doc)).kind != "empty":
-            diffs.append(_diff("SCHEMA_ADDED", f"{path}/items",
-                               "{reader} constrains the items that {writer} left open"))
+        elif (
+            o_items is None
+            and u_items is not None
+            and classify(*deref(u_items, u.doc)).kind != "empty"
+        ):
+            diffs.append(
+                _diff(
+                    "SCHEMA_ADDED",
+                    f"{path}/items",
+                    "{reader} constrains the items that {writer} left open",
+                )
+            )
         diffs += self.tuple_items(o, u, path)
         diffs += _bound(os, us, "maxItems", path, upper=True)
         diffs += _bound(os, us, "minItems", path, upper=False)
         if bool(os.get("uniqueItems")) != bool(us.get("uniqueItems")):
             if us.get("uniqueItems"):
-                diffs.append(_diff("UNIQUE_ITEMS_ADDED", f"{path}/uniqueItems",
-                                   "{reader} requires unique items, {writer} did not"))
+                diffs.append(
+                    _diff(
+                        "UNIQUE_ITEMS_ADDED",
+                        f"{path}/uniqueItems",
+                        "{reader} requires unique items, {writer} did not",
+                    )
+                )
             else:
                 diffs.append(_diff("UNIQUE_ITEMS_REMOVED", f"{path}/uniqueItems", "removed"))
         return diffs
@@ -375,25 +566,39 @@ class _Differ:
         o_tuple, u_tuple = _tuple_items(o.schema), _tuple_items(u.schema)
         if not o_tuple and not u_tuple:
             return []
-        diffs = self.additional(o, u, f"{path}/additionalItems", "additionalItems", "ADDITIONAL_ITEMS")
+        diffs = self.additional(
+            o, u, f"{path}/additionalItems", "additionalItems", "ADDITIONAL_ITEMS"
+        )
         for index in range(max(len(o_tuple), len(u_tuple))):
             ipath = f"{path}/items/{index}"
             if index < len(o_tuple) and index < len(u_tuple):
                 diffs += self.compare((o_tuple[index], o.doc), (u_tuple[index], u.doc), ipath)
             elif index < len(o_tuple):
                 if u.schema.get("additionalItems") is False:
-                    diffs.append(_diff("ITEM_REMOVED_FROM_CLOSED_CONTENT_MODEL", ipath,
-                                       f"tuple item {index} of {{writer}} is not allowed by {{reader}}"))
+                    diffs.append(
+                        _diff(
+                            "ITEM_REMOVED_FROM_CLOSED_CONTENT_MODEL",
+                            ipath,
+                            f"tuple item {index} of {{writer}} is not allowed by {{reader}}",
+                        )
+                    )
                 else:
                     diffs.append(_diff("ITEM_REMOVED_FROM_OPEN_CONTENT_MODEL", ipath, "removed"))
             elif o.schema.get("additionalItems") is False:
                 diffs.append(_diff("ITEM_ADDED_TO_CLOSED_CONTENT_MODEL", ipath, "added"))
             elif classify(*deref(u_tuple[index], u.doc)).kind == "empty":
-                diffs.append(_diff("ITEM_WITH_EMPTY_SCHEMA_ADDED_TO_OPEN_CONTENT_MODEL", ipath, "added"))
+                diffs.append(
+                    _diff("ITEM_WITH_EMPTY_SCHEMA_ADDED_TO_OPEN_CONTENT_MODEL", ipath, "added")
+                )
             else:
-                diffs.append(_diff("ITEM_ADDED_TO_OPEN_CONTENT_MODEL", ipath,
-                                   f"tuple item {index} was added to {{reader}} but {{writer}} "
-                                   "allowed any value there"))
+                diffs.append(
+                    _diff(
+                        "ITEM_ADDED_TO_OPEN_CONTENT_MODEL",
+                        ipath,
+                        f"tuple item {index} was added to {{reader}} but {{writer}} "
+                        "allowed any value there",
+                    )
+                )
         return diffs
 
 
@@ -469,7 +674,9 @@ def _dedupe(subschemas: list[Any]) -> list[Any]:
     return list(seen.values())
 
 
-def _max_matching(left: int, right: int, edges: Mapping[tuple[int, int], object]) -> list[tuple[int, int]]:
+def _max_matching(
+    left: int, right: int, edges: Mapping[tuple[int, int], object]
+) -> list[tuple[int, int]]:
     """Maximum bipartite matching (Kuhn's augmenting paths); the graphs are tiny."""
     match_right: dict[int, int] = {}
 
@@ -505,9 +712,11 @@ def _sub_schema(value: Any) -> Any:
 
 
 def _is_open(schema: dict[str, Any]) -> bool:
-    return (not schema.get("patternProperties")
-            and _sub_schema(schema.get("additionalProperties")) is None
-            and schema.get("additionalProperties") is not False)
+    return (
+        not schema.get("patternProperties")
+        and _sub_schema(schema.get("additionalProperties")) is None
+        and schema.get("additionalProperties") is not False
+    )
 
 
 def _partial_schema(schema: dict[str, Any], name: str) -> Any:

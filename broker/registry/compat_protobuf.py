@@ -48,15 +48,34 @@ from broker.registry.proto_model import (
 )
 from broker.registry.proto_parser import check_types, parse_proto_text
 
-__all__ = ["COMPATIBLE_CHANGES", "ProtoFile", "check_protobuf", "check_protobuf_files",
-           "from_descriptor", "is_serialized_descriptor", "parse_proto", "render_proto",
-           "to_descriptor"]
+__all__ = [
+    "COMPATIBLE_CHANGES",
+    "ProtoFile",
+    "check_protobuf",
+    "check_protobuf_files",
+    "from_descriptor",
+    "is_serialized_descriptor",
+    "parse_proto",
+    "render_proto",
+    "to_descriptor",
+]
 
-COMPATIBLE_CHANGES = frozenset({
-    "MESSAGE_ADDED", "MESSAGE_MOVED", "ENUM_ADDED", "ENUM_REMOVED", "ENUM_CONST_ADDED",
-    "ENUM_CONST_CHANGED", "ENUM_CONST_REMOVED", "FIELD_ADDED", "FIELD_REMOVED",
-    "ONEOF_ADDED", "ONEOF_REMOVED", "ONEOF_FIELD_ADDED",
-})
+COMPATIBLE_CHANGES = frozenset(
+    {
+        "MESSAGE_ADDED",
+        "MESSAGE_MOVED",
+        "ENUM_ADDED",
+        "ENUM_REMOVED",
+        "ENUM_CONST_ADDED",
+        "ENUM_CONST_CHANGED",
+        "ENUM_CONST_REMOVED",
+        "FIELD_ADDED",
+        "FIELD_REMOVED",
+        "ONEOF_ADDED",
+        "ONEOF_REMOVED",
+        "ONEOF_FIELD_ADDED",
+    }
+)
 
 _SCALAR_GROUPS = {
     **dict.fromkeys(("int32", "int64", "uint32", "uint64", "bool"), "varint"),
@@ -64,15 +83,22 @@ _SCALAR_GROUPS = {
     **dict.fromkeys(("string", "bytes"), "length-delimited"),
     **dict.fromkeys(("fixed32", "sfixed32"), "32-bit fixed"),
     **dict.fromkeys(("fixed64", "sfixed64"), "64-bit fixed"),
-    "float": "float", "double": "double",
+    "float": "float",
+    "double": "double",
 }
 _BASE64_RE = re.compile(r"[A-Za-z0-9+/=\s]+\Z")
 # Imports every Confluent registry knows without a reference, and where to find them.
 _BUILTIN_MODULES = (
-    "google.protobuf.any_pb2", "google.protobuf.api_pb2", "google.protobuf.descriptor_pb2",
-    "google.protobuf.duration_pb2", "google.protobuf.empty_pb2",
-    "google.protobuf.field_mask_pb2", "google.protobuf.source_context_pb2",
-    "google.protobuf.struct_pb2", "google.protobuf.timestamp_pb2", "google.protobuf.type_pb2",
+    "google.protobuf.any_pb2",
+    "google.protobuf.api_pb2",
+    "google.protobuf.descriptor_pb2",
+    "google.protobuf.duration_pb2",
+    "google.protobuf.empty_pb2",
+    "google.protobuf.field_mask_pb2",
+    "google.protobuf.source_context_pb2",
+    "google.protobuf.struct_pb2",
+    "google.protobuf.timestamp_pb2",
+    "google.protobuf.type_pb2",
     "google.protobuf.wrappers_pb2",
     "confluent_kafka.schema_registry.confluent.meta_pb2",
     "confluent_kafka.schema_registry.confluent.types.decimal_pb2",
@@ -160,11 +186,14 @@ def _builtin(path: str) -> ProtoFile | None:
 
 # -- compatibility -----------------------------------------------------------------------
 
-def check_protobuf(reader_text: str, writer_text: str,
-                   references: Mapping[str, str] | None = None) -> list[Incompatibility]:
+
+def check_protobuf(
+    reader_text: str, writer_text: str, references: Mapping[str, str] | None = None
+) -> list[Incompatibility]:
     """Every incompatible difference when data written with the writer is read by the reader."""
-    return check_protobuf_files(parse_proto(reader_text, references),
-                                parse_proto(writer_text, references))
+    return check_protobuf_files(
+        parse_proto(reader_text, references), parse_proto(writer_text, references)
+    )
 
 
 def check_protobuf_files(reader: ProtoFile, writer: ProtoFile) -> list[Incompatibility]:
@@ -185,22 +214,39 @@ class _Differ:
 
     def compare_files(self) -> None:
         if self.original.package != self.update.package:
-            self.add("PACKAGE_CHANGED", "#/",
-                     f"the package is '{self.original.package}' in {{writer}} but "
-                     f"'{self.update.package}' in {{reader}}")
-        self.compare_types(self.original.messages, self.update.messages,
-                           self.original.enums, self.update.enums, "#")
+            self.add(
+                "PACKAGE_CHANGED",
+                "#/",
+                f"the package is '{self.original.package}' in {{writer}} but "
+                f"'{self.update.package}' in {{reader}}",
+            )
+        self.compare_types(
+            self.original.messages,
+            self.update.messages,
+            self.original.enums,
+            self.update.enums,
+            "#",
+        )
 
-    def compare_types(self, o_msgs: list[ProtoMessage], u_msgs: list[ProtoMessage],
-                      o_enums: list[ProtoEnum], u_enums: list[ProtoEnum], path: str) -> None:
+    def compare_types(
+        self,
+        o_msgs: list[ProtoMessage],
+        u_msgs: list[ProtoMessage],
+        o_enums: list[ProtoEnum],
+        u_enums: list[ProtoEnum],
+        path: str,
+    ) -> None:
         u_by_name = {m.name: m for m in u_msgs}
         o_names = {m.name for m in o_msgs}
         for index, message in enumerate(o_msgs):
             mpath = f"{path}/{message.name}"
             other = u_by_name.get(message.name)
             if other is None:
-                self.add("MESSAGE_REMOVED", mpath,
-                         f"message '{message.full_name}' of {{writer}} is missing in {{reader}}")
+                self.add(
+                    "MESSAGE_REMOVED",
+                    mpath,
+                    f"message '{message.full_name}' of {{writer}} is missing in {{reader}}",
+                )
             else:
                 self.compare_message(message, other, mpath)
                 if u_msgs.index(other) != index:
@@ -237,20 +283,29 @@ class _Differ:
             if uf is None:
                 assert of is not None
                 if of.label == "required":
-                    self.add("REQUIRED_FIELD_REMOVED", fpath,
-                             f"required field '{of.name}' = {number} of {{writer}} is missing in "
-                             "{reader}")
+                    self.add(
+                        "REQUIRED_FIELD_REMOVED",
+                        fpath,
+                        f"required field '{of.name}' = {number} of {{writer}} is missing in "
+                        "{reader}",
+                    )
                 elif of.oneof is None or of.oneof not in u.oneofs:
                     self.add("FIELD_REMOVED", fpath, "removed")
                 else:
-                    self.add("ONEOF_FIELD_REMOVED", fpath,
-                             f"field '{of.name}' = {number} was removed from oneof '{of.oneof}' "
-                             "in {reader}; data written with it may set only that member")
+                    self.add(
+                        "ONEOF_FIELD_REMOVED",
+                        fpath,
+                        f"field '{of.name}' = {number} was removed from oneof '{of.oneof}' "
+                        "in {reader}; data written with it may set only that member",
+                    )
             elif of is None:
                 if uf.label == "required":
-                    self.add("REQUIRED_FIELD_ADDED", fpath,
-                             f"required field '{uf.name}' = {number} of {{reader}} is missing in "
-                             "data written with {writer}")
+                    self.add(
+                        "REQUIRED_FIELD_ADDED",
+                        fpath,
+                        f"required field '{uf.name}' = {number} of {{reader}} is missing in "
+                        "data written with {writer}",
+                    )
                 else:
                     self.add("ONEOF_FIELD_ADDED" if uf.oneof else "FIELD_ADDED", fpath, "added")
             else:
@@ -259,9 +314,12 @@ class _Differ:
         for uf in u.fields:
             of = o_by_name.get(uf.name)
             if of is not None and of.number != uf.number:
-                self.add("FIELD_NUMBER_CHANGED", f"{path}/{uf.number}",
-                         f"field '{uf.name}' has number {of.number} in {{writer}} but "
-                         f"{uf.number} in {{reader}}")
+                self.add(
+                    "FIELD_NUMBER_CHANGED",
+                    f"{path}/{uf.number}",
+                    f"field '{uf.name}' has number {of.number} in {{writer}} but "
+                    f"{uf.number} in {{reader}}",
+                )
 
     def compare_oneofs(self, o: ProtoMessage, u: ProtoMessage, path: str) -> None:
         o_oneof_of = {f.number: f.oneof for f in o.fields}
@@ -270,72 +328,113 @@ class _Differ:
             moved = [f for f in members if f.number in o_oneof_of and o_oneof_of[f.number] is None]
             existing = [f for f in members if o_oneof_of.get(f.number) is not None]
             if len(moved) > 1:
-                self.add("MULTIPLE_FIELDS_MOVED_TO_ONEOF", f"{path}/{oneof}",
-                         f"fields {[f.name for f in moved]} of {{writer}} were moved into oneof "
-                         f"'{oneof}' in {{reader}}; data may set several of them")
+                self.add(
+                    "MULTIPLE_FIELDS_MOVED_TO_ONEOF",
+                    f"{path}/{oneof}",
+                    f"fields {[f.name for f in moved]} of {{writer}} were moved into oneof "
+                    f"'{oneof}' in {{reader}}; data may set several of them",
+                )
             elif moved and existing:
-                self.add("FIELD_MOVED_TO_EXISTING_ONEOF", f"{path}/{oneof}",
-                         f"field '{moved[0].name}' was moved into oneof '{oneof}', which "
-                         "already existed")
+                self.add(
+                    "FIELD_MOVED_TO_EXISTING_ONEOF",
+                    f"{path}/{oneof}",
+                    f"field '{moved[0].name}' was moved into oneof '{oneof}', which "
+                    "already existed",
+                )
 
-    def compare_field(self, of: ProtoField, o_msg: ProtoMessage, uf: ProtoField,
-                      u_msg: ProtoMessage, path: str) -> None:
+    def compare_field(
+        self, of: ProtoField, o_msg: ProtoMessage, uf: ProtoField, u_msg: ProtoMessage, path: str
+    ) -> None:
         if of.name != uf.name:
-            self.add("FIELD_NAME_CHANGED", path,
-                     f"field number {of.number} is named '{of.name}' in {{writer}} but "
-                     f"'{uf.name}' in {{reader}}")
+            self.add(
+                "FIELD_NAME_CHANGED",
+                path,
+                f"field number {of.number} is named '{of.name}' in {{writer}} but "
+                f"'{uf.name}' in {{reader}}",
+            )
         if of.label != "required" and uf.label == "required":
-            self.add("REQUIRED_FIELD_ADDED", path,
-                     f"field '{uf.name}' is required in {{reader}} but not in {{writer}}")
+            self.add(
+                "REQUIRED_FIELD_ADDED",
+                path,
+                f"field '{uf.name}' is required in {{reader}} but not in {{writer}}",
+            )
         o_kind, u_kind = self.kind(of, o_msg, True), self.kind(uf, u_msg, False)
         if o_kind != u_kind:
-            self.add("FIELD_KIND_CHANGED", path,
-                     f"field '{uf.name}' is a {o_kind} in {{writer}} but a {u_kind} in {{reader}}")
+            self.add(
+                "FIELD_KIND_CHANGED",
+                path,
+                f"field '{uf.name}' is a {o_kind} in {{writer}} but a {u_kind} in {{reader}}",
+            )
             return
         if of.is_map:
             self.compare_type(of.key_type or "", o_msg, uf.key_type or "", u_msg, uf.name, path)
             self.compare_type(of.value_type or "", o_msg, uf.value_type or "", u_msg, uf.name, path)
             return
         if of.repeated != uf.repeated:
-            group = (self.scalar_group(of.type, o_msg, True) or "") if o_kind == "scalar" else "message"
-            kind = {"message": "FIELD_MESSAGE_LABEL_CHANGED",
-                    "length-delimited": "FIELD_STRING_OR_BYTES_LABEL_CHANGED"}.get(
-                        group, "FIELD_NUMERIC_LABEL_CHANGED")
-            self.add(kind, path,
-                     f"field '{uf.name}' is {_label(of)} in {{writer}} but {_label(uf)} in "
-                     "{reader}")
+            group = (
+                (self.scalar_group(of.type, o_msg, True) or "") if o_kind == "scalar" else "message"
+            )
+            kind = {
+                "message": "FIELD_MESSAGE_LABEL_CHANGED",
+                "length-delimited": "FIELD_STRING_OR_BYTES_LABEL_CHANGED",
+            }.get(group, "FIELD_NUMERIC_LABEL_CHANGED")
+            self.add(
+                kind,
+                path,
+                f"field '{uf.name}' is {_label(of)} in {{writer}} but {_label(uf)} in {{reader}}",
+            )
         self.compare_type(of.type, o_msg, uf.type, u_msg, uf.name, path)
 
-    def compare_type(self, o_type: str, o_msg: ProtoMessage, u_type: str, u_msg: ProtoMessage,
-                     name: str, path: str) -> None:
+    def compare_type(
+        self,
+        o_type: str,
+        o_msg: ProtoMessage,
+        u_type: str,
+        u_msg: ProtoMessage,
+        name: str,
+        path: str,
+    ) -> None:
         o_group = self.scalar_group(o_type, o_msg, True)
         u_group = self.scalar_group(u_type, u_msg, False)
         if o_group is not None or u_group is not None:
             if o_group != u_group:
-                self.add("FIELD_SCALAR_KIND_CHANGED", path,
-                         f"field '{name}' has type {o_type} in {{writer}} but {u_type} in "
-                         "{reader}, which is not wire-compatible")
+                self.add(
+                    "FIELD_SCALAR_KIND_CHANGED",
+                    path,
+                    f"field '{name}' has type {o_type} in {{writer}} but {u_type} in "
+                    "{reader}, which is not wire-compatible",
+                )
             return
         o_full = resolve_type(o_type, o_msg.full_name, self.o_table)
         u_full = resolve_type(u_type, u_msg.full_name, self.u_table)
         o_local = _local_name(o_full, self.o_table, o_type)
         u_local = _local_name(u_full, self.u_table, u_type)
         if o_local != u_local:
-            self.add("FIELD_NAMED_TYPE_CHANGED", path,
-                     f"field '{name}' has type {o_local} in {{writer}} but {u_local} in {{reader}}")
+            self.add(
+                "FIELD_NAMED_TYPE_CHANGED",
+                path,
+                f"field '{name}' has type {o_local} in {{writer}} but {u_local} in {{reader}}",
+            )
             return
         o_def = self.o_table.get(o_full or "")
         u_def = self.u_table.get(u_full or "")
         local = {id(m) for m in self.original.all_messages()} | {
-            id(m) for m in self.update.all_messages()}
-        if isinstance(o_def, ProtoMessage) and isinstance(u_def, ProtoMessage) and not (
-                id(o_def) in local and id(u_def) in local):
+            id(m) for m in self.update.all_messages()
+        }
+        if (
+            isinstance(o_def, ProtoMessage)
+            and isinstance(u_def, ProtoMessage)
+            and not (id(o_def) in local and id(u_def) in local)
+        ):
             # Types from referenced files are not visited by compare_types: compare here.
             before = len([d for d in self.diffs if d.kind not in COMPATIBLE_CHANGES])
             self.compare_message(o_def, u_def, f"{path}/{o_def.name}")
             if len([d for d in self.diffs if d.kind not in COMPATIBLE_CHANGES]) > before:
-                self.add("FIELD_NAMED_TYPE_CHANGED", path,
-                         f"message type {o_local} of field '{name}' changed incompatibly")
+                self.add(
+                    "FIELD_NAMED_TYPE_CHANGED",
+                    path,
+                    f"message type {o_local} of field '{name}' changed incompatibly",
+                )
 
     def kind(self, fld: ProtoField, msg: ProtoMessage, original: bool) -> str:
         if fld.is_map:
@@ -364,6 +463,6 @@ def _local_name(full: str | None, table: dict[str, ProtoMessage | ProtoEnum], wr
         return written.lstrip(".")
     parts = full.split(".")
     for start in range(len(parts)):
-        if ".".join(parts[:start + 1]) in table:
+        if ".".join(parts[: start + 1]) in table:
             return ".".join(parts[start:])
     return full

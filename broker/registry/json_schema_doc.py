@@ -24,20 +24,63 @@ import jsonschema.validators
 
 from broker.registry.errors import InvalidSchemaError
 
-ANNOTATION_KEYS = frozenset({
-    "$schema", "$id", "id", "title", "description", "default", "examples", "definitions",
-    "$defs", "$comment", "readOnly", "writeOnly", "deprecated", "$anchor", "format",
-})
+ANNOTATION_KEYS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "id",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "definitions",
+        "$defs",
+        "$comment",
+        "readOnly",
+        "writeOnly",
+        "deprecated",
+        "$anchor",
+        "format",
+    }
+)
 COMBINATORS = ("allOf", "anyOf", "oneOf")
 _KIND_KEYWORDS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("object", frozenset({"properties", "required", "additionalProperties", "patternProperties",
-                          "minProperties", "maxProperties", "dependencies", "dependentRequired",
-                          "dependentSchemas", "propertyNames"})),
-    ("array", frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems",
-                         "uniqueItems", "contains"})),
+    (
+        "object",
+        frozenset(
+            {
+                "properties",
+                "required",
+                "additionalProperties",
+                "patternProperties",
+                "minProperties",
+                "maxProperties",
+                "dependencies",
+                "dependentRequired",
+                "dependentSchemas",
+                "propertyNames",
+            }
+        ),
+    ),
+    (
+        "array",
+        frozenset(
+            {
+                "items",
+                "prefixItems",
+                "additionalItems",
+                "minItems",
+                "maxItems",
+                "uniqueItems",
+                "contains",
+            }
+        ),
+    ),
     ("string", frozenset({"minLength", "maxLength", "pattern"})),
-    ("number", frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                          "multipleOf"})),
+    (
+        "number",
+        frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}),
+    ),
 )
 # Keys whose values are data, not subschemas: never walked looking for $ref.
 _DATA_KEYS = frozenset({"enum", "const", "default", "examples", "required"})
@@ -119,7 +162,8 @@ def resolve_ref(doc: JsonDoc, ref: str, path: str = "") -> tuple[Any, JsonDoc]:
         if found is None:
             raise InvalidSchemaError(
                 f"Invalid JSON schema at {path}: $ref '{ref}' names a schema that is neither "
-                "this document nor one of its references")
+                "this document nor one of its references"
+            )
         doc = found
     value = doc.root
     for token in (t for t in pointer.split("/") if t) if pointer.startswith("/") else ():
@@ -129,11 +173,15 @@ def resolve_ref(doc: JsonDoc, ref: str, path: str = "") -> tuple[Any, JsonDoc]:
         elif isinstance(value, list) and token.isdigit() and int(token) < len(value):
             value = value[int(token)]
         else:
-            raise InvalidSchemaError(f"Invalid JSON schema at {path}: $ref '{ref}' does not resolve")
+            raise InvalidSchemaError(
+                f"Invalid JSON schema at {path}: $ref '{ref}' does not resolve"
+            )
     if pointer and not pointer.startswith("/"):
         value = _find_anchor(doc.root, pointer)
         if value is None:
-            raise InvalidSchemaError(f"Invalid JSON schema at {path}: $ref '{ref}' does not resolve")
+            raise InvalidSchemaError(
+                f"Invalid JSON schema at {path}: $ref '{ref}' does not resolve"
+            )
     return value, doc
 
 
@@ -142,7 +190,11 @@ def _find_doc(doc: JsonDoc, target: str) -> JsonDoc | None:
     if target in (doc.base, absolute) and doc.base:
         return doc
     for name, other in doc.others.items():
-        if target in (name, other.base) or absolute in (name, other.base, urljoin(other.base, name)):
+        if target in (name, other.base) or absolute in (
+            name,
+            other.base,
+            urljoin(other.base, name),
+        ):
             return other
     tail = target.rsplit("/", 1)[-1]
     for name, other in doc.others.items():

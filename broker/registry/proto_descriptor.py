@@ -39,18 +39,19 @@ from broker.registry.proto_model import (
 from broker.registry.proto_parser import quote, unquote_option
 
 _FDP = descriptor_pb2.FieldDescriptorProto
-_SCALAR_TYPES: dict[str, int] = {
-    name: getattr(_FDP, f"TYPE_{name.upper()}") for name in SCALARS
-}
+_SCALAR_TYPES: dict[str, int] = {name: getattr(_FDP, f"TYPE_{name.upper()}") for name in SCALARS}
 _TYPE_SCALARS = {number: name for name, number in _SCALAR_TYPES.items()}
 
 
 # -- descriptor -> ProtoFile -------------------------------------------------------------
 
+
 def from_descriptor(fdp: descriptor_pb2.FileDescriptorProto) -> ProtoFile:
     syntax = fdp.syntax or "proto2"
     pf = ProtoFile(
-        syntax=syntax, package=fdp.package, imports=list(fdp.dependency),
+        syntax=syntax,
+        package=fdp.package,
+        imports=list(fdp.dependency),
         public_imports=[fdp.dependency[i] for i in fdp.public_dependency],
         weak_imports=[fdp.dependency[i] for i in fdp.weak_dependency],
         options=_options_to_dict(fdp.options),
@@ -60,9 +61,17 @@ def from_descriptor(fdp: descriptor_pb2.FileDescriptorProto) -> ProtoFile:
     pf.messages = [_message_from(m, fdp.package, syntax) for m in fdp.message_type]
     pf.enums = [_enum_from(e, fdp.package) for e in fdp.enum_type]
     for service in fdp.service:
-        pf.services.append(ProtoService(service.name, [
-            ProtoMethod(m.name, m.input_type, m.output_type, m.client_streaming,
-                        m.server_streaming) for m in service.method]))
+        pf.services.append(
+            ProtoService(
+                service.name,
+                [
+                    ProtoMethod(
+                        m.name, m.input_type, m.output_type, m.client_streaming, m.server_streaming
+                    )
+                    for m in service.method
+                ],
+            )
+        )
     return pf
 
 
@@ -90,9 +99,13 @@ def _message_from(dp: descriptor_pb2.DescriptorProto, scope: str, syntax: str) -
     return msg
 
 
-def _field_from(f: descriptor_pb2.FieldDescriptorProto, dp: descriptor_pb2.DescriptorProto,
-                entries: dict[str, descriptor_pb2.DescriptorProto], synthetic: set[int],
-                syntax: str) -> ProtoField:
+def _field_from(
+    f: descriptor_pb2.FieldDescriptorProto,
+    dp: descriptor_pb2.DescriptorProto,
+    entries: dict[str, descriptor_pb2.DescriptorProto],
+    synthetic: set[int],
+    syntax: str,
+) -> ProtoField:
     oneof = None
     if f.HasField("oneof_index") and f.oneof_index not in synthetic:
         oneof = dp.oneof_decl[f.oneof_index].name
@@ -101,8 +114,16 @@ def _field_from(f: descriptor_pb2.FieldDescriptorProto, dp: descriptor_pb2.Descr
         entry = {e.number: e for e in entries[f.type_name].field}
         key = _TYPE_SCALARS.get(entry[1].type) or entry[1].type_name
         value = _TYPE_SCALARS.get(entry[2].type) or entry[2].type_name
-        return ProtoField(f.name, f.number, f"map<{key}, {value}>", None, None, key, value,
-                          options=_options_to_dict(f.options))
+        return ProtoField(
+            f.name,
+            f.number,
+            f"map<{key}, {value}>",
+            None,
+            None,
+            key,
+            value,
+            options=_options_to_dict(f.options),
+        )
     if f.label == _FDP.LABEL_REPEATED:
         label: str | None = "repeated"
     elif f.label == _FDP.LABEL_REQUIRED:
@@ -115,13 +136,25 @@ def _field_from(f: descriptor_pb2.FieldDescriptorProto, dp: descriptor_pb2.Descr
     group = f.type == _FDP.TYPE_GROUP
     if group:  # a group names the nested message it declares, as in .proto source
         type_name = type_name.rsplit(".", 1)[-1]
-    return ProtoField(f.name, f.number, type_name, label, oneof, default=default,
-                      group=group, options=_options_to_dict(f.options))
+    return ProtoField(
+        f.name,
+        f.number,
+        type_name,
+        label,
+        oneof,
+        default=default,
+        group=group,
+        options=_options_to_dict(f.options),
+    )
 
 
 def _enum_from(ep: descriptor_pb2.EnumDescriptorProto, scope: str) -> ProtoEnum:
-    enum = ProtoEnum(ep.name, f"{scope}.{ep.name}" if scope else ep.name,
-                     {v.name: v.number for v in ep.value}, _options_to_dict(ep.options))
+    enum = ProtoEnum(
+        ep.name,
+        f"{scope}.{ep.name}" if scope else ep.name,
+        {v.name: v.number for v in ep.value},
+        _options_to_dict(ep.options),
+    )
     enum.reserved_numbers = [(r.start, r.end) for r in ep.reserved_range]  # end inclusive here
     enum.reserved_names = list(ep.reserved_name)
     return enum
@@ -145,6 +178,7 @@ def _options_to_dict(options: Message) -> dict[str, str]:
 
 
 # -- ProtoFile -> descriptor -------------------------------------------------------------
+
 
 def to_descriptor(pf: ProtoFile, name: str = "schema.proto") -> descriptor_pb2.FileDescriptorProto:
     """The FileDescriptorProto protoc would produce for `pf` (standard options only)."""
@@ -173,7 +207,8 @@ def to_descriptor(pf: ProtoFile, name: str = "schema.proto") -> descriptor_pb2.F
             mp = sp.method.add(
                 name=method.name,
                 input_type=_type_ref(method.input_type, pf.package, table)[1],
-                output_type=_type_ref(method.output_type, pf.package, table)[1])
+                output_type=_type_ref(method.output_type, pf.package, table)[1],
+            )
             if method.client_streaming:
                 mp.client_streaming = True
             if method.server_streaming:
@@ -226,8 +261,9 @@ def _message_to(  # noqa: C901 (descriptor.proto's message fields one by one)
             fp.label, fp.type = _FDP.LABEL_REPEATED, _FDP.TYPE_MESSAGE
             fp.type_name = f".{msg.full_name}.{entry.name}"
             continue
-        fp.label = {"repeated": _FDP.LABEL_REPEATED,
-                    "required": _FDP.LABEL_REQUIRED}.get(fld.label or "", _FDP.LABEL_OPTIONAL)
+        fp.label = {"repeated": _FDP.LABEL_REPEATED, "required": _FDP.LABEL_REQUIRED}.get(
+            fld.label or "", _FDP.LABEL_OPTIONAL
+        )
         kind, type_name = _type_ref(fld.type, msg.full_name, table)
         if fld.group:
             kind = _FDP.TYPE_GROUP
@@ -269,8 +305,9 @@ def _synthetic_oneof_name(field_name: str, msg: ProtoMessage) -> str:
     return name
 
 
-def _map_entry(fld: ProtoField, msg: ProtoMessage,
-               table: dict[str, ProtoMessage | ProtoEnum]) -> descriptor_pb2.DescriptorProto:
+def _map_entry(
+    fld: ProtoField, msg: ProtoMessage, table: dict[str, ProtoMessage | ProtoEnum]
+) -> descriptor_pb2.DescriptorProto:
     entry = descriptor_pb2.DescriptorProto(name=map_entry_name(fld.name))
     entry.options.map_entry = True
     for number, field_name, type_name in ((1, "key", fld.key_type), (2, "value", fld.value_type)):
@@ -329,6 +366,7 @@ def _options_from_dict(options: Message, values: dict[str, str]) -> None:
 
 # -- ProtoFile -> .proto text -------------------------------------------------------------
 
+
 def render_proto(pf: ProtoFile) -> str:
     """.proto source for `pf`; parsing it again gives an equivalent ProtoFile."""
     out: list[str] = []
@@ -339,7 +377,9 @@ def render_proto(pf: ProtoFile) -> str:
     if pf.package:
         out.append(f"package {pf.package};")
     for path in pf.imports:
-        kind = "public " if path in pf.public_imports else "weak " if path in pf.weak_imports else ""
+        kind = (
+            "public " if path in pf.public_imports else "weak " if path in pf.weak_imports else ""
+        )
         out.append(f"import {kind}{quote(path)};")
     out += [f"option {name} = {value};" for name, value in pf.options.items()]
     for message in pf.messages:
@@ -426,7 +466,9 @@ def _render_message(  # noqa: C901 (one branch per element of a .proto message)
 def _render_field(fld: ProtoField) -> str:
     options = dict(fld.options)
     if fld.default is not None:
-        options["default"] = fld.default if fld.type not in ("string", "bytes") else quote(fld.default)
+        options["default"] = (
+            fld.default if fld.type not in ("string", "bytes") else quote(fld.default)
+        )
     label = f"{fld.label} " if fld.label else ""
     return f"{label}{fld.type} {fld.name} = {fld.number}{_render_options(options)};"
 

@@ -13,10 +13,25 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-SCALARS = frozenset({
-    "double", "float", "int32", "int64", "uint32", "uint64", "sint32", "sint64",
-    "fixed32", "fixed64", "sfixed32", "sfixed64", "bool", "string", "bytes",
-})
+SCALARS = frozenset(
+    {
+        "double",
+        "float",
+        "int32",
+        "int64",
+        "uint32",
+        "uint64",
+        "sint32",
+        "sint64",
+        "fixed32",
+        "fixed64",
+        "sfixed32",
+        "sfixed64",
+        "bool",
+        "string",
+        "bytes",
+    }
+)
 MAX_FIELD_NUMBER = 536_870_911
 RESERVED_IMPLEMENTATION_RANGE = (19_000, 19_999)
 

@@ -29,14 +29,17 @@ from broker.registry.proto_model import (
     resolve_type,
 )
 
-_TOKEN_RE = re.compile(r"""
+_TOKEN_RE = re.compile(
+    r"""
     (?P<space>\s+)
   | (?P<comment>//[^\n]*|/\*.*?\*/)
   | (?P<number>(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![A-Za-z_]))
   | (?P<ident>\.?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
   | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
   | (?P<symbol>[{}\[\]()<>;=,:+\-/.])
-""", re.VERBOSE | re.DOTALL)
+""",
+    re.VERBOSE | re.DOTALL,
+)
 
 
 @dataclass
@@ -55,10 +58,12 @@ def tokenize(text: str) -> list[_Token]:
         if match is None:
             if text.startswith("/*", pos):
                 raise InvalidSchemaError(
-                    f"Invalid Protobuf schema: line {line}:{pos - line_start + 1}: unterminated comment")
+                    f"Invalid Protobuf schema: line {line}:{pos - line_start + 1}: unterminated comment"
+                )
             raise InvalidSchemaError(
                 f"Invalid Protobuf schema: line {line}:{pos - line_start + 1}: unexpected character "
-                f"{text[pos]!r}")
+                f"{text[pos]!r}"
+            )
         kind = match.lastgroup or ""
         value = match.group()
         if kind not in ("space", "comment"):
@@ -93,7 +98,8 @@ class _Parser:
         tok = tok or self.tok
         found = "end of input" if tok.kind == "eof" else repr(tok.value)
         return InvalidSchemaError(
-            f"Invalid Protobuf schema: line {tok.line}:{tok.col}: {message} (found {found})")
+            f"Invalid Protobuf schema: line {tok.line}:{tok.col}: {message} (found {found})"
+        )
 
     def peek(self, ahead: int) -> _Token:
         return self.tokens[min(self.pos + ahead, len(self.tokens) - 1)]
@@ -296,8 +302,7 @@ class _Parser:
                 self.option_statement(message.options)
             elif word == "oneof" and self.peek(1).kind == "ident":
                 self.oneof(message)
-            elif word == "reserved" and "=" not in (self.peek(1).value,
-                                                   self.peek(2).value):
+            elif word == "reserved" and "=" not in (self.peek(1).value, self.peek(2).value):
                 self.reserved(message.reserved_numbers, message.reserved_names)
             elif word == "extensions" and self.peek(1).kind == "number":
                 self.next()
@@ -312,16 +317,23 @@ class _Parser:
     def field(self, message: ProtoMessage, oneof: str | None) -> ProtoField:
         start = self.tok
         label: str | None = None
-        if oneof is None and self.tok.value in ("optional", "required", "repeated") \
-                and self.peek(1).kind == "ident" \
-                and self.peek(2).value not in ("=",):
+        if (
+            oneof is None
+            and self.tok.value in ("optional", "required", "repeated")
+            and self.peek(1).kind == "ident"
+            and self.peek(2).value not in ("=",)
+        ):
             label = self.next().value
             if label == "required" and self.file.syntax == "proto3":
                 raise self.error("required fields are not allowed in proto3", start)
         if self.tok.value == "map" and self.peek(1).value == "<":
             return self.map_field(message, label, oneof, start)
-        if self.tok.value == "group" and self.peek(1).kind == "ident" \
-                and self.peek(2).value == "=" and self.peek(4).value in ("{", "["):
+        if (
+            self.tok.value == "group"
+            and self.peek(1).kind == "ident"
+            and self.peek(2).value == "="
+            and self.peek(4).value in ("{", "[")
+        ):
             return self.group(message, label, oneof)
         type_name = self.ident("a field type")
         name = self.simple_name("a field name")
@@ -330,15 +342,17 @@ class _Parser:
         options = self.field_options()
         self.expect(";")
         if self.file.syntax == "proto2" and label is None and oneof is None:
-            raise self.error(f"field '{name}' needs a label (optional, required or repeated) "
-                             "in proto2", start)
+            raise self.error(
+                f"field '{name}' needs a label (optional, required or repeated) in proto2", start
+            )
         default = options.pop("default", None)
         if default is not None:
             default = unquote_option(default)
         return ProtoField(name, number, type_name, label, oneof, default=default, options=options)
 
-    def map_field(self, message: ProtoMessage, label: str | None, oneof: str | None,
-                  start: _Token) -> ProtoField:
+    def map_field(
+        self, message: ProtoMessage, label: str | None, oneof: str | None, start: _Token
+    ) -> ProtoField:
         if label is not None or oneof is not None:
             raise self.error("map fields cannot have labels or be in a oneof", start)
         self.next()
@@ -356,8 +370,9 @@ class _Parser:
         options = self.field_options()
         self.expect(";")
         message.map_entry_positions[name] = len(message.messages)
-        return ProtoField(name, number, f"map<{key}, {value}>", None, None, key, value,
-                          options=options)
+        return ProtoField(
+            name, number, f"map<{key}, {value}>", None, None, key, value, options=options
+        )
 
     def group(self, message: ProtoMessage, label: str | None, oneof: str | None) -> ProtoField:
         start = self.next()
@@ -405,8 +420,9 @@ class _Parser:
             self.field(holder, None)
         message.messages.extend(holder.messages)  # groups declared inside extend
 
-    def reserved(self, numbers: list[tuple[int, int]], names: list[str],
-                 top: int = MAX_FIELD_NUMBER) -> None:
+    def reserved(
+        self, numbers: list[tuple[int, int]], names: list[str], top: int = MAX_FIELD_NUMBER
+    ) -> None:
         self.next()
         if self.tok.kind in ("string", "ident"):  # editions spell reserved names as identifiers
             while True:
@@ -437,21 +453,25 @@ class _Parser:
             if not 1 <= fld.number <= MAX_FIELD_NUMBER:
                 raise InvalidSchemaError(
                     f"Invalid Protobuf schema: {where}: number {fld.number} is out of range "
-                    f"1..{MAX_FIELD_NUMBER}")
+                    f"1..{MAX_FIELD_NUMBER}"
+                )
             low, high = RESERVED_IMPLEMENTATION_RANGE
             if low <= fld.number <= high:
                 raise InvalidSchemaError(
                     f"Invalid Protobuf schema: {where}: numbers {low}-{high} are reserved for "
-                    "the protobuf implementation")
+                    "the protobuf implementation"
+                )
             if fld.number in numbers:
                 raise InvalidSchemaError(
                     f"Invalid Protobuf schema: {where}: number {fld.number} is already used by "
-                    f"field '{numbers[fld.number]}'")
+                    f"field '{numbers[fld.number]}'"
+                )
             if fld.name in names:
                 raise InvalidSchemaError(f"Invalid Protobuf schema: {where}: duplicate field name")
             if any(a <= fld.number <= b for a, b in message.reserved_numbers):
                 raise InvalidSchemaError(
-                    f"Invalid Protobuf schema: {where}: number {fld.number} is reserved")
+                    f"Invalid Protobuf schema: {where}: number {fld.number} is reserved"
+                )
             if fld.name in message.reserved_names:
                 raise InvalidSchemaError(f"Invalid Protobuf schema: {where}: name is reserved")
             numbers[fld.number] = fld.name
@@ -471,8 +491,10 @@ class _Parser:
                 continue
             if self.tok.value == "option" and self.peek(1).value != "=":
                 self.option_statement(enum.options)
-            elif self.tok.value == "reserved" and "=" not in (self.peek(1).value,
-                                                              self.peek(2).value):
+            elif self.tok.value == "reserved" and "=" not in (
+                self.peek(1).value,
+                self.peek(2).value,
+            ):
                 self.reserved(enum.reserved_numbers, enum.reserved_names, 2**31 - 1)
             else:
                 tok = self.tok
@@ -493,10 +515,12 @@ class _Parser:
             raise InvalidSchemaError(f"{prefix} must have at least one value")
         if self.file.syntax == "proto3" and next(iter(enum.values.values())) != 0:
             raise InvalidSchemaError(f"{prefix}: the first value must be zero in proto3")
-        if enum.options.get("allow_alias") != "true" and \
-                len(set(enum.values.values())) != len(enum.values):
+        if enum.options.get("allow_alias") != "true" and len(set(enum.values.values())) != len(
+            enum.values
+        ):
             raise InvalidSchemaError(
-                f"{prefix}: values share a number; set option allow_alias = true to allow it")
+                f"{prefix}: values share a number; set option allow_alias = true to allow it"
+            )
 
     def service(self) -> ProtoService:
         self.expect("service")
@@ -513,14 +537,16 @@ class _Parser:
             self.expect("rpc")
             method = ProtoMethod(self.simple_name("a method name"), "", "")
             self.expect("(")
-            method.client_streaming = self.tok.value == "stream" and \
-                self.peek(1).kind == "ident" and bool(self.next())
+            method.client_streaming = (
+                self.tok.value == "stream" and self.peek(1).kind == "ident" and bool(self.next())
+            )
             method.input_type = self.ident("a request type")
             self.expect(")")
             self.expect("returns")
             self.expect("(")
-            method.server_streaming = self.tok.value == "stream" and \
-                self.peek(1).kind == "ident" and bool(self.next())
+            method.server_streaming = (
+                self.tok.value == "stream" and self.peek(1).kind == "ident" and bool(self.next())
+            )
             method.output_type = self.ident("a response type")
             self.expect(")")
             if self.accept("{"):
@@ -535,8 +561,19 @@ class _Parser:
         return service
 
 
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v",
-            "\\": "\\", "'": "'", '"': '"', "?": "?"}
+_ESCAPES = {
+    "n": "\n",
+    "t": "\t",
+    "r": "\r",
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "v": "\v",
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "?": "?",
+}
 
 
 def quote(text: str) -> str:
@@ -589,7 +626,8 @@ def check_types(pf: ProtoFile) -> None:
                 if resolve_type(name, message.full_name, table) is None:
                     raise InvalidSchemaError(
                         f"Invalid Protobuf schema: field '{fld.name}' of message "
-                        f"'{message.full_name}' has unknown type '{name}'")
+                        f"'{message.full_name}' has unknown type '{name}'"
+                    )
     for service in pf.services:
         for method in service.methods:
             for name in (method.input_type, method.output_type):
@@ -597,4 +635,5 @@ def check_types(pf: ProtoFile) -> None:
                 if found is None or not isinstance(table[found], ProtoMessage):
                     raise InvalidSchemaError(
                         f"Invalid Protobuf schema: method '{service.name}.{method.name}' uses "
-                        f"unknown message type '{name}'")
+                        f"unknown message type '{name}'"
+                    )

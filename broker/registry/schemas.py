@@ -25,7 +25,9 @@ import fastavro
 from broker.registry.errors import InvalidSchemaError
 
 SCHEMA_TYPES = ("JSON", "PROTOBUF", "AVRO")  # the order Confluent lists them in
-AVRO_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+AVRO_PRIMITIVES = frozenset(
+    {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+)
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,9 @@ def fingerprint(schema_type: str, canonical: str, references: list[Reference]) -
     body = canonical
     if schema_type in ("AVRO", "JSON"):
         with contextlib.suppress(ValueError):
-            body = json.dumps(json.loads(canonical), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            body = json.dumps(
+                json.loads(canonical), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            )
     refs = json.dumps([r.to_json() for r in references], sort_keys=True, separators=(",", ":"))
     return f"{schema_type}\x00{body}\x00{refs}"
 
@@ -140,6 +144,7 @@ def _strict_check(schema_type: str, text: str, refs: list[ResolvedReference]) ->
 
 
 # ------------------------------------------------------------------ AVRO
+
 
 def _compact(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
@@ -182,12 +187,15 @@ def _avro_named_schemas(refs: list[ResolvedReference]) -> dict[str, Any]:
             seen.add((ref.subject, ref.version))
             load(ref.references)
             if ref.schema_type != "AVRO":
-                raise InvalidSchemaError(f"Invalid schema: reference '{ref.name}' is a {ref.schema_type} schema")
+                raise InvalidSchemaError(
+                    f"Invalid schema: reference '{ref.name}' is a {ref.schema_type} schema"
+                )
             try:
                 fastavro.parse_schema(json.loads(ref.schema), named_schemas=named)
             except Exception as exc:  # noqa: BLE001
-                raise InvalidSchemaError(f"Invalid schema: referenced schema '{ref.name}' does not parse: {exc}") \
-                    from None
+                raise InvalidSchemaError(
+                    f"Invalid schema: referenced schema '{ref.name}' does not parse: {exc}"
+                ) from None
 
     load(refs)
     return named
@@ -216,12 +224,17 @@ def _parse_avro(text: str, refs: list[ResolvedReference]) -> ParsedSchema:
     except Exception as exc:  # noqa: BLE001 - fastavro raises SchemaParseException, KeyError, TypeError, ValueError...
         detail = f"missing attribute {exc}" if isinstance(exc, KeyError) else str(exc)
         raise InvalidSchemaError(f"Invalid schema: {detail}") from None
-    if isinstance(obj, dict) and obj.get("type") in ("record", "error") and not isinstance(obj.get("fields"), list):
+    if (
+        isinstance(obj, dict)
+        and obj.get("type") in ("record", "error")
+        and not isinstance(obj.get("fields"), list)
+    ):
         raise InvalidSchemaError("Invalid schema: a record needs a 'fields' array")
     return ParsedSchema("AVRO", _compact(_collapse_avro(obj)), parsed)
 
 
 # ------------------------------------------------------------------ JSON Schema
+
 
 def _parse_json_schema(text: str) -> ParsedSchema:
     import jsonschema
@@ -247,6 +260,7 @@ def _parse_json_schema(text: str) -> ParsedSchema:
 
 
 # ------------------------------------------------------------------ PROTOBUF
+
 
 def _parse_protobuf(text: str, refs: list[ResolvedReference]) -> ParsedSchema:
     from broker.registry import proto_text

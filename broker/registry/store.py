@@ -137,15 +137,24 @@ class SchemaStore:
     async def load(self) -> None:
         """Read ``_schemas`` from the start and rebuild the state. The topic is
         created by the first write, so a broker that never sees a schema has none."""
-        records = await self.topic.read_all() if self.topic.name in self.topic.cluster.topics else []
+        records = (
+            await self.topic.read_all() if self.topic.name in self.topic.cluster.topics else []
+        )
         for record in records:
             self._apply_raw(record.key, record.value, record.offset)
         for rs in self.schemas.values():
             if rs.parsed is None:
                 rs.parsed = self._build_parsed(rs)
         live = sum(1 for s in self.subjects.values() for v in s.versions.values() if not v.deleted)
-        log.info("schema registry: %d records read from %s, %d subjects, %d live versions, %d schemas, max id %d",
-                 len(records), TOPIC, len(self.subjects), live, len(self.schemas), self.max_id)
+        log.info(
+            "schema registry: %d records read from %s, %d subjects, %d live versions, %d schemas, max id %d",
+            len(records),
+            TOPIC,
+            len(self.subjects),
+            live,
+            len(self.schemas),
+            self.max_id,
+        )
 
     def _apply_raw(self, key: bytes | None, value: bytes | None, offset: int) -> None:
         try:
@@ -160,7 +169,13 @@ class SchemaStore:
         try:
             self._apply(k, v)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            log.warning("%s offset %d: malformed %s record skipped: %s", TOPIC, offset, k.get("keytype"), exc)
+            log.warning(
+                "%s offset %d: malformed %s record skipped: %s",
+                TOPIC,
+                offset,
+                k.get("keytype"),
+                exc,
+            )
 
     def _apply(self, key: dict[str, Any], value: Any) -> None:  # noqa: C901 (one branch per record keytype of the _schemas topic)
         """Apply one record to the in-memory state (the single place state changes)."""
@@ -284,7 +299,9 @@ class SchemaStore:
             await self.topic.append(_dumps(key), None if value is None else _dumps(value))
         except Exception as exc:
             log.exception("schema registry: writing to %s failed", TOPIC)
-            raise errors.store_error(f"{what} operation failed while writing to the Kafka store: {exc}") from None
+            raise errors.store_error(
+                f"{what} operation failed while writing to the Kafka store: {exc}"
+            ) from None
         self._apply(key, value)
 
     # ------------------------------------------------------------------ lookups
@@ -299,11 +316,18 @@ class SchemaStore:
     def has_subject(self, subject: str, deleted: bool = False) -> bool:
         return bool(self._subject(subject).included(deleted))
 
-    def list_subjects(self, deleted: bool = False, deleted_only: bool = False, prefix: str = "") -> list[str]:
-        return sorted(name for name, sub in self.subjects.items()
-                      if name.startswith(prefix) and sub.included(deleted, deleted_only))
+    def list_subjects(
+        self, deleted: bool = False, deleted_only: bool = False, prefix: str = ""
+    ) -> list[str]:
+        return sorted(
+            name
+            for name, sub in self.subjects.items()
+            if name.startswith(prefix) and sub.included(deleted, deleted_only)
+        )
 
-    def list_versions(self, subject: str, deleted: bool = False, deleted_only: bool = False) -> list[int]:
+    def list_versions(
+        self, subject: str, deleted: bool = False, deleted_only: bool = False
+    ) -> list[int]:
         if not self.has_subject(subject, deleted or deleted_only):
             raise errors.subject_not_found(subject)
         return [sv.version for sv in self._subject(subject).included(deleted, deleted_only)]
@@ -324,10 +348,14 @@ class SchemaStore:
     def schema_of(self, sv: SubjectVersion) -> RegisteredSchema:
         rs = self.schemas.get(sv.schema_id)
         if rs is None:  # cannot happen: a version keeps its schema alive
-            raise errors.store_error(f"schema id {sv.schema_id} of {sv.subject} version {sv.version} is missing")
+            raise errors.store_error(
+                f"schema id {sv.schema_id} of {sv.subject} version {sv.version} is missing"
+            )
         return rs
 
-    def versions_of_id(self, schema_id: int, deleted: bool = False, subject: str | None = None) -> list[SubjectVersion]:
+    def versions_of_id(
+        self, schema_id: int, deleted: bool = False, subject: str | None = None
+    ) -> list[SubjectVersion]:
         if schema_id not in self.schemas:
             raise errors.schema_not_found(schema_id)
         out = []
@@ -338,7 +366,10 @@ class SchemaStore:
         return out
 
     def referenced_by(self, sv: SubjectVersion) -> list[int]:
-        ids = {self.subjects[s].versions[v].schema_id for s, v in self._referrers.get((sv.subject, sv.version), set())}
+        ids = {
+            self.subjects[s].versions[v].schema_id
+            for s, v in self._referrers.get((sv.subject, sv.version), set())
+        }
         return sorted(ids)
 
     def resolve(self, refs: list[Reference], depth: int = 0) -> list[ResolvedReference]:
@@ -350,14 +381,26 @@ class SchemaStore:
             sub = self.subjects.get(ref.subject)
             sv = None
             if sub is not None:
-                version = max(sub.versions) if ref.version == LATEST and sub.versions else ref.version
+                version = (
+                    max(sub.versions) if ref.version == LATEST and sub.versions else ref.version
+                )
                 sv = sub.versions.get(version)
             if sv is None:
-                raise InvalidSchemaError(f"Invalid schema: reference '{ref.name}' to subject '{ref.subject}' "
-                                         f"version {ref.version} not found")
+                raise InvalidSchemaError(
+                    f"Invalid schema: reference '{ref.name}' to subject '{ref.subject}' "
+                    f"version {ref.version} not found"
+                )
             rs = self.schemas[sv.schema_id]
-            out.append(ResolvedReference(ref.name, ref.subject, sv.version, rs.schema_type, rs.schema,
-                                         self.resolve(rs.references, depth + 1)))
+            out.append(
+                ResolvedReference(
+                    ref.name,
+                    ref.subject,
+                    sv.version,
+                    rs.schema_type,
+                    rs.schema,
+                    self.resolve(rs.references, depth + 1),
+                )
+            )
         return out
 
     def parse(
@@ -376,8 +419,14 @@ class SchemaStore:
             raise errors.invalid_schema("Invalid schema: nested too deeply") from None
         return parsed, resolved, fingerprint(schema_type, parsed.canonical, refs)
 
-    def lookup(self, subject: str, schema_type: str, text: Any, refs: list[Reference],
-               deleted: bool = False) -> tuple[SubjectVersion, RegisteredSchema]:
+    def lookup(
+        self,
+        subject: str,
+        schema_type: str,
+        text: Any,
+        refs: list[Reference],
+        deleted: bool = False,
+    ) -> tuple[SubjectVersion, RegisteredSchema]:
         _, _, fp = self.parse(schema_type, text, refs)
         included = self._subject(subject).included(deleted)
         matches = [sv for sv in included if self.schemas[sv.schema_id].fingerprint == fp]
@@ -392,7 +441,10 @@ class SchemaStore:
     # ------------------------------------------------------------------ config and mode
 
     def compatibility(self, subject: str | None) -> str:
-        for config in (self.subject_configs.get(subject) if subject is not None else None, self.global_config):
+        for config in (
+            self.subject_configs.get(subject) if subject is not None else None,
+            self.global_config,
+        ):
             if config and (config.get("compatibilityLevel") or config.get("compatibility")):
                 return str(config.get("compatibilityLevel") or config.get("compatibility")).upper()
         return DEFAULT_COMPATIBILITY
@@ -422,7 +474,9 @@ class SchemaStore:
         if isinstance(normalize, bool):
             value["normalize"] = normalize
         async with self._lock:
-            await self._write({"keytype": "CONFIG", "subject": subject, "magic": 0}, value, "Update config")
+            await self._write(
+                {"keytype": "CONFIG", "subject": subject, "magic": 0}, value, "Update config"
+            )
         answer: dict[str, Any] = {"compatibility": level.upper()}
         if "normalize" in value:
             answer["normalize"] = value["normalize"]
@@ -432,12 +486,16 @@ class SchemaStore:
         async with self._lock:
             if subject is None:
                 previous = self.get_config(None)
-                await self._write({"keytype": "CONFIG", "subject": None, "magic": 0}, None, "Delete config")
+                await self._write(
+                    {"keytype": "CONFIG", "subject": None, "magic": 0}, None, "Delete config"
+                )
                 return previous
             if subject not in self.subject_configs:
                 raise errors.subject_not_found(subject)
             previous = self.get_config(subject)
-            await self._write({"keytype": "CONFIG", "subject": subject, "magic": 0}, None, "Delete config")
+            await self._write(
+                {"keytype": "CONFIG", "subject": subject, "magic": 0}, None, "Delete config"
+            )
             return previous
 
     def mode(self, subject: str | None) -> str:
@@ -456,22 +514,30 @@ class SchemaStore:
         mode = mode.upper()
         async with self._lock:
             if mode == "IMPORT" and not force:
-                existing = self.has_subject(subject) if subject is not None else bool(self.list_subjects())
+                existing = (
+                    self.has_subject(subject) if subject is not None else bool(self.list_subjects())
+                )
                 if existing:
                     raise errors.not_permitted("Cannot import since found existing subjects")
-            await self._write({"keytype": "MODE", "subject": subject, "magic": 0}, {"mode": mode}, "Update mode")
+            await self._write(
+                {"keytype": "MODE", "subject": subject, "magic": 0}, {"mode": mode}, "Update mode"
+            )
         return mode
 
     async def delete_mode(self, subject: str | None) -> str:
         async with self._lock:
             if subject is None:
                 previous = self.mode(None)
-                await self._write({"keytype": "MODE", "subject": None, "magic": 0}, None, "Delete mode")
+                await self._write(
+                    {"keytype": "MODE", "subject": None, "magic": 0}, None, "Delete mode"
+                )
                 return previous
             if subject not in self.subject_modes:
                 raise errors.subject_not_found(subject)
             previous = self.subject_modes[subject]
-            await self._write({"keytype": "MODE", "subject": subject, "magic": 0}, None, "Delete mode")
+            await self._write(
+                {"keytype": "MODE", "subject": subject, "magic": 0}, None, "Delete mode"
+            )
             return previous
 
     # ------------------------------------------------------------------ compatibility
@@ -482,8 +548,14 @@ class SchemaStore:
             return []
         return live if level.endswith("_TRANSITIVE") else live[-1:]
 
-    def compatibility_errors(self, schema_type: str, parsed: ParsedSchema, resolved: list[ResolvedReference],
-                             previous: Iterable[SubjectVersion], level: str) -> list[str]:
+    def compatibility_errors(
+        self,
+        schema_type: str,
+        parsed: ParsedSchema,
+        resolved: list[ResolvedReference],
+        previous: Iterable[SubjectVersion],
+        level: str,
+    ) -> list[str]:
         """Why ``parsed`` may not follow ``previous`` (oldest first) under ``level``; [] when it may."""
         previous = list(previous)
         if level == "NONE" or not previous:
@@ -500,18 +572,24 @@ class SchemaStore:
         if schema_type == "PROTOBUF":
             from broker.registry import proto_text
 
-            new_text, old_texts = proto_text.as_text(new_text), [proto_text.as_text(t) for t in old_texts]
+            new_text, old_texts = (
+                proto_text.as_text(new_text),
+                [proto_text.as_text(t) for t in old_texts],
+            )
             refs = {name: proto_text.as_text(text) for name, text in refs.items()}
         from broker.registry import compat
 
         try:
-            messages = compat.check_compatibility(schema_type, new_text, old_texts, level, references=refs or None)
+            messages = compat.check_compatibility(
+                schema_type, new_text, old_texts, level, references=refs or None
+            )
         except InvalidSchemaError as exc:
             raise errors.invalid_schema(str(exc)) from None
         return [str(m) for m in messages]
 
-    def test_compatibility(self, subject: str, version: int | None, schema_type: str, text: Any,
-                           refs: list[Reference]) -> list[str]:
+    def test_compatibility(
+        self, subject: str, version: int | None, schema_type: str, text: Any, refs: list[Reference]
+    ) -> list[str]:
         """POST /compatibility/...: against one version (LATEST allowed) or, with
         version None, against the versions the subject's level names."""
         parsed, resolved, _ = self.parse(schema_type, text, refs)
@@ -560,10 +638,13 @@ class SchemaStore:
                 if schema_id is not None:
                     if existing_id is not None and existing_id != schema_id:
                         raise errors.id_does_not_match(
-                            f"Schema already registered with id {existing_id} instead of input id {schema_id}")
+                            f"Schema already registered with id {existing_id} instead of input id {schema_id}"
+                        )
                     taken = self.schemas.get(schema_id)
                     if taken is not None and taken.fingerprint != fp:
-                        raise errors.not_permitted(f"Overwrite new schema with id {schema_id} is not permitted.")
+                        raise errors.not_permitted(
+                            f"Overwrite new schema with id {schema_id} is not permitted."
+                        )
                     if schema_id < 1:
                         raise errors.invalid_schema(f"Invalid schema id {schema_id}")
                 new_id = schema_id if schema_id is not None else existing_id or self.max_id + 1
@@ -571,25 +652,33 @@ class SchemaStore:
                     if not 1 <= version <= MAX_VERSION:
                         raise errors.invalid_version(str(version))
                     if version in sub.versions and sub.versions[version].schema_id != new_id:
-                        raise errors.not_permitted(f"Overwrite new schema with version {version} is not permitted.")
+                        raise errors.not_permitted(
+                            f"Overwrite new schema with version {version} is not permitted."
+                        )
                 new_version = version if version is not None else max(sub.versions, default=0) + 1
             else:
                 level = self.compatibility(subject)
-                problems = self.compatibility_errors(schema_type, parsed, resolved,
-                                                     self._previous_for_level(subject, level), level)
+                problems = self.compatibility_errors(
+                    schema_type, parsed, resolved, self._previous_for_level(subject, level), level
+                )
                 if problems:
                     raise errors.incompatible(
                         f'Schema being registered is incompatible with an earlier schema for subject "{subject}", '
-                        f"details: [{', '.join(problems)}, {{compatibility: '{level}'}}]")
+                        f"details: [{', '.join(problems)}, {{compatibility: '{level}'}}]"
+                    )
                 new_version = max(sub.versions, default=0) + 1
                 if version is not None and version != new_version:
                     raise errors.invalid_schema(
-                        f"Version {version} is not one more than previous version {new_version - 1}")
+                        f"Version {version} is not one more than previous version {new_version - 1}"
+                    )
                 new_id = existing_id if existing_id is not None else self.max_id + 1
-            rs = self.schemas.get(new_id) or RegisteredSchema(new_id, schema_type, parsed.canonical, list(refs), fp,
-                                                               parsed.parsed)
+            rs = self.schemas.get(new_id) or RegisteredSchema(
+                new_id, schema_type, parsed.canonical, list(refs), fp, parsed.parsed
+            )
             sv = SubjectVersion(subject, new_version, new_id, False)
-            await self._write(schema_key(subject, new_version), schema_value(sv, rs), "Register schema")
+            await self._write(
+                schema_key(subject, new_version), schema_value(sv, rs), "Register schema"
+            )
             stored = self.schemas[new_id]
             if stored.parsed is None:
                 stored.parsed = parsed.parsed
@@ -599,7 +688,8 @@ class SchemaStore:
         if self._referrers.get((sv.subject, sv.version)):
             raise errors.reference_exists(
                 f"One or more references exist to the schema {{magic=1,keytype=SCHEMA,subject={sv.subject},"
-                f"version={sv.version}}}.")
+                f"version={sv.version}}}."
+            )
 
     async def delete_subject(self, subject: str, permanent: bool = False) -> list[int]:
         async with self._lock:
@@ -624,16 +714,23 @@ class SchemaStore:
                 self._check_not_referenced(sv)
             for sv in versions:
                 gone = SubjectVersion(subject, sv.version, sv.schema_id, True)
-                await self._write(schema_key(subject, sv.version), schema_value(gone, self.schemas[sv.schema_id]),
-                                  "Delete subject")
+                await self._write(
+                    schema_key(subject, sv.version),
+                    schema_value(gone, self.schemas[sv.schema_id]),
+                    "Delete subject",
+                )
             await self._forget_subject_settings(subject)
             return [sv.version for sv in versions]
 
     async def _forget_subject_settings(self, subject: str) -> None:
         if subject in self.subject_modes:
-            await self._write({"keytype": "MODE", "subject": subject, "magic": 0}, None, "Delete mode")
+            await self._write(
+                {"keytype": "MODE", "subject": subject, "magic": 0}, None, "Delete mode"
+            )
         if subject in self.subject_configs:
-            await self._write({"keytype": "CONFIG", "subject": subject, "magic": 0}, None, "Delete config")
+            await self._write(
+                {"keytype": "CONFIG", "subject": subject, "magic": 0}, None, "Delete config"
+            )
 
     async def delete_version(self, subject: str, version: int, permanent: bool = False) -> int:
         async with self._lock:
@@ -663,8 +760,11 @@ class SchemaStore:
                 await self._write(schema_key(subject, sv.version), None, "Delete Schema Version")
             else:
                 gone = SubjectVersion(subject, sv.version, sv.schema_id, True)
-                await self._write(schema_key(subject, sv.version), schema_value(gone, self.schemas[sv.schema_id]),
-                                  "Delete Schema Version")
+                await self._write(
+                    schema_key(subject, sv.version),
+                    schema_value(gone, self.schemas[sv.schema_id]),
+                    "Delete Schema Version",
+                )
                 if not self._subject(subject).included():
                     await self._forget_subject_settings(subject)
             return sv.version

@@ -28,9 +28,16 @@ def commit_round_args(plan: Mapping[str, Any] | contracts.RoundPlan, admin_url: 
     """The job's command line for a plan (the plan task's XCom, ``broker.contracts.RoundPlan``; see
     ``spark_jobs/commit_round.py --help``; the operator adds ``--result``)."""
     planned = contracts.RoundPlan.model_validate(plan)
-    args = ["--topic", planned.topic,
-            "--until-offsets", json.dumps(planned.to_json()["end_offsets"], sort_keys=True, separators=(",", ":")),
-            "--round-id", planned.round_id, "--admin-url", admin_url]
+    args = [
+        "--topic",
+        planned.topic,
+        "--until-offsets",
+        json.dumps(planned.to_json()["end_offsets"], sort_keys=True, separators=(",", ":")),
+        "--round-id",
+        planned.round_id,
+        "--admin-url",
+        admin_url,
+    ]
     if planned.max_records:
         args += ["--max-records", str(int(planned.max_records))]
     return args
@@ -54,5 +61,9 @@ class CommitRoundOperator(SparkJobOperator):
         if not plan:
             raise RuntimeError(f"no plan in XCom of task {self.plan_task_id}")
         admin_url = self.admin_url or manifest.admin_url()
-        return self.run_job(context, admin_url, commit_round_args(plan, admin_url),
-                            f"commit round {plan['round_id']} of {plan['topic']}")
+        return self.run_job(
+            context,
+            admin_url,
+            commit_round_args(plan, admin_url),
+            f"commit round {plan['round_id']} of {plan['topic']}",
+        )

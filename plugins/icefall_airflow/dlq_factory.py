@@ -50,10 +50,25 @@ def check_result(result: Any) -> dict[str, Any]:
 
 def asset_extra(entry: manifest.TableTopic, result: dict[str, Any]) -> dict[str, Any]:
     return {
-        "topic": entry.topic, "namespace": entry.namespace, "table": entry.table,
-        **{key: result.get(key) for key in ("snapshot_id", "dlq_snapshot_id", "round_id", "moved", "moved_offsets",
-                                            "superseded", "still_bad", "only_in_dlq", "unavailable",
-                                            "schema_changes", "seconds")},
+        "topic": entry.topic,
+        "namespace": entry.namespace,
+        "table": entry.table,
+        **{
+            key: result.get(key)
+            for key in (
+                "snapshot_id",
+                "dlq_snapshot_id",
+                "round_id",
+                "moved",
+                "moved_offsets",
+                "superseded",
+                "still_bad",
+                "only_in_dlq",
+                "unavailable",
+                "schema_changes",
+                "seconds",
+            )
+        },
     }
 
 
@@ -65,11 +80,17 @@ class DlqReprocessOperator(TableJobOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
         admin_url = self.admin_url_or_skip()
-        return self.run_job(context, admin_url, ["--topic", self.topic, "--admin-url", admin_url],
-                            f"DLQ reprocess of {self.topic}")
+        return self.run_job(
+            context,
+            admin_url,
+            ["--topic", self.topic, "--admin-url", admin_url],
+            f"DLQ reprocess of {self.topic}",
+        )
 
 
-def _publish(entry: manifest.TableTopic, asset: Asset, result: dict[str, Any]) -> Iterator[Metadata]:
+def _publish(
+    entry: manifest.TableTopic, asset: Asset, result: dict[str, Any]
+) -> Iterator[Metadata]:
     from airflow.sdk.exceptions import AirflowSkipException
 
     check_result(result)
@@ -84,7 +105,7 @@ def build_dlq_dag(entry: manifest.TableTopic) -> DAG:
     with DAG(
         dag_id=settings.dlq_dag_id(entry.topic),
         description=f"Move records that now decode from {entry.namespace}.{settings.dlq_table(entry.table)} "
-                    f"into {entry.namespace}.{entry.table} (Kafka topic {entry.topic})",
+        f"into {entry.namespace}.{entry.table} (Kafka topic {entry.topic})",
         schedule=None,
         start_date=START_DATE,
         catchup=False,
@@ -92,13 +113,23 @@ def build_dlq_dag(entry: manifest.TableTopic) -> DAG:
         is_paused_upon_creation=False,
         dagrun_timeout=timedelta(hours=2),
         tags=entry.dag_tags("dlq"),
-        doc_md=entry.disabled_note + DOC.format(
-            topic=entry.topic, namespace=entry.namespace, table=entry.table, dlq=settings.dlq_table(entry.table),
-            pool=entry.pool, asset=settings.dlq_asset_name(entry.namespace, entry.table)),
+        doc_md=entry.disabled_note
+        + DOC.format(
+            topic=entry.topic,
+            namespace=entry.namespace,
+            table=entry.table,
+            dlq=settings.dlq_table(entry.table),
+            pool=entry.pool,
+            asset=settings.dlq_asset_name(entry.namespace, entry.table),
+        ),
     ) as dag:
         reprocess = DlqReprocessOperator(
-            task_id="reprocess", topic=entry.topic, topic_enabled=entry.enabled, pool=entry.pool,
-            name=f"icefall-dlq-{entry.topic}", execution_timeout=timedelta(hours=1),
+            task_id="reprocess",
+            topic=entry.topic,
+            topic_enabled=entry.enabled,
+            pool=entry.pool,
+            name=f"icefall-dlq-{entry.topic}",
+            execution_timeout=timedelta(hours=1),
         )
         published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(
             entry,

@@ -64,13 +64,23 @@ caps the round. Each commit emits an event on the asset `{asset}`.
 
 def round_params() -> dict[str, Param]:
     return {
-        "until": Param(planning.UNTIL_INTERVAL, enum=list(planning.UNTIL_CHOICES),
-                       description="interval: the run's data interval end (now if it has none); "
-                                   "now: the broker's current end; offsets: until_offsets"),
-        "until_offsets": Param(None, type=["null", "object"],
-                               description='with until=offsets: {"<partition>": <exclusive end offset>}'),
-        "max_records": Param(None, type=["null", "integer"], minimum=1,
-                             description="commit at most this many records in this round"),
+        "until": Param(
+            planning.UNTIL_INTERVAL,
+            enum=list(planning.UNTIL_CHOICES),
+            description="interval: the run's data interval end (now if it has none); "
+            "now: the broker's current end; offsets: until_offsets",
+        ),
+        "until_offsets": Param(
+            None,
+            type=["null", "object"],
+            description='with until=offsets: {"<partition>": <exclusive end offset>}',
+        ),
+        "max_records": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            description="commit at most this many records in this round",
+        ),
     }
 
 
@@ -78,32 +88,51 @@ def _plan(entry: manifest.TableTopic) -> dict[str, Any]:
     if not entry.enabled:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        raise AirflowSkipException(f"topic {entry.topic} is not a table topic now ({manifest.ENABLE_KEY}=false): "
-                                   "no round; set it to true to resume")
+        raise AirflowSkipException(
+            f"topic {entry.topic} is not a table topic now ({manifest.ENABLE_KEY}=false): "
+            "no round; set it to true to resume"
+        )
     context = get_current_context()
     # a run the size trigger started (an asset event) commits what has arrived up to now
     by_size = getattr(context.get("dag_run"), "run_type", None) == "asset_triggered"
-    request = planning.round_request(entry.topic, context["params"],
-                                     None if by_size else context.get("data_interval_end"),
-                                     context["run_id"], int(time.time() * 1000))
+    request = planning.round_request(
+        entry.topic,
+        context["params"],
+        None if by_size else context.get("data_interval_end"),
+        context["run_id"],
+        int(time.time() * 1000),
+    )
     client = BrokerClient(manifest.admin_url())
     plan = planning.plan_round(client, request, float(os.environ.get(PLAN_DEADLINE_ENV, "120")))
-    log.info("round %s of %s: end offsets %s (high watermarks %s, until append time %s)",
-             request.round_id, entry.topic, plan.end_offsets, plan.high_watermarks, request.until_append_ms)
+    log.info(
+        "round %s of %s: end offsets %s (high watermarks %s, until append time %s)",
+        request.round_id,
+        entry.topic,
+        plan.end_offsets,
+        plan.high_watermarks,
+        request.until_append_ms,
+    )
     return plan.to_xcom()
 
 
-def _publish(entry: manifest.TableTopic, asset: Asset, result: dict[str, Any],
-             plan: dict[str, Any]) -> Iterator[Metadata]:
+def _publish(
+    entry: manifest.TableTopic, asset: Asset, result: dict[str, Any], plan: dict[str, Any]
+) -> Iterator[Metadata]:
     from airflow.sdk.exceptions import AirflowSkipException
 
     publish.check_result(result)
     log.info(publish.summary_line(result))
     if result["status"] == "nothing_new":
-        raise AirflowSkipException(f"nothing new committed in round {result.get('round_id')}: no asset event")
+        raise AirflowSkipException(
+            f"nothing new committed in round {result.get('round_id')}: no asset event"
+        )
     try:
-        lag = measure(BrokerClient(manifest.admin_url()), entry.topic, publish.committed_offsets(result),
-                      int(time.time() * 1000)).to_json()
+        lag = measure(
+            BrokerClient(manifest.admin_url()),
+            entry.topic,
+            publish.committed_offsets(result),
+            int(time.time() * 1000),
+        ).to_json()
     except BrokerError as exc:  # the commit is done; a missing lag figure must not fail it
         log.warning("could not measure the lag after the commit: %s", exc)
         lag = None
@@ -116,9 +145,13 @@ def commit_schedule(entry: manifest.TableTopic) -> Any:
     interval = DeltaDataIntervalTimetable(timedelta(milliseconds=entry.schedule_ms))
     if not entry.commit_trigger_bytes:
         return interval
-    watcher = AssetWatcher(name=names.pending_watcher_name(entry.topic),
-                           trigger=PendingBytesTrigger(entry.topic, entry.commit_trigger_bytes))
-    return AssetOrTimeSchedule(timetable=interval, assets=pending_asset(entry.namespace, entry.table, [watcher]))
+    watcher = AssetWatcher(
+        name=names.pending_watcher_name(entry.topic),
+        trigger=PendingBytesTrigger(entry.topic, entry.commit_trigger_bytes),
+    )
+    return AssetOrTimeSchedule(
+        timetable=interval, assets=pending_asset(entry.namespace, entry.table, [watcher])
+    )
 
 
 def build_commit_dag(entry: manifest.TableTopic) -> DAG:
@@ -134,13 +167,22 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
         dagrun_timeout=timedelta(hours=1),
         params=round_params(),
         tags=entry.dag_tags("commit"),
-        doc_md=entry.disabled_note + DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
-                          interval_s=entry.schedule_ms / 1000, asset=entry.asset_name),
+        doc_md=entry.disabled_note
+        + DOC.format(
+            topic=entry.topic,
+            namespace=entry.namespace,
+            table=entry.table,
+            interval_s=entry.schedule_ms / 1000,
+            asset=entry.asset_name,
+        ),
         default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
     ) as dag:
         plan = task(task_id="plan")(_plan)(entry)
         commit = CommitRoundOperator(
-            task_id="commit", plan_task_id="plan", pool=entry.pool, name=f"icefall-commit-{entry.topic}",
+            task_id="commit",
+            plan_task_id="plan",
+            pool=entry.pool,
+            name=f"icefall-commit-{entry.topic}",
             execution_timeout=timedelta(minutes=30),
         )
         published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(

@@ -38,14 +38,17 @@ class JobResultError(ValueError):
     """A job's result JSON is not what its contract says."""
 
 
-def check_job_result(result: Any, job: str, statuses: tuple[str, ...],
-                     model: type[Contract] | None = None) -> dict[str, Any]:
+def check_job_result(
+    result: Any, job: str, statuses: tuple[str, ...], model: type[Contract] | None = None
+) -> dict[str, Any]:
     """``result`` if it is a result object with one of ``statuses`` (``job`` names it in errors)
     that ``model`` (its ``broker.contracts`` model) accepts."""
     if not isinstance(result, dict):
         raise JobResultError(f"{job} returned {type(result).__name__}, not a result object")
     if result.get("status") not in statuses:
-        raise JobResultError(f"unknown {job} status {result.get('status')!r} (expected one of {statuses})")
+        raise JobResultError(
+            f"unknown {job} status {result.get('status')!r} (expected one of {statuses})"
+        )
     if model is not None:
         try:
             model.model_validate(result)
@@ -106,12 +109,18 @@ class SparkJobOperator(SparkSubmitOperator):
             self.jars = self.jars or ",".join(iceberg_jars())
             self.application_args = [*args, "--result", result_path]
             python = sys.executable
-            jvm = {"SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", self.driver_jvm_opts)} \
-                if self.driver_jvm_opts else {}
+            jvm = (
+                {"SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", self.driver_jvm_opts)}
+                if self.driver_jvm_opts
+                else {}
+            )
             self.env_vars = {
-                "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python,
+                "PYSPARK_PYTHON": python,
+                "PYSPARK_DRIVER_PYTHON": python,
                 "PATH": os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
-                "ICEFALL_ADMIN_URL": admin_url, **jvm, **(self.env_vars or {}),
+                "ICEFALL_ADMIN_URL": admin_url,
+                **jvm,
+                **(self.env_vars or {}),
             }
             self._hook = None  # built from the fields set above
             try:
@@ -124,7 +133,9 @@ class SparkJobOperator(SparkSubmitOperator):
                 raise SparkJobFailed(f"{label} failed: {result.get('message')}") from exc
             result = read_result(result_path)
             if result is None:
-                raise SparkJobFailed(f"{self.application} exited 0 but wrote no result to {result_path}")
+                raise SparkJobFailed(
+                    f"{self.application} exited 0 but wrote no result to {result_path}"
+                )
         self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
         return result
 
@@ -134,8 +145,9 @@ class TableJobOperator(SparkJobOperator):
 
     when_disabled = "nothing to do"  # the skip message's end
 
-    def __init__(self, *, topic: str, topic_enabled: bool = True, admin_url: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, topic: str, topic_enabled: bool = True, admin_url: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.topic = topic
         self.topic_enabled = topic_enabled
@@ -148,6 +160,8 @@ class TableJobOperator(SparkJobOperator):
         from icefall_airflow import manifest
 
         if not self.topic_enabled:
-            raise AirflowSkipException(f"topic {self.topic} is not a table topic now "
-                                       f"({ENABLE}=false): {self.when_disabled}")
+            raise AirflowSkipException(
+                f"topic {self.topic} is not a table topic now "
+                f"({ENABLE}=false): {self.when_disabled}"
+            )
         return self.admin_url or manifest.admin_url()

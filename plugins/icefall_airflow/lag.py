@@ -21,7 +21,9 @@ from icefall_airflow.broker_client import BrokerClient, BrokerError
 __all__ = ["Lag", "PartitionLag", "measure", "measure_checkpoint"]
 
 
-def _oldest_append_ms(client: BrokerClient, topic: str, row: PartitionOffsets, start: int) -> int | None:
+def _oldest_append_ms(
+    client: BrokerClient, topic: str, row: PartitionOffsets, start: int
+) -> int | None:
     """Append time of the batch holding offset ``start``: from the segment index
     when it is flushed, else the partition's newest append (an underestimate of
     the lag, by at most the broker's flush interval)."""
@@ -53,7 +55,9 @@ def measure(client: BrokerClient, topic: str, committed: dict[int, int], now_ms:
     )
 
 
-def measure_checkpoint(client: BrokerClient, topic: str, topic_id: str, checkpoint: Checkpoint, now_ms: int) -> Lag:
+def measure_checkpoint(
+    client: BrokerClient, topic: str, topic_id: str, checkpoint: Checkpoint, now_ms: int
+) -> Lag:
     """Lag of a table whose checkpoint is ``checkpoint``: its offsets count only if they are
     ``topic_id``'s (``Checkpoint.offsets_for``), as for the broker's metrics and retention."""
     return measure(client, topic, checkpoint.offsets_for(topic_id), now_ms)

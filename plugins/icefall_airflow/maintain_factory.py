@@ -70,10 +70,16 @@ def maintenance_interval_ms(entry: manifest.TableTopic) -> int:
 
 def maintenance_params() -> dict[str, Param]:
     return {
-        "actions": Param(list(ACTIONS), type="array", items={"type": "string", "enum": list(ACTIONS)},
-                         minItems=1, uniqueItems=True,
-                         description="which maintenance actions to run (they run in the order "
-                                     + ", ".join(ACTIONS) + ")"),
+        "actions": Param(
+            list(ACTIONS),
+            type="array",
+            items={"type": "string", "enum": list(ACTIONS)},
+            minItems=1,
+            uniqueItems=True,
+            description="which maintenance actions to run (they run in the order "
+            + ", ".join(ACTIONS)
+            + ")",
+        ),
     }
 
 
@@ -86,21 +92,32 @@ def asset_extra(entry: manifest.TableTopic, result: dict[str, Any]) -> dict[str,
     expired, orphans removed), the same summary the table's ``icefall.maintenance.last-run`` holds."""
     dlq = result.get("dlq")
     return {
-        "topic": entry.topic, "namespace": entry.namespace, "table": entry.table,
+        "topic": entry.topic,
+        "namespace": entry.namespace,
+        "table": entry.table,
         **maintenance_summary.summarize(result),
         "dlq_data_files_before": dlq.get("data_files_before") if isinstance(dlq, dict) else None,
         "dlq_data_files_after": dlq.get("data_files_after") if isinstance(dlq, dict) else None,
     }
 
 
-def _publish(entry: manifest.TableTopic, asset: Asset, result: dict[str, Any]) -> Iterator[Metadata]:
+def _publish(
+    entry: manifest.TableTopic, asset: Asset, result: dict[str, Any]
+) -> Iterator[Metadata]:
     from airflow.sdk.exceptions import AirflowSkipException
 
     check_result(result)
     if result["status"] == "no_table":
-        raise AirflowSkipException(f"{entry.namespace}.{entry.table} does not exist yet: nothing to maintain")
+        raise AirflowSkipException(
+            f"{entry.namespace}.{entry.table} does not exist yet: nothing to maintain"
+        )
     extra = asset_extra(entry, result)
-    log.info("maintenance of %s.%s: %s", entry.namespace, entry.table, maintenance_summary.one_line(extra))
+    log.info(
+        "maintenance of %s.%s: %s",
+        entry.namespace,
+        entry.table,
+        maintenance_summary.one_line(extra),
+    )
     yield Metadata(asset, extra)
 
 
@@ -126,15 +143,26 @@ def build_maintain_dag(entry: manifest.TableTopic) -> DAG:
         dagrun_timeout=timedelta(hours=6),
         params=maintenance_params(),
         tags=entry.dag_tags("maintenance"),
-        doc_md=entry.disabled_note + DOC.format(topic=entry.topic, namespace=entry.namespace, table=entry.table,
-                          interval=_interval_text(interval_ms), pool=entry.pool,
-                          asset=settings.maintenance_asset_name(entry.namespace, entry.table),
-                          actions=", ".join(ACTIONS)),
+        doc_md=entry.disabled_note
+        + DOC.format(
+            topic=entry.topic,
+            namespace=entry.namespace,
+            table=entry.table,
+            interval=_interval_text(interval_ms),
+            pool=entry.pool,
+            asset=settings.maintenance_asset_name(entry.namespace, entry.table),
+            actions=", ".join(ACTIONS),
+        ),
         default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
     ) as dag:
         maintain = MaintenanceOperator(
-            task_id="maintain", topic=entry.topic, namespace=entry.namespace, table=entry.table,
-            topic_enabled=entry.enabled, pool=entry.pool, name=f"icefall-maintain-{entry.topic}",
+            task_id="maintain",
+            topic=entry.topic,
+            namespace=entry.namespace,
+            table=entry.table,
+            topic_enabled=entry.enabled,
+            pool=entry.pool,
+            name=f"icefall-maintain-{entry.topic}",
             execution_timeout=timedelta(hours=4),
         )
         published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(

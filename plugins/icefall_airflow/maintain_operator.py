@@ -32,7 +32,11 @@ def table_missing(admin_url: str, namespace: str, table: str) -> bool:
     try:
         catalog = open_catalog(BrokerClient(admin_url).cluster().tables_catalog)
         return not catalog.table_exists((namespace, table))
-    except (BrokerError, OSError, ValueError):  # ValueError: pydantic's, an answer that is not ClusterInfo
+    except (
+        BrokerError,
+        OSError,
+        ValueError,
+    ):  # ValueError: pydantic's, an answer that is not ClusterInfo
         return False
     except Exception:  # noqa: BLE001 -- a catalog error: let the job report it
         return False
@@ -53,9 +57,22 @@ class MaintenanceOperator(TableJobOperator):
         admin_url = self.admin_url_or_skip()
         actions = (context.get("params") or {}).get("actions")
         if table_missing(admin_url, self.namespace, self.table):
-            self.log.info("%s.%s does not exist yet (no round committed): nothing to maintain, no Spark started",
-                          self.namespace, self.table)
-            return {"status": "no_table", "topic": self.topic, "namespace": self.namespace, "table": self.table,
-                    "actions": list(actions or []), "message": "the table does not exist yet"}
-        return self.run_job(context, admin_url, maintenance_args(self.topic, admin_url, actions),
-                            f"maintenance of {self.topic}")
+            self.log.info(
+                "%s.%s does not exist yet (no round committed): nothing to maintain, no Spark started",
+                self.namespace,
+                self.table,
+            )
+            return {
+                "status": "no_table",
+                "topic": self.topic,
+                "namespace": self.namespace,
+                "table": self.table,
+                "actions": list(actions or []),
+                "message": "the table does not exist yet",
+            }
+        return self.run_job(
+            context,
+            admin_url,
+            maintenance_args(self.topic, admin_url, actions),
+            f"maintenance of {self.topic}",
+        )

@@ -20,7 +20,15 @@ from icefall_airflow import settings
 ENABLE_KEY = topic_configs.ENABLE
 COMMIT_TRIGGER_KEY = topic_configs.COMMIT_TRIGGER_BYTES
 # TableTopic's positional order (the fields of the dataclass it used to be)
-_POSITIONAL = ("topic", "namespace", "table", "partitions", "commit_interval_ms", "topic_id", "configs")
+_POSITIONAL = (
+    "topic",
+    "namespace",
+    "table",
+    "partitions",
+    "commit_interval_ms",
+    "topic_id",
+    "configs",
+)
 
 
 class TableTopic(contracts.TableTopic):
@@ -33,12 +41,21 @@ class TableTopic(contracts.TableTopic):
 
     def dag_tags(self, kind: str) -> list[str]:
         """The tags of this topic's ``kind`` DAG (commit, maintenance); ``disabled`` while the flag is off."""
-        return ["icefall", kind, f"namespace:{self.namespace}", *([] if self.enabled else ["disabled"])]
+        return [
+            "icefall",
+            kind,
+            f"namespace:{self.namespace}",
+            *([] if self.enabled else ["disabled"]),
+        ]
 
     @property
     def disabled_note(self) -> str:
         """What a DAG's docs start with while the topic's table-topic flag is off."""
-        return "" if self.enabled else f"**Disabled**: the topic's `{ENABLE_KEY}` is `false`; this DAG is paused.\n\n"
+        return (
+            ""
+            if self.enabled
+            else f"**Disabled**: the topic's `{ENABLE_KEY}` is `false`; this DAG is paused.\n\n"
+        )
 
     @property
     def schedule_ms(self) -> int:

@@ -35,8 +35,13 @@ DEFAULT_POLL_INTERVAL_S = 2.0
 class PendingBytesTrigger(BaseEventTrigger):
     """Yields an event each time ``threshold_bytes`` more bytes of ``topic`` wait for its table."""
 
-    def __init__(self, topic: str, threshold_bytes: int, admin_url: str | None = None,
-                 poll_interval_s: float = DEFAULT_POLL_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        topic: str,
+        threshold_bytes: int,
+        admin_url: str | None = None,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+    ) -> None:
         super().__init__()
         if threshold_bytes <= 0:
             raise ValueError(f"threshold_bytes must be positive, got {threshold_bytes}")
@@ -46,9 +51,15 @@ class PendingBytesTrigger(BaseEventTrigger):
         self.poll_interval_s = poll_interval_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"topic": self.topic, "threshold_bytes": self.threshold_bytes, "admin_url": self.admin_url,
-                 "poll_interval_s": self.poll_interval_s})
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "topic": self.topic,
+                "threshold_bytes": self.threshold_bytes,
+                "admin_url": self.admin_url,
+                "poll_interval_s": self.poll_interval_s,
+            },
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from icefall_airflow import manifest
@@ -63,12 +74,25 @@ class PendingBytesTrigger(BaseEventTrigger):
                 waiting, records = answer.bytes, answer.records
                 ends = {str(p.partition): p.end_offset for p in answer.partitions}
             except Exception as exc:  # noqa: BLE001 -- a failed poll is retried: the watcher must outlive broker restarts
-                log.warning("could not ask %s what waits for %s's table: %s", admin_url, self.topic, exc)
+                log.warning(
+                    "could not ask %s what waits for %s's table: %s", admin_url, self.topic, exc
+                )
             else:
                 if waiting >= self.threshold_bytes:
                     fired = ends
-                    log.info("%d bytes (%d records) of %s wait for its table (threshold %d): a round starts",
-                             waiting, records, self.topic, self.threshold_bytes)
-                    yield TriggerEvent({"topic": self.topic, "pending_bytes": waiting, "pending_records": records,
-                                        "end_offsets": fired})
+                    log.info(
+                        "%d bytes (%d records) of %s wait for its table (threshold %d): a round starts",
+                        waiting,
+                        records,
+                        self.topic,
+                        self.threshold_bytes,
+                    )
+                    yield TriggerEvent(
+                        {
+                            "topic": self.topic,
+                            "pending_bytes": waiting,
+                            "pending_records": records,
+                            "end_offsets": fired,
+                        }
+                    )
             await asyncio.sleep(self.poll_interval_s)

@@ -60,10 +60,15 @@ class RoundPlan:
 
     def to_contract(self) -> contracts.RoundPlan:
         return contracts.RoundPlan(
-            topic=self.request.topic, round_id=self.request.round_id,
-            until_append_ms=self.request.until_append_ms, max_records=self.request.max_records,
-            end_offsets=self.end_offsets, high_watermarks=self.high_watermarks,
-            log_start_offsets=self.log_start_offsets, planned_at_ms=self.planned_at_ms)
+            topic=self.request.topic,
+            round_id=self.request.round_id,
+            until_append_ms=self.request.until_append_ms,
+            max_records=self.request.max_records,
+            end_offsets=self.end_offsets,
+            high_watermarks=self.high_watermarks,
+            log_start_offsets=self.log_start_offsets,
+            planned_at_ms=self.planned_at_ms,
+        )
 
     def to_xcom(self) -> dict[str, Any]:
         """The plan task's XCom (``broker.contracts.RoundPlan``), which the commit and publish steps read."""
@@ -75,18 +80,29 @@ def parse_offsets(value: object) -> dict[int, int]:
     if isinstance(value, str):
         value = json.loads(value) if value.strip() else {}
     if not isinstance(value, Mapping):
-        raise PlanError(f"until_offsets must be a JSON object of partition -> offset, got {value!r}")
+        raise PlanError(
+            f"until_offsets must be a JSON object of partition -> offset, got {value!r}"
+        )
     try:
         offsets = {int(p): int(o) for p, o in value.items()}
     except (TypeError, ValueError) as exc:
-        raise PlanError(f"until_offsets must map partition numbers to offsets, got {value!r}") from exc
+        raise PlanError(
+            f"until_offsets must map partition numbers to offsets, got {value!r}"
+        ) from exc
     if not offsets or any(o < 0 or p < 0 for p, o in offsets.items()):
-        raise PlanError(f"until_offsets needs at least one partition and no negative numbers, got {value!r}")
+        raise PlanError(
+            f"until_offsets needs at least one partition and no negative numbers, got {value!r}"
+        )
     return offsets
 
 
-def round_request(topic: str, params: Mapping[str, Any], data_interval_end: datetime | None, run_id: str,
-                  now_ms: int) -> RoundRequest:
+def round_request(
+    topic: str,
+    params: Mapping[str, Any],
+    data_interval_end: datetime | None,
+    run_id: str,
+    now_ms: int,
+) -> RoundRequest:
     """Turn a run's params and data interval into what the round commits.
 
     Scheduled and backfill runs (``until=interval``) are bounded by the interval
@@ -100,10 +116,14 @@ def round_request(topic: str, params: Mapping[str, Any], data_interval_end: date
     max_records = int(max_records) if max_records not in (None, "", 0) else None
     if until == UNTIL_OFFSETS:
         offsets = parse_offsets(params.get("until_offsets"))
-        return RoundRequest(topic, f"{topic}@{run_id}", until_offsets=offsets, max_records=max_records)
+        return RoundRequest(
+            topic, f"{topic}@{run_id}", until_offsets=offsets, max_records=max_records
+        )
     if until == UNTIL_INTERVAL and data_interval_end is not None:
         until_ms = int(data_interval_end.timestamp() * 1000)
-        return RoundRequest(topic, f"{topic}@{until_ms}", until_append_ms=until_ms, max_records=max_records)
+        return RoundRequest(
+            topic, f"{topic}@{until_ms}", until_append_ms=until_ms, max_records=max_records
+        )
     return RoundRequest(topic, f"{topic}@{run_id}", until_append_ms=now_ms, max_records=max_records)
 
 
@@ -111,9 +131,14 @@ def _by_partition(rows: list[Any], key: str) -> dict[int, int]:
     return {row.partition: int(getattr(row, key)) for row in rows}
 
 
-def plan_round(client: BrokerClient, request: RoundRequest, deadline_s: float = 120.0, poll_s: float = 0.25,
-               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-               ) -> RoundPlan:
+def plan_round(
+    client: BrokerClient,
+    request: RoundRequest,
+    deadline_s: float = 120.0,
+    poll_s: float = 0.25,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RoundPlan:
     """Ask the broker for the round's end offsets; wait until they are all in segment objects."""
     deadline = clock() + deadline_s
     hurried = False
@@ -122,8 +147,10 @@ def plan_round(client: BrokerClient, request: RoundRequest, deadline_s: float = 
         if plan is not None:
             return plan
         if clock() > deadline:
-            raise PlanError(f"the broker did not flush {request.topic} partitions {waiting_for} within "
-                            f"{deadline_s:g} s; is its object store reachable? (see its /healthz)")
+            raise PlanError(
+                f"the broker did not flush {request.topic} partitions {waiting_for} within "
+                f"{deadline_s:g} s; is its object store reachable? (see its /healthz)"
+            )
         if not hurried:  # the flush timer would get there too; a round should not wait for it
             client.flush()
             hurried = True
@@ -133,13 +160,20 @@ def plan_round(client: BrokerClient, request: RoundRequest, deadline_s: float = 
 def _try_plan(client: BrokerClient, request: RoundRequest) -> tuple[RoundPlan | None, list[int]]:
     now_ms = int(time.time() * 1000)
     if request.until_offsets is None:
-        plan = contracts.TopicPlan.model_validate(client.plan(request.topic, request.until_append_ms))
+        plan = contracts.TopicPlan.model_validate(
+            client.plan(request.topic, request.until_append_ms)
+        )
         rows: list[Any] = plan.partitions
         waiting = plan.not_flushed
         if waiting:
             return None, waiting
-        return RoundPlan(request, _by_partition(rows, "end_offset"), _by_partition(rows, "high_watermark"),
-                         _by_partition(rows, "log_start_offset"), now_ms), []
+        return RoundPlan(
+            request,
+            _by_partition(rows, "end_offset"),
+            _by_partition(rows, "high_watermark"),
+            _by_partition(rows, "log_start_offset"),
+            now_ms,
+        ), []
     offsets = contracts.TopicOffsets.model_validate(client.offsets(request.topic))
     rows = offsets.partitions
     known = {r.partition: r for r in offsets.partitions}
@@ -148,10 +182,17 @@ def _try_plan(client: BrokerClient, request: RoundRequest) -> tuple[RoundPlan | 
         raise PlanError(f"{request.topic} has no partitions {unknown} (it has {len(known)})")
     beyond = {p: o for p, o in request.until_offsets.items() if o > known[p].high_watermark}
     if beyond:
-        raise PlanError(f"until_offsets {beyond} are beyond the end of {request.topic}: "
-                        f"{ {p: known[p].high_watermark for p in beyond} }")
+        raise PlanError(
+            f"until_offsets {beyond} are beyond the end of {request.topic}: "
+            f"{ {p: known[p].high_watermark for p in beyond} }"
+        )
     waiting = [p for p, o in request.until_offsets.items() if known[p].flushed_offset < o]
     if waiting:
         return None, waiting
-    return RoundPlan(request, dict(request.until_offsets), _by_partition(rows, "high_watermark"),
-                     _by_partition(rows, "log_start_offset"), now_ms), []
+    return RoundPlan(
+        request,
+        dict(request.until_offsets),
+        _by_partition(rows, "high_watermark"),
+        _by_partition(rows, "log_start_offset"),
+        now_ms,
+    ), []

@@ -18,10 +18,12 @@ class IcefallPlugin(AirflowPlugin):
     name = "icefall"
     # AirflowPlugin declares these as plain class attributes.
     fastapi_apps = [{"app": app, "url_prefix": "/icefall", "name": "Icefall table topics"}]
-    external_views = [{
-        "name": "Table topics",
-        "href": "icefall/",
-        "url_route": "icefall-table-topics",
-        "destination": "nav",
-        "category": "browse",
-    }]
+    external_views = [
+        {
+            "name": "Table topics",
+            "href": "icefall/",
+            "url_route": "icefall-table-topics",
+            "destination": "nav",
+            "category": "browse",
+        }
+    ]

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from icefall_airflow import manifest
 
-DESCRIPTION = "Icefall: serialises the writers (commit rounds, maintenance) of topic {topic}'s table"
+DESCRIPTION = (
+    "Icefall: serialises the writers (commit rounds, maintenance) of topic {topic}'s table"
+)
 
 
 def sync_pools(path: Path | None = None) -> list[str]:
@@ -27,15 +29,20 @@ def sync_pools(path: Path | None = None) -> list[str]:
     with create_session() as session:
         for entry in manifest.read(path).table_topics:
             if Pool.get_pool(entry.pool, session=session) is None:
-                Pool.create_or_update_pool(entry.pool, 1, DESCRIPTION.format(topic=entry.topic), False,
-                                           session=session)
+                Pool.create_or_update_pool(
+                    entry.pool, 1, DESCRIPTION.format(topic=entry.topic), False, session=session
+                )
                 created.append(entry.pool)
     return created
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="create the Icefall table pools in the Airflow database")
-    parser.add_argument("--manifest", type=Path, default=None, help="default: $ICEFALL_HOME/table_topics.json")
+    parser = argparse.ArgumentParser(
+        description="create the Icefall table pools in the Airflow database"
+    )
+    parser.add_argument(
+        "--manifest", type=Path, default=None, help="default: $ICEFALL_HOME/table_topics.json"
+    )
     args = parser.parse_args(argv)
     for name in sync_pools(args.manifest):
         print(f"created pool {name}")

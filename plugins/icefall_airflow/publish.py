@@ -30,7 +30,9 @@ def check_result(result: Any) -> dict[str, Any]:
         raise ResultError(f"the commit round returned {type(result).__name__}, not a result object")
     status = result.get("status")
     if status not in RESULT_STATUSES:
-        raise ResultError(f"unknown commit round status {status!r} (expected one of {RESULT_STATUSES})")
+        raise ResultError(
+            f"unknown commit round status {status!r} (expected one of {RESULT_STATUSES})"
+        )
     if status == "committed" and result.get("snapshot_id") is None:
         raise ResultError("a committed round must name its snapshot_id")
     try:
@@ -44,7 +46,9 @@ def committed_offsets(result: dict[str, Any]) -> dict[int, int]:
     return {int(p): int(o) for p, o in (result.get("offsets_after") or {}).items()}
 
 
-def asset_extra(result: dict[str, Any], plan: dict[str, Any], lag: dict[str, Any] | None) -> dict[str, Any]:
+def asset_extra(
+    result: dict[str, Any], plan: dict[str, Any], lag: dict[str, Any] | None
+) -> dict[str, Any]:
     """The event's extra: JSON-serialisable, small, enough to read exactly this commit."""
     return {
         "topic": result.get("topic", plan.get("topic")),
@@ -69,9 +73,13 @@ def asset_extra(result: dict[str, Any], plan: dict[str, Any], lag: dict[str, Any
 
 def summary_line(result: dict[str, Any]) -> str:
     if result["status"] == "nothing_new":
-        return (f"round {result.get('round_id')}: nothing new to commit to "
-                f"{result.get('namespace')}.{result.get('table')} (offsets {result.get('offsets_after')})")
-    return (f"round {result.get('round_id')}: committed snapshot {result['snapshot_id']} to "
-            f"{result.get('namespace')}.{result.get('table')}: {result.get('rows')} rows, "
-            f"{result.get('dlq_rows')} DLQ rows, offsets {result.get('offsets_before')} -> "
-            f"{result.get('offsets_after')}")
+        return (
+            f"round {result.get('round_id')}: nothing new to commit to "
+            f"{result.get('namespace')}.{result.get('table')} (offsets {result.get('offsets_after')})"
+        )
+    return (
+        f"round {result.get('round_id')}: committed snapshot {result['snapshot_id']} to "
+        f"{result.get('namespace')}.{result.get('table')}: {result.get('rows')} rows, "
+        f"{result.get('dlq_rows')} DLQ rows, offsets {result.get('offsets_before')} -> "
+        f"{result.get('offsets_after')}"
+    )

@@ -17,31 +17,49 @@ from icefall_airflow import lag, manifest, tables
 from icefall_airflow.broker_client import BrokerClient, BrokerError
 
 
-def table_status(client: BrokerClient, catalog: Any, entry: manifest.TableTopic, now_ms: int) -> dict[str, Any]:
+def table_status(
+    client: BrokerClient, catalog: Any, entry: manifest.TableTopic, now_ms: int
+) -> dict[str, Any]:
     row: dict[str, Any] = {
-        "topic": entry.topic, "namespace": entry.namespace, "table": entry.table,
-        "partitions": entry.partitions, "commit_interval_ms": entry.commit_interval_ms,
-        "dag_id": entry.dag_id, "asset": entry.asset_name, "pool": entry.pool,
-        "dag_runs_url": f"dags/{entry.dag_id}/runs", "maintain_dag_id": names.maintain_dag_id(entry.topic),
+        "topic": entry.topic,
+        "namespace": entry.namespace,
+        "table": entry.table,
+        "partitions": entry.partitions,
+        "commit_interval_ms": entry.commit_interval_ms,
+        "dag_id": entry.dag_id,
+        "asset": entry.asset_name,
+        "pool": entry.pool,
+        "dag_runs_url": f"dags/{entry.dag_id}/runs",
+        "maintain_dag_id": names.maintain_dag_id(entry.topic),
         "dlq_dag_id": names.dlq_dag_id(entry.topic),
         "error": None,
     }
     try:
         facts = tables.table_facts(catalog, entry.namespace, entry.table)
-        measured = lag.measure_checkpoint(client, entry.topic, entry.topic_id, facts.checkpoint, now_ms)
-        row.update({
-            "table_exists": facts.exists,
-            "committed_offsets": {str(p): o for p, o in sorted(facts.checkpoint.offsets.items())},
-            "end_offsets": {str(p.partition): p.end_offset for p in measured.partitions},
-            "lag_records": measured.records, "lag_seconds": measured.seconds,
-            "lag": measured.to_json(),
-            "last_commit_ms": facts.checkpoint.timestamp_ms, "snapshot_id": facts.checkpoint.snapshot_id,
-            "round_id": facts.checkpoint.round_id, "rows": facts.rows,
-            "current_snapshot_id": facts.current_snapshot_id, "last_maintenance_ms": facts.last_maintenance_ms,
-            "last_maintenance": facts.last_maintenance,
-            "dlq_table": entry.dlq_table,
-            "dlq_rows": tables.row_count(catalog, entry.namespace, entry.dlq_table),
-        })
+        measured = lag.measure_checkpoint(
+            client, entry.topic, entry.topic_id, facts.checkpoint, now_ms
+        )
+        row.update(
+            {
+                "table_exists": facts.exists,
+                "committed_offsets": {
+                    str(p): o for p, o in sorted(facts.checkpoint.offsets.items())
+                },
+                "end_offsets": {str(p.partition): p.end_offset for p in measured.partitions},
+                "lag_records": measured.records,
+                "lag_seconds": measured.seconds,
+                "lag": measured.to_json(),
+                "last_commit_ms": facts.checkpoint.timestamp_ms,
+                "snapshot_id": facts.checkpoint.snapshot_id,
+                "round_id": facts.checkpoint.round_id,
+                "rows": facts.rows,
+                "current_snapshot_id": facts.current_snapshot_id,
+                "last_maintenance_ms": facts.last_maintenance_ms,
+                "last_maintenance": facts.last_maintenance,
+                "dlq_table": entry.dlq_table,
+                "dlq_rows": tables.row_count(catalog, entry.namespace, entry.dlq_table),
+            }
+        )
     except (BrokerError, OSError, ValueError) as exc:
         row["error"] = str(exc)
     except Exception as exc:  # noqa: BLE001 -- a catalog error must not take the whole view down
@@ -58,8 +76,18 @@ def all_statuses(admin_url: str | None = None) -> dict[str, Any]:
         answer = client.table_topics()
         cluster = client.cluster()
     except BrokerError as exc:
-        return {"admin_url": client.admin_url, "error": str(exc), "generated_at_ms": now_ms, "tables": []}
+        return {
+            "admin_url": client.admin_url,
+            "error": str(exc),
+            "generated_at_ms": now_ms,
+            "tables": [],
+        }
     entries = [manifest.TableTopic.from_json(t) for t in answer.table_topics]
     catalog = tables.open_catalog(cluster.tables_catalog)
-    return {"admin_url": client.admin_url, "catalog_url": cluster.catalog_url, "error": None,
-            "generated_at_ms": now_ms, "tables": [table_status(client, catalog, e, now_ms) for e in entries]}
+    return {
+        "admin_url": client.admin_url,
+        "catalog_url": cluster.catalog_url,
+        "error": None,
+        "generated_at_ms": now_ms,
+        "tables": [table_status(client, catalog, e, now_ms) for e in entries],
+    }

@@ -32,7 +32,9 @@ class SyncReport:
     pools_created: list[str] = field(default_factory=list)
     paused: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
-    pending: list[str] = field(default_factory=list)  # DAGs to pause that Airflow has not parsed yet
+    pending: list[str] = field(
+        default_factory=list
+    )  # DAGs to pause that Airflow has not parsed yet
 
 
 def sync(path: Path | None = None) -> SyncReport:
@@ -51,7 +53,9 @@ def sync(path: Path | None = None) -> SyncReport:
             for dag_id in (commit_id, *others):
                 model = DagModel.get_dagmodel(dag_id, session=session)
                 if model is None:
-                    if dag_id == commit_id:  # the factory makes it; the DAG processor has not parsed it yet
+                    if (
+                        dag_id == commit_id
+                    ):  # the factory makes it; the DAG processor has not parsed it yet
                         report.pending.append(dag_id)
                     continue
                 if not model.is_paused:
@@ -68,16 +72,23 @@ def sync(path: Path | None = None) -> SyncReport:
                     report.resumed.append(dag_id)
                 ours.discard(dag_id)
         if ours != before:
-            Variable.set(PAUSED_VARIABLE, json.dumps(sorted(ours)),
-                         description="Icefall: DAGs paused because their topic's table-topic flag is off",
-                         session=session)
+            Variable.set(
+                PAUSED_VARIABLE,
+                json.dumps(sorted(ours)),
+                description="Icefall: DAGs paused because their topic's table-topic flag is off",
+                session=session,
+            )
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="create Icefall's table pools and pause the DAGs of disabled "
-                                                 "table topics in the Airflow database")
-    parser.add_argument("--manifest", type=Path, default=None, help="default: $ICEFALL_HOME/table_topics.json")
+    parser = argparse.ArgumentParser(
+        description="create Icefall's table pools and pause the DAGs of disabled "
+        "table topics in the Airflow database"
+    )
+    parser.add_argument(
+        "--manifest", type=Path, default=None, help="default: $ICEFALL_HOME/table_topics.json"
+    )
     args = parser.parse_args(argv)
     report = sync(args.manifest)
     for name in report.pools_created:

@@ -60,15 +60,23 @@ def table_facts(catalog: Any, namespace: str, table: str) -> TableFacts:
         return TableFacts(exists=False)
     metadata = loaded.metadata
     current = loaded.current_snapshot()
-    replaced = [s.timestamp_ms for s in metadata.snapshots
-                if s.summary is not None and s.summary.operation.value == REPLACE]
+    replaced = [
+        s.timestamp_ms
+        for s in metadata.snapshots
+        if s.summary is not None and s.summary.operation.value == REPLACE
+    ]
     # The maintenance job records its last run on the table; without that record (maintenance run
     # by another tool), the newest compaction snapshot is the best answer there is.
     recorded = maintenance_summary.from_properties(metadata.properties)
     last_ms = recorded.get("at_ms") if recorded is not None else None
-    return TableFacts(True, read_checkpoint(metadata), _total_records(current),
-                      current.snapshot_id if current is not None else None,
-                      last_ms if last_ms is not None else max(replaced, default=None), recorded)
+    return TableFacts(
+        True,
+        read_checkpoint(metadata),
+        _total_records(current),
+        current.snapshot_id if current is not None else None,
+        last_ms if last_ms is not None else max(replaced, default=None),
+        recorded,
+    )
 
 
 def row_count(catalog: Any, namespace: str, table: str) -> int | None:

@@ -20,7 +20,9 @@ from broker.topic_configs import ENABLE
 from icefall_airflow import status
 from spark_jobs import maintenance_summary
 
-app = FastAPI(title="Icefall table topics", description="Kafka topic -> Iceberg table commit status")
+app = FastAPI(
+    title="Icefall table topics", description="Kafka topic -> Iceberg table commit status"
+)
 
 
 @app.get("/api/tables")
@@ -34,7 +36,9 @@ def table(topic: str) -> dict[str, Any]:
     for row in answer["tables"]:
         if row["topic"] == topic:
             return dict(row)
-    raise HTTPException(404, f"{topic} is not a table topic" + (f" ({answer['error']})" if answer["error"] else ""))
+    raise HTTPException(
+        404, f"{topic} is not a table topic" + (f" ({answer['error']})" if answer["error"] else "")
+    )
 
 
 def _time(ms: int | None) -> str:
@@ -69,15 +73,21 @@ def render(answer: dict[str, Any]) -> str:
         if t["error"]:
             detail = f'<td colspan="7" class="error">{html.escape(t["error"])}</td>'
         else:
-            detail = (f"<td class=num>{t['lag_records']}</td><td class=num>{t['lag_seconds']:.1f}</td>"
-                      f"<td>{_time(t['last_commit_ms'])}</td><td class=mono>{_cell(t['snapshot_id'])}</td>"
-                      f"<td class=num>{_cell(t['rows'])}</td><td class=num>{_dlq(t)}</td>"
-                      f"<td>{_time(t['last_maintenance_ms'])}{_maintenance(t.get('last_maintenance'))}</td>")
+            detail = (
+                f"<td class=num>{t['lag_records']}</td><td class=num>{t['lag_seconds']:.1f}</td>"
+                f"<td>{_time(t['last_commit_ms'])}</td><td class=mono>{_cell(t['snapshot_id'])}</td>"
+                f"<td class=num>{_cell(t['rows'])}</td><td class=num>{_dlq(t)}</td>"
+                f"<td>{_time(t['last_maintenance_ms'])}{_maintenance(t.get('last_maintenance'))}</td>"
+            )
         rows.append(
             f"<tr><td><b>{html.escape(t['topic'])}</b></td>"
             f"<td class=mono>{html.escape(t['namespace'])}.{html.escape(t['table'])}</td>{detail}"
-            f'<td><a href="{runs}" target="_top">{html.escape(t["dag_id"])}</a></td></tr>')
-    body = "\n".join(rows) or f'<tr><td colspan="10">No table topics yet: set {ENABLE}=true on a topic.</td></tr>'
+            f'<td><a href="{runs}" target="_top">{html.escape(t["dag_id"])}</a></td></tr>'
+        )
+    body = (
+        "\n".join(rows)
+        or f'<tr><td colspan="10">No table topics yet: set {ENABLE}=true on a topic.</td></tr>'
+    )
     error = f'<p class="error">{html.escape(answer["error"])}</p>' if answer.get("error") else ""
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Icefall table topics</title>

@@ -35,7 +35,9 @@ class ContinuousProducer:
     name: str
     conf: dict[str, Any] = field(default_factory=dict)
     max_in_flight: int = 1000
-    rate: float = 4000.0  # records per second at most, to keep the logs small enough to read back quickly
+    rate: float = (
+        4000.0  # records per second at most, to keep the logs small enough to read back quickly
+    )
     acked: dict[str, tuple[int, int]] = field(default_factory=dict)  # value -> (partition, offset)
     failed: list[str] = field(default_factory=list)
     produced: int = 0
@@ -64,24 +66,39 @@ class ContinuousProducer:
 
     def _run(self) -> None:
         try:
-            producer = Producer({
-                "bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 2,
-                "message.timeout.ms": 30000, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500,
-                **self.conf,
-            })
+            producer = Producer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "acks": "all",
+                    "linger.ms": 2,
+                    "message.timeout.ms": 30000,
+                    "reconnect.backoff.ms": 50,
+                    "reconnect.backoff.max.ms": 500,
+                    **self.conf,
+                }
+            )
             n = 0
             next_at = time.monotonic()
             while not self._stop.is_set():
                 now = time.monotonic()
-                next_at = max(next_at, now - 0.05)  # no catching up after a stall: at most a small burst
+                next_at = max(
+                    next_at, now - 0.05
+                )  # no catching up after a stall: at most a small burst
                 ahead = next_at - now
-                if ahead > 0 or self.produced - len(self.acked) - len(self.failed) >= self.max_in_flight:
+                if (
+                    ahead > 0
+                    or self.produced - len(self.acked) - len(self.failed) >= self.max_in_flight
+                ):
                     producer.poll(min(max(ahead, 0.001), 0.05))  # serves delivery reports meanwhile
                     continue
                 next_at += 1 / self.rate
                 try:
-                    producer.produce(self.topic, key=str(n).encode(), value=f"{self.name}-{n}".encode(),
-                                     on_delivery=self._on_delivery)
+                    producer.produce(
+                        self.topic,
+                        key=str(n).encode(),
+                        value=f"{self.name}-{n}".encode(),
+                        on_delivery=self._on_delivery,
+                    )
                 except BufferError:
                     producer.poll(0.05)
                     continue
@@ -99,7 +116,9 @@ class ContinuousProducer:
         assert not self._thread.is_alive(), f"producer {self.name} did not finish"
         if self.error is not None:
             raise self.error
-        assert self.unfinished == 0, f"producer {self.name}: {self.unfinished} deliveries never settled"
+        assert self.unfinished == 0, (
+            f"producer {self.name}: {self.unfinished} deliveries never settled"
+        )
         assert len(self.acked) + len(self.failed) == self.produced
 
 
@@ -120,10 +139,19 @@ Log = dict[int, list[tuple[int, bytes | None]]]  # partition -> [(offset, value)
 
 def read_partitions(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> Log:
     """Every record of every partition, from offset 0 up to the high watermark."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "auto.offset.reset": "error"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+        }
+    )
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         got: Log = {p: [] for p in range(partitions)}
 
@@ -147,8 +175,12 @@ def verify_log(log: Log, producers: list[ContinuousProducer]) -> None:
     its acknowledged partition and offset, nothing that was never produced."""
     for p, entries in log.items():
         offsets = [o for o, _ in entries]
-        assert offsets == list(range(len(offsets))), f"partition {p}: offsets are not contiguous from 0"
-    values = Counter(v.decode() if v is not None else None for entries in log.values() for _, v in entries)
+        assert offsets == list(range(len(offsets))), (
+            f"partition {p}: offsets are not contiguous from 0"
+        )
+    values = Counter(
+        v.decode() if v is not None else None for entries in log.values() for _, v in entries
+    )
     twice = [v for v, n in values.items() if n > 1]
     assert not twice, f"{len(twice)} records present more than once, e.g. {twice[:5]}"
     known = {pr.name: pr.produced for pr in producers}
@@ -162,7 +194,9 @@ def verify_log(log: Log, producers: list[ContinuousProducer]) -> None:
         for value, (p, offset) in producer.acked.items():
             entries = log.get(p, [])
             if offset >= len(entries) or entries[offset][1] != value.encode():
-                missing.append((value, p, offset, entries[offset][1] if offset < len(entries) else None))
+                missing.append(
+                    (value, p, offset, entries[offset][1] if offset < len(entries) else None)
+                )
         assert not missing, (
             f"producer {producer.name}: {len(missing)} of {len(producer.acked)} acknowledged records are not "
             f"at their acknowledged offset, e.g. (value, partition, offset, found) {missing[:5]}"

@@ -55,13 +55,21 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _round_trip(bootstrap: str, api_key: int, api_version: int, request: Any, response_type: type[Any]) -> Any:
+def _round_trip(
+    bootstrap: str, api_key: int, api_version: int, request: Any, response_type: type[Any]
+) -> Any:
     host, port = bootstrap.rsplit(":", 1)
     correlation_id = next(_correlation)
     buf = io.BytesIO()
-    entity_writer(RequestHeader)(buf, RequestHeader(
-        request_api_key=i16(api_key), request_api_version=i16(api_version), correlation_id=i32(correlation_id),
-        client_id="rawkafka"))
+    entity_writer(RequestHeader)(
+        buf,
+        RequestHeader(
+            request_api_key=i16(api_key),
+            request_api_version=i16(api_version),
+            correlation_id=i32(correlation_id),
+            client_id="rawkafka",
+        ),
+    )
     entity_writer(type(request))(buf, request)
     payload = buf.getvalue()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
@@ -74,13 +82,25 @@ def _round_trip(bootstrap: str, api_key: int, api_version: int, request: Any, re
     return response
 
 
-def fetch_raw(bootstrap: str, topic: str, partition: int, offset: int = 0, max_bytes: int = 50 * 2**20) -> bytes:
+def fetch_raw(
+    bootstrap: str, topic: str, partition: int, offset: int = 0, max_bytes: int = 50 * 2**20
+) -> bytes:
     """The record-batch bytes a Fetch v4 returns for one partition from ``offset``."""
     request = FetchRequest(
-        max_wait=i32Timedelta.parse(timedelta(milliseconds=0)), min_bytes=i32(0), max_bytes=i32(max_bytes), topics=(
-            FetchTopic(topic=TopicName(topic), partitions=(
-                FetchPartition(partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(max_bytes)),
-            )),
+        max_wait=i32Timedelta.parse(timedelta(milliseconds=0)),
+        min_bytes=i32(0),
+        max_bytes=i32(max_bytes),
+        topics=(
+            FetchTopic(
+                topic=TopicName(topic),
+                partitions=(
+                    FetchPartition(
+                        partition=i32(partition),
+                        fetch_offset=i64(offset),
+                        partition_max_bytes=i32(max_bytes),
+                    ),
+                ),
+            ),
         ),
     )
     response = _round_trip(bootstrap, 1, 4, request, FetchResponse)
@@ -89,13 +109,21 @@ def fetch_raw(bootstrap: str, topic: str, partition: int, offset: int = 0, max_b
     return bytes(part.records or b"")
 
 
-def produce_raw(bootstrap: str, topic: str, partition: int, records: bytes, acks: int = -1) -> tuple[int, int]:
+def produce_raw(
+    bootstrap: str, topic: str, partition: int, records: bytes, acks: int = -1
+) -> tuple[int, int]:
     """Produce record-batch bytes as they are; (error code, base offset) of the answer."""
     request = ProduceRequest(
-        transactional_id=None, acks=i16(acks), timeout=i32Timedelta.parse(timedelta(seconds=10)), topic_data=(
-            TopicProduceData(name=TopicName(topic), partition_data=(
-                PartitionProduceData(index=i32(partition), records=Records.parse(records)),
-            )),
+        transactional_id=None,
+        acks=i16(acks),
+        timeout=i32Timedelta.parse(timedelta(seconds=10)),
+        topic_data=(
+            TopicProduceData(
+                name=TopicName(topic),
+                partition_data=(
+                    PartitionProduceData(index=i32(partition), records=Records.parse(records)),
+                ),
+            ),
         ),
     )
     response = _round_trip(bootstrap, 0, 3, request, ProduceResponse)
@@ -109,13 +137,36 @@ def batches(bootstrap: str, topic: str, partition: int) -> list[Batch]:
     found = []
     pos = 0
     while pos + _BATCH_HEADER.size <= len(data):
-        (base, length, _epoch, magic, _crc, attributes, _delta, _t0, _t1, producer_id, producer_epoch,
-         base_sequence, count) = _BATCH_HEADER.unpack_from(data, pos)
+        (
+            base,
+            length,
+            _epoch,
+            magic,
+            _crc,
+            attributes,
+            _delta,
+            _t0,
+            _t1,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            count,
+        ) = _BATCH_HEADER.unpack_from(data, pos)
         if pos + 12 + length > len(data):
             break  # a trailing partial batch (the fetch hit max_bytes)
         assert magic == 2, f"unexpected record batch magic {magic}"
         codec = CODECS.get(attributes & 0x7, f"unknown({attributes & 0x7})")
-        found.append(Batch(base, count, codec, producer_id, producer_epoch, base_sequence, data[pos:pos + 12 + length]))
+        found.append(
+            Batch(
+                base,
+                count,
+                codec,
+                producer_id,
+                producer_epoch,
+                base_sequence,
+                data[pos : pos + 12 + length],
+            )
+        )
         pos += 12 + length
     return found
 

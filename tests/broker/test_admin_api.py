@@ -72,7 +72,9 @@ def test_admin_errors_are_json_with_status(broker: BrokerProcess) -> None:
 
 def _span(broker: BrokerProcess, topic: str, partition: int, start: int, end: int) -> int:
     """Bytes of the whole batches holding [start, end), as the ranges endpoint gives them."""
-    answer = broker.admin(f"/v1/topics/{topic}/partitions/{partition}/ranges?start={start}&end={end}")
+    answer = broker.admin(
+        f"/v1/topics/{topic}/partitions/{partition}/ranges?start={start}&end={end}"
+    )
     return sum(r["byte_end"] - r["byte_start"] for r in answer["ranges"])
 
 
@@ -94,28 +96,48 @@ def test_pending_counts_what_waits_past_the_committed_offsets(broker: BrokerProc
 
     nothing_committed = broker.admin("/v1/topics/waiting/pending")
     assert nothing_committed["committed_offsets"] == {} and nothing_committed["records"] == 40
-    assert nothing_committed["bytes"] == _span(broker, "waiting", 0, 0, 20) + _span(broker, "waiting", 1, 0, 20)
+    assert nothing_committed["bytes"] == _span(broker, "waiting", 0, 0, 20) + _span(
+        broker, "waiting", 1, 0, 20
+    )
 
     catalog = load_catalog("pending", type="rest", uri=broker.catalog_url)
     catalog.create_namespace("default")
-    table = catalog.create_table("default.waiting", Schema(NestedField(1, "id", LongType(), required=False)))
+    table = catalog.create_table(
+        "default.waiting", Schema(NestedField(1, "id", LongType(), required=False))
+    )
     topic_id = str(broker.admin("/v1/topics/waiting/offsets")["topic_id"])
-    table.append(pa.table({"id": pa.array(range(12), pa.int64())}), snapshot_properties={
-        checkpoint.OFFSETS: checkpoint.encode_offsets({0: 5, 1: 7}), checkpoint.TOPIC_ID: topic_id,
-        checkpoint.TOPIC: "waiting", checkpoint.ROUND_ID: "round-1"})
+    table.append(
+        pa.table({"id": pa.array(range(12), pa.int64())}),
+        snapshot_properties={
+            checkpoint.OFFSETS: checkpoint.encode_offsets({0: 5, 1: 7}),
+            checkpoint.TOPIC_ID: topic_id,
+            checkpoint.TOPIC: "waiting",
+            checkpoint.ROUND_ID: "round-1",
+        },
+    )
     answer = broker.admin("/v1/topics/waiting/pending")
     assert answer["committed_offsets"] == {"0": 5, "1": 7}
     assert [(p["start_offset"], p["end_offset"], p["records"]) for p in answer["partitions"]] == [
-        (5, 20, 15), (7, 20, 13)]
-    assert answer["bytes"] == _span(broker, "waiting", 0, 5, 20) + _span(broker, "waiting", 1, 7, 20)
+        (5, 20, 15),
+        (7, 20, 13),
+    ]
+    assert answer["bytes"] == _span(broker, "waiting", 0, 5, 20) + _span(
+        broker, "waiting", 1, 7, 20
+    )
 
-    later = broker.admin('/v1/topics/waiting/pending?from=' + urllib.parse.quote('{"0": 18}'))  # fired up to 18
+    later = broker.admin(
+        "/v1/topics/waiting/pending?from=" + urllib.parse.quote('{"0": 18}')
+    )  # fired up to 18
     assert [p["start_offset"] for p in later["partitions"]] == [18, 7]
-    assert later["bytes"] == _span(broker, "waiting", 0, 18, 20) + _span(broker, "waiting", 1, 7, 20)
+    assert later["bytes"] == _span(broker, "waiting", 0, 18, 20) + _span(
+        broker, "waiting", 1, 7, 20
+    )
     for bad in ("[1]", "nope", '{"x": 1}'):
         try:
-            urllib.request.urlopen(broker.admin_url + "/v1/topics/waiting/pending?from="
-                                   + urllib.parse.quote(bad), timeout=10)
+            urllib.request.urlopen(
+                broker.admin_url + "/v1/topics/waiting/pending?from=" + urllib.parse.quote(bad),
+                timeout=10,
+            )
         except urllib.error.HTTPError as exc:
             assert exc.code == 400 and "JSON object of offsets" in json.loads(exc.read())["message"]
         else:

@@ -78,7 +78,9 @@ async def _admin(broker: BrokerProcess) -> AIOKafkaAdminClient:
     return admin
 
 
-async def _create(admin: AIOKafkaAdminClient, name: str, partitions: int = 1, **configs: str) -> None:
+async def _create(
+    admin: AIOKafkaAdminClient, name: str, partitions: int = 1, **configs: str
+) -> None:
     response = await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
     assert [(t[0], t[1]) for t in response.topic_errors] == [(name, 0)]
 
@@ -104,18 +106,30 @@ async def test_admin_topics_and_configs(broker: BrokerProcess) -> None:
         assert len(described["ak-plain"]["partitions"]) == 2
 
         async def configs(topic: str) -> dict[str, tuple[str, int]]:
-            (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+            (response,) = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic)]
+            )
             (resource,) = response.to_object()["resources"]
             assert resource["error_code"] == 0
-            return {c["config_names"]: (c["config_value"], c["config_source"]) for c in resource["config_entries"]}
+            return {
+                c["config_names"]: (c["config_value"], c["config_source"])
+                for c in resource["config_entries"]
+            }
 
         orders, plain = await configs("ak-orders"), await configs("ak-plain")
         assert orders["retention.ms"] == ("7200000", SOURCE_DYNAMIC_TOPIC)
         assert plain["retention.ms"][1] == SOURCE_DEFAULT and plain["retention.ms"][0] != "7200000"
         assert set(orders) == set(plain)  # every topic describes the same keys
 
-        (altered,) = await admin.alter_configs([ConfigResource(
-            ConfigResourceType.TOPIC, "ak-plain", {"retention.ms": "60000", "cleanup.policy": "compact"})])
+        (altered,) = await admin.alter_configs(
+            [
+                ConfigResource(
+                    ConfigResourceType.TOPIC,
+                    "ak-plain",
+                    {"retention.ms": "60000", "cleanup.policy": "compact"},
+                )
+            ]
+        )
         assert [r[0] for r in altered.resources] == [0]
         plain = await configs("ak-plain")
         assert plain["retention.ms"] == ("60000", SOURCE_DYNAMIC_TOPIC)
@@ -129,21 +143,35 @@ async def test_admin_topics_and_configs(broker: BrokerProcess) -> None:
         await admin.close()
 
 
-@pytest.mark.parametrize(("acks", "codec"), [
-    (0, None), (1, None), ("all", None), ("all", "gzip"), ("all", "snappy"), ("all", "lz4"), ("all", "zstd"),
-])
+@pytest.mark.parametrize(
+    ("acks", "codec"),
+    [
+        (0, None),
+        (1, None),
+        ("all", None),
+        ("all", "gzip"),
+        ("all", "snappy"),
+        ("all", "lz4"),
+        ("all", "zstd"),
+    ],
+)
 @async_test
-async def test_produce_acks_and_codecs(broker: BrokerProcess, acks: int | str, codec: str | None) -> None:
+async def test_produce_acks_and_codecs(
+    broker: BrokerProcess, acks: int | str, codec: str | None
+) -> None:
     topic = f"ak-{acks}-{codec}"
     admin = await _admin(broker)
     await _create(admin, topic, 2)
     await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks=acks, compression_type=codec,
-                                linger_ms=10)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=broker.bootstrap, acks=acks, compression_type=codec, linger_ms=10
+    )
     await producer.start()
     sent = {f"k{i}".encode(): f"value-{i}-{'y' * 100}".encode() for i in range(500)}
     try:
-        futures = [await producer.send(topic, value=v, key=k, headers=[("k", k)]) for k, v in sent.items()]
+        futures = [
+            await producer.send(topic, value=v, key=k, headers=[("k", k)]) for k, v in sent.items()
+        ]
         results = await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -152,7 +180,9 @@ async def test_produce_acks_and_codecs(broker: BrokerProcess, acks: int | str, c
             offsets = sorted(r.offset for r in results if r.partition == partition)
             assert offsets == list(range(len(offsets)))
 
-    consumer = await _consumer(broker, topic, group_id=f"g-{uuid.uuid4()}", auto_offset_reset="earliest")
+    consumer = await _consumer(
+        broker, topic, group_id=f"g-{uuid.uuid4()}", auto_offset_reset="earliest"
+    )
     try:
         got = await drain(consumer, len(sent))
     finally:
@@ -171,13 +201,17 @@ async def test_idempotent_producer(broker: BrokerProcess) -> None:
     await _create(admin, topic, 2)
     await admin.close()
 
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=True, linger_ms=5)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=broker.bootstrap, enable_idempotence=True, linger_ms=5
+    )
     await producer.start()
     results = []
     try:
         for chunk in range(0, 600, 50):  # awaited in chunks: several batches per partition
-            futures = [await producer.send(topic, value=f"{i}".encode(), partition=i % 2)
-                       for i in range(chunk, chunk + 50)]
+            futures = [
+                await producer.send(topic, value=f"{i}".encode(), partition=i % 2)
+                for i in range(chunk, chunk + 50)
+            ]
             results += await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -195,7 +229,9 @@ async def test_idempotent_producer(broker: BrokerProcess) -> None:
         mine = [b for b in stored if b.base_offset < 300]
         assert len(mine) > 5  # several batches, so sequences must chain across them
         # one producer id and epoch, handed out by the broker; sequences continue batch to batch
-        assert len({(b.producer_id, b.producer_epoch) for b in mine}) == 1 and mine[0].producer_id >= 0
+        assert (
+            len({(b.producer_id, b.producer_epoch) for b in mine}) == 1 and mine[0].producer_id >= 0
+        )
         expected_sequence = 0
         for batch in mine:
             assert batch.base_sequence == expected_sequence
@@ -208,20 +244,29 @@ async def test_idempotent_producer(broker: BrokerProcess) -> None:
         # the last five batches of a producer are remembered (up to five may be in flight)
         high_watermark = stored[-1].base_offset + stored[-1].record_count
         for batch in (mine[-1], mine[-5]):
-            assert produce_raw(broker.bootstrap, topic, partition, batch.data) == (0, batch.base_offset)
+            assert produce_raw(broker.bootstrap, topic, partition, batch.data) == (
+                0,
+                batch.base_offset,
+            )
         # a gap in the sequence is refused
         gap = with_sequence(mine[-1].data, expected_sequence + 5)
-        assert produce_raw(broker.bootstrap, topic, partition, gap)[0] == OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert (
+            produce_raw(broker.bootstrap, topic, partition, gap)[0] == OUT_OF_ORDER_SEQUENCE_NUMBER
+        )
         after = batches(broker.bootstrap, topic, partition)
         assert after[-1].base_offset + after[-1].record_count == high_watermark
 
-    consumer = await _consumer(broker, topic, group_id="ak-idem-check", auto_offset_reset="earliest")
+    consumer = await _consumer(
+        broker, topic, group_id="ak-idem-check", auto_offset_reset="earliest"
+    )
     try:
         got = await drain(consumer, 601)
     finally:
         await consumer.stop()
     values = sorted(r.value for r in got)
-    assert values == sorted([f"{i}".encode() for i in range(600)] + [b"second"])  # each exactly once
+    assert values == sorted(
+        [f"{i}".encode() for i in range(600)] + [b"second"]
+    )  # each exactly once
 
 
 @async_test
@@ -241,7 +286,9 @@ async def test_positions_seek_and_offsets_for_times(broker: BrokerProcess) -> No
 
         latest = await _consumer(broker, topic, group_id="ak-latest", auto_offset_reset="latest")
         try:
-            await until(lambda: latest.assignment() == {tp}, 20, what="the latest consumer's assignment")
+            await until(
+                lambda: latest.assignment() == {tp}, 20, what="the latest consumer's assignment"
+            )
             assert await latest.position(tp) == len(stamps)
             new = [f"new-{i}".encode() for i in range(5)]
             for value in new:
@@ -277,7 +324,10 @@ async def test_positions_seek_and_offsets_for_times(broker: BrokerProcess) -> No
         for query in (base - 1, base + 7_250, stamps[-1]):
             index = next(i for i, ts in enumerate(stamps) if ts >= query)
             found = (await manual.offsets_for_times({tp: query}))[tp]
-            assert found is not None and (found.offset, found.timestamp) == (index, stamps[index]), query
+            assert found is not None and (found.offset, found.timestamp) == (
+                index,
+                stamps[index],
+            ), query
         start = (await manual.offsets_for_times({tp: base + 10_000}))[tp]
         manual.seek(tp, start.offset)
         got = await drain(manual, total - start.offset)
@@ -304,8 +354,9 @@ async def test_consumer_group_commit_and_describe(broker: BrokerProcess) -> None
         tps = [TopicPartition(topic, p) for p in range(3)]
 
         group = "ak-group-1"
-        consumer = await _consumer(broker, topic, group_id=group, auto_offset_reset="earliest",
-                                   client_id="ak-member")
+        consumer = await _consumer(
+            broker, topic, group_id=group, auto_offset_reset="earliest", client_id="ak-member"
+        )
         try:
             got = await drain(consumer, 30)
             assert len(got) == 30
@@ -314,20 +365,27 @@ async def test_consumer_group_commit_and_describe(broker: BrokerProcess) -> None
             await consumer.commit()
             assert [await consumer.committed(tp) for tp in tps] == [10, 10, 10]
             wanted = {tps[0]: 3, tps[1]: 7, tps[2]: 10}
-            await consumer.commit({tp: OffsetAndMetadata(o, f"meta-{o}") for tp, o in wanted.items()})
+            await consumer.commit(
+                {tp: OffsetAndMetadata(o, f"meta-{o}") for tp, o in wanted.items()}
+            )
             assert {tp: await consumer.committed(tp) for tp in tps} == wanted
 
             assert (group, "consumer") in await admin.list_consumer_groups()
             (response,) = await admin.describe_consumer_groups([group])
             (described,) = response.to_object()["groups"]
-            assert (described["error_code"], described["group"], described["state"]) == (0, group, "Stable")
+            assert (described["error_code"], described["group"], described["state"]) == (
+                0,
+                group,
+                "Stable",
+            )
             assert [m["client_id"] for m in described["members"]] == ["ak-member"]
         finally:
             await consumer.stop()
 
         committed = await admin.list_consumer_group_offsets(group)
         assert {tp: (o.offset, o.metadata) for tp, o in committed.items()} == {
-            tp: (o, f"meta-{o}") for tp, o in wanted.items()}
+            tp: (o, f"meta-{o}") for tp, o in wanted.items()
+        }
 
         resumed = await _consumer(broker, topic, group_id=group, auto_offset_reset="earliest")
         try:
@@ -335,6 +393,7 @@ async def test_consumer_group_commit_and_describe(broker: BrokerProcess) -> None
         finally:
             await resumed.stop()
         assert sorted((r.partition, r.offset) for r in got) == sorted(
-            (tp.partition, o) for tp, start in wanted.items() for o in range(start, 10))
+            (tp.partition, o) for tp, start in wanted.items() for o in range(start, 10)
+        )
     finally:
         await admin.close()

@@ -41,41 +41,76 @@ STRICTER = re.compile(
 )
 
 UTC = datetime.UTC
-LINKED = {"type": "record", "name": "Node", "fields": [
-    {"name": "v", "type": "int"}, {"name": "next", "type": ["null", "Node"]}]}
-TREE = {"type": "record", "name": "Tree", "namespace": "t", "fields": [
-    {"name": "label", "type": "string"}, {"name": "kids", "type": {"type": "array", "items": "Tree"}}]}
+LINKED = {
+    "type": "record",
+    "name": "Node",
+    "fields": [{"name": "v", "type": "int"}, {"name": "next", "type": ["null", "Node"]}],
+}
+TREE = {
+    "type": "record",
+    "name": "Tree",
+    "namespace": "t",
+    "fields": [
+        {"name": "label", "type": "string"},
+        {"name": "kids", "type": {"type": "array", "items": "Tree"}},
+    ],
+}
 COLOR = {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN", "BLUE"]}
 MD5 = {"type": "fixed", "name": "MD5", "size": 4}
-INNER = {"type": "record", "name": "Inner", "fields": [
-    {"name": "s", "type": "string"}, {"name": "flag", "type": "boolean"}]}
-KITCHEN = {"type": "record", "name": "Kitchen", "namespace": "k", "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "n", "type": "int"},
-    {"name": "f", "type": "float"},
-    {"name": "d", "type": "double"},
-    {"name": "raw", "type": "bytes"},
-    {"name": "inner", "type": INNER},
-    {"name": "again", "type": "Inner"},
-    {"name": "color", "type": COLOR},
-    {"name": "hash", "type": MD5},
-    {"name": "tags", "type": {"type": "array", "items": "string"}},
-    {"name": "counts", "type": {"type": "map", "values": "long"}},
-    {"name": "maybe", "type": ["null", "string", "long", "Inner"]},
-    {"name": "nested", "type": {"type": "array", "items": {"type": "map", "values": ["null", "int"]}}},
-    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
-    {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
-    {"name": "uid", "type": {"type": "string", "logicalType": "uuid"}},
-]}
+INNER = {
+    "type": "record",
+    "name": "Inner",
+    "fields": [{"name": "s", "type": "string"}, {"name": "flag", "type": "boolean"}],
+}
+KITCHEN = {
+    "type": "record",
+    "name": "Kitchen",
+    "namespace": "k",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "n", "type": "int"},
+        {"name": "f", "type": "float"},
+        {"name": "d", "type": "double"},
+        {"name": "raw", "type": "bytes"},
+        {"name": "inner", "type": INNER},
+        {"name": "again", "type": "Inner"},
+        {"name": "color", "type": COLOR},
+        {"name": "hash", "type": MD5},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "counts", "type": {"type": "map", "values": "long"}},
+        {"name": "maybe", "type": ["null", "string", "long", "Inner"]},
+        {
+            "name": "nested",
+            "type": {"type": "array", "items": {"type": "map", "values": ["null", "int"]}},
+        },
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {
+            "name": "amount",
+            "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2},
+        },
+        {"name": "uid", "type": {"type": "string", "logicalType": "uuid"}},
+    ],
+}
 
 INNER_VALUE = {"s": "in", "flag": True}
 KITCHEN_VALUE = {
-    "id": 2**40, "n": -7, "f": 1.5, "d": -2.25, "raw": b"\x00\xff", "inner": INNER_VALUE,
-    "again": {"s": "ünï", "flag": False}, "color": "BLUE", "hash": b"abcd", "tags": ["a", "βγ"],
-    "counts": {"x": 1, "y": -1}, "maybe": {"s": "u", "flag": True},
-    "nested": [{"a": None, "b": 3}, {}], "day": datetime.date(2024, 2, 29),
-    "ts": datetime.datetime(2024, 1, 2, 3, 4, 5, 6000, tzinfo=UTC), "amount": decimal.Decimal("-12.34"),
+    "id": 2**40,
+    "n": -7,
+    "f": 1.5,
+    "d": -2.25,
+    "raw": b"\x00\xff",
+    "inner": INNER_VALUE,
+    "again": {"s": "ünï", "flag": False},
+    "color": "BLUE",
+    "hash": b"abcd",
+    "tags": ["a", "βγ"],
+    "counts": {"x": 1, "y": -1},
+    "maybe": {"s": "u", "flag": True},
+    "nested": [{"a": None, "b": 3}, {}],
+    "day": datetime.date(2024, 2, 29),
+    "ts": datetime.datetime(2024, 1, 2, 3, 4, 5, 6000, tzinfo=UTC),
+    "amount": decimal.Decimal("-12.34"),
     "uid": str(uuid.UUID(int=12345)),
 }
 
@@ -90,9 +125,18 @@ CASES: list[tuple[Any, list[Any]]] = [
     ("bytes", [b"", b"\x00\xff" * 5]),
     ("string", ["", "héllo ✓ 𝄞", "x" * 40]),
     (INNER, [INNER_VALUE]),
-    ({"type": "record", "name": "Outer", "fields": [
-        {"name": "id", "type": "long"}, {"name": "inner", "type": INNER}, {"name": "again", "type": "Inner"}]},
-     [{"id": 5, "inner": INNER_VALUE, "again": {"s": "", "flag": False}}]),
+    (
+        {
+            "type": "record",
+            "name": "Outer",
+            "fields": [
+                {"name": "id", "type": "long"},
+                {"name": "inner", "type": INNER},
+                {"name": "again", "type": "Inner"},
+            ],
+        },
+        [{"id": 5, "inner": INNER_VALUE, "again": {"s": "", "flag": False}}],
+    ),
     ({"type": "array", "items": "int"}, [[], [1, -2, 3]]),
     ({"type": "array", "items": {"type": "array", "items": "string"}}, [[["a"], [], ["b", "c"]]]),
     ({"type": "array", "items": INNER}, [[INNER_VALUE, INNER_VALUE]]),
@@ -104,27 +148,81 @@ CASES: list[tuple[Any, list[Any]]] = [
     (COLOR, ["RED", "BLUE"]),
     (MD5, [b"\x01\x02\x03\x04"]),
     (LINKED, [{"v": 1, "next": None}, {"v": 1, "next": {"v": 2, "next": {"v": 3, "next": None}}}]),
-    (TREE, [{"label": "root", "kids": [{"label": "a", "kids": []}, {"label": "b", "kids": [
-        {"label": "c", "kids": []}]}]}]),
-    ({"type": "record", "name": "A", "namespace": "x.y", "fields": [
-        {"name": "b", "type": {"type": "record", "name": "B", "fields": [{"name": "i", "type": "int"}]}},
-        {"name": "b2", "type": "B"}, {"name": "b3", "type": "x.y.B"}]},
-     [{"b": {"i": 1}, "b2": {"i": 2}, "b3": {"i": 3}}]),
-    ({"type": "int", "logicalType": "date"}, [datetime.date(1970, 1, 1), datetime.date(1, 1, 1),
-                                              datetime.date(9999, 12, 31)]),
+    (
+        TREE,
+        [
+            {
+                "label": "root",
+                "kids": [
+                    {"label": "a", "kids": []},
+                    {"label": "b", "kids": [{"label": "c", "kids": []}]},
+                ],
+            }
+        ],
+    ),
+    (
+        {
+            "type": "record",
+            "name": "A",
+            "namespace": "x.y",
+            "fields": [
+                {
+                    "name": "b",
+                    "type": {
+                        "type": "record",
+                        "name": "B",
+                        "fields": [{"name": "i", "type": "int"}],
+                    },
+                },
+                {"name": "b2", "type": "B"},
+                {"name": "b3", "type": "x.y.B"},
+            ],
+        },
+        [{"b": {"i": 1}, "b2": {"i": 2}, "b3": {"i": 3}}],
+    ),
+    (
+        {"type": "int", "logicalType": "date"},
+        [datetime.date(1970, 1, 1), datetime.date(1, 1, 1), datetime.date(9999, 12, 31)],
+    ),
     ({"type": "int", "logicalType": "time-millis"}, [datetime.time(23, 59, 59, 999000)]),
     ({"type": "long", "logicalType": "time-micros"}, [datetime.time(12, 0, 0, 1)]),
-    ({"type": "long", "logicalType": "timestamp-millis"}, [datetime.datetime(2024, 1, 2, tzinfo=UTC)]),
+    (
+        {"type": "long", "logicalType": "timestamp-millis"},
+        [datetime.datetime(2024, 1, 2, tzinfo=UTC)],
+    ),
     ({"type": "long", "logicalType": "timestamp-micros"}, [datetime.datetime(1, 1, 1, tzinfo=UTC)]),
     ({"type": "long", "logicalType": "local-timestamp-millis"}, [datetime.datetime(2024, 1, 2)]),
     ({"type": "long", "logicalType": "local-timestamp-micros"}, [datetime.datetime(9999, 12, 31)]),
     ({"type": "string", "logicalType": "uuid"}, [str(uuid.UUID(int=2**128 - 1))]),
-    ({"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}, [decimal.Decimal("12.34")]),
-    ({"type": "fixed", "name": "Dec", "size": 8, "logicalType": "decimal", "precision": 18, "scale": 4},
-     [decimal.Decimal("-1.2345")]),
+    (
+        {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2},
+        [decimal.Decimal("12.34")],
+    ),
+    (
+        {
+            "type": "fixed",
+            "name": "Dec",
+            "size": 8,
+            "logicalType": "decimal",
+            "precision": 18,
+            "scale": 4,
+        },
+        [decimal.Decimal("-1.2345")],
+    ),
     ({"type": "string", "logicalType": "something-else"}, ["kept as a string"]),
-    ({"type": "record", "name": "Ev", "fields": [{"name": "at", "type": ["null", {
-        "type": "long", "logicalType": "timestamp-micros"}]}]}, [{"at": None}, {"at": 0}]),
+    (
+        {
+            "type": "record",
+            "name": "Ev",
+            "fields": [
+                {
+                    "name": "at",
+                    "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}],
+                }
+            ],
+        },
+        [{"at": None}, {"at": 0}],
+    ),
     (KITCHEN, [KITCHEN_VALUE]),
 ]
 FUZZ = [(parse_schema(s), avro_program.compile_schema(s), v) for s, vs in CASES for v in vs]
@@ -237,10 +335,18 @@ def test_strings_are_utf8_exactly_as_python_decodes_it(raw: bytes, data: st.Data
     assert problem == expected
 
 
-@pytest.mark.parametrize("logical, kind", [
-    ("date", "int"), ("time-millis", "int"), ("time-micros", "long"), ("timestamp-millis", "long"),
-    ("timestamp-micros", "long"), ("local-timestamp-millis", "long"), ("local-timestamp-micros", "long"),
-])
+@pytest.mark.parametrize(
+    "logical, kind",
+    [
+        ("date", "int"),
+        ("time-millis", "int"),
+        ("time-micros", "long"),
+        ("timestamp-millis", "long"),
+        ("timestamp-micros", "long"),
+        ("local-timestamp-millis", "long"),
+        ("local-timestamp-micros", "long"),
+    ],
+)
 def test_logical_ranges_match_fastavros_conversions(logical: str, kind: str) -> None:
     schema = {"type": kind, "logicalType": logical}
     parsed, program = parse_schema(schema), avro_program.compile_schema(schema)
@@ -256,15 +362,18 @@ def test_logical_ranges_match_fastavros_conversions(logical: str, kind: str) -> 
                 assert ok == fastavro_ok(parsed, zz(n)), n
 
 
-@pytest.mark.parametrize("text, accepted", [
-    ("12345678-1234-5678-1234-567812345678", True),
-    ("12345678123456781234567812345678", True),
-    ("{12345678-1234-5678-1234-567812345678}", True),  # deferred: uuid.UUID accepts it
-    ("urn:uuid:12345678-1234-5678-1234-567812345678", True),
-    ("12345678-1234-5678-1234-56781234567", False),
-    ("not a uuid", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "text, accepted",
+    [
+        ("12345678-1234-5678-1234-567812345678", True),
+        ("12345678123456781234567812345678", True),
+        ("{12345678-1234-5678-1234-567812345678}", True),  # deferred: uuid.UUID accepts it
+        ("urn:uuid:12345678-1234-5678-1234-567812345678", True),
+        ("12345678-1234-5678-1234-56781234567", False),
+        ("not a uuid", False),
+        ("", False),
+    ],
+)
 def test_uuid_strings_get_uuid_uuids_verdict(text: str, accepted: bool) -> None:
     schema = {"type": "string", "logicalType": "uuid"}
     parsed, program = parse_schema(schema), avro_program.compile_schema(schema)
@@ -282,24 +391,43 @@ def test_decimals_fastavro_cannot_convert_are_deferred() -> None:
     assert _gate.validate(avro_program.compile_schema(odd), b"\x00\x01") == (None, True)
 
 
-@pytest.mark.parametrize("schema, data, message", [
-    ("boolean", b"\x02", "boolean byte is 2, not 0 or 1, at byte 0"),
-    ("int", zz(2**31), "int is outside the 32-bit int range at byte 0"),
-    ("long", b"\xff" * 10 + b"\x01", "long varint is longer than 10 bytes at byte 0"),
-    (COLOR, zz(-1), "enum index -1 is outside [0, 3) at byte 0"),
-    (COLOR, zz(3), "enum index 3 is outside [0, 3) at byte 0"),
-    (["null", "int"], zz(-1) + b"\x02", "union index -1 is outside [0, 2) at byte 0"),
-    ("string", zz(-1), "string length -1 is negative at byte 0"),
-    ("string", zz(5) + b"abc", "string length runs past the end at byte 0"),
-    ("string", zz(3) + b"a\xed\xa0", "string is not valid UTF-8 at byte 2"),
-    ("string", zz(2) + b"\xc0\x80", "string is not valid UTF-8 at byte 1"),  # overlong NUL
-    ({"type": "map", "values": "int"}, zz(1) + zz(1) + b"\xff\x00\x00", "map key is not valid UTF-8 at byte 2"),
-    ({"type": "array", "items": "long"}, zz(5) + b"\x00", "array block count 5 exceeds the 1 bytes left at byte 0"),
-    ({"type": "array", "items": "null"}, zz(2_000_000) + b"\x00", "array of more than 1000000 zero-byte items"),
-    ("double", b"\x00" * 7, "double runs past the end at byte 0"),
-    (MD5, b"abc", "fixed(4) runs past the end at byte 0"),
-    ({"type": "int", "logicalType": "date"}, zz(2932897), "logical value 2932897 is outside [-719162, 2932896]"),
-])
+@pytest.mark.parametrize(
+    "schema, data, message",
+    [
+        ("boolean", b"\x02", "boolean byte is 2, not 0 or 1, at byte 0"),
+        ("int", zz(2**31), "int is outside the 32-bit int range at byte 0"),
+        ("long", b"\xff" * 10 + b"\x01", "long varint is longer than 10 bytes at byte 0"),
+        (COLOR, zz(-1), "enum index -1 is outside [0, 3) at byte 0"),
+        (COLOR, zz(3), "enum index 3 is outside [0, 3) at byte 0"),
+        (["null", "int"], zz(-1) + b"\x02", "union index -1 is outside [0, 2) at byte 0"),
+        ("string", zz(-1), "string length -1 is negative at byte 0"),
+        ("string", zz(5) + b"abc", "string length runs past the end at byte 0"),
+        ("string", zz(3) + b"a\xed\xa0", "string is not valid UTF-8 at byte 2"),
+        ("string", zz(2) + b"\xc0\x80", "string is not valid UTF-8 at byte 1"),  # overlong NUL
+        (
+            {"type": "map", "values": "int"},
+            zz(1) + zz(1) + b"\xff\x00\x00",
+            "map key is not valid UTF-8 at byte 2",
+        ),
+        (
+            {"type": "array", "items": "long"},
+            zz(5) + b"\x00",
+            "array block count 5 exceeds the 1 bytes left at byte 0",
+        ),
+        (
+            {"type": "array", "items": "null"},
+            zz(2_000_000) + b"\x00",
+            "array of more than 1000000 zero-byte items",
+        ),
+        ("double", b"\x00" * 7, "double runs past the end at byte 0"),
+        (MD5, b"abc", "fixed(4) runs past the end at byte 0"),
+        (
+            {"type": "int", "logicalType": "date"},
+            zz(2932897),
+            "logical value 2932897 is outside [-719162, 2932896]",
+        ),
+    ],
+)
 def test_refusals_name_the_problem(schema: Any, data: bytes, message: str) -> None:
     problem, _ = _gate.validate(avro_program.compile_schema(schema), data)
     assert problem is not None and problem.startswith(message), problem
@@ -347,11 +475,30 @@ def test_compiles_json_text_registry_parsed_schemas_and_top_level_unions() -> No
     program = avro_program.compile_schema(parsed)
     assert verdict(program, parsed, encode(parsed, [INNER_VALUE]))[0]
     # the registry's parsed form: referenced types in __named_schemas
-    ref = ResolvedReference("ns.A", "a-value", 1, "AVRO", json.dumps(
-        {"type": "record", "name": "A", "namespace": "ns", "fields": [{"name": "x", "type": "int"}]}))
-    parsed = parse_avro_with_refs(json.dumps(
-        {"type": "record", "name": "B", "fields": [{"name": "a", "type": "ns.A"}, {"name": "b", "type": "ns.A"}]}),
-        [ref])
+    ref = ResolvedReference(
+        "ns.A",
+        "a-value",
+        1,
+        "AVRO",
+        json.dumps(
+            {
+                "type": "record",
+                "name": "A",
+                "namespace": "ns",
+                "fields": [{"name": "x", "type": "int"}],
+            }
+        ),
+    )
+    parsed = parse_avro_with_refs(
+        json.dumps(
+            {
+                "type": "record",
+                "name": "B",
+                "fields": [{"name": "a", "type": "ns.A"}, {"name": "b", "type": "ns.A"}],
+            }
+        ),
+        [ref],
+    )
     program = avro_program.compile_schema(parsed)
     data = encode(parsed, {"a": {"x": 1}, "b": {"x": -1}})
     assert verdict(program, parsed, data) == (True, None)
@@ -362,13 +509,22 @@ def test_compiles_json_text_registry_parsed_schemas_and_top_level_unions() -> No
     with pytest.raises(avro_program.AvroProgramError):
         avro_program.compile_schema(union_with_ref)
     with pytest.raises(avro_program.AvroProgramError):
-        avro_program.compile_schema({"type": "record", "name": "R", "fields": [{"name": "x", "type": "Nope"}]})
+        avro_program.compile_schema(
+            {"type": "record", "name": "R", "fields": [{"name": "x", "type": "Nope"}]}
+        )
 
 
 def test_programs_and_inputs_never_crash() -> None:
     program = avro_program.compile_schema(KITCHEN)
-    for bad in (b"", b"AVP1", b"AVP1\x01\x00\x00\x00", b"AVP1\x01\x00\x00\x00\xff\x00\x00\x00\x00",
-                b"XXXX\x01\x00\x00\x00\x00\x00\x00\x00\x00", program[:-3], program[:20]):
+    for bad in (
+        b"",
+        b"AVP1",
+        b"AVP1\x01\x00\x00\x00",
+        b"AVP1\x01\x00\x00\x00\xff\x00\x00\x00\x00",
+        b"XXXX\x01\x00\x00\x00\x00\x00\x00\x00\x00",
+        program[:-3],
+        program[:20],
+    ):
         try:
             _gate.validate(bad, ENCODED[-1])
         except ValueError as exc:
@@ -401,18 +557,22 @@ def wire(value: Any, schema_id: int = 7) -> bytes:
 
 
 def body(batch: bytes) -> memoryview:
-    return memoryview(batch)[records.HEADER_SIZE:]
+    return memoryview(batch)[records.HEADER_SIZE :]
 
 
 def test_check_values_on_real_batches() -> None:
     good = wire(KITCHEN_VALUE)
     values: list[bytes | None] = [good, None, good]
-    batch = records.encode_batch([(b"k", v) for v in values], 0, headers=[[("h", b"x"), ("n", None)]] * 3)
+    batch = records.encode_batch(
+        [(b"k", v) for v in values], 0, headers=[[("h", b"x"), ("n", None)]] * 3
+    )
     assert _gate.check_values(body(batch), 3, PROGRAMS, []) is None
     bad_values = {
         b"no": "lacks the Confluent wire format (magic byte 0 + 4-byte schema id)",
         b"\x00\x00\x00\x00\x63\x00": "names schema id 99, which the registry does not know",
-        good[:-3]: "does not decode with Avro schema id 7: string length runs past the end at byte ",
+        good[
+            :-3
+        ]: "does not decode with Avro schema id 7: string length runs past the end at byte ",
         good + b"\x00\x00": "has 2 bytes left over after decoding with Avro schema id 7",
     }
     for bad, message in bad_values.items():
@@ -459,8 +619,12 @@ def reference_framing(batch: bytes, body_bytes: bytes, count: int) -> str | None
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_framing_agrees_with_decode_batch_and_check_record_framing(data: st.DataObject) -> None:
-    values = data.draw(st.lists(st.sampled_from([wire(KITCHEN_VALUE), None, b"x", b""]), min_size=1, max_size=4))
-    batch = records.encode_batch([(b"key", v) for v in values], 0, headers=[[("h", b"v")]] * len(values))
+    values = data.draw(
+        st.lists(st.sampled_from([wire(KITCHEN_VALUE), None, b"x", b""]), min_size=1, max_size=4)
+    )
+    batch = records.encode_batch(
+        [(b"key", v) for v in values], 0, headers=[[("h", b"v")]] * len(values)
+    )
     mutated = mutate(bytes(body(batch)), data.draw)
     count = len(values) + data.draw(st.integers(-1, 1))
     expected = reference_framing(batch, mutated, count)
@@ -471,7 +635,9 @@ def test_framing_agrees_with_decode_batch_and_check_record_framing(data: st.Data
         got = str(exc)
     assert got == expected
     try:
-        records._check_record_framing_py(memoryview(mutated), count)  # the Python walk, not the C one
+        records._check_record_framing_py(
+            memoryview(mutated), count
+        )  # the Python walk, not the C one
         framing = None
     except records.CorruptBatchError as exc:
         framing = str(exc)
@@ -490,7 +656,9 @@ class Registered:
 class Schemas:
     def __init__(self) -> None:
         self.by_id: dict[int, Registered] = {
-            7: Registered("AVRO", SCHEMA), 8: Registered("JSON", {}), 9: Registered("PROTOBUF", None),
+            7: Registered("AVRO", SCHEMA),
+            8: Registered("JSON", {}),
+            9: Registered("PROTOBUF", None),
             10: Registered("AVRO", parse_schema({"type": "string", "logicalType": "uuid"})),
             11: Registered("AVRO", None),  # the registry could not parse it
         }
@@ -499,10 +667,14 @@ class Schemas:
         return self.by_id.get(schema_id)
 
 
-def both(records_bytes: bytes, schemas: Schemas | None = None) -> tuple[GateRejection | None, GateRejection | None]:
+def both(
+    records_bytes: bytes, schemas: Schemas | None = None
+) -> tuple[GateRejection | None, GateRejection | None]:
     schemas = schemas or Schemas()
-    return (DataQualityGate(schemas).check(records_bytes),
-            DataQualityGate(schemas, use_extension=False).check(records_bytes))
+    return (
+        DataQualityGate(schemas).check(records_bytes),
+        DataQualityGate(schemas, use_extension=False).check(records_bytes),
+    )
 
 
 def same_verdict(c: GateRejection | None, py: GateRejection | None) -> bool:
@@ -510,8 +682,12 @@ def same_verdict(c: GateRejection | None, py: GateRejection | None) -> bool:
         return c == py
     if c.batch_index != py.batch_index:
         return False
-    avro = re.compile(r"(does not decode with|bytes left over after decoding with) Avro schema id \d+")
-    if avro.search(py.message):  # the same record refused; fastavro's words differ from the validator's
+    avro = re.compile(
+        r"(does not decode with|bytes left over after decoding with) Avro schema id \d+"
+    )
+    if avro.search(
+        py.message
+    ):  # the same record refused; fastavro's words differ from the validator's
         return bool(avro.search(c.message))
     return c.message == py.message
 
@@ -529,10 +705,15 @@ def test_gate_matches_the_python_gate() -> None:
         [good, good + b"\x00", b"x"],
     ]
     for values in cases:
-        blob = records.encode_batch([(None, good)], 0) + records.encode_batch([(None, v) for v in values], 0)
+        blob = records.encode_batch([(None, good)], 0) + records.encode_batch(
+            [(None, v) for v in values], 0
+        )
         c, py = both(blob)
         assert same_verdict(c, py), (values, c, py)
-    assert both(records.encode_batch([(None, good)], 0)[:-1]) == (None, None)  # corrupt: the log refuses it
+    assert both(records.encode_batch([(None, good)], 0)[:-1]) == (
+        None,
+        None,
+    )  # corrupt: the log refuses it
 
 
 def test_gate_reads_compressed_batches() -> None:
@@ -540,7 +721,7 @@ def test_gate_reads_compressed_batches() -> None:
 
     batch = records.encode_batch([(None, wire(KITCHEN_VALUE)), (None, b"bad")], 0)
     compressed = bytes(cramjam.zstd.compress(bytes(body(batch))))
-    after_crc = bytearray(batch[21:records.HEADER_SIZE] + compressed)
+    after_crc = bytearray(batch[21 : records.HEADER_SIZE] + compressed)
     struct.pack_into(">h", after_crc, 0, records.COMPRESSION_ZSTD)
     from crc32c import crc32c
 
@@ -568,10 +749,12 @@ def test_gate_sees_schemas_registered_later() -> None:
 def test_mutated_produce_requests_get_the_python_gates_verdict(data: st.DataObject) -> None:
     from crc32c import crc32c
 
-    values = data.draw(st.lists(st.sampled_from([wire(KITCHEN_VALUE), None]), min_size=1, max_size=3))
+    values = data.draw(
+        st.lists(st.sampled_from([wire(KITCHEN_VALUE), None]), min_size=1, max_size=3)
+    )
     first = records.encode_batch([(None, wire(KITCHEN_VALUE))], 0)
     batch = bytearray(records.encode_batch([(b"k", v) for v in values], 0))
-    mutated = bytearray(mutate(bytes(batch[records.HEADER_SIZE:]), data.draw))
+    mutated = bytearray(mutate(bytes(batch[records.HEADER_SIZE :]), data.draw))
     batch = batch[: records.HEADER_SIZE] + mutated
     struct.pack_into(">i", batch, 8, len(batch) - records.LOG_OVERHEAD)
     struct.pack_into(">I", batch, 17, crc32c(bytes(batch[21:])))
@@ -601,7 +784,13 @@ bad = gate.check(good + records.encode_batch([(None, b"nope")], 0))
 assert bad is not None and bad.batch_index == 1, bad
 """
     repo = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
-                            timeout=60, cwd=repo)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=repo,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("broker._gate is not built") == 1, result.stderr

@@ -33,8 +33,14 @@ def _append(table: Table, props: dict[str, str]) -> int:
 
 
 def _round(table: Table, offsets: dict[int, int], round_id: str) -> int:
-    snapshot_id = _append(table, {checkpoint.OFFSETS: checkpoint.encode_offsets(offsets),
-                                  checkpoint.ROUND_ID: round_id, checkpoint.TOPIC_ID: "tid"})
+    snapshot_id = _append(
+        table,
+        {
+            checkpoint.OFFSETS: checkpoint.encode_offsets(offsets),
+            checkpoint.ROUND_ID: round_id,
+            checkpoint.TOPIC_ID: "tid",
+        },
+    )
     if checkpoint.CHECKPOINT_TAG in table.metadata.refs:
         table.manage_snapshots().remove_tag(checkpoint.CHECKPOINT_TAG).commit()
     table.manage_snapshots().create_tag(snapshot_id, checkpoint.CHECKPOINT_TAG).commit()
@@ -62,8 +68,11 @@ def test_the_tag_answers_when_expiry_cut_the_ancestry(table: Table) -> None:
     later = _append(table, {"written-by": "compaction"})
     metadata = table.refresh().metadata
     # what expire_snapshots leaves: main's snapshot without its parents, plus the tagged one
-    parentless = [s.model_copy(update={"parent_snapshot_id": -1}) if s.snapshot_id == later else s
-                  for s in metadata.snapshots if s.snapshot_id in (later, tagged)]
+    parentless = [
+        s.model_copy(update={"parent_snapshot_id": -1}) if s.snapshot_id == later else s
+        for s in metadata.snapshots
+        if s.snapshot_id in (later, tagged)
+    ]
     cut = metadata.model_copy(update={"snapshots": parentless})
     assert cut.refs[checkpoint.CHECKPOINT_TAG].snapshot_ref_type == SnapshotRefType.TAG
     found = checkpoint.read_checkpoint(cut)

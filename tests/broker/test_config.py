@@ -25,12 +25,21 @@ def parse(argv: list[str]) -> BrokerConfig:
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("ICEFALL_HOME", "ICEFALL_METADATA_URI", "ICEFALL_SEGMENT_FLUSH_MS", "AWS_ENDPOINT_URL",
-                 "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+    for name in (
+        "ICEFALL_HOME",
+        "ICEFALL_METADATA_URI",
+        "ICEFALL_SEGMENT_FLUSH_MS",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_properties_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_properties_file_then_environment_then_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     props = tmp_path / "server.properties"
     props.write_text(
         "# a Kafka-style file\n"
@@ -43,18 +52,28 @@ def test_properties_file_then_environment_then_flags(tmp_path: Path, monkeypatch
         "automq.table.topic.catalog.warehouse=s3://lake/warehouse\n"
         "automq.table.topic.catalog.s3.path-style-access=true\n"
         "object.store=s3://lake/segments\n"
-        "object.store.endpoint=http://127.0.0.1:9000\n")
+        "object.store.endpoint=http://127.0.0.1:9000\n"
+    )
     got = parse(["--config", str(props)])
     assert (got.node_id, got.segment_flush_ms, got.segment_flush_bytes) == (3, 250, 65536)
-    assert got.auto_create_topics and got.default_partitions == 4 and got.retention_check_interval_ms == 1000
+    assert (
+        got.auto_create_topics
+        and got.default_partitions == 4
+        and got.retention_check_interval_ms == 1000
+    )
     assert got.warehouse == "s3://lake/warehouse" and got.catalog.builtin
     assert got.catalog.properties == {"s3.path-style-access": "true"}
-    assert got.store.url == "s3://lake/segments" and got.store.endpoint_url == "http://127.0.0.1:9000"
+    assert (
+        got.store.url == "s3://lake/segments" and got.store.endpoint_url == "http://127.0.0.1:9000"
+    )
 
     monkeypatch.setenv("ICEFALL_SEGMENT_FLUSH_MS", "500")  # the environment beats the file
     assert parse(["--config", str(props)]).segment_flush_ms == 500
     # --override and flags beat both
-    assert parse(["--config", str(props), "--override", "segment.flush.ms=700"]).segment_flush_ms == 700
+    assert (
+        parse(["--config", str(props), "--override", "segment.flush.ms=700"]).segment_flush_ms
+        == 700
+    )
     assert parse(["--config", str(props), "--segment-flush-ms", "900"]).segment_flush_ms == 900
     assert parse(["--config", str(props), "--no-auto-create-topics"]).auto_create_topics is False
 
@@ -66,7 +85,9 @@ def test_unknown_keys_and_bad_values_name_the_setting(tmp_path: Path) -> None:
         parse(["--config", str(props)])
     with pytest.raises(ConfigError, match=r"segment.flush.ms: .*greater than or equal to 1"):
         parse(["--override", "segment.flush.ms=0"])
-    with pytest.raises(ConfigError, match=r"automq.table.topic.catalog.type: .*'rest', 'glue', 'tablebucket'"):
+    with pytest.raises(
+        ConfigError, match=r"automq.table.topic.catalog.type: .*'rest', 'glue', 'tablebucket'"
+    ):
         parse(["--override", "automq.table.topic.catalog.type=hive"])
     with pytest.raises(ConfigError, match=r"catalog.type=glue is not supported yet: use rest"):
         parse(["--override", "automq.table.topic.catalog.type=glue"])
@@ -79,9 +100,23 @@ def test_unknown_keys_and_bad_values_name_the_setting(tmp_path: Path) -> None:
 def test_the_cli_reports_a_bad_config_and_exits_2(tmp_path: Path) -> None:
     props = tmp_path / "server.properties"
     props.write_text("automq.table.topic.catalog.type=hive\n")
-    done = subprocess.run([sys.executable, "-m", "broker.cli", "broker", "--config", str(props),
-                           "--home", str(tmp_path / "home")], check=False, cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "broker",
+            "--config",
+            str(props),
+            "--home",
+            str(tmp_path / "home"),
+        ],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "automq.table.topic.catalog.type" in done.stderr and "hive" in done.stderr
 
@@ -89,19 +124,60 @@ def test_the_cli_reports_a_bad_config_and_exits_2(tmp_path: Path) -> None:
 def test_icefall_up_hands_the_broker_every_setting(tmp_path: Path) -> None:
     """Every field of the model set away from its default on ``icefall up``'s command line
     comes out the same in the broker's own parse of the command ``icefall up`` runs."""
-    flags = ["--home", str(tmp_path / "h"), "--host", "127.0.0.2", "--advertised-host", "broker.example",
-             "--kafka-port", "19092", "--registry-port", "18081", "--catalog-port", "18181",
-             "--admin-port", "18090", "--node-id", "7", "--cluster-id", "c-1", "--segment-flush-ms", "123",
-             "--segment-flush-bytes", "4096", "--no-wal-fsync", "--max-unflushed-bytes", "8192",
-             "--max-request-bytes", "2048", "--default-partitions", "5", "--auto-create-topics",
-             "--group-initial-rebalance-delay-ms", "9", "--retention-check-interval-ms", "4321",
-             "--catalog-uri", "sqlite:////tmp/c.sqlite", "--metadata-uri", "postgresql://u:p@h:5432/d",
-             "--warehouse", "s3://lake/wh", "--catalog-vended-credentials",
-             "--object-store", "s3://lake/seg",
-             "--override", "automq.table.topic.catalog.s3.path-style-access=true"]
+    flags = [
+        "--home",
+        str(tmp_path / "h"),
+        "--host",
+        "127.0.0.2",
+        "--advertised-host",
+        "broker.example",
+        "--kafka-port",
+        "19092",
+        "--registry-port",
+        "18081",
+        "--catalog-port",
+        "18181",
+        "--admin-port",
+        "18090",
+        "--node-id",
+        "7",
+        "--cluster-id",
+        "c-1",
+        "--segment-flush-ms",
+        "123",
+        "--segment-flush-bytes",
+        "4096",
+        "--no-wal-fsync",
+        "--max-unflushed-bytes",
+        "8192",
+        "--max-request-bytes",
+        "2048",
+        "--default-partitions",
+        "5",
+        "--auto-create-topics",
+        "--group-initial-rebalance-delay-ms",
+        "9",
+        "--retention-check-interval-ms",
+        "4321",
+        "--catalog-uri",
+        "sqlite:////tmp/c.sqlite",
+        "--metadata-uri",
+        "postgresql://u:p@h:5432/d",
+        "--warehouse",
+        "s3://lake/wh",
+        "--catalog-vended-credentials",
+        "--object-store",
+        "s3://lake/seg",
+        "--override",
+        "automq.table.topic.catalog.s3.path-style-access=true",
+    ]
     given = parse(flags)
     defaults = BrokerConfig()
-    changed = {name for name in BrokerConfig.model_fields if getattr(given, name) != getattr(defaults, name)}
+    changed = {
+        name
+        for name in BrokerConfig.model_fields
+        if getattr(given, name) != getattr(defaults, name)
+    }
     assert changed == set(BrokerConfig.model_fields), set(BrokerConfig.model_fields) - changed
 
     argv = broker_command(given, given.home, tmp_path / "ready")
@@ -117,7 +193,11 @@ def test_credentials_stay_out_of_what_is_written(monkeypatch: pytest.MonkeyPatch
     got = load_broker_config(flags={"object_store": "s3://lake/seg"})
     assert got.store.secret_access_key == "very-secret"  # the process itself has them
     written = " ".join(f"{k}={v}" for k, v in to_overrides(got).items())
-    assert "very-secret" not in written and "AKIA-TEST" not in written and "very-secret" not in repr(got)
+    assert (
+        "very-secret" not in written
+        and "AKIA-TEST" not in written
+        and "very-secret" not in repr(got)
+    )
 
 
 def test_known_keys_cover_every_setting() -> None:

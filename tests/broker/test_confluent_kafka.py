@@ -18,22 +18,34 @@ from confluent_kafka.admin import (
 from tests.support import BrokerProcess, wait_for
 
 
-def _create(admin: AdminClient, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
-    for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
+def _create(
+    admin: AdminClient, name: str, partitions: int = 1, config: dict[str, str] | None = None
+) -> None:
+    for future in admin.create_topics(
+        [NewTopic(name, partitions, 1, config=config or {})]
+    ).values():
         future.result(10)
 
 
 def _consume(bootstrap: str, topic: str, count: int, **conf: object) -> list[Any]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4()}",
-                         "auto.offset.reset": "earliest", **conf})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            **conf,
+        }
+    )
     consumer.subscribe([topic])
     got: list[Any] = []  # confluent_kafka.Message
     try:
+
         def poll() -> bool:
             msg = consumer.poll(0.5)
             if msg is not None and not msg.error():
                 got.append(msg)
             return len(got) >= count
+
         wait_for(poll, 30, interval=0, what=f"{count} records from {topic}")
     finally:
         consumer.close()
@@ -45,8 +57,15 @@ def test_produce_and_consume_every_codec(broker: BrokerProcess, codec: str) -> N
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     topic = f"codec-{codec}"
     _create(admin, topic, 3)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True,
-                         "compression.type": codec, "linger.ms": 5})
+    producer = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "compression.type": codec,
+            "linger.ms": 5,
+        }
+    )
     sent = {f"key-{i}": f"value-{i}-{codec}" for i in range(2000)}
     for key, value in sent.items():
         producer.produce(topic, key=key, value=value, headers={"h": key.encode()})
@@ -69,10 +88,16 @@ def test_acks_levels(broker: BrokerProcess, acks: str) -> None:
     producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": acks})
     delivered: list[int] = []
     for i in range(100):
-        producer.produce(topic, value=str(i).encode(), on_delivery=lambda err, msg: delivered.append(0 if err else 1))
+        producer.produce(
+            topic,
+            value=str(i).encode(),
+            on_delivery=lambda err, msg: delivered.append(0 if err else 1),
+        )
     assert producer.flush(30) == 0
     assert sum(delivered) == 100
-    assert sorted(int(m.value()) for m in _consume(broker.bootstrap, topic, 100)) == list(range(100))
+    assert sorted(int(m.value()) for m in _consume(broker.bootstrap, topic, 100)) == list(
+        range(100)
+    )
 
 
 def test_consume_from_offset_and_timestamp(broker: BrokerProcess) -> None:
@@ -82,11 +107,15 @@ def test_consume_from_offset_and_timestamp(broker: BrokerProcess) -> None:
     for i in range(50):
         producer.produce("seek", value=str(i).encode(), timestamp=1_700_000_000_000 + i * 1000)
         producer.flush(10)
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "seek", "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "seek", "enable.auto.commit": False}
+    )
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition("seek", 0), timeout=10)
         assert (low, high) == (0, 50)
-        found = consumer.offsets_for_times([TopicPartition("seek", 0, 1_700_000_000_000 + 20_500)], timeout=10)
+        found = consumer.offsets_for_times(
+            [TopicPartition("seek", 0, 1_700_000_000_000 + 20_500)], timeout=10
+        )
         assert found[0].offset == 21
         consumer.assign([TopicPartition("seek", 0, 30)])
         msgs: list[Any] = []
@@ -110,8 +139,14 @@ def test_configs_describe_alter_and_reject_unknown(broker: BrokerProcess) -> Non
     assert described["retention.ms"].value == "3600000"
     assert described["automq.table.topic.enable"].value == "false"
 
-    enable = ConfigResource("topic", "cfg", set_config={
-        "automq.table.topic.enable": "true", "automq.table.topic.commit.interval.ms": "30000"})
+    enable = ConfigResource(
+        "topic",
+        "cfg",
+        set_config={
+            "automq.table.topic.enable": "true",
+            "automq.table.topic.commit.interval.ms": "30000",
+        },
+    )
     admin.alter_configs([enable])[enable].result(10)
     described = admin.describe_configs([resource])[resource].result(10)
     assert described["automq.table.topic.enable"].value == "true"
@@ -119,8 +154,11 @@ def test_configs_describe_alter_and_reject_unknown(broker: BrokerProcess) -> Non
     manifest = broker.admin("/v1/table-topics")
     assert [t["topic"] for t in manifest["table_topics"]] == ["cfg"]
 
-    for bad in ({"no.such.key": "1"}, {"automq.table.topic.commit.interval.ms": "soon"},
-                {"automq.table.topic.convert.value.type": "xml"}):
+    for bad in (
+        {"no.such.key": "1"},
+        {"automq.table.topic.commit.interval.ms": "soon"},
+        {"automq.table.topic.convert.value.type": "xml"},
+    ):
         res = ConfigResource("topic", "cfg", set_config=bad)
         with pytest.raises(KafkaException) as info:
             admin.alter_configs([res])[res].result(10)
@@ -132,8 +170,15 @@ def test_configs_describe_alter_and_reject_unknown(broker: BrokerProcess) -> Non
     assert info.value.args[0].code() == 40
 
     # Turned off with an incremental alter: out of table_topics, listed as disabled (its DAG gets paused).
-    off = ConfigResource("topic", "cfg", incremental_configs=[
-        ConfigEntry("automq.table.topic.enable", "false", incremental_operation=AlterConfigOpType.SET)])
+    off = ConfigResource(
+        "topic",
+        "cfg",
+        incremental_configs=[
+            ConfigEntry(
+                "automq.table.topic.enable", "false", incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
     admin.incremental_alter_configs([off])[off].result(10)
     manifest = broker.admin("/v1/table-topics")
     assert manifest["table_topics"] == []

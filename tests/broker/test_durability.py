@@ -38,7 +38,9 @@ def _producers(broker: BrokerProcess) -> list[ContinuousProducer]:
     return [
         # no retries: a record the broker wrote but could not acknowledge before the
         # kill is reported as failed, never written twice
-        ContinuousProducer(broker.bootstrap, TOPIC, "plain", {"enable.idempotence": False, "retries": 0}),
+        ContinuousProducer(
+            broker.bootstrap, TOPIC, "plain", {"enable.idempotence": False, "retries": 0}
+        ),
         # retries across the restart; the broker must recognise the duplicates
         ContinuousProducer(broker.bootstrap, TOPIC, "idem", {"enable.idempotence": True}),
     ]
@@ -53,7 +55,9 @@ def _all_acked_beyond(producers: list[ContinuousProducer], counts: list[int], mo
     return all(p.acked_count >= c + more for p, c in zip(producers, counts, strict=True))
 
 
-def _restart_after_kill9(broker: BrokerProcess, producers: list[ContinuousProducer]) -> dict[str, tuple[int, int]]:
+def _restart_after_kill9(
+    broker: BrokerProcess, producers: list[ContinuousProducer]
+) -> dict[str, tuple[int, int]]:
     """kill -9, restart on the same home and ports, wait until both producers
     get acks again. Returns the records acknowledged before the kill."""
     broker.kill9()
@@ -68,8 +72,11 @@ def _restart_after_kill9(broker: BrokerProcess, producers: list[ContinuousProduc
     return before_kill
 
 
-def _check_after_restart(broker: BrokerProcess, producers: list[ContinuousProducer],
-                         acked_before_kill: dict[str, tuple[int, int]]) -> None:
+def _check_after_restart(
+    broker: BrokerProcess,
+    producers: list[ContinuousProducer],
+    acked_before_kill: dict[str, tuple[int, int]],
+) -> None:
     log = read_partitions(broker.bootstrap, TOPIC, PARTITIONS)
     verify_log(log, producers)
     offsets = _offsets(broker)
@@ -79,7 +86,9 @@ def _check_after_restart(broker: BrokerProcess, producers: list[ContinuousProduc
         assert offsets[p]["flushed_offset"] <= offsets[p]["high_watermark"]
     # what the WAL held at the kill was replayed and flushed when the broker opened
     for value, (p, offset) in acked_before_kill.items():
-        assert offsets[p]["flushed_offset"] > offset, f"{value} at {p}/{offset} not flushed after the restart"
+        assert offsets[p]["flushed_offset"] > offset, (
+            f"{value} at {p}/{offset} not flushed after the restart"
+        )
 
 
 def _run(broker: BrokerProcess, kill_when: Callable[[], bool], cycles: int = 1) -> None:
@@ -100,19 +109,25 @@ def _run(broker: BrokerProcess, kill_when: Callable[[], bool], cycles: int = 1) 
     _check_after_restart(broker, producers, acked_before_kill)
 
 
-def test_kill9_while_records_are_only_in_the_wal(broker_factory: Callable[..., BrokerProcess]) -> None:
+def test_kill9_while_records_are_only_in_the_wal(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
     broker = broker_factory(["--segment-flush-ms", "60000"])
     segments = broker.home / "objects" / "segments"
 
     def nothing_flushed() -> bool:
         offsets = _offsets(broker)
-        assert all(o["flushed_offset"] == 0 and o["high_watermark"] > 0 for o in offsets.values()), offsets
+        assert all(
+            o["flushed_offset"] == 0 and o["high_watermark"] > 0 for o in offsets.values()
+        ), offsets
         assert not (segments.exists() and any(segments.iterdir())), "a segment object was written"
         assert any((broker.home / "wal").glob("*.wal"))
         return True
 
     _run(broker, nothing_flushed)
-    assert segments.exists() and any(segments.iterdir()), "the replayed WAL was not flushed at startup"
+    assert segments.exists() and any(segments.iterdir()), (
+        "the replayed WAL was not flushed at startup"
+    )
 
 
 def test_kill9_after_segments_were_flushed(broker_factory: Callable[..., BrokerProcess]) -> None:
@@ -121,8 +136,10 @@ def test_kill9_after_segments_were_flushed(broker_factory: Callable[..., BrokerP
     def some_flushed() -> bool:
         health = broker.admin("/healthz")
         offsets = _offsets(broker)
-        return bool(health["segments_written"] >= 3
-                    and all(o["flushed_offset"] > 0 for o in offsets.values()))
+        return bool(
+            health["segments_written"] >= 3
+            and all(o["flushed_offset"] > 0 for o in offsets.values())
+        )
 
     _run(broker, some_flushed, cycles=2)
 
@@ -132,26 +149,34 @@ def test_sigterm_restart_keeps_everything(broker_factory: Callable[..., BrokerPr
     create_topic(broker.bootstrap, TOPIC, PARTITIONS)
     producers = [p.start() for p in _producers(broker)]
     try:
-        wait_for(lambda: _all_acked_beyond(producers, [0, 0], 1000), 40, what="records acknowledged")
+        wait_for(
+            lambda: _all_acked_beyond(producers, [0, 0], 1000), 40, what="records acknowledged"
+        )
         assert all(o["flushed_offset"] == 0 for o in _offsets(broker).values())
         assert broker.stop() == 0
         acked_before_stop = {v: po for pr in producers for v, po in list(pr.acked.items())}
         counts = [p.acked_count for p in producers]
         broker.start()
-        wait_for(lambda: _all_acked_beyond(producers, counts, 300), 40, what="acks after the restart")
+        wait_for(
+            lambda: _all_acked_beyond(producers, counts, 300), 40, what="acks after the restart"
+        )
     finally:
         stop_all(producers)
     assert "replayed" not in broker.log_text(), "a clean stop should leave nothing to replay"
     log = read_partitions(broker.bootstrap, TOPIC, PARTITIONS)
     verify_log(log, producers)
     offsets = _offsets(broker)
-    assert [offsets[p]["high_watermark"] for p in range(PARTITIONS)] == [len(log[p]) for p in range(PARTITIONS)]
+    assert [offsets[p]["high_watermark"] for p in range(PARTITIONS)] == [
+        len(log[p]) for p in range(PARTITIONS)
+    ]
     # the clean stop flushed everything acknowledged before it
     for value, (p, offset) in acked_before_stop.items():
         assert offsets[p]["flushed_offset"] > offset, value
 
 
-def test_kill9_of_an_idle_broker_then_again_after_produce(broker_factory: Callable[..., BrokerProcess]) -> None:
+def test_kill9_of_an_idle_broker_then_again_after_produce(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
     """A topic with no records survives kill -9 (empty WAL); one with records survives a second one."""
     broker = broker_factory(["--segment-flush-ms", "100"])
     create_topic(broker.bootstrap, TOPIC, PARTITIONS)
@@ -189,9 +214,16 @@ def _varint(n: int) -> bytes:
 def _batch(value: bytes, producer_id: int = -1, sequence: int = -1, epoch: int = 0) -> bytes:
     """A one-record v2 batch, uncompressed (producer_id -1: not idempotent)."""
     ts = 1_700_000_000_000
-    body = b"\x00" + _varint(0) + _varint(0) + _varint(-1) + _varint(len(value)) + value + _varint(0)
-    after_crc = struct.pack(">hiqqqhii", 0, 0, ts, ts, producer_id, epoch if producer_id >= 0 else -1,
-                            sequence, 1) + _varint(len(body)) + body
+    body = (
+        b"\x00" + _varint(0) + _varint(0) + _varint(-1) + _varint(len(value)) + value + _varint(0)
+    )
+    after_crc = (
+        struct.pack(
+            ">hiqqqhii", 0, 0, ts, ts, producer_id, epoch if producer_id >= 0 else -1, sequence, 1
+        )
+        + _varint(len(body))
+        + body
+    )
     rest = struct.pack(">iBI", 0, 2, crc32c(after_crc)) + after_crc
     return struct.pack(">qi", 0, len(rest)) + rest
 
@@ -218,7 +250,9 @@ async def _open(home: Path, topics: dict[str, int]) -> LogStore:
     return logs
 
 
-async def _append(logs: LogStore, topic: str, batch: bytes, durable: bool = True) -> tuple[int, int]:
+async def _append(
+    logs: LogStore, topic: str, batch: bytes, durable: bool = True
+) -> tuple[int, int]:
     base, seq = await logs.append(logs.partitions[(topic, 0)], batch, 1 << 20)
     if durable:
         await asyncio.wait_for(logs.wal.wait_durable(seq), 10)
@@ -227,7 +261,11 @@ async def _append(logs: LogStore, topic: str, batch: bytes, durable: bool = True
 
 async def _values(logs: LogStore, topic: str) -> list[tuple[int, bytes | None]]:
     data = await logs.read(logs.partitions[(topic, 0)], 0, 1 << 20)
-    return [(r.offset, r.value) for _, b in records.iter_batches(data) for r in records.decode_batch(b)[1]]
+    return [
+        (r.offset, r.value)
+        for _, b in records.iter_batches(data)
+        for r in records.decode_batch(b)[1]
+    ]
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:
@@ -334,7 +372,9 @@ def test_a_topic_deleted_during_a_flush_leaves_nothing_in_the_index(tmp_path: Pa
             logs.metadata.delete_topic("gone")
             put.release.set()
             await flush
-            assert logs.metadata.chunks("gone", 0) == [], "a topic created again as 'gone' would inherit this"
+            assert logs.metadata.chunks("gone", 0) == [], (
+                "a topic created again as 'gone' would inherit this"
+            )
             assert len(logs.metadata.chunks("kept", 0)) == 1
             assert logs.unflushed_bytes == 0
             assert await _values(logs, "kept") == [(0, b"k")]

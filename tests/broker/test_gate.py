@@ -13,8 +13,13 @@ from fastavro import parse_schema, schemaless_writer
 from broker import records
 from broker.gate import DataQualityGate, gate_applies
 
-SCHEMA = parse_schema({"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"},
-                                                                  {"name": "name", "type": "string"}]})
+SCHEMA = parse_schema(
+    {
+        "type": "record",
+        "name": "R",
+        "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}],
+    }
+)
 
 
 @dataclass
@@ -44,7 +49,9 @@ def batch(values: list[bytes | None]) -> bytes:
 
 def test_good_records_and_tombstones_pass() -> None:
     gate = DataQualityGate(Schemas())
-    good = batch([avro(7, {"id": 1, "name": "a"}), None, b"\x00" + struct.pack(">I", 8) + b'{"x": 1}'])
+    good = batch(
+        [avro(7, {"id": 1, "name": "a"}), None, b"\x00" + struct.pack(">I", 8) + b'{"x": 1}']
+    )
     assert gate.check(good + batch([avro(7, {"id": 2, "name": "b"})])) is None
 
 

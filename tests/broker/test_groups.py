@@ -42,8 +42,12 @@ def _create(broker: BrokerProcess, topic: str, partitions: int = PARTITIONS) -> 
 class Member(threading.Thread):
     """A group consumer polled in its own thread; ``partitions`` is its current assignment."""
 
-    def __init__(self, make: Callable[[], Any], poll: Callable[[Any], None],
-                 assigned: Callable[[Any], set[int]]) -> None:
+    def __init__(
+        self,
+        make: Callable[[], Any],
+        poll: Callable[[Any], None],
+        assigned: Callable[[Any], set[int]],
+    ) -> None:
         super().__init__(daemon=True)
         self._make, self._poll, self._assigned = make, poll, assigned
         self._partitions: frozenset[int] = frozenset()
@@ -78,15 +82,26 @@ class Member(threading.Thread):
             raise AssertionError(f"consumer thread failed: {self.error!r}") from self.error
 
 
-def confluent_member(broker: BrokerProcess, group: str, topic: str, client_id: str,
-                     strategy: str = "range,roundrobin") -> Member:
+def confluent_member(
+    broker: BrokerProcess,
+    group: str,
+    topic: str,
+    client_id: str,
+    strategy: str = "range,roundrobin",
+) -> Member:
     def make() -> Consumer:
-        consumer = Consumer({
-            "bootstrap.servers": broker.bootstrap, "group.id": group, "client.id": client_id,
-            "session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": HEARTBEAT_MS,
-            "max.poll.interval.ms": 15000, "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": strategy,
-        })
+        consumer = Consumer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "group.id": group,
+                "client.id": client_id,
+                "session.timeout.ms": SESSION_MS,
+                "heartbeat.interval.ms": HEARTBEAT_MS,
+                "max.poll.interval.ms": 15000,
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": strategy,
+            }
+        )
         consumer.subscribe([topic])
         return consumer
 
@@ -96,14 +111,20 @@ def confluent_member(broker: BrokerProcess, group: str, topic: str, client_id: s
 def kafka_python_member(broker: BrokerProcess, group: str, topic: str, client_id: str) -> Member:
     def make() -> KafkaConsumer:
         consumer = KafkaConsumer(
-            bootstrap_servers=broker.bootstrap, group_id=group, client_id=client_id,
-            session_timeout_ms=SESSION_MS, heartbeat_interval_ms=HEARTBEAT_MS, max_poll_interval_ms=15000,
+            bootstrap_servers=broker.bootstrap,
+            group_id=group,
+            client_id=client_id,
+            session_timeout_ms=SESSION_MS,
+            heartbeat_interval_ms=HEARTBEAT_MS,
+            max_poll_interval_ms=15000,
             auto_offset_reset="earliest",
         )
         consumer.subscribe([topic])
         return consumer
 
-    return Member(make, lambda c: c.poll(timeout_ms=100), lambda c: {tp.partition for tp in c.assignment()})
+    return Member(
+        make, lambda c: c.poll(timeout_ms=100), lambda c: {tp.partition for tp in c.assignment()}
+    )
 
 
 def cooperative_member(broker: BrokerProcess, group: str, topic: str, client_id: str) -> Member:
@@ -111,8 +132,11 @@ def cooperative_member(broker: BrokerProcess, group: str, topic: str, client_id:
     return confluent_member(broker, group, topic, client_id, strategy="cooperative-sticky")
 
 
-MEMBER_KINDS = {"confluent": confluent_member, "confluent-cooperative": cooperative_member,
-                "kafka-python": kafka_python_member}
+MEMBER_KINDS = {
+    "confluent": confluent_member,
+    "confluent-cooperative": cooperative_member,
+    "kafka-python": kafka_python_member,
+}
 
 
 @pytest.fixture
@@ -131,11 +155,17 @@ def _split(*members: Member) -> bool:
     """Every member owns something, no partition twice, all partitions owned."""
     owned = [m.partitions for m in members]
     union = frozenset().union(*owned)
-    return all(owned) and sum(len(o) for o in owned) == len(union) and union == frozenset(range(PARTITIONS))
+    return (
+        all(owned)
+        and sum(len(o) for o in owned) == len(union)
+        and union == frozenset(range(PARTITIONS))
+    )
 
 
 @pytest.mark.parametrize("kind", list(MEMBER_KINDS))
-def test_rebalance_on_join_and_leave(broker: BrokerProcess, members: list[Member], kind: str) -> None:
+def test_rebalance_on_join_and_leave(
+    broker: BrokerProcess, members: list[Member], kind: str
+) -> None:
     topic, group = f"rebalance-{kind}", f"group-{kind}"
     _create(broker, topic)
     make = MEMBER_KINDS[kind]
@@ -143,17 +173,23 @@ def test_rebalance_on_join_and_leave(broker: BrokerProcess, members: list[Member
 
     first = make(broker, group, topic, "first")
     members.append(first)
-    wait_for(lambda: first.partitions == everything, 30, what="the first member to own every partition")
+    wait_for(
+        lambda: first.partitions == everything, 30, what="the first member to own every partition"
+    )
 
     second = make(broker, group, topic, "second")
     members.append(second)
-    wait_for(lambda: _split(first, second), 30,
-             what="the assignment to split between the two members")
+    wait_for(
+        lambda: _split(first, second), 30, what="the assignment to split between the two members"
+    )
     assert abs(len(first.partitions) - len(second.partitions)) <= 1  # both assignors balance
 
     second.leave()
-    wait_for(lambda: first.partitions == everything, 30,
-             what="the first member to own every partition again")
+    wait_for(
+        lambda: first.partitions == everything,
+        30,
+        what="the first member to own every partition again",
+    )
     first.leave()
 
 
@@ -176,21 +212,37 @@ _DOOMED_MEMBER = textwrap.dedent("""
 
 
 def test_member_that_stops_heartbeating_is_removed_after_session_timeout(
-        broker: BrokerProcess, members: list[Member], tmp_path: Path) -> None:
+    broker: BrokerProcess, members: list[Member], tmp_path: Path
+) -> None:
     topic, group = "expiry", "expiry-group"
     _create(broker, topic)
     everything = frozenset(range(PARTITIONS))
     survivor = confluent_member(broker, group, topic, "survivor")
     members.append(survivor)
-    wait_for(lambda: survivor.partitions == everything, 30, what="the survivor to own every partition")
+    wait_for(
+        lambda: survivor.partitions == everything, 30, what="the survivor to own every partition"
+    )
 
     doomed_session_ms = 3000
     doomed_log = tmp_path / "doomed-member.log"
     with open(doomed_log, "w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _DOOMED_MEMBER, broker.bootstrap, group, topic, str(doomed_session_ms),
-             str(HEARTBEAT_MS)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+            [
+                sys.executable,
+                "-c",
+                _DOOMED_MEMBER,
+                broker.bootstrap,
+                group,
+                topic,
+                str(doomed_session_ms),
+                str(HEARTBEAT_MS),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
     seen: list[list[int]] = []
 
     def read_assignments() -> None:
@@ -199,9 +251,16 @@ def test_member_that_stops_heartbeating_is_removed_after_session_timeout(
 
     threading.Thread(target=read_assignments, daemon=True).start()
     try:
-        wait_for(lambda: seen and seen[-1] and set(seen[-1]).isdisjoint(survivor.partitions)
-                 and set(seen[-1]) | survivor.partitions == everything, 30,
-                 what=f"the doomed member to get a share of the partitions (its log: {doomed_log})")
+        wait_for(
+            lambda: (
+                seen
+                and seen[-1]
+                and set(seen[-1]).isdisjoint(survivor.partitions)
+                and set(seen[-1]) | survivor.partitions == everything
+            ),
+            30,
+            what=f"the doomed member to get a share of the partitions (its log: {doomed_log})",
+        )
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
 
         def client_ids() -> set[str]:
@@ -213,8 +272,11 @@ def test_member_that_stops_heartbeating_is_removed_after_session_timeout(
         os.killpg(proc.pid, signal.SIGKILL)  # no LeaveGroup, no more heartbeats
         killed_at = time.monotonic()
         proc.wait(10)
-        wait_for(lambda: survivor.partitions == everything, doomed_session_ms / 1000 + 8,
-                 what="the survivor to get every partition back")
+        wait_for(
+            lambda: survivor.partitions == everything,
+            doomed_session_ms / 1000 + 8,
+            what="the survivor to get every partition back",
+        )
         regained_after = time.monotonic() - killed_at
         assert client_ids() == {"survivor"}
         # the dead member was kept until its session ran out, not dropped when its connection died
@@ -237,16 +299,24 @@ def test_committed_offsets_survive_broker_restart(broker: BrokerProcess) -> None
     assert producer.flush(30) == 0
 
     committed = {0: 3, 1: 11, 2: 25, 3: 0}
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
     try:
-        consumer.commit(offsets=[TopicPartition(topic, p, o, metadata=f"m{p}") for p, o in committed.items()],
-                        asynchronous=False)
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, o, metadata=f"m{p}") for p, o in committed.items()],
+            asynchronous=False,
+        )
     finally:
         consumer.close()
 
     def fetched() -> dict[int, tuple[int, str | None]]:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(PARTITIONS)])]
+        request = [
+            ConsumerGroupTopicPartitions(
+                group, [TopicPartition(topic, p) for p in range(PARTITIONS)]
+            )
+        ]
         result = admin.list_consumer_group_offsets(request)[group].result(10)
         return {tp.partition: (tp.offset, tp.metadata) for tp in result.topic_partitions}
 
@@ -268,12 +338,19 @@ def test_committed_offsets_survive_broker_restart(broker: BrokerProcess) -> None
         listed.close()
 
     # a member of the group starts at the committed offsets, not at auto.offset.reset
-    resumed = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "auto.offset.reset": "latest",
-                        "enable.auto.commit": False})
+    resumed = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "latest",
+            "enable.auto.commit": False,
+        }
+    )
     resumed.subscribe([topic])
     got: list[tuple[int, int]] = []
     expected = sorted((p, o) for p, start in committed.items() for o in range(start, 25))
     try:
+
         def poll() -> bool:
             msg = resumed.poll(0.2)
             if msg is not None and not msg.error():
@@ -317,10 +394,13 @@ def test_list_and_describe_groups(broker: BrokerProcess, members: list[Member]) 
     kp_admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
         assert {"group_id": group, "protocol_type": "consumer"}.items() <= next(
-            g for g in kp_admin.list_groups() if g["group_id"] == group).items()
+            g for g in kp_admin.list_groups() if g["group_id"] == group
+        ).items()
         kp_described = kp_admin.describe_groups([group])[group]
         assert kp_described["error"] is None and kp_described["group_state"] == "Stable"
-        assert {m["member_id"] for m in kp_described["members"]} == {m.member_id for m in described.members}
+        assert {m["member_id"] for m in kp_described["members"]} == {
+            m.member_id for m in described.members
+        }
 
         a.leave()
         b.leave()

@@ -62,15 +62,24 @@ def _send_all(producer: KafkaProducer, topic: str, values: list[bytes], **kwargs
     return [f.get(timeout=30) for f in futures]
 
 
-def test_admin_create_describe_and_delete_topics(broker: BrokerProcess, admin: KafkaAdminClient) -> None:
-    created = admin.create_topics({
-        "kp-orders": {"num_partitions": 3, "replication_factor": 1,
-                      "configs": {"retention.ms": "3600000", "cleanup.policy": "compact"}},
-        "kp-events": {"num_partitions": 1, "replication_factor": 1},
-    })
+def test_admin_create_describe_and_delete_topics(
+    broker: BrokerProcess, admin: KafkaAdminClient
+) -> None:
+    created = admin.create_topics(
+        {
+            "kp-orders": {
+                "num_partitions": 3,
+                "replication_factor": 1,
+                "configs": {"retention.ms": "3600000", "cleanup.policy": "compact"},
+            },
+            "kp-events": {"num_partitions": 1, "replication_factor": 1},
+        }
+    )
     by_name = {t["name"]: t for t in created["topics"]}
     assert {n: (t["error_code"], t["num_partitions"]) for n, t in by_name.items()} == {
-        "kp-orders": (0, 3), "kp-events": (0, 1)}
+        "kp-orders": (0, 3),
+        "kp-events": (0, 1),
+    }
     assert {"kp-orders", "kp-events"} <= set(admin.list_topics())
 
     described = {t["name"]: t for t in admin.describe_topics(["kp-orders", "kp-events"])}
@@ -79,21 +88,33 @@ def test_admin_create_describe_and_delete_topics(broker: BrokerProcess, admin: K
 
     # the default filter returns only what was set on the topic
     modified = admin.describe_configs([ConfigResource("topic", "kp-orders")])["topic"]["kp-orders"]
-    assert {k: v["value"] for k, v in modified.items()} == {"retention.ms": "3600000", "cleanup.policy": "compact"}
+    assert {k: v["value"] for k, v in modified.items()} == {
+        "retention.ms": "3600000",
+        "cleanup.policy": "compact",
+    }
     assert all(v["config_source"] == "DYNAMIC_TOPIC_CONFIG" for v in modified.values())
     everything = admin.describe_configs([ConfigResource("topic", "kp-events")], config_filter="all")
     events = everything["topic"]["kp-events"]
     assert events["retention.ms"]["config_source"] == "DEFAULT_CONFIG"
     assert events["retention.ms"]["value"] != "3600000"
     assert events["cleanup.policy"]["value"] == "delete"
-    only = admin.describe_configs([ConfigResource("topic", "kp-orders", ["retention.ms"])], config_filter="all")
+    only = admin.describe_configs(
+        [ConfigResource("topic", "kp-orders", ["retention.ms"])], config_filter="all"
+    )
     assert list(only["topic"]["kp-orders"]) == ["retention.ms"]
 
     with pytest.raises(kafka.errors.TopicAlreadyExistsError):
         admin.create_topics({"kp-orders": {"num_partitions": 1, "replication_factor": 1}})
     with pytest.raises(kafka.errors.InvalidConfigurationError):
-        admin.create_topics({"kp-bad": {"num_partitions": 1, "replication_factor": 1,
-                                        "configs": {"retention.ms": "forever"}}})
+        admin.create_topics(
+            {
+                "kp-bad": {
+                    "num_partitions": 1,
+                    "replication_factor": 1,
+                    "configs": {"retention.ms": "forever"},
+                }
+            }
+        )
     assert "kp-bad" not in admin.list_topics()
 
     deleted = admin.delete_topics(["kp-orders"])
@@ -131,10 +152,14 @@ def test_produce_with_acks(broker: BrokerProcess, admin: KafkaAdminClient, acks:
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-def test_produce_and_consume_compressed(broker: BrokerProcess, admin: KafkaAdminClient, codec: str) -> None:
+def test_produce_and_consume_compressed(
+    broker: BrokerProcess, admin: KafkaAdminClient, codec: str
+) -> None:
     available, library = CODEC_LIBRARIES[codec]
     if not available():
-        pytest.skip(f"kafka-python cannot {codec}-compress: install {library} (pip install -e '.[test]')")
+        pytest.skip(
+            f"kafka-python cannot {codec}-compress: install {library} (pip install -e '.[test]')"
+        )
     topic = f"kp-codec-{codec}"
     admin.create_topics({topic: {"num_partitions": 2, "replication_factor": 1}})
     producer = _producer(broker, compression_type=codec, linger_ms=20, batch_size=64 * 1024)
@@ -163,7 +188,9 @@ def test_produce_and_consume_compressed(broker: BrokerProcess, admin: KafkaAdmin
         assert codecs and set(codecs) == {codec}, codecs
 
 
-def test_consume_from_earliest_latest_and_offset(broker: BrokerProcess, admin: KafkaAdminClient) -> None:
+def test_consume_from_earliest_latest_and_offset(
+    broker: BrokerProcess, admin: KafkaAdminClient
+) -> None:
     topic = "kp-positions"
     admin.create_topics({topic: {"num_partitions": 1, "replication_factor": 1}})
     tp = TopicPartition(topic, 0)
@@ -176,8 +203,12 @@ def test_consume_from_earliest_latest_and_offset(broker: BrokerProcess, admin: K
         earliest = _consumer(broker, auto_offset_reset="earliest", group_id="kp-earliest")
         try:
             latest.subscribe([topic])
-            wait_for(lambda: latest.poll(timeout_ms=100) == {} and latest.assignment() == {tp}, 20,
-                     interval=0, what="the latest consumer's assignment")
+            wait_for(
+                lambda: latest.poll(timeout_ms=100) == {} and latest.assignment() == {tp},
+                20,
+                interval=0,
+                what="the latest consumer's assignment",
+            )
             assert latest.position(tp) == len(old)
             new = [f"new-{i}".encode() for i in range(5)]
             _send_all(producer, topic, new)
@@ -225,7 +256,9 @@ def test_offsets_for_times(broker: BrokerProcess, admin: KafkaAdminClient) -> No
     consumer = _consumer(broker)
     try:
         for query in (base - 5000, base, base + 20_500, base + 39_000):
-            index = next(i for i, ts in enumerate(stamps) if ts >= query)  # the first record at or after
+            index = next(
+                i for i, ts in enumerate(stamps) if ts >= query
+            )  # the first record at or after
             found = consumer.offsets_for_times({tp: query})[tp]
             assert found is not None, query
             assert (found.offset, found.timestamp) == (index, stamps[index]), query
@@ -263,14 +296,19 @@ def test_group_commit_and_fetch_committed(broker: BrokerProcess, admin: KafkaAdm
         consumer.commit()  # the consumed positions
         assert [consumer.committed(tp) for tp in tps] == [20, 20]
         # explicit offsets with metadata
-        consumer.commit({tps[0]: OffsetAndMetadata(5, "five", -1), tps[1]: OffsetAndMetadata(12, "twelve", -1)})
+        consumer.commit(
+            {tps[0]: OffsetAndMetadata(5, "five", -1), tps[1]: OffsetAndMetadata(12, "twelve", -1)}
+        )
         assert [consumer.committed(tp) for tp in tps] == [5, 12]
         assert consumer.committed(tps[0], metadata=True).metadata == "five"
     finally:
         consumer.close()
 
     offsets = admin.list_group_offsets(group)[group]
-    assert {tp: (o.offset, o.metadata) for tp, o in offsets.items()} == {tps[0]: (5, "five"), tps[1]: (12, "twelve")}
+    assert {tp: (o.offset, o.metadata) for tp, o in offsets.items()} == {
+        tps[0]: (5, "five"),
+        tps[1]: (12, "twelve"),
+    }
     assert group in {g["group_id"] for g in admin.list_groups()}
 
     # a new member of the group resumes at the committed offsets

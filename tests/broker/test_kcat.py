@@ -15,7 +15,9 @@ from tests.support import BrokerProcess
 
 KCAT = shutil.which("kcat")
 pytestmark = pytest.mark.skipif(
-    KCAT is None, reason="kcat is not on PATH: install it with `make system-deps` (Debian package kcat)")
+    KCAT is None,
+    reason="kcat is not on PATH: install it with `make system-deps` (Debian package kcat)",
+)
 
 FIELDS = "%p\t%o\t%T\t%k\t%s\t%h\n"
 
@@ -23,8 +25,12 @@ FIELDS = "%p\t%o\t%T\t%k\t%s\t%h\n"
 def kcat(*args: str, stdin: str | None = None, timeout: float = 30.0) -> str:
     """Run kcat; fail with its stderr unless it exits 0; its stdout."""
     assert KCAT is not None
-    proc = subprocess.run([KCAT, *args], check=False, input=stdin, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"kcat {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    proc = subprocess.run(
+        [KCAT, *args], check=False, input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, (
+        f"kcat {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout
 
 
@@ -50,7 +56,18 @@ def test_produce_with_each_codec(broker: BrokerProcess, codec: str) -> None:
     create(broker, topic, 2)
     sent = {f"key-{i}": f"value-{i}-{codec}-" + "z" * 300 for i in range(300)}
     lines = "".join(f"{k}:{v}\n" for k, v in sent.items())
-    args = ["-b", broker.bootstrap, "-t", topic, "-P", "-K:", "-H", f"codec={codec}", "-X", "linger.ms=50"]
+    args = [
+        "-b",
+        broker.bootstrap,
+        "-t",
+        topic,
+        "-P",
+        "-K:",
+        "-H",
+        f"codec={codec}",
+        "-X",
+        "linger.ms=50",
+    ]
     if codec != "none":
         args += ["-z", codec]
     kcat(*args, stdin=lines)
@@ -80,7 +97,9 @@ def test_consume_from_beginning_offset_and_timestamp(broker: BrokerProcess) -> N
     assert len(producer) == 0
 
     everything = consume(broker, "-t", topic, "-o", "beginning")
-    assert [(o, t, v) for _, o, t, _, v, _ in everything] == [(i, ts, f"v{i}") for i, ts in enumerate(stamps)]
+    assert [(o, t, v) for _, o, t, _, v, _ in everything] == [
+        (i, ts, f"v{i}") for i, ts in enumerate(stamps)
+    ]
 
     from_offset = consume(broker, "-t", topic, "-p", "0", "-o", "37")
     assert [o for _, o, *_ in from_offset] == list(range(37, 50))
@@ -96,7 +115,9 @@ def test_consume_from_beginning_offset_and_timestamp(broker: BrokerProcess) -> N
         answer = json.loads(kcat("-b", broker.bootstrap, "-Q", "-J", "-t", f"{topic}:0:{query}"))
         assert answer[topic]["0"]["offset"] == first
     # start and stop by time: [s@, e@)
-    window = consume(broker, "-t", topic, "-p", "0", "-o", f"s@{stamps[10]}", "-o", f"e@{stamps[15]}")
+    window = consume(
+        broker, "-t", topic, "-p", "0", "-o", f"s@{stamps[10]}", "-o", f"e@{stamps[15]}"
+    )
     assert [o for _, o, *_ in window] == list(range(10, 15))
 
 
@@ -127,8 +148,19 @@ def test_consumer_group_mode(broker: BrokerProcess) -> None:
     kcat("-b", broker.bootstrap, "-t", topic, "-P", "-K:", stdin=first)
 
     def group_consume() -> list[tuple[int, int, str]]:
-        out = kcat("-b", broker.bootstrap, "-G", "kcat-group-1", "-X", "auto.offset.reset=earliest",
-                   "-e", "-q", "-f", "%p\t%o\t%s\n", topic)
+        out = kcat(
+            "-b",
+            broker.bootstrap,
+            "-G",
+            "kcat-group-1",
+            "-X",
+            "auto.offset.reset=earliest",
+            "-e",
+            "-q",
+            "-f",
+            "%p\t%o\t%s\n",
+            topic,
+        )
         return [(int(p), int(o), v) for p, o, v in (line.split("\t") for line in out.splitlines())]
 
     got = group_consume()
@@ -137,11 +169,15 @@ def test_consumer_group_mode(broker: BrokerProcess) -> None:
     # kcat committed what it consumed: the group's offsets are the partitions' ends
     checker = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "kcat-group-1"})
     try:
-        ends = {p: checker.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in (0, 1)}
+        ends = {
+            p: checker.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in (0, 1)
+        }
         assert sum(ends.values()) == 120
         committed = checker.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=10)
         assert {tp.partition: tp.offset for tp in committed if tp.offset >= 0} == {
-            p: end for p, end in ends.items() if end > 0}
+            p: end for p, end in ends.items() if end > 0
+        }
     finally:
         checker.close()
 

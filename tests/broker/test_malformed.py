@@ -72,8 +72,15 @@ def encode(request: Any, correlation_id: int, client_id: str | None = "malformed
     cls = type(request)
     header_cls = cls.__header_schema__
     buf = io.BytesIO()
-    entity_writer(header_cls)(buf, header_cls(request_api_key=cls.__api_key__, request_api_version=cls.__version__,
-                                              correlation_id=i32(correlation_id), client_id=client_id))
+    entity_writer(header_cls)(
+        buf,
+        header_cls(
+            request_api_key=cls.__api_key__,
+            request_api_version=cls.__version__,
+            correlation_id=i32(correlation_id),
+            client_id=client_id,
+        ),
+    )
     entity_writer(cls)(buf, request)
     return buf.getvalue()
 
@@ -82,7 +89,9 @@ def frame(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
-def header_only(api_key: int, api_version: int, correlation_id: int, client_id: bytes = b"malformed-test") -> bytes:
+def header_only(
+    api_key: int, api_version: int, correlation_id: int, client_id: bytes = b"malformed-test"
+) -> bytes:
     """A request header v1 written by hand (any key and version, known or not)."""
     return struct.pack(">hhih", api_key, api_version, correlation_id, len(client_id)) + client_id
 
@@ -92,7 +101,9 @@ def decode(api_key: int, api_version: int, payload: bytes) -> tuple[int, Any]:
     schema = load_response_schema(api_key, api_version)
     header, header_size = entity_reader(schema.__header_schema__)(payload, 0)
     body, body_size = entity_reader(schema)(payload, header_size)
-    assert header_size + body_size == len(payload), f"{len(payload) - header_size - body_size} trailing response bytes"
+    assert header_size + body_size == len(payload), (
+        f"{len(payload) - header_size - body_size} trailing response bytes"
+    )
     return header.correlation_id, body
 
 
@@ -107,7 +118,9 @@ def _nulls_allowed(entity: Any) -> bool:
     for f in dataclasses.fields(entity):
         value = getattr(entity, f.name)
         args = typing.get_args(f.type)
-        optional = typing.get_origin(f.type) in (typing.Union, types.UnionType) and type(None) in args
+        optional = (
+            typing.get_origin(f.type) in (typing.Union, types.UnionType) and type(None) in args
+        )
         if value is None and not optional:
             return False
         items = value if isinstance(value, tuple) else (value,)
@@ -181,7 +194,9 @@ class Conn:
             return  # closed with our unread bytes still in its buffer: an RST instead of a FIN
         except TimeoutError:
             pytest.fail(f"connection still open {timeout}s after a malformed request")
-        assert data == b"", f"expected the connection to be closed, got an answer: {data[:64].hex()}"
+        assert data == b"", (
+            f"expected the connection to be closed, got an answer: {data[:64].hex()}"
+        )
 
 
 # ---------------------------------------------------------------- requests
@@ -194,30 +209,72 @@ def api_versions_request(version: int = 3) -> Any:
     return cls()
 
 
-def produce_request(topic: str, partitions: dict[int, bytes | None], version: int = 9, acks: int = -1) -> Any:
+def produce_request(
+    topic: str, partitions: dict[int, bytes | None], version: int = 9, acks: int = -1
+) -> Any:
     cls: type[Any] = load_request_schema(PRODUCE, version)
     m = _module(cls)
-    return cls(acks=i16(acks), timeout=datetime.timedelta(seconds=10), topic_data=(
-        m.TopicProduceData(name=topic, partition_data=tuple(
-            m.PartitionProduceData(index=i32(p), records=records) for p, records in partitions.items())),))
+    return cls(
+        acks=i16(acks),
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(
+            m.TopicProduceData(
+                name=topic,
+                partition_data=tuple(
+                    m.PartitionProduceData(index=i32(p), records=records)
+                    for p, records in partitions.items()
+                ),
+            ),
+        ),
+    )
 
 
-def fetch_request(topic: str, partition: int, offset: int, version: int = 12, max_wait_ms: int = 0) -> Any:
+def fetch_request(
+    topic: str, partition: int, offset: int, version: int = 12, max_wait_ms: int = 0
+) -> Any:
     cls = load_request_schema(FETCH, version)
     m = _module(cls)
-    return make(cls, max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=i32(0), topics=(
-        m.FetchTopic(topic=topic, partitions=(
-            make(m.FetchPartition, partition=i32(partition), fetch_offset=i64(offset),
-                 partition_max_bytes=i32(1 << 20)),)),
-    ), forgotten_topics_data=())
+    return make(
+        cls,
+        max_wait=datetime.timedelta(milliseconds=max_wait_ms),
+        min_bytes=i32(0),
+        topics=(
+            m.FetchTopic(
+                topic=topic,
+                partitions=(
+                    make(
+                        m.FetchPartition,
+                        partition=i32(partition),
+                        fetch_offset=i64(offset),
+                        partition_max_bytes=i32(1 << 20),
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
 
 
 def list_offsets_request(topic: str, partition: int, timestamp: int, version: int = 7) -> Any:
     cls = load_request_schema(LIST_OFFSETS, version)
     m = _module(cls)
-    return make(cls, replica_id=i32(-1), isolation_level=i8(0), topics=(
-        m.ListOffsetsTopic(name=topic, partitions=(
-            make(m.ListOffsetsPartition, partition_index=i32(partition), timestamp=i64(timestamp)),)),))
+    return make(
+        cls,
+        replica_id=i32(-1),
+        isolation_level=i8(0),
+        topics=(
+            m.ListOffsetsTopic(
+                name=topic,
+                partitions=(
+                    make(
+                        m.ListOffsetsPartition,
+                        partition_index=i32(partition),
+                        timestamp=i64(timestamp),
+                    ),
+                ),
+            ),
+        ),
+    )
 
 
 def metadata_request(topics: list[str] | None, version: int = 12) -> Any:
@@ -230,17 +287,32 @@ def metadata_request(topics: list[str] | None, version: int = 12) -> Any:
             entries = tuple(m.MetadataRequestTopic(name=t) for t in topics)
     else:
         entries = None
-    return make(cls, topics=entries, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    return make(
+        cls,
+        topics=entries,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
 
 
 def make_batch(values: list[bytes], producer_id: int = -1, base_sequence: int = -1) -> bytes:
     """A valid, uncompressed v2 record batch."""
     now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC))
-    records = tuple(Record(attributes=i8(0), timestamp=now, offset=i64(i), key=None, value=v, headers=())
-                    for i, v in enumerate(values))
+    records = tuple(
+        Record(attributes=i8(0), timestamp=now, offset=i64(i), key=None, value=v, headers=())
+        for i, v in enumerate(values)
+    )
     buf = io.BytesIO()
-    write_batch(buf, NewRecordBatch(producer_id=i64(producer_id), producer_epoch=i16(0 if producer_id >= 0 else -1),
-                                    base_sequence=i32(base_sequence), records=records, attributes=i16(0)))
+    write_batch(
+        buf,
+        NewRecordBatch(
+            producer_id=i64(producer_id),
+            producer_epoch=i16(0 if producer_id >= 0 else -1),
+            base_sequence=i32(base_sequence),
+            records=records,
+            attributes=i16(0),
+        ),
+    )
     return buf.getvalue()
 
 
@@ -254,7 +326,9 @@ def with_crc(batch: bytes) -> bytes:
 # ---------------------------------------------------------------- broker-level checks
 
 
-def produce(broker: BrokerProcess, topic: str, partitions: dict[int, bytes | None], version: int = 9) -> dict[int, Any]:
+def produce(
+    broker: BrokerProcess, topic: str, partitions: dict[int, bytes | None], version: int = 9
+) -> dict[int, Any]:
     """Partition responses by index."""
     with Conn(broker) as c:
         response = c.call(produce_request(topic, partitions, version))
@@ -274,7 +348,9 @@ def offsets(broker: BrokerProcess, topic: str, partition: int = 0) -> tuple[int,
     return found[0], found[1]
 
 
-def fetch_values(broker: BrokerProcess, topic: str, partition: int = 0) -> list[tuple[int, bytes | None]]:
+def fetch_values(
+    broker: BrokerProcess, topic: str, partition: int = 0
+) -> list[tuple[int, bytes | None]]:
     """Every (offset, value) from the log start to the high watermark, via raw Fetch."""
     start, end = offsets(broker, topic, partition)
     out: list[tuple[int, bytes | None]] = []
@@ -282,7 +358,9 @@ def fetch_values(broker: BrokerProcess, topic: str, partition: int = 0) -> list[
     deadline = time.monotonic() + IO_TIMEOUT
     with Conn(broker) as c:
         while offset < end:
-            assert time.monotonic() < deadline, f"fetch made no progress at offset {offset} of {end}"
+            assert time.monotonic() < deadline, (
+                f"fetch made no progress at offset {offset} of {end}"
+            )
             data = c.call(fetch_request(topic, partition, offset)).responses[0].partitions[0]
             assert data.error_code == NONE, data
             records = bytes(data.records or b"")
@@ -297,7 +375,9 @@ def fetch_values(broker: BrokerProcess, topic: str, partition: int = 0) -> list[
     return out
 
 
-def api_versions_ok(broker: BrokerProcess, timeout: float = IO_TIMEOUT) -> dict[int, tuple[int, int]]:
+def api_versions_ok(
+    broker: BrokerProcess, timeout: float = IO_TIMEOUT
+) -> dict[int, tuple[int, int]]:
     """A fresh connection gets a correct ApiVersions v3 answer; returns the advertised versions."""
     assert broker.proc is not None and broker.proc.poll() is None, "broker process died"
     with Conn(broker, timeout) as c:
@@ -324,13 +404,19 @@ class Bystander:
         self.conn.close()
 
 
-def create_topic(broker: BrokerProcess, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+def create_topic(
+    broker: BrokerProcess, name: str, partitions: int = 1, config: dict[str, str] | None = None
+) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
+    for future in admin.create_topics(
+        [NewTopic(name, partitions, 1, config=config or {})]
+    ).values():
         future.result(10)
 
 
-def seed_topic(broker: BrokerProcess, partitions: int = 1, count: int = 10) -> tuple[str, dict[int, list[bytes]]]:
+def seed_topic(
+    broker: BrokerProcess, partitions: int = 1, count: int = 10
+) -> tuple[str, dict[int, list[bytes]]]:
     """A new topic with ``count`` records in each partition (two batches each)."""
     topic = f"t-{uuid.uuid4().hex[:10]}"
     create_topic(broker, topic, partitions)
@@ -351,7 +437,9 @@ def assert_intact(broker: BrokerProcess, topic: str, values: dict[int, list[byte
 @pytest.fixture(scope="module")
 def kbroker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """One broker for the module (each test uses its own topics)."""
-    broker = BrokerProcess(tmp_path_factory.mktemp("malformed") / "home", ["--segment-flush-ms", "200"]).start()
+    broker = BrokerProcess(
+        tmp_path_factory.mktemp("malformed") / "home", ["--segment-flush-ms", "200"]
+    ).start()
     try:
         yield broker
     finally:
@@ -371,7 +459,9 @@ def bystander(kbroker: BrokerProcess) -> Iterator[Bystander]:
     b.close()
 
 
-def after_trouble(broker: BrokerProcess, bystander: Bystander, stored: tuple[str, dict[int, list[bytes]]]) -> None:
+def after_trouble(
+    broker: BrokerProcess, bystander: Bystander, stored: tuple[str, dict[int, list[bytes]]]
+) -> None:
     bystander.check()
     api_versions_ok(broker)
     assert_intact(broker, *stored)
@@ -380,8 +470,9 @@ def after_trouble(broker: BrokerProcess, bystander: Bystander, stored: tuple[str
 # ---------------------------------------------------------------- framing
 
 
-@pytest.mark.parametrize("size", [-1, -(2**31), 0, 1, 4, 7, MAX_REQUEST_BYTES + 1, 2**31 - 1],
-                         ids=lambda s: f"size={s}")
+@pytest.mark.parametrize(
+    "size", [-1, -(2**31), 0, 1, 4, 7, MAX_REQUEST_BYTES + 1, 2**31 - 1], ids=lambda s: f"size={s}"
+)
 def test_bad_size_prefix_closes_connection(
     kbroker: BrokerProcess, bystander: Bystander, stored: Any, size: int
 ) -> None:
@@ -392,7 +483,9 @@ def test_bad_size_prefix_closes_connection(
     after_trouble(kbroker, bystander, stored)
 
 
-def test_bad_size_prefix_other_librdkafka_client_still_works(kbroker: BrokerProcess, stored: Any) -> None:
+def test_bad_size_prefix_other_librdkafka_client_still_works(
+    kbroker: BrokerProcess, stored: Any
+) -> None:
     topic, _ = stored
     bad = []
     for size in (-1, 0, 5, MAX_REQUEST_BYTES + 1):
@@ -443,13 +536,27 @@ def test_unknown_api_key_closes_connection(
     after_trouble(kbroker, bystander, stored)
 
 
-@pytest.mark.parametrize(("api_key", "version"), [(PRODUCE, 99), (PRODUCE, 2), (PRODUCE, -1), (FETCH, 3), (FETCH, 13),
-                                                  (METADATA, 13), (LIST_OFFSETS, 0)], ids=lambda v: str(v))
-def test_unsupported_version_closes_connection(kbroker: BrokerProcess, bystander: Bystander, stored: Any,
-                                               api_key: int, version: int) -> None:
+@pytest.mark.parametrize(
+    ("api_key", "version"),
+    [
+        (PRODUCE, 99),
+        (PRODUCE, 2),
+        (PRODUCE, -1),
+        (FETCH, 3),
+        (FETCH, 13),
+        (METADATA, 13),
+        (LIST_OFFSETS, 0),
+    ],
+    ids=lambda v: str(v),
+)
+def test_unsupported_version_closes_connection(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any, api_key: int, version: int
+) -> None:
     topic, _ = stored
     # The body of a valid request of the nearest served version, so only the version is wrong.
-    body = encode(produce_request(topic, {0: make_batch([b"must-not-land"])}), 1)[len(header_only(0, 9, 1)) + 1:]
+    body = encode(produce_request(topic, {0: make_batch([b"must-not-land"])}), 1)[
+        len(header_only(0, 9, 1)) + 1 :
+    ]
     with Conn(kbroker) as c:
         c.send(frame(header_only(api_key, version, 8) + body))
         c.expect_closed()
@@ -457,7 +564,9 @@ def test_unsupported_version_closes_connection(kbroker: BrokerProcess, bystander
 
 
 @pytest.mark.parametrize("version", [99, 5, -1, 32767])
-def test_api_versions_unsupported_version_answers_v0_error(kbroker: BrokerProcess, version: int) -> None:
+def test_api_versions_unsupported_version_answers_v0_error(
+    kbroker: BrokerProcess, version: int
+) -> None:
     with Conn(kbroker) as c:
         # Kafka's rule: whatever the body, answer in v0 with UNSUPPORTED_VERSION and the supported APIs.
         c.send(frame(header_only(API_VERSIONS, version, 99) + b"\x01\xff\xfe garbage"))
@@ -480,7 +589,9 @@ def test_api_versions_every_served_version_answers(kbroker: BrokerProcess, versi
     with Conn(kbroker) as c:
         cid = next(_correlation)
         c.send(frame(encode(api_versions_request(version), cid)))
-        response = c.recv_response(API_VERSIONS, version, cid)  # response header v0 even for flexible versions
+        response = c.recv_response(
+            API_VERSIONS, version, cid
+        )  # response header v0 even for flexible versions
     assert response.error_code == NONE
     listed = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
     # Every served API is listed up to the newest version served, and nothing else is.
@@ -505,7 +616,12 @@ def test_valid_edge_cases_are_answered(kbroker: BrokerProcess) -> None:
             c.send(bytes([byte]))
         assert c.recv_response(METADATA, 12, cid).brokers
         cids = [next(_correlation) for _ in range(10)]
-        c.send(b"".join(frame(encode(api_versions_request(3 if i % 2 else 0), cid)) for i, cid in enumerate(cids)))
+        c.send(
+            b"".join(
+                frame(encode(api_versions_request(3 if i % 2 else 0), cid))
+                for i, cid in enumerate(cids)
+            )
+        )
         for i, cid in enumerate(cids):
             assert c.recv_response(API_VERSIONS, 3 if i % 2 else 0, cid).error_code == NONE
 
@@ -516,7 +632,9 @@ def test_valid_edge_cases_are_answered(kbroker: BrokerProcess) -> None:
 def _valid_payloads(topic: str) -> dict[str, bytes]:
     return {
         "produce-v9": encode(produce_request(topic, {0: make_batch([b"must-not-land"])}), 1),
-        "produce-v3": encode(produce_request(topic, {0: make_batch([b"must-not-land"])}, version=3), 1),
+        "produce-v3": encode(
+            produce_request(topic, {0: make_batch([b"must-not-land"])}, version=3), 1
+        ),
         "fetch-v12": encode(fetch_request(topic, 0, 0), 1),
         "fetch-v4": encode(fetch_request(topic, 0, 0, version=4), 1),
         "metadata-v12": encode(metadata_request([topic]), 1),
@@ -528,13 +646,25 @@ PAYLOAD_NAMES = ["produce-v9", "produce-v3", "fetch-v12", "fetch-v4", "metadata-
 
 
 @pytest.mark.parametrize("name", PAYLOAD_NAMES)
-def test_truncated_body_closes_connection(kbroker: BrokerProcess, bystander: Bystander, stored: Any, name: str) -> None:
+def test_truncated_body_closes_connection(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any, name: str
+) -> None:
     topic, _ = stored
     payload = _valid_payloads(topic)[name]
     assert parses(payload)
     header_len = header_length(payload)
-    cuts = sorted({8, 10, header_len, header_len + 1, header_len + 3, len(payload) // 2, len(payload) - 2,
-                   len(payload) - 1})
+    cuts = sorted(
+        {
+            8,
+            10,
+            header_len,
+            header_len + 1,
+            header_len + 3,
+            len(payload) // 2,
+            len(payload) - 2,
+            len(payload) - 1,
+        }
+    )
     conns = []
     for cut in cuts:
         truncated = payload[:cut]
@@ -553,13 +683,21 @@ def test_truncated_body_closes_connection(kbroker: BrokerProcess, bystander: Bys
 
 
 @pytest.mark.parametrize("name", PAYLOAD_NAMES)
-def test_garbage_body_closes_connection(kbroker: BrokerProcess, bystander: Bystander, stored: Any, name: str) -> None:
+def test_garbage_body_closes_connection(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any, name: str
+) -> None:
     topic, _ = stored
     valid = _valid_payloads(topic)[name]
     header_len = header_length(valid)
     rng = random.Random(name)
     # Null arrays that may not be null, huge lengths, overlong varints, then random bytes.
-    candidates = [b"\xff" * 64, b"\x7f\xff\xff\xff" * 8, b"\x80" * 40, b"\x00\x00\xff\xff" * 4, b"\x01"]
+    candidates = [
+        b"\xff" * 64,
+        b"\x7f\xff\xff\xff" * 8,
+        b"\x80" * 40,
+        b"\x00\x00\xff\xff" * 4,
+        b"\x01",
+    ]
     bodies = [b for b in candidates if not parses(valid[:header_len] + b)]
     assert len(bodies) >= 3, name
     while len(bodies) < 10:
@@ -577,14 +715,19 @@ def test_garbage_body_closes_connection(kbroker: BrokerProcess, bystander: Bysta
     assert offsets(kbroker, topic, 0) == (0, 10)
 
 
-def test_answers_before_a_malformed_request_are_still_delivered(kbroker: BrokerProcess, stored: Any) -> None:
+def test_answers_before_a_malformed_request_are_still_delivered(
+    kbroker: BrokerProcess, stored: Any
+) -> None:
     topic, _ = stored
     with Conn(kbroker) as c:
         good = [next(_correlation) for _ in range(3)]
-        c.send(frame(encode(api_versions_request(3), good[0])) + frame(encode(metadata_request([topic]), good[1]))
-               + frame(encode(list_offsets_request(topic, 0, -1), good[2]))
-               + frame(header_only(PRODUCE, 9, 666) + b"\xff" * 32)
-               + frame(encode(api_versions_request(3), 777)))
+        c.send(
+            frame(encode(api_versions_request(3), good[0]))
+            + frame(encode(metadata_request([topic]), good[1]))
+            + frame(encode(list_offsets_request(topic, 0, -1), good[2]))
+            + frame(header_only(PRODUCE, 9, 666) + b"\xff" * 32)
+            + frame(encode(api_versions_request(3), 777))
+        )
         assert c.recv_response(API_VERSIONS, 3, good[0]).error_code == NONE
         assert c.recv_response(METADATA, 12, good[1]).topics[0].name == topic
         assert c.recv_response(LIST_OFFSETS, 7, good[2]).topics[0].partitions[0].offset == 10
@@ -620,9 +763,13 @@ def _corrupt_batches() -> dict[str, bytes]:
 
 @pytest.mark.parametrize("version", [9, 3])
 @pytest.mark.parametrize("case", list(_corrupt_batches()))
-def test_corrupt_record_batch_is_refused_and_nothing_moves(kbroker: BrokerProcess, case: str, version: int) -> None:
+def test_corrupt_record_batch_is_refused_and_nothing_moves(
+    kbroker: BrokerProcess, case: str, version: int
+) -> None:
     topic, values = seed_topic(kbroker, partitions=2, count=4)
-    result = produce(kbroker, topic, {0: _corrupt_batches()[case], 1: make_batch([b"p1-ok"])}, version=version)
+    result = produce(
+        kbroker, topic, {0: _corrupt_batches()[case], 1: make_batch([b"p1-ok"])}, version=version
+    )
     assert result[0].error_code == CORRUPT_MESSAGE, result[0]
     assert result[0].base_offset == -1
     # Another partition of the same request is unaffected.
@@ -692,7 +839,9 @@ def test_batch_with_inconsistent_record_count_is_refused(kbroker: BrokerProcess,
 def test_batch_with_undecodable_records_is_refused(kbroker: BrokerProcess) -> None:
     topic, values = seed_topic(kbroker, count=2)
     good = make_batch([b"value-one", b"value-two"])
-    bad = with_crc(good[:61] + b"\xff" * (len(good) - 61))  # valid header and CRC, records are garbage
+    bad = with_crc(
+        good[:61] + b"\xff" * (len(good) - 61)
+    )  # valid header and CRC, records are garbage
     r = produce(kbroker, topic, {0: bad})[0]
     assert r.error_code in (CORRUPT_MESSAGE, INVALID_RECORD), r
     assert_intact(kbroker, topic, values)
@@ -712,8 +861,14 @@ def test_acks_0_corrupt_batch_is_not_stored(kbroker: BrokerProcess) -> None:
 def test_acks_0_refused_produce_closes_connection(kbroker: BrokerProcess) -> None:
     topic, _ = seed_topic(kbroker, count=2)
     with Conn(kbroker) as c:
-        c.send(frame(encode(produce_request(topic, {0: _corrupt_batches()["bad-crc-payload"]}, acks=0), 1))
-               + frame(encode(api_versions_request(3), 2)))
+        c.send(
+            frame(
+                encode(
+                    produce_request(topic, {0: _corrupt_batches()["bad-crc-payload"]}, acks=0), 1
+                )
+            )
+            + frame(encode(api_versions_request(3), 2))
+        )
         c.expect_closed()
 
 
@@ -729,7 +884,9 @@ def test_invalid_acks_is_refused(kbroker: BrokerProcess, acks: int) -> None:
 # ---------------------------------------------------------------- half frames and stalled clients
 
 
-def test_half_frame_then_disconnect(kbroker: BrokerProcess, bystander: Bystander, stored: Any) -> None:
+def test_half_frame_then_disconnect(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any
+) -> None:
     topic, _ = stored
     full = frame(encode(produce_request(topic, {0: make_batch([b"half-sent"])}), 5))
     for cut in (1, 2, 3, 4, 5, 12, len(full) // 2, len(full) - 1):
@@ -744,7 +901,9 @@ def test_half_frame_then_disconnect(kbroker: BrokerProcess, bystander: Bystander
     after_trouble(kbroker, bystander, stored)
 
 
-def test_stalled_clients_do_not_block_others(kbroker: BrokerProcess, bystander: Bystander, stored: Any) -> None:
+def test_stalled_clients_do_not_block_others(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any
+) -> None:
     topic, values = stored
     stalled: list[Conn] = []
     try:
@@ -753,9 +912,13 @@ def test_stalled_clients_do_not_block_others(kbroker: BrokerProcess, bystander: 
             if i % 3 == 0:
                 c.send(b"\x00\x00")  # half a size prefix
             elif i % 3 == 1:
-                c.send(struct.pack(">i", 1000) + header_only(PRODUCE, 9, i))  # a size, then part of the frame
+                c.send(
+                    struct.pack(">i", 1000) + header_only(PRODUCE, 9, i)
+                )  # a size, then part of the frame
             else:
-                c.send(struct.pack(">i", MAX_REQUEST_BYTES))  # the largest allowed size, then nothing
+                c.send(
+                    struct.pack(">i", MAX_REQUEST_BYTES)
+                )  # the largest allowed size, then nothing
             stalled.append(c)
         bystander.check()
         api_versions_ok(kbroker)
@@ -766,16 +929,23 @@ def test_stalled_clients_do_not_block_others(kbroker: BrokerProcess, bystander: 
         for i in range(50):
             producer.produce(t, value=str(i).encode())
         assert producer.flush(20) == 0
-        consumer = Consumer({"bootstrap.servers": kbroker.bootstrap, "group.id": f"g-{uuid.uuid4()}",
-                             "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": kbroker.bootstrap,
+                "group.id": f"g-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+            }
+        )
         consumer.assign([TopicPartition(t, 0, 0)])
         got: list[int] = []
         try:
+
             def poll() -> bool:
                 msg = consumer.poll(0.5)
                 if msg is not None and not msg.error():
                     got.append(int(present(msg.value())))
                 return len(got) >= 50
+
             wait_for(poll, 20, interval=0, what="50 records while clients stall")
         finally:
             consumer.close()
@@ -821,23 +991,27 @@ def _mutation(draw: Any, payload: bytes) -> bytes:
     data = bytearray(payload)
     for _ in range(draw(st.integers(1, 4))):
         pos = draw(st.integers(0, max(len(data) - 1, 0)))
-        kind = draw(st.sampled_from(["flip", "byte", "set16", "set32", "truncate", "insert", "delete", "dup"]))
+        kind = draw(
+            st.sampled_from(
+                ["flip", "byte", "set16", "set32", "truncate", "insert", "delete", "dup"]
+            )
+        )
         if kind == "flip" and data:
             data[pos] ^= 1 << draw(st.integers(0, 7))
         elif kind == "byte" and data:
             data[pos] = draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF]))
         elif kind == "set16":
-            data[pos:pos + 2] = struct.pack(">h", draw(st.sampled_from(_INTERESTING_16)))
+            data[pos : pos + 2] = struct.pack(">h", draw(st.sampled_from(_INTERESTING_16)))
         elif kind == "set32":
-            data[pos:pos + 4] = struct.pack(">i", draw(st.sampled_from(_INTERESTING_32)))
+            data[pos : pos + 4] = struct.pack(">i", draw(st.sampled_from(_INTERESTING_32)))
         elif kind == "truncate":
             del data[pos:]
         elif kind == "insert":
             data[pos:pos] = draw(st.binary(min_size=1, max_size=16))
         elif kind == "delete":
-            del data[pos:pos + draw(st.integers(1, 16))]
+            del data[pos : pos + draw(st.integers(1, 16))]
         elif kind == "dup":
-            data[pos:pos] = data[pos:pos + draw(st.integers(1, 32))]
+            data[pos:pos] = data[pos : pos + draw(st.integers(1, 32))]
     return bytes(data)
 
 
@@ -873,19 +1047,27 @@ def test_fuzz_mutated_frames(kbroker: BrokerProcess) -> None:
     log_before = kbroker.log_text().count("handler failed")
     stats = {"answered": 0, "closed": 0}
 
-    @settings(max_examples=200, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=200,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(data=st.data())
     def fuzz(data: Any) -> None:
         payload = data.draw(st.sampled_from(seeds), label="seed")
         mutated = data.draw(_mutation(payload), label="mutated")
         size = len(mutated)
         if data.draw(st.integers(0, 9), label="size-mode") == 0:
-            size = data.draw(st.sampled_from([-1, 0, 3, size - 1, size + 1, size + 100, MAX_REQUEST_BYTES + 1]),
-                             label="size")
+            size = data.draw(
+                st.sampled_from([-1, 0, 3, size - 1, size + 1, size + 100, MAX_REQUEST_BYTES + 1]),
+                label="size",
+            )
         with Conn(kbroker, timeout=5) as c:
             c.send(struct.pack(">i", size) + mutated)
-            c.sock.shutdown(socket.SHUT_WR)  # no more requests: the broker answers what it can, then closes
+            c.sock.shutdown(
+                socket.SHUT_WR
+            )  # no more requests: the broker answers what it can, then closes
             answer = _read_until_closed(c, time.monotonic() + 2)
         # Whatever came back is a sequence of whole, well-framed responses.
         pos = 0
@@ -926,15 +1108,22 @@ class _StubHandlers:
         async def deferred_unencodable(ctx: Any, req: Any, R: Any) -> Any:
             async def later() -> Any:
                 return R(responses=[{"name": 12345, "partition_responses": []}])
+
             return later()
 
         async def deferred_raises(ctx: Any, req: Any, R: Any) -> Any:
             async def later() -> Any:
                 raise OSError("fsync failed in a way nobody handled")
+
             return later()
 
-        self.by_key = {API_VERSIONS: api_versions, METADATA: raises, LIST_OFFSETS: unencodable,
-                       PRODUCE: deferred_unencodable, FETCH: deferred_raises}
+        self.by_key = {
+            API_VERSIONS: api_versions,
+            METADATA: raises,
+            LIST_OFFSETS: unencodable,
+            PRODUCE: deferred_unencodable,
+            FETCH: deferred_raises,
+        }
 
 
 class _InProcessListener:
@@ -988,12 +1177,15 @@ def stub_listener() -> Iterator[_InProcessListener]:
         server_log.handlers[:], server_log.propagate = saved
 
 
-@pytest.mark.parametrize(("what", "request_"), [
-    ("handler raises", metadata_request(None)),
-    ("response cannot be encoded", list_offsets_request("t", 0, -1)),
-    ("deferred response cannot be encoded", produce_request("t", {0: b""})),
-    ("deferred response raises", fetch_request("t", 0, 0)),
-])
+@pytest.mark.parametrize(
+    ("what", "request_"),
+    [
+        ("handler raises", metadata_request(None)),
+        ("response cannot be encoded", list_offsets_request("t", 0, -1)),
+        ("deferred response cannot be encoded", produce_request("t", {0: b""})),
+        ("deferred response raises", fetch_request("t", 0, 0)),
+    ],
+)
 def test_failing_handler_closes_only_its_connection(
     stub_listener: _InProcessListener, what: str, request_: Any
 ) -> None:
@@ -1003,40 +1195,64 @@ def test_failing_handler_closes_only_its_connection(
         with Conn(listener, timeout=5) as c:
             first = next(_correlation)
             # An answered request, the failing one, and one after it that must not be answered.
-            c.send(frame(encode(api_versions_request(3), first)) + frame(encode(request_, 2))
-                   + frame(encode(api_versions_request(3), 3)))
+            c.send(
+                frame(encode(api_versions_request(3), first))
+                + frame(encode(request_, 2))
+                + frame(encode(api_versions_request(3), 3))
+            )
             assert c.recv_response(API_VERSIONS, 3, first).error_code == NONE
             c.expect_closed(timeout=5)
         assert bystander.call(api_versions_request(3)).error_code == NONE
         # The failed connection is closed and forgotten; only the bystander's remains.
-        wait_for(lambda: len(listener.server.connections) == 1, 5, what=f"the listener to drop the connection ({what})")
-    wait_for(lambda: not listener.server.connections, 5, what="the listener to drop every connection")
+        wait_for(
+            lambda: len(listener.server.connections) == 1,
+            5,
+            what=f"the listener to drop the connection ({what})",
+        )
+    wait_for(
+        lambda: not listener.server.connections, 5, what="the listener to drop every connection"
+    )
     # The failure was logged by the listener, not left to asyncio as an unhandled exception.
     assert any("closing" in m for m in listener.messages), listener.messages
     assert not any("Unhandled exception" in m for m in listener.messages), listener.messages
 
 
-@pytest.mark.parametrize("case", ["produce-v3-null-topics", "produce-v9-null-partitions", "fetch-v4-null-topics"])
-def test_null_for_a_non_nullable_array_is_a_malformed_request(kbroker: BrokerProcess, bystander: Bystander,
-                                                              stored: Any, case: str) -> None:
+@pytest.mark.parametrize(
+    "case", ["produce-v3-null-topics", "produce-v9-null-partitions", "fetch-v4-null-topics"]
+)
+def test_null_for_a_non_nullable_array_is_a_malformed_request(
+    kbroker: BrokerProcess, bystander: Bystander, stored: Any, case: str
+) -> None:
     """kio reads a -1 (or compact 0) array length as None even where the schema forbids null;
     Kafka's parser refuses that, so the listener must treat it as malformed, not hand it on."""
     topic, _ = stored
     marker = uuid.uuid4().hex[:12]
     if case == "produce-v3-null-topics":
-        payload = header_only(PRODUCE, 3, 1, marker.encode()) + struct.pack(">hhii", -1, -1, 1000, -1)
+        payload = header_only(PRODUCE, 3, 1, marker.encode()) + struct.pack(
+            ">hhii", -1, -1, 1000, -1
+        )
     elif case == "produce-v9-null-partitions":
         good = encode(produce_request(topic, {0: make_batch([b"x"])}), 1, client_id=marker)
         name = topic.encode()
         at = good.index(bytes([len(name) + 1]) + name) + 1 + len(name)
-        payload = good[:at] + b"\x00" + b"\x00" * 2  # partition_data: compact null; tags of topic and request
+        payload = (
+            good[:at] + b"\x00" + b"\x00" * 2
+        )  # partition_data: compact null; tags of topic and request
     else:
-        payload = header_only(FETCH, 4, 1, marker.encode()) + struct.pack(">iiiiBi", -1, 0, 0, 1 << 20, 0, -1)
+        payload = header_only(FETCH, 4, 1, marker.encode()) + struct.pack(
+            ">iiiiBi", -1, 0, 0, 1 << 20, 0, -1
+        )
     assert not parses(payload)
     with Conn(kbroker) as c:
         c.send(frame(payload))
         c.expect_closed()
     after_trouble(kbroker, bystander, stored)
     # Refused by the parser (its log line quotes the frame, client id included), not by a crashing handler.
-    wait_for(lambda: any("malformed" in line and marker.encode().hex() in line
-                         for line in kbroker.log_text().splitlines()), 5, what="the request to be logged as malformed")
+    wait_for(
+        lambda: any(
+            "malformed" in line and marker.encode().hex() in line
+            for line in kbroker.log_text().splitlines()
+        ),
+        5,
+        what="the request to be logged as malformed",
+    )

@@ -52,26 +52,49 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
 
 def _chunk(topic: str, base: int, count: int, key: str, at_ms: int = 1_000) -> Chunk:
     refs = [BatchRef(base + i, i * 100, 100, at_ms + i, at_ms + i) for i in range(count)]
-    return Chunk(topic, 0, base, base + count, key, 0, 100 * count, at_ms, at_ms + count - 1, pack_batch_index(refs))
+    return Chunk(
+        topic,
+        0,
+        base,
+        base + count,
+        key,
+        0,
+        100 * count,
+        at_ms,
+        at_ms + count - 1,
+        pack_batch_index(refs),
+    )
 
 
 def test_every_operation_gives_the_same_answers(target: Path | str) -> None:
     store = MetadataStore(target)
     try:
-        created = store.create_topic("orders", 2, {"retention.ms": "1000", "automq.table.topic.enable": "true"})
+        created = store.create_topic(
+            "orders", 2, {"retention.ms": "1000", "automq.table.topic.enable": "true"}
+        )
         store.create_topic("other", 1, {})
         store.add_partitions("orders", 3)
         store.set_configs("orders", {"retention.ms": "2000"})
         assert [(t.name, t.partitions, t.configs) for t in store.topics()] == [
-            ("orders", 3, {"retention.ms": "2000"}), ("other", 1, {})]
+            ("orders", 3, {"retention.ms": "2000"}),
+            ("other", 1, {}),
+        ]
         assert store.topics()[0].topic_id == created.topic_id
 
         big = 2**40  # offsets and times are 64-bit
-        chunks = [_chunk("orders", 0, 3, "segments/a.seg"), _chunk("orders", 3, 2, "segments/b.seg"),
-                  _chunk("orders", big, 2, "segments/c.seg", at_ms=big), _chunk("other", 0, 1, "segments/b.seg")]
-        states: dict[tuple[str, int, int], dict[str, object]] = {("orders", 0, 1000): {"epoch": 0, "last_sequence": 4}}
+        chunks = [
+            _chunk("orders", 0, 3, "segments/a.seg"),
+            _chunk("orders", 3, 2, "segments/b.seg"),
+            _chunk("orders", big, 2, "segments/c.seg", at_ms=big),
+            _chunk("other", 0, 1, "segments/b.seg"),
+        ]
+        states: dict[tuple[str, int, int], dict[str, object]] = {
+            ("orders", 0, 1000): {"epoch": 0, "last_sequence": 4}
+        }
         store.add_chunks(chunks, states)
-        store.add_chunks([chunks[0]], {("orders", 0, 1000): {"epoch": 0, "last_sequence": 9}})  # replayed: replaced
+        store.add_chunks(
+            [chunks[0]], {("orders", 0, 1000): {"epoch": 0, "last_sequence": 9}}
+        )  # replayed: replaced
         read = store.chunks("orders", 0)
         assert read == chunks[:3] and isinstance(read[0].batch_index, bytes)
         assert [r.base_offset for r in read[2].refs] == [big, big + 1]
@@ -90,7 +113,9 @@ def test_every_operation_gives_the_same_answers(target: Path | str) -> None:
         store.commit_offsets("g2", [("other", 0, 1, 0, "")])
         got = store.committed_offsets("g1")
         assert {k: (v.offset, v.leader_epoch, v.metadata) for k, v in got.items()} == {
-            ("orders", 0): (9, 1, None), ("orders", 1): (3, -1, None)}
+            ("orders", 0): (9, 1, None),
+            ("orders", 1): (3, -1, None),
+        }
         assert sorted(store.groups_with_offsets()) == ["g1", "g2"]
         store.delete_group_offsets("g2")
         assert store.groups_with_offsets() == ["g1"]
@@ -128,15 +153,23 @@ def test_one_broker_per_postgres_database(postgres: PostgresServer) -> None:
 
 
 def _produce(broker: BrokerProcess, topic: str, values: list[bytes]) -> None:
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 5}
+    )
     for value in values:
         producer.produce(topic, value=value, partition=0)
     assert producer.flush(15) == 0
 
 
 def _consume(broker: BrokerProcess, topic: str, count: int, group: str) -> list[bytes]:
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     got: list[bytes] = []
     try:
         consumer.subscribe([topic])
@@ -153,7 +186,8 @@ def _consume(broker: BrokerProcess, topic: str, count: int, group: str) -> list[
 
 
 def test_a_broker_on_postgres_keeps_topics_data_and_group_offsets_across_a_restart(
-        postgres: PostgresServer, broker_factory: Callable[..., BrokerProcess]) -> None:
+    postgres: PostgresServer, broker_factory: Callable[..., BrokerProcess]
+) -> None:
     import psycopg
 
     uri = _database(postgres)
@@ -173,12 +207,17 @@ def test_a_broker_on_postgres_keeps_topics_data_and_group_offsets_across_a_resta
     assert broker.stop() == 0
     assert not (broker.home / "metadata.sqlite").exists()
     with psycopg.connect(uri) as connection:
-        [(chunks,)] = connection.execute("SELECT count(*) FROM chunks WHERE topic = 'events'").fetchall()
+        [(chunks,)] = connection.execute(
+            "SELECT count(*) FROM chunks WHERE topic = 'events'"
+        ).fetchall()
         assert chunks >= 1
 
     broker.start()
-    assert [t for t in AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics
-            if t == "events"] == ["events"]
+    assert [
+        t
+        for t in AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics
+        if t == "events"
+    ] == ["events"]
     _produce(broker, "events", [b"after-restart"])
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "readers"})
     try:
@@ -186,11 +225,14 @@ def test_a_broker_on_postgres_keeps_topics_data_and_group_offsets_across_a_resta
         assert committed.offset == 20  # the group's offset came back from Postgres
     finally:
         consumer.close()
-    assert _consume(broker, "events", 21, "fresh") == [f"v{i}".encode() for i in range(20)] + [b"after-restart"]
+    assert _consume(broker, "events", 21, "fresh") == [f"v{i}".encode() for i in range(20)] + [
+        b"after-restart"
+    ]
 
 
-def test_a_metadata_uri_that_is_not_postgres_is_a_configuration_error(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_metadata_uri_that_is_not_postgres_is_a_configuration_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from broker import cli
 
     assert cli.main(["broker", "--home", str(tmp_path), "--metadata-uri", "mysql://u@h/db"]) == 2
@@ -217,7 +259,9 @@ def test_the_schema_is_versioned_and_migrated_once(target: Path | str) -> None:
     store.close()
     raw = _raw(target)
     try:
-        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(len(metadata.MIGRATIONS),)]
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [
+            (len(metadata.MIGRATIONS),)
+        ]
         raw.execute("DROP TABLE schema_version")  # as a database from before versions were recorded
     finally:
         raw.close()
@@ -228,7 +272,9 @@ def test_the_schema_is_versioned_and_migrated_once(target: Path | str) -> None:
         store.close()
     raw = _raw(target)
     try:
-        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(len(metadata.MIGRATIONS),)]
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [
+            (len(metadata.MIGRATIONS),)
+        ]
         raw.execute("UPDATE schema_version SET version = version + 1")
     finally:
         raw.close()

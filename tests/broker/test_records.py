@@ -16,10 +16,19 @@ from broker import records
 def _batch(values: list[bytes], key: bytes | None = b"k") -> bytes:
     now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC))
     batch = NewRecordBatch(
-        producer_id=i64(-1), producer_epoch=i16(-1), base_sequence=i32(-1), attributes=i16(0),
+        producer_id=i64(-1),
+        producer_epoch=i16(-1),
+        base_sequence=i32(-1),
+        attributes=i16(0),
         records=tuple(
-            Record(attributes=i8(0), timestamp=now, offset=i64(i), key=key, value=v,
-                   headers=(RecordHeader(key=b"h", value=b"x"),))
+            Record(
+                attributes=i8(0),
+                timestamp=now,
+                offset=i64(i),
+                key=key,
+                value=v,
+                headers=(RecordHeader(key=b"h", value=b"x"),),
+            )
             for i, v in enumerate(values)
         ),
     )
@@ -59,13 +68,23 @@ def test_corrupt_batches_are_refused(mutate: object, message: str) -> None:
 
 
 def test_iter_batches_walks_concatenated_batches() -> None:
-    raw = b"".join(bytes(records.with_base_offset(_batch([b"x"] * n), base)) for base, n in [(0, 2), (2, 3), (5, 1)])
-    assert [(h.base_offset, h.record_count) for h, _ in records.iter_batches(raw)] == [(0, 2), (2, 3), (5, 1)]
+    raw = b"".join(
+        bytes(records.with_base_offset(_batch([b"x"] * n), base))
+        for base, n in [(0, 2), (2, 3), (5, 1)]
+    )
+    assert [(h.base_offset, h.record_count) for h, _ in records.iter_batches(raw)] == [
+        (0, 2),
+        (2, 3),
+        (5, 1),
+    ]
 
 
 def test_encode_batch_round_trips_through_the_validator() -> None:
-    raw = records.encode_batch([(b"k1", b"v1"), (None, None), (b"k3", b"")], 1_700_000_000_000,
-                               headers=[[("a", b"1")], [], [("b", None)]])
+    raw = records.encode_batch(
+        [(b"k1", b"v1"), (None, None), (b"k3", b"")],
+        1_700_000_000_000,
+        headers=[[("a", b"1")], [], [("b", None)]],
+    )
     (header,) = records.split_batches(raw)
     assert header.record_count == 3
     _, decoded = records.decode_batch(raw)

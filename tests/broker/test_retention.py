@@ -53,16 +53,25 @@ def _create(bootstrap: str, name: str, configs: dict[str, str], partitions: int 
 
 def _alter(bootstrap: str, name: str, key: str, value: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    resource = ConfigResource("topic", name, incremental_configs=[
-        ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+    resource = ConfigResource(
+        "topic",
+        name,
+        incremental_configs=[ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)],
+    )
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(10)
 
 
-def _produce(bootstrap: str, topic: str, count: int, *, timestamp_ms: int = 0, size: int = 10) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "compression.type": "none"})
+def _produce(
+    bootstrap: str, topic: str, count: int, *, timestamp_ms: int = 0, size: int = 10
+) -> None:
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 0, "compression.type": "none"}
+    )
     for i in range(count):
-        producer.produce(topic, value=str(i).encode().ljust(size, b"."), partition=0, timestamp=timestamp_ms)
+        producer.produce(
+            topic, value=str(i).encode().ljust(size, b"."), partition=0, timestamp=timestamp_ms
+        )
         producer.flush(10)  # one batch per record: byte sizes stay predictable
     assert producer.flush(10) == 0
 
@@ -91,16 +100,26 @@ def _watermarks(bootstrap: str, topic: str) -> tuple[int, int]:
     """ListOffsets earliest and latest, as a Kafka client asks for them."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, 0), timeout=10, cached=False
+        )
         return int(low), int(high)
     finally:
         consumer.close()
 
 
-def _consume(bootstrap: str, topic: str, offset: int, reset: str, until: int) -> list[int] | KafkaError:
+def _consume(
+    bootstrap: str, topic: str, offset: int, reset: str, until: int
+) -> list[int] | KafkaError:
     """Offsets read from ``offset`` up to ``until``, or the error the consumer got."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{time.monotonic_ns()}",
-                         "auto.offset.reset": reset, "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{time.monotonic_ns()}",
+            "auto.offset.reset": reset,
+            "enable.auto.commit": False,
+        }
+    )
     got: list[int] = []
     try:
         consumer.assign([TopicPartition(topic, 0, offset)])
@@ -136,8 +155,12 @@ def test_retention_ms_deletes_old_segments_and_clients_see_the_new_log_start(
     old = _produce_segment(broker, topic, 5, timestamp_ms=int(time.time() * 1000) - 2 * HOUR_MS)
     new = _produce_segment(broker, topic, 5)
 
-    wait_for(_log_start(broker, topic, 5), 20, what="the log start to move past the expired segment")
-    wait_for(lambda: old not in _objects(broker), 20, what="the expired segment object to be deleted")
+    wait_for(
+        _log_start(broker, topic, 5), 20, what="the log start to move past the expired segment"
+    )
+    wait_for(
+        lambda: old not in _objects(broker), 20, what="the expired segment object to be deleted"
+    )
     assert new in _objects(broker)
     assert _watermarks(broker.bootstrap, topic) == (5, 10)
     error = _consume(broker.bootstrap, topic, 0, "error", 10)
@@ -160,8 +183,9 @@ def test_retention_bytes_keeps_the_newest_bytes_of_each_partition(
     topic = "sized"
     _create(broker.bootstrap, topic, {"file.delete.delay.ms": "0"})
     keys = [_produce_segment(broker, topic, 4, size=500) for _ in range(3)]
-    ranges: list[dict[str, int]] = broker.admin(f"/v1/topics/{topic}/partitions/0/ranges?start=0&end=12")[
-        "ranges"]
+    ranges: list[dict[str, int]] = broker.admin(
+        f"/v1/topics/{topic}/partitions/0/ranges?start=0&end=12"
+    )["ranges"]
     sizes = [r["byte_end"] - r["byte_start"] for r in ranges]
     assert len(sizes) == 3
 
@@ -185,43 +209,76 @@ def test_a_table_topic_keeps_every_segment_its_table_has_not_committed(
 ) -> None:
     broker = broker_factory(FAST)
     topic = "orders.raw"  # table default.orders_raw
-    _create(broker.bootstrap, topic, {
-        "automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "raw",
-        "retention.ms": "0", "file.delete.delay.ms": "0",
-    })
+    _create(
+        broker.bootstrap,
+        topic,
+        {
+            "automq.table.topic.enable": "true",
+            "automq.table.topic.convert.value.type": "raw",
+            "retention.ms": "0",
+            "file.delete.delay.ms": "0",
+        },
+    )
     keys = [_produce_segment(broker, topic, 4) for _ in range(3)]
 
     # everything is past retention.ms, but there is no table yet: nothing goes, and the broker says so
-    wait_for(lambda: f"retention of table topic {topic}-0 is held back" in broker.log_text(), 20,
-             what="the held-back warning")
+    wait_for(
+        lambda: f"retention of table topic {topic}-0 is held back" in broker.log_text(),
+        20,
+        what="the held-back warning",
+    )
     assert _partition(broker, topic)["log_start_offset"] == 0
     assert set(keys) <= _objects(broker)
     assert _consume(broker.bootstrap, topic, 0, "error", 12) == list(range(12))
     # ... and counts it: the admin API and a Prometheus gauge say how much waits for the table
-    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [12],
-             20, what="a pass over all three segments")
+    wait_for(
+        lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [12],
+        20,
+        what="a pass over all three segments",
+    )
     [held] = broker.admin("/v1/retention")["blocked"]
-    assert (held["topic"], held["partition"], held["blocked_offsets"], held["committed_offset"]) == (topic, 0, 12, 0)
+    assert (
+        held["topic"],
+        held["partition"],
+        held["blocked_offsets"],
+        held["committed_offset"],
+    ) == (topic, 0, 12, 0)
     assert held["blocked_bytes"] > 0
-    assert f'icefall_retention_held_back_offsets{{topic="{topic}",partition="0"}} 12\n' in _metrics(broker)
+    assert f'icefall_retention_held_back_offsets{{topic="{topic}",partition="0"}} 12\n' in _metrics(
+        broker
+    )
 
     # a commit round took offsets [0, 8): the first two segments may go, the third stays
     catalog = load_catalog("retention", type="rest", uri=broker.catalog_url)
     catalog.create_namespace("default")
-    table = catalog.create_table("default.orders_raw", Schema(NestedField(1, "id", LongType(), required=False)))
+    table = catalog.create_table(
+        "default.orders_raw", Schema(NestedField(1, "id", LongType(), required=False))
+    )
     topic_id = _topic_id(broker, topic)
-    table.append(pa.table({"id": pa.array(range(8), pa.int64())}), snapshot_properties={
-        checkpoint.OFFSETS: checkpoint.encode_offsets({0: 8}), checkpoint.TOPIC_ID: topic_id,
-        checkpoint.TOPIC: topic, checkpoint.ROUND_ID: "round-1",
-    })
+    table.append(
+        pa.table({"id": pa.array(range(8), pa.int64())}),
+        snapshot_properties={
+            checkpoint.OFFSETS: checkpoint.encode_offsets({0: 8}),
+            checkpoint.TOPIC_ID: topic_id,
+            checkpoint.TOPIC: topic,
+            checkpoint.ROUND_ID: "round-1",
+        },
+    )
     wait_for(_log_start(broker, topic, 8), 20, what="retention to drop the committed segments")
-    wait_for(lambda: not {keys[0], keys[1]} & _objects(broker), 20, what="the committed objects to be deleted")
+    wait_for(
+        lambda: not {keys[0], keys[1]} & _objects(broker),
+        20,
+        what="the committed objects to be deleted",
+    )
     assert keys[2] in _objects(broker)
     assert _watermarks(broker.bootstrap, topic) == (8, 12)
     assert _consume(broker.bootstrap, topic, 8, "error", 12) == [8, 9, 10, 11]
     # the third segment still waits for the table
-    wait_for(lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [4],
-             20, what="the held-back figures to follow the commit")
+    wait_for(
+        lambda: [b["blocked_offsets"] for b in broker.admin("/v1/retention")["blocked"]] == [4],
+        20,
+        what="the held-back figures to follow the commit",
+    )
     metrics = _metrics(broker)
     assert f'icefall_retention_held_back_offsets{{topic="{topic}",partition="0"}} 4\n' in metrics
     assert _counter(metrics, "icefall_retention_deleted_chunks_total") == 2
@@ -248,7 +305,9 @@ def _topic_id(broker: BrokerProcess, topic: str) -> str:
 def test_objects_orphaned_by_a_crash_are_swept_and_the_index_never_points_at_a_deleted_one(
     broker_factory: Callable[..., BrokerProcess],
 ) -> None:
-    broker = broker_factory(["--segment-flush-ms", "600000"])  # retention every 5 minutes: not during setup
+    broker = broker_factory(
+        ["--segment-flush-ms", "600000"]
+    )  # retention every 5 minutes: not during setup
     topic = "crashy"
     _create(broker.bootstrap, topic, {})
     first = _produce_segment(broker, topic, 3)
@@ -265,7 +324,9 @@ def test_objects_orphaned_by_a_crash_are_swept_and_the_index_never_points_at_a_d
 
     broker.extra_args += ["--retention-check-interval-ms", "200"]
     broker.start()
-    wait_for(lambda: not {first, stray} & _objects(broker), 20, what="the orphaned objects to be swept")
+    wait_for(
+        lambda: not {first, stray} & _objects(broker), 20, what="the orphaned objects to be swept"
+    )
     assert second in _objects(broker)
     assert _watermarks(broker.bootstrap, topic) == (3, 6)
     assert _consume(broker.bootstrap, topic, 3, "error", 6) == [3, 4, 5]
@@ -283,11 +344,24 @@ def _topic(configs: dict[str, str], name: str = "t") -> Topic:
 def test_policy_follows_the_topic_configs() -> None:
     assert Policy.of(_topic({"cleanup.policy": "compact", "retention.ms": "0"})) is None
     assert Policy.of(_topic({"retention.ms": "-1"})) is None  # retention.bytes defaults to -1 too
-    policy = Policy.of(_topic({"cleanup.policy": "compact,delete", "retention.bytes": "100", "retention.ms": "-1",
-                               "automq.table.topic.enable": "true", "automq.table.topic.namespace": "sales"},
-                              "web.clicks-v2"))
+    policy = Policy.of(
+        _topic(
+            {
+                "cleanup.policy": "compact,delete",
+                "retention.bytes": "100",
+                "retention.ms": "-1",
+                "automq.table.topic.enable": "true",
+                "automq.table.topic.namespace": "sales",
+            },
+            "web.clicks-v2",
+        )
+    )
     assert policy is not None
-    assert (policy.retention_ms, policy.retention_bytes, policy.table) == (-1, 100, ("sales", "web_clicks_v2"))
+    assert (policy.retention_ms, policy.retention_bytes, policy.table) == (
+        -1,
+        100,
+        ("sales", "web_clicks_v2"),
+    )
 
 
 def test_a_checkpoint_of_an_earlier_topic_with_the_same_name_commits_nothing() -> None:
@@ -296,15 +370,24 @@ def test_a_checkpoint_of_an_earlier_topic_with_the_same_name_commits_nothing() -
     assert committed_offsets(Checkpoint({0: 10}, 1), "new") == {0: 10}  # written without a topic id
 
 
-async def _logs_with_chunks(home: Path, topic: str, timestamps: list[int]) -> tuple[LogStore, Cluster]:
+async def _logs_with_chunks(
+    home: Path, topic: str, timestamps: list[int]
+) -> tuple[LogStore, Cluster]:
     """A log store with one chunk of one 100-byte-value batch per timestamp."""
     config = BrokerConfig(home=home, segment_flush_ms=600_000)
     metadata = MetadataStore(config.metadata_db)
     logs = LogStore(config, metadata, LocalObjectStore(home / "objects"))
     await logs.open({})
     cluster = Cluster(config, metadata, logs)
-    cluster.create_topic(topic, 1, {"retention.ms": str(HOUR_MS), "file.delete.delay.ms": "0",
-                                    "automq.table.topic.enable": "true"})
+    cluster.create_topic(
+        topic,
+        1,
+        {
+            "retention.ms": str(HOUR_MS),
+            "file.delete.delay.ms": "0",
+            "automq.table.topic.enable": "true",
+        },
+    )
     part = logs.partitions[(topic, 0)]
     for ts in timestamps:
         _, seq = await logs.append(part, records.encode_batch([(None, b"x" * 100)], ts), 1 << 20)
@@ -316,7 +399,9 @@ async def _logs_with_chunks(home: Path, topic: str, timestamps: list[int]) -> tu
 def test_expired_and_committed_prefixes(tmp_path: Path) -> None:
     async def scenario() -> None:
         now = int(time.time() * 1000)
-        logs, cluster = await _logs_with_chunks(tmp_path, "t", [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now])
+        logs, cluster = await _logs_with_chunks(
+            tmp_path, "t", [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now]
+        )
         chunks = logs.partitions[("t", 0)].chunks
         policy = Policy.of(cluster.topics["t"])
         assert policy is not None
@@ -324,7 +409,9 @@ def test_expired_and_committed_prefixes(tmp_path: Path) -> None:
         size = chunks[0].byte_end - chunks[0].byte_start
         by_size = Policy(-1, 2 * size, False, None, 0)
         assert expired_chunks(chunks, 0, by_size, now) == 1
-        assert expired_chunks(chunks, size, by_size, now) == 2  # unflushed bytes count towards the size
+        assert (
+            expired_chunks(chunks, size, by_size, now) == 2
+        )  # unflushed bytes count towards the size
         assert [committed_chunks(chunks, 2, c) for c in (0, 1, 2, 3)] == [0, 1, 2, 2]
         await logs.close()
 
@@ -334,7 +421,9 @@ def test_expired_and_committed_prefixes(tmp_path: Path) -> None:
 def test_a_pass_records_what_it_deleted_and_what_the_table_held_back(tmp_path: Path) -> None:
     async def scenario() -> None:
         now = int(time.time() * 1000)
-        logs, cluster = await _logs_with_chunks(tmp_path, "t", [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now])
+        logs, cluster = await _logs_with_chunks(
+            tmp_path, "t", [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now]
+        )
         committed = {"offsets": {0: 1}}
         seen: list[tuple[str, str]] = []
 
@@ -347,7 +436,11 @@ def test_a_pass_records_what_it_deleted_and_what_the_table_held_back(tmp_path: P
         part = logs.partitions[("t", 0)]
         status = logs.retention.to_json()
         assert seen == [("default", "t")]
-        assert part.log_start_offset == 1 and status["chunks_deleted"] == 1 and status["objects_deleted"] == 1
+        assert (
+            part.log_start_offset == 1
+            and status["chunks_deleted"] == 1
+            and status["objects_deleted"] == 1
+        )
         assert status["blocked"] == [
             {
                 "topic": "t",
@@ -361,25 +454,36 @@ def test_a_pass_records_what_it_deleted_and_what_the_table_held_back(tmp_path: P
                 "passes": 1,
             }
         ]
-        assert await logs.read(part, 0, 1 << 20) == b""  # below the log start: nothing, never a later batch
+        assert (
+            await logs.read(part, 0, 1 << 20) == b""
+        )  # below the log start: nothing, never a later batch
 
         committed["offsets"] = {0: 2}
         await retention.run_once()
         status = logs.retention.to_json()
-        assert part.log_start_offset == 2 and status["blocked"] == [] and status["chunks_deleted"] == 2
+        assert (
+            part.log_start_offset == 2 and status["blocked"] == [] and status["chunks_deleted"] == 2
+        )
         assert len(part.chunks) == 1 and status["blocked_passes"] == 1 and status["passes"] == 2
         await logs.close()
 
     asyncio.run(scenario())
 
 
-def test_a_table_topic_whose_catalog_cannot_answer_keeps_everything(tmp_path: Path,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_a_table_topic_whose_catalog_cannot_answer_keeps_everything(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Not knowing what the table committed is treated as "nothing committed", never as "all"."""
+
     async def scenario() -> None:
         now = int(time.time() * 1000)
-        logs, cluster = await _logs_with_chunks(tmp_path, "t", [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now])
-        answers: list[Checkpoint | Exception] = [ConnectionRefusedError("catalog down"), Checkpoint({0: 3}, 1)]
+        logs, cluster = await _logs_with_chunks(
+            tmp_path, "t", [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now]
+        )
+        answers: list[Checkpoint | Exception] = [
+            ConnectionRefusedError("catalog down"),
+            Checkpoint({0: 3}, 1),
+        ]
 
         def read(namespace: str, table: str) -> Checkpoint:
             answer = answers.pop(0)

@@ -38,7 +38,9 @@ def _flush(broker: BrokerProcess) -> int:
 
 def _segment_keys(client: Any, bucket: str, prefix: str = PREFIX) -> list[str]:
     keys: list[str] = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+    for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=prefix + "/"
+    ):
         keys.extend(obj["Key"] for obj in page.get("Contents", []))
     return sorted(keys)
 
@@ -48,8 +50,9 @@ def _partitions(broker: BrokerProcess, topic: str) -> dict[int, dict[str, Any]]:
     return {p["partition"]: p for p in data["partitions"]}
 
 
-def _read_ranges(broker: BrokerProcess, client: Any, topic: str, partition: int,
-                 start: int, end: int) -> list[records.Record]:
+def _read_ranges(
+    broker: BrokerProcess, client: Any, topic: str, partition: int, start: int, end: int
+) -> list[records.Record]:
     """The records in [start, end) as a commit round would get them: byte
     ranges from the admin API, read straight from S3 with ranged GETs."""
     plan = broker.admin(f"/v1/topics/{topic}/partitions/{partition}/ranges?start={start}&end={end}")
@@ -61,8 +64,11 @@ def _read_ranges(broker: BrokerProcess, client: Any, topic: str, partition: int,
     assert ranges, f"no ranges for {topic}-{partition} [{start}, {end})"
     assert ranges[0]["first_offset"] <= start and ranges[-1]["end_offset"] >= end
     for r in ranges:
-        body = client.get_object(Bucket=store.netloc, Key=f"{prefix}/{r['object_key']}",
-                                 Range=f"bytes={r['byte_start']}-{r['byte_end'] - 1}")["Body"].read()
+        body = client.get_object(
+            Bucket=store.netloc,
+            Key=f"{prefix}/{r['object_key']}",
+            Range=f"bytes={r['byte_start']}-{r['byte_end'] - 1}",
+        )["Body"].read()
         assert len(body) == r["byte_end"] - r["byte_start"]
         for header, batch in records.iter_batches(body):
             _, batch_records = records.decode_batch(batch)
@@ -73,8 +79,15 @@ def _read_ranges(broker: BrokerProcess, client: Any, topic: str, partition: int,
 
 
 def _produce(bootstrap: str, topic: str, values: list[str]) -> dict[str, tuple[int, int]]:
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 5, "batch.num.messages": 50})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "batch.num.messages": 50,
+        }
+    )
     acked: dict[str, tuple[int, int]] = {}
     errors: list[object] = []
 
@@ -96,7 +109,9 @@ def test_segments_in_s3_survive_a_restart_and_ranges_decode(
     broker_factory: Callable[..., BrokerProcess], moto_s3: MotoS3, s3_bucket: str
 ) -> None:
     url = f"s3://{s3_bucket}/{PREFIX}"
-    broker = broker_factory(["--object-store", url, "--segment-flush-ms", "60000"], env=moto_s3.env())
+    broker = broker_factory(
+        ["--object-store", url, "--segment-flush-ms", "60000"], env=moto_s3.env()
+    )
     assert broker.admin("/healthz")["object_store"] == url
     client = moto_s3.client()
     topic = "s3-topic"
@@ -106,11 +121,15 @@ def test_segments_in_s3_survive_a_restart_and_ranges_decode(
     for round_ in range(3):  # three flushes: three segment objects, ranges that span them
         acked.update(_produce(broker.bootstrap, topic, [f"r{round_}-{i}" for i in range(400)]))
         if round_ == 0:
-            assert _segment_keys(client, s3_bucket) == [], "nothing should be flushed before the flush"
+            assert _segment_keys(client, s3_bucket) == [], (
+                "nothing should be flushed before the flush"
+            )
             assert not (broker.home / "objects").exists()
         assert _flush(broker) > 0
     keys = _segment_keys(client, s3_bucket)
-    assert len(keys) == 3 and all(k.startswith(f"{PREFIX}/segments/") and k.endswith(".seg") for k in keys), keys
+    assert len(keys) == 3 and all(
+        k.startswith(f"{PREFIX}/segments/") and k.endswith(".seg") for k in keys
+    ), keys
     assert _segment_keys(client, s3_bucket, "segments") == [], "objects written outside the prefix"
     assert _flush(broker) == 0
 
@@ -122,7 +141,9 @@ def test_segments_in_s3_survive_a_restart_and_ranges_decode(
 
     def check_everything() -> None:
         log = read_partitions(broker.bootstrap, topic, 2)
-        assert {p: [present(v).decode() for _, v in entries] for p, entries in log.items()} == by_partition
+        assert {
+            p: [present(v).decode() for _, v in entries] for p, entries in log.items()
+        } == by_partition
         offsets = _partitions(broker, topic)
         for p, values in by_partition.items():
             assert offsets[p]["high_watermark"] == offsets[p]["flushed_offset"] == len(values)
@@ -145,8 +166,13 @@ def test_segments_in_s3_survive_a_restart_and_ranges_decode(
     for key in keys:
         client.delete_object(Bucket=s3_bucket, Key=key)
     broker.start()
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "after-delete",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": "after-delete",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
         got: list[Any] = []
@@ -164,8 +190,10 @@ def test_segments_in_s3_survive_a_restart_and_ranges_decode(
 def test_ranges_endpoint_refuses_what_is_not_flushed(
     broker_factory: Callable[..., BrokerProcess], moto_s3: MotoS3, s3_bucket: str
 ) -> None:
-    broker = broker_factory(["--object-store", f"s3://{s3_bucket}/{PREFIX}", "--segment-flush-ms", "60000"],
-                            env=moto_s3.env())
+    broker = broker_factory(
+        ["--object-store", f"s3://{s3_bucket}/{PREFIX}", "--segment-flush-ms", "60000"],
+        env=moto_s3.env(),
+    )
     create_topic(broker.bootstrap, "unflushed", 1)
     _produce(broker.bootstrap, "unflushed", [f"v{i}" for i in range(10)])
     with pytest.raises(urllib.error.HTTPError) as info:
@@ -173,7 +201,8 @@ def test_ranges_endpoint_refuses_what_is_not_flushed(
     assert info.value.code == 409
     _flush(broker)
     assert [r.value for r in _read_ranges(broker, moto_s3.client(), "unflushed", 0, 0, 10)] == [
-        f"v{i}".encode() for i in range(10)]
+        f"v{i}".encode() for i in range(10)
+    ]
 
 
 # ---------------------------------------------------------------- outages
@@ -264,11 +293,17 @@ def _health(broker: BrokerProcess) -> dict[str, Any]:
 
 def _all_flushed(broker: BrokerProcess, topic: str) -> bool:
     return _health(broker)["unflushed_bytes"] == 0 and all(
-        o["flushed_offset"] == o["high_watermark"] > 0 for o in _partitions(broker, topic).values())
+        o["flushed_offset"] == o["high_watermark"] > 0 for o in _partitions(broker, topic).values()
+    )
 
 
-def _check_s3_holds_everything(broker: BrokerProcess, client: Any, topic: str, partitions: int,
-                               producers: list[ContinuousProducer]) -> None:
+def _check_s3_holds_everything(
+    broker: BrokerProcess,
+    client: Any,
+    topic: str,
+    partitions: int,
+    producers: list[ContinuousProducer],
+) -> None:
     log = read_partitions(broker.bootstrap, topic, partitions)
     verify_log(log, producers)
     for p, entries in log.items():
@@ -287,26 +322,43 @@ def test_object_store_outage_keeps_acking_and_catches_up(
     bucket = f"outage-{uuid.uuid4().hex[:12]}"
     if outage == "network":
         client.create_bucket(Bucket=bucket)
-    broker = broker_factory(["--object-store", f"s3://{bucket}/{PREFIX}", "--segment-flush-ms", "200"],
-                            env=moto_s3.env(s3_proxy.endpoint))
+    broker = broker_factory(
+        ["--object-store", f"s3://{bucket}/{PREFIX}", "--segment-flush-ms", "200"],
+        env=moto_s3.env(s3_proxy.endpoint),
+    )
     topic = "outage"
     create_topic(broker.bootstrap, topic, 2)
     producers = [
-        ContinuousProducer(broker.bootstrap, topic, "plain", {"enable.idempotence": False}, rate=2000).start(),
-        ContinuousProducer(broker.bootstrap, topic, "idem", {"enable.idempotence": True}, rate=2000).start(),
+        ContinuousProducer(
+            broker.bootstrap, topic, "plain", {"enable.idempotence": False}, rate=2000
+        ).start(),
+        ContinuousProducer(
+            broker.bootstrap, topic, "idem", {"enable.idempotence": True}, rate=2000
+        ).start(),
     ]
     try:
         counts = [p.acked_count for p in producers]
         if outage == "network":
-            wait_for(lambda: all(p.acked_count > 500 for p in producers) and _health(broker)["segments_written"] > 0,
-                     20, what="records flushed to S3 before the outage")
+            wait_for(
+                lambda: (
+                    all(p.acked_count > 500 for p in producers)
+                    and _health(broker)["segments_written"] > 0
+                ),
+                20,
+                what="records flushed to S3 before the outage",
+            )
             s3_proxy.down()
             counts = [p.acked_count for p in producers]
         failures = _health(broker)["flush_failures"]
         # the store is down: flushes fail and are retried, producers keep getting acks
-        wait_for(lambda: _health(broker)["flush_failures"] >= failures + 2
-                 and all(p.acked_count >= c + 2000 for p, c in zip(producers, counts, strict=True)),
-                 30, what="acks and failed flush retries while the store is down")
+        wait_for(
+            lambda: (
+                _health(broker)["flush_failures"] >= failures + 2
+                and all(p.acked_count >= c + 2000 for p, c in zip(producers, counts, strict=True))
+            ),
+            30,
+            what="acks and failed flush retries while the store is down",
+        )
         assert "segment flush failed" in broker.log_text()
         unflushed = _partitions(broker, topic)
         assert all(o["high_watermark"] > o["flushed_offset"] for o in unflushed.values()), unflushed
@@ -316,62 +368,98 @@ def test_object_store_outage_keeps_acking_and_catches_up(
         else:
             client.create_bucket(Bucket=bucket)
         segments_before = _health(broker)["segments_written"]
-        wait_for(lambda: _health(broker)["segments_written"] > segments_before, 30,
-                 what="a flush once the store is back")
+        wait_for(
+            lambda: _health(broker)["segments_written"] > segments_before,
+            30,
+            what="a flush once the store is back",
+        )
     finally:
         stop_all(producers)
-    wait_for(lambda: _all_flushed(broker, topic), 30, what="everything flushed once the store is back")
+    wait_for(
+        lambda: _all_flushed(broker, topic), 30, what="everything flushed once the store is back"
+    )
     _check_s3_holds_everything(broker, client, topic, 2, producers)
     assert not any(p.failed for p in producers)
 
 
 def test_kill9_during_an_outage_and_restart_while_still_down(
-    broker_factory: Callable[..., BrokerProcess], moto_s3: MotoS3, s3_proxy: TcpProxy, s3_bucket: str
+    broker_factory: Callable[..., BrokerProcess],
+    moto_s3: MotoS3,
+    s3_proxy: TcpProxy,
+    s3_bucket: str,
 ) -> None:
     """Records acked during an outage are in the WAL only; a broker killed then
     restarts (the store is still down), serves them, and flushes them later."""
     client = moto_s3.client()
-    broker = broker_factory(["--object-store", f"s3://{s3_bucket}/{PREFIX}", "--segment-flush-ms", "200"],
-                            env=moto_s3.env(s3_proxy.endpoint))
+    broker = broker_factory(
+        ["--object-store", f"s3://{s3_bucket}/{PREFIX}", "--segment-flush-ms", "200"],
+        env=moto_s3.env(s3_proxy.endpoint),
+    )
     topic = "outage-kill"
     create_topic(broker.bootstrap, topic, 2)
     producers = [
-        ContinuousProducer(broker.bootstrap, topic, "plain", {"enable.idempotence": False, "retries": 0},
-                           rate=2000).start(),
-        ContinuousProducer(broker.bootstrap, topic, "idem", {"enable.idempotence": True}, rate=2000).start(),
+        ContinuousProducer(
+            broker.bootstrap, topic, "plain", {"enable.idempotence": False, "retries": 0}, rate=2000
+        ).start(),
+        ContinuousProducer(
+            broker.bootstrap, topic, "idem", {"enable.idempotence": True}, rate=2000
+        ).start(),
     ]
     try:
-        wait_for(lambda: all(p.acked_count > 500 for p in producers) and _health(broker)["segments_written"] > 0,
-                 20, what="records flushed to S3 before the outage")
+        wait_for(
+            lambda: (
+                all(p.acked_count > 500 for p in producers)
+                and _health(broker)["segments_written"] > 0
+            ),
+            20,
+            what="records flushed to S3 before the outage",
+        )
         s3_proxy.down()
         counts = [p.acked_count for p in producers]
-        wait_for(lambda: _health(broker)["flush_failures"] > 0
-                 and all(p.acked_count >= c + 1000 for p, c in zip(producers, counts, strict=True)),
-                 30, what="acks while the store is down")
+        wait_for(
+            lambda: (
+                _health(broker)["flush_failures"] > 0
+                and all(p.acked_count >= c + 1000 for p, c in zip(producers, counts, strict=True))
+            ),
+            30,
+            what="acks while the store is down",
+        )
         broker.kill9()
         counts = [p.acked_count for p in producers]
         broker.start()
-        wait_for(lambda: all(p.acked_count >= c + 500 for p, c in zip(producers, counts, strict=True)),
-                 30, what="acks after the restart, store still down")
+        wait_for(
+            lambda: all(p.acked_count >= c + 500 for p, c in zip(producers, counts, strict=True)),
+            30,
+            what="acks after the restart, store still down",
+        )
         s3_proxy.up()
         segments_before = _health(broker)["segments_written"]
-        wait_for(lambda: _health(broker)["segments_written"] > segments_before, 30,
-                 what="a flush once the store is back")
+        wait_for(
+            lambda: _health(broker)["segments_written"] > segments_before,
+            30,
+            what="a flush once the store is back",
+        )
     finally:
         stop_all(producers)
-    wait_for(lambda: _all_flushed(broker, topic), 30, what="everything flushed once the store is back")
+    wait_for(
+        lambda: _all_flushed(broker, topic), 30, what="everything flushed once the store is back"
+    )
     _check_s3_holds_everything(broker, client, topic, 2, producers)
 
 
 @pytest.mark.parametrize("setting", ["object.store", "automq.table.topic.catalog.warehouse"])
 def test_a_bucket_that_does_not_exist_is_an_error_in_the_log_at_start(
-        setting: str, broker_factory: Callable[..., BrokerProcess], moto_s3: MotoS3, s3_bucket: str) -> None:
+    setting: str, broker_factory: Callable[..., BrokerProcess], moto_s3: MotoS3, s3_bucket: str
+) -> None:
     """Checked once at start and said plainly, naming the setting; the broker still starts (the
     bucket may be created a moment later: see the missing-bucket outage above)."""
     good, missing = f"s3://{s3_bucket}/x", f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/x"
     store, warehouse = (missing, good) if setting == "object.store" else (good, missing)
     broker = broker_factory(["--object-store", store, "--warehouse", warehouse], env=moto_s3.env())
     log = broker.log_text()
-    assert f"ERROR broker.app: {setting}={missing}: bucket '{urlparse(missing).netloc}' does not exist" in log, log
+    assert (
+        f"ERROR broker.app: {setting}={missing}: bucket '{urlparse(missing).netloc}' does not exist"
+        in log
+    ), log
     other = "automq.table.topic.catalog.warehouse" if setting == "object.store" else "object.store"
     assert f"{other}=" not in log  # the bucket that exists is not complained about

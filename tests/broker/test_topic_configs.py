@@ -16,7 +16,11 @@ from tests.support import BrokerProcess
     [
         ("automq.table.topic.enable", "TRUE", "true"),
         ("automq.table.topic.commit.interval.ms", " 30000 ", "30000"),
-        ("automq.table.topic.partition.by", "[month(ts),bucket(id, 16)]", "[month(ts), bucket(id, 16)]"),
+        (
+            "automq.table.topic.partition.by",
+            "[month(ts),bucket(id, 16)]",
+            "[month(ts), bucket(id, 16)]",
+        ),
         ("automq.table.topic.partition.by", "[a.b, truncate(name, 4)]", "[a.b, truncate(name, 4)]"),
         ("automq.table.topic.id.columns", "[id, region]", "[id, region]"),
         ("cleanup.policy", "compact,delete", "compact,delete"),
@@ -48,9 +52,14 @@ def test_bad_values_name_the_key(key: str, value: str, fragment: str) -> None:
         assert key in str(info.value)
 
 
-@pytest.mark.parametrize("config", [{"automq.table.topic.upsert.enable": "true"},
-                                    {"automq.table.topic.cdc.field": "op"},
-                                    {"automq.table.topic.transform.value.type": "flatten_debezium"}])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"automq.table.topic.upsert.enable": "true"},
+        {"automq.table.topic.cdc.field": "op"},
+        {"automq.table.topic.transform.value.type": "flatten_debezium"},
+    ],
+)
 def test_upsert_cdc_and_debezium_need_id_columns(config: dict[str, str]) -> None:
     with pytest.raises(topic_configs.InvalidConfigError, match="id.columns"):
         topic_configs.validate_all(config)
@@ -63,7 +72,9 @@ def test_cdc_field_is_a_column_name() -> None:
         topic_configs.validate("automq.table.topic.cdc.field", "op; drop table")
 
 
-def test_manifest_lists_table_topics_and_disabled_ones_and_is_replaced_atomically(tmp_path: Path) -> None:
+def test_manifest_lists_table_topics_and_disabled_ones_and_is_replaced_atomically(
+    tmp_path: Path,
+) -> None:
     import uuid
 
     path = tmp_path / "table_topics.json"
@@ -117,7 +128,11 @@ MAINTENANCE = "automq.table.topic.maintenance."
         (MAINTENANCE + "target.file.size.bytes", "", ""),  # unset: the table property applies
         (MAINTENANCE + "compaction.strategy", "BinPack", "binpack"),
         (MAINTENANCE + "compaction.strategy", "zorder", "zorder"),
-        (MAINTENANCE + "compaction.zorder.columns", "user_id,geo.country", "[user_id, geo.country]"),
+        (
+            MAINTENANCE + "compaction.zorder.columns",
+            "user_id,geo.country",
+            "[user_id, geo.country]",
+        ),
         (MAINTENANCE + "unreferenced.days", "10", "10"),
         ("automq.table.topic.expire.snapshot.older.than.hours", "120", "120"),
     ],
@@ -129,7 +144,11 @@ def test_maintenance_values_are_normalized(key: str, value: str, normalized: str
 @pytest.mark.parametrize(
     "key, value, fragment",
     [
-        (MAINTENANCE + "interval.ms", "1000", "outside"),  # a Spark start per second is not maintenance
+        (
+            MAINTENANCE + "interval.ms",
+            "1000",
+            "outside",
+        ),  # a Spark start per second is not maintenance
         (MAINTENANCE + "interval.ms", "hourly", "expected an integer"),
         (MAINTENANCE + "target.file.size.bytes", "0", "outside"),
         (MAINTENANCE + "compaction.strategy", "hilbert", "expected one of"),
@@ -150,9 +169,16 @@ def test_every_topic_key_the_maintenance_job_reads_is_declared() -> None:
     name that drifted apart would silently never apply."""
     from spark_jobs import maintenance_settings as ms
 
-    for key in (ms.EXPIRE_ENABLED, ms.EXPIRE_OLDER_THAN_HOURS, ms.EXPIRE_RETAIN_LAST,
-                ms.TOPIC_TARGET_FILE_SIZE, ms.TOPIC_STRATEGY, ms.TOPIC_ORPHAN_DAYS, ms.TOPIC_ZORDER_COLUMNS,
-                ms.TOPIC_DELETE_FILE_THRESHOLD):
+    for key in (
+        ms.EXPIRE_ENABLED,
+        ms.EXPIRE_OLDER_THAN_HOURS,
+        ms.EXPIRE_RETAIN_LAST,
+        ms.TOPIC_TARGET_FILE_SIZE,
+        ms.TOPIC_STRATEGY,
+        ms.TOPIC_ORPHAN_DAYS,
+        ms.TOPIC_ZORDER_COLUMNS,
+        ms.TOPIC_DELETE_FILE_THRESHOLD,
+    ):
         assert key in topic_configs.KEYS, key
 
 
@@ -164,16 +190,31 @@ def test_unset_maintenance_keys_leave_the_table_property_in_charge() -> None:
     configs = topic_configs.effective({"automq.table.topic.enable": "true"})
     settings = ms.resolve(configs, {"write.target-file-size-bytes": "1048576"})
     assert settings.target_file_size_bytes == 1048576
-    assert settings.sources["target_file_size_bytes"] == "table property write.target-file-size-bytes"
-    assert (settings.strategy, settings.orphan_older_than_days) == ("auto", ms.S3_TABLES_UNREFERENCED_DAYS)
+    assert (
+        settings.sources["target_file_size_bytes"] == "table property write.target-file-size-bytes"
+    )
+    assert (settings.strategy, settings.orphan_older_than_days) == (
+        "auto",
+        ms.S3_TABLES_UNREFERENCED_DAYS,
+    )
 
-    configs = topic_configs.effective({MAINTENANCE + "target.file.size.bytes": "2097152",
-                                       MAINTENANCE + "compaction.strategy": "sort",
-                                       MAINTENANCE + "unreferenced.days": "10"})
+    configs = topic_configs.effective(
+        {
+            MAINTENANCE + "target.file.size.bytes": "2097152",
+            MAINTENANCE + "compaction.strategy": "sort",
+            MAINTENANCE + "unreferenced.days": "10",
+        }
+    )
     settings = ms.resolve(configs, {"write.target-file-size-bytes": "1048576"})
-    assert (settings.target_file_size_bytes, settings.strategy, settings.orphan_older_than_days) == (
-        2097152, "sort", 10.0)
-    assert settings.sources["target_file_size_bytes"] == f"topic config {MAINTENANCE}target.file.size.bytes"
+    assert (
+        settings.target_file_size_bytes,
+        settings.strategy,
+        settings.orphan_older_than_days,
+    ) == (2097152, "sort", 10.0)
+    assert (
+        settings.sources["target_file_size_bytes"]
+        == f"topic config {MAINTENANCE}target.file.size.bytes"
+    )
 
 
 def test_maintenance_configs_through_a_kafka_admin_client(broker: BrokerProcess) -> None:
@@ -189,8 +230,11 @@ def test_maintenance_configs_through_a_kafka_admin_client(broker: BrokerProcess)
     )
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    config = {"automq.table.topic.enable": "true", MAINTENANCE + "interval.ms": "900000",
-              MAINTENANCE + "compaction.strategy": "binpack"}
+    config = {
+        "automq.table.topic.enable": "true",
+        MAINTENANCE + "interval.ms": "900000",
+        MAINTENANCE + "compaction.strategy": "binpack",
+    }
     for future in admin.create_topics([NewTopic("maint", 1, 1, config=config)]).values():
         future.result(10)
     resource = ConfigResource("topic", "maint")
@@ -199,17 +243,27 @@ def test_maintenance_configs_through_a_kafka_admin_client(broker: BrokerProcess)
     assert described[MAINTENANCE + "enable"].value == "true"
     assert described[MAINTENANCE + "target.file.size.bytes"].value == ""
 
-    for bad in ({MAINTENANCE + "interval.ms": "5"}, {MAINTENANCE + "unreferenced.days": "soon"},
-                {MAINTENANCE + "compaction.strategy": "hilbert"}):
+    for bad in (
+        {MAINTENANCE + "interval.ms": "5"},
+        {MAINTENANCE + "unreferenced.days": "soon"},
+        {MAINTENANCE + "compaction.strategy": "hilbert"},
+    ):
         [(key, value)] = bad.items()
-        res = ConfigResource("topic", "maint", incremental_configs=[
-            ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+        res = ConfigResource(
+            "topic",
+            "maint",
+            incremental_configs=[
+                ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+            ],
+        )
         with pytest.raises(KafkaException) as info:
             admin.incremental_alter_configs([res])[res].result(10)
         assert info.value.args[0].code() == 40  # INVALID_CONFIG
         assert key in info.value.args[0].str()
     described = admin.describe_configs([resource])[resource].result(10)
-    assert described[MAINTENANCE + "interval.ms"].value == "900000"  # a refused change changes nothing
+    assert (
+        described[MAINTENANCE + "interval.ms"].value == "900000"
+    )  # a refused change changes nothing
 
     entries = manifest.read(broker.home / "table_topics.json")["table_topics"]
     assert isinstance(entries, list)

@@ -28,17 +28,19 @@ def configure() -> Path:
     """Point Airflow at a throwaway home, this repo's dags/ and plugins/, and local Spark."""
     home = Path(tempfile.mkdtemp(prefix="icefall-airflow-"))
     atexit.register(shutil.rmtree, home, True)
-    os.environ.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
-        "PATH": os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")]),
-    })
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+            "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
+            "PATH": os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")]),
+        }
+    )
     return home
 
 
@@ -46,6 +48,12 @@ def configure() -> Path:
 def migrate_db() -> Path:
     """``airflow db migrate`` once per session (a subprocess: it is what a user runs)."""
     home = configure()
-    subprocess.run([os.path.join(VENV_BIN, "airflow"), "db", "migrate"], check=True, env=os.environ.copy(),
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    subprocess.run(
+        [os.path.join(VENV_BIN, "airflow"), "db", "migrate"],
+        check=True,
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=300,
+    )
     return home

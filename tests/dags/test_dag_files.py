@@ -19,14 +19,20 @@ def dagbag(home: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     return DagBag(dag_folder=str(REPO / "dags"))
 
 
-def test_every_dag_file_imports_without_a_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_dag_file_imports_without_a_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     assert set(bag.dag_ids) == {"icefall_example_downstream__clicks"}
 
 
-def test_every_dag_file_imports_with_table_topics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    manifests.write(tmp_path, manifests.entry("clicks"), manifests.entry("shop.orders-v2", 30_000, "shop", 3))
+def test_every_dag_file_imports_with_table_topics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests.write(
+        tmp_path, manifests.entry("clicks"), manifests.entry("shop.orders-v2", 30_000, "shop", 3)
+    )
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     files = {Path(d.fileloc).name for d in bag.dags.values()}
@@ -52,7 +58,10 @@ def test_commit_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 def test_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     manifests.write(tmp_path, manifests.entry("a", 60_000), manifests.entry("b", 1))
     bag = dagbag(tmp_path, monkeypatch)
-    assert {d for d in bag.dag_ids if d.startswith("icefall_commit__")} == {"icefall_commit__a", "icefall_commit__b"}
+    assert {d for d in bag.dag_ids if d.startswith("icefall_commit__")} == {
+        "icefall_commit__a",
+        "icefall_commit__b",
+    }
     # A 1 ms commit interval is clamped to the shortest schedule Airflow can keep.
     assert bag.dags["icefall_commit__b"].timetable.delta == timedelta(seconds=5)
 
@@ -60,44 +69,67 @@ def test_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pytest.Monkey
     # a's interval changed: the next parse follows.
     manifests.write(tmp_path, manifests.entry("a", 120_000), manifests.entry("c", 10_000, "ns"))
     bag = dagbag(tmp_path, monkeypatch)
-    assert {d for d in bag.dag_ids if d.startswith("icefall_commit__")} == {"icefall_commit__a", "icefall_commit__c"}
+    assert {d for d in bag.dag_ids if d.startswith("icefall_commit__")} == {
+        "icefall_commit__a",
+        "icefall_commit__c",
+    }
     assert bag.dags["icefall_commit__a"].timetable.delta == timedelta(minutes=2)
     assert bag.dags["icefall_commit__c"].task_dict["commit"].pool == "icefall_table__c"
 
 
-def test_a_broken_manifest_is_an_import_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_broken_manifest_is_an_import_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "table_topics.json").write_text('{"no": "manifest"}')
     bag = dagbag(tmp_path, monkeypatch)
-    assert sorted(Path(f).name for f in bag.import_errors) == ["icefall_commit.py", "icefall_dlq_reprocess.py",
-                                                              "icefall_maintain.py"]
+    assert sorted(Path(f).name for f in bag.import_errors) == [
+        "icefall_commit.py",
+        "icefall_dlq_reprocess.py",
+        "icefall_maintain.py",
+    ]
     assert all("not an Icefall table-topic manifest" in e for e in bag.import_errors.values())
 
 
-def test_a_disabled_topic_keeps_its_dag_marked_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    manifests.write(tmp_path, manifests.entry("on"), disabled=(manifests.disabled_entry("off", 30_000),))
+def test_a_disabled_topic_keeps_its_dag_marked_disabled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests.write(
+        tmp_path, manifests.entry("on"), disabled=(manifests.disabled_entry("off", 30_000),)
+    )
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     dag = bag.dags["icefall_commit__off"]
     assert "disabled" in dag.tags and "disabled" not in bag.dags["icefall_commit__on"].tags
-    assert dag.timetable.delta == timedelta(seconds=30)  # the schedule is kept for when it comes back
+    assert dag.timetable.delta == timedelta(
+        seconds=30
+    )  # the schedule is kept for when it comes back
     assert dag.doc_md.startswith("**Disabled**")
 
 
 def test_a_size_trigger_schedules_rounds_on_the_interval_or_the_pending_asset(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     manifests.write(
         tmp_path,
-        manifests.entry("bursts", 900_000, configs={"automq.table.topic.commit.trigger.bytes": "65536"}),
+        manifests.entry(
+            "bursts", 900_000, configs={"automq.table.topic.commit.trigger.bytes": "65536"}
+        ),
         manifests.entry("steady", 60_000),
     )
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     timetable = bag.dags["icefall_commit__bursts"].timetable
     assert type(timetable).__name__ == "AssetOrTimeSchedule"
-    assert timetable.timetable.delta == timedelta(minutes=15)  # backfills still have their intervals
+    assert timetable.timetable.delta == timedelta(
+        minutes=15
+    )  # backfills still have their intervals
     asset = timetable.asset_condition
     assert asset.name == "icefall/default/bursts/pending"
     [watcher] = asset.watchers
-    assert watcher.trigger.serialize() == ("icefall_airflow.pending_trigger.PendingBytesTrigger", {
-        "topic": "bursts", "threshold_bytes": 65536, "admin_url": None, "poll_interval_s": 2.0})
-    assert type(bag.dags["icefall_commit__steady"].timetable).__name__ == "DeltaDataIntervalTimetable"
+    assert watcher.trigger.serialize() == (
+        "icefall_airflow.pending_trigger.PendingBytesTrigger",
+        {"topic": "bursts", "threshold_bytes": 65536, "admin_url": None, "poll_interval_s": 2.0},
+    )
+    assert (
+        type(bag.dags["icefall_commit__steady"].timetable).__name__ == "DeltaDataIntervalTimetable"
+    )

@@ -19,7 +19,10 @@ def maintain_ids(bag: object) -> set[str]:
 
 
 def test_maintain_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    manifests.write(tmp_path, manifests.entry("shop.orders-v2", 30_000, "shop", 3, configs={INTERVAL: "7200000"}))
+    manifests.write(
+        tmp_path,
+        manifests.entry("shop.orders-v2", 30_000, "shop", 3, configs={INTERVAL: "7200000"}),
+    )
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
     dag = bag.dags["icefall_maintain__shop.orders-v2"]
@@ -31,16 +34,23 @@ def test_maintain_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     maintain = dag.task_dict["maintain"]
     assert type(maintain).__name__ == "MaintenanceOperator"
     # The same one-slot pool as the commit round of the same table: the two writers never race.
-    assert maintain.pool == bag.dags["icefall_commit__shop.orders-v2"].task_dict["commit"].pool \
+    assert (
+        maintain.pool
+        == bag.dags["icefall_commit__shop.orders-v2"].task_dict["commit"].pool
         == "icefall_table__shop.orders-v2"
+    )
     outlets = dag.task_dict["publish"].outlets
     assert [(a.name, a.uri) for a in outlets] == [("icefall/shop/shop_orders_v2/maintenance",) * 2]
     assert dag.params["actions"] == ["compact", "manifests", "expire", "orphans"]
 
 
-def test_maintain_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_maintain_factory_follows_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # An old manifest without the interval key gets the default (1 h).
-    manifests.write(tmp_path, manifests.entry("a"), manifests.entry("b", configs={INTERVAL: "600000"}))
+    manifests.write(
+        tmp_path, manifests.entry("a"), manifests.entry("b", configs={INTERVAL: "600000"})
+    )
     bag = dagbag(tmp_path, monkeypatch)
     assert maintain_ids(bag) == {"icefall_maintain__a", "icefall_maintain__b"}
     assert bag.dags["icefall_maintain__a"].timetable.delta == timedelta(hours=1)
@@ -56,36 +66,51 @@ def test_maintain_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pyte
         disabled=(manifests.disabled_entry("d"),),
     )
     bag = dagbag(tmp_path, monkeypatch)
-    assert maintain_ids(bag) == {"icefall_maintain__a", "icefall_maintain__c", "icefall_maintain__d"}
+    assert maintain_ids(bag) == {
+        "icefall_maintain__a",
+        "icefall_maintain__c",
+        "icefall_maintain__d",
+    }
     assert "icefall_commit__b" in bag.dag_ids  # the commit rounds go on
     assert bag.dags["icefall_maintain__a"].timetable.delta == timedelta(days=1)
     assert bag.dags["icefall_maintain__c"].task_dict["maintain"].pool == "icefall_table__c"
     disabled = bag.dags["icefall_maintain__d"]
     assert "disabled" in disabled.tags and "disabled" not in bag.dags["icefall_maintain__a"].tags
-    assert disabled.task_dict["maintain"].topic_enabled is False and disabled.doc_md.startswith("**Disabled**")
+    assert disabled.task_dict["maintain"].topic_enabled is False and disabled.doc_md.startswith(
+        "**Disabled**"
+    )
 
     # gone from the manifest (topic deleted): no DAG
     manifests.write(tmp_path, manifests.entry("a"))
     assert maintain_ids(dagbag(tmp_path, monkeypatch)) == {"icefall_maintain__a"}
 
 
-def test_maintain_dag_is_parsed_from_the_broker_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_maintain_dag_is_parsed_from_the_broker_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The manifest as the broker writes it (effective configs, defaults included)."""
     import uuid
 
     from broker import manifest as broker_manifest
     from broker.metadata import TopicRecord
 
-    topics = [TopicRecord("clicks", uuid.uuid4(), 2, {"automq.table.topic.enable": "true", INTERVAL: "900000"}),
-              TopicRecord("plain", uuid.uuid4(), 1, {})]
-    broker_manifest.write_atomically(tmp_path / "table_topics.json",
-                                     broker_manifest.render(topics, "http://127.0.0.1:1"))
+    topics = [
+        TopicRecord(
+            "clicks", uuid.uuid4(), 2, {"automq.table.topic.enable": "true", INTERVAL: "900000"}
+        ),
+        TopicRecord("plain", uuid.uuid4(), 1, {}),
+    ]
+    broker_manifest.write_atomically(
+        tmp_path / "table_topics.json", broker_manifest.render(topics, "http://127.0.0.1:1")
+    )
     bag = dagbag(tmp_path, monkeypatch)
     assert maintain_ids(bag) == {"icefall_maintain__clicks"}
     assert bag.dags["icefall_maintain__clicks"].timetable.delta == timedelta(minutes=15)
 
 
-def test_a_disabled_topic_runs_no_maintenance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_disabled_topic_runs_no_maintenance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Even when someone runs the paused DAG: nothing is submitted, nothing is published."""
     from tests.dags import airflow_env
 
@@ -93,5 +118,7 @@ def test_a_disabled_topic_runs_no_maintenance(tmp_path: Path, monkeypatch: pytes
     manifests.write(tmp_path, disabled=(manifests.disabled_entry("off"),))
     dag = dagbag(tmp_path, monkeypatch).dags["icefall_maintain__off"]
     run = dag.test()
-    assert {ti.task_id: str(ti.state) for ti in run.get_task_instances()} == {"maintain": "skipped",
-                                                                               "publish": "skipped"}
+    assert {ti.task_id: str(ti.state) for ti in run.get_task_instances()} == {
+        "maintain": "skipped",
+        "publish": "skipped",
+    }

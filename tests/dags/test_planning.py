@@ -21,19 +21,27 @@ def test_a_scheduled_run_commits_up_to_its_interval_end_with_a_stable_round_id()
 
 
 def test_a_manual_run_without_logical_date_commits_up_to_now() -> None:
-    request = round_request("clicks", {"until": "interval", "max_records": 10}, None, "manual__1", now_ms=1234)
+    request = round_request(
+        "clicks", {"until": "interval", "max_records": 10}, None, "manual__1", now_ms=1234
+    )
     assert request.until_append_ms == 1234 and request.max_records == 10
     assert round_request("clicks", {"until": "now"}, END, "manual__2", 99).until_append_ms == 99
 
 
 def test_until_offsets_param() -> None:
-    request = round_request("clicks", {"until": "offsets", "until_offsets": {"0": 5, "2": 7}}, END, "m", 1)
+    request = round_request(
+        "clicks", {"until": "offsets", "until_offsets": {"0": 5, "2": 7}}, END, "m", 1
+    )
     assert request.until_offsets == {0: 5, 2: 7} and request.until_append_ms is None
     assert round_request(
         "clicks", {"until": "offsets", "until_offsets": '{"1": 3}'}, END, "m", 1
     ).until_offsets == {1: 3}
-    for bad in ({"until": "offsets"}, {"until": "offsets", "until_offsets": {"x": 1}},
-                {"until": "offsets", "until_offsets": {"0": -1}}, {"until": "tomorrow"}):
+    for bad in (
+        {"until": "offsets"},
+        {"until": "offsets", "until_offsets": {"x": 1}},
+        {"until": "offsets", "until_offsets": {"0": -1}},
+        {"until": "tomorrow"},
+    ):
         with pytest.raises(PlanError):
             round_request("clicks", bad, END, "m", 1)
 
@@ -51,18 +59,39 @@ class FakeBroker:
 
     def plan(self, topic: str, until_append_ms: int | None) -> dict[str, Any]:
         self.polls += 1
-        return {"partitions": [
-            {"partition": 0, "log_start_offset": 0, "end_offset": 10, "flushed": True, "high_watermark": 12},
-            {"partition": 1, "log_start_offset": 2, "end_offset": 8, "flushed": self._flushed(), "high_watermark": 8},
-        ]}
+        return {
+            "partitions": [
+                {
+                    "partition": 0,
+                    "log_start_offset": 0,
+                    "end_offset": 10,
+                    "flushed": True,
+                    "high_watermark": 12,
+                },
+                {
+                    "partition": 1,
+                    "log_start_offset": 2,
+                    "end_offset": 8,
+                    "flushed": self._flushed(),
+                    "high_watermark": 8,
+                },
+            ]
+        }
 
     def offsets(self, topic: str) -> dict[str, Any]:
         self.polls += 1
         flushed = 8 if self._flushed() else 5
-        return {"partitions": [
-            {"partition": 0, "log_start_offset": 0, "high_watermark": 12, "flushed_offset": 12},
-            {"partition": 1, "log_start_offset": 2, "high_watermark": 8, "flushed_offset": flushed},
-        ]}
+        return {
+            "partitions": [
+                {"partition": 0, "log_start_offset": 0, "high_watermark": 12, "flushed_offset": 12},
+                {
+                    "partition": 1,
+                    "log_start_offset": 2,
+                    "high_watermark": 8,
+                    "flushed_offset": flushed,
+                },
+            ]
+        }
 
     def flush(self) -> dict[str, Any]:
         self.flushes += 1
@@ -80,7 +109,9 @@ class Clock:
         self.now += seconds
 
 
-def fake_plan_round(broker: FakeBroker, request: RoundRequest, deadline_s: float, clock: Clock) -> RoundPlan:
+def fake_plan_round(
+    broker: FakeBroker, request: RoundRequest, deadline_s: float, clock: Clock
+) -> RoundPlan:
     """plan_round over the fake broker (it answers the calls plan_round makes) and the fake clock."""
     return plan_round(cast(BrokerClient, broker), request, deadline_s, 0.5, clock, clock.sleep)
 

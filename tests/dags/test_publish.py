@@ -9,12 +9,28 @@ import pytest
 from icefall_airflow import publish
 from icefall_airflow.commit_operator import commit_round_args, commit_round_script
 
-PLAN = {"topic": "clicks", "round_id": "clicks@1000", "until_append_ms": 1000, "max_records": None,
-        "end_offsets": {"0": 10, "1": 4}}
+PLAN = {
+    "topic": "clicks",
+    "round_id": "clicks@1000",
+    "until_append_ms": 1000,
+    "max_records": None,
+    "end_offsets": {"0": 10, "1": 4},
+}
 COMMITTED = {
-    "status": "committed", "topic": "clicks", "namespace": "default", "table": "clicks", "round_id": "clicks@1000",
-    "snapshot_id": 42, "offsets_before": {"0": 0, "1": 0}, "offsets_after": {"0": 10, "1": 4}, "rows": 14,
-    "dlq_rows": 0, "records": 14, "bytes_read": 900, "data_files": 2, "until_append_ms": None,
+    "status": "committed",
+    "topic": "clicks",
+    "namespace": "default",
+    "table": "clicks",
+    "round_id": "clicks@1000",
+    "snapshot_id": 42,
+    "offsets_before": {"0": 0, "1": 0},
+    "offsets_after": {"0": 10, "1": 4},
+    "rows": 14,
+    "dlq_rows": 0,
+    "records": 14,
+    "bytes_read": 900,
+    "data_files": 2,
+    "until_append_ms": None,
     "seconds": {"plan": 0.1, "read_write": 2.0, "commit": 0.2, "total": 2.3},
 }
 
@@ -24,7 +40,9 @@ def test_commit_round_command_line() -> None:
     assert args[args.index("--until-offsets") + 1] == '{"0":10,"1":4}'
     assert args[args.index("--round-id") + 1] == "clicks@1000"
     assert args[args.index("--max-records") + 1] == "5"
-    assert "--until-append-time" not in args  # the plan's offsets are the bound: what was planned is committed
+    assert (
+        "--until-append-time" not in args
+    )  # the plan's offsets are the bound: what was planned is committed
     assert commit_round_script().endswith("spark_jobs/commit_round.py")
 
 
@@ -39,7 +57,9 @@ def test_asset_extra_of_a_commit() -> None:
     assert "committed snapshot 42" in publish.summary_line(COMMITTED)
 
 
-@pytest.mark.parametrize("bad", [None, [], {"status": "failed"}, {"status": "committed", "snapshot_id": None}])
+@pytest.mark.parametrize(
+    "bad", [None, [], {"status": "failed"}, {"status": "committed", "snapshot_id": None}]
+)
 def test_results_outside_the_contract_are_refused(bad: Any) -> None:
     with pytest.raises(publish.ResultError):
         publish.check_result(bad)

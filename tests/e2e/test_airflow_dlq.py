@@ -25,8 +25,16 @@ def asset_events(name: str) -> list[dict[str, Any]]:
     from sqlalchemy import select
 
     with create_session() as session:
-        rows = session.execute(select(AssetEvent.extra).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-                               .where(AssetModel.name == name).order_by(AssetEvent.id)).scalars().all()
+        rows = (
+            session.execute(
+                select(AssetEvent.extra)
+                .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                .where(AssetModel.name == name)
+                .order_by(AssetEvent.id)
+            )
+            .scalars()
+            .all()
+        )
         return [dict(extra) for extra in rows]
 
 
@@ -35,8 +43,9 @@ def states(run: Any) -> dict[str, str]:
 
 
 @pytest.mark.timeout(600)
-def test_reprocess_from_airflow_moves_the_records_that_now_decode(broker: BrokerProcess,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reprocess_from_airflow_moves_the_records_that_now_decode(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     airflow_env.migrate_db()
     from icefall_airflow.tables import open_catalog
 
@@ -44,8 +53,15 @@ def test_reprocess_from_airflow_moves_the_records_that_now_decode(broker: Broker
     from tests.spark_jobs.test_commit_round import clicks
     from tests.spark_jobs.test_round_dlq import LateSchema
 
-    topic = new_topic(broker, partitions=1, prefix=TOPIC, configs={
-        "automq.table.topic.namespace": "shop", "automq.table.topic.schema.validation": "false"})
+    topic = new_topic(
+        broker,
+        partitions=1,
+        prefix=TOPIC,
+        configs={
+            "automq.table.topic.namespace": "shop",
+            "automq.table.topic.schema.validation": "false",
+        },
+    )
     table_name = topic.replace("-", "_")
     asset = f"icefall/shop/{table_name}/dlq-reprocess"
     monkeypatch.setenv("ICEFALL_HOME", str(broker.home))
@@ -72,10 +88,24 @@ def test_reprocess_from_airflow_moves_the_records_that_now_decode(broker: Broker
     late.register()
     run = reprocess.test()
     assert states(run) == {"reprocess": "success", "publish": "success"}
-    rows = catalog.load_table(("shop", table_name)).scan(selected_fields=("id", "campaign")).to_arrow().to_pylist()
-    assert sorted((r["id"], r["campaign"]) for r in rows) == [(0, None), (1, None), (2, None), (3, None),
-                                                              (4, "spring"), (5, "spring")]
+    rows = (
+        catalog.load_table(("shop", table_name))
+        .scan(selected_fields=("id", "campaign"))
+        .to_arrow()
+        .to_pylist()
+    )
+    assert sorted((r["id"], r["campaign"]) for r in rows) == [
+        (0, None),
+        (1, None),
+        (2, None),
+        (3, None),
+        (4, "spring"),
+        (5, "spring"),
+    ]
     assert len(catalog.load_table(("shop", f"{table_name}__dlq")).scan().to_arrow()) == 0
     [event] = asset_events(asset)
     assert (event["moved"], event["moved_offsets"], event["still_bad"]) == (2, {"0": [4, 5]}, 0)
-    assert event["snapshot_id"] == catalog.load_table(("shop", table_name)).current_snapshot().snapshot_id
+    assert (
+        event["snapshot_id"]
+        == catalog.load_table(("shop", table_name)).current_snapshot().snapshot_id
+    )

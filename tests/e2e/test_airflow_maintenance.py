@@ -45,8 +45,16 @@ def events_of(asset: str) -> list[dict[str, Any]]:
     from sqlalchemy import select
 
     with create_session() as session:
-        rows = session.execute(select(AssetEvent.extra).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-                               .where(AssetModel.name == asset).order_by(AssetEvent.id)).scalars().all()
+        rows = (
+            session.execute(
+                select(AssetEvent.extra)
+                .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                .where(AssetModel.name == asset)
+                .order_by(AssetEvent.id)
+            )
+            .scalars()
+            .all()
+        )
         return [dict(extra) for extra in rows]
 
 
@@ -55,8 +63,15 @@ def xcom(run_id: str, dag_id: str, task_id: str) -> Any:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        [row] = session.execute(XComModel.get_many(run_id=run_id, dag_ids=dag_id, task_ids=task_id,
-                                                   key="return_value")).scalars().all()
+        [row] = (
+            session.execute(
+                XComModel.get_many(
+                    run_id=run_id, dag_ids=dag_id, task_ids=task_id, key="return_value"
+                )
+            )
+            .scalars()
+            .all()
+        )
         return XComModel.deserialize_value(row)
 
 
@@ -65,11 +80,15 @@ def data_files(broker: BrokerProcess, topic: str) -> int:
 
 
 def ids(broker: BrokerProcess, topic: str) -> list[int]:
-    return sorted(table(broker, topic).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
+    return sorted(
+        table(broker, topic).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+    )
 
 
 @pytest.mark.timeout(900)
-def test_maintenance_dag_compacts_a_table_of_rounds(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_maintenance_dag_compacts_a_table_of_rounds(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     airflow_env.migrate_db()
     topic = new_topic(broker, partitions=2, prefix="maint")
     monkeypatch.setenv("ICEFALL_HOME", str(broker.home))
@@ -84,11 +103,18 @@ def test_maintenance_dag_compacts_a_table_of_rounds(broker: BrokerProcess, monke
 
     # Before the first round there is no table: the run finds nothing to do without starting Spark.
     run = dag.test()
-    assert {ti.task_id: str(ti.state) for ti in run.get_task_instances()} == {"maintain": "success",
-                                                                               "publish": "skipped"}
+    assert {ti.task_id: str(ti.state) for ti in run.get_task_instances()} == {
+        "maintain": "success",
+        "publish": "skipped",
+    }
     assert xcom(run.run_id, dag.dag_id, "maintain") == {
-        "status": "no_table", "topic": topic, "namespace": "default", "table": topic,
-        "actions": ["compact", "manifests", "expire", "orphans"], "message": "the table does not exist yet"}
+        "status": "no_table",
+        "topic": topic,
+        "namespace": "default",
+        "table": topic,
+        "actions": ["compact", "manifests", "expire", "orphans"],
+        "message": "the table does not exist yet",
+    }
     assert events_of(f"icefall/default/{topic}/maintenance") == []
 
     spark = commit_round.spark_session("icefall-maintain-e2e", "local[1]")
@@ -125,10 +151,19 @@ def test_maintenance_dag_compacts_a_table_of_rounds(broker: BrokerProcess, monke
         assert not old.exists() and young.exists()
 
         [event] = events_of(f"icefall/default/{topic}/maintenance")
-        assert (event["topic"], event["namespace"], event["table"], event["status"]) == (topic, "default", topic,
-                                                                                          "done")
-        assert event["data_files_before"] == files_before and event["data_files_after"] == files_after
-        assert event["rewritten_data_files"] == files_before and 1 <= event["added_data_files"] < files_before
+        assert (event["topic"], event["namespace"], event["table"], event["status"]) == (
+            topic,
+            "default",
+            topic,
+            "done",
+        )
+        assert (
+            event["data_files_before"] == files_before and event["data_files_after"] == files_after
+        )
+        assert (
+            event["rewritten_data_files"] == files_before
+            and 1 <= event["added_data_files"] < files_before
+        )
         assert event["rewritten_bytes"] > 0 and event["orphans_removed"] == 1
         assert event["snapshots_expired"] == 0  # every snapshot is younger than the topic's 1 h
         assert event["snapshot_id_before"] == checkpoint_snapshot
@@ -137,7 +172,9 @@ def test_maintenance_dag_compacts_a_table_of_rounds(broker: BrokerProcess, monke
             == present(table(broker, topic).current_snapshot()).snapshot_id
             != checkpoint_snapshot
         )
-        assert events_of(f"icefall/default/{topic}") == []  # the table's own asset: rows only, none added
+        assert (
+            events_of(f"icefall/default/{topic}") == []
+        )  # the table's own asset: rows only, none added
 
         # The status view shows what the last maintenance did (recorded on the table by the job).
         from fastapi.testclient import TestClient
@@ -147,14 +184,19 @@ def test_maintenance_dag_compacts_a_table_of_rounds(broker: BrokerProcess, monke
         row = client.get(f"/api/tables/{topic}").json()
         assert row["error"] is None, row["error"]
         summary = row["last_maintenance"]
-        assert {k: summary[k] for k in ("rewritten_data_files", "added_data_files", "orphans_removed",
-                                        "snapshot_id")} == {k: event[k] for k in ("rewritten_data_files",
-                                                                                   "added_data_files",
-                                                                                   "orphans_removed",
-                                                                                   "snapshot_id")}
+        assert {
+            k: summary[k]
+            for k in ("rewritten_data_files", "added_data_files", "orphans_removed", "snapshot_id")
+        } == {
+            k: event[k]
+            for k in ("rewritten_data_files", "added_data_files", "orphans_removed", "snapshot_id")
+        }
         assert row["last_maintenance_ms"] == summary["at_ms"] == event["at_ms"]
         assert row["maintain_dag_id"] == f"icefall_maintain__{topic}"
-        assert f"compacted {files_before} -&gt; {event['added_data_files']} data files" in client.get("/").text
+        assert (
+            f"compacted {files_before} -&gt; {event['added_data_files']} data files"
+            in client.get("/").text
+        )
 
         # The exactly-once checkpoint survived compaction: the next round takes only new records.
         producer.send(clicks(ROUNDS * PER_ROUND, 7))

@@ -22,10 +22,14 @@ airflow_env.configure()
 from tests.support import BrokerProcess, wait_for
 
 TOPIC = "orders"
-SCHEMA = json.dumps({
-    "type": "record", "name": "Order", "namespace": "icefall.test",
-    "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}],
-})
+SCHEMA = json.dumps(
+    {
+        "type": "record",
+        "name": "Order",
+        "namespace": "icefall.test",
+        "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}],
+    }
+)
 ASSET = "icefall/shop/orders"
 
 
@@ -39,8 +43,12 @@ def produce(broker: BrokerProcess, first: int, count: int) -> None:
     context = SerializationContext(TOPIC, MessageField.VALUE)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
     for i in range(first, first + count):
-        producer.produce(TOPIC, key=str(i).encode(), value=serialize({"id": i, "item": f"item-{i}"}, context),
-                         partition=i % 2)
+        producer.produce(
+            TOPIC,
+            key=str(i).encode(),
+            value=serialize({"id": i, "item": f"item-{i}"}, context),
+            partition=i % 2,
+        )
     assert producer.flush(10) == 0
 
 
@@ -57,8 +65,16 @@ def asset_events() -> list[dict[str, Any]]:
     from sqlalchemy import select
 
     with create_session() as session:
-        rows = session.execute(select(AssetEvent.extra).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-                               .where(AssetModel.name == ASSET).order_by(AssetEvent.id)).scalars().all()
+        rows = (
+            session.execute(
+                select(AssetEvent.extra)
+                .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                .where(AssetModel.name == ASSET)
+                .order_by(AssetEvent.id)
+            )
+            .scalars()
+            .all()
+        )
         return [dict(extra) for extra in rows]
 
 
@@ -75,14 +91,19 @@ def run_round(dag: Any, logical_date: datetime) -> dict[str, str]:
 
 
 @pytest.mark.timeout(900)
-def test_two_rounds_rerun_and_rebuild(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_rounds_rerun_and_rebuild(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     airflow_env.migrate_db()
     from confluent_kafka.admin import AdminClient, NewTopic
     from icefall_airflow.tables import open_catalog
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    config = {"automq.table.topic.enable": "true", "automq.table.topic.namespace": "shop",
-              "automq.table.topic.commit.interval.ms": "30000"}
+    config = {
+        "automq.table.topic.enable": "true",
+        "automq.table.topic.namespace": "shop",
+        "automq.table.topic.commit.interval.ms": "30000",
+    }
     for future in admin.create_topics([NewTopic(TOPIC, 2, 1, config=config)]).values():
         future.result(10)
     monkeypatch.setenv("ICEFALL_HOME", str(broker.home))
@@ -106,20 +127,28 @@ def test_two_rounds_rerun_and_rebuild(broker: BrokerProcess, monkeypatch: pytest
     events = asset_events()
     assert len(events) == 1 and events[0]["rows"] == 50
     assert events[0]["offsets_after"] == {"0": 25, "1": 25}
-    assert events[0]["snapshot_id"] == catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id
+    assert (
+        events[0]["snapshot_id"]
+        == catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id
+    )
     assert events[0]["lag_records"] == 35  # 30 + 5 produced after the cut
 
     assert run_round(dag, cut2)["publish"] == "success"
     assert table_ids(catalog) == list(range(80))
     events = asset_events()
     assert len(events) == 2 and events[1]["rows"] == 30
-    assert events[1]["offsets_before"] == {"0": 25, "1": 25} and events[1]["offsets_after"] == {"0": 40, "1": 40}
+    assert events[1]["offsets_before"] == {"0": 25, "1": 25} and events[1]["offsets_after"] == {
+        "0": 40,
+        "1": 40,
+    }
     snapshot_after_two = catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id
 
     # Re-running round 1: nothing new, no asset event, the table unchanged.
     assert run_round(dag, cut1)["publish"] == "skipped"
     assert len(asset_events()) == 2
-    assert catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id == snapshot_after_two
+    assert (
+        catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id == snapshot_after_two
+    )
     assert table_ids(catalog) == list(range(80))
 
     # The status view agrees: 5 records behind.

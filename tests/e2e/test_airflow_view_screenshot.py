@@ -40,7 +40,11 @@ def view_url(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}/"
-    wait_for(lambda: urllib.request.urlopen(url + "api/tables", timeout=5).status == 200, 30, what="uvicorn")
+    wait_for(
+        lambda: urllib.request.urlopen(url + "api/tables", timeout=5).status == 200,
+        30,
+        what="uvicorn",
+    )
     yield url
     server.should_exit = True
     thread.join(10)
@@ -54,7 +58,9 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
-def test_screenshot_of_the_table_topics_view(broker: BrokerProcess, view_url: str, tmp_path: Path) -> None:
+def test_screenshot_of_the_table_topics_view(
+    broker: BrokerProcess, view_url: str, tmp_path: Path
+) -> None:
     from confluent_kafka import Producer
 
     make_table_topic(broker, "page-views", 2)
@@ -68,10 +74,22 @@ def test_screenshot_of_the_table_topics_view(broker: BrokerProcess, view_url: st
     shot = tmp_path / "table-topics.png"
     assert CHROMIUM is not None
     proc = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-         f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,480",
-         f"--screenshot={shot}", view_url],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}",
+            "--window-size=1280,480",
+            f"--screenshot={shot}",
+            view_url,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         _, err = proc.communicate(timeout=120)
     finally:

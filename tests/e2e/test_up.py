@@ -55,11 +55,18 @@ def _get_json(url: str) -> dict[str, object]:
         return data
 
 
-def _api(base: str, path: str, token: str | None = None, body: dict[str, object] | None = None) -> Any:
-    request = urllib.request.Request(base + path, method="POST" if body is not None else "GET",
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {token}"} if token else {})})
+def _api(
+    base: str, path: str, token: str | None = None, body: dict[str, object] | None = None
+) -> Any:
+    request = urllib.request.Request(
+        base + path,
+        method="POST" if body is not None else "GET",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={
+            "Content-Type": "application/json",
+            **({"Authorization": f"Bearer {token}"} if token else {}),
+        },
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
@@ -68,20 +75,29 @@ def backfill_of_a_committed_interval_is_a_no_op(base: str, output: str) -> None:
     """What the UI's Backfill does (REST API, scheduler): a committed interval commits nothing again."""
     password = re.search(r"login admin / (\S+)\)", output)
     assert password, output
-    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})["access_token"]
+    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})[
+        "access_token"
+    ]
     dag = "/api/v2/dags/icefall_commit__clicks"
 
     def committed_run() -> Any:
         runs = _api(base, f"{dag}/dagRuns?state=success&order_by=logical_date", token)["dag_runs"]
         for run in runs:
-            tis = _api(base, f"{dag}/dagRuns/{run['dag_run_id']}/taskInstances", token)["task_instances"]
+            tis = _api(base, f"{dag}/dagRuns/{run['dag_run_id']}/taskInstances", token)[
+                "task_instances"
+            ]
             if any(ti["task_id"] == "publish" and ti["state"] == "success" for ti in tis):
                 return run
         return None
 
     run = wait_for(committed_run, 60, interval=1, what="a committed scheduled run")
-    body = {"dag_id": "icefall_commit__clicks", "from_date": run["logical_date"], "to_date": run["logical_date"],
-            "reprocess_behavior": "completed", "max_active_runs": 1}
+    body = {
+        "dag_id": "icefall_commit__clicks",
+        "from_date": run["logical_date"],
+        "to_date": run["logical_date"],
+        "reprocess_behavior": "completed",
+        "max_active_runs": 1,
+    }
 
     def create_backfill() -> bool:
         try:
@@ -89,8 +105,14 @@ def backfill_of_a_committed_interval_is_a_no_op(base: str, output: str) -> None:
         except urllib.error.HTTPError as exc:
             if exc.code == 503:  # SQLite was locked by the scheduler: Airflow says retry
                 return False
-            if exc.code == 409:  # an earlier attempt answered 503 but did create it: the backfill exists
-                return bool(_api(base, "/api/v2/backfills?dag_id=icefall_commit__clicks", token)["backfills"])
+            if (
+                exc.code == 409
+            ):  # an earlier attempt answered 503 but did create it: the backfill exists
+                return bool(
+                    _api(base, "/api/v2/backfills?dag_id=icefall_commit__clicks", token)[
+                        "backfills"
+                    ]
+                )
             raise
         return True
 
@@ -105,21 +127,36 @@ def backfill_of_a_committed_interval_is_a_no_op(base: str, output: str) -> None:
     assert redone["state"] == "success", redone
     assert redone["data_interval_end"] == run["data_interval_end"]
     tis = _api(base, f"{dag}/dagRuns/{redone['dag_run_id']}/taskInstances", token)["task_instances"]
-    assert {ti["task_id"]: ti["state"] for ti in tis} == {"plan": "success", "commit": "success", "publish": "skipped"}
+    assert {ti["task_id"]: ti["state"] for ti in tis} == {
+        "plan": "success",
+        "commit": "success",
+        "publish": "skipped",
+    }
 
 
-def disabling_pauses_the_dag_and_enabling_resumes_it(base: str, output: str, bootstrap: str) -> None:
+def disabling_pauses_the_dag_and_enabling_resumes_it(
+    base: str, output: str, bootstrap: str
+) -> None:
     """A Kafka admin client turns the table-topic flag off: `icefall up` pauses the commit DAG; on again: unpaused."""
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
     password = re.search(r"login admin / (\S+)\)", output)
     assert password, output
-    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})["access_token"]
+    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})[
+        "access_token"
+    ]
     admin = AdminClient({"bootstrap.servers": bootstrap})
 
     def set_enable(value: str) -> None:
-        resource = ConfigResource("topic", "clicks", incremental_configs=[
-            ConfigEntry("automq.table.topic.enable", value, incremental_operation=AlterConfigOpType.SET)])
+        resource = ConfigResource(
+            "topic",
+            "clicks",
+            incremental_configs=[
+                ConfigEntry(
+                    "automq.table.topic.enable", value, incremental_operation=AlterConfigOpType.SET
+                )
+            ],
+        )
         admin.incremental_alter_configs([resource])[resource].result(10)
 
     def paused() -> bool:
@@ -128,7 +165,12 @@ def disabling_pauses_the_dag_and_enabling_resumes_it(base: str, output: str, boo
     set_enable("false")
     wait_for(paused, 120, interval=1, what="the commit DAG of the disabled topic to be paused")
     set_enable("true")
-    wait_for(lambda: not paused(), 120, interval=1, what="the commit DAG to be unpaused when the topic is enabled")
+    wait_for(
+        lambda: not paused(),
+        120,
+        interval=1,
+        what="the commit DAG to be unpaused when the topic is enabled",
+    )
 
 
 def a_size_trigger_commits_before_the_interval(base: str, output: str, bootstrap: str) -> None:
@@ -139,14 +181,24 @@ def a_size_trigger_commits_before_the_interval(base: str, output: str, bootstrap
 
     password = re.search(r"login admin / (\S+)\)", output)
     assert password, output
-    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})["access_token"]
-    config = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "raw",
-              "automq.table.topic.commit.interval.ms": "900000", "automq.table.topic.commit.trigger.bytes": "20000"}
+    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})[
+        "access_token"
+    ]
+    config = {
+        "automq.table.topic.enable": "true",
+        "automq.table.topic.convert.value.type": "raw",
+        "automq.table.topic.commit.interval.ms": "900000",
+        "automq.table.topic.commit.trigger.bytes": "20000",
+    }
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic("bursts", 1, 1, config=config)]).values():
         future.result(10)
-    wait_for(lambda: _api(base, "/api/v2/dags/icefall_commit__bursts", token)["is_paused"] is False, 120,
-             interval=1, what="the DAG processor to parse the new table topic's DAG")
+    wait_for(
+        lambda: _api(base, "/api/v2/dags/icefall_commit__bursts", token)["is_paused"] is False,
+        120,
+        interval=1,
+        what="the DAG processor to parse the new table topic's DAG",
+    )
     producer = Producer({"bootstrap.servers": bootstrap})
     for i in range(50):
         producer.produce("bursts", value=b"x" * 1_000, key=str(i).encode())
@@ -156,57 +208,127 @@ def a_size_trigger_commits_before_the_interval(base: str, output: str, bootstrap
         answer: Any = _get_json(f"{base}/icefall/api/tables/bursts")
         return int(answer.get("rows") or 0)
 
-    committed = wait_for(lambda: (n := rows()) >= 50 and n, 240, interval=2,
-                         what="a size-triggered round to commit 50 records")
+    committed = wait_for(
+        lambda: (n := rows()) >= 50 and n,
+        240,
+        interval=2,
+        what="a size-triggered round to commit 50 records",
+    )
     assert committed == 50
+
     def runs() -> list[dict[str, Any]]:
-        return [{k: r[k] for k in ("dag_run_id", "run_type", "state", "data_interval_start", "data_interval_end",
-                                   "queued_at", "start_date", "end_date")}
-                for r in _api(base, "/api/v2/dags/icefall_commit__bursts/dagRuns", token)["dag_runs"]]
+        return [
+            {
+                k: r[k]
+                for k in (
+                    "dag_run_id",
+                    "run_type",
+                    "state",
+                    "data_interval_start",
+                    "data_interval_end",
+                    "queued_at",
+                    "start_date",
+                    "end_date",
+                )
+            }
+            for r in _api(base, "/api/v2/dags/icefall_commit__bursts/dagRuns", token)["dag_runs"]
+        ]
 
     def finished_by_size() -> dict[str, Any] | None:
-        done = [r for r in runs() if r["run_type"] == "asset_triggered" and r["state"] in ("success", "failed")]
+        done = [
+            r
+            for r in runs()
+            if r["run_type"] == "asset_triggered" and r["state"] in ("success", "failed")
+        ]
         return done[0] if done else None
 
     run = wait_for(finished_by_size, 120, interval=1, what="the asset-triggered round to finish")
     assert run["state"] == "success", json.dumps(runs(), indent=1)
-    assert not [r for r in runs() if r["run_type"] == "scheduled" and r["data_interval_end"] > run["queued_at"]]
-    tis = _api(base, f"/api/v2/dags/icefall_commit__bursts/dagRuns/{run['dag_run_id']}/taskInstances",
-               token)["task_instances"]
+    assert not [
+        r
+        for r in runs()
+        if r["run_type"] == "scheduled" and r["data_interval_end"] > run["queued_at"]
+    ]
+    tis = _api(
+        base,
+        f"/api/v2/dags/icefall_commit__bursts/dagRuns/{run['dag_run_id']}/taskInstances",
+        token,
+    )["task_instances"]
     assert {ti["task_id"]: ti["state"] for ti in tis}["publish"] == "success"
 
 
 @pytest.mark.timeout(900)
 def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    kafka, admin, registry, catalog, airflow = free_port(), free_port(), free_port(), free_port(), free_port()
-    env = {**os.environ, "ICEFALL_AIRFLOW_PORT": str(airflow), "ICEFALL_DEMO_COMMIT_INTERVAL_MS": "20000",
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    kafka, admin, registry, catalog, airflow = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    )
+    env = {
+        **os.environ,
+        "ICEFALL_AIRFLOW_PORT": str(airflow),
+        "ICEFALL_DEMO_COMMIT_INTERVAL_MS": "20000",
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
     out_path = tmp_path / "up.out"
     with open(out_path, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "up", "--home", str(home), "--kafka-port", str(kafka),
-             "--admin-port", str(admin), "--registry-port", str(registry), "--catalog-port", str(catalog),
-             "--demo-rate", "200"],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            [
+                sys.executable,
+                "-m",
+                "broker.cli",
+                "up",
+                "--home",
+                str(home),
+                "--kafka-port",
+                str(kafka),
+                "--admin-port",
+                str(admin),
+                "--registry-port",
+                str(registry),
+                "--catalog-port",
+                str(catalog),
+                "--demo-rate",
+                "200",
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
         )
     started: set[int] = set()
     try:
         ready = home / "broker.ready"
-        broker_pid = int(str(wait_for(lambda: ready.exists() and ready.read_text().strip(), 60, what="broker ready")))
+        broker_pid = int(
+            str(
+                wait_for(
+                    lambda: ready.exists() and ready.read_text().strip(), 60, what="broker ready"
+                )
+            )
+        )
 
         def demo_records() -> int:
             answer: Any = _get_json(f"http://127.0.0.1:{admin}/v1/topics/clicks/offsets")
             return sum(int(p["high_watermark"]) for p in answer["partitions"])
 
         wait_for(lambda: demo_records() >= 50, 60, what="the demo producer to write 50 records")
-        schema = _get_json(f"http://127.0.0.1:{registry}/subjects/clicks-value/versions/latest")["schema"]
+        schema = _get_json(f"http://127.0.0.1:{registry}/subjects/clicks-value/versions/latest")[
+            "schema"
+        ]
         assert "user_id" in str(schema)
         manifest = json.loads((home / "table_topics.json").read_text())
         assert [t["topic"] for t in manifest["table_topics"]] == ["clicks"]
 
-        wait_for(lambda: "Icefall is up" in out_path.read_text(), 300, interval=0.5,
-                 what=f"Airflow to start (output: {out_path})")
+        wait_for(
+            lambda: "Icefall is up" in out_path.read_text(),
+            300,
+            interval=0.5,
+            what=f"Airflow to start (output: {out_path})",
+        )
         output = out_path.read_text()
         assert f"http://127.0.0.1:{airflow}" in output and "login admin / " in output
 
@@ -216,17 +338,24 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(tmp_path: Path
             started.update(_processes_with_home(home))
             return int(row["rows"] or 0)
 
-        rows = wait_for(table_rows, 420, interval=2, what="a commit round to put rows in default.clicks")
+        rows = wait_for(
+            table_rows, 420, interval=2, what="a commit round to put rows in default.clicks"
+        )
         assert rows > 0
         assert (home / "airflow" / "airflow.db").exists()
         try:
             backfill_of_a_committed_interval_is_a_no_op(f"http://127.0.0.1:{airflow}", output)
         except Exception as exc:  # the Airflow logs say why; name them in the failure
-            raise AssertionError(f"backfill check failed; Airflow logs in {home / 'airflow' / 'logs'}") from exc
+            raise AssertionError(
+                f"backfill check failed; Airflow logs in {home / 'airflow' / 'logs'}"
+            ) from exc
 
-        disabling_pauses_the_dag_and_enabling_resumes_it(f"http://127.0.0.1:{airflow}", output,
-                                                         f"127.0.0.1:{kafka}")
-        a_size_trigger_commits_before_the_interval(f"http://127.0.0.1:{airflow}", output, f"127.0.0.1:{kafka}")
+        disabling_pauses_the_dag_and_enabling_resumes_it(
+            f"http://127.0.0.1:{airflow}", output, f"127.0.0.1:{kafka}"
+        )
+        a_size_trigger_commits_before_the_interval(
+            f"http://127.0.0.1:{airflow}", output, f"127.0.0.1:{kafka}"
+        )
 
         started.update(_processes_with_home(home))
         proc.send_signal(signal.SIGINT)
@@ -234,14 +363,19 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(tmp_path: Path
         output = out_path.read_text()
         assert "stopping" in output
         wait_for(lambda: not _pid_alive(broker_pid), 30, what="the broker to exit")
-        wait_for(lambda: not any(_pid_alive(p) for p in started), 30,
-                 what=f"every process up started to exit: {sorted(p for p in started if _pid_alive(p))}")
+        wait_for(
+            lambda: not any(_pid_alive(p) for p in started),
+            30,
+            what=f"every process up started to exit: {sorted(p for p in started if _pid_alive(p))}",
+        )
         assert _processes_with_home(home) == set()
         assert "Traceback" not in output, output[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
-        for pid in _processes_with_home(home):  # the broker and Airflow run in process groups of their own
+        for pid in _processes_with_home(
+            home
+        ):  # the broker and Airflow run in process groups of their own
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)

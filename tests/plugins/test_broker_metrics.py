@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from tests.plugins.test_status_view import make_table_topic
 from tests.support import BrokerProcess, wait_for
 
-SAMPLE = re.compile(r'^([a-z_]+)(\{[^}]*\})? (-?[0-9.e+]+)$')
+SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? (-?[0-9.e+]+)$")
 
 
 def scrape(broker: BrokerProcess) -> dict[str, float]:
@@ -46,6 +46,10 @@ def test_metrics_show_partitions_and_table_lag(broker: BrokerProcess) -> None:
     assert samples["icefall_segments_written_total"] >= 1
     assert samples[f"icefall_table_catalog_up{table}"] == 1
     assert samples[f"icefall_table_lag_records{table}"] == 30
-    assert samples[f"icefall_table_lag_bytes{table}"] == broker.admin("/v1/topics/page-views/pending")["bytes"] > 30 * 2
+    assert (
+        samples[f"icefall_table_lag_bytes{table}"]
+        == broker.admin("/v1/topics/page-views/pending")["bytes"]
+        > 30 * 2
+    )
     assert 0.3 <= samples[f"icefall_table_lag_seconds{table}"] < 60
     assert f"icefall_table_rows{table}" not in samples  # no table before the first commit

@@ -25,14 +25,18 @@ def produce(broker: BrokerProcess, topic: str, count: int, size: int = 1_000) ->
     assert producer.flush(10) == 0
 
 
-def test_fires_at_the_threshold_and_not_again_for_the_same_bytes(broker: BrokerProcess,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fires_at_the_threshold_and_not_again_for_the_same_bytes(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from icefall_airflow import broker_client
     from icefall_airflow.pending_trigger import PendingBytesTrigger
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    config = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "raw",
-              "automq.table.topic.commit.trigger.bytes": str(THRESHOLD)}
+    config = {
+        "automq.table.topic.enable": "true",
+        "automq.table.topic.convert.value.type": "raw",
+        "automq.table.topic.commit.trigger.bytes": str(THRESHOLD),
+    }
     for f in admin.create_topics([NewTopic("bursts", 1, 1, config=config)]).values():
         f.result(10)
     answers: list[Any] = []  # contracts.Pending
@@ -89,6 +93,15 @@ def test_fires_at_the_threshold_and_not_again_for_the_same_bytes(broker: BrokerP
     assert first["topic"] == "bursts" and first["end_offsets"] == {"0": 24}
     assert first["pending_records"] == 24 and first["pending_bytes"] >= THRESHOLD
     assert second["end_offsets"] == {"0": 48} and second["pending_records"] == 24
-    assert THRESHOLD <= second["pending_bytes"] < 2 * THRESHOLD  # not the 48 KB waiting since offset 0
-    assert trigger.serialize() == ("icefall_airflow.pending_trigger.PendingBytesTrigger", {
-        "topic": "bursts", "threshold_bytes": THRESHOLD, "admin_url": broker.admin_url, "poll_interval_s": 0.05})
+    assert (
+        THRESHOLD <= second["pending_bytes"] < 2 * THRESHOLD
+    )  # not the 48 KB waiting since offset 0
+    assert trigger.serialize() == (
+        "icefall_airflow.pending_trigger.PendingBytesTrigger",
+        {
+            "topic": "bursts",
+            "threshold_bytes": THRESHOLD,
+            "admin_url": broker.admin_url,
+            "poll_interval_s": 0.05,
+        },
+    )

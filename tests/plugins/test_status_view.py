@@ -13,13 +13,18 @@ from tests.support import BrokerProcess, wait_for
 
 def make_table_topic(broker: BrokerProcess, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    config = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "raw",
-              "automq.table.topic.commit.interval.ms": "30000"}
+    config = {
+        "automq.table.topic.enable": "true",
+        "automq.table.topic.convert.value.type": "raw",
+        "automq.table.topic.commit.interval.ms": "30000",
+    }
     for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
         future.result(10)
 
 
-def test_endpoint_reports_lag_in_records_and_seconds(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_endpoint_reports_lag_in_records_and_seconds(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fastapi.testclient import TestClient
     from icefall_airflow.view import app
 
@@ -49,7 +54,11 @@ def test_endpoint_reports_lag_in_records_and_seconds(broker: BrokerProcess, monk
     assert client.get("/api/tables/nope").status_code == 404
 
     page = client.get("/")
-    assert page.status_code == 200 and "page-views" in page.text and "icefall_commit__page-views" in page.text
+    assert (
+        page.status_code == 200
+        and "page-views" in page.text
+        and "icefall_commit__page-views" in page.text
+    )
 
 
 def test_endpoint_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,10 +84,22 @@ def test_the_plugin_registers_the_app_and_the_view() -> None:
 def test_a_table_with_dlq_rows_links_to_its_reprocess_dag() -> None:
     from icefall_airflow.view import render
 
-    row = {"topic": "t", "namespace": "default", "table": "t", "error": None, "dag_id": "icefall_commit__t",
-           "dag_runs_url": "dags/icefall_commit__t/runs", "dlq_dag_id": "icefall_dlq_reprocess__t",
-           "lag_records": 0, "lag_seconds": 0.0, "last_commit_ms": None, "snapshot_id": 1, "rows": 5,
-           "dlq_rows": 3, "last_maintenance_ms": None}
+    row = {
+        "topic": "t",
+        "namespace": "default",
+        "table": "t",
+        "error": None,
+        "dag_id": "icefall_commit__t",
+        "dag_runs_url": "dags/icefall_commit__t/runs",
+        "dlq_dag_id": "icefall_dlq_reprocess__t",
+        "lag_records": 0,
+        "lag_seconds": 0.0,
+        "last_commit_ms": None,
+        "snapshot_id": 1,
+        "rows": 5,
+        "dlq_rows": 3,
+        "last_maintenance_ms": None,
+    }
     page = render({"tables": [row]})
     assert 'href="../dags/icefall_dlq_reprocess__t"' in page
     assert "icefall_dlq_reprocess__t" not in render({"tables": [{**row, "dlq_rows": 0}]})

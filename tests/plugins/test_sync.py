@@ -26,8 +26,13 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def reserialize(home: Path) -> None:
-    subprocess.run([os.path.join(airflow_env.VENV_BIN, "airflow"), "dags", "reserialize"], check=True,
-                   env=_env(home), capture_output=True, timeout=300)
+    subprocess.run(
+        [os.path.join(airflow_env.VENV_BIN, "airflow"), "dags", "reserialize"],
+        check=True,
+        env=_env(home),
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def run_sync(home: Path) -> subprocess.CompletedProcess[str]:
@@ -68,7 +73,9 @@ def test_disabling_pauses_and_enabling_resumes(tmp_path: Path) -> None:
     commit_id, by_hand = f"icefall_commit__{TOPIC}", f"icefall_commit__{TOPIC}_manual"
 
     # Disabled before Airflow ever parsed it: the sync says to come back (exit 3), pausing nothing.
-    manifests.write(tmp_path, manifests.entry(f"{TOPIC}_manual"), disabled=(manifests.disabled_entry(TOPIC),))
+    manifests.write(
+        tmp_path, manifests.entry(f"{TOPIC}_manual"), disabled=(manifests.disabled_entry(TOPIC),)
+    )
     early = run_sync(tmp_path)
     assert early.returncode == 3, early.stdout + early.stderr
     assert f"{commit_id} is not parsed yet" in early.stdout

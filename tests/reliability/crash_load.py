@@ -48,9 +48,13 @@ class ProducerOutcome:
     failed: int = 0  # delivery reports with an error: the client knows these may be lost
     stored: int = 0  # distinct values of this producer in the log
     acked_lost: int = 0  # acknowledged, found nowhere in the log
-    acked_misplaced: int = 0  # acknowledged, in the log, but not at the acknowledged partition/offset
+    acked_misplaced: int = (
+        0  # acknowledged, in the log, but not at the acknowledged partition/offset
+    )
     duplicates: int = 0  # extra copies of values (a value stored n times counts n - 1)
-    order_violations: int = 0  # per partition: a value stored after a later value of the same producer
+    order_violations: int = (
+        0  # per partition: a value stored after a later value of the same producer
+    )
     unknown: int = 0  # values in the log this producer never sent
 
 
@@ -75,11 +79,15 @@ class CrashRun:
 def analyse(log: Log, producers: list[ContinuousProducer]) -> dict[str, ProducerOutcome]:
     """Compare the log read back with each producer's delivery reports."""
     by_name = {p.name: p for p in producers}
-    outcomes = {p.name: ProducerOutcome(p.name, p.produced, p.acked_count, len(p.failed)) for p in producers}
+    outcomes = {
+        p.name: ProducerOutcome(p.name, p.produced, p.acked_count, len(p.failed)) for p in producers
+    }
     counts: Counter[str] = Counter()
     for p, entries in log.items():
         offsets = [o for o, _ in entries]
-        assert offsets == list(range(len(offsets))), f"partition {p}: offsets are not contiguous from 0"
+        assert offsets == list(range(len(offsets))), (
+            f"partition {p}: offsets are not contiguous from 0"
+        )
         highest: dict[str, int] = {}
         for _, raw in entries:
             assert raw is not None, f"partition {p}: a null value nobody produced"
@@ -149,8 +157,17 @@ def run_crashes(
     run = CrashRun(backend, seed, kills, partitions)
     started = time.monotonic()
     create_topic(broker.bootstrap, topic, partitions)
-    producers = [ContinuousProducer(broker.bootstrap, topic, name, {**PRODUCER_CONFS[name], "log_level": 0}, rate=rate,
-                                    max_in_flight=max_in_flight).start() for name in producer_names]
+    producers = [
+        ContinuousProducer(
+            broker.bootstrap,
+            topic,
+            name,
+            {**PRODUCER_CONFS[name], "log_level": 0},
+            rate=rate,
+            max_in_flight=max_in_flight,
+        ).start()
+        for name in producer_names
+    ]
     outage_at = rng.randrange(kills) if outage else -1
     outage_since: float | None = None
     try:
@@ -164,7 +181,9 @@ def run_crashes(
                 return _acked_beyond(producers, counts, 50)
 
             wait_for(fifty_more_acked, 60, what=f"acks before kill {cycle + 1}")
-            time.sleep(rng.uniform(0.1, max_run_s))  # the random moment; the condition is the kill itself
+            time.sleep(
+                rng.uniform(0.1, max_run_s)
+            )  # the random moment; the condition is the kill itself
             broker.kill9()
             killed = time.monotonic()
             time.sleep(rng.uniform(0.0, max_down_s))  # down for a random while, producers retrying
@@ -184,7 +203,9 @@ def run_crashes(
                 run.outage_seconds += time.monotonic() - outage_since
                 outage_since = None
         counts = [p.acked_count for p in producers]
-        wait_for(lambda: _acked_beyond(producers, counts, 50), 60, what="acks after the last restart")
+        wait_for(
+            lambda: _acked_beyond(producers, counts, 50), 60, what="acks after the last restart"
+        )
     finally:
         if outage_since is not None and outage:
             outage[1]()
@@ -201,8 +222,12 @@ def assert_guarantees(run: CrashRun) -> None:
     """What Kafka promises each producer; ``retry``'s duplicates and reordering are allowed."""
     for name, o in run.producers.items():
         assert o.acked > 0, f"{name}: nothing acknowledged at all"
-        assert o.acked_lost == 0, f"{name}: {o.acked_lost} acknowledged records lost ({run.as_dict()})"
-        assert o.acked_misplaced == 0, f"{name}: {o.acked_misplaced} acknowledged records not at their offset"
+        assert o.acked_lost == 0, (
+            f"{name}: {o.acked_lost} acknowledged records lost ({run.as_dict()})"
+        )
+        assert o.acked_misplaced == 0, (
+            f"{name}: {o.acked_misplaced} acknowledged records not at their offset"
+        )
         assert o.unknown == 0, f"{name}: {o.unknown} values that were never produced"
         assert o.acked <= o.stored <= o.produced, f"{name}: {o}"
         if name in ("noretry", "idem"):

@@ -29,7 +29,9 @@ class ResourceRun:
     baseline_rss_mib: float = 0.0  # one partition, one client, after producing and reading it
     peak_rss_mib: float = 0.0  # VmHWM of the broker at the end of the run
     rss_with_all_connected_mib: float = 0.0
-    broker_connections_seen: int = 0  # established sockets on the Kafka port, counted from the broker's side
+    broker_connections_seen: int = (
+        0  # established sockets on the Kafka port, counted from the broker's side
+    )
     produce_s: float = 0.0
     consume_s: float = 0.0
 
@@ -50,13 +52,23 @@ def memory_mib(pid: int) -> tuple[float, float]:
 
 def _kafka_connections(broker: BrokerProcess) -> int:
     assert broker.proc is not None
-    return sum(1 for c in psutil.Process(broker.proc.pid).net_connections("tcp")
-               if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == broker.kafka_port)
+    return sum(
+        1
+        for c in psutil.Process(broker.proc.pid).net_connections("tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == broker.kafka_port
+    )
 
 
 def produce_values(broker: BrokerProcess, topic: str, partitions: int, per_partition: int) -> None:
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 20, "log_level": 0})
+    producer = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "log_level": 0,
+        }
+    )
     failures: list[str] = []
 
     def done(err: Any, _msg: Any) -> None:
@@ -67,7 +79,9 @@ def produce_values(broker: BrokerProcess, topic: str, partitions: int, per_parti
         for p in range(partitions):
             while True:
                 try:
-                    producer.produce(topic, value=f"{p}:{i}".encode(), partition=p, on_delivery=done)
+                    producer.produce(
+                        topic, value=f"{p}:{i}".encode(), partition=p, on_delivery=done
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -76,13 +90,26 @@ def produce_values(broker: BrokerProcess, topic: str, partitions: int, per_parti
     assert not failures, failures[:5]
 
 
-async def _consume_all(broker: BrokerProcess, topic: str, partitions: int, connections: int,
-                       per_partition: int, run: ResourceRun) -> None:
+async def _consume_all(
+    broker: BrokerProcess,
+    topic: str,
+    partitions: int,
+    connections: int,
+    per_partition: int,
+    run: ResourceRun,
+) -> None:
     """``connections`` consumers, consumer c assigned partitions c, c + connections, ...;
     each reads its partitions to the end and checks every value at its offset."""
-    consumers = [AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False,
-                                  auto_offset_reset="earliest", client_id=f"wide-{c}",
-                                  connections_max_idle_ms=600_000) for c in range(connections)]
+    consumers = [
+        AIOKafkaConsumer(
+            bootstrap_servers=broker.bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            client_id=f"wide-{c}",
+            connections_max_idle_ms=600_000,
+        )
+        for c in range(connections)
+    ]
     started: list[AIOKafkaConsumer] = []
     try:
         for consumer in consumers:
@@ -101,7 +128,11 @@ async def _consume_all(broker: BrokerProcess, topic: str, partitions: int, conne
                 for tp, msgs in batches.items():
                     for msg in msgs:
                         expected = f"{tp.partition}:{want[tp.partition]}".encode()
-                        assert msg.offset == want[tp.partition] and msg.value == expected, (tp, msg.offset, msg.value)
+                        assert msg.offset == want[tp.partition] and msg.value == expected, (
+                            tp,
+                            msg.offset,
+                            msg.value,
+                        )
                         want[tp.partition] += 1
 
         readers = [asyncio.create_task(read(c, consumer)) for c, consumer in enumerate(consumers)]
@@ -111,7 +142,9 @@ async def _consume_all(broker: BrokerProcess, topic: str, partitions: int, conne
         while not all(r.done() for r in readers):
             peak_conns = max(peak_conns, _kafka_connections(broker))
             assert broker.proc is not None
-            run.rss_with_all_connected_mib = max(run.rss_with_all_connected_mib, memory_mib(broker.proc.pid)[0])
+            run.rss_with_all_connected_mib = max(
+                run.rss_with_all_connected_mib, memory_mib(broker.proc.pid)[0]
+            )
             await asyncio.wait(readers, timeout=0.5)
         for r in readers:
             r.result()
@@ -120,8 +153,13 @@ async def _consume_all(broker: BrokerProcess, topic: str, partitions: int, conne
         await asyncio.gather(*(c.stop() for c in started), return_exceptions=True)
 
 
-def run_wide(broker: BrokerProcess, *, partitions: int = 1000, connections: int = 200,
-             per_partition: int = 20) -> ResourceRun:
+def run_wide(
+    broker: BrokerProcess,
+    *,
+    partitions: int = 1000,
+    connections: int = 200,
+    per_partition: int = 20,
+) -> ResourceRun:
     assert broker.proc is not None
     run = ResourceRun(partitions, connections, partitions * per_partition)
     create_topic(broker.bootstrap, "narrow", 1)

@@ -36,8 +36,19 @@ def avro_body(click: dict[str, Any]) -> bytes:
 def garbage_value(rng: random.Random, schema_id: int, n: int) -> tuple[str, bytes | None]:
     """(kind, value): one of the ways a producer gets a table topic's value wrong."""
     good = b"\x00" + struct.pack(">I", schema_id) + avro_body(clicks(n, 1)[0])
-    kind = rng.choice(["random", "empty", "wrong-magic", "unknown-id", "truncated", "flipped", "trailing",
-                       "tombstone", "huge-length"])
+    kind = rng.choice(
+        [
+            "random",
+            "empty",
+            "wrong-magic",
+            "unknown-id",
+            "truncated",
+            "flipped",
+            "trailing",
+            "tombstone",
+            "huge-length",
+        ]
+    )
     if kind == "random":
         return kind, rng.randbytes(rng.randrange(1, 40))
     if kind == "empty":
@@ -65,8 +76,16 @@ class Recorder:
 
     def __init__(self, broker: BrokerProcess, topic: str) -> None:
         self.topic = topic
-        self.producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "retries": 0,
-                                  "enable.idempotence": False, "linger.ms": 5, "log_level": 0})
+        self.producer = Producer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "acks": "all",
+                "retries": 0,
+                "enable.idempotence": False,
+                "linger.ms": 5,
+                "log_level": 0,
+            }
+        )
         self.acked: list[tuple[int, int]] = []
         self.refused: list[str] = []
 
@@ -81,17 +100,26 @@ class Recorder:
             if partition is None:
                 self.producer.produce(self.topic, value=value, on_delivery=done)
             else:
-                self.producer.produce(self.topic, value=value, partition=partition, on_delivery=done)
+                self.producer.produce(
+                    self.topic, value=value, partition=partition, on_delivery=done
+                )
             self.producer.poll(0)
         assert self.producer.flush(60) == 0
 
 
 def dlq_offsets(broker: BrokerProcess, topic: str) -> list[tuple[int, int]]:
-    rows = table(broker, f"{topic}__dlq").scan(selected_fields=("partition", "offset")).to_arrow().to_pylist()
+    rows = (
+        table(broker, f"{topic}__dlq")
+        .scan(selected_fields=("partition", "offset"))
+        .to_arrow()
+        .to_pylist()
+    )
     return sorted((r["partition"], r["offset"]) for r in rows)
 
 
-def table_and_dlq(broker: BrokerProcess, topic: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def table_and_dlq(
+    broker: BrokerProcess, topic: str
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
@@ -122,8 +150,9 @@ def round_process(broker: BrokerProcess, topic: str, result: Path) -> subprocess
         log.close()
 
 
-def kill_round_at_random(broker: BrokerProcess, topic: str, work: Path, rng: random.Random,
-                         max_delay_s: float) -> tuple[float, int | None]:
+def kill_round_at_random(
+    broker: BrokerProcess, topic: str, work: Path, rng: random.Random, max_delay_s: float
+) -> tuple[float, int | None]:
     """Start a round, SIGKILL its whole process group (driver and JVM) after a random
     0..``max_delay_s`` seconds unless it finished first. Returns (delay, exit code if it
     finished before the kill, else None)."""
@@ -137,7 +166,9 @@ def kill_round_at_random(broker: BrokerProcess, topic: str, work: Path, rng: ran
         return delay, None
 
 
-def complete_round(broker: BrokerProcess, topic: str, work: Path, timeout: float = 300) -> dict[str, Any]:
+def complete_round(
+    broker: BrokerProcess, topic: str, work: Path, timeout: float = 300
+) -> dict[str, Any]:
     import json
 
     result = work / f"round-{time.monotonic_ns()}.json"

@@ -31,28 +31,40 @@ from tests.support import BrokerProcess, free_port, wait_for
 TOPIC = "faults"
 DAG_ID = f"icefall_commit__{TOPIC}"
 INTERVAL_MS = 10_000
-SCHEMA = json.dumps({"type": "record", "name": "Tick", "namespace": "icefall.test",
-                     "fields": [{"name": "seq", "type": "long"}]})
+SCHEMA = json.dumps(
+    {
+        "type": "record",
+        "name": "Tick",
+        "namespace": "icefall.test",
+        "fields": [{"name": "seq", "type": "long"}],
+    }
+)
 
 
 class Airflow:
     def __init__(self, stack: AirflowStack, password: str) -> None:
         self.stack = stack
         self.base = f"http://127.0.0.1:{stack.port}"
-        self.token = self.call("/auth/token", {"username": "admin", "password": password})["access_token"]
+        self.token = self.call("/auth/token", {"username": "admin", "password": password})[
+            "access_token"
+        ]
 
     def call(self, path: str, body: dict[str, Any] | None = None) -> Any:
         headers = {"Content-Type": "application/json"}
         if getattr(self, "token", None):
             headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(self.base + path, method="POST" if body is not None else "GET",
-                                         data=json.dumps(body).encode() if body is not None else None,
-                                         headers=headers)
+        request = urllib.request.Request(
+            self.base + path,
+            method="POST" if body is not None else "GET",
+            data=json.dumps(body).encode() if body is not None else None,
+            headers=headers,
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
     def call_retrying(self, path: str, body: dict[str, Any]) -> Any:
         """POSTs the API answers 503 while the scheduler holds SQLite's lock: retried."""
+
         def attempt() -> Any:
             try:
                 return self.call(path, body) or True
@@ -60,10 +72,13 @@ class Airflow:
                 if exc.code == 503:
                     return None
                 raise
+
         return wait_for(attempt, 60, interval=1, what=f"Airflow to accept POST {path}")
 
     def runs(self) -> list[dict[str, Any]]:
-        return list(self.call(f"/api/v2/dags/{DAG_ID}/dagRuns?order_by=logical_date&limit=1000")["dag_runs"])
+        return list(
+            self.call(f"/api/v2/dags/{DAG_ID}/dagRuns?order_by=logical_date&limit=1000")["dag_runs"]
+        )
 
     def task_states(self, run_id: str) -> dict[str, str]:
         tis = self.call(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
@@ -88,8 +103,14 @@ class Producer(threading.Thread):
 
         serialize = AvroSerializer(SchemaRegistryClient({"url": self.broker.registry_url}), SCHEMA)
         context = SerializationContext(TOPIC, MessageField.VALUE)
-        producer = KafkaProducer({"bootstrap.servers": self.broker.bootstrap, "acks": "all",
-                                  "enable.idempotence": True, "linger.ms": 20})
+        producer = KafkaProducer(
+            {
+                "bootstrap.servers": self.broker.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 20,
+            }
+        )
 
         def delivered(err: Any, msg: Any) -> None:
             if err is None:
@@ -113,8 +134,9 @@ def round_processes(home: Path) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            if b"commit_round.py" in (entry / "cmdline").read_bytes() and \
-                    marker in (entry / "environ").read_bytes().split(b"\0"):
+            if b"commit_round.py" in (entry / "cmdline").read_bytes() and marker in (
+                entry / "environ"
+            ).read_bytes().split(b"\0"):
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -125,28 +147,47 @@ def table_offsets(broker: BrokerProcess) -> list[tuple[int, int]]:
     from pyiceberg.catalog import load_catalog
 
     table = load_catalog("t", type="rest", uri=broker.catalog_url).load_table(("default", TOPIC))
-    rows = table.scan(selected_fields=("_kafka_metadata",)).to_arrow().column("_kafka_metadata").to_pylist()
+    rows = (
+        table.scan(selected_fields=("_kafka_metadata",))
+        .to_arrow()
+        .column("_kafka_metadata")
+        .to_pylist()
+    )
     return sorted((m["partition"], m["offset"]) for m in rows)
 
 
 def current_snapshot(broker: BrokerProcess) -> int | None:
     from pyiceberg.catalog import load_catalog
 
-    snapshot = load_catalog("t", type="rest", uri=broker.catalog_url).load_table(
-        ("default", TOPIC)).current_snapshot()
+    snapshot = (
+        load_catalog("t", type="rest", uri=broker.catalog_url)
+        .load_table(("default", TOPIC))
+        .current_snapshot()
+    )
     return None if snapshot is None else snapshot.snapshot_id
 
 
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[tuple[BrokerProcess, Airflow]]:
     broker = BrokerProcess(tmp_path / "home", ["--segment-flush-ms", "200"]).start()
-    stack = AirflowStack(BrokerConfig(home=broker.home, kafka_port=broker.kafka_port, admin_port=broker.admin_port,
-                                      registry_port=broker.registry_port, catalog_port=broker.catalog_port),
-                         broker.home.resolve(), free_port())
+    stack = AirflowStack(
+        BrokerConfig(
+            home=broker.home,
+            kafka_port=broker.kafka_port,
+            admin_port=broker.admin_port,
+            registry_port=broker.registry_port,
+            catalog_port=broker.catalog_port,
+        ),
+        broker.home.resolve(),
+        free_port(),
+    )
     try:
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        config = {"automq.table.topic.enable": "true", "automq.table.topic.commit.interval.ms": str(INTERVAL_MS)}
+        config = {
+            "automq.table.topic.enable": "true",
+            "automq.table.topic.commit.interval.ms": str(INTERVAL_MS),
+        }
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         for future in admin.create_topics([NewTopic(TOPIC, 2, 1, config=config)]).values():
             future.result(10)
@@ -155,8 +196,11 @@ def system(tmp_path: Path) -> Iterator[tuple[BrokerProcess, Airflow]]:
         stack.start()
         password = stack.wait_ready(should_stop=lambda: False)
         assert password, "the API server generated no admin password"
-        wait_for(lambda: stack.db_sync is not None and stack.db_sync.poll() == 0, 120,
-                 what="the table's pool to be created")
+        wait_for(
+            lambda: stack.db_sync is not None and stack.db_sync.poll() == 0,
+            120,
+            what="the table's pool to be created",
+        )
         yield broker, Airflow(stack, password)
     finally:
         stack.stop()
@@ -164,62 +208,104 @@ def system(tmp_path: Path) -> Iterator[tuple[BrokerProcess, Airflow]]:
 
 
 @pytest.mark.timeout(900)
-def test_scheduler_crash_clear_and_backfill_keep_the_table_exact(system: tuple[BrokerProcess, Airflow]) -> None:
+def test_scheduler_crash_clear_and_backfill_keep_the_table_exact(
+    system: tuple[BrokerProcess, Airflow],
+) -> None:
     broker, airflow = system
     home = broker.home.resolve()
     producer = Producer(broker)
     producer.start()
     try:
         # 1. Kill the scheduler while a round's spark-submit runs; start it again.
-        wait_for(lambda: round_processes(home), 180, interval=0.05, what="a commit round to be running")
+        wait_for(
+            lambda: round_processes(home), 180, interval=0.05, what="a commit round to be running"
+        )
         airflow.stack.kill_and_restart("scheduler")
-        assert not round_processes(home) or wait_for(lambda: not round_processes(home), 30,
-                                                     what="the killed round's processes to be gone")
+        assert not round_processes(home) or wait_for(
+            lambda: not round_processes(home), 30, what="the killed round's processes to be gone"
+        )
         killed_at = time.time()
 
         # Rounds go on after the restart (the killed commit is failed after the heartbeat timeout and retried).
         def committed_after_restart() -> bool:
-            return any(r["state"] == "success" and r["end_date"] and
-                       _epoch(r["end_date"]) > killed_at + 1 for r in airflow.runs())
+            return any(
+                r["state"] == "success" and r["end_date"] and _epoch(r["end_date"]) > killed_at + 1
+                for r in airflow.runs()
+            )
 
-        wait_for(committed_after_restart, 300, interval=2, what="a successful run after the scheduler restart")
+        wait_for(
+            committed_after_restart,
+            300,
+            interval=2,
+            what="a successful run after the scheduler restart",
+        )
     finally:
         producer.stop.set()
         producer.join(60)
     assert producer.errors == [] and producer.acked
 
     acked = sorted(producer.acked)
-    wait_for(lambda: table_offsets(broker) == acked, 300, interval=2,
-             what="the table to hold every acknowledged record once")
+    wait_for(
+        lambda: table_offsets(broker) == acked,
+        300,
+        interval=2,
+        what="the table to hold every acknowledged record once",
+    )
     retried = [ti for ti in _task_instances(home) if ti[0] == "commit" and ti[1] > 1]
     assert retried, "no commit task was retried: the scheduler kill did not hit a round"
 
     # Let the scheduler finish the run in flight, then nothing new comes: the snapshot must stay put.
-    wait_for(lambda: all(r["state"] in ("success", "failed") for r in airflow.runs()), 120, interval=1,
-             what="no run in flight")
+    wait_for(
+        lambda: all(r["state"] in ("success", "failed") for r in airflow.runs()),
+        120,
+        interval=1,
+        what="no run in flight",
+    )
     snapshot = current_snapshot(broker)
 
     # 2. Clear a committed run and let it run again: it commits nothing new.
-    committed = [r for r in airflow.runs() if r["state"] == "success" and r["run_type"] == "scheduled"
-                 and airflow.task_states(r["dag_run_id"]).get("publish") == "success"]
+    committed = [
+        r
+        for r in airflow.runs()
+        if r["state"] == "success"
+        and r["run_type"] == "scheduled"
+        and airflow.task_states(r["dag_run_id"]).get("publish") == "success"
+    ]
     assert len(committed) >= 2, committed
     cleared = committed[0]
-    airflow.call_retrying(f"/api/v2/dags/{DAG_ID}/clearTaskInstances",
-                          {"dry_run": False, "dag_run_id": cleared["dag_run_id"], "only_failed": False,
-                           "reset_dag_runs": True})
+    airflow.call_retrying(
+        f"/api/v2/dags/{DAG_ID}/clearTaskInstances",
+        {
+            "dry_run": False,
+            "dag_run_id": cleared["dag_run_id"],
+            "only_failed": False,
+            "reset_dag_runs": True,
+        },
+    )
 
     def rerun_done() -> dict[str, str] | None:
         states = airflow.task_states(cleared["dag_run_id"])
-        return states if set(states.values()) <= {"success", "skipped"} and states.get("publish") else None
+        return (
+            states
+            if set(states.values()) <= {"success", "skipped"} and states.get("publish")
+            else None
+        )
 
     states = wait_for(rerun_done, 240, interval=2, what="the cleared run to finish again")
     assert states == {"plan": "success", "commit": "success", "publish": "skipped"}, states
 
     # 3. Backfill the committed intervals (the UI's Backfill with "reprocess completed runs").
     first, last = committed[0], committed[min(2, len(committed) - 1)]
-    airflow.call_retrying("/api/v2/backfills", {
-        "dag_id": DAG_ID, "from_date": first["logical_date"], "to_date": last["logical_date"],
-        "reprocess_behavior": "completed", "max_active_runs": 1})
+    airflow.call_retrying(
+        "/api/v2/backfills",
+        {
+            "dag_id": DAG_ID,
+            "from_date": first["logical_date"],
+            "to_date": last["logical_date"],
+            "reprocess_behavior": "completed",
+            "max_active_runs": 1,
+        },
+    )
 
     def backfill_done() -> list[dict[str, Any]] | None:
         runs = [r for r in airflow.runs() if r["run_type"] == "backfill"]
@@ -244,8 +330,11 @@ def _task_instances(home: Path) -> list[tuple[str, int, str]]:
     """(task id, try number, state) of every task instance, from Airflow's database (read only)."""
     con = sqlite3.connect(f"file:{home / 'airflow' / 'airflow.db'}?mode=ro", uri=True, timeout=30)
     try:
-        return [(str(t), int(n), str(s)) for t, n, s in con.execute(
-            "SELECT task_id, try_number, state FROM task_instance WHERE dag_id = ?", (DAG_ID,))]
+        return [
+            (str(t), int(n), str(s))
+            for t, n, s in con.execute(
+                "SELECT task_id, try_number, state FROM task_instance WHERE dag_id = ?", (DAG_ID,)
+            )
+        ]
     finally:
         con.close()
-

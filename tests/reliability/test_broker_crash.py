@@ -40,13 +40,23 @@ def test_random_kills_under_load_local_store(broker_factory: Callable[..., Broke
 
 
 @pytest.mark.timeout(240)
-def test_random_kills_under_load_s3_with_an_outage(broker_factory: Callable[..., BrokerProcess], moto_s3: MotoS3,
-                                                   s3_proxy: TcpProxy, s3_bucket: str) -> None:
-    broker = broker_factory(["--object-store", f"s3://{s3_bucket}/crash", "--segment-flush-ms", "100"],
-                            env=moto_s3.env(s3_proxy.endpoint))
-    run = run_crashes(broker, kills=3, seed=_seed(), backend="s3+outage", outage=(s3_proxy.down, s3_proxy.up))
+def test_random_kills_under_load_s3_with_an_outage(
+    broker_factory: Callable[..., BrokerProcess],
+    moto_s3: MotoS3,
+    s3_proxy: TcpProxy,
+    s3_bucket: str,
+) -> None:
+    broker = broker_factory(
+        ["--object-store", f"s3://{s3_bucket}/crash", "--segment-flush-ms", "100"],
+        env=moto_s3.env(s3_proxy.endpoint),
+    )
+    run = run_crashes(
+        broker, kills=3, seed=_seed(), backend="s3+outage", outage=(s3_proxy.down, s3_proxy.up)
+    )
     print(run.as_dict())
     assert run.outage_seconds > 0
     assert_guarantees(run)
     log = broker.log_text()  # every run of the broker appends to it
-    assert "segment flush failed" in log or "flushing the replayed WAL failed" in log, "the outage was never felt"
+    assert "segment flush failed" in log or "flushing the replayed WAL failed" in log, (
+        "the outage was never felt"
+    )

@@ -58,8 +58,12 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount.mkdir()
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -78,8 +82,10 @@ def _health_status(broker: BrokerProcess) -> int:
 
 @pytest.mark.timeout(240)
 def test_disk_full_under_load_loses_nothing_acknowledged(small_disk: Path, tmp_path: Path) -> None:
-    broker = BrokerProcess(small_disk / "home", ["--segment-flush-ms", "100", "--object-store",
-                                                 str(tmp_path / "objects")])
+    broker = BrokerProcess(
+        small_disk / "home",
+        ["--segment-flush-ms", "100", "--object-store", str(tmp_path / "objects")],
+    )
     broker.log_path = tmp_path / "broker.log"
     broker.start()
     try:
@@ -88,32 +94,55 @@ def test_disk_full_under_load_loses_nothing_acknowledged(small_disk: Path, tmp_p
         stat = os.statvfs(small_disk)
         ballast.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 3 * 2**20))
         producers = [
-            ContinuousProducer(broker.bootstrap, "full", "noretry",
-                               {"enable.idempotence": False, "retries": 0, "log_level": 0}, rate=20000).start(),
-            ContinuousProducer(broker.bootstrap, "full", "idem",
-                               {"enable.idempotence": True, "message.timeout.ms": 120000, "log_level": 0},
-                               rate=20000).start(),
+            ContinuousProducer(
+                broker.bootstrap,
+                "full",
+                "noretry",
+                {"enable.idempotence": False, "retries": 0, "log_level": 0},
+                rate=20000,
+            ).start(),
+            ContinuousProducer(
+                broker.bootstrap,
+                "full",
+                "idem",
+                {"enable.idempotence": True, "message.timeout.ms": 120000, "log_level": 0},
+                rate=20000,
+            ).start(),
         ]
         try:
-            wait_for(lambda: _health_status(broker) == 503, 60, what="the WAL to fail on the full disk")
+            wait_for(
+                lambda: _health_status(broker) == 503, 60, what="the WAL to fail on the full disk"
+            )
             failed_before = len(producers[0].failed)
-            wait_for(lambda: len(producers[0].failed) > failed_before + 100, 30,
-                     what="produces refused while the disk is full")
+            wait_for(
+                lambda: len(producers[0].failed) > failed_before + 100,
+                30,
+                what="produces refused while the disk is full",
+            )
             assert broker.proc is not None and broker.proc.poll() is None, "the broker died"
-            assert "handler failed" not in broker.log_text(), "produces were answered by closing the connection"
+            assert "handler failed" not in broker.log_text(), (
+                "produces were answered by closing the connection"
+            )
             ballast.unlink()
             broker.stop()
             counts = [p.acked_count for p in producers]
             broker.start()
             assert _health_status(broker) == 200
-            wait_for(lambda: all(p.acked_count > c + 200 for p, c in zip(producers, counts, strict=True)), 60,
-                     what="acks after the restart")
+            wait_for(
+                lambda: all(
+                    p.acked_count > c + 200 for p, c in zip(producers, counts, strict=True)
+                ),
+                60,
+                what="acks after the restart",
+            )
         finally:
             stop_all(producers)
         outcomes = analyse(read_partitions(broker.bootstrap, "full", 3, timeout=60), producers)
         print(outcomes)
         for name, o in outcomes.items():
             assert o.acked_lost == o.acked_misplaced == o.unknown == 0, (name, o)
-        assert outcomes["idem"].duplicates == outcomes["idem"].order_violations == 0, outcomes["idem"]
+        assert outcomes["idem"].duplicates == outcomes["idem"].order_violations == 0, outcomes[
+            "idem"
+        ]
     finally:
         broker.stop()

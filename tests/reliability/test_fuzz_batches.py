@@ -54,7 +54,9 @@ CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 @pytest.fixture(scope="module")
 def fbroker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path_factory.mktemp("fuzz") / "home", ["--segment-flush-ms", "200"]).start()
+    broker = BrokerProcess(
+        tmp_path_factory.mktemp("fuzz") / "home", ["--segment-flush-ms", "200"]
+    ).start()
     try:
         yield broker
     finally:
@@ -63,11 +65,20 @@ def fbroker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]
 
 def build_batch(codec: str, count: int, producer_id: int = -1) -> bytes:
     """A valid v2 batch of ``count`` records with keys, values and headers (kafka-python's builder)."""
-    builder = DefaultRecordBatchBuilder(2, CODECS[codec], False, producer_id, 0 if producer_id >= 0 else -1,
-                                        0 if producer_id >= 0 else -1, 1 << 20)
+    builder = DefaultRecordBatchBuilder(
+        2,
+        CODECS[codec],
+        False,
+        producer_id,
+        0 if producer_id >= 0 else -1,
+        0 if producer_id >= 0 else -1,
+        1 << 20,
+    )
     now = int(time.time() * 1000)
     for i in range(count):
-        builder.append(i, now + i, f"k{i}".encode(), f"value-{i}-".encode() * (1 + i % 3), [("h", b"x" * i)])
+        builder.append(
+            i, now + i, f"k{i}".encode(), f"value-{i}-".encode() * (1 + i % 3), [("h", b"x" * i)]
+        )
     return bytes(builder.build())
 
 
@@ -84,7 +95,9 @@ def garbled(draw: Any) -> tuple[str, bytes]:
     codec = draw(st.sampled_from(list(CODECS)))
     batch = bytearray(build_batch(codec, draw(st.integers(1, 6))))
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["flip", "byte", "truncate", "insert", "delete", "int32", "varint"]))
+        kind = draw(
+            st.sampled_from(["flip", "byte", "truncate", "insert", "delete", "int32", "varint"])
+        )
         # mostly behind the 61-byte header, where only the framing checks look
         pos = draw(st.integers(21 if draw(st.booleans()) else 61, max(len(batch) - 1, 61)))
         pos = min(pos, len(batch))
@@ -97,11 +110,13 @@ def garbled(draw: Any) -> tuple[str, bytes]:
         elif kind == "insert":
             batch[pos:pos] = draw(st.binary(min_size=1, max_size=12))
         elif kind == "delete":
-            del batch[pos:pos + draw(st.integers(1, 12))]
+            del batch[pos : pos + draw(st.integers(1, 12))]
         elif kind == "int32":
-            batch[pos:pos + 4] = struct.pack(">i", draw(st.sampled_from([0, -1, 1, 0x7FFFFFFF, -(2**31), 1 << 20])))
+            batch[pos : pos + 4] = struct.pack(
+                ">i", draw(st.sampled_from([0, -1, 1, 0x7FFFFFFF, -(2**31), 1 << 20]))
+            )
         elif kind == "varint":
-            batch[pos:pos + 1] = draw(st.sampled_from([b"\xff" * 10, b"\x01", b"\x00", b"\x7f"]))
+            batch[pos : pos + 1] = draw(st.sampled_from([b"\xff" * 10, b"\x01", b"\x00", b"\x7f"]))
     return codec, (fix_up(batch) if draw(st.integers(0, 9)) else bytes(batch))
 
 
@@ -126,15 +141,24 @@ def _produce_raw(broker: BrokerProcess, topic: str, batch: bytes) -> int | None:
 
 def _consume_all(broker: BrokerProcess, topic: str) -> list[tuple[int, bytes | None]]:
     """Every record of partition 0 through confluent-kafka; any consumer error fails."""
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"fuzz-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "auto.offset.reset": "error", "check.crcs": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"fuzz-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+            "check.crcs": True,
+        }
+    )
     try:
         end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
         consumer.assign([TopicPartition(topic, 0, 0)])
         got: list[tuple[int, bytes | None]] = []
         deadline = time.monotonic() + 30
         while (not got or got[-1][0] < end - 1) and end > 0:
-            assert time.monotonic() < deadline, f"consumer stuck at {got[-1][0] if got else None} of {end}"
+            assert time.monotonic() < deadline, (
+                f"consumer stuck at {got[-1][0] if got else None} of {end}"
+            )
             for msg in consumer.consume(500, 0.5):
                 assert not msg.error(), f"consumer error at {msg.offset()}: {msg.error()}"
                 got.append((int(msg.offset() or 0), msg.value()))
@@ -152,8 +176,13 @@ def test_garbled_batches_are_refused_or_stored_readable(fbroker: BrokerProcess) 
     accepted: list[tuple[str, bytes]] = []
 
     # CI: the same 300 cases every run. Exploring: ICEFALL_FUZZ_EXAMPLES=5000 ICEFALL_FUZZ_RANDOM=1.
-    @settings(max_examples=int(os.environ.get("ICEFALL_FUZZ_EXAMPLES", "300")), deadline=None, database=None,
-              derandomize=not os.environ.get("ICEFALL_FUZZ_RANDOM"), suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=int(os.environ.get("ICEFALL_FUZZ_EXAMPLES", "300")),
+        deadline=None,
+        database=None,
+        derandomize=not os.environ.get("ICEFALL_FUZZ_RANDOM"),
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=garbled())
     def fuzz(case: tuple[str, bytes]) -> None:
         codec, batch = case
@@ -177,7 +206,9 @@ def test_garbled_batches_are_refused_or_stored_readable(fbroker: BrokerProcess) 
             expected.extend(client_values(batch))
         except Exception as exc:  # noqa: BLE001 - any reader error is the finding
             unreadable.append((codec, repr(exc), batch.hex()))
-    assert not unreadable, f"{len(unreadable)} accepted batches no client can read, e.g. {unreadable[:2]}"
+    assert not unreadable, (
+        f"{len(unreadable)} accepted batches no client can read, e.g. {unreadable[:2]}"
+    )
     try:
         got = _consume_all(fbroker, target)
     except AssertionError as exc:  # name the stored batch the consumer choked on
@@ -186,7 +217,9 @@ def test_garbled_batches_are_refused_or_stored_readable(fbroker: BrokerProcess) 
             count = struct.unpack_from(">i", batch, 57)[0]
             batches.append((offset, offset + count, codec, batch.hex()))
             offset += count
-        raise AssertionError(f"{exc}; accepted batches (first offset, end, codec, bytes): {batches}") from None
+        raise AssertionError(
+            f"{exc}; accepted batches (first offset, end, codec, bytes): {batches}"
+        ) from None
     assert [o for o, _ in got] == list(range(len(got))), "offsets not contiguous"
     assert [v for _, v in got] == expected, outcomes
     assert_intact(fbroker, protected, values)
@@ -202,7 +235,9 @@ def _edit_record(batch: bytes, edit: str) -> bytes:
     b = bytearray(batch)
     body = 61
     if edit == "header count":
-        b[-(1 + 1 + 1 + 1)] = 0x7F  # the header count varint (before key "h" length/value length): -64
+        b[-(1 + 1 + 1 + 1)] = (
+            0x7F  # the header count varint (before key "h" length/value length): -64
+        )
     elif edit == "offset delta":
         b[body + 3] = 0x02  # length(1) attributes(1) ts(1): offset delta 1 instead of 0
     elif edit == "attributes":
@@ -214,8 +249,12 @@ def _edit_record(batch: bytes, edit: str) -> bytes:
     return fix_up(b)
 
 
-@pytest.mark.parametrize("edit", ["header count", "offset delta", "key length", "attributes", "header key utf-8"])
-def test_crc_valid_batch_with_bad_record_fields_is_refused(fbroker: BrokerProcess, edit: str) -> None:
+@pytest.mark.parametrize(
+    "edit", ["header count", "offset delta", "key length", "attributes", "header key utf-8"]
+)
+def test_crc_valid_batch_with_bad_record_fields_is_refused(
+    fbroker: BrokerProcess, edit: str
+) -> None:
     """Regression: the broker only walked record length prefixes, so these were stored
     and no client could read the partition past them."""
     topic = f"fields-{uuid.uuid4().hex[:6]}"
@@ -231,7 +270,9 @@ def test_crc_valid_batch_with_bad_record_fields_is_refused(fbroker: BrokerProces
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-def test_crc_valid_batch_that_does_not_decompress_is_refused(fbroker: BrokerProcess, codec: str) -> None:
+def test_crc_valid_batch_that_does_not_decompress_is_refused(
+    fbroker: BrokerProcess, codec: str
+) -> None:
     topic = f"inflate-{uuid.uuid4().hex[:6]}"
     create_topic(fbroker.bootstrap, topic, 1)
     batch = bytearray(build_batch(codec, 3))
@@ -251,7 +292,12 @@ def test_snappy_java_chunk_longer_than_the_data_is_refused(fbroker: BrokerProces
 
     def framed(claimed: int) -> bytes:
         """The records snappy-compressed in snappy-java framing, one chunk claiming ``claimed`` bytes."""
-        batch = bytearray(plain[:61]) + b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1) + struct.pack(">i", claimed)
+        batch = (
+            bytearray(plain[:61])
+            + b"\x82SNAPPY\x00"
+            + struct.pack(">ii", 1, 1)
+            + struct.pack(">i", claimed)
+        )
         struct.pack_into(">h", batch, 21, 2)  # attributes: snappy
         return fix_up(batch + chunk)
 

@@ -26,7 +26,9 @@ SEED = int(os.environ.get("ICEFALL_RELIABILITY_SEED") or random.randrange(1 << 3
 
 
 @pytest.mark.timeout(420)
-def test_a_round_over_1000_partitions_is_exact(broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+def test_a_round_over_1000_partitions_is_exact(
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
     broker = broker_factory(["--segment-flush-ms", "200"])
     topic = new_topic(broker, partitions=1000)
     producer = AvroProducer(broker, topic, CLICK_V1)
@@ -47,7 +49,8 @@ def _assert_exact(broker: BrokerProcess, topic: str, producer: AvroProducer, wha
 
 @pytest.mark.timeout(420)
 def test_a_round_or_the_broker_killed_at_a_random_moment_then_the_round_rerun_is_exact(
-        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    broker_factory: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
     """First the round itself is killed (driver and JVM); then the broker (its catalog
     and admin API with it) during a round, which fails or completes. Each time the
     next round leaves the table exact."""
@@ -59,7 +62,9 @@ def test_a_round_or_the_broker_killed_at_a_random_moment_then_the_round_rerun_is
     first = complete_round(broker, topic, tmp_path)
     assert first["status"] == "committed"
     _assert_exact(broker, topic, producer, "the first round")
-    window = first["seconds"]["total"] + 5  # a round takes about as long as the first (JVM start included)
+    window = (
+        first["seconds"]["total"] + 5
+    )  # a round takes about as long as the first (JVM start included)
 
     producer.send(clicks(300, 300))
     delay, code = kill_round_at_random(broker, topic, tmp_path, rng, max_delay_s=window)
@@ -77,7 +82,13 @@ def test_a_round_or_the_broker_killed_at_a_random_moment_then_the_round_rerun_is
         broker.kill9()
         broker.start()
         proc.wait(300)
-    print({"seed": SEED, "broker_killed_after_s": round(delay, 2), "round_exit": proc.returncode,
-           "finished_before_the_kill": code})
+    print(
+        {
+            "seed": SEED,
+            "broker_killed_after_s": round(delay, 2),
+            "round_exit": proc.returncode,
+            "finished_before_the_kill": code,
+        }
+    )
     complete_round(broker, topic, tmp_path)
     _assert_exact(broker, topic, producer, f"the broker killed {delay:.2f}s into a round")

@@ -24,7 +24,11 @@ SEED = int(os.environ.get("ICEFALL_RELIABILITY_SEED") or random.randrange(1 << 3
 
 
 def _schema_id(broker: BrokerProcess, topic: str) -> int:
-    got = http_json(f"{broker.registry_url}/subjects/{topic}-value/versions", "POST", {"schema": json.dumps(CLICK_V1)})
+    got = http_json(
+        f"{broker.registry_url}/subjects/{topic}-value/versions",
+        "POST",
+        {"schema": json.dumps(CLICK_V1)},
+    )
     return int(got["id"])
 
 
@@ -42,7 +46,9 @@ def test_garbage_is_refused_or_in_the_dlq_never_lost(
     kinds: Counter[str] = Counter()
     for n in range(200):
         if rng.random() < 0.5:
-            value: bytes | None = b"\x00" + schema_id.to_bytes(4, "big") + avro_body(clicks(n, 1)[0])
+            value: bytes | None = (
+                b"\x00" + schema_id.to_bytes(4, "big") + avro_body(clicks(n, 1)[0])
+            )
         else:
             kind, value = garbage_value(rng, schema_id, n)
             kinds[kind] += 1
@@ -51,14 +57,28 @@ def test_garbage_is_refused_or_in_the_dlq_never_lost(
     result = run_round(spark, round_broker, topic)
     assert result.status == "committed", result.message
     rows, dlq = table_and_dlq(round_broker, topic)
-    summary = {"seed": SEED, "gate": gate, "acked": len(recorder.acked), "refused": len(recorder.refused),
-               "rows": len(rows), "dlq": len(dlq), "kinds": dict(kinds)}
+    summary = {
+        "seed": SEED,
+        "gate": gate,
+        "acked": len(recorder.acked),
+        "refused": len(recorder.refused),
+        "rows": len(rows),
+        "dlq": len(dlq),
+        "kinds": dict(kinds),
+    }
     print(summary)
     assert len(recorder.acked) + len(recorder.refused) == 200, summary
-    assert sorted(rows + dlq) == sorted(recorder.acked), f"table + DLQ != acknowledged records: {summary}"
+    assert sorted(rows + dlq) == sorted(recorder.acked), (
+        f"table + DLQ != acknowledged records: {summary}"
+    )
     assert not set(rows) & set(dlq), summary
     assert (result.rows, result.dlq_rows) == (len(rows), len(dlq))
     if gate == "on":
-        assert recorder.refused and set(recorder.refused) == {"INVALID_RECORD"}, Counter(recorder.refused)
+        assert recorder.refused and set(recorder.refused) == {"INVALID_RECORD"}, Counter(
+            recorder.refused
+        )
     else:
-        assert not recorder.refused and len(dlq) >= kinds["random"] + kinds["wrong-magic"] + kinds["unknown-id"]
+        assert (
+            not recorder.refused
+            and len(dlq) >= kinds["random"] + kinds["wrong-magic"] + kinds["unknown-id"]
+        )

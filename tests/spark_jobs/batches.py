@@ -62,12 +62,19 @@ def batch(
     record i has timestamp ``timestamp_ms + i``."""
     base = datetime.datetime.fromtimestamp(timestamp_ms / 1000, datetime.UTC)
     made = NewRecordBatch(
-        producer_id=i64(producer_id), producer_epoch=i16(0 if producer_id >= 0 else -1),
-        base_sequence=i32(0 if producer_id >= 0 else -1), attributes=i16(attributes),
+        producer_id=i64(producer_id),
+        producer_epoch=i16(0 if producer_id >= 0 else -1),
+        base_sequence=i32(0 if producer_id >= 0 else -1),
+        attributes=i16(attributes),
         records=tuple(
-            Record(attributes=i8(0), timestamp=TZAwareMicros.parse(base + datetime.timedelta(milliseconds=i)),
-                   offset=i64(base_offset + i),
-                   key=key, value=value, headers=tuple(RecordHeader(key=k.encode(), value=v) for k, v in headers))
+            Record(
+                attributes=i8(0),
+                timestamp=TZAwareMicros.parse(base + datetime.timedelta(milliseconds=i)),
+                offset=i64(base_offset + i),
+                key=key,
+                value=value,
+                headers=tuple(RecordHeader(key=k.encode(), value=v) for k, v in headers),
+            )
             for i, (key, value, headers) in enumerate(entries)
         ),
     )
@@ -78,7 +85,9 @@ def batch(
         return raw
     body = _compress(codec, raw[records.HEADER_SIZE :], xerial)
     head = bytearray(raw[: records.HEADER_SIZE])
-    struct.pack_into(">i", head, 8, records.HEADER_SIZE - records.LOG_OVERHEAD + len(body))  # batch length
+    struct.pack_into(
+        ">i", head, 8, records.HEADER_SIZE - records.LOG_OVERHEAD + len(body)
+    )  # batch length
     struct.pack_into(">h", head, 21, attributes | CODECS[codec])
     after_crc = bytes(head[21:]) + body
     struct.pack_into(">I", head, 17, crc32c(after_crc))
@@ -89,8 +98,12 @@ def control(base_offset: int, producer_id: int, commit: bool) -> bytes:
     """A transaction marker: COMMIT or ABORT for ``producer_id``."""
     key = struct.pack(">hh", 0, 1 if commit else 0)
     value = struct.pack(">hi", 0, 7)  # version, coordinator epoch
-    return batch([(key, value, [])], base_offset, producer_id=producer_id,
-                 attributes=ATTR_TRANSACTIONAL | ATTR_CONTROL)
+    return batch(
+        [(key, value, [])],
+        base_offset,
+        producer_id=producer_id,
+        attributes=ATTR_TRANSACTIONAL | ATTR_CONTROL,
+    )
 
 
 def plain(values: list[bytes], base_offset: int = 0, **kwargs: object) -> bytes:

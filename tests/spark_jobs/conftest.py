@@ -14,7 +14,9 @@ from tests.support import BrokerProcess
 
 @pytest.fixture(scope="module")
 def round_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path_factory.mktemp("rounds") / "home", ["--segment-flush-ms", "100"]).start()
+    broker = BrokerProcess(
+        tmp_path_factory.mktemp("rounds") / "home", ["--segment-flush-ms", "100"]
+    ).start()
     try:
         yield broker
     finally:

@@ -26,7 +26,9 @@ from spark_jobs.commit_round import RoundResult
 from tests.support import REPO, BrokerProcess
 
 CLICK_V1: dict[str, Any] = {
-    "type": "record", "name": "Click", "namespace": "icefall.test",
+    "type": "record",
+    "name": "Click",
+    "namespace": "icefall.test",
     "fields": [
         {"name": "id", "type": "long"},
         {"name": "page", "type": ["null", "string"], "default": None},
@@ -36,8 +38,12 @@ CLICK_V1: dict[str, Any] = {
 }
 
 
-def new_topic(broker: BrokerProcess, partitions: int = 2, configs: Mapping[str, str] | None = None,
-              prefix: str = "t") -> str:
+def new_topic(
+    broker: BrokerProcess,
+    partitions: int = 2,
+    configs: Mapping[str, str] | None = None,
+    prefix: str = "t",
+) -> str:
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     config = {"automq.table.topic.enable": "true", **(configs or {})}
@@ -51,12 +57,21 @@ class AvroProducer:
 
     def __init__(self, broker: BrokerProcess, topic: str, schema: Mapping[str, Any]) -> None:
         self.topic = topic
-        self.serializer = AvroSerializer(SchemaRegistryClient({"url": broker.registry_url}), json.dumps(schema))
-        self.producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "enable.idempotence": True})
+        self.serializer = AvroSerializer(
+            SchemaRegistryClient({"url": broker.registry_url}), json.dumps(schema)
+        )
+        self.producer = Producer(
+            {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )
         self.acked: list[tuple[int, int]] = []
 
-    def send(self, values: Iterable[Mapping[str, Any]], *, key: Any = None,
-             headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
+    def send(
+        self,
+        values: Iterable[Mapping[str, Any]],
+        *,
+        key: Any = None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> None:
         def delivered(err: Any, msg: Any) -> None:
             assert err is None, err
             self.acked.append((msg.partition(), msg.offset()))
@@ -64,12 +79,19 @@ class AvroProducer:
         ctx = SerializationContext(self.topic, MessageField.VALUE)
         for value in values:
             k = key(value) if callable(key) else key
-            self.producer.produce(self.topic, value=self.serializer(dict(value), ctx), key=k, headers=headers,
-                                  on_delivery=delivered)
+            self.producer.produce(
+                self.topic,
+                value=self.serializer(dict(value), ctx),
+                key=k,
+                headers=headers,
+                on_delivery=delivered,
+            )
         assert self.producer.flush(30) == 0
 
 
-def round_args(broker: BrokerProcess, topic: str, result: Path | None = None, *extra: str) -> list[str]:
+def round_args(
+    broker: BrokerProcess, topic: str, result: Path | None = None, *extra: str
+) -> list[str]:
     """Rounds in tests take the Spark path unless ``extra`` says otherwise (argparse keeps the last
     ``--in-driver-max-bytes``): their rounds are small, and Spark's task path is what they test."""
     args = ["--admin-url", broker.admin_url, "--topic", topic, "--in-driver-max-bytes", "0", *extra]
@@ -86,9 +108,11 @@ class SimulatedCrash(BaseException):
     """Not an ``Exception``: the round's error handling (branch cleanup) never sees it, as after kill -9."""
 
 
-def crash_round_at(point: str, spark: Any, broker: BrokerProcess, topic: str,
-                   monkeypatch: pytest.MonkeyPatch) -> None:
+def crash_round_at(
+    point: str, spark: Any, broker: BrokerProcess, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Run a round in this process that stops dead at the kill point ``point``."""
+
     def crash(name: str) -> None:
         if name == point:
             raise SimulatedCrash(name)
@@ -99,15 +123,31 @@ def crash_round_at(point: str, spark: Any, broker: BrokerProcess, topic: str,
     monkeypatch.undo()
 
 
-def run_round_process(broker: BrokerProcess, topic: str, result: Path, *extra: str,
-                      env: Mapping[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_round_process(
+    broker: BrokerProcess,
+    topic: str,
+    result: Path,
+    *extra: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
     """The job as Airflow runs it: its own process and Spark (``local[2]``)."""
     import os
 
     return subprocess.run(
-        [sys.executable, "-m", "spark_jobs.commit_round", *round_args(broker, topic, result, "--master", "local[2]",
-                                                                      *extra)],
-        check=False, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+        [
+            sys.executable,
+            "-m",
+            "spark_jobs.commit_round",
+            *round_args(broker, topic, result, "--master", "local[2]", *extra),
+        ],
+        check=False,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def catalog(broker: BrokerProcess) -> Catalog:

@@ -20,7 +20,9 @@ from spark_jobs.avro_schema import table_schema
 from spark_jobs.rows import RowConverter
 from spark_jobs.segments import RecordChunk
 
-pytestmark = pytest.mark.skipif(not avro_columns.available(), reason="spark_jobs._avro_columns is not built")
+pytestmark = pytest.mark.skipif(
+    not avro_columns.available(), reason="spark_jobs._avro_columns is not built"
+)
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("ICEFALL_HYPOTHESIS_EXAMPLES", "60")),
@@ -45,11 +47,26 @@ KINDS: dict[str, tuple[Any, Any, Any]] = {
     "string": ("string", st.text(max_size=40), None),
     "bytes": ("bytes", st.binary(max_size=40), None),
     "date": ({"type": "int", "logicalType": "date"}, st.integers(*DATES), st.integers(*INT32)),
-    "ts_ms": ({"type": "long", "logicalType": "timestamp-millis"}, st.integers(*MILLIS), st.integers(*INT64)),
-    "ts_us": ({"type": "long", "logicalType": "timestamp-micros"}, st.integers(*MICROS), st.integers(*INT64)),
-    "ts_ms_naive": ({"type": "long", "logicalType": "timestamp-millis", "adjust-to-utc": False},
-                    st.integers(*MILLIS), None),
-    "lts_us": ({"type": "long", "logicalType": "local-timestamp-micros"}, st.integers(*MICROS), None),
+    "ts_ms": (
+        {"type": "long", "logicalType": "timestamp-millis"},
+        st.integers(*MILLIS),
+        st.integers(*INT64),
+    ),
+    "ts_us": (
+        {"type": "long", "logicalType": "timestamp-micros"},
+        st.integers(*MICROS),
+        st.integers(*INT64),
+    ),
+    "ts_ms_naive": (
+        {"type": "long", "logicalType": "timestamp-millis", "adjust-to-utc": False},
+        st.integers(*MILLIS),
+        None,
+    ),
+    "lts_us": (
+        {"type": "long", "logicalType": "local-timestamp-micros"},
+        st.integers(*MICROS),
+        None,
+    ),
     "nanos": ({"type": "long", "logicalType": "timestamp-nanos"}, st.integers(*INT64), None),
 }
 PROMOTE = {"int": "long", "float": "double"}
@@ -68,23 +85,35 @@ def flat_schemas(draw: Any) -> tuple[dict[str, Any], dict[str, Any], list[tuple[
             avro: Any = draw(st.sampled_from(["null", ["null"]]))
             optional = "required"
         elif kind == "enum":
-            symbols = draw(st.lists(st.sampled_from(["A", "BB", "CC", "D_4", "e"]), min_size=1, unique=True))
+            symbols = draw(
+                st.lists(st.sampled_from(["A", "BB", "CC", "D_4", "e"]), min_size=1, unique=True)
+            )
             avro = {"type": "enum", "name": f"E{i}", "symbols": symbols}
         else:
             avro = KINDS[kind][0]
         table_avro = avro
         if kind in PROMOTE and draw(st.booleans()):
-            table_avro = PROMOTE[kind]  # the table was widened; old writers still write the narrow type
-        wrap = {"required": lambda t: t, "null_first": lambda t: ["null", t], "null_second": lambda t: [t, "null"]}
+            table_avro = PROMOTE[
+                kind
+            ]  # the table was widened; old writers still write the narrow type
+        wrap = {
+            "required": lambda t: t,
+            "null_first": lambda t: ["null", t],
+            "null_second": lambda t: [t, "null"],
+        }
         writer_fields.append({"name": name, "type": wrap[optional](avro)})
         table_optional = optional
         if kind != "null" and optional == "required" and draw(st.booleans()):
-            table_optional = "null_first"  # the table's column is optional, the writer's field required
+            table_optional = (
+                "null_first"  # the table's column is optional, the writer's field required
+            )
         table_fields.append({"name": name, "type": wrap[table_optional](table_avro)})
         spec.append((name, kind, optional))
     if draw(st.booleans()):  # columns only the table has: all null
         table_fields.append({"name": "extra_s", "type": ["null", "string"]})
-        table_fields.append({"name": "extra_l", "type": ["null", {"type": "array", "items": "long"}]})
+        table_fields.append(
+            {"name": "extra_l", "type": ["null", {"type": "array", "items": "long"}]}
+        )
     writer = {"type": "record", "name": "W", "namespace": "t", "fields": writer_fields}
     table = {"type": "record", "name": "W", "namespace": "t", "fields": table_fields}
     return writer, table, spec
@@ -97,11 +126,17 @@ def records(draw: Any, spec: list[tuple[str, str, str]], writer: dict[str, Any])
         if kind == "null" or (optional != "required" and draw(st.integers(0, 3)) == 0):
             out[name] = None
         elif kind == "enum":
-            avro = field["type"] if optional == "required" else next(t for t in field["type"] if t != "null")
+            avro = (
+                field["type"]
+                if optional == "required"
+                else next(t for t in field["type"] if t != "null")
+            )
             out[name] = draw(st.sampled_from(avro["symbols"]))
         else:
             _, valid, refused = KINDS[kind]
-            out[name] = draw(refused if refused is not None and draw(st.integers(0, 9)) == 0 else valid)
+            out[name] = draw(
+                refused if refused is not None and draw(st.integers(0, 9)) == 0 else valid
+            )
     return out
 
 
@@ -125,17 +160,21 @@ def _wide(node: Any) -> Any:
 
 
 def encode_wide(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
-    return encode({**schema, "fields": [{**f, "type": _wide(f["type"])} for f in schema["fields"]]}, record)
+    return encode(
+        {**schema, "fields": [{**f, "type": _wide(f["type"])} for f in schema["fields"]]}, record
+    )
 
 
 @st.composite
 def garbled(draw: Any, value: bytes) -> bytes | None:
-    how = draw(st.sampled_from(["keep", "keep", "truncate", "flip", "append", "random", "none", "header"]))
+    how = draw(
+        st.sampled_from(["keep", "keep", "truncate", "flip", "append", "random", "none", "header"])
+    )
     if how == "truncate":
-        return value[:draw(st.integers(0, len(value)))]
+        return value[: draw(st.integers(0, len(value)))]
     if how == "flip" and len(value) > 5:
         at = draw(st.integers(5, len(value) - 1))
-        return value[:at] + bytes([value[at] ^ draw(st.integers(1, 255))]) + value[at + 1:]
+        return value[:at] + bytes([value[at] ^ draw(st.integers(1, 255))]) + value[at + 1 :]
     if how == "append":
         return value + draw(st.binary(min_size=1, max_size=3))
     if how == "random":
@@ -143,14 +182,22 @@ def garbled(draw: Any, value: bytes) -> bytes | None:
     if how == "none":
         return None
     if how == "header":
-        return draw(st.sampled_from([b"", b"\x01xyz", b"\x00\x00\x00\x00\x63" + value[5:]]))  # 99: unknown id
+        return draw(
+            st.sampled_from([b"", b"\x01xyz", b"\x00\x00\x00\x00\x63" + value[5:]])
+        )  # 99: unknown id
     return value
 
 
 def chunk(values: list[bytes | None], keys: list[bytes | None] | None = None) -> RecordChunk:
     n = len(values)
-    return RecordChunk(0, list(range(n)), [1_700_000_000_000] * n,
-                       keys if keys is not None else [b"k"] * n, values, [()] * n)
+    return RecordChunk(
+        0,
+        list(range(n)),
+        [1_700_000_000_000] * n,
+        keys if keys is not None else [b"k"] * n,
+        values,
+        [()] * n,
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -171,7 +218,9 @@ def outcome(converter: RowConverter, records_: RecordChunk) -> tuple[Any, ...]:
     return result.batch.schema, _plain(result.batch.to_pylist()), errors, trailing
 
 
-def assert_same(table: Any, lookup: dict[int, Any], records_: RecordChunk, **kwargs: Any) -> tuple[Any, ...]:
+def assert_same(
+    table: Any, lookup: dict[int, Any], records_: RecordChunk, **kwargs: Any
+) -> tuple[Any, ...]:
     fast = RowConverter(table, lookup.__getitem__, **kwargs)
     slow = RowConverter(table, lookup.__getitem__, use_extension=False, **kwargs)
     got, want = outcome(fast, records_), outcome(slow, records_)
@@ -206,12 +255,16 @@ def test_garbage_bodies_fail_the_same_rows(shape: Any, bodies: list[bytes]) -> N
 
 
 def test_fastavro_quirks_are_kept() -> None:
-    schema = {"type": "record", "name": "Q", "fields": [
-        {"name": "b", "type": "boolean"},
-        {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
-        {"name": "u", "type": ["null", "long"]},
-        {"name": "i", "type": "int"},
-    ]}
+    schema = {
+        "type": "record",
+        "name": "Q",
+        "fields": [
+            {"name": "b", "type": "boolean"},
+            {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
+            {"name": "u", "type": ["null", "long"]},
+            {"name": "i", "type": "int"},
+        ],
+    }
     bodies = [
         b"\x02\x00\x00\x00",  # boolean byte 2: true
         b"\x00\x01\x00\x00",  # enum index -1: the last symbol
@@ -222,39 +275,78 @@ def test_fastavro_quirks_are_kept() -> None:
         b"\x00\x00\x00\x00\x00",  # one byte too many
         b"\x00\x00\x00",  # one too few
     ]
-    _, got, errors, trailing = assert_same(table_schema(schema), {1: schema}, chunk([HEADER + b for b in bodies]))
-    assert [(r["b"], r["e"], r["u"], r["i"]) for r in got] == [(True, "A", None, 0), (False, "B", None, 0),
-                                                              (False, "A", 1, 0), (False, "A", None, 64)]
-    assert errors == [(2, rows.AVRO_DECODE), (5, rows.ARROW_CONVERSION), (6, rows.TRAILING_BYTES),
-                      (7, rows.AVRO_DECODE)]
+    _, got, errors, trailing = assert_same(
+        table_schema(schema), {1: schema}, chunk([HEADER + b for b in bodies])
+    )
+    assert [(r["b"], r["e"], r["u"], r["i"]) for r in got] == [
+        (True, "A", None, 0),
+        (False, "B", None, 0),
+        (False, "A", 1, 0),
+        (False, "A", None, 64),
+    ]
+    assert errors == [
+        (2, rows.AVRO_DECODE),
+        (5, rows.ARROW_CONVERSION),
+        (6, rows.TRAILING_BYTES),
+        (7, rows.AVRO_DECODE),
+    ]
     assert trailing == ["value with schema id 1: 1 bytes left after the Avro value"]
 
 
 def test_promoted_int_keeps_64_bit_values_and_error_messages_are_clear() -> None:
-    writer = {"type": "record", "name": "P", "fields": [{"name": "n", "type": "int"},
-                                                         {"name": "s", "type": "string"}]}
-    table = table_schema({**writer, "fields": [{"name": "n", "type": "long"}, {"name": "s", "type": "string"}]})
-    values: list[bytes | None] = [encode(writer, {"n": 2**40, "s": "x"}), HEADER + b"\x02\x04\xff\xfe",
-                                  HEADER + b"\x02\x09ab"]
+    writer = {
+        "type": "record",
+        "name": "P",
+        "fields": [{"name": "n", "type": "int"}, {"name": "s", "type": "string"}],
+    }
+    table = table_schema(
+        {**writer, "fields": [{"name": "n", "type": "long"}, {"name": "s", "type": "string"}]}
+    )
+    values: list[bytes | None] = [
+        encode(writer, {"n": 2**40, "s": "x"}),
+        HEADER + b"\x02\x04\xff\xfe",
+        HEADER + b"\x02\x09ab",
+    ]
     result = RowConverter(table, {1: writer}.__getitem__).convert(chunk(values))
     assert [r["n"] for r in result.batch.to_pylist()] == [2**40]
     messages = [(e.error_class, e.message) for e in result.errors]
     assert messages == [
         (rows.AVRO_DECODE, "value with schema id 1: field s: string is not valid UTF-8 at byte 7"),
-        (rows.AVRO_DECODE, "value with schema id 1: field s: string length -5 is negative at byte 6"),
+        (
+            rows.AVRO_DECODE,
+            "value with schema id 1: field s: string length -5 is negative at byte 6",
+        ),
     ]
 
 
 def test_several_schema_ids_in_one_chunk_are_merged_row_for_row() -> None:
     # schema 1: flat (C); schema 2: the same fields reordered (C, a second pass); schema 3 writes a
     # decimal (general path); 99 is unknown; the table has the decimal column
-    s1 = {"type": "record", "name": "M", "fields": [{"name": "id", "type": "long"},
-                                                     {"name": "s", "type": ["null", "string"]}]}
-    s2 = {"type": "record", "name": "M", "fields": [{"name": "s", "type": ["null", "string"]},
-                                                     {"name": "id", "type": "long"}]}
-    s3 = {"type": "record", "name": "M", "fields": [
-        {"name": "id", "type": "long"}, {"name": "s", "type": ["null", "string"]},
-        {"name": "d", "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}]}]}
+    s1 = {
+        "type": "record",
+        "name": "M",
+        "fields": [{"name": "id", "type": "long"}, {"name": "s", "type": ["null", "string"]}],
+    }
+    s2 = {
+        "type": "record",
+        "name": "M",
+        "fields": [{"name": "s", "type": ["null", "string"]}, {"name": "id", "type": "long"}],
+    }
+    s3 = {
+        "type": "record",
+        "name": "M",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "s", "type": ["null", "string"]},
+            {
+                "name": "d",
+                "type": [
+                    "null",
+                    {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2},
+                ],
+            },
+        ],
+    }
     import decimal
 
     lookup = {1: s1, 2: s2, 3: s3}
@@ -271,36 +363,57 @@ def test_several_schema_ids_in_one_chunk_are_merged_row_for_row() -> None:
     ]
     table = table_schema(s3)
     _, got, errors, _ = assert_same(table, lookup, chunk(values))
-    assert [(r["id"], r["s"], r["d"]) for r in got] == [(1, "one", None), (3, None, decimal.Decimal("1.25")),
-                                                        (2, "two", None), (6, "six", None)]
-    assert errors == [(0, rows.MISSING_WIRE_HEADER), (4, rows.NULL_IN_REQUIRED), (5, rows.UNKNOWN_SCHEMA),
-                      (6, rows.AVRO_DECODE)]
-    assert_same(table_schema(s3, transform="none"), lookup, chunk(values))  # the value as one struct column
+    assert [(r["id"], r["s"], r["d"]) for r in got] == [
+        (1, "one", None),
+        (3, None, decimal.Decimal("1.25")),
+        (2, "two", None),
+        (6, "six", None),
+    ]
+    assert errors == [
+        (0, rows.MISSING_WIRE_HEADER),
+        (4, rows.NULL_IN_REQUIRED),
+        (5, rows.UNKNOWN_SCHEMA),
+        (6, rows.AVRO_DECODE),
+    ]
+    assert_same(
+        table_schema(s3, transform="none"), lookup, chunk(values)
+    )  # the value as one struct column
 
 
 def test_record_keys_by_schema_id_decode_in_c_too() -> None:
-    key = {"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"},
-                                                      {"name": "region", "type": ["null", "string"]}]}
+    key = {
+        "type": "record",
+        "name": "K",
+        "fields": [{"name": "id", "type": "long"}, {"name": "region", "type": ["null", "string"]}],
+    }
     value = {"type": "record", "name": "V", "fields": [{"name": "x", "type": "double"}]}
     table = table_schema(value, key_type="by_schema_id", key_schema=key)
-    keys: list[bytes | None] = [encode(key, {"id": 7, "region": "eu"}, b"\x00\x00\x00\x00\x09"), None,
-                                b"\x00\x00\x00\x00\x09\x03"]
+    keys: list[bytes | None] = [
+        encode(key, {"id": 7, "region": "eu"}, b"\x00\x00\x00\x00\x09"),
+        None,
+        b"\x00\x00\x00\x00\x09\x03",
+    ]
     values: list[bytes | None] = [encode(value, {"x": 1.5})] * 3
-    _, got, errors, _ = assert_same(table, {1: value, 9: key}, chunk(values, keys), key_type="by_schema_id")
+    _, got, errors, _ = assert_same(
+        table, {1: value, 9: key}, chunk(values, keys), key_type="by_schema_id"
+    )
     assert [r["_kafka_key"] for r in got] == [{"id": 7, "region": "eu"}, None]
     assert errors == [(2, rows.AVRO_DECODE)]
 
 
-@pytest.mark.parametrize("field_type", [
-    {"type": "fixed", "name": "F", "size": 2},
-    {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 1},
-    {"type": "string", "logicalType": "uuid"},
-    {"type": "int", "logicalType": "time-millis"},
-    {"type": "array", "items": "int"},
-    {"type": "record", "name": "In", "fields": [{"name": "x", "type": "int"}]},
-    ["null", "int", "string"],
-    ["int", "string"],
-])
+@pytest.mark.parametrize(
+    "field_type",
+    [
+        {"type": "fixed", "name": "F", "size": 2},
+        {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 1},
+        {"type": "string", "logicalType": "uuid"},
+        {"type": "int", "logicalType": "time-millis"},
+        {"type": "array", "items": "int"},
+        {"type": "record", "name": "In", "fields": [{"name": "x", "type": "int"}]},
+        ["null", "int", "string"],
+        ["int", "string"],
+    ],
+)
 def test_what_the_c_decoder_leaves_to_the_general_path(field_type: Any) -> None:
     schema = {
         "type": "record",
@@ -308,8 +421,13 @@ def test_what_the_c_decoder_leaves_to_the_general_path(field_type: Any) -> None:
         "fields": [{"name": "id", "type": "long"}, {"name": "x", "type": field_type}],
     }
     parsed = avro_schema.parse_avro(schema)
-    target = StructType(*[f for f in table_schema({**schema, "fields": schema["fields"][:1]}).fields
-                          if not f.name.startswith("_kafka")])
+    target = StructType(
+        *[
+            f
+            for f in table_schema({**schema, "fields": schema["fields"][:1]}).fields
+            if not f.name.startswith("_kafka")
+        ]
+    )
     assert avro_columns.compile_columns(parsed, target, "iceberg") is None
 
 
@@ -318,25 +436,49 @@ def test_the_general_path_when_the_extension_is_not_built(monkeypatch: pytest.Mo
     monkeypatch.setattr(avro_columns, "_ext", None)
     assert not avro_columns.available()
     converter = RowConverter(table_schema(schema), {1: schema}.__getitem__)
-    assert converter.convert(chunk([encode(schema, {"id": 3})])).batch.column("id").to_pylist() == [3]
+    assert converter.convert(chunk([encode(schema, {"id": 3})])).batch.column("id").to_pylist() == [
+        3
+    ]
 
 
 def test_bad_programs_raise_instead_of_crashing() -> None:
     from spark_jobs import _avro_columns  # type: ignore[attr-defined]
 
     good = avro_columns.compile_columns(
-        avro_schema.parse_avro({"type": "record", "name": "G", "fields": [
-            {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"]}}, {"name": "s", "type": "string"}]}),
-        StructType(*[f for f in table_schema({"type": "record", "name": "G", "fields": [
-            {"name": "e", "type": "string"}, {"name": "s", "type": "string"}]}).fields
-            if not f.name.startswith("_kafka")]))
+        avro_schema.parse_avro(
+            {
+                "type": "record",
+                "name": "G",
+                "fields": [
+                    {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"]}},
+                    {"name": "s", "type": "string"},
+                ],
+            }
+        ),
+        StructType(
+            *[
+                f
+                for f in table_schema(
+                    {
+                        "type": "record",
+                        "name": "G",
+                        "fields": [
+                            {"name": "e", "type": "string"},
+                            {"name": "s", "type": "string"},
+                        ],
+                    }
+                ).fields
+                if not f.name.startswith("_kafka")
+            ]
+        ),
+    )
     assert good is not None
     program = good.program
     for cut in range(len(program)):
         with pytest.raises(ValueError, match="invalid column program"):
             _avro_columns.decode(program[:cut], [HEADER + b"\x00\x02a"], HEADER)
     for at in range(len(program)):  # any byte changed: an answer or a ValueError, no crash
-        broken = program[:at] + bytes([program[at] ^ 0xFF]) + program[at + 1:]
+        broken = program[:at] + bytes([program[at] ^ 0xFF]) + program[at + 1 :]
         with contextlib.suppress(ValueError):
             _avro_columns.decode(broken, [HEADER + b"\x00\x02a", None, b"x"], HEADER)
     assert _avro_columns.decode(program, [], HEADER)[1] == 0

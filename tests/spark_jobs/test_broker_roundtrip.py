@@ -20,7 +20,9 @@ from spark_jobs.segments import ReadStats, SegmentRange, ranges_from_admin, read
 from tests.support import BrokerProcess
 
 SCHEMA = {
-    "type": "record", "name": "Click", "namespace": "icefall.test",
+    "type": "record",
+    "name": "Click",
+    "namespace": "icefall.test",
     "fields": [
         {"name": "id", "type": "long"},
         {"name": "codec", "type": "string"},
@@ -53,14 +55,31 @@ def test_all_codecs_produced_by_librdkafka_come_back_as_rows(broker: BrokerProce
     pending: dict[bytes, dict[str, object]] = {}
     at = 1_700_000_000_000
     for codec in CODECS:
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": codec,
-                             "linger.ms": 20, "batch.num.messages": 25})
+        producer = Producer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "compression.type": codec,
+                "linger.ms": 20,
+                "batch.num.messages": 25,
+            }
+        )
         for i in range(PER_CODEC):
-            value = {"id": i, "codec": codec, "page": None if i % 3 == 0 else f"/page/{i}" * 5, "at": at + i}
+            value = {
+                "id": i,
+                "codec": codec,
+                "page": None if i % 3 == 0 else f"/page/{i}" * 5,
+                "at": at + i,
+            }
             key = f"{codec}-{i}".encode()
             pending[key] = value
-            producer.produce("clicks", key=key, value=wire(value), partition=i % 2, on_delivery=delivered,
-                             headers=[("codec", codec.encode()), ("n", str(i).encode())])
+            producer.produce(
+                "clicks",
+                key=key,
+                value=wire(value),
+                partition=i % 2,
+                on_delivery=delivered,
+                headers=[("codec", codec.encode()), ("n", str(i).encode())],
+            )
         assert producer.flush(15) == 0
     assert len(produced) == len(CODECS) * PER_CODEC
 
@@ -85,7 +104,12 @@ def test_all_codecs_produced_by_librdkafka_come_back_as_rows(broker: BrokerProce
 
     # librdkafka sends a batch uncompressed when compressing it would not make it
     # smaller (a lone record after linger.ms, say): NONE may appear beside the four.
-    codecs = {records.COMPRESSION_GZIP, records.COMPRESSION_SNAPPY, records.COMPRESSION_LZ4, records.COMPRESSION_ZSTD}
+    codecs = {
+        records.COMPRESSION_GZIP,
+        records.COMPRESSION_SNAPPY,
+        records.COMPRESSION_LZ4,
+        records.COMPRESSION_ZSTD,
+    }
     assert codecs <= seen_codecs <= codecs | {records.COMPRESSION_NONE}
     assert stats.records == len(rows) == 200  # offsets [10, 110) of two partitions of 120
     for row in rows:
@@ -94,14 +118,26 @@ def test_all_codecs_produced_by_librdkafka_come_back_as_rows(broker: BrokerProce
         want = produced[(meta["partition"], meta["offset"])]
         assert 10 <= meta["offset"] < 110
         assert row["_kafka_key"] == f"{want['codec']}-{want['id']}"
-        assert row["_kafka_headers"] == [("codec", str(want["codec"]).encode()), ("n", str(want["id"]).encode())]
-        assert {k: row[k] for k in ("id", "codec", "page")} == {k: want[k] for k in ("id", "codec", "page")}
-        assert row["at"] == datetime.datetime.fromtimestamp(int(str(want["at"])) / 1000, datetime.UTC)
-        assert isinstance(meta["timestamp"], datetime.datetime) and meta["timestamp"].tzinfo is not None
+        assert row["_kafka_headers"] == [
+            ("codec", str(want["codec"]).encode()),
+            ("n", str(want["id"]).encode()),
+        ]
+        assert {k: row[k] for k in ("id", "codec", "page")} == {
+            k: want[k] for k in ("id", "codec", "page")
+        }
+        assert row["at"] == datetime.datetime.fromtimestamp(
+            int(str(want["at"])) / 1000, datetime.UTC
+        )
+        assert (
+            isinstance(meta["timestamp"], datetime.datetime)
+            and meta["timestamp"].tzinfo is not None
+        )
 
 
 def test_a_window_inside_one_batch(broker: BrokerProcess) -> None:
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "zstd", "linger.ms": 50})
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "compression.type": "zstd", "linger.ms": 50}
+    )
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for future in admin.create_topics([NewTopic("one", 1, 1)]).values():
         future.result(10)

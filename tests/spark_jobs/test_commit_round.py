@@ -32,12 +32,21 @@ AT = 1_700_000_000_000
 
 
 def clicks(start: int, n: int, **extra: Any) -> list[dict[str, Any]]:
-    return [{"id": i, "page": None if i % 4 == 0 else f"/p/{i}", "score": i % 100,
-             "at": datetime.fromtimestamp((AT + i) / 1000, UTC), **extra} for i in range(start, start + n)]
+    return [
+        {
+            "id": i,
+            "page": None if i % 4 == 0 else f"/p/{i}",
+            "score": i % 100,
+            "at": datetime.fromtimestamp((AT + i) / 1000, UTC),
+            **extra,
+        }
+        for i in range(start, start + n)
+    ]
 
 
-def test_a_round_writes_every_record_once_with_system_columns(spark: Any, round_broker: BrokerProcess,
-                                                               tmp_path: Path) -> None:
+def test_a_round_writes_every_record_once_with_system_columns(
+    spark: Any, round_broker: BrokerProcess, tmp_path: Path
+) -> None:
     topic = new_topic(round_broker, partitions=2)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 300), key=lambda v: f"k{v['id']}".encode(), headers=[("trace", b"abc")])
@@ -47,7 +56,9 @@ def test_a_round_writes_every_record_once_with_system_columns(spark: Any, round_
     assert result.status == "committed" and result.rows == 300 and result.records == 300
     written = json.loads(result_path.read_text())
     assert written["snapshot_id"] == result.snapshot_id
-    assert sum(written["offsets_after"].values()) == 300 and set(written["offsets_before"].values()) == {0}
+    assert sum(written["offsets_after"].values()) == 300 and set(
+        written["offsets_before"].values()
+    ) == {0}
     assert written["bytes_read"] > 0 and written["data_files"] >= 1
     assert {"plan", "read_write", "commit", "total"} <= written["seconds"].keys()
 
@@ -65,26 +76,36 @@ def test_a_round_writes_every_record_once_with_system_columns(spark: Any, round_
     assert summary.snapshot_id == result.snapshot_id and sum(summary.offsets.values()) == 300
 
 
-def test_spark_sql_pyiceberg_and_duckdb_read_the_same_rows(spark: Any, round_broker: BrokerProcess) -> None:
+def test_spark_sql_pyiceberg_and_duckdb_read_the_same_rows(
+    spark: Any, round_broker: BrokerProcess
+) -> None:
     topic = new_topic(round_broker, partitions=1)
     AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 50))
     assert run_round(spark, round_broker, topic).status == "committed"
 
     name = commit_round.use_catalog(spark, round_broker.catalog_url)
-    from_spark = sorted((r["id"], r["page"], r["offset"]) for r in spark.sql(
-        f"SELECT id, page, _kafka_metadata.offset AS offset FROM {name}.default.{topic}").collect())
+    from_spark = sorted(
+        (r["id"], r["page"], r["offset"])
+        for r in spark.sql(
+            f"SELECT id, page, _kafka_metadata.offset AS offset FROM {name}.default.{topic}"
+        ).collect()
+    )
     from_pyiceberg = sorted(
         (r["id"], r["page"], r["_kafka_metadata"]["offset"])
-        for r in table(round_broker, topic).scan().to_arrow().to_pylist())
+        for r in table(round_broker, topic).scan().to_arrow().to_pylist()
+    )
     con = duckdb_local.connect()
     duckdb_local.attach_catalog(con, round_broker.catalog_url, "lake")
-    from_duckdb = sorted(con.execute(
-        f"SELECT id, page, _kafka_metadata.offset FROM lake.default.{topic}").fetchall())
+    from_duckdb = sorted(
+        con.execute(f"SELECT id, page, _kafka_metadata.offset FROM lake.default.{topic}").fetchall()
+    )
     assert from_spark == from_pyiceberg == from_duckdb
     assert [r[0] for r in from_spark] == list(range(50))
 
 
-def test_a_second_round_commits_only_what_arrived_since(spark: Any, round_broker: BrokerProcess) -> None:
+def test_a_second_round_commits_only_what_arrived_since(
+    spark: Any, round_broker: BrokerProcess
+) -> None:
     topic = new_topic(round_broker)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 100))
@@ -103,7 +124,9 @@ def test_a_second_round_commits_only_what_arrived_since(spark: Any, round_broker
     assert not [r for r in tbl.metadata.refs if r.startswith(checkpoint.ROUND_BRANCH_PREFIX)]
 
 
-def test_until_append_time_cuts_by_broker_append_time(spark: Any, round_broker: BrokerProcess) -> None:
+def test_until_append_time_cuts_by_broker_append_time(
+    spark: Any, round_broker: BrokerProcess
+) -> None:
     topic = new_topic(round_broker, partitions=1)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 30))
@@ -113,7 +136,10 @@ def test_until_append_time_cuts_by_broker_append_time(spark: Any, round_broker: 
     producer.send(clicks(30, 20))
     first = run_round(spark, round_broker, topic, "--until-append-time", str(cut))
     assert first.rows == 30 and first.offsets_after == {0: 30} and first.until_append_ms == cut
-    assert run_round(spark, round_broker, topic, "--until-append-time", str(cut)).status == "nothing_new"
+    assert (
+        run_round(spark, round_broker, topic, "--until-append-time", str(cut)).status
+        == "nothing_new"
+    )
     rest = run_round(spark, round_broker, topic)
     assert rest.rows == 20 and rest.offsets_before == {0: 30}
     assert table_offsets(round_broker, topic) == [(0, o) for o in range(50)]
@@ -122,7 +148,9 @@ def test_until_append_time_cuts_by_broker_append_time(spark: Any, round_broker: 
 def test_until_offsets_and_max_records(spark: Any, round_broker: BrokerProcess) -> None:
     topic = new_topic(round_broker, partitions=1)
     AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 60))
-    assert run_round(spark, round_broker, topic, "--until-offsets", '{"0": 25}').offsets_after == {0: 25}
+    assert run_round(spark, round_broker, topic, "--until-offsets", '{"0": 25}').offsets_after == {
+        0: 25
+    }
     assert run_round(spark, round_broker, topic, "--max-records", "10").offsets_after == {0: 35}
     assert run_round(spark, round_broker, topic).offsets_after == {0: 60}
     assert table_offsets(round_broker, topic) == [(0, o) for o in range(60)]
@@ -134,10 +162,26 @@ def test_the_schema_evolves_with_the_registry(spark: Any, round_broker: BrokerPr
     run_round(spark, round_broker, topic)
     v2 = json.loads(json.dumps(CLICK_V1))
     v2["fields"][2]["type"] = "long"  # int -> long
-    v2["fields"].append({"name": "referrer", "type": ["null", {"type": "record", "name": "Ref", "fields": [
-        {"name": "host", "type": "string"}, {"name": "port", "type": "int"}]}], "default": None})
+    v2["fields"].append(
+        {
+            "name": "referrer",
+            "type": [
+                "null",
+                {
+                    "type": "record",
+                    "name": "Ref",
+                    "fields": [{"name": "host", "type": "string"}, {"name": "port", "type": "int"}],
+                },
+            ],
+            "default": None,
+        }
+    )
     AvroProducer(round_broker, topic, v2).send(
-        [{**c, "score": 2**40 + c["id"], "referrer": {"host": "h", "port": c["id"]}} for c in clicks(10, 10)])
+        [
+            {**c, "score": 2**40 + c["id"], "referrer": {"host": "h", "port": c["id"]}}
+            for c in clicks(10, 10)
+        ]
+    )
     result = run_round(spark, round_broker, topic)
     assert result.status == "committed" and result.rows == 10, result.message
     assert any("referrer" in change for change in result.schema_changes)
@@ -149,8 +193,12 @@ def test_the_schema_evolves_with_the_registry(spark: Any, round_broker: BrokerPr
     assert rows[12]["referrer"] == {"host": "h", "port": 12} and rows[12]["score"] == 2**40 + 12
 
 
-def test_an_incompatible_schema_fails_that_round_only(spark: Any, round_broker: BrokerProcess) -> None:
-    topic = new_topic(round_broker, partitions=1, configs={"automq.table.topic.schema.validation": "false"})
+def test_an_incompatible_schema_fails_that_round_only(
+    spark: Any, round_broker: BrokerProcess
+) -> None:
+    topic = new_topic(
+        round_broker, partitions=1, configs={"automq.table.topic.schema.validation": "false"}
+    )
     AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 5))
     run_round(spark, round_broker, topic)
     http_json(f"{round_broker.registry_url}/config/{topic}-value", "PUT", {"compatibility": "NONE"})
@@ -160,7 +208,9 @@ def test_an_incompatible_schema_fails_that_round_only(spark: Any, round_broker: 
     failed = run_round(spark, round_broker, topic)
     assert failed.status == "failed"
     assert "page" in failed.message and "offset 5" in failed.message, failed.message
-    assert table_offsets(round_broker, topic) == [(0, o) for o in range(5)]  # nothing of the failed round
+    assert table_offsets(round_broker, topic) == [
+        (0, o) for o in range(5)
+    ]  # nothing of the failed round
 
     other = new_topic(round_broker, partitions=1)
     AvroProducer(round_broker, other, CLICK_V1).send(clicks(0, 5))
@@ -171,7 +221,9 @@ def test_raw_and_string_values(spark: Any, round_broker: BrokerProcess) -> None:
     from confluent_kafka import Producer
 
     for kind, expect in (("raw", b"\x00\xffbytes"), ("string", "héllo")):
-        topic = new_topic(round_broker, partitions=1, configs={"automq.table.topic.convert.value.type": kind})
+        topic = new_topic(
+            round_broker, partitions=1, configs={"automq.table.topic.convert.value.type": kind}
+        )
         producer = Producer({"bootstrap.servers": round_broker.bootstrap})
         payload = expect if isinstance(expect, bytes) else expect.encode()
         for _ in range(3):
@@ -184,15 +236,19 @@ def test_raw_and_string_values(spark: Any, round_broker: BrokerProcess) -> None:
         assert sorted(values, key=lambda v: v is None) == [expect, expect, expect, None]
 
 
-def test_a_round_after_compaction_starts_from_the_round_before(spark: Any, round_broker: BrokerProcess) -> None:
+def test_a_round_after_compaction_starts_from_the_round_before(
+    spark: Any, round_broker: BrokerProcess
+) -> None:
     topic = new_topic(round_broker, partitions=1)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     for i in range(3):
         producer.send(clicks(i * 10, 10))
         run_round(spark, round_broker, topic)
     name = commit_round.use_catalog(spark, round_broker.catalog_url)
-    spark.sql(f"CALL {name}.system.rewrite_data_files(table => 'default.{topic}', "
-              "options => map('min-input-files', '2'))").collect()
+    spark.sql(
+        f"CALL {name}.system.rewrite_data_files(table => 'default.{topic}', "
+        "options => map('min-input-files', '2'))"
+    ).collect()
     tbl = table(round_broker, topic)
     assert present(present(tbl.current_snapshot()).summary).operation.value == "replace"
     producer.send(clicks(30, 10))
@@ -211,22 +267,29 @@ def test_catalog_sees_no_table_until_the_first_round(round_broker: BrokerProcess
     assert not catalog(round_broker).table_exists(("default", topic))
 
 
-def test_a_small_round_runs_in_the_driver_and_writes_what_spark_writes(spark: Any, round_broker: BrokerProcess,
-                                                                        tmp_path: Path) -> None:
+def test_a_small_round_runs_in_the_driver_and_writes_what_spark_writes(
+    spark: Any, round_broker: BrokerProcess, tmp_path: Path
+) -> None:
     """The same records through both executors: the same rows, offsets and checkpoint; the driver path
     never starts a SparkContext (the process below has none to reuse)."""
     topics = {}
     for executor in ("driver", "spark"):
         topics[executor] = topic = new_topic(round_broker, partitions=2)
-        AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 200), key=lambda v: f"k{v['id']}".encode())
+        AvroProducer(round_broker, topic, CLICK_V1).send(
+            clicks(0, 200), key=lambda v: f"k{v['id']}".encode()
+        )
     result_path = tmp_path / "driver.json"
-    done = run_round_process(round_broker, topics["driver"], result_path, "--in-driver-max-bytes", str(64 << 20))
+    done = run_round_process(
+        round_broker, topics["driver"], result_path, "--in-driver-max-bytes", str(64 << 20)
+    )
     assert done.returncode == 0, done.stderr
     in_driver = json.loads(result_path.read_text())
     on_spark = run_round(spark, round_broker, topics["spark"], "--in-driver-max-bytes", "1")
     assert in_driver["executor"] == "driver" and on_spark.executor == "spark"
     assert "spark_start" not in in_driver["seconds"]
-    assert in_driver["rows"] == on_spark.rows == 200 and in_driver["bytes_read"] == on_spark.bytes_read
+    assert (
+        in_driver["rows"] == on_spark.rows == 200 and in_driver["bytes_read"] == on_spark.bytes_read
+    )
 
     def rows(topic: str) -> list[tuple[Any, ...]]:
         return sorted(
@@ -244,8 +307,9 @@ def test_a_small_round_runs_in_the_driver_and_writes_what_spark_writes(spark: An
 
     assert rows(topics["driver"]) == rows(topics["spark"])
     assert len(rows(topics["driver"])) == 200
-    assert checkpoint.read_checkpoint(table(round_broker, topics["driver"]).metadata).offsets == \
-        {int(p): o for p, o in in_driver["offsets_after"].items()}
+    assert checkpoint.read_checkpoint(table(round_broker, topics["driver"]).metadata).offsets == {
+        int(p): o for p, o in in_driver["offsets_after"].items()
+    }
 
 
 def test_in_driver_max_bytes_must_not_be_negative(round_broker: BrokerProcess) -> None:

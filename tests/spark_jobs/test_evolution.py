@@ -32,16 +32,45 @@ from spark_jobs.evolution import (
 )
 
 V1: dict[str, Any] = {
-    "type": "record", "name": "Order", "fields": [
+    "type": "record",
+    "name": "Order",
+    "fields": [
         {"name": "id", "type": "int"},
         {"name": "amount", "type": "float"},
-        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
-        {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
-            {"name": "name", "type": "string"}]}},
-        {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "Line", "fields": [
-            {"name": "sku", "type": "string"}]}}},
-        {"name": "attrs", "type": {"type": "map", "values": {"type": "record", "name": "Attr", "fields": [
-            {"name": "v", "type": "string"}]}}},
+        {
+            "name": "price",
+            "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2},
+        },
+        {
+            "name": "customer",
+            "type": {
+                "type": "record",
+                "name": "Customer",
+                "fields": [{"name": "name", "type": "string"}],
+            },
+        },
+        {
+            "name": "lines",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "Line",
+                    "fields": [{"name": "sku", "type": "string"}],
+                },
+            },
+        },
+        {
+            "name": "attrs",
+            "type": {
+                "type": "map",
+                "values": {
+                    "type": "record",
+                    "name": "Attr",
+                    "fields": [{"name": "v", "type": "string"}],
+                },
+            },
+        },
         {"name": "scores", "type": {"type": "array", "items": "int"}},
         {"name": "legacy", "type": "string"},
     ],
@@ -77,11 +106,23 @@ def test_new_fields_are_added_optional_at_every_level() -> None:
     new = evolve(
         note=["null", "string"],
         tier="int",  # required in Avro, added as optional: old rows have no value
-        customer={"type": "record", "name": "Customer", "fields": [
-            {"name": "name", "type": "string"}, {"name": "email", "type": ["null", "string"]}]},
+        customer={
+            "type": "record",
+            "name": "Customer",
+            "fields": [
+                {"name": "name", "type": "string"},
+                {"name": "email", "type": ["null", "string"]},
+            ],
+        },
         lines={"type": "array", "items": line(("sku", "string"), ("qty", "int"))},
-        attrs={"type": "map", "values": {"type": "record", "name": "Attr", "fields": [
-            {"name": "v", "type": "string"}, {"name": "unit", "type": "string"}]}},
+        attrs={
+            "type": "map",
+            "values": {
+                "type": "record",
+                "name": "Attr",
+                "fields": [{"name": "v", "type": "string"}, {"name": "unit", "type": "string"}],
+            },
+        },
     )
     changes = plan_evolution(CURRENT, new)
     assert changes == [
@@ -95,9 +136,12 @@ def test_new_fields_are_added_optional_at_every_level() -> None:
 
 
 def test_promotions_widen() -> None:
-    new = evolve(id="long", amount="double",
-                 price={"type": "bytes", "logicalType": "decimal", "precision": 18, "scale": 2},
-                 scores={"type": "array", "items": "long"})
+    new = evolve(
+        id="long",
+        amount="double",
+        price={"type": "bytes", "logicalType": "decimal", "precision": 18, "scale": 2},
+        scores={"type": "array", "items": "long"},
+    )
     assert plan_evolution(CURRENT, new) == [
         WidenColumn(("id",), LongType()),
         WidenColumn(("amount",), DoubleType()),
@@ -107,8 +151,11 @@ def test_promotions_widen() -> None:
 
 
 def test_optional_or_removed_fields_make_the_column_optional() -> None:
-    new = evolve(legacy=None, customer=["null", V1["fields"][3]["type"]],
-                 scores={"type": "array", "items": ["null", "int"]})
+    new = evolve(
+        legacy=None,
+        customer=["null", V1["fields"][3]["type"]],
+        scores={"type": "array", "items": ["null", "int"]},
+    )
     assert plan_evolution(CURRENT, new) == [
         MakeOptional(("customer",)),
         MakeOptional(("scores", "element")),
@@ -119,27 +166,71 @@ def test_optional_or_removed_fields_make_the_column_optional() -> None:
 def test_narrower_writers_are_accepted_unless_refused() -> None:
     widened = table_schema(evolve(id="long", amount="double"))
     assert plan_evolution(widened, V1) == []  # old producers still write int and float
-    with pytest.raises(IncompatibleSchemaChange, match="column id: cannot change long to int: .*narrower"):
+    with pytest.raises(
+        IncompatibleSchemaChange, match="column id: cannot change long to int: .*narrower"
+    ):
         plan_evolution(widened, V1, refuse_narrowing=True)
-    assert plan_evolution(table_schema(evolve(tier=["null", "int"])), V1) == []  # a dropped optional column
+    assert (
+        plan_evolution(table_schema(evolve(tier=["null", "int"])), V1) == []
+    )  # a dropped optional column
 
 
-@pytest.mark.parametrize("edits, column, message", [
-    ({"id": "double"}, "id", "not an Iceberg type promotion"),  # Avro promotes int->double; Iceberg does not
-    ({"legacy": "int"}, "legacy", "not an Iceberg type promotion"),
-    ({"legacy": "bytes"}, "legacy", "not an Iceberg type promotion"),  # Avro reads string as bytes
-    ({"price": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 3}}, "price", "promotion"),
-    ({"customer": "string"}, "customer", "a different kind of type"),
-    ({"legacy": {"type": "record", "name": "L", "fields": []}}, "legacy", "a different kind of type"),
-    ({"scores": {"type": "map", "values": "int"}}, "scores", "a different kind of type"),
-    ({"lines": {"type": "array", "items": line(("sku", "long"))}}, "lines.element.sku", "promotion"),
-    ({"attrs": {"type": "array", "logicalType": "map", "items": {"type": "record", "name": "KV", "fields": [
-        {"name": "key", "type": "int"}, {"name": "value", "type": V1["fields"][5]["type"]["values"]}]}}},
-     "attrs.key", "map keys"),
-    # a union branch inserted in the middle shifts the fieldN columns
-    ({"legacy": ["int", "string"]}, "legacy", "a different kind of type"),
-])
-def test_incompatible_changes_are_refused_with_the_column(edits: dict[str, Any], column: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "edits, column, message",
+    [
+        (
+            {"id": "double"},
+            "id",
+            "not an Iceberg type promotion",
+        ),  # Avro promotes int->double; Iceberg does not
+        ({"legacy": "int"}, "legacy", "not an Iceberg type promotion"),
+        (
+            {"legacy": "bytes"},
+            "legacy",
+            "not an Iceberg type promotion",
+        ),  # Avro reads string as bytes
+        (
+            {"price": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 3}},
+            "price",
+            "promotion",
+        ),
+        ({"customer": "string"}, "customer", "a different kind of type"),
+        (
+            {"legacy": {"type": "record", "name": "L", "fields": []}},
+            "legacy",
+            "a different kind of type",
+        ),
+        ({"scores": {"type": "map", "values": "int"}}, "scores", "a different kind of type"),
+        (
+            {"lines": {"type": "array", "items": line(("sku", "long"))}},
+            "lines.element.sku",
+            "promotion",
+        ),
+        (
+            {
+                "attrs": {
+                    "type": "array",
+                    "logicalType": "map",
+                    "items": {
+                        "type": "record",
+                        "name": "KV",
+                        "fields": [
+                            {"name": "key", "type": "int"},
+                            {"name": "value", "type": V1["fields"][5]["type"]["values"]},
+                        ],
+                    },
+                }
+            },
+            "attrs.key",
+            "map keys",
+        ),
+        # a union branch inserted in the middle shifts the fieldN columns
+        ({"legacy": ["int", "string"]}, "legacy", "a different kind of type"),
+    ],
+)
+def test_incompatible_changes_are_refused_with_the_column(
+    edits: dict[str, Any], column: str, message: str
+) -> None:
     with pytest.raises(IncompatibleSchemaChange, match=message) as caught:
         plan_evolution(CURRENT, evolve(**edits))
     assert ".".join(caught.value.path) == column
@@ -148,34 +239,73 @@ def test_incompatible_changes_are_refused_with_the_column(edits: dict[str, Any],
 def test_complex_union_gaining_a_branch_at_the_end_adds_a_field() -> None:
     current = table_schema(evolve(legacy=["null", "int", "string"]))
     assert plan_evolution(current, evolve(legacy=["null", "int", "string", "double"])) == [
-        AddColumn(("legacy", "field2"), DoubleType())]
+        AddColumn(("legacy", "field2"), DoubleType())
+    ]
     with pytest.raises(IncompatibleSchemaChange, match="legacy.field0"):
         plan_evolution(current, evolve(legacy=["null", "string", "int"]))
 
 
 def test_on_plain_pyiceberg_schemas() -> None:
-    current = Schema(NestedField(1, "a", IntegerType(), required=True),
-                     NestedField(2, "s", StructType(NestedField(3, "x", IntegerType(), required=True)), required=False))
-    target = Schema(NestedField(7, "a", LongType(), required=False),
-                    NestedField(8, "s", StructType(NestedField(9, "x", IntegerType(), required=True),
-                                                   NestedField(10, "y", StringType(), required=True)), required=True))
+    current = Schema(
+        NestedField(1, "a", IntegerType(), required=True),
+        NestedField(
+            2, "s", StructType(NestedField(3, "x", IntegerType(), required=True)), required=False
+        ),
+    )
+    target = Schema(
+        NestedField(7, "a", LongType(), required=False),
+        NestedField(
+            8,
+            "s",
+            StructType(
+                NestedField(9, "x", IntegerType(), required=True),
+                NestedField(10, "y", StringType(), required=True),
+            ),
+            required=True,
+        ),
+    )
     assert plan_schema_update(current, target) == [
-        WidenColumn(("a",), LongType()), MakeOptional(("a",)), AddColumn(("s", "y"), StringType())]
+        WidenColumn(("a",), LongType()),
+        MakeOptional(("a",)),
+        AddColumn(("s", "y"), StringType()),
+    ]
 
 
-def test_applied_to_a_real_table_the_plan_gives_the_new_schema_and_keeps_ids(tmp_path: Path) -> None:
-    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=tmp_path.as_uri())
+def test_applied_to_a_real_table_the_plan_gives_the_new_schema_and_keeps_ids(
+    tmp_path: Path,
+) -> None:
+    catalog = SqlCatalog(
+        "t", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=tmp_path.as_uri()
+    )
     catalog.create_namespace("ns")
     table = catalog.create_table("ns.orders", schema=CURRENT)
-    before = {name: table.schema().find_field(name).field_id for name in ("id", "customer.name", "lines.element.sku")}
+    before = {
+        name: table.schema().find_field(name).field_id
+        for name in ("id", "customer.name", "lines.element.sku")
+    }
     new = evolve(
-        id="long", amount="double", legacy=None, note=["null", "string"],
+        id="long",
+        amount="double",
+        legacy=None,
+        note=["null", "string"],
         price={"type": "bytes", "logicalType": "decimal", "precision": 18, "scale": 2},
-        customer={"type": "record", "name": "Customer", "fields": [
-            {"name": "name", "type": "string"}, {"name": "email", "type": ["null", "string"]}]},
+        customer={
+            "type": "record",
+            "name": "Customer",
+            "fields": [
+                {"name": "name", "type": "string"},
+                {"name": "email", "type": ["null", "string"]},
+            ],
+        },
         lines={"type": "array", "items": line(("sku", "string"), ("qty", "int"))},
-        attrs={"type": "map", "values": {"type": "record", "name": "Attr", "fields": [
-            {"name": "v", "type": "string"}, {"name": "unit", "type": "string"}]}},
+        attrs={
+            "type": "map",
+            "values": {
+                "type": "record",
+                "name": "Attr",
+                "fields": [{"name": "v", "type": "string"}, {"name": "unit", "type": "string"}],
+            },
+        },
         scores={"type": "array", "items": ["null", "long"]},
     )
     changes = plan_evolution(table.schema(), new)

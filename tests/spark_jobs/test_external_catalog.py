@@ -66,30 +66,46 @@ class ExternalCatalogBroker(BrokerProcess):
 
 
 @pytest.fixture(scope="module")
-def round_broker(iceberg_rest_catalog: IcebergRestCatalog,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+def round_broker(
+    iceberg_rest_catalog: IcebergRestCatalog, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
     broker = ExternalCatalogBroker(
         tmp_path_factory.mktemp("external") / "home",
-        ["--segment-flush-ms", "100", "--retention-check-interval-ms", "300",
-         "--override", "automq.table.topic.catalog.type=rest",
-         "--override", f"automq.table.topic.catalog.uri={iceberg_rest_catalog.uri}"],
-        iceberg_rest_catalog.uri).start()
+        [
+            "--segment-flush-ms",
+            "100",
+            "--retention-check-interval-ms",
+            "300",
+            "--override",
+            "automq.table.topic.catalog.type=rest",
+            "--override",
+            f"automq.table.topic.catalog.uri={iceberg_rest_catalog.uri}",
+        ],
+        iceberg_rest_catalog.uri,
+    ).start()
     try:
         yield broker
     finally:
         broker.stop()
 
 
-def test_the_broker_names_the_external_catalog(round_broker: ExternalCatalogBroker,
-                                               iceberg_rest_catalog: IcebergRestCatalog) -> None:
+def test_the_broker_names_the_external_catalog(
+    round_broker: ExternalCatalogBroker, iceberg_rest_catalog: IcebergRestCatalog
+) -> None:
     cluster = http_json(round_broker.admin_url + "/v1/cluster")
     assert cluster["catalog_url"] == iceberg_rest_catalog.uri
-    assert cluster["catalog"] == {"type": "rest", "uri": iceberg_rest_catalog.uri, "warehouse": None,
-                                  "properties": {}, "builtin": False}
+    assert cluster["catalog"] == {
+        "type": "rest",
+        "uri": iceberg_rest_catalog.uri,
+        "warehouse": None,
+        "properties": {},
+        "builtin": False,
+    }
 
 
-def test_tables_go_to_the_external_catalog_not_the_builtin_one(spark: Any,
-                                                               round_broker: ExternalCatalogBroker) -> None:
+def test_tables_go_to_the_external_catalog_not_the_builtin_one(
+    spark: Any, round_broker: ExternalCatalogBroker
+) -> None:
     topic = new_topic(round_broker, partitions=1)
     AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 5))
     assert run_round(spark, round_broker, topic).status == "committed"
@@ -99,9 +115,12 @@ def test_tables_go_to_the_external_catalog_not_the_builtin_one(spark: Any,
     assert ["default"] not in builtin
 
 
-def test_retention_follows_the_checkpoint_in_the_external_catalog(spark: Any,
-                                                                 round_broker: ExternalCatalogBroker) -> None:
-    topic = new_topic(round_broker, partitions=1, configs={"retention.ms": "0", "file.delete.delay.ms": "0"})
+def test_retention_follows_the_checkpoint_in_the_external_catalog(
+    spark: Any, round_broker: ExternalCatalogBroker
+) -> None:
+    topic = new_topic(
+        round_broker, partitions=1, configs={"retention.ms": "0", "file.delete.delay.ms": "0"}
+    )
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 20))
     round_broker.admin("/v1/flush", "POST")
@@ -110,8 +129,11 @@ def test_retention_follows_the_checkpoint_in_the_external_catalog(spark: Any,
         answer: Any = round_broker.admin(f"/v1/topics/{topic}/offsets")
         return int(answer["partitions"][0]["log_start_offset"])
 
-    wait_for(lambda: f"retention of table topic {topic}-0 is held back" in round_broker.log_text(), 20,
-             what="retention held back for the table")
+    wait_for(
+        lambda: f"retention of table topic {topic}-0 is held back" in round_broker.log_text(),
+        20,
+        what="retention held back for the table",
+    )
     assert log_start() == 0
     assert run_round(spark, round_broker, topic).status == "committed"
     wait_for(lambda: log_start() == 20, 30, what="retention past the external catalog's checkpoint")

@@ -18,15 +18,22 @@ def test_default_is_the_pinned_runtime_and_aws_bundle(monkeypatch: pytest.Monkey
     assert Path(runtime).name.startswith(f"iceberg-spark-runtime-3.5_{jars.scala_version()}-1.10.")
     assert Path(bundle).name.startswith("iceberg-aws-bundle-1.10.")
     with zipfile.ZipFile(runtime) as zf:  # the runtime also carries the SQL extensions class
-        assert "org/apache/iceberg/spark/extensions/IcebergSparkSessionExtensions.class" in zf.namelist()
+        assert (
+            "org/apache/iceberg/spark/extensions/IcebergSparkSessionExtensions.class"
+            in zf.namelist()
+        )
         assert "org/apache/iceberg/aws/s3/S3FileIO.class" in zf.namelist()
     with zipfile.ZipFile(bundle) as zf:  # the AWS SDK v2 S3FileIO needs comes from the bundle
         assert "software/amazon/awssdk/services/s3/S3Client.class" in zf.namelist()
 
 
 def test_the_jars_match_the_committed_checksums() -> None:
-    pinned = {name: digest for digest, name in (line.split() for line in jars.CHECKSUMS.read_text().splitlines()
-                                                if line.strip())}
+    pinned = {
+        name: digest
+        for digest, name in (
+            line.split() for line in jars.CHECKSUMS.read_text().splitlines() if line.strip()
+        )
+    }
     for path in jars.iceberg_jars():
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
         assert pinned[Path(path).name] == digest, path
@@ -35,8 +42,9 @@ def test_the_jars_match_the_committed_checksums() -> None:
 def test_the_pom_pins_what_the_checksums_name() -> None:
     pom = (jars.JVM_DIR / "pom.xml").read_text()
     version = pom.split("<iceberg.version>")[1].split("<")[0]
-    assert sorted(jars.pinned_jar_names()) == sorted([
-        f"iceberg-aws-bundle-{version}.jar", f"iceberg-spark-runtime-3.5_2.12-{version}.jar"])
+    assert sorted(jars.pinned_jar_names()) == sorted(
+        [f"iceberg-aws-bundle-{version}.jar", f"iceberg-spark-runtime-3.5_2.12-{version}.jar"]
+    )
 
 
 def test_missing_jars_say_how_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

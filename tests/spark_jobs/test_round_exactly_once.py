@@ -34,12 +34,19 @@ from tests.support import REPO, BrokerProcess, wait_for
 
 
 def round_branches(broker: BrokerProcess, topic: str) -> list[str]:
-    return [r for r in table(broker, topic).metadata.refs if r.startswith(checkpoint.ROUND_BRANCH_PREFIX)]
+    return [
+        r
+        for r in table(broker, topic).metadata.refs
+        if r.startswith(checkpoint.ROUND_BRANCH_PREFIX)
+    ]
 
 
-@pytest.mark.parametrize("point", ["before_write", "after_write", "before_publish", "after_publish"])
+@pytest.mark.parametrize(
+    "point", ["before_write", "after_write", "before_publish", "after_publish"]
+)
 def test_a_round_crashing_at_each_point_then_rerun_commits_each_record_once(
-        point: str, spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    point: str, spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     topic = new_topic(round_broker)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 50))
@@ -50,17 +57,24 @@ def test_a_round_crashing_at_each_point_then_rerun_commits_each_record_once(
     assert len(table_offsets(round_broker, topic)) == (120 if point == "after_publish" else 50)
 
     rerun = run_round(spark, round_broker, topic)
-    assert rerun.status == ("nothing_new" if point == "after_publish" else "committed"), rerun.message
+    assert rerun.status == ("nothing_new" if point == "after_publish" else "committed"), (
+        rerun.message
+    )
     assert table_offsets(round_broker, topic) == sorted(producer.acked)
 
 
-def test_a_round_process_exiting_before_publish_then_rerun(spark: Any, round_broker: BrokerProcess,
-                                                           tmp_path: Path) -> None:
+def test_a_round_process_exiting_before_publish_then_rerun(
+    spark: Any, round_broker: BrokerProcess, tmp_path: Path
+) -> None:
     topic = new_topic(round_broker)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 70))
-    killed = run_round_process(round_broker, topic, tmp_path / "killed.json",
-                               env={commit_round.KILL_POINT_ENV: "before_publish"})
+    killed = run_round_process(
+        round_broker,
+        topic,
+        tmp_path / "killed.json",
+        env={commit_round.KILL_POINT_ENV: "before_publish"},
+    )
     assert killed.returncode == 137, killed.stderr[-2000:]
     assert not (tmp_path / "killed.json").exists()
     assert table_offsets(round_broker, topic) == [] and round_branches(round_broker, topic)
@@ -68,18 +82,29 @@ def test_a_round_process_exiting_before_publish_then_rerun(spark: Any, round_bro
     assert table_offsets(round_broker, topic) == sorted(producer.acked)
 
 
-def test_a_round_killed_during_the_spark_write_then_rerun(round_broker: BrokerProcess, spark: Any,
-                                                           tmp_path: Path) -> None:
+def test_a_round_killed_during_the_spark_write_then_rerun(
+    round_broker: BrokerProcess, spark: Any, tmp_path: Path
+) -> None:
     topic = new_topic(round_broker)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 20000))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_jobs.commit_round",
-         *round_args(round_broker, topic, tmp_path / "r.json", "--master", "local[2]")],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "spark_jobs.commit_round",
+            *round_args(round_broker, topic, tmp_path / "r.json", "--master", "local[2]"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
     def writing() -> bool:
-        return proc.poll() is not None or bool(_exists(round_broker, topic) and round_branches(round_broker, topic))
+        return proc.poll() is not None or bool(
+            _exists(round_broker, topic) and round_branches(round_broker, topic)
+        )
 
     try:
         wait_for(writing, timeout=180, interval=0.05, what="the round's branch")
@@ -98,14 +123,24 @@ def _exists(broker: BrokerProcess, topic: str) -> bool:
     return catalog(broker).table_exists(("default", topic))
 
 
-def test_two_rounds_at_once_commit_each_record_once(round_broker: BrokerProcess, tmp_path: Path) -> None:
+def test_two_rounds_at_once_commit_each_record_once(
+    round_broker: BrokerProcess, tmp_path: Path
+) -> None:
     topic = new_topic(round_broker)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 500))
     cmd = [sys.executable, "-m", "spark_jobs.commit_round", "--master", "local[1]"]
-    procs = [subprocess.Popen([*cmd, *round_args(round_broker, topic, tmp_path / f"r{i}.json")], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [*cmd, *round_args(round_broker, topic, tmp_path / f"r{i}.json")],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for i in range(2)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
@@ -115,7 +150,8 @@ def test_two_rounds_at_once_commit_each_record_once(round_broker: BrokerProcess,
 
 
 def test_a_round_that_planned_before_the_table_existed_starts_over(
-        spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another round creates the table and commits between this round's plan (no table, so no
     checkpoint) and its write: this one must start over, not write the same offsets again (found by
     two rounds at once in CI: every record twice)."""
@@ -140,7 +176,8 @@ def test_a_round_that_planned_before_the_table_existed_starts_over(
 
 
 def test_a_concurrent_writer_on_main_makes_the_round_start_over(
-        spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     topic = new_topic(round_broker, partitions=1)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 20))
@@ -163,18 +200,30 @@ def test_a_concurrent_writer_on_main_makes_the_round_start_over(
     assert round_branches(round_broker, topic) == []
 
 
-def test_segments_on_s3_are_read_by_the_executors(broker_factory: Any, moto_s3: MotoS3, s3_bucket: str,
-                                                  spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_segments_on_s3_are_read_by_the_executors(
+    broker_factory: Any,
+    moto_s3: MotoS3,
+    s3_bucket: str,
+    spark: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     env = moto_s3.env()
-    broker = broker_factory(["--segment-flush-ms", "100", "--object-store", f"s3://{s3_bucket}/segments"], env,
-                            name="s3home")
+    broker = broker_factory(
+        ["--segment-flush-ms", "100", "--object-store", f"s3://{s3_bucket}/segments"],
+        env,
+        name="s3home",
+    )
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     topic = new_topic(broker)
     producer = AvroProducer(broker, topic, CLICK_V1)
     producer.send(clicks(0, 300))
     result = run_round(spark, broker, topic)
-    keys = [o["Key"] for o in moto_s3.client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])]
+    keys = [
+        o["Key"] for o in moto_s3.client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])
+    ]
     assert keys and all(k.startswith("segments/") for k in keys)
-    assert result.status == "committed" and result.rows == 300 and result.bytes_read > 0, result.message
+    assert result.status == "committed" and result.rows == 300 and result.bytes_read > 0, (
+        result.message
+    )
     assert table_offsets(broker, topic) == sorted(producer.acked)

@@ -20,23 +20,46 @@ from tests.spark_jobs.round_support import (
 from tests.spark_jobs.test_commit_round import clicks
 from tests.support import BrokerProcess, wait_for
 
-NESTED = {**CLICK_V1, "fields": [*CLICK_V1["fields"], {"name": "geo", "type": {
-    "type": "record", "name": "Geo", "fields": [{"name": "country", "type": "string"}]}}]}
+NESTED = {
+    **CLICK_V1,
+    "fields": [
+        *CLICK_V1["fields"],
+        {
+            "name": "geo",
+            "type": {
+                "type": "record",
+                "name": "Geo",
+                "fields": [{"name": "country", "type": "string"}],
+            },
+        },
+    ],
+}
 
 
 def test_parse_names_fields_as_spark_does() -> None:
-    got = [(f.column, str(f.transform), f.name) for f in partitioning.parse(
-        "[month(at), bucket(id, 16), geo.country, truncate(page, 4)]")]
-    assert got == [("at", "month", "at_month"), ("id", "bucket[16]", "id_bucket_16"),
-                   ("geo.country", "identity", "geo_country"), ("page", "truncate[4]", "page_trunc_4")]
+    got = [
+        (f.column, str(f.transform), f.name)
+        for f in partitioning.parse("[month(at), bucket(id, 16), geo.country, truncate(page, 4)]")
+    ]
+    assert got == [
+        ("at", "month", "at_month"),
+        ("id", "bucket[16]", "id_bucket_16"),
+        ("geo.country", "identity", "geo_country"),
+        ("page", "truncate[4]", "page_trunc_4"),
+    ]
     assert partitioning.parse("") == []
     with pytest.raises(ValueError, match="width"):
         partitioning.parse("[bucket(id)]")
 
 
-def test_rows_are_written_partitioned_and_the_spec_evolves(spark: Any, round_broker: BrokerProcess) -> None:
-    topic = new_topic(round_broker, partitions=2,
-                      configs={"automq.table.topic.partition.by": "[day(at), bucket(id, 4), geo.country]"})
+def test_rows_are_written_partitioned_and_the_spec_evolves(
+    spark: Any, round_broker: BrokerProcess
+) -> None:
+    topic = new_topic(
+        round_broker,
+        partitions=2,
+        configs={"automq.table.topic.partition.by": "[day(at), bucket(id, 4), geo.country]"},
+    )
     producer = AvroProducer(round_broker, topic, NESTED)
     producer.send([{**c, "geo": {"country": "fr" if c["id"] % 2 else "de"}} for c in clicks(0, 80)])
     result = run_round(spark, round_broker, topic)
@@ -49,15 +72,24 @@ def test_rows_are_written_partitioned_and_the_spec_evolves(spark: Any, round_bro
     assert tbl.scan(row_filter="geo.country == 'fr'").to_arrow().num_rows == 40
 
     admin = AdminClient({"bootstrap.servers": round_broker.bootstrap})
-    resource = ConfigResource("topic", topic, incremental_configs=[
-        ConfigEntry("automq.table.topic.partition.by", "[hour(at)]",
-                    incremental_operation=AlterConfigOpType.SET)])
+    resource = ConfigResource(
+        "topic",
+        topic,
+        incremental_configs=[
+            ConfigEntry(
+                "automq.table.topic.partition.by",
+                "[hour(at)]",
+                incremental_operation=AlterConfigOpType.SET,
+            )
+        ],
+    )
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(15)
 
     def manifest_has_new_spec() -> bool:
-        entry = next(t for t in round_broker.admin("/v1/table-topics")["table_topics"]
-                     if t["topic"] == topic)
+        entry = next(
+            t for t in round_broker.admin("/v1/table-topics")["table_topics"] if t["topic"] == topic
+        )
         return bool(entry["configs"]["automq.table.topic.partition.by"] == "[hour(at)]")
 
     wait_for(manifest_has_new_spec, timeout=15, what="the config change in the manifest")

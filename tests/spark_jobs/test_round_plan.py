@@ -6,17 +6,27 @@ from broker.checkpoint import NO_CHECKPOINT, Checkpoint
 from spark_jobs.round_plan import MIN_TASK_BYTES, task_groups, windows
 from spark_jobs.segments import SegmentRange
 
-PLAN = {"partitions": [
-    {"partition": 0, "log_start_offset": 0, "end_offset": 100},
-    {"partition": 1, "log_start_offset": 40, "end_offset": 90},
-    {"partition": 2, "log_start_offset": 0, "end_offset": 5},
-]}
+PLAN = {
+    "partitions": [
+        {"partition": 0, "log_start_offset": 0, "end_offset": 100},
+        {"partition": 1, "log_start_offset": 40, "end_offset": 90},
+        {"partition": 2, "log_start_offset": 0, "end_offset": 5},
+    ]
+}
 
 
 def test_windows_start_at_the_checkpoint_or_the_log_start() -> None:
     got = windows(PLAN, Checkpoint({0: 30, 1: 10, 2: 9}, 1, topic_id="tid"), "tid")
-    assert [(w.partition, w.start, w.end, w.skipped) for w in got] == [(0, 30, 100, 0), (1, 40, 90, 30), (2, 9, 9, 0)]
-    assert [(w.start, w.end) for w in windows(PLAN, NO_CHECKPOINT, "tid")] == [(0, 100), (40, 90), (0, 5)]
+    assert [(w.partition, w.start, w.end, w.skipped) for w in got] == [
+        (0, 30, 100, 0),
+        (1, 40, 90, 30),
+        (2, 9, 9, 0),
+    ]
+    assert [(w.start, w.end) for w in windows(PLAN, NO_CHECKPOINT, "tid")] == [
+        (0, 100),
+        (40, 90),
+        (0, 5),
+    ]
 
 
 def test_offsets_of_an_earlier_topic_of_the_same_name_are_ignored() -> None:
@@ -26,7 +36,11 @@ def test_offsets_of_an_earlier_topic_of_the_same_name_are_ignored() -> None:
 
 def test_until_offsets_and_max_records_only_shorten() -> None:
     got = windows(PLAN, NO_CHECKPOINT, "t", until_offsets={0: 50, 1: 200}, max_records=20)
-    assert [(w.start, w.end) for w in got] == [(0, 20), (40, 60), (0, 0)]  # a partition not named: nothing
+    assert [(w.start, w.end) for w in got] == [
+        (0, 20),
+        (40, 60),
+        (0, 0),
+    ]  # a partition not named: nothing
 
 
 def _ranges(sizes: list[int], partition_of: list[int]) -> list[SegmentRange]:

@@ -75,14 +75,25 @@ def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
 
 
 @pytest.fixture(scope="module")
-def s3_broker(moto_s3: MotoS3, s3_credentials: None,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, str]]:
+def s3_broker(
+    moto_s3: MotoS3, s3_credentials: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[BrokerProcess, str]]:
     bucket = f"lake-{uuid.uuid4().hex[:8]}"
     moto_s3.client().create_bucket(Bucket=bucket)
-    broker = BrokerProcess(tmp_path_factory.mktemp("s3rounds") / "home",
-                           ["--segment-flush-ms", "100", "--retention-check-interval-ms", "300",
-                            "--object-store", f"s3://{bucket}/segments",
-                            "--warehouse", f"s3://{bucket}/warehouse"], env=moto_s3.env()).start()
+    broker = BrokerProcess(
+        tmp_path_factory.mktemp("s3rounds") / "home",
+        [
+            "--segment-flush-ms",
+            "100",
+            "--retention-check-interval-ms",
+            "300",
+            "--object-store",
+            f"s3://{bucket}/segments",
+            "--warehouse",
+            f"s3://{bucket}/warehouse",
+        ],
+        env=moto_s3.env(),
+    ).start()
     try:
         yield broker, bucket
     finally:
@@ -111,7 +122,9 @@ def s3_keys(moto_s3: MotoS3, bucket: str, prefix: str) -> list[str]:
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
 
-def test_the_catalog_tells_clients_how_to_reach_s3(s3_broker: tuple[BrokerProcess, str], moto_s3: MotoS3) -> None:
+def test_the_catalog_tells_clients_how_to_reach_s3(
+    s3_broker: tuple[BrokerProcess, str], moto_s3: MotoS3
+) -> None:
     broker, _ = s3_broker
     defaults = http_json(broker.catalog_url + "/v1/config")["defaults"]
     assert defaults["s3.endpoint"] == moto_s3.endpoint
@@ -120,15 +133,19 @@ def test_the_catalog_tells_clients_how_to_reach_s3(s3_broker: tuple[BrokerProces
     assert "s3.secret-access-key" not in defaults and "s3.access-key-id" not in defaults
 
 
-def test_rounds_on_s3_read_by_spark_pyiceberg_and_duckdb(spark: Any, s3_broker: tuple[BrokerProcess, str],
-                                                         moto_s3: MotoS3) -> None:
+def test_rounds_on_s3_read_by_spark_pyiceberg_and_duckdb(
+    spark: Any, s3_broker: tuple[BrokerProcess, str], moto_s3: MotoS3
+) -> None:
     broker, bucket = s3_broker
     topic = new_topic(broker, partitions=2)
     producer = AvroProducer(broker, topic, CLICK_V1)
     producer.send(clicks(0, 120))
     assert run_round(spark, broker, topic).status == "committed"
     producer.send(clicks(120, 30))
-    assert run_round(spark, broker, topic, "--in-driver-max-bytes", str(64 << 20)).status == "committed"
+    assert (
+        run_round(spark, broker, topic, "--in-driver-max-bytes", str(64 << 20)).status
+        == "committed"
+    )
     assert table_offsets(broker, topic) == sorted(producer.acked)
 
     loaded = table(broker, topic)
@@ -137,8 +154,12 @@ def test_rounds_on_s3_read_by_spark_pyiceberg_and_duckdb(spark: Any, s3_broker: 
     assert data_keys, "the round wrote no data file to S3"
 
     name = commit_round.use_catalog(spark, broker.catalog_url)
-    from_spark = sorted(r["id"] for r in spark.sql(f"SELECT id FROM {name}.default.{topic}").collect())
-    from_pyiceberg = sorted(r["id"] for r in loaded.scan(selected_fields=("id",)).to_arrow().to_pylist())
+    from_spark = sorted(
+        r["id"] for r in spark.sql(f"SELECT id FROM {name}.default.{topic}").collect()
+    )
+    from_pyiceberg = sorted(
+        r["id"] for r in loaded.scan(selected_fields=("id",)).to_arrow().to_pylist()
+    )
     con = duckdb_local.connect()
     duckdb_local.create_s3_secret(con)
     duckdb_local.attach_catalog(con, broker.catalog_url, "lake")
@@ -146,8 +167,9 @@ def test_rounds_on_s3_read_by_spark_pyiceberg_and_duckdb(spark: Any, s3_broker: 
     assert from_spark == from_pyiceberg == from_duckdb == list(range(150))
 
 
-def test_expiry_and_orphan_removal_delete_objects_from_s3(spark: Any, s3_broker: tuple[BrokerProcess, str],
-                                                          moto_s3: MotoS3) -> None:
+def test_expiry_and_orphan_removal_delete_objects_from_s3(
+    spark: Any, s3_broker: tuple[BrokerProcess, str], moto_s3: MotoS3
+) -> None:
     """What expiry and orphan removal delete is gone from the bucket; what a snapshot still
     references, and strays younger than the threshold, stay."""
     from spark_jobs import maintenance
@@ -163,11 +185,18 @@ def test_expiry_and_orphan_removal_delete_objects_from_s3(spark: Any, s3_broker:
     assert len(small_files) == 3
 
     def maintain(*extra: str) -> Any:
-        code, out = maintenance.run(["--admin-url", broker.admin_url, "--topic", topic, *extra], spark)
+        code, out = maintenance.run(
+            ["--admin-url", broker.admin_url, "--topic", topic, *extra], spark
+        )
         assert code == 0 and out.result is not None, out.message
         return out.result
 
-    assert maintain("--actions", "compact", "--min-input-files", "2").actions["compact"]["rewritten_data_files"] == 3
+    assert (
+        maintain("--actions", "compact", "--min-input-files", "2").actions["compact"][
+            "rewritten_data_files"
+        ]
+        == 3
+    )
     producer.send(clicks(30, 5))  # the checkpoint tag moves past the compacted-away files
     assert run_round(spark, broker, topic).status == "committed"
     future_ms = int(time.time() * 1000) + 2 * HOUR_MS
@@ -175,27 +204,38 @@ def test_expiry_and_orphan_removal_delete_objects_from_s3(spark: Any, s3_broker:
     assert expired["deleted_data_files"] == 3, expired
     left = set(s3_keys(moto_s3, bucket, prefix))
     assert not small_files & left, "expiry left the compacted-away data files in the bucket"
-    referenced = {p.removeprefix(f"s3://{bucket}/") for p in
-                  table(broker, topic).inspect.files().column("file_path").to_pylist()}
+    referenced = {
+        p.removeprefix(f"s3://{bucket}/")
+        for p in table(broker, topic).inspect.files().column("file_path").to_pylist()
+    }
     assert referenced <= left
 
     old, young = prefix + "stray-old.parquet", prefix + "stray-young.parquet"
     put_days_ago(moto_s3, bucket, old, 4)
     moto_s3.client().put_object(Bucket=bucket, Key=young, Body=b"not referenced, written just now")
-    orphans = maintain("--actions", "orphans").actions["orphans"]  # S3 Tables' default: older than 3 days
+    orphans = maintain("--actions", "orphans").actions[
+        "orphans"
+    ]  # S3 Tables' default: older than 3 days
     assert orphans["removed"] == 1 and orphans["paths"][0].endswith("stray-old.parquet"), orphans
     after = set(s3_keys(moto_s3, bucket, prefix))
     assert old not in after and young in after and referenced <= after
     assert len(table(broker, topic).scan().to_arrow()) == 35
 
 
-def test_retention_deletes_committed_segments_from_s3(spark: Any, s3_broker: tuple[BrokerProcess, str],
-                                                      moto_s3: MotoS3) -> None:
+def test_retention_deletes_committed_segments_from_s3(
+    spark: Any, s3_broker: tuple[BrokerProcess, str], moto_s3: MotoS3
+) -> None:
     """Segment objects on S3 go once the table has committed their offsets, not before."""
     broker, bucket = s3_broker
-    topic = new_topic(broker, partitions=1, configs={"retention.ms": "0", "file.delete.delay.ms": "0"})
+    topic = new_topic(
+        broker, partitions=1, configs={"retention.ms": "0", "file.delete.delay.ms": "0"}
+    )
     # the schema's _schemas record first, in a segment of its own: the topic's segments then hold only the topic
-    http_json(f"{broker.registry_url}/subjects/{topic}-value/versions", "POST", {"schema": json.dumps(CLICK_V1)})
+    http_json(
+        f"{broker.registry_url}/subjects/{topic}-value/versions",
+        "POST",
+        {"schema": json.dumps(CLICK_V1)},
+    )
     broker.admin("/v1/flush", "POST")
     before = set(s3_keys(moto_s3, bucket, "segments/"))
     producer = AvroProducer(broker, topic, CLICK_V1)
@@ -207,16 +247,26 @@ def test_retention_deletes_committed_segments_from_s3(spark: Any, s3_broker: tup
     def log_start() -> int:
         return int(broker.admin(f"/v1/topics/{topic}/offsets")["partitions"][0]["log_start_offset"])
 
-    assert log_start() == 0 and written <= set(s3_keys(moto_s3, bucket, "segments/"))  # nothing committed yet
+    assert log_start() == 0 and written <= set(
+        s3_keys(moto_s3, bucket, "segments/")
+    )  # nothing committed yet
     assert run_round(spark, broker, topic).status == "committed"
-    wait_for(lambda: log_start() == 20, 30, what="retention to move the log start past the committed offsets")
-    wait_for(lambda: not written & set(s3_keys(moto_s3, bucket, "segments/")), 30,
-             what="the committed segment objects to be deleted from the bucket")
+    wait_for(
+        lambda: log_start() == 20,
+        30,
+        what="retention to move the log start past the committed offsets",
+    )
+    wait_for(
+        lambda: not written & set(s3_keys(moto_s3, bucket, "segments/")),
+        30,
+        what="the committed segment objects to be deleted from the bucket",
+    )
     assert table_offsets(broker, topic) == sorted(producer.acked)
 
 
-def test_credentials_are_vended_only_when_the_broker_says_so(s3_broker: tuple[BrokerProcess, str], moto_s3: MotoS3,
-                                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_credentials_are_vended_only_when_the_broker_says_so(
+    s3_broker: tuple[BrokerProcess, str], moto_s3: MotoS3, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     broker, bucket = s3_broker
     topic = f"vend_{uuid.uuid4().hex[:8]}"
     path = f"/v1/namespaces/default/tables/{topic}"
@@ -226,20 +276,37 @@ def test_credentials_are_vended_only_when_the_broker_says_so(s3_broker: tuple[Br
 
     catalog = load_catalog("vend", type="rest", uri=broker.catalog_url)
     catalog.create_namespace_if_not_exists("default")
-    catalog.create_table(("default", topic), Schema(NestedField(1, "id", LongType(), required=False)))
+    catalog.create_table(
+        ("default", topic), Schema(NestedField(1, "id", LongType(), required=False))
+    )
     config = http_json(broker.catalog_url + path)["config"]
     assert config["s3.endpoint"] == moto_s3.endpoint and "s3.secret-access-key" not in config
 
-    vending = BrokerProcess(tmp_path_factory.mktemp("vend") / "home",
-                            ["--object-store", f"s3://{bucket}/segments-vend", "--warehouse",
-                             f"s3://{bucket}/warehouse-vend", "--override", "catalog.vended.credentials=true"],
-                            env=moto_s3.env()).start()
+    vending = BrokerProcess(
+        tmp_path_factory.mktemp("vend") / "home",
+        [
+            "--object-store",
+            f"s3://{bucket}/segments-vend",
+            "--warehouse",
+            f"s3://{bucket}/warehouse-vend",
+            "--override",
+            "catalog.vended.credentials=true",
+        ],
+        env=moto_s3.env(),
+    ).start()
     try:
         other = load_catalog("vend2", type="rest", uri=vending.catalog_url)
         other.create_namespace_if_not_exists("default")
-        other.create_table(("default", "vended"), Schema(NestedField(1, "id", LongType(), required=False)))
+        other.create_table(
+            ("default", "vended"), Schema(NestedField(1, "id", LongType(), required=False))
+        )
         config = http_json(vending.catalog_url + "/v1/namespaces/default/tables/vended")["config"]
-        assert (config["s3.access-key-id"], config["s3.secret-access-key"]) == ("testing", "testing")
-        assert "s3.secret-access-key" not in http_json(vending.catalog_url + "/v1/config")["defaults"]
+        assert (config["s3.access-key-id"], config["s3.secret-access-key"]) == (
+            "testing",
+            "testing",
+        )
+        assert (
+            "s3.secret-access-key" not in http_json(vending.catalog_url + "/v1/config")["defaults"]
+        )
     finally:
         vending.stop()

@@ -8,7 +8,8 @@ from typing import Any
 import requests
 
 SCHEMA = {
-    "type": "struct", "schema-id": 0,
+    "type": "struct",
+    "schema-id": 0,
     "fields": [
         {"id": 1, "name": "id", "type": "long", "required": True},
         {"id": 2, "name": "name", "type": "string", "required": False},
@@ -24,10 +25,18 @@ class Http:
         self.base = base.rstrip("/")
         self.session = requests.Session()
 
-    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        resp = self.session.request(method, self.base + path, data=data, headers=headers, timeout=30)
+        resp = self.session.request(
+            method, self.base + path, data=data, headers=headers, timeout=30
+        )
         self.last = resp
         if not resp.content:
             return resp.status_code, None
@@ -47,8 +56,10 @@ class Http:
         return self.request("HEAD", path)[0]
 
     def create_table(self, namespace: str, name: str, **extra: Any) -> dict[str, Any]:
-        status, body = self.post(f"/v1/namespaces/{namespace}/tables",
-                                 {"name": name, "schema": SCHEMA, "partition-spec": UNPARTITIONED, **extra})
+        status, body = self.post(
+            f"/v1/namespaces/{namespace}/tables",
+            {"name": name, "schema": SCHEMA, "partition-spec": UNPARTITIONED, **extra},
+        )
         assert status == 200, body
         result: dict[str, Any] = body
         return result
@@ -59,9 +70,13 @@ class Http:
         result: dict[str, Any] = body
         return result
 
-    def commit(self, namespace: str, name: str, requirements: list[Any], updates: list[Any]) -> tuple[int, Any]:
-        return self.post(f"/v1/namespaces/{namespace}/tables/{name}",
-                         {"requirements": requirements, "updates": updates})
+    def commit(
+        self, namespace: str, name: str, requirements: list[Any], updates: list[Any]
+    ) -> tuple[int, Any]:
+        return self.post(
+            f"/v1/namespaces/{namespace}/tables/{name}",
+            {"requirements": requirements, "updates": updates},
+        )
 
 
 def error_type(body: Any) -> str:

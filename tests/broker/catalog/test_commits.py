@@ -17,20 +17,46 @@ from tests.support import BrokerProcess
 def _right_and_wrong(meta: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(a requirement the fresh table meets, the same requirement with a value it does not)."""
     return [
-        ({"type": "assert-table-uuid", "uuid": meta["table-uuid"]},
-         {"type": "assert-table-uuid", "uuid": "00000000-0000-0000-0000-000000000001"}),
-        ({"type": "assert-ref-snapshot-id", "ref": "main", "snapshot-id": None},
-         {"type": "assert-ref-snapshot-id", "ref": "main", "snapshot-id": 123}),
-        ({"type": "assert-last-assigned-field-id", "last-assigned-field-id": meta["last-column-id"]},
-         {"type": "assert-last-assigned-field-id", "last-assigned-field-id": meta["last-column-id"] + 5}),
-        ({"type": "assert-current-schema-id", "current-schema-id": meta["current-schema-id"]},
-         {"type": "assert-current-schema-id", "current-schema-id": 7}),
-        ({"type": "assert-last-assigned-partition-id", "last-assigned-partition-id": meta["last-partition-id"]},
-         {"type": "assert-last-assigned-partition-id", "last-assigned-partition-id": 4242}),
-        ({"type": "assert-default-spec-id", "default-spec-id": meta["default-spec-id"]},
-         {"type": "assert-default-spec-id", "default-spec-id": 3}),
-        ({"type": "assert-default-sort-order-id", "default-sort-order-id": meta["default-sort-order-id"]},
-         {"type": "assert-default-sort-order-id", "default-sort-order-id": 9}),
+        (
+            {"type": "assert-table-uuid", "uuid": meta["table-uuid"]},
+            {"type": "assert-table-uuid", "uuid": "00000000-0000-0000-0000-000000000001"},
+        ),
+        (
+            {"type": "assert-ref-snapshot-id", "ref": "main", "snapshot-id": None},
+            {"type": "assert-ref-snapshot-id", "ref": "main", "snapshot-id": 123},
+        ),
+        (
+            {
+                "type": "assert-last-assigned-field-id",
+                "last-assigned-field-id": meta["last-column-id"],
+            },
+            {
+                "type": "assert-last-assigned-field-id",
+                "last-assigned-field-id": meta["last-column-id"] + 5,
+            },
+        ),
+        (
+            {"type": "assert-current-schema-id", "current-schema-id": meta["current-schema-id"]},
+            {"type": "assert-current-schema-id", "current-schema-id": 7},
+        ),
+        (
+            {
+                "type": "assert-last-assigned-partition-id",
+                "last-assigned-partition-id": meta["last-partition-id"],
+            },
+            {"type": "assert-last-assigned-partition-id", "last-assigned-partition-id": 4242},
+        ),
+        (
+            {"type": "assert-default-spec-id", "default-spec-id": meta["default-spec-id"]},
+            {"type": "assert-default-spec-id", "default-spec-id": 3},
+        ),
+        (
+            {
+                "type": "assert-default-sort-order-id",
+                "default-sort-order-id": meta["default-sort-order-id"],
+            },
+            {"type": "assert-default-sort-order-id", "default-sort-order-id": 9},
+        ),
     ]
 
 
@@ -40,13 +66,17 @@ SET_PROP = [{"action": "set-properties", "updates": {"k": "v"}}]
 def test_each_requirement_is_checked(http: Http, namespace: str) -> None:
     created = http.create_table(namespace, "t")
     pairs = _right_and_wrong(created["metadata"])
-    assert len({right["type"] for right, _ in pairs}) == 7  # plus assert-create below: all eight kinds
+    assert (
+        len({right["type"] for right, _ in pairs}) == 7
+    )  # plus assert-create below: all eight kinds
     for _right, wrong in pairs:
         status, body = http.commit(namespace, "t", [wrong], SET_PROP)
         assert (status, error_type(body)) == (409, "CommitFailedException"), wrong
     status, body = http.commit(namespace, "t", [{"type": "assert-create"}], SET_PROP)
     assert (status, error_type(body)) == (409, "CommitFailedException")
-    assert http.load(namespace, "t")["metadata-location"] == created["metadata-location"]  # nothing landed
+    assert (
+        http.load(namespace, "t")["metadata-location"] == created["metadata-location"]
+    )  # nothing landed
 
     status, body = http.commit(namespace, "t", [right for right, _ in pairs], SET_PROP)
     assert status == 200, body
@@ -57,15 +87,19 @@ def test_each_requirement_is_checked(http: Http, namespace: str) -> None:
     assert Path(urlparse(body["metadata-location"]).path).is_file()
 
 
-@pytest.mark.parametrize(("requirements", "updates"), [
-    ([{"type": "assert-something-else"}], SET_PROP),
-    ([], [{"action": "make-it-fast"}]),
-    ([], [{"action": "set-current-schema", "schema-id": 42}]),
-    ([], [{"action": "set-location", "location": "/tmp/not-the-warehouse"}]),
-    ([], [{"action": "set-properties", "updates": {"write.metadata.path": "/tmp/elsewhere"}}]),
-])
-def test_bad_commits_are_400_and_change_nothing(http: Http, namespace: str, requirements: list[Any],
-                                                updates: list[Any]) -> None:
+@pytest.mark.parametrize(
+    ("requirements", "updates"),
+    [
+        ([{"type": "assert-something-else"}], SET_PROP),
+        ([], [{"action": "make-it-fast"}]),
+        ([], [{"action": "set-current-schema", "schema-id": 42}]),
+        ([], [{"action": "set-location", "location": "/tmp/not-the-warehouse"}]),
+        ([], [{"action": "set-properties", "updates": {"write.metadata.path": "/tmp/elsewhere"}}]),
+    ],
+)
+def test_bad_commits_are_400_and_change_nothing(
+    http: Http, namespace: str, requirements: list[Any], updates: list[Any]
+) -> None:
     before = http.create_table(namespace, "t")["metadata-location"]
     status, body = http.commit(namespace, "t", requirements, updates)
     assert (status, error_type(body)) == (400, "BadRequestException"), body
@@ -94,8 +128,10 @@ def _create_updates(meta: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_stage_create_then_commit_with_assert_create(http: Http, namespace: str) -> None:
-    status, staged = http.post(f"/v1/namespaces/{namespace}/tables",
-                               {"name": "ctas", "schema": SCHEMA, "stage-create": True})
+    status, staged = http.post(
+        f"/v1/namespaces/{namespace}/tables",
+        {"name": "ctas", "schema": SCHEMA, "stage-create": True},
+    )
     assert status == 200
     assert staged.get("metadata-location") is None
     assert http.head(f"/v1/namespaces/{namespace}/tables/ctas") == 404  # nothing created yet
@@ -119,8 +155,14 @@ def test_stage_create_of_an_existing_table_is_409(http: Http, namespace: str) ->
     assert (status, error_type(body)) == (409, "AlreadyExistsException")
 
 
-def _change(namespace: str, name: str, requirements: list[Any], updates: list[Any]) -> dict[str, Any]:
-    return {"identifier": {"namespace": [namespace], "name": name}, "requirements": requirements, "updates": updates}
+def _change(
+    namespace: str, name: str, requirements: list[Any], updates: list[Any]
+) -> dict[str, Any]:
+    return {
+        "identifier": {"namespace": [namespace], "name": name},
+        "requirements": requirements,
+        "updates": updates,
+    }
 
 
 def test_transaction_is_all_or_nothing(http: Http, namespace: str) -> None:
@@ -129,24 +171,50 @@ def test_transaction_is_all_or_nothing(http: Http, namespace: str) -> None:
     uuid_a = {"type": "assert-table-uuid", "uuid": a["metadata"]["table-uuid"]}
     uuid_b = {"type": "assert-table-uuid", "uuid": b["metadata"]["table-uuid"]}
 
-    status, body = http.post("/v1/transactions/commit", {"table-changes": [
-        _change(namespace, "a", [uuid_a], SET_PROP),
-        _change(namespace, "b", [uuid_a], SET_PROP),  # b's uuid is not a's: fails
-    ]})
+    status, body = http.post(
+        "/v1/transactions/commit",
+        {
+            "table-changes": [
+                _change(namespace, "a", [uuid_a], SET_PROP),
+                _change(namespace, "b", [uuid_a], SET_PROP),  # b's uuid is not a's: fails
+            ]
+        },
+    )
     assert (status, error_type(body)) == (409, "CommitFailedException")
     assert http.load(namespace, "a")["metadata-location"] == a["metadata-location"]
 
-    status, body = http.post("/v1/transactions/commit", {"table-changes": [
-        _change(namespace, "a", [uuid_a], SET_PROP), _change(namespace, "missing", [], SET_PROP)]})
+    status, body = http.post(
+        "/v1/transactions/commit",
+        {
+            "table-changes": [
+                _change(namespace, "a", [uuid_a], SET_PROP),
+                _change(namespace, "missing", [], SET_PROP),
+            ]
+        },
+    )
     assert (status, error_type(body)) == (404, "NoSuchTableException")
     assert http.load(namespace, "a")["metadata-location"] == a["metadata-location"]
 
-    status, body = http.post("/v1/transactions/commit", {"table-changes": [
-        _change(namespace, "a", [uuid_a], SET_PROP), _change(namespace, "a", [uuid_a], SET_PROP)]})
+    status, body = http.post(
+        "/v1/transactions/commit",
+        {
+            "table-changes": [
+                _change(namespace, "a", [uuid_a], SET_PROP),
+                _change(namespace, "a", [uuid_a], SET_PROP),
+            ]
+        },
+    )
     assert status == 400
 
-    status, body = http.post("/v1/transactions/commit", {"table-changes": [
-        _change(namespace, "a", [uuid_a], SET_PROP), _change(namespace, "b", [uuid_b], SET_PROP)]})
+    status, body = http.post(
+        "/v1/transactions/commit",
+        {
+            "table-changes": [
+                _change(namespace, "a", [uuid_a], SET_PROP),
+                _change(namespace, "b", [uuid_b], SET_PROP),
+            ]
+        },
+    )
     assert status == 204, body
     for name, before in (("a", a), ("b", b)):
         after = http.load(namespace, name)
@@ -156,15 +224,27 @@ def test_transaction_is_all_or_nothing(http: Http, namespace: str) -> None:
 
 def _add_column(schema_id: int, field_id: int) -> tuple[list[Any], list[Any]]:
     """A schema change that only one of several writers based on the same schema can make."""
-    fields = [*SCHEMA["fields"], *({"id": i, "name": f"c{i}", "type": "string", "required": False}  # type: ignore[misc]
-                                    for i in range(3, field_id + 1))]
+    fields = [
+        *SCHEMA["fields"],
+        *(
+            {"id": i, "name": f"c{i}", "type": "string", "required": False}  # type: ignore[misc]
+            for i in range(3, field_id + 1)
+        ),
+    ]
     requirements = [{"type": "assert-current-schema-id", "current-schema-id": schema_id}]
-    updates = [{"action": "add-schema", "schema": {"type": "struct", "schema-id": schema_id + 1, "fields": fields}},
-               {"action": "set-current-schema", "schema-id": -1}]
+    updates = [
+        {
+            "action": "add-schema",
+            "schema": {"type": "struct", "schema-id": schema_id + 1, "fields": fields},
+        },
+        {"action": "set-current-schema", "schema-id": -1},
+    ]
     return requirements, updates
 
 
-def _race(urls: list[str], namespace: str, name: str, schema_id: int, writers: int) -> list[int | str]:
+def _race(
+    urls: list[str], namespace: str, name: str, schema_id: int, writers: int
+) -> list[int | str]:
     """``writers`` commits based on the same schema, released together; their statuses
     (or the client's exception, so a failed request shows in the assertion)."""
     requirements, updates = _add_column(schema_id, 3 + schema_id)
@@ -187,8 +267,9 @@ def _race(urls: list[str], namespace: str, name: str, schema_id: int, writers: i
     return statuses
 
 
-def test_racing_writers_in_one_broker_exactly_one_wins(http: Http, catalog_broker: BrokerProcess,
-                                                       namespace: str) -> None:
+def test_racing_writers_in_one_broker_exactly_one_wins(
+    http: Http, catalog_broker: BrokerProcess, namespace: str
+) -> None:
     http.create_table(namespace, "raced")
     for round_ in range(3):
         statuses = _race([catalog_broker.catalog_url], namespace, "raced", round_, writers=6)
@@ -199,8 +280,12 @@ def test_racing_writers_in_one_broker_exactly_one_wins(http: Http, catalog_broke
 def test_racing_writers_on_two_brokers_sharing_the_catalog(tmp_path: Path) -> None:
     """The per-table lock is per process; here only the SQL compare-and-swap keeps one winner."""
     first = BrokerProcess(tmp_path / "a").start()
-    shared = ["--catalog-uri", f"sqlite:///{(tmp_path / 'a' / 'catalog.sqlite').resolve()}",
-              "--warehouse", str((tmp_path / "a" / "warehouse").resolve())]
+    shared = [
+        "--catalog-uri",
+        f"sqlite:///{(tmp_path / 'a' / 'catalog.sqlite').resolve()}",
+        "--warehouse",
+        str((tmp_path / "a" / "warehouse").resolve()),
+    ]
     second = BrokerProcess(tmp_path / "b", shared)
     try:
         second.start()
@@ -209,9 +294,14 @@ def test_racing_writers_on_two_brokers_sharing_the_catalog(tmp_path: Path) -> No
         http.create_table("shared", "t")
         assert Http(second.catalog_url).head("/v1/namespaces/shared/tables/t") == 204
         for round_ in range(5):
-            statuses = _race([first.catalog_url, second.catalog_url], "shared", "t", round_, writers=4)
-            assert sorted(statuses, key=str) == [200, 409, 409, 409], (statuses, first.log_text()[-3000:],
-                                                              second.log_text()[-3000:])
+            statuses = _race(
+                [first.catalog_url, second.catalog_url], "shared", "t", round_, writers=4
+            )
+            assert sorted(statuses, key=str) == [200, 409, 409, 409], (
+                statuses,
+                first.log_text()[-3000:],
+                second.log_text()[-3000:],
+            )
         assert Http(second.catalog_url).load("shared", "t")["metadata"]["current-schema-id"] == 5
     finally:
         second.stop()

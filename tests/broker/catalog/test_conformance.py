@@ -27,7 +27,11 @@ from tests.support import REPO, BrokerProcess
 
 # The official document: shared/reference/ beside the checkout, else the copy kept next to this test.
 _SHARED_SPEC = REPO.parent / "shared" / "reference" / "iceberg-rest-catalog-open-api.yaml"
-SPEC = _SHARED_SPEC if _SHARED_SPEC.exists() else Path(__file__).with_name("iceberg-rest-catalog-open-api.yaml")
+SPEC = (
+    _SHARED_SPEC
+    if _SHARED_SPEC.exists()
+    else Path(__file__).with_name("iceberg-rest-catalog-open-api.yaml")
+)
 STUBS = "/views|/functions|/plan|/tasks|/sign|/register-view"
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
 
@@ -37,7 +41,9 @@ def without_prefix(spec: dict[str, Any]) -> dict[str, Any]:
     paths = {}
     for path, item in spec["paths"].items():
         if "parameters" in item:
-            item["parameters"] = [p for p in item["parameters"] if p.get("$ref") != "#/components/parameters/prefix"]
+            item["parameters"] = [
+                p for p in item["parameters"] if p.get("$ref") != "#/components/parameters/prefix"
+            ]
         paths[path.replace("/{prefix}", "")] = item
     return {**spec, "paths": paths, "servers": [{"url": "/"}]}
 
@@ -54,18 +60,39 @@ def seeded(rest: Catalog) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_schemathesis_finds_no_server_errors(catalog_broker: BrokerProcess, seeded: None, tmp_path: Path) -> None:
+def test_schemathesis_finds_no_server_errors(
+    catalog_broker: BrokerProcess, seeded: None, tmp_path: Path
+) -> None:
     assert SPEC.is_file(), f"the OpenAPI document is missing: {SPEC}"
     spec_path = tmp_path / "rest-catalog.json"
     spec_path.write_text(json.dumps(without_prefix(yaml.safe_load(SPEC.read_text()))))
     cmd = [
-        sys.executable, "-m", "schemathesis.cli", "run", str(spec_path),
-        "--url", catalog_broker.catalog_url, "--checks", CHECKS,
-        "--exclude-deprecated", "--exclude-path-regex", STUBS,
-        "--max-examples", "5", "--seed", "20261122", "--no-shrink",
-        "--workers", "1",  # schemathesis' threads trip a CPython 3.11 ast bug
-        "--request-timeout", "30", "--output-truncate", "false",
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        str(spec_path),
+        "--url",
+        catalog_broker.catalog_url,
+        "--checks",
+        CHECKS,
+        "--exclude-deprecated",
+        "--exclude-path-regex",
+        STUBS,
+        "--max-examples",
+        "5",
+        "--seed",
+        "20261122",
+        "--no-shrink",
+        "--workers",
+        "1",  # schemathesis' threads trip a CPython 3.11 ast bug
+        "--request-timeout",
+        "30",
+        "--output-truncate",
+        "false",
     ]
-    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280, check=False)
+    result = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280, check=False
+    )
     assert result.returncode == 0, result.stdout[-15000:] + result.stderr[-3000:]
     assert "Tested: " in result.stdout and " passed" in result.stdout

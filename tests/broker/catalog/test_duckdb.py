@@ -15,27 +15,43 @@ from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 from broker.catalog import duckdb_local
 from tests.support import BrokerProcess
 
-SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "name", StringType()),
-                NestedField(3, "ts", TimestamptzType()))
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "name", StringType()),
+    NestedField(3, "ts", TimestamptzType()),
+)
 
 
 def _table_with_rows(rest: Catalog, ident: str, n: int) -> str:
     table = rest.create_table(ident, SCHEMA)
     ts = datetime(2024, 1, 1, tzinfo=UTC)
-    table.append(pa.Table.from_pylist([{"id": i, "name": f"n{i}", "ts": ts} for i in range(n)],
-                                      schema=SCHEMA.as_arrow()))
+    table.append(
+        pa.Table.from_pylist(
+            [{"id": i, "name": f"n{i}", "ts": ts} for i in range(n)], schema=SCHEMA.as_arrow()
+        )
+    )
     location: str = rest.load_table(ident).metadata_location
     return location
 
 
 def test_extensions_load_from_the_wheels_without_downloading() -> None:
     con = duckdb_local.connect()
-    loaded = dict(con.execute(
-        "SELECT extension_name, install_path FROM duckdb_extensions() WHERE loaded").fetchall())
+    loaded = dict(
+        con.execute(
+            "SELECT extension_name, install_path FROM duckdb_extensions() WHERE loaded"
+        ).fetchall()
+    )
     assert {"avro", "httpfs", "iceberg"} <= loaded.keys()
-    settings = dict(con.execute("SELECT name, value FROM duckdb_settings() WHERE name IN "
-                                "('autoinstall_known_extensions', 'autoload_known_extensions')").fetchall())
-    assert settings == {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+    settings = dict(
+        con.execute(
+            "SELECT name, value FROM duckdb_settings() WHERE name IN "
+            "('autoinstall_known_extensions', 'autoload_known_extensions')"
+        ).fetchall()
+    )
+    assert settings == {
+        "autoinstall_known_extensions": "false",
+        "autoload_known_extensions": "false",
+    }
     for name in duckdb_local.EXTENSIONS:
         assert duckdb_local.extension_path(name).is_file()
 

@@ -22,14 +22,17 @@ SCHEMA = Schema(
     NestedField(3, "ts", TimestamptzType()),
 )
 # identity partitioning: pyiceberg writes time transforms only with the optional pyiceberg-core
-BY_CATEGORY = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="category"))
+BY_CATEGORY = PartitionSpec(
+    PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="category")
+)
 NO_RETRIES = {"commit.retry.num-retries": "0"}  # so a lost race surfaces instead of being rebased
 
 
 def _rows(table: Table, ids: list[int], category: str = "a") -> pa.Table:
     ts = datetime(2024, 1, 1, tzinfo=UTC)
-    return pa.Table.from_pylist([{"id": i, "category": category, "ts": ts} for i in ids],
-                                schema=table.schema().as_arrow())
+    return pa.Table.from_pylist(
+        [{"id": i, "category": category, "ts": ts} for i in ids], schema=table.schema().as_arrow()
+    )
 
 
 def _append_together(tables: list[Table], ids: list[list[int]]) -> list[str]:
@@ -45,7 +48,10 @@ def _append_together(tables: list[Table], ids: list[list[int]]) -> list[str]:
         except CommitFailedException:
             outcomes.append("lost")
 
-    threads = [threading.Thread(target=write, args=(t, _rows(t, i))) for t, i in zip(tables, ids, strict=True)]
+    threads = [
+        threading.Thread(target=write, args=(t, _rows(t, i)))
+        for t, i in zip(tables, ids, strict=True)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -70,9 +76,16 @@ def test_create_append_read_and_evolve(rest: Catalog, namespace: str) -> None:
     evolved = rest.load_table(f"{namespace}.events")
     assert evolved.schema().find_field("note").field_id == 4
     assert evolved.metadata.current_schema_id == 1
-    evolved.append(pa.Table.from_pylist(
-        [{"id": 4, "category": "a", "ts": None, "note": "new"}], schema=evolved.schema().as_arrow()))
-    rows = {r["id"]: r["note"] for r in rest.load_table(f"{namespace}.events").scan().to_arrow().to_pylist()}
+    evolved.append(
+        pa.Table.from_pylist(
+            [{"id": 4, "category": "a", "ts": None, "note": "new"}],
+            schema=evolved.schema().as_arrow(),
+        )
+    )
+    rows = {
+        r["id"]: r["note"]
+        for r in rest.load_table(f"{namespace}.events").scan().to_arrow().to_pylist()
+    }
     assert rows == {1: None, 2: None, 3: None, 4: "new"}
 
     with pytest.raises(NamespaceNotEmptyError):
@@ -85,7 +98,9 @@ def test_create_append_read_and_evolve(rest: Catalog, namespace: str) -> None:
 def test_create_table_transaction(rest: Catalog, namespace: str) -> None:
     tx = rest.create_table_transaction(f"{namespace}.staged", SCHEMA, properties={"owner": "ann"})
     assert not rest.table_exists(f"{namespace}.staged")
-    tx.append(pa.Table.from_pylist([{"id": 1, "category": "x", "ts": None}], schema=SCHEMA.as_arrow()))
+    tx.append(
+        pa.Table.from_pylist([{"id": 1, "category": "x", "ts": None}], schema=SCHEMA.as_arrow())
+    )
     tx.commit_transaction()
     table = rest.load_table(f"{namespace}.staged")
     assert table.properties["owner"] == "ann"
@@ -99,7 +114,10 @@ def test_two_writers_on_the_same_snapshot_one_wins(rest: Catalog, namespace: str
     first.append(_rows(first, [1]))
     with pytest.raises(CommitFailedException):
         second.append(_rows(second, [2]))
-    assert sorted(rest.load_table(table.name()).scan().to_arrow().column("id").to_pylist()) == [0, 1]
+    assert sorted(rest.load_table(table.name()).scan().to_arrow().column("id").to_pylist()) == [
+        0,
+        1,
+    ]
 
 
 def test_concurrent_writers_exactly_one_commit_lands(rest: Catalog, namespace: str) -> None:

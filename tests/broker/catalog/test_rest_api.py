@@ -15,7 +15,9 @@ from tests.support import BrokerProcess
 def test_config_advertises_the_endpoints_without_a_prefix(http: Http) -> None:
     status, body = http.get("/v1/config?warehouse=anything")
     assert status == 200
-    assert body["defaults"] == {} and body["overrides"] == {}  # no "prefix": routes are /v1/namespaces...
+    assert (
+        body["defaults"] == {} and body["overrides"] == {}
+    )  # no "prefix": routes are /v1/namespaces...
     assert "POST /v1/{prefix}/transactions/commit" in body["endpoints"]
     assert "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}" in body["endpoints"]
 
@@ -23,7 +25,9 @@ def test_config_advertises_the_endpoints_without_a_prefix(http: Http) -> None:
 def test_namespace_lifecycle(http: Http) -> None:
     top = f"ns_{uuid.uuid4().hex[:8]}"
     assert http.post("/v1/namespaces", {"namespace": [top], "properties": {"owner": "ann"}}) == (
-        200, {"namespace": [top], "properties": {"owner": "ann"}})
+        200,
+        {"namespace": [top], "properties": {"owner": "ann"}},
+    )
     status, body = http.post("/v1/namespaces", {"namespace": [top]})
     assert (status, error_type(body)) == (409, "AlreadyExistsException")
     assert http.post("/v1/namespaces", {"namespace": [top, "child"]})[0] == 200
@@ -34,12 +38,16 @@ def test_namespace_lifecycle(http: Http) -> None:
     assert http.head(f"/v1/namespaces/{top}%1Fchild") == 204
     assert http.head(f"/v1/namespaces/{top}%1Fnone") == 404
 
-    status, body = http.post(f"/v1/namespaces/{top}/properties",
-                             {"removals": ["owner", "absent"], "updates": {"team": "data"}})
+    status, body = http.post(
+        f"/v1/namespaces/{top}/properties",
+        {"removals": ["owner", "absent"], "updates": {"team": "data"}},
+    )
     assert status == 200
     assert body == {"updated": ["team"], "removed": ["owner"], "missing": ["absent"]}
     assert http.get(f"/v1/namespaces/{top}")[1]["properties"] == {"team": "data"}
-    status, body = http.post(f"/v1/namespaces/{top}/properties", {"removals": ["team"], "updates": {"team": "x"}})
+    status, body = http.post(
+        f"/v1/namespaces/{top}/properties", {"removals": ["team"], "updates": {"team": "x"}}
+    )
     assert status == 422 and error_type(body) == "UnprocessableEntityException"
 
     status, body = http.delete(f"/v1/namespaces/{top}")
@@ -51,7 +59,10 @@ def test_namespace_lifecycle(http: Http) -> None:
 
 
 def test_removing_every_property_keeps_the_namespace(http: Http) -> None:
-    assert http.post("/v1/namespaces", {"namespace": ["owned"], "properties": {"owner": "ann"}})[0] == 200
+    assert (
+        http.post("/v1/namespaces", {"namespace": ["owned"], "properties": {"owner": "ann"}})[0]
+        == 200
+    )
     status, body = http.post("/v1/namespaces/owned/properties", {"removals": ["owner"]})
     assert (status, body["removed"]) == (200, ["owner"])
     assert http.get("/v1/namespaces/owned") == (200, {"namespace": ["owned"], "properties": {}})
@@ -59,20 +70,25 @@ def test_removing_every_property_keeps_the_namespace(http: Http) -> None:
     assert (status, error_type(body)) == (400, "BadRequestException")  # the SQL catalog's marker
 
 
-@pytest.mark.parametrize(("method", "path", "raw", "status"), [
-    ("POST", "/v1/namespaces", b"{not json", 400),
-    ("POST", "/v1/namespaces", b"[]", 400),
-    ("POST", "/v1/namespaces", b"[" * 100_000 + b"]" * 100_000, 400),
-    ("POST", "/v1/namespaces", b'{"namespace": "flat"}', 400),
-    ("POST", "/v1/namespaces", b'{"namespace": []}', 400),
-    ("POST", "/v1/namespaces", b'{"namespace": ["a.b"]}', 400),
-    ("POST", "/v1/namespaces", b'{"namespace": ["a/b"]}', 400),
-    ("GET", "/v1/namespaces?parent=%1F", b"", 400),
-    ("GET", "/v1/namespaces?pageToken=abc", b"", 400),
-    ("GET", "/v1/no/such/route", b"", 404),
-    ("PUT", "/v1/config", b"", 405),
-])
-def test_bad_requests_get_the_error_model(http: Http, method: str, path: str, raw: bytes, status: int) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "raw", "status"),
+    [
+        ("POST", "/v1/namespaces", b"{not json", 400),
+        ("POST", "/v1/namespaces", b"[]", 400),
+        ("POST", "/v1/namespaces", b"[" * 100_000 + b"]" * 100_000, 400),
+        ("POST", "/v1/namespaces", b'{"namespace": "flat"}', 400),
+        ("POST", "/v1/namespaces", b'{"namespace": []}', 400),
+        ("POST", "/v1/namespaces", b'{"namespace": ["a.b"]}', 400),
+        ("POST", "/v1/namespaces", b'{"namespace": ["a/b"]}', 400),
+        ("GET", "/v1/namespaces?parent=%1F", b"", 400),
+        ("GET", "/v1/namespaces?pageToken=abc", b"", 400),
+        ("GET", "/v1/no/such/route", b"", 404),
+        ("PUT", "/v1/config", b"", 405),
+    ],
+)
+def test_bad_requests_get_the_error_model(
+    http: Http, method: str, path: str, raw: bytes, status: int
+) -> None:
     got, body = http.request(method, path, raw=raw or None)
     assert got == status
     assert body["error"]["code"] == status
@@ -82,7 +98,9 @@ def test_bad_requests_get_the_error_model(http: Http, method: str, path: str, ra
 def test_pagination(http: Http, namespace: str) -> None:
     for name in ("a", "b", "c"):
         http.create_table(namespace, name)
-    assert [t["name"] for t in http.get(f"/v1/namespaces/{namespace}/tables")[1]["identifiers"]] == ["a", "b", "c"]
+    assert [
+        t["name"] for t in http.get(f"/v1/namespaces/{namespace}/tables")[1]["identifiers"]
+    ] == ["a", "b", "c"]
     _, page = http.get(f"/v1/namespaces/{namespace}/tables?pageToken=&pageSize=2")
     assert [t["name"] for t in page["identifiers"]] == ["a", "b"]
     token = page["next-page-token"]
@@ -98,7 +116,9 @@ def test_table_lifecycle(http: Http, catalog_broker: BrokerProcess, namespace: s
     assert created["metadata"]["properties"]["owner"] == "ann"
     assert created["config"] == {}
 
-    status, body = http.post(f"/v1/namespaces/{namespace}/tables", {"name": "events", "schema": SCHEMA})
+    status, body = http.post(
+        f"/v1/namespaces/{namespace}/tables", {"name": "events", "schema": SCHEMA}
+    )
     assert (status, error_type(body)) == (409, "AlreadyExistsException")
     status, body = http.post("/v1/namespaces/nope/tables", {"name": "t", "schema": SCHEMA})
     assert (status, error_type(body)) == (404, "NoSuchNamespaceException")
@@ -111,13 +131,23 @@ def test_table_lifecycle(http: Http, catalog_broker: BrokerProcess, namespace: s
     status, body = http.get(f"/v1/namespaces/{namespace}/tables/other")
     assert (status, error_type(body)) == (404, "NoSuchTableException")
 
-    status, _ = http.post("/v1/tables/rename", {"source": {"namespace": [namespace], "name": "events"},
-                                                "destination": {"namespace": [namespace], "name": "renamed"}})
+    status, _ = http.post(
+        "/v1/tables/rename",
+        {
+            "source": {"namespace": [namespace], "name": "events"},
+            "destination": {"namespace": [namespace], "name": "renamed"},
+        },
+    )
     assert status == 204
     assert http.head(f"/v1/namespaces/{namespace}/tables/events") == 404
     assert http.load(namespace, "renamed")["metadata-location"] == location
-    status, body = http.post("/v1/tables/rename", {"source": {"namespace": [namespace], "name": "events"},
-                                                   "destination": {"namespace": [namespace], "name": "x"}})
+    status, body = http.post(
+        "/v1/tables/rename",
+        {
+            "source": {"namespace": [namespace], "name": "events"},
+            "destination": {"namespace": [namespace], "name": "x"},
+        },
+    )
     assert (status, error_type(body)) == (404, "NoSuchTableException")
 
     assert http.delete(f"/v1/namespaces/{namespace}/tables/renamed")[0] == 204
@@ -137,30 +167,49 @@ def test_register_and_unregister(http: Http, namespace: str) -> None:
     assert status == 200 and body["metadata-location"] == location
     assert http.head(f"/v1/namespaces/{namespace}/tables/orig") == 404
 
-    status, body = http.post(f"/v1/namespaces/{namespace}/register", {"name": "again", "metadata-location": location})
+    status, body = http.post(
+        f"/v1/namespaces/{namespace}/register", {"name": "again", "metadata-location": location}
+    )
     assert status == 200 and body["metadata-location"] == location
     assert http.load(namespace, "again")["metadata-location"] == location
-    status, body = http.post(f"/v1/namespaces/{namespace}/register", {"name": "again", "metadata-location": location})
+    status, body = http.post(
+        f"/v1/namespaces/{namespace}/register", {"name": "again", "metadata-location": location}
+    )
     assert (status, error_type(body)) == (409, "AlreadyExistsException")
-    status, _ = http.post(f"/v1/namespaces/{namespace}/register",
-                          {"name": "again", "metadata-location": location, "overwrite": True})
+    status, _ = http.post(
+        f"/v1/namespaces/{namespace}/register",
+        {"name": "again", "metadata-location": location, "overwrite": True},
+    )
     assert status == 200
 
 
-@pytest.mark.parametrize("location", ["/etc/passwd", "http://example.invalid/m.json", "relative.json", "/no/such.json"])
-def test_register_refuses_what_is_not_readable_metadata(http: Http, namespace: str, location: str) -> None:
-    status, body = http.post(f"/v1/namespaces/{namespace}/register", {"name": "bad", "metadata-location": location})
+@pytest.mark.parametrize(
+    "location", ["/etc/passwd", "http://example.invalid/m.json", "relative.json", "/no/such.json"]
+)
+def test_register_refuses_what_is_not_readable_metadata(
+    http: Http, namespace: str, location: str
+) -> None:
+    status, body = http.post(
+        f"/v1/namespaces/{namespace}/register", {"name": "bad", "metadata-location": location}
+    )
     assert (status, error_type(body)) == (400, "BadRequestException")
     assert http.head(f"/v1/namespaces/{namespace}/tables/bad") == 404  # no row left behind
 
 
-@pytest.mark.parametrize("extra", [
-    {"location": "/tmp/outside-the-warehouse"},
-    {"location": "relative/dir"},
-    {"properties": {"write.metadata.path": "/tmp/elsewhere"}},
-])
-def test_tables_stay_inside_the_warehouse(http: Http, namespace: str, extra: dict[str, object]) -> None:
-    status, body = http.post(f"/v1/namespaces/{namespace}/tables", {"name": "t", "schema": SCHEMA, **extra})
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"location": "/tmp/outside-the-warehouse"},
+        {"location": "relative/dir"},
+        {"properties": {"write.metadata.path": "/tmp/elsewhere"}},
+    ],
+)
+def test_tables_stay_inside_the_warehouse(
+    http: Http, namespace: str, extra: dict[str, object]
+) -> None:
+    status, body = http.post(
+        f"/v1/namespaces/{namespace}/tables", {"name": "t", "schema": SCHEMA, **extra}
+    )
     assert (status, error_type(body)) == (400, "BadRequestException")
     assert not Path("/tmp/outside-the-warehouse").exists()
 
@@ -169,7 +218,9 @@ def test_etag_and_snapshots_refs(http: Http, namespace: str) -> None:
     http.create_table(namespace, "tagged")
     http.get(f"/v1/namespaces/{namespace}/tables/tagged")
     etag = http.last.headers["ETag"]
-    status, body = http.get(f"/v1/namespaces/{namespace}/tables/tagged", headers={"If-None-Match": etag})
+    status, body = http.get(
+        f"/v1/namespaces/{namespace}/tables/tagged", headers={"If-None-Match": etag}
+    )
     assert status == 304 and body is None
     status, body = http.get(f"/v1/namespaces/{namespace}/tables/tagged?snapshots=refs")
     assert status == 200 and http.last.headers["ETag"] != etag
@@ -179,26 +230,38 @@ def test_etag_and_snapshots_refs(http: Http, namespace: str) -> None:
 
 def test_metrics_are_accepted(http: Http, namespace: str) -> None:
     http.create_table(namespace, "m")
-    status, _ = http.post(f"/v1/namespaces/{namespace}/tables/m/metrics",
-                          {"report-type": "commit-report", "table-name": "m", "snapshot-id": 1,
-                           "sequence-number": 1, "operation": "append", "metrics": {}})
+    status, _ = http.post(
+        f"/v1/namespaces/{namespace}/tables/m/metrics",
+        {
+            "report-type": "commit-report",
+            "table-name": "m",
+            "snapshot-id": 1,
+            "sequence-number": 1,
+            "operation": "append",
+            "metrics": {},
+        },
+    )
     assert status == 204
     assert http.post(f"/v1/namespaces/{namespace}/tables/m/metrics", {"no": "type"})[0] == 400
 
 
-@pytest.mark.parametrize(("method", "path", "status", "kind"), [
-    ("GET", "/v1/namespaces/{ns}/views", 200, None),
-    ("GET", "/v1/namespaces/{ns}/views/v", 404, "NoSuchViewException"),
-    ("POST", "/v1/namespaces/{ns}/views", 406, "UnsupportedOperationException"),
-    ("POST", "/v1/views/rename", 406, "UnsupportedOperationException"),
-    ("GET", "/v1/namespaces/{ns}/functions", 200, None),
-    ("GET", "/v1/namespaces/{ns}/functions/f", 404, "NoSuchFunctionException"),
-    ("POST", "/v1/namespaces/{ns}/tables/t/plan", 406, "UnsupportedOperationException"),
-    ("GET", "/v1/namespaces/{ns}/tables/t/plan/p1", 404, "NoSuchPlanIdException"),
-    ("POST", "/v1/namespaces/{ns}/tables/t/sign", 406, "UnsupportedOperationException"),
-])
-def test_what_the_catalog_does_not_do_is_a_clean_4xx(http: Http, namespace: str, method: str, path: str,
-                                                      status: int, kind: str | None) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "status", "kind"),
+    [
+        ("GET", "/v1/namespaces/{ns}/views", 200, None),
+        ("GET", "/v1/namespaces/{ns}/views/v", 404, "NoSuchViewException"),
+        ("POST", "/v1/namespaces/{ns}/views", 406, "UnsupportedOperationException"),
+        ("POST", "/v1/views/rename", 406, "UnsupportedOperationException"),
+        ("GET", "/v1/namespaces/{ns}/functions", 200, None),
+        ("GET", "/v1/namespaces/{ns}/functions/f", 404, "NoSuchFunctionException"),
+        ("POST", "/v1/namespaces/{ns}/tables/t/plan", 406, "UnsupportedOperationException"),
+        ("GET", "/v1/namespaces/{ns}/tables/t/plan/p1", 404, "NoSuchPlanIdException"),
+        ("POST", "/v1/namespaces/{ns}/tables/t/sign", 406, "UnsupportedOperationException"),
+    ],
+)
+def test_what_the_catalog_does_not_do_is_a_clean_4xx(
+    http: Http, namespace: str, method: str, path: str, status: int, kind: str | None
+) -> None:
     got, body = http.request(method, path.format(ns=namespace), {} if method == "POST" else None)
     assert got == status
     if kind:

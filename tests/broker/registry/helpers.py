@@ -16,10 +16,14 @@ from tests.support import wait_for
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
-def http(base: str, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+def http(
+    base: str, method: str, path: str, body: Any = None, raw: bytes | None = None
+) -> tuple[int, Any]:
     """(status, decoded JSON body) of one request; ``raw`` sends bytes as they are."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(base + path, data=data, method=method, headers={"Content-Type": CONTENT_TYPE})
+    req = urllib.request.Request(
+        base + path, data=data, method=method, headers={"Content-Type": CONTENT_TYPE}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             status, text, ctype = resp.status, resp.read(), resp.headers.get("Content-Type", "")
@@ -32,7 +36,9 @@ def http(base: str, method: str, path: str, body: Any = None, raw: bytes | None 
         return status, text.decode()
 
 
-def error(base: str, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, int, str]:
+def error(
+    base: str, method: str, path: str, body: Any = None, raw: bytes | None = None
+) -> tuple[int, int, str]:
     """(status, error_code, message) of a request that must fail."""
     status, answer = http(base, method, path, body, raw)
     assert status >= 400, f"{method} {path} succeeded: {answer}"
@@ -48,17 +54,24 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
 
 def consume(bootstrap: str, topic: str, count: int, partitions: int = 1) -> list[Message]:
     """The first ``count`` records of ``topic``, read from the beginning (no group rebalance)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4()}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     got: list[Message] = []
     try:
+
         def poll() -> bool:
             msg = consumer.poll(0.2)
             if msg is not None:
                 assert not msg.error(), msg.error()
                 got.append(msg)
             return len(got) >= count
+
         wait_for(poll, 30, interval=0, what=f"{count} records from {topic}")
     finally:
         consumer.close()

@@ -28,11 +28,17 @@ def _subject(prefix: str) -> str:
 
 
 def avro(fields: Sequence[Mapping[str, Any]], name: str = "User") -> Schema:
-    return Schema(json.dumps({"type": "record", "name": name, "namespace": "icefall.test", "fields": fields}), "AVRO")
+    return Schema(
+        json.dumps({"type": "record", "name": name, "namespace": "icefall.test", "fields": fields}),
+        "AVRO",
+    )
 
 
 V1: list[dict[str, Any]] = [{"name": "name", "type": "string"}, {"name": "age", "type": "int"}]
-V2_COMPATIBLE: list[dict[str, Any]] = [*V1, {"name": "email", "type": ["null", "string"], "default": None}]
+V2_COMPATIBLE: list[dict[str, Any]] = [
+    *V1,
+    {"name": "email", "type": ["null", "string"], "default": None},
+]
 V2_INCOMPATIBLE: list[dict[str, Any]] = [
     *V1,
     {"name": "email", "type": "string"},
@@ -47,7 +53,9 @@ def _expect(code: int, status: int, call: object) -> SchemaRegistryError:
     return info.value
 
 
-def test_register_and_read_back(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> None:
+def test_register_and_read_back(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
     subject, other = _subject("users-value"), _subject("people-value")
     schema = avro(V1)
     schema_id = client.register_schema(subject, schema)
@@ -72,8 +80,9 @@ def test_register_and_read_back(registry_broker: BrokerProcess, client: SchemaRe
     # the same schema under another subject reuses the id, as version 1 there
     assert fresh.register_schema(other, schema) == schema_id
     assert fresh.get_version(other, 1).schema_id == schema_id
-    assert sorted((v.subject, v.version) for v in fresh.get_schema_versions(schema_id)) == \
-        sorted([(subject, 1), (other, 1)])
+    assert sorted((v.subject, v.version) for v in fresh.get_schema_versions(schema_id)) == sorted(
+        [(subject, 1), (other, 1)]
+    )
     assert sorted(fresh.get_subjects_by_schema_id(schema_id)) == sorted([subject, other])
 
     found = fresh.lookup_schema(subject, schema)
@@ -83,7 +92,9 @@ def test_register_and_read_back(registry_broker: BrokerProcess, client: SchemaRe
     assert fresh.register_schema(_subject("x"), avro(V1, name="Other")) > schema_id
 
 
-def test_evolution_and_compatibility(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> None:
+def test_evolution_and_compatibility(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
     subject = _subject("evolve-value")
     first = client.register_schema(subject, avro(V1))
     assert client.test_compatibility(subject, avro(V2_COMPATIBLE)) is True
@@ -91,9 +102,12 @@ def test_evolution_and_compatibility(registry_broker: BrokerProcess, client: Sch
     assert client.test_compatibility(subject, avro(V2_INCOMPATIBLE), version=1) is False
     assert client.test_compatibility_all_versions(subject, avro(V2_COMPATIBLE)) is True
 
-    status, verbose = http(registry_broker.registry_url, "POST",
-                           f"/compatibility/subjects/{subject}/versions/latest?verbose=true",
-                           {"schema": avro(V2_INCOMPATIBLE).schema_str})
+    status, verbose = http(
+        registry_broker.registry_url,
+        "POST",
+        f"/compatibility/subjects/{subject}/versions/latest?verbose=true",
+        {"schema": avro(V2_INCOMPATIBLE).schema_str},
+    )
     assert status == 200 and verbose["is_compatible"] is False
     assert verbose["messages"] and any("email" in m for m in verbose["messages"]), verbose
 
@@ -105,7 +119,9 @@ def test_evolution_and_compatibility(registry_broker: BrokerProcess, client: Sch
     assert client.get_latest_version(subject).schema_id == second
 
 
-def test_soft_and_permanent_delete(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> None:
+def test_soft_and_permanent_delete(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
     subject = _subject("deleting-value")
     id1 = client.register_schema(subject, avro(V1, name="Del"))
     id2 = client.register_schema(subject, avro(V2_COMPATIBLE, name="Del"))
@@ -137,17 +153,23 @@ def test_soft_and_permanent_delete(registry_broker: BrokerProcess, client: Schem
     assert again > id2 and fresh.get_versions(subject) == [1]
 
 
-def test_config_global_and_per_subject(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> None:
+def test_config_global_and_per_subject(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
     base = registry_broker.registry_url
     subject = _subject("config-value")
     assert client.get_compatibility() == "BACKWARD"
     assert present(client.get_config().compatibility_level).value == "BACKWARD"
     try:
-        assert client.set_compatibility(level="full_transitive") == {"compatibility": "FULL_TRANSITIVE"}
+        assert client.set_compatibility(level="full_transitive") == {
+            "compatibility": "FULL_TRANSITIVE"
+        }
         assert client.get_compatibility() == "FULL_TRANSITIVE"
         _expect(40408, 404, lambda: client.get_compatibility(subject))
-        assert http(base, "GET", f"/config/{subject}?defaultToGlobal=true") == \
-            (200, {"compatibilityLevel": "FULL_TRANSITIVE"})
+        assert http(base, "GET", f"/config/{subject}?defaultToGlobal=true") == (
+            200,
+            {"compatibilityLevel": "FULL_TRANSITIVE"},
+        )
 
         # v3 is FULL-compatible with v2 (the latest) but cannot read v1 data: only a
         # transitive level sees that
@@ -167,8 +189,13 @@ def test_config_global_and_per_subject(registry_broker: BrokerProcess, client: S
         assert client.get_versions(subject) == [1, 2, 3, 4]
         assert present(client.delete_config(subject).compatibility_level).value == "NONE"
         _expect(40408, 404, lambda: client.get_compatibility(subject))
-        _expect(409, 409, lambda: client.register_schema(subject, avro([*V1, {"name": "zzz", "type": "int"}],
-                                                                        name="Cfg")))
+        _expect(
+            409,
+            409,
+            lambda: client.register_schema(
+                subject, avro([*V1, {"name": "zzz", "type": "int"}], name="Cfg")
+            ),
+        )
     finally:
         client.delete_config()
     assert client.get_compatibility() == "BACKWARD"
@@ -191,8 +218,12 @@ def test_mode(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> N
     imported = _subject("import-value")
     _expect(42205, 422, lambda: client.update_mode(subject, "IMPORT"))  # has schemas, no force
     assert client.update_mode(imported, "IMPORT") == "IMPORT"
-    status, answer = http(base, "POST", f"/subjects/{imported}/versions",
-                          {"schema": avro(V1, name="Imported").schema_str, "id": 5000, "version": 7})
+    status, answer = http(
+        base,
+        "POST",
+        f"/subjects/{imported}/versions",
+        {"schema": avro(V1, name="Imported").schema_str, "id": 5000, "version": 7},
+    )
     assert status == 200 and answer["id"] == 5000 and answer["version"] == 7, answer
     assert client.get_version(imported, 7).schema_id == 5000
     client.delete_mode(imported)
@@ -202,28 +233,66 @@ def test_mode(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> N
 def test_references(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> None:
     topic = _subject("customers")
     address_subject, user_subject = _subject("address"), f"{topic}-value"
-    address = Schema(json.dumps({"type": "record", "name": "Address", "namespace": "icefall.test",
-                                 "fields": [{"name": "street", "type": "string"},
-                                            {"name": "zip", "type": "string"}]}), "AVRO")
+    address = Schema(
+        json.dumps(
+            {
+                "type": "record",
+                "name": "Address",
+                "namespace": "icefall.test",
+                "fields": [{"name": "street", "type": "string"}, {"name": "zip", "type": "string"}],
+            }
+        ),
+        "AVRO",
+    )
     address_id = client.register_schema(address_subject, address)
     ref = SchemaReference("icefall.test.Address", address_subject, 1)
-    user = Schema(json.dumps({"type": "record", "name": "Customer", "namespace": "icefall.test",
-                              "fields": [{"name": "name", "type": "string"},
-                                         {"name": "home", "type": "icefall.test.Address"}]}), "AVRO", [ref])
+    user = Schema(
+        json.dumps(
+            {
+                "type": "record",
+                "name": "Customer",
+                "namespace": "icefall.test",
+                "fields": [
+                    {"name": "name", "type": "string"},
+                    {"name": "home", "type": "icefall.test.Address"},
+                ],
+            }
+        ),
+        "AVRO",
+        [ref],
+    )
     user_id = client.register_schema(user_subject, user)
     got = client.get_version(user_subject, 1)
-    assert [(r.name, r.subject, r.version) for r in present(got.schema.references)] == [(ref.name, ref.subject, 1)]
+    assert [(r.name, r.subject, r.version) for r in present(got.schema.references)] == [
+        (ref.name, ref.subject, 1)
+    ]
     assert client.get_referenced_by(address_subject, 1) == [user_id]
     _expect(42206, 422, lambda: client.delete_version(address_subject, 1))
-    _expect(42201, 422, lambda: client.register_schema(_subject("dangling"), Schema(
-        user.schema_str, "AVRO", [SchemaReference("icefall.test.Address", "no-such-subject", 1)])))
+    _expect(
+        42201,
+        422,
+        lambda: client.register_schema(
+            _subject("dangling"),
+            Schema(
+                user.schema_str,
+                "AVRO",
+                [SchemaReference("icefall.test.Address", "no-such-subject", 1)],
+            ),
+        ),
+    )
     # without the reference the named type is unknown
-    _expect(42201, 422, lambda: client.register_schema(_subject("unresolved"), Schema(user.schema_str, "AVRO")))
+    _expect(
+        42201,
+        422,
+        lambda: client.register_schema(_subject("unresolved"), Schema(user.schema_str, "AVRO")),
+    )
     assert address_id != user_id
 
     # produce and consume with the reference resolved by the deserializer
     broker_url = registry_broker.registry_url
-    serializer = AvroSerializer(client, user, conf={"auto.register.schemas": False, "use.latest.version": True})
+    serializer = AvroSerializer(
+        client, user, conf={"auto.register.schemas": False, "use.latest.version": True}
+    )
     ctx = SerializationContext("user-with-address", MessageField.VALUE)
     value = {"name": "ada", "home": {"street": "1 Main St", "zip": "12345"}}
     data = serializer(value, SerializationContext(topic, MessageField.VALUE))
@@ -232,7 +301,9 @@ def test_references(registry_broker: BrokerProcess, client: SchemaRegistryClient
     assert reader(data, ctx) == value
 
 
-def _produce(broker: BrokerProcess, topic: str, serializer: object, values: Sequence[object]) -> list[bytes]:
+def _produce(
+    broker: BrokerProcess, topic: str, serializer: object, values: Sequence[object]
+) -> list[bytes]:
     assert callable(serializer)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
     encoded = []
@@ -244,48 +315,70 @@ def _produce(broker: BrokerProcess, topic: str, serializer: object, values: Sequ
     return encoded
 
 
-def test_avro_serializer_round_trip(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> None:
+def test_avro_serializer_round_trip(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
     topic = f"avro-{uuid.uuid4().hex[:8]}"
     create_topic(registry_broker.bootstrap, topic)
     schema = avro(V2_COMPATIBLE, name="Click")
-    values = [{"name": f"user-{i}", "age": i, "email": None if i % 2 else f"u{i}@example.com"} for i in range(50)]
+    values = [
+        {"name": f"user-{i}", "age": i, "email": None if i % 2 else f"u{i}@example.com"}
+        for i in range(50)
+    ]
     encoded = _produce(registry_broker, topic, AvroSerializer(client, schema.schema_str), values)
     schema_id = client.get_latest_version(f"{topic}-value").schema_id
     assert all(e[0] == 0 and struct.unpack(">I", e[1:5])[0] == schema_id for e in encoded)
     deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry_broker.registry_url}))
     got = consume(registry_broker.bootstrap, topic, len(values))
-    decoded = [deserializer(m.value(), SerializationContext(topic, MessageField.VALUE)) for m in got]
+    decoded = [
+        deserializer(m.value(), SerializationContext(topic, MessageField.VALUE)) for m in got
+    ]
     assert decoded == values
 
 
-def test_json_schema_serializer_round_trip(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> None:
+def test_json_schema_serializer_round_trip(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
     topic = f"json-{uuid.uuid4().hex[:8]}"
     create_topic(registry_broker.bootstrap, topic)
-    schema_str = json.dumps({
-        "$schema": "http://json-schema.org/draft-07/schema#", "title": "Order", "type": "object",
-        "properties": {"id": {"type": "integer"}, "item": {"type": "string"},
-                       "tags": {"type": "array", "items": {"type": "string"}}},
-        "required": ["id", "item"],
-    })
+    schema_str = json.dumps(
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "title": "Order",
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer"},
+                "item": {"type": "string"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["id", "item"],
+        }
+    )
     values = [{"id": i, "item": f"thing-{i}", "tags": ["a"] * (i % 3)} for i in range(20)]
     _produce(registry_broker, topic, JSONSerializer(schema_str, client), values)
     registered = client.get_latest_version(f"{topic}-value")
     assert registered.schema.schema_type == "JSON"
     assert json.loads(present(registered.schema.schema_str)) == json.loads(schema_str)
-    deserializer = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient(
-        {"url": registry_broker.registry_url}))
+    deserializer = JSONDeserializer(
+        None, schema_registry_client=SchemaRegistryClient({"url": registry_broker.registry_url})
+    )
     got = consume(registry_broker.bootstrap, topic, len(values))
-    assert [deserializer(m.value(), SerializationContext(topic, MessageField.VALUE)) for m in got] == values
+    assert [
+        deserializer(m.value(), SerializationContext(topic, MessageField.VALUE)) for m in got
+    ] == values
     # a value the schema rejects is refused by the serializer
     with pytest.raises(SerializationError, match="not a number"):
-        JSONSerializer(schema_str, client)({"id": "not a number"}, SerializationContext(topic, MessageField.VALUE))
+        JSONSerializer(schema_str, client)(
+            {"id": "not a number"}, SerializationContext(topic, MessageField.VALUE)
+        )
 
 
 def _order_message_class() -> type:
     """A generated-style message class built at test time (no protoc)."""
     f = descriptor_pb2.FieldDescriptorProto
-    fdp = descriptor_pb2.FileDescriptorProto(name=f"icefall/test_{uuid.uuid4().hex[:6]}.proto",
-                                             package="icefall.test", syntax="proto3")
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name=f"icefall/test_{uuid.uuid4().hex[:6]}.proto", package="icefall.test", syntax="proto3"
+    )
     status = fdp.enum_type.add(name="Status")
     status.value.add(name="UNKNOWN", number=0)
     status.value.add(name="SHIPPED", number=1)
@@ -295,17 +388,29 @@ def _order_message_class() -> type:
     order = fdp.message_type.add(name="Order")
     order.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
     order.field.add(name="customer", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    order.field.add(name="lines", number=3, type=f.TYPE_MESSAGE, label=f.LABEL_REPEATED,
-                    type_name=".icefall.test.Line")
-    order.field.add(name="status", number=4, type=f.TYPE_ENUM, label=f.LABEL_OPTIONAL,
-                    type_name=".icefall.test.Status")
+    order.field.add(
+        name="lines",
+        number=3,
+        type=f.TYPE_MESSAGE,
+        label=f.LABEL_REPEATED,
+        type_name=".icefall.test.Line",
+    )
+    order.field.add(
+        name="status",
+        number=4,
+        type=f.TYPE_ENUM,
+        label=f.LABEL_OPTIONAL,
+        type_name=".icefall.test.Status",
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     cls: type = message_factory.GetMessageClass(pool.FindMessageTypeByName("icefall.test.Order"))
     return cls
 
 
-def test_protobuf_serializer_round_trip(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> None:
+def test_protobuf_serializer_round_trip(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
     order_cls = _order_message_class()
     topic = f"proto-{uuid.uuid4().hex[:8]}"
     create_topic(registry_broker.bootstrap, topic)
@@ -320,38 +425,64 @@ def test_protobuf_serializer_round_trip(registry_broker: BrokerProcess, client: 
 
     registered = client.get_latest_version(f"{topic}-value")
     assert registered.schema.schema_type == "PROTOBUF"
-    text = present(registered.schema.schema_str)  # served as .proto text by default, as Confluent does
+    text = present(
+        registered.schema.schema_str
+    )  # served as .proto text by default, as Confluent does
     assert "message Order" in text and "message Line" in text and "enum Status" in text, text
-    status, serialized = http(registry_broker.registry_url, "GET",
-                              f"/schemas/ids/{registered.schema_id}?format=serialized")
+    status, serialized = http(
+        registry_broker.registry_url,
+        "GET",
+        f"/schemas/ids/{registered.schema_id}?format=serialized",
+    )
     assert status == 200 and "message" not in serialized["schema"]
 
-    deserializer = ProtobufDeserializer(order_cls, {"use.deprecated.format": False},
-                                        SchemaRegistryClient({"url": registry_broker.registry_url}))
+    deserializer = ProtobufDeserializer(
+        order_cls,
+        {"use.deprecated.format": False},
+        SchemaRegistryClient({"url": registry_broker.registry_url}),
+    )
     got = consume(registry_broker.bootstrap, topic, len(values))
-    decoded = [deserializer(m.value(), SerializationContext(topic, MessageField.VALUE)) for m in got]
-    assert [d.SerializeToString(deterministic=True) for d in decoded] == \
-        [v.SerializeToString(deterministic=True) for v in values]
+    decoded = [
+        deserializer(m.value(), SerializationContext(topic, MessageField.VALUE)) for m in got
+    ]
+    assert [d.SerializeToString(deterministic=True) for d in decoded] == [
+        v.SerializeToString(deterministic=True) for v in values
+    ]
     # the same schema registered as .proto text is the same schema (same id)
-    assert client.register_schema(_subject("proto-text"), Schema(text, "PROTOBUF")) == registered.schema_id
+    assert (
+        client.register_schema(_subject("proto-text"), Schema(text, "PROTOBUF"))
+        == registered.schema_id
+    )
 
 
-def test_protobuf_with_an_imported_file(registry_broker: BrokerProcess, client: SchemaRegistryClient) -> None:
+def test_protobuf_with_an_imported_file(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
     """The serializer registers the imported file as its own subject and refers to it;
     the deserializer fetches both in serialized form."""
     f = descriptor_pb2.FieldDescriptorProto
     tag = uuid.uuid4().hex[:6]
-    common = descriptor_pb2.FileDescriptorProto(name=f"icefall/common_{tag}.proto", package="icefall.common",
-                                                syntax="proto3")
+    common = descriptor_pb2.FileDescriptorProto(
+        name=f"icefall/common_{tag}.proto", package="icefall.common", syntax="proto3"
+    )
     money = common.message_type.add(name="Money")
     money.field.add(name="currency", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
     money.field.add(name="cents", number=2, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
-    main = descriptor_pb2.FileDescriptorProto(name=f"icefall/payment_{tag}.proto", package="icefall.pay",
-                                              syntax="proto3", dependency=[common.name])
+    main = descriptor_pb2.FileDescriptorProto(
+        name=f"icefall/payment_{tag}.proto",
+        package="icefall.pay",
+        syntax="proto3",
+        dependency=[common.name],
+    )
     payment = main.message_type.add(name="Payment")
     payment.field.add(name="id", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    payment.field.add(name="amount", number=2, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL,
-                      type_name=".icefall.common.Money")
+    payment.field.add(
+        name="amount",
+        number=2,
+        type=f.TYPE_MESSAGE,
+        label=f.LABEL_OPTIONAL,
+        type_name=".icefall.common.Money",
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(common)
     pool.Add(main)
@@ -359,21 +490,34 @@ def test_protobuf_with_an_imported_file(registry_broker: BrokerProcess, client: 
 
     topic = f"payments-{tag}"
     create_topic(registry_broker.bootstrap, topic)
-    values = [payment_cls(id=f"p{i}", amount={"currency": "EUR", "cents": 100 * i}) for i in range(5)]
-    _produce(registry_broker, topic, ProtobufSerializer(payment_cls, client, {"use.deprecated.format": False}),
-             values)
+    values = [
+        payment_cls(id=f"p{i}", amount={"currency": "EUR", "cents": 100 * i}) for i in range(5)
+    ]
+    _produce(
+        registry_broker,
+        topic,
+        ProtobufSerializer(payment_cls, client, {"use.deprecated.format": False}),
+        values,
+    )
     registered = client.get_latest_version(f"{topic}-value")
-    assert [(r.name, r.subject, r.version) for r in present(registered.schema.references)] == \
-        [(common.name, common.name, 1)]
+    assert [(r.name, r.subject, r.version) for r in present(registered.schema.references)] == [
+        (common.name, common.name, 1)
+    ]
     assert f'import "{common.name}";' in present(registered.schema.schema_str)
     assert client.get_referenced_by(common.name, 1) == [registered.schema_id]
 
-    deserializer = ProtobufDeserializer(payment_cls, {"use.deprecated.format": False},
-                                        SchemaRegistryClient({"url": registry_broker.registry_url}))
+    deserializer = ProtobufDeserializer(
+        payment_cls,
+        {"use.deprecated.format": False},
+        SchemaRegistryClient({"url": registry_broker.registry_url}),
+    )
     got = consume(registry_broker.bootstrap, topic, len(values))
-    decoded = [deserializer(m.value(), SerializationContext(topic, MessageField.VALUE)) for m in got]
-    assert [(d.id, d.amount.currency, d.amount.cents) for d in decoded] == \
-        [(v.id, v.amount.currency, v.amount.cents) for v in values]
+    decoded = [
+        deserializer(m.value(), SerializationContext(topic, MessageField.VALUE)) for m in got
+    ]
+    assert [(d.id, d.amount.currency, d.amount.cents) for d in decoded] == [
+        (v.id, v.amount.currency, v.amount.cents) for v in values
+    ]
 
 
 def test_root_and_listing(registry_broker: BrokerProcess) -> None:

@@ -62,16 +62,41 @@ def messages(schema_type: str, new: str, old: str | list[str], level: str) -> li
 
 AVRO_CASES: list[tuple[str, str, str, bool, bool]] = [
     ("identical", rec(f("a", "int")), rec(f("a", "int")), True, True),
-    ("add field with default", rec(f("a", "int")),
-     rec(f("a", "int"), f("b", "string", default="x")), True, True),
-    ("add field without default", rec(f("a", "int")), rec(f("a", "int"), f("b", "string")),
-     False, True),
-    ("remove field with default", rec(f("a", "int"), f("b", "string", default="x")),
-     rec(f("a", "int")), True, True),
-    ("remove field without default", rec(f("a", "int"), f("b", "string")), rec(f("a", "int")),
-     True, False),
-    ("add null default field", rec(f("a", "int")),
-     rec(f("a", "int"), f("b", ["null", "string"], default=None)), True, True),
+    (
+        "add field with default",
+        rec(f("a", "int")),
+        rec(f("a", "int"), f("b", "string", default="x")),
+        True,
+        True,
+    ),
+    (
+        "add field without default",
+        rec(f("a", "int")),
+        rec(f("a", "int"), f("b", "string")),
+        False,
+        True,
+    ),
+    (
+        "remove field with default",
+        rec(f("a", "int"), f("b", "string", default="x")),
+        rec(f("a", "int")),
+        True,
+        True,
+    ),
+    (
+        "remove field without default",
+        rec(f("a", "int"), f("b", "string")),
+        rec(f("a", "int")),
+        True,
+        False,
+    ),
+    (
+        "add null default field",
+        rec(f("a", "int")),
+        rec(f("a", "int"), f("b", ["null", "string"], default=None)),
+        True,
+        True,
+    ),
     ("promote int to long", rec(f("a", "int")), rec(f("a", "long")), True, False),
     ("promote int to float", rec(f("a", "int")), rec(f("a", "float")), True, False),
     ("promote int to double", rec(f("a", "int")), rec(f("a", "double")), True, False),
@@ -83,71 +108,184 @@ AVRO_CASES: list[tuple[str, str, str, bool, bool]] = [
     ("bytes to string", rec(f("a", "bytes")), rec(f("a", "string")), True, True),
     ("string to int", rec(f("a", "string")), rec(f("a", "int")), False, False),
     ("boolean to int", rec(f("a", "boolean")), rec(f("a", "int")), False, False),
-    ("enum adds symbol", rec(f("e", enum("A", "B"))), rec(f("e", enum("A", "B", "C"))),
-     True, False),
-    ("enum removes symbol", rec(f("e", enum("A", "B", "C"))), rec(f("e", enum("A", "B"))),
-     False, True),
-    ("enum removes symbol, new has default", rec(f("e", enum("A", "B", "C"))),
-     rec(f("e", enum("A", "B", default="A"))), True, True),
-    ("enum adds symbol, old has default", rec(f("e", enum("A", "B", default="A"))),
-     rec(f("e", enum("A", "B", "C", default="A"))), True, True),
-    ("enum renamed", rec(f("e", enum("A", name="E1"))), rec(f("e", enum("A", name="E2"))),
-     False, False),
+    (
+        "enum adds symbol",
+        rec(f("e", enum("A", "B"))),
+        rec(f("e", enum("A", "B", "C"))),
+        True,
+        False,
+    ),
+    (
+        "enum removes symbol",
+        rec(f("e", enum("A", "B", "C"))),
+        rec(f("e", enum("A", "B"))),
+        False,
+        True,
+    ),
+    (
+        "enum removes symbol, new has default",
+        rec(f("e", enum("A", "B", "C"))),
+        rec(f("e", enum("A", "B", default="A"))),
+        True,
+        True,
+    ),
+    (
+        "enum adds symbol, old has default",
+        rec(f("e", enum("A", "B", default="A"))),
+        rec(f("e", enum("A", "B", "C", default="A"))),
+        True,
+        True,
+    ),
+    (
+        "enum renamed",
+        rec(f("e", enum("A", name="E1"))),
+        rec(f("e", enum("A", name="E2"))),
+        False,
+        False,
+    ),
     ("enum to string", rec(f("e", enum("A"))), rec(f("e", "string")), False, False),
     ("fixed size changed", rec(f("h", fixed(16))), rec(f("h", fixed(8))), False, False),
     ("fixed renamed", rec(f("h", fixed(16, "F1"))), rec(f("h", fixed(16, "F2"))), False, False),
-    ("fixed renamed with alias", rec(f("h", fixed(16, "F1"))),
-     rec(f("h", fixed(16, "F2", aliases=["F1"]))), True, False),
-    ("record renamed", rec(f("a", "int"), name="R1"), rec(f("a", "int"), name="R2"),
-     False, False),
-    ("record renamed with alias", rec(f("a", "int"), name="R1"),
-     rec(f("a", "int"), name="R2", aliases=["R1"]), True, False),
-    ("namespace changed", rec(f("a", "int"), name="R", namespace="a.b"),
-     rec(f("a", "int"), name="R", namespace="c.d"), True, True),
-    ("field renamed with alias", rec(f("a", "int")), rec(f("b", "int", aliases=["a"])),
-     True, False),
+    (
+        "fixed renamed with alias",
+        rec(f("h", fixed(16, "F1"))),
+        rec(f("h", fixed(16, "F2", aliases=["F1"]))),
+        True,
+        False,
+    ),
+    ("record renamed", rec(f("a", "int"), name="R1"), rec(f("a", "int"), name="R2"), False, False),
+    (
+        "record renamed with alias",
+        rec(f("a", "int"), name="R1"),
+        rec(f("a", "int"), name="R2", aliases=["R1"]),
+        True,
+        False,
+    ),
+    (
+        "namespace changed",
+        rec(f("a", "int"), name="R", namespace="a.b"),
+        rec(f("a", "int"), name="R", namespace="c.d"),
+        True,
+        True,
+    ),
+    (
+        "field renamed with alias",
+        rec(f("a", "int")),
+        rec(f("b", "int", aliases=["a"])),
+        True,
+        False,
+    ),
     ("field renamed without alias", rec(f("a", "int")), rec(f("b", "int")), False, False),
-    ("array items promoted", rec(f("xs", {"type": "array", "items": "int"})),
-     rec(f("xs", {"type": "array", "items": "long"})), True, False),
-    ("map values demoted", rec(f("m", {"type": "map", "values": "long"})),
-     rec(f("m", {"type": "map", "values": "int"})), False, True),
-    ("array to map", rec(f("x", {"type": "array", "items": "int"})),
-     rec(f("x", {"type": "map", "values": "int"})), False, False),
+    (
+        "array items promoted",
+        rec(f("xs", {"type": "array", "items": "int"})),
+        rec(f("xs", {"type": "array", "items": "long"})),
+        True,
+        False,
+    ),
+    (
+        "map values demoted",
+        rec(f("m", {"type": "map", "values": "long"})),
+        rec(f("m", {"type": "map", "values": "int"})),
+        False,
+        True,
+    ),
+    (
+        "array to map",
+        rec(f("x", {"type": "array", "items": "int"})),
+        rec(f("x", {"type": "map", "values": "int"})),
+        False,
+        False,
+    ),
     ("int to nullable int", rec(f("a", "int")), rec(f("a", ["null", "int"])), True, False),
-    ("union adds branch", rec(f("a", ["null", "int"])), rec(f("a", ["null", "int", "string"])),
-     True, False),
-    ("union removes branch", rec(f("a", ["null", "int", "string"])), rec(f("a", ["null", "int"])),
-     False, True),
-    ("union reordered", rec(f("a", ["null", "string"], default=None)),
-     rec(f("a", ["string", "null"], default="x")), True, True),
-    ("writer int, reader union promotes", rec(f("a", "int")), rec(f("a", ["null", "long"])),
-     True, False),
-    ("writer union, reader single type reads every branch", rec(f("a", ["int", "long"])),
-     rec(f("a", "double")), True, False),
-    ("writer union, reader single type misses a branch", rec(f("a", ["null", "int"])),
-     rec(f("a", "int")), False, True),
-    ("logical date to int", rec(f("d", {"type": "int", "logicalType": "date"})),
-     rec(f("d", "int")), True, True),
-    ("logical timestamp-millis to int",
-     rec(f("t", {"type": "long", "logicalType": "timestamp-millis"})), rec(f("t", "int")),
-     False, True),
-    ("logical decimal bytes to string",
-     rec(f("x", {"type": "bytes", "logicalType": "decimal", "precision": 5, "scale": 2})),
-     rec(f("x", "string")), True, True),
-    ("recursive type adds defaulted field", node("int"),
-     node("int", f("label", "string", default="")), True, True),
+    (
+        "union adds branch",
+        rec(f("a", ["null", "int"])),
+        rec(f("a", ["null", "int", "string"])),
+        True,
+        False,
+    ),
+    (
+        "union removes branch",
+        rec(f("a", ["null", "int", "string"])),
+        rec(f("a", ["null", "int"])),
+        False,
+        True,
+    ),
+    (
+        "union reordered",
+        rec(f("a", ["null", "string"], default=None)),
+        rec(f("a", ["string", "null"], default="x")),
+        True,
+        True,
+    ),
+    (
+        "writer int, reader union promotes",
+        rec(f("a", "int")),
+        rec(f("a", ["null", "long"])),
+        True,
+        False,
+    ),
+    (
+        "writer union, reader single type reads every branch",
+        rec(f("a", ["int", "long"])),
+        rec(f("a", "double")),
+        True,
+        False,
+    ),
+    (
+        "writer union, reader single type misses a branch",
+        rec(f("a", ["null", "int"])),
+        rec(f("a", "int")),
+        False,
+        True,
+    ),
+    (
+        "logical date to int",
+        rec(f("d", {"type": "int", "logicalType": "date"})),
+        rec(f("d", "int")),
+        True,
+        True,
+    ),
+    (
+        "logical timestamp-millis to int",
+        rec(f("t", {"type": "long", "logicalType": "timestamp-millis"})),
+        rec(f("t", "int")),
+        False,
+        True,
+    ),
+    (
+        "logical decimal bytes to string",
+        rec(f("x", {"type": "bytes", "logicalType": "decimal", "precision": 5, "scale": 2})),
+        rec(f("x", "string")),
+        True,
+        True,
+    ),
+    (
+        "recursive type adds defaulted field",
+        node("int"),
+        node("int", f("label", "string", default="")),
+        True,
+        True,
+    ),
     ("recursive type demotes value", node("long"), node("int"), False, True),
     ("top-level primitive promotion", avro("int"), avro("long"), True, False),
     ("top-level union to primitive", avro(["null", "string"]), avro("string"), False, True),
-    ("nested record field type changed",
-     rec(f("inner", {"type": "record", "name": "In", "fields": [f("x", "int")]})),
-     rec(f("inner", {"type": "record", "name": "In", "fields": [f("x", "string")]})),
-     False, False),
+    (
+        "nested record field type changed",
+        rec(f("inner", {"type": "record", "name": "In", "fields": [f("x", "int")]})),
+        rec(f("inner", {"type": "record", "name": "In", "fields": [f("x", "string")]})),
+        False,
+        False,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "backward", "forward"),
-                         [c[1:] for c in AVRO_CASES], ids=[c[0] for c in AVRO_CASES])
+@pytest.mark.parametrize(
+    ("old", "new", "backward", "forward"),
+    [c[1:] for c in AVRO_CASES],
+    ids=[c[0] for c in AVRO_CASES],
+)
 def test_avro_resolution_rules(old: str, new: str, backward: bool, forward: bool) -> None:
     assert ok("AVRO", new, old, "BACKWARD") is backward
     assert ok("AVRO", new, old, "FORWARD") is forward
@@ -160,8 +298,12 @@ def test_avro_case_table_is_large_enough() -> None:
 
 
 def test_avro_messages_name_the_rule_and_path() -> None:
-    [msg] = messages("AVRO", rec(f("a", "int"), f("b", "string"), f("c", "int")),
-                     rec(f("a", "int"), f("c", "int")), "BACKWARD")
+    [msg] = messages(
+        "AVRO",
+        rec(f("a", "int"), f("b", "string"), f("c", "int")),
+        rec(f("a", "int"), f("c", "int")),
+        "BACKWARD",
+    )
     assert msg.startswith("READER_FIELD_MISSING_DEFAULT_VALUE at /fields/1:")
     assert "'b'" in msg and "new schema" in msg and "[BACKWARD, existing schema #1]" in msg
 
@@ -192,15 +334,23 @@ def test_avro_forward_messages_swap_old_and_new() -> None:
 
 
 def test_avro_reports_every_incompatibility() -> None:
-    found = messages("AVRO", rec(f("a", "string"), f("b", "int"), f("c", enum("X"))),
-                     rec(f("a", "int"), f("c", enum("X", "Y"))), "BACKWARD")
+    found = messages(
+        "AVRO",
+        rec(f("a", "string"), f("b", "int"), f("c", enum("X"))),
+        rec(f("a", "int"), f("c", enum("X", "Y"))),
+        "BACKWARD",
+    )
     kinds = sorted(m.split(" ", 1)[0] for m in found)
     assert kinds == ["MISSING_ENUM_SYMBOLS", "READER_FIELD_MISSING_DEFAULT_VALUE", "TYPE_MISMATCH"]
 
 
 def test_avro_named_type_reused_by_name_and_references() -> None:
-    address = {"type": "record", "name": "Address", "namespace": "acme",
-               "fields": [f("street", "string")]}
+    address = {
+        "type": "record",
+        "name": "Address",
+        "namespace": "acme",
+        "fields": [f("street", "string")],
+    }
     old = rec(f("home", address), f("work", "acme.Address"), name="Person", namespace="acme")
     changed = json.loads(json.dumps(address))
     changed["fields"][0]["type"] = "int"
@@ -209,8 +359,9 @@ def test_avro_named_type_reused_by_name_and_references() -> None:
     assert [m.split(":")[0] for m in found] == ["TYPE_MISMATCH at /fields/0/type/fields/0/type"]
 
     refs_v1 = {"acme.Address": avro(address)}
-    refs_v2 = {"acme.Address": avro({**address, "fields": [f("street", "string"),
-                                                           f("zip", "string")]})}
+    refs_v2 = {
+        "acme.Address": avro({**address, "fields": [f("street", "string"), f("zip", "string")]})
+    }
     person = rec(f("home", "Address"), name="Person", namespace="acme")
     assert check_compatibility("AVRO", person, [person], "FULL", refs_v1) == []
     assert check_compatibility("AVRO", person, [person], "FULL", refs_v2) == []
@@ -219,6 +370,7 @@ def test_avro_named_type_reused_by_name_and_references() -> None:
 
 
 # -- levels and histories ----------------------------------------------------------------------
+
 
 def test_backward_transitive_checks_every_version() -> None:
     v1 = rec(f("a", "int"))
@@ -253,8 +405,15 @@ def test_transitive_only_matters_for_older_versions() -> None:
 
 
 def test_levels_none_and_empty_history() -> None:
-    assert LEVELS == ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE",
-                      "FULL", "FULL_TRANSITIVE")
+    assert LEVELS == (
+        "NONE",
+        "BACKWARD",
+        "BACKWARD_TRANSITIVE",
+        "FORWARD",
+        "FORWARD_TRANSITIVE",
+        "FULL",
+        "FULL_TRANSITIVE",
+    )
     incompatible_pair = (rec(f("a", "string")), [rec(f("a", "int"))])
     assert check_compatibility("AVRO", *incompatible_pair, "NONE") == []
     for level in LEVELS:
@@ -273,6 +432,7 @@ def test_new_schema_is_validated_even_at_level_none() -> None:
 
 # -- JSON Schema ------------------------------------------------------------------------------
 
+
 def obj(props: dict[str, Any], required: list[str] | None = None, **extra: Any) -> str:
     schema: dict[str, Any] = {"type": "object", "properties": props, **extra}
     if required:
@@ -287,44 +447,112 @@ JSON_CASES: list[tuple[str, str, str, bool, bool]] = [
     ("identical", obj({"a": INT}), obj({"a": INT}), True, True),
     ("open model: add optional property", obj({"a": INT}), obj({"a": INT, "b": STR}), False, True),
     ("open model: remove property", obj({"a": INT, "b": STR}), obj({"a": INT}), True, False),
-    ("open model: add property with empty schema", obj({"a": INT}), obj({"a": INT, "b": {}}),
-     True, True),
-    ("closed model: add optional property", obj({"a": INT}, **CLOSED),
-     obj({"a": INT, "b": STR}, **CLOSED), True, False),
-    ("closed model: remove property", obj({"a": INT, "b": STR}, **CLOSED),
-     obj({"a": INT}, **CLOSED), False, True),
-    ("closed model: add required property", obj({"a": INT}, **CLOSED),
-     obj({"a": INT, "b": STR}, ["b"], **CLOSED), False, False),
-    ("closed model: add required property with default", obj({"a": INT}, **CLOSED),
-     obj({"a": INT, "b": {"type": "string", "default": ""}}, ["b"], **CLOSED), True, False),
-    ("partially open: added property covered", obj({"a": INT}, additionalProperties=STR),
-     obj({"a": INT, "b": STR}, additionalProperties=STR), True, True),
-    ("partially open: added property not covered", obj({"a": INT}, additionalProperties=STR),
-     obj({"a": INT, "b": INT}, additionalProperties=STR), False, False),
+    (
+        "open model: add property with empty schema",
+        obj({"a": INT}),
+        obj({"a": INT, "b": {}}),
+        True,
+        True,
+    ),
+    (
+        "closed model: add optional property",
+        obj({"a": INT}, **CLOSED),
+        obj({"a": INT, "b": STR}, **CLOSED),
+        True,
+        False,
+    ),
+    (
+        "closed model: remove property",
+        obj({"a": INT, "b": STR}, **CLOSED),
+        obj({"a": INT}, **CLOSED),
+        False,
+        True,
+    ),
+    (
+        "closed model: add required property",
+        obj({"a": INT}, **CLOSED),
+        obj({"a": INT, "b": STR}, ["b"], **CLOSED),
+        False,
+        False,
+    ),
+    (
+        "closed model: add required property with default",
+        obj({"a": INT}, **CLOSED),
+        obj({"a": INT, "b": {"type": "string", "default": ""}}, ["b"], **CLOSED),
+        True,
+        False,
+    ),
+    (
+        "partially open: added property covered",
+        obj({"a": INT}, additionalProperties=STR),
+        obj({"a": INT, "b": STR}, additionalProperties=STR),
+        True,
+        True,
+    ),
+    (
+        "partially open: added property not covered",
+        obj({"a": INT}, additionalProperties=STR),
+        obj({"a": INT, "b": INT}, additionalProperties=STR),
+        False,
+        False,
+    ),
     ("existing property made required", obj({"a": INT}), obj({"a": INT}, ["a"]), False, True),
     ("integer widened to number", obj({"a": INT}), obj({"a": NUM}), True, False),
     ("string to integer", obj({"a": STR}), obj({"a": INT}), False, False),
     ("type made nullable", obj({"a": STR}), obj({"a": {"type": ["string", "null"]}}), True, False),
-    ("nullable integer widened", obj({"a": {"type": ["integer", "null"]}}),
-     obj({"a": {"type": ["number", "null"]}}), True, False),
-    ("enum widened", obj({"c": {"enum": ["r", "g"]}}), obj({"c": {"enum": ["r", "g", "b"]}}),
-     True, False),
-    ("enum changed", obj({"c": {"enum": ["r", "g"]}}), obj({"c": {"enum": ["r", "b"]}}),
-     False, False),
-    ("maxLength lowered", obj({"s": {"type": "string", "maxLength": 10}}),
-     obj({"s": {"type": "string", "maxLength": 5}}), False, True),
+    (
+        "nullable integer widened",
+        obj({"a": {"type": ["integer", "null"]}}),
+        obj({"a": {"type": ["number", "null"]}}),
+        True,
+        False,
+    ),
+    (
+        "enum widened",
+        obj({"c": {"enum": ["r", "g"]}}),
+        obj({"c": {"enum": ["r", "g", "b"]}}),
+        True,
+        False,
+    ),
+    (
+        "enum changed",
+        obj({"c": {"enum": ["r", "g"]}}),
+        obj({"c": {"enum": ["r", "b"]}}),
+        False,
+        False,
+    ),
+    (
+        "maxLength lowered",
+        obj({"s": {"type": "string", "maxLength": 10}}),
+        obj({"s": {"type": "string", "maxLength": 5}}),
+        False,
+        True,
+    ),
     ("minimum removed", obj({"n": {"type": "number", "minimum": 0}}), obj({"n": NUM}), True, False),
-    ("array items widened", obj({"xs": {"type": "array", "items": INT}}),
-     obj({"xs": {"type": "array", "items": NUM}}), True, False),
+    (
+        "array items widened",
+        obj({"xs": {"type": "array", "items": INT}}),
+        obj({"xs": {"type": "array", "items": NUM}}),
+        True,
+        False,
+    ),
     ("additionalProperties closed", obj({"a": INT}), obj({"a": INT}, **CLOSED), False, True),
-    ("anyOf gains a branch", json.dumps({"anyOf": [INT, STR]}),
-     json.dumps({"anyOf": [INT, STR, {"type": "boolean"}]}), True, False),
+    (
+        "anyOf gains a branch",
+        json.dumps({"anyOf": [INT, STR]}),
+        json.dumps({"anyOf": [INT, STR, {"type": "boolean"}]}),
+        True,
+        False,
+    ),
     ("anything to object", json.dumps({}), obj({"a": INT}), False, True),
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "backward", "forward"),
-                         [c[1:] for c in JSON_CASES], ids=[c[0] for c in JSON_CASES])
+@pytest.mark.parametrize(
+    ("old", "new", "backward", "forward"),
+    [c[1:] for c in JSON_CASES],
+    ids=[c[0] for c in JSON_CASES],
+)
 def test_json_schema_rules(old: str, new: str, backward: bool, forward: bool) -> None:
     assert ok("JSON", new, old, "BACKWARD") is backward
     assert ok("JSON", new, old, "FORWARD") is forward
@@ -341,11 +569,20 @@ def test_json_messages() -> None:
 
 def test_json_refs_definitions_references_and_recursion() -> None:
     def tree(value: dict[str, Any]) -> str:
-        return json.dumps({
-            "$ref": "#/definitions/node",
-            "definitions": {"node": {"type": "object", "properties": {
-                "value": value,
-                "children": {"type": "array", "items": {"$ref": "#/definitions/node"}}}}}})
+        return json.dumps(
+            {
+                "$ref": "#/definitions/node",
+                "definitions": {
+                    "node": {
+                        "type": "object",
+                        "properties": {
+                            "value": value,
+                            "children": {"type": "array", "items": {"$ref": "#/definitions/node"}},
+                        },
+                    }
+                },
+            }
+        )
 
     assert ok("JSON", tree(NUM), tree(INT), "BACKWARD")
     [msg] = messages("JSON", tree(INT), tree(NUM), "BACKWARD")
@@ -362,6 +599,7 @@ def test_json_refs_definitions_references_and_recursion() -> None:
 
 # -- Protobuf ---------------------------------------------------------------------------------
 
+
 def proto(body: str, package: str = "acme", syntax: str = "proto3") -> str:
     return f'syntax = "{syntax}";\npackage {package};\n{body}\n'
 
@@ -370,56 +608,155 @@ PROTO_BASE = proto("message Order { string id = 1; int32 qty = 2; }")
 
 PROTO_CASES: list[tuple[str, str, str, bool, bool]] = [
     ("identical", PROTO_BASE, PROTO_BASE, True, True),
-    ("add field", PROTO_BASE, proto("message Order { string id = 1; int32 qty = 2; bool x = 3; }"),
-     True, True),
+    (
+        "add field",
+        PROTO_BASE,
+        proto("message Order { string id = 1; int32 qty = 2; bool x = 3; }"),
+        True,
+        True,
+    ),
     ("remove field", PROTO_BASE, proto("message Order { string id = 1; }"), True, True),
-    ("proto3 optional added", PROTO_BASE,
-     proto("message Order { string id = 1; int32 qty = 2; optional string note = 3; }"),
-     True, True),
-    ("scalar type changed", PROTO_BASE, proto("message Order { string id = 1; string qty = 2; }"),
-     False, False),
-    ("wire-compatible scalar change", PROTO_BASE,
-     proto("message Order { string id = 1; int64 qty = 2; }"), True, True),
-    ("field renamed", PROTO_BASE, proto("message Order { string id = 1; int32 count = 2; }"),
-     False, False),
-    ("field renumbered", PROTO_BASE, proto("message Order { string id = 1; int32 qty = 3; }"),
-     False, False),
-    ("repeated to singular", proto("message Order { repeated int32 qty = 1; }"),
-     proto("message Order { int32 qty = 1; }"), False, False),
-    ("singular to repeated string", proto("message Order { string id = 1; }"),
-     proto("message Order { repeated string id = 1; }"), False, False),
-    ("message removed", proto("message A { int32 x = 1; }\nmessage B { int32 y = 1; }"),
-     proto("message A { int32 x = 1; }"), False, True),
-    ("message added", proto("message A { int32 x = 1; }"),
-     proto("message A { int32 x = 1; }\nmessage B { int32 y = 1; }"), True, False),
-    ("package changed", PROTO_BASE, proto("message Order { string id = 1; int32 qty = 2; }",
-                                          package="other"), False, False),
-    ("scalar to message", proto("message A { int32 x = 1; }\nmessage M { int32 v = 1; }"),
-     proto("message A { M x = 1; }\nmessage M { int32 v = 1; }"), False, False),
-    ("message type switched", proto("message A { M x = 1; }\nmessage M {}\nmessage N {}"),
-     proto("message A { N x = 1; }\nmessage M {}\nmessage N {}"), False, False),
-    ("enum and int32 are both varints", proto("message A { int32 s = 1; }\nenum S { S0 = 0; }"),
-     proto("message A { S s = 1; }\nenum S { S0 = 0; }"), True, True),
-    ("enum value added", proto("message A { S s = 1; }\nenum S { S0 = 0; }"),
-     proto("message A { S s = 1; }\nenum S { S0 = 0; S1 = 1; }"), True, True),
-    ("required field added (proto2)",
-     proto("message A { optional int32 x = 1; }", syntax="proto2"),
-     proto("message A { optional int32 x = 1; required int32 y = 2; }", syntax="proto2"),
-     False, False),
-    ("two fields moved into one oneof", proto("message A { int32 x = 1; int32 y = 2; }"),
-     proto("message A { oneof o { int32 x = 1; int32 y = 2; } }"), False, True),
-    ("one field moved into a new oneof", proto("message A { int32 x = 1; }"),
-     proto("message A { oneof o { int32 x = 1; } }"), True, True),
-    ("nested message field type changed",
-     proto("message A { message In { int32 v = 1; } In in = 1; }"),
-     proto("message A { message In { string v = 1; } In in = 1; }"), False, False),
-    ("map value type changed", proto("message A { map<string, int32> m = 1; }"),
-     proto("message A { map<string, string> m = 1; }"), False, False),
+    (
+        "proto3 optional added",
+        PROTO_BASE,
+        proto("message Order { string id = 1; int32 qty = 2; optional string note = 3; }"),
+        True,
+        True,
+    ),
+    (
+        "scalar type changed",
+        PROTO_BASE,
+        proto("message Order { string id = 1; string qty = 2; }"),
+        False,
+        False,
+    ),
+    (
+        "wire-compatible scalar change",
+        PROTO_BASE,
+        proto("message Order { string id = 1; int64 qty = 2; }"),
+        True,
+        True,
+    ),
+    (
+        "field renamed",
+        PROTO_BASE,
+        proto("message Order { string id = 1; int32 count = 2; }"),
+        False,
+        False,
+    ),
+    (
+        "field renumbered",
+        PROTO_BASE,
+        proto("message Order { string id = 1; int32 qty = 3; }"),
+        False,
+        False,
+    ),
+    (
+        "repeated to singular",
+        proto("message Order { repeated int32 qty = 1; }"),
+        proto("message Order { int32 qty = 1; }"),
+        False,
+        False,
+    ),
+    (
+        "singular to repeated string",
+        proto("message Order { string id = 1; }"),
+        proto("message Order { repeated string id = 1; }"),
+        False,
+        False,
+    ),
+    (
+        "message removed",
+        proto("message A { int32 x = 1; }\nmessage B { int32 y = 1; }"),
+        proto("message A { int32 x = 1; }"),
+        False,
+        True,
+    ),
+    (
+        "message added",
+        proto("message A { int32 x = 1; }"),
+        proto("message A { int32 x = 1; }\nmessage B { int32 y = 1; }"),
+        True,
+        False,
+    ),
+    (
+        "package changed",
+        PROTO_BASE,
+        proto("message Order { string id = 1; int32 qty = 2; }", package="other"),
+        False,
+        False,
+    ),
+    (
+        "scalar to message",
+        proto("message A { int32 x = 1; }\nmessage M { int32 v = 1; }"),
+        proto("message A { M x = 1; }\nmessage M { int32 v = 1; }"),
+        False,
+        False,
+    ),
+    (
+        "message type switched",
+        proto("message A { M x = 1; }\nmessage M {}\nmessage N {}"),
+        proto("message A { N x = 1; }\nmessage M {}\nmessage N {}"),
+        False,
+        False,
+    ),
+    (
+        "enum and int32 are both varints",
+        proto("message A { int32 s = 1; }\nenum S { S0 = 0; }"),
+        proto("message A { S s = 1; }\nenum S { S0 = 0; }"),
+        True,
+        True,
+    ),
+    (
+        "enum value added",
+        proto("message A { S s = 1; }\nenum S { S0 = 0; }"),
+        proto("message A { S s = 1; }\nenum S { S0 = 0; S1 = 1; }"),
+        True,
+        True,
+    ),
+    (
+        "required field added (proto2)",
+        proto("message A { optional int32 x = 1; }", syntax="proto2"),
+        proto("message A { optional int32 x = 1; required int32 y = 2; }", syntax="proto2"),
+        False,
+        False,
+    ),
+    (
+        "two fields moved into one oneof",
+        proto("message A { int32 x = 1; int32 y = 2; }"),
+        proto("message A { oneof o { int32 x = 1; int32 y = 2; } }"),
+        False,
+        True,
+    ),
+    (
+        "one field moved into a new oneof",
+        proto("message A { int32 x = 1; }"),
+        proto("message A { oneof o { int32 x = 1; } }"),
+        True,
+        True,
+    ),
+    (
+        "nested message field type changed",
+        proto("message A { message In { int32 v = 1; } In in = 1; }"),
+        proto("message A { message In { string v = 1; } In in = 1; }"),
+        False,
+        False,
+    ),
+    (
+        "map value type changed",
+        proto("message A { map<string, int32> m = 1; }"),
+        proto("message A { map<string, string> m = 1; }"),
+        False,
+        False,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "backward", "forward"),
-                         [c[1:] for c in PROTO_CASES], ids=[c[0] for c in PROTO_CASES])
+@pytest.mark.parametrize(
+    ("old", "new", "backward", "forward"),
+    [c[1:] for c in PROTO_CASES],
+    ids=[c[0] for c in PROTO_CASES],
+)
 def test_protobuf_rules(old: str, new: str, backward: bool, forward: bool) -> None:
     assert ok("PROTOBUF", new, old, "BACKWARD") is backward
     assert ok("PROTOBUF", new, old, "FORWARD") is forward
@@ -437,11 +774,16 @@ def test_protobuf_removed_number_reused_with_another_type() -> None:
 
 
 def test_protobuf_messages() -> None:
-    [msg] = messages("PROTOBUF", proto("message Order { string id = 1; string qty = 2; }"),
-                     PROTO_BASE, "BACKWARD")
+    [msg] = messages(
+        "PROTOBUF",
+        proto("message Order { string id = 1; string qty = 2; }"),
+        PROTO_BASE,
+        "BACKWARD",
+    )
     assert msg.startswith("FIELD_SCALAR_KIND_CHANGED at #/Order/2:")
-    [msg] = messages("PROTOBUF", proto("message A {}"),
-                     proto("message A {}\nmessage Gone {}"), "BACKWARD")
+    [msg] = messages(
+        "PROTOBUF", proto("message A {}"), proto("message A {}\nmessage Gone {}"), "BACKWARD"
+    )
     assert msg.startswith("MESSAGE_REMOVED at #/Gone:")
 
 
@@ -469,6 +811,7 @@ def test_protobuf_serialized_form_equals_text_form() -> None:
 
     # What confluent_kafka's ProtobufSerializer registers: base64 of the file descriptor.
     from confluent_kafka.schema_registry.common.protobuf import _schema_to_str
+
     sent = _schema_to_str(order_cls.DESCRIPTOR.file)
     assert is_serialized_descriptor(sent) and not is_serialized_descriptor(text)
     assert to_descriptor(parse_proto(sent), "order.proto") == fdp
@@ -487,18 +830,25 @@ def test_map_entries_keep_their_position_among_nested_types() -> None:
     assert again == fdp
 
 
-@pytest.mark.parametrize("module_name", [
-    "google.protobuf.descriptor_pb2", "google.protobuf.struct_pb2", "google.protobuf.type_pb2",
-    "google.protobuf.api_pb2", "confluent_kafka.schema_registry.confluent.meta_pb2",
-])
+@pytest.mark.parametrize(
+    "module_name",
+    [
+        "google.protobuf.descriptor_pb2",
+        "google.protobuf.struct_pb2",
+        "google.protobuf.type_pb2",
+        "google.protobuf.api_pb2",
+        "confluent_kafka.schema_registry.confluent.meta_pb2",
+    ],
+)
 def test_parse_real_descriptors_and_their_rendered_text(module_name: str) -> None:
     serialized = importlib.import_module(module_name).DESCRIPTOR.serialized_pb
     sent = base64.standard_b64encode(serialized).decode()
     from_b64 = parse_proto(sent)
     from_text = parse_proto(render_proto(from_b64))
     assert check_compatibility("PROTOBUF", render_proto(from_b64), [sent], "FULL") == []
-    assert [m.full_name for m in from_text.all_messages()] == \
-        [m.full_name for m in from_b64.all_messages()]
+    assert [m.full_name for m in from_text.all_messages()] == [
+        m.full_name for m in from_b64.all_messages()
+    ]
     original = descriptor_pb2.FileDescriptorProto.FromString(serialized)
     from_b64.dependencies.clear()
     assert from_descriptor(to_descriptor(from_text, original.name)) == from_b64
@@ -532,13 +882,19 @@ def test_proto_parser_accepts_the_full_grammar() -> None:
     pf = parse_proto(text)
     m = pf.messages[0]
     assert [(x.name, x.number, x.label) for x in m.fields] == [
-        ("a", 1, "optional"), ("s", 2, "required"), ("item", 3, "repeated"),
-        ("c1", 4, None), ("c2", 6, None), ("children", 7, None)]
+        ("a", 1, "optional"),
+        ("s", 2, "required"),
+        ("item", 3, "repeated"),
+        ("c1", 4, None),
+        ("c2", 6, None),
+        ("children", 7, None),
+    ]
     assert m.fields[0].default == "-3" and m.fields[1].default == 'x"y'
     assert m.oneofs == ["choice"] and m.reserved_numbers == [(5, 5), (8, 9)]
     assert pf.services[0].methods[0].server_streaming
-    assert parse_proto('edition = "2023"; package e; message M { int32 x = 1; }').syntax == \
-        "editions"
+    assert (
+        parse_proto('edition = "2023"; package e; message M { int32 x = 1; }').syntax == "editions"
+    )
 
 
 INVALID_PROTOS = [
@@ -575,8 +931,10 @@ INVALID_AVRO = [
     (rec(f("a", "int"), f("a", "long")), "duplicate field 'a'"),
     (rec(f("a", "int", default="x")), "Default value <x> must match schema type: int"),
     (rec(f("a", ["null", "int"], default="x")), "Default value <x> must match a schema in union"),
-    (rec(f("a", {"type": "array", "items": "int"}, default=["x"])),
-     "default value [\"x\"] of field 'a' at /fields/0 does not match its type array"),
+    (
+        rec(f("a", {"type": "array", "items": "int"}, default=["x"])),
+        "default value [\"x\"] of field 'a' at /fields/0 does not match its type array",
+    ),
     (avro(enum("A", "A")), "unique"),
     (avro({"type": "fixed", "name": "F"}), "size"),
     (rec(f("a", "int"), name="1bad"), "1bad"),

@@ -24,21 +24,26 @@ def _subject() -> str:
 
 
 def _register(base: str, subject: str, schema: str, **extra: object) -> int:
-    status, answer = http(base, "POST", f"/subjects/{subject}/versions", {"schema": schema, **extra})
+    status, answer = http(
+        base, "POST", f"/subjects/{subject}/versions", {"schema": schema, **extra}
+    )
     assert status == 200, answer
     schema_id: int = answer["id"]
     return schema_id
 
 
-@pytest.mark.parametrize("method,path", [
-    ("POST", "/subjects/{s}/versions"),
-    ("POST", "/subjects/{s}"),
-    ("POST", "/compatibility/subjects/{s}/versions/latest"),
-    ("POST", "/compatibility/subjects/{s}/versions"),
-    ("PUT", "/config"),
-    ("PUT", "/config/{s}"),
-    ("PUT", "/mode/{s}"),
-])
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("POST", "/subjects/{s}/versions"),
+        ("POST", "/subjects/{s}"),
+        ("POST", "/compatibility/subjects/{s}/versions/latest"),
+        ("POST", "/compatibility/subjects/{s}/versions"),
+        ("PUT", "/config"),
+        ("PUT", "/config/{s}"),
+        ("PUT", "/mode/{s}"),
+    ],
+)
 def test_malformed_bodies(registry_broker: BrokerProcess, method: str, path: str) -> None:
     base, s = registry_broker.registry_url, _subject()
     path = path.format(s=s)
@@ -54,61 +59,87 @@ def test_wrongly_typed_fields(registry_broker: BrokerProcess) -> None:
     url = f"/subjects/{s}/versions"
     assert error(base, "POST", url, {"schema": {"type": "string"}})[:2] == (400, 400)
     assert error(base, "POST", url, {"schema": RECORD, "references": "nope"})[:2] == (400, 400)
-    assert error(base, "POST", url, {"schema": RECORD, "references": [{"name": "x"}]})[:2] == (400, 400)
+    assert error(base, "POST", url, {"schema": RECORD, "references": [{"name": "x"}]})[:2] == (
+        400,
+        400,
+    )
     assert error(base, "POST", url, {"schema": RECORD, "id": "seven"})[:2] == (400, 400)
     assert error(base, "POST", url, {})[:2] == (422, 42201)  # no schema
     assert error(base, "POST", url, {"schema": ""})[:2] == (422, 42201)
     assert error(base, "POST", url, {"schema": RECORD, "schemaType": "XML"})[:2] == (422, 42201)
 
 
-@pytest.mark.parametrize("schema_type,schema", [
-    ("AVRO", "not json at all"),
-    ("AVRO", '{"type": "nosuchtype"}'),
-    ("AVRO", '{"type": "record", "name": "R"}'),  # no fields
-    ("AVRO", '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int", "default": "x"}]}'),
-    ("AVRO", '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}, {"name": "a", "type": "int"}]}'),
-    ("AVRO", '{"type": "enum", "name": "E", "symbols": ["A", "A"]}'),
-    ("AVRO", '{"type": "record", "name": "1bad", "fields": []}'),
-    ("AVRO", "5"),
-    ("JSON", '{"type": 5}'),
-    ("JSON", '{"properties": {"a": {"type": "nope"}}}'),
-    ("JSON", "[1, 2]"),
-    ("JSON", "{broken"),
-    ("PROTOBUF", 'syntax = "proto3"; message M { int32 a = 1; string a = 2; }'),
-    ("PROTOBUF", 'syntax = "proto3"; message M { int32 a = 0; }'),
-    ("PROTOBUF", "message M {"),
-    ("PROTOBUF", 'syntax = "proto3"; message M { Missing m = 1; }'),
-    ("PROTOBUF", "this is not protobuf"),
-])
+@pytest.mark.parametrize(
+    "schema_type,schema",
+    [
+        ("AVRO", "not json at all"),
+        ("AVRO", '{"type": "nosuchtype"}'),
+        ("AVRO", '{"type": "record", "name": "R"}'),  # no fields
+        (
+            "AVRO",
+            '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int", "default": "x"}]}',
+        ),
+        (
+            "AVRO",
+            '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}, {"name": "a", "type": "int"}]}',
+        ),
+        ("AVRO", '{"type": "enum", "name": "E", "symbols": ["A", "A"]}'),
+        ("AVRO", '{"type": "record", "name": "1bad", "fields": []}'),
+        ("AVRO", "5"),
+        ("JSON", '{"type": 5}'),
+        ("JSON", '{"properties": {"a": {"type": "nope"}}}'),
+        ("JSON", "[1, 2]"),
+        ("JSON", "{broken"),
+        ("PROTOBUF", 'syntax = "proto3"; message M { int32 a = 1; string a = 2; }'),
+        ("PROTOBUF", 'syntax = "proto3"; message M { int32 a = 0; }'),
+        ("PROTOBUF", "message M {"),
+        ("PROTOBUF", 'syntax = "proto3"; message M { Missing m = 1; }'),
+        ("PROTOBUF", "this is not protobuf"),
+    ],
+)
 def test_invalid_schemas(registry_broker: BrokerProcess, schema_type: str, schema: str) -> None:
     base, s = registry_broker.registry_url, _subject()
     body = {"schema": schema, "schemaType": schema_type}
     assert error(base, "POST", f"/subjects/{s}/versions", body)[:2] == (422, 42201)
-    assert error(base, "POST", f"/compatibility/subjects/{s}/versions/latest", body)[:2] == (422, 42201)
+    assert error(base, "POST", f"/compatibility/subjects/{s}/versions/latest", body)[:2] == (
+        422,
+        42201,
+    )
     assert http(base, "GET", f"/subjects/{s}/versions")[0] == 404  # nothing was registered
 
 
 def test_unknown_subjects_versions_and_ids(registry_broker: BrokerProcess) -> None:
     base, s, missing = registry_broker.registry_url, _subject(), _subject()
     schema_id = _register(base, s, RECORD)
-    for method, path in [("GET", f"/subjects/{missing}/versions"), ("GET", f"/subjects/{missing}/versions/1"),
-                         ("GET", f"/subjects/{missing}/versions/latest"), ("DELETE", f"/subjects/{missing}"),
-                         ("DELETE", f"/subjects/{missing}/versions/1"),
-                         ("GET", f"/subjects/{missing}/versions/1/schema"),
-                         ("GET", f"/subjects/{missing}/versions/1/referencedby"),
-                         ("POST", f"/compatibility/subjects/{missing}/versions/3")]:
+    for method, path in [
+        ("GET", f"/subjects/{missing}/versions"),
+        ("GET", f"/subjects/{missing}/versions/1"),
+        ("GET", f"/subjects/{missing}/versions/latest"),
+        ("DELETE", f"/subjects/{missing}"),
+        ("DELETE", f"/subjects/{missing}/versions/1"),
+        ("GET", f"/subjects/{missing}/versions/1/schema"),
+        ("GET", f"/subjects/{missing}/versions/1/referencedby"),
+        ("POST", f"/compatibility/subjects/{missing}/versions/3"),
+    ]:
         body = {"schema": RECORD} if method == "POST" else None
         assert error(base, method, path, body)[:2] == (404, 40401), path
     assert error(base, "POST", f"/subjects/{missing}", {"schema": RECORD})[:2] == (404, 40401)
-    for method, path in [("GET", f"/subjects/{s}/versions/2"), ("DELETE", f"/subjects/{s}/versions/9"),
-                         ("GET", f"/subjects/{s}/versions/2/schema"),
-                         ("POST", f"/compatibility/subjects/{s}/versions/5")]:
+    for method, path in [
+        ("GET", f"/subjects/{s}/versions/2"),
+        ("DELETE", f"/subjects/{s}/versions/9"),
+        ("GET", f"/subjects/{s}/versions/2/schema"),
+        ("POST", f"/compatibility/subjects/{s}/versions/5"),
+    ]:
         body = {"schema": RECORD} if method == "POST" else None
         assert error(base, method, path, body)[:2] == (404, 40402), path
     other = json.dumps({"type": "record", "name": "Other", "fields": []})
     assert error(base, "POST", f"/subjects/{s}", {"schema": other})[:2] == (404, 40403)
-    for path in (f"/schemas/ids/{schema_id + 100000}", f"/schemas/ids/{schema_id + 100000}/schema",
-                 f"/schemas/ids/{schema_id + 100000}/versions", f"/schemas/ids/{schema_id + 100000}/subjects"):
+    for path in (
+        f"/schemas/ids/{schema_id + 100000}",
+        f"/schemas/ids/{schema_id + 100000}/schema",
+        f"/schemas/ids/{schema_id + 100000}/versions",
+        f"/schemas/ids/{schema_id + 100000}/subjects",
+    ):
         status, code, message = error(base, "GET", path)
         assert (status, code) == (404, 40403) and str(schema_id + 100000) in message
     assert error(base, "GET", "/schemas/ids/abc")[:2] == (404, 404)
@@ -120,9 +151,12 @@ def test_unknown_subjects_versions_and_ids(registry_broker: BrokerProcess) -> No
 def test_invalid_versions(registry_broker: BrokerProcess, version: str) -> None:
     base, s = registry_broker.registry_url, _subject()
     _register(base, s, RECORD)
-    for method, path in [("GET", f"/subjects/{s}/versions/{version}"), ("DELETE", f"/subjects/{s}/versions/{version}"),
-                         ("GET", f"/subjects/{s}/versions/{version}/schema"),
-                         ("POST", f"/compatibility/subjects/{s}/versions/{version}")]:
+    for method, path in [
+        ("GET", f"/subjects/{s}/versions/{version}"),
+        ("DELETE", f"/subjects/{s}/versions/{version}"),
+        ("GET", f"/subjects/{s}/versions/{version}/schema"),
+        ("POST", f"/compatibility/subjects/{s}/versions/{version}"),
+    ]:
         body = {"schema": RECORD} if method == "POST" else None
         status, code, message = error(base, method, path, body)
         assert (status, code) == (422, 42202) and version in message, (path, message)
@@ -131,18 +165,32 @@ def test_invalid_versions(registry_broker: BrokerProcess, version: str) -> None:
 def test_incompatible_schema(registry_broker: BrokerProcess) -> None:
     base, s = registry_broker.registry_url, _subject()
     _register(base, s, RECORD)
-    breaking = json.dumps({"type": "record", "name": "R", "fields": [
-        {"name": "a", "type": "string"}, {"name": "b", "type": "int"}]})
+    breaking = json.dumps(
+        {
+            "type": "record",
+            "name": "R",
+            "fields": [{"name": "a", "type": "string"}, {"name": "b", "type": "int"}],
+        }
+    )
     status, code, message = error(base, "POST", f"/subjects/{s}/versions", {"schema": breaking})
     assert (status, code) == (409, 409)
-    assert message.startswith(f'Schema being registered is incompatible with an earlier schema for subject "{s}"')
+    assert message.startswith(
+        f'Schema being registered is incompatible with an earlier schema for subject "{s}"'
+    )
     # both problems are listed, with the level
-    assert "TYPE_MISMATCH at /fields/0" in message and "READER_FIELD_MISSING_DEFAULT_VALUE at /fields/1" in message
+    assert (
+        "TYPE_MISMATCH at /fields/0" in message
+        and "READER_FIELD_MISSING_DEFAULT_VALUE at /fields/1" in message
+    )
     assert "{compatibility: 'BACKWARD'}" in message, message
     assert http(base, "GET", f"/subjects/{s}/versions") == (200, [1])
     # a JSON schema after an Avro one is a different type: incompatible too
-    status, code, message = error(base, "POST", f"/subjects/{s}/versions",
-                                  {"schema": '{"type": "object"}', "schemaType": "JSON"})
+    status, code, message = error(
+        base,
+        "POST",
+        f"/subjects/{s}/versions",
+        {"schema": '{"type": "object"}', "schemaType": "JSON"},
+    )
     assert (status, code) == (409, 409) and "different schema type" in message
 
 
@@ -175,8 +223,12 @@ def test_delete_state_errors(registry_broker: BrokerProcess) -> None:
     assert http(base, "DELETE", f"/subjects/{s}/versions/1?permanent=true") == (200, 1)
     assert error(base, "DELETE", f"/subjects/{s}/versions/1?permanent=true")[:2] == (404, 40401)
     # a reference to a schema that does not exist is an invalid schema
-    body = {"schema": json.dumps({"type": "record", "name": "X", "fields": [{"name": "r", "type": "R"}]}),
-            "references": [{"name": "R", "subject": s, "version": 1}]}
+    body = {
+        "schema": json.dumps(
+            {"type": "record", "name": "X", "fields": [{"name": "r", "type": "R"}]}
+        ),
+        "references": [{"name": "R", "subject": s, "version": 1}],
+    }
     assert error(base, "POST", f"/subjects/{_subject()}/versions", body)[:2] == (422, 42201)
 
 
@@ -184,18 +236,33 @@ def test_garbage_never_500(registry_broker: BrokerProcess) -> None:
     """Every endpoint with odd paths, parameters and bodies: always a 2xx or 4xx answer."""
     base, s = registry_broker.registry_url, _subject()
     _register(base, s, RECORD)
-    paths = ["/subjects/{s}/versions", "/subjects/{s}", "/subjects/{s}/versions/{v}",
-             "/subjects/{s}/versions/{v}/schema", "/subjects/{s}/versions/{v}/referencedby",
-             "/compatibility/subjects/{s}/versions/{v}", "/compatibility/subjects/{s}/versions",
-             "/schemas/ids/{v}", "/schemas/ids/{v}/versions", "/config/{s}", "/mode/{s}", "/subjects", "/schemas"]
+    paths = [
+        "/subjects/{s}/versions",
+        "/subjects/{s}",
+        "/subjects/{s}/versions/{v}",
+        "/subjects/{s}/versions/{v}/schema",
+        "/subjects/{s}/versions/{v}/referencedby",
+        "/compatibility/subjects/{s}/versions/{v}",
+        "/compatibility/subjects/{s}/versions",
+        "/schemas/ids/{v}",
+        "/schemas/ids/{v}/versions",
+        "/config/{s}",
+        "/mode/{s}",
+        "/subjects",
+        "/schemas",
+    ]
     subjects = [s, "%00", "a%2Fb", "%E2%98%83"]
     versions = ["latest", "-1", "99999999999999999999", "1e3"]
     params = ["?deleted=maybe&offset=x", "?format=serialized&limit=-5&permanent=TRUE&verbose=1"]
-    bodies: list[bytes | None] = [None, b"{}", b'{"schema": "\\"string\\"", "references": []}',
-                                  b'{"schema": "\\"int\\"", "schemaType": "PROTOBUF"}',
-                                  b'{"schema": "{\\"$ref\\": \\"#/definitions/x\\"}", "schemaType": "JSON"}',
-                                  b'{"schema": "[\\"null\\", \\"null\\"]"}',
-                                  b'{"compatibility": "none", "mode": "readonly"}']
+    bodies: list[bytes | None] = [
+        None,
+        b"{}",
+        b'{"schema": "\\"string\\"", "references": []}',
+        b'{"schema": "\\"int\\"", "schemaType": "PROTOBUF"}',
+        b'{"schema": "{\\"$ref\\": \\"#/definitions/x\\"}", "schemaType": "JSON"}',
+        b'{"schema": "[\\"null\\", \\"null\\"]"}',
+        b'{"compatibility": "none", "mode": "readonly"}',
+    ]
     failures = []
     pick = itertools.cycle(bodies)
     for path, sub, ver, param in itertools.product(paths, subjects, versions, params):

@@ -19,6 +19,7 @@ def _produce(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> list
     results: list[KafkaError | None] = [None] * len(items)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "retries": 0})
     for i, (partition, value) in enumerate(items):
+
         def delivered(err: KafkaError | None, msg: object, i: int = i) -> None:
             results[i] = err
 
@@ -30,8 +31,12 @@ def _produce(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> list
 def test_gate_refuses_bad_records_and_keeps_good_partitions(broker: BrokerProcess) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     table = {"automq.table.topic.enable": "true"}
-    topics = [NewTopic("gated", 2, 1, config=table),
-              NewTopic("ungated", 1, 1, config={**table, "automq.table.topic.schema.validation": "false"})]
+    topics = [
+        NewTopic("gated", 2, 1, config=table),
+        NewTopic(
+            "ungated", 1, 1, config={**table, "automq.table.topic.schema.validation": "false"}
+        ),
+    ]
     for f in admin.create_topics(topics).values():
         f.result(10)
     registry = SchemaRegistryClient({"url": broker.registry_url})
@@ -39,9 +44,15 @@ def test_gate_refuses_bad_records_and_keeps_good_partitions(broker: BrokerProces
     good = serialize({"user": 1, "page": "/"}, SerializationContext("gated", MessageField.VALUE))
     schema_id = struct.unpack(">I", good[1:5])[0]
 
-    results = _produce(broker.bootstrap, "gated", [
-        (0, good), (1, good), (1, b"not avro at all"),
-    ])
+    results = _produce(
+        broker.bootstrap,
+        "gated",
+        [
+            (0, good),
+            (1, good),
+            (1, b"not avro at all"),
+        ],
+    )
     assert results[0] is None
     assert results[2] is not None and results[2].code() == KafkaError.INVALID_RECORD
 

@@ -16,7 +16,10 @@ from tests.support import BrokerProcess, present
 
 
 def avro(name: str, fields: list[dict[str, Any]]) -> Schema:
-    return Schema(json.dumps({"type": "record", "name": name, "namespace": "restart", "fields": fields}), "AVRO")
+    return Schema(
+        json.dumps({"type": "record", "name": name, "namespace": "restart", "fields": fields}),
+        "AVRO",
+    )
 
 
 F1: list[dict[str, Any]] = [{"name": "id", "type": "long"}]
@@ -38,10 +41,21 @@ def populate(client: SchemaRegistryClient, base: str) -> dict[str, int]:
         ),
     }
     assert client.register_schema("orders-copy-value", avro("Order", F1)) == ids["orders-1"]
-    ids["customer"] = client.register_schema("customer-value", Schema(
-        json.dumps({"type": "record", "name": "Customer", "namespace": "restart",
-                    "fields": [{"name": "home", "type": "restart.Address"}]}),
-        "AVRO", [SchemaReference("restart.Address", "address", 1)]))
+    ids["customer"] = client.register_schema(
+        "customer-value",
+        Schema(
+            json.dumps(
+                {
+                    "type": "record",
+                    "name": "Customer",
+                    "namespace": "restart",
+                    "fields": [{"name": "home", "type": "restart.Address"}],
+                }
+            ),
+            "AVRO",
+            [SchemaReference("restart.Address", "address", 1)],
+        ),
+    )
     ids["frozen"] = client.register_schema("frozen-value", avro("Frozen", F1))
     assert client.delete_version("orders-value", 1) == 1
     assert client.delete_subject("json-value") == [1]
@@ -58,20 +72,37 @@ def populate(client: SchemaRegistryClient, base: str) -> dict[str, int]:
 def snapshot(base: str, ids: dict[str, int]) -> dict[str, Any]:
     """Everything the REST API says about the registry."""
     out: dict[str, Any] = {}
-    for path in ("/subjects", "/subjects?deleted=true", "/config", "/mode", "/schemas?deleted=true"):
+    for path in (
+        "/subjects",
+        "/subjects?deleted=true",
+        "/config",
+        "/mode",
+        "/schemas?deleted=true",
+    ):
         out[path] = http(base, "GET", path)
     _, subjects = http(base, "GET", "/subjects?deleted=true")
     for subject in [*subjects, "temp-value"]:
-        for path in (f"/subjects/{subject}/versions", f"/subjects/{subject}/versions?deleted=true",
-                     f"/subjects/{subject}/versions/latest", f"/config/{subject}", f"/mode/{subject}"):
+        for path in (
+            f"/subjects/{subject}/versions",
+            f"/subjects/{subject}/versions?deleted=true",
+            f"/subjects/{subject}/versions/latest",
+            f"/config/{subject}",
+            f"/mode/{subject}",
+        ):
             out[path] = http(base, "GET", path)
         for version in (1, 2):
-            for path in (f"/subjects/{subject}/versions/{version}?deleted=true",
-                         f"/subjects/{subject}/versions/{version}/referencedby"):
+            for path in (
+                f"/subjects/{subject}/versions/{version}?deleted=true",
+                f"/subjects/{subject}/versions/{version}/referencedby",
+            ):
                 out[path] = http(base, "GET", path)
     for schema_id in ids.values():
-        for path in (f"/schemas/ids/{schema_id}", f"/schemas/ids/{schema_id}?format=serialized",
-                     f"/schemas/ids/{schema_id}/versions?deleted=true", f"/schemas/ids/{schema_id}/subjects"):
+        for path in (
+            f"/schemas/ids/{schema_id}",
+            f"/schemas/ids/{schema_id}?format=serialized",
+            f"/schemas/ids/{schema_id}/versions?deleted=true",
+            f"/schemas/ids/{schema_id}/subjects",
+        ):
             out[path] = http(base, "GET", path)
     return out
 
@@ -83,8 +114,17 @@ def test_restart_keeps_everything(tmp_path: Path) -> None:
         ids = populate(client, broker.registry_url)
         before = snapshot(broker.registry_url, ids)
         # the snapshot is not vacuous
-        assert before["/subjects"] == (200, ["address", "customer-value", "frozen-value", "orders-copy-value",
-                                             "orders-value", "proto-value"])
+        assert before["/subjects"] == (
+            200,
+            [
+                "address",
+                "customer-value",
+                "frozen-value",
+                "orders-copy-value",
+                "orders-value",
+                "proto-value",
+            ],
+        )
         assert before["/subjects/orders-value/versions?deleted=true"] == (200, [1, 2])
         assert before["/config"] == (200, {"compatibilityLevel": "FORWARD"})
         assert before["/mode/frozen-value"] == (200, {"mode": "READONLY"})
@@ -97,13 +137,21 @@ def test_restart_keeps_everything(tmp_path: Path) -> None:
 
         fresh = SchemaRegistryClient({"url": broker.registry_url})
         # ids keep counting from the largest ever given, the permanently deleted one included
-        assert fresh.register_schema("new-value", avro("New", F1)) == max(ids.values()) + 1 == ids["temp"] + 1
+        assert (
+            fresh.register_schema("new-value", avro("New", F1))
+            == max(ids.values()) + 1
+            == ids["temp"] + 1
+        )
         # the same schema under a new subject still finds its old id; rules still apply
         assert fresh.register_schema("orders-again-value", avro("Order", F2)) == ids["orders-2"]
         assert fresh.get_compatibility("orders-value") == "NONE"
         assert fresh.get_mode("frozen-value") == "READONLY"
-        status, answer = http(broker.registry_url, "POST", "/subjects/frozen-value/versions",
-                              {"schema": avro("Frozen", F2).schema_str})
+        status, answer = http(
+            broker.registry_url,
+            "POST",
+            "/subjects/frozen-value/versions",
+            {"schema": avro("Frozen", F2).schema_str},
+        )
         assert (status, answer["error_code"]) == (422, 42205)
     finally:
         broker.stop()
@@ -113,7 +161,10 @@ def test_kill9_after_the_answer_loses_nothing(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "home", ["--segment-flush-ms", "600000"]).start()
     try:
         client = SchemaRegistryClient({"url": broker.registry_url})
-        registered = {f"s{i}-value": client.register_schema(f"s{i}-value", avro(f"S{i}", F1)) for i in range(5)}
+        registered = {
+            f"s{i}-value": client.register_schema(f"s{i}-value", avro(f"S{i}", F1))
+            for i in range(5)
+        }
         client.set_compatibility("s0-value", "FULL")
         broker.kill9()
         broker.start()
@@ -136,8 +187,10 @@ def test_schemas_topic_is_plain_kafka(tmp_path: Path) -> None:
         assert configs.result(10)["cleanup.policy"].value == "compact"
 
         records = consume(broker.bootstrap, "_schemas", end_offset(broker.bootstrap, "_schemas"))
-        decoded = [(json.loads(present(m.key())), None if (v := m.value()) is None else json.loads(v))
-                   for m in records]
+        decoded = [
+            (json.loads(present(m.key())), None if (v := m.value()) is None else json.loads(v))
+            for m in records
+        ]
     finally:
         broker.stop()
 
@@ -148,18 +201,38 @@ def test_schemas_topic_is_plain_kafka(tmp_path: Path) -> None:
             assert value["subject"] == key["subject"] and value["version"] == key["version"]
             assert set(value) >= {"subject", "version", "id", "schema", "references", "deleted"}
     first = next(v for k, v in schema_records if k["subject"] == "orders-value" and v is not None)
-    assert first == {"subject": "orders-value", "version": 1, "id": ids["orders-1"],
-                     "schema": json.dumps(json.loads(present(avro("Order", F1).schema_str)), separators=(",", ":")),
-                     "references": [], "deleted": False}
+    assert first == {
+        "subject": "orders-value",
+        "version": 1,
+        "id": ids["orders-1"],
+        "schema": json.dumps(
+            json.loads(present(avro("Order", F1).schema_str)), separators=(",", ":")
+        ),
+        "references": [],
+        "deleted": False,
+    }
     proto = present(next(v for k, v in schema_records if k["subject"] == "proto-value"))
     assert proto["schemaType"] == "PROTOBUF" and "message Event" in proto["schema"]
     customer = present(next(v for k, v in schema_records if k["subject"] == "customer-value"))
-    assert customer["references"] == [{"name": "restart.Address", "subject": "address", "version": 1}]
+    assert customer["references"] == [
+        {"name": "restart.Address", "subject": "address", "version": 1}
+    ]
     # soft delete: the same key again with deleted=true; permanent delete: a tombstone
-    assert ({"keytype": "SCHEMA", "subject": "orders-value", "version": 1, "magic": 1},
-            {**first, "deleted": True}) in schema_records
+    assert (
+        {"keytype": "SCHEMA", "subject": "orders-value", "version": 1, "magic": 1},
+        {**first, "deleted": True},
+    ) in schema_records
     temp_key = {"keytype": "SCHEMA", "subject": "temp-value", "version": 1, "magic": 1}
     assert [v is None for k, v in schema_records if k == temp_key] == [False, False, True]
-    assert ({"keytype": "CONFIG", "subject": None, "magic": 0}, {"compatibilityLevel": "FORWARD"}) in decoded
-    assert ({"keytype": "CONFIG", "subject": "orders-value", "magic": 0}, {"compatibilityLevel": "NONE"}) in decoded
-    assert ({"keytype": "MODE", "subject": "frozen-value", "magic": 0}, {"mode": "READONLY"}) in decoded
+    assert (
+        {"keytype": "CONFIG", "subject": None, "magic": 0},
+        {"compatibilityLevel": "FORWARD"},
+    ) in decoded
+    assert (
+        {"keytype": "CONFIG", "subject": "orders-value", "magic": 0},
+        {"compatibilityLevel": "NONE"},
+    ) in decoded
+    assert (
+        {"keytype": "MODE", "subject": "frozen-value", "magic": 0},
+        {"mode": "READONLY"},
+    ) in decoded

@@ -54,16 +54,30 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-ADDRESS = json.dumps({"type": "record", "name": "Address", "namespace": "t",
-                      "fields": [{"name": "street", "type": "string"}]})
-PERSON = json.dumps({"type": "record", "name": "Person", "namespace": "t",
-                     "fields": [{"name": "name", "type": "string"}, {"name": "home", "type": "t.Address"}]})
+ADDRESS = json.dumps(
+    {
+        "type": "record",
+        "name": "Address",
+        "namespace": "t",
+        "fields": [{"name": "street", "type": "string"}],
+    }
+)
+PERSON = json.dumps(
+    {
+        "type": "record",
+        "name": "Person",
+        "namespace": "t",
+        "fields": [{"name": "name", "type": "string"}, {"name": "home", "type": "t.Address"}],
+    }
+)
 
 
 async def _fill(store: SchemaStore) -> dict[str, int]:
     await store.load()
     _, address = await store.register("address", "AVRO", ADDRESS, [])
-    _, person = await store.register("person-value", "AVRO", PERSON, [Reference("t.Address", "address", 1)])
+    _, person = await store.register(
+        "person-value", "AVRO", PERSON, [Reference("t.Address", "address", 1)]
+    )
     _, doc = await store.register("doc-value", "JSON", '{"type": "object"}', [])
     await store.delete_version("doc-value", 1)
     await store.set_config("person-value", {"compatibility": "FULL"})
@@ -106,11 +120,17 @@ def test_damaged_records_are_skipped() -> None:
         _Record(0, b'["a list"]', b"{}"),
         _Record(0, b'{"keytype":"SCHEMA","subject":"x","version":1,"magic":1}', b"not json"),
         _Record(0, b'{"keytype":"SCHEMA","subject":"x","version":1,"magic":1}', b'{"id": "NaN"}'),
-        _Record(0, b'{"keytype":"CONFIG","subject":"x","magic":0}', b'{"compatibilityLevel":"SIDEWAYS"}'),
+        _Record(
+            0, b'{"keytype":"CONFIG","subject":"x","magic":0}', b'{"compatibilityLevel":"SIDEWAYS"}'
+        ),
         _Record(0, b'{"keytype":"MODE","subject":null,"magic":0}', b'{"mode":"BROKEN"}'),
         _Record(0, b'{"keytype":"NOOP","magic":0}', None),
         _Record(0, b'{"keytype":"CONFIG","subject":"y","magic":0}', b'["a", "list"]'),
-        _Record(0, b'{"keytype":"SCHEMA","subject":7,"version":1,"magic":1}', b'{"id": 1, "schema": "x"}'),
+        _Record(
+            0,
+            b'{"keytype":"SCHEMA","subject":7,"version":1,"magic":1}',
+            b'{"id": 1, "schema": "x"}',
+        ),
     ]
     store = SchemaStore(MemoryTopic(junk + good.records))  # type: ignore[arg-type]
     run(store.load())
