@@ -18,16 +18,20 @@ LINT_PATHS := broker spark_jobs dags plugins tests bench
 
 setup: $(VENV)/.installed $(VENV)/.extensions $(JARS)/.pinned
 
+# After each install the build's icefall.egg-info goes: seen from the repository (on sys.path) it
+# would be a second `icefall` distribution, and Airflow would load the plugin twice.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
 	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e ".[test,docs]"
+	rm -rf icefall.egg-info
 	touch $@ $(VENV)/.extensions
 
 # A changed C source rebuilds the extensions: the editable install of this package alone, again.
 $(VENV)/.extensions: $(EXT_SOURCES) | $(VENV)/.installed
 	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt --no-deps --reinstall-package icefall -e .
+	rm -rf icefall.egg-info
 	touch $@
 
 # The Iceberg Spark runtime and AWS bundle from Maven Central by their coordinates

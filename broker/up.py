@@ -110,7 +110,6 @@ class AirflowStack:
             "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": "8",  # LocalExecutor worker processes (the default 32 costs ~4 GB)

@@ -25,14 +25,13 @@ VENV_BIN = str(Path(sys.executable).parent)
 
 @functools.cache
 def configure() -> Path:
-    """Point Airflow at a throwaway home, this repo's dags/ and plugins/, and local Spark."""
+    """Point Airflow at a throwaway home, this repo's dags/ (the plugin comes by its entry point), and local Spark."""
     home = Path(tempfile.mkdtemp(prefix="icefall-airflow-"))
     atexit.register(shutil.rmtree, home, True)
     os.environ.update(
         {
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
