@@ -270,7 +270,7 @@ REST_FIXTURE_JARS = Path(sys.prefix) / "share" / "icefall" / "test-jars" / "iceb
 
 class IcebergRestCatalog:
     """Apache Iceberg's own REST catalog server (``RESTCatalogServer``, from its Maven Central
-    jars: tests/jvm/iceberg-rest-fixture) on a free port, over a JdbcCatalog on SQLite in memory
+    jars: tests/jvm/iceberg-rest-fixture) on a free port, over a JdbcCatalog on a SQLite file
     and a warehouse directory: a catalog that is not Icefall's, as a user's would be."""
 
     def __init__(self, folder: Path) -> None:
@@ -281,10 +281,14 @@ class IcebergRestCatalog:
         self.port = free_port()
         self.warehouse = (folder / "warehouse").resolve().as_uri()
         self.log_path = folder / "iceberg-rest.log"
+        # A SQLite file and one pooled connection: the server's default, SQLite in memory, is a
+        # database per pooled connection, and a connection the pool replaces takes its tables along.
         env = {
             **os.environ,
             "CATALOG_WAREHOUSE": self.warehouse,
             "CATALOG_REST_PORT": str(self.port),
+            "CATALOG_URI": f"jdbc:sqlite:{(folder / 'catalog.sqlite').resolve()}",
+            "CATALOG_CLIENTS": "1",
         }
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
