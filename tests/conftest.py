@@ -55,7 +55,37 @@ MOTO_CREDENTIALS = {
 }
 
 
-class MotoS3:
+class ServerProcess:
+    """A test server started in its own process group: waited for over HTTP, stopped with its group."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def wait_http(self, url: str, name: str, timeout: float, interval: float) -> None:
+        def answers() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return bool(resp.status == 200)
+
+        wait_for(
+            answers, timeout, interval=interval, what=f"{name} on {url} (log: {self.log_path})"
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+class MotoS3(ServerProcess):
     """moto's S3 server in its own process group on a free port, so broker
     subprocesses can reach it. State is in memory: it dies with the process."""
 
@@ -108,30 +138,7 @@ class MotoS3:
         )
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        def answers() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"moto server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
-                )
-            with urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=2) as resp:
-                return bool(resp.status == 200)
-
-        wait_for(
-            answers,
-            timeout,
-            interval=0.1,
-            what=f"moto server on {self.endpoint} (log: {self.log_path})",
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        self.wait_http(self.endpoint + "/moto-api/", "moto server", timeout, interval=0.1)
 
 
 @pytest.fixture(scope="session")
@@ -268,7 +275,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 REST_FIXTURE_JARS = Path(sys.prefix) / "share" / "icefall" / "test-jars" / "iceberg-rest-fixture"
 
 
-class IcebergRestCatalog:
+class IcebergRestCatalog(ServerProcess):
     """Apache Iceberg's own REST catalog server (``RESTCatalogServer``, from its Maven Central
     jars: tests/jvm/iceberg-rest-fixture) on a free port, over a JdbcCatalog on a SQLite file
     and a warehouse directory: a catalog that is not Icefall's, as a user's would be."""
@@ -309,30 +316,7 @@ class IcebergRestCatalog:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        def answers() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the REST catalog exited with {self.proc.returncode}: "
-                    f"{self.log_path.read_text()[-2000:]}"
-                )
-            with urllib.request.urlopen(self.uri + "/v1/config", timeout=2) as resp:
-                return bool(resp.status == 200)
-
-        wait_for(
-            answers,
-            timeout,
-            interval=0.2,
-            what=f"Iceberg REST catalog on {self.uri} (log: {self.log_path})",
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        self.wait_http(self.uri + "/v1/config", "the Iceberg REST catalog", timeout, interval=0.2)
 
 
 @pytest.fixture(scope="module")
