@@ -30,7 +30,6 @@ from typing import Any
 
 from _common import REPO, BrokerProcess, machine
 
-from broker.config import BrokerConfig
 from broker.up import AirflowStack
 
 TOPIC = "freshness"
@@ -177,13 +176,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="icefall-freshness-"))
     broker = BrokerProcess(workdir / "home").start()
     airflow = AirflowStack(
-        BrokerConfig(
-            home=broker.home,
-            kafka_port=broker.kafka_port,
-            admin_port=broker.admin_port,
-            registry_port=broker.registry_port,
-            catalog_port=broker.catalog_port,
-        ),
+        broker.config(),
         broker.home.resolve(),
         free_port(),
     )

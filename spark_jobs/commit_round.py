@@ -47,6 +47,7 @@ from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_fr
 from broker.contracts import CatalogSpec, RoundResult, TopicPlan
 from spark_jobs import (
     dlq,
+    job_args,
     job_output,
     json_values,
     partitioning,
@@ -117,17 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-records", type=int, default=None, help="at most this many offsets per partition"
     )
-    parser.add_argument(
-        "--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090")
-    )
-    parser.add_argument(
-        "--catalog-url", default=None, help="Iceberg REST catalog (default: the broker's)"
-    )
-    parser.add_argument(
-        "--master",
-        default=None,
-        help="Spark master when not run by spark-submit (default local[*])",
-    )
+    job_args.add_common_flags(parser)
     parser.add_argument(
         "--flush-deadline-s",
         type=float,

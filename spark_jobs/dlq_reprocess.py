@@ -44,7 +44,16 @@ from pyiceberg.table import Table
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
 from broker.contracts import CatalogSpec, ReprocessResult
-from spark_jobs import dlq, job_output, round_plan, round_tasks, round_writers, table_setup, upsert
+from spark_jobs import (
+    dlq,
+    job_args,
+    job_output,
+    round_plan,
+    round_tasks,
+    round_writers,
+    table_setup,
+    upsert,
+)
 from spark_jobs.avro_decode import wire_schema_id
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
 from spark_jobs.commit_round import (
@@ -528,17 +537,11 @@ def _known(registry: RegistryClient, ids: set[int]) -> set[int]:
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
     parser = argparse.ArgumentParser(prog="dlq_reprocess", description=__doc__.split("\n\n")[0])
     parser.add_argument("--topic", required=True)
-    parser.add_argument(
-        "--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090")
+    job_args.add_common_flags(
+        parser,
+        "Spark master for upsert and format v3 tables (default: spark-submit's, else local[*])",
     )
-    parser.add_argument("--catalog-url", default=None)
     parser.add_argument("--round-id", default=None)
-    parser.add_argument(
-        "--master",
-        default=None,
-        help="Spark master for upsert and format v3 tables "
-        "(default: spark-submit's, else local[*])",
-    )
     parser.add_argument(
         "--in-driver-max-bytes",
         type=int,

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from broker import contracts
-from spark_jobs import dlq, job_output, maintenance_summary, table_setup
+from spark_jobs import dlq, job_args, job_output, maintenance_summary, table_setup
 from spark_jobs.broker_client import AdminClient
 from spark_jobs.maintenance_settings import (
     ACTIONS,
@@ -137,17 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(ACTIONS)} (default: all, in that order)",
     )
     parser.add_argument("--result", type=Path, help="write the result JSON here")
-    parser.add_argument(
-        "--admin-url", default=os.environ.get("ICEFALL_ADMIN_URL", "http://127.0.0.1:8090")
-    )
-    parser.add_argument(
-        "--catalog-url", default=None, help="Iceberg REST catalog (default: the broker's)"
-    )
-    parser.add_argument(
-        "--master",
-        default=None,
-        help="Spark master when not run by spark-submit (default local[*])",
-    )
+    job_args.add_common_flags(parser)
     parser.add_argument(
         "--now-ms",
         type=int,

@@ -12,7 +12,10 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -151,6 +154,18 @@ class BrokerProcess:
         with urllib.request.urlopen(req, timeout=10) as resp:
             data: dict[str, Any] = json.loads(resp.read())
             return data
+
+    def config(self) -> BrokerConfig:
+        """The broker's settings as another process of the system (an Airflow stack) needs them."""
+        from broker.config import BrokerConfig
+
+        return BrokerConfig(
+            home=self.home,
+            kafka_port=self.kafka_port,
+            admin_port=self.admin_port,
+            registry_port=self.registry_port,
+            catalog_port=self.catalog_port,
+        )
 
     def log_text(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from broker.config import BrokerConfig
 from broker.up import AirflowStack
 from tests.support import BrokerProcess, free_port, wait_for
 
@@ -171,13 +170,7 @@ def current_snapshot(broker: BrokerProcess) -> int | None:
 def system(tmp_path: Path) -> Iterator[tuple[BrokerProcess, Airflow]]:
     broker = BrokerProcess(tmp_path / "home", ["--segment-flush-ms", "200"]).start()
     stack = AirflowStack(
-        BrokerConfig(
-            home=broker.home,
-            kafka_port=broker.kafka_port,
-            admin_port=broker.admin_port,
-            registry_port=broker.registry_port,
-            catalog_port=broker.catalog_port,
-        ),
+        broker.config(),
         broker.home.resolve(),
         free_port(),
     )
