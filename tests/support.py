@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,11 +22,43 @@ T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral_range()
+_handed_out: set[int] = set()
+_next_port = random.Random(os.getpid()).randrange(10_000, 30_000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    """A loopback port nothing listens on, outside the kernel's ephemeral range.
+
+    Why not bind port 0: that hands out an *ephemeral* port, which the kernel may give to the next
+    outgoing connection (a Kafka client's, a JVM's) before the server under test binds it; a CI
+    run lost a broker to exactly that ("address already in use"). Ports below the ephemeral range
+    are never auto-assigned, and each is handed out once per process.
+    """
+    global _next_port
+    low = 10_000
+    high = max(low + 1000, _EPHEMERAL[0])
+    for _ in range(high - low):
+        port = _next_port
+        _next_port = low + (_next_port + 1 - low) % (high - low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def present(value: T | None) -> T:
