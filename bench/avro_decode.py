@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.commit_round import SCHEMA, _tails, _zigzag_varint
-from spark_jobs import avro_columns, avro_schema
-from spark_jobs.rows import RowConverter
-from spark_jobs.segments import DEFAULT_CHUNK_RECORDS, RecordChunk
+from spark_jobs.decode import avro_columns, avro_schema
+from spark_jobs.decode.rows import RowConverter
+from spark_jobs.decode.segments import DEFAULT_CHUNK_RECORDS, RecordChunk
 
 MIB = 1024 * 1024
 SCHEMA_ID = 1

@@ -278,7 +278,7 @@ def baseline(broker: BrokerProcess, topic: str, partitions: int) -> dict[str, An
     from fastavro import parse_schema, schemaless_reader
     from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
-    from spark_jobs import avro_schema
+    from spark_jobs.decode import avro_schema
 
     catalog = load_catalog(broker.catalog_url)
     with contextlib.suppress(NamespaceAlreadyExistsError):
@@ -420,9 +420,9 @@ def round_command(broker: BrokerProcess, topic: str, result: Path, cores: int) -
 PYCACHE = Path.home() / ".cache" / "icefall-bench" / "pycache"
 WARM_IMPORTS = (
     "spark_jobs.commit_round",
-    "spark_jobs.round_tasks",
-    "spark_jobs.rows",
-    "spark_jobs.segments",
+    "spark_jobs.rounds.tasks",
+    "spark_jobs.decode.rows",
+    "spark_jobs.decode.segments",
     "pyspark.sql",
     "pyspark.sql.pandas.types",
     "pyspark.worker",

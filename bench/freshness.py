@@ -30,7 +30,7 @@ from typing import Any
 
 from _common import REPO, BrokerProcess, machine
 
-from broker.up import AirflowStack
+from broker.supervisor.up import AirflowStack
 
 TOPIC = "freshness"
 SCHEMA = json.dumps(

@@ -22,7 +22,7 @@ from broker import contracts, manifest, names, topic_configs
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.http_service import HttpService
-from broker.logstore import LogStore, PartitionLog
+from broker.storage.logstore import LogStore, PartitionLog
 
 
 def _answer(model: contracts.Contract, status: int = 200) -> web.Response:
@@ -260,8 +260,9 @@ class AdminApi(HttpService):
         """What waits for a table topic's next commit round: per partition, records and bytes from
         the table's committed offset (``from``, a JSON object of offsets, moves the start further:
         a size trigger that already fired up to them) to the end of the log."""
-        from broker import metrics, retention
+        from broker import metrics
         from broker.checkpoint import NO_CHECKPOINT
+        from broker.storage import retention
 
         topic = self._topic(request)
         try:

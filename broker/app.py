@@ -18,16 +18,16 @@ from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate
-from broker.internal_topics import InternalTopic
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.handlers import KafkaHandlers
+from broker.kafka.internal_topics import InternalTopic
 from broker.kafka.server import KafkaServer
-from broker.logstore import LogStore
-from broker.metadata import MetadataStore
-from broker.objectstore import open_object_store
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
-from broker.retention import Retention
+from broker.storage.logstore import LogStore
+from broker.storage.metadata import MetadataStore
+from broker.storage.objectstore import open_object_store
+from broker.storage.retention import Retention
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def check_locations(config: BrokerConfig) -> None:
     """The S3 object store and warehouse checked once before anything starts; what is wrong is
     logged with the setting named (``objectstore.check_s3_location``)."""
     from broker.config import object_store_from_env
-    from broker.objectstore import check_s3_location
+    from broker.storage.objectstore import check_s3_location
 
     places = []
     if config.store.is_s3:

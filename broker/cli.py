@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     if args.command == "broker":
         from broker.app import serve
-        from broker.metadata import MetadataUnavailableError
+        from broker.storage.metadata import MetadataUnavailableError
 
         try:
             asyncio.run(serve(config, args.ready_file))
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if args.command == "up":
-        from broker.up import run_up
+        from broker.supervisor.up import run_up
 
         return run_up(config, args.demo_rate)
     return 2

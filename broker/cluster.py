@@ -12,8 +12,8 @@ from kio.schema.errors import ErrorCode
 
 from broker import manifest, topic_configs
 from broker.config import BrokerConfig
-from broker.logstore import LogStore
-from broker.metadata import MetadataStore, TopicRecord
+from broker.storage.logstore import LogStore
+from broker.storage.metadata import MetadataStore, TopicRecord
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 from crc32c import crc32c
 
-from broker import avro_program, records, topic_configs
+from broker import avro_program, topic_configs
+from broker.kafka import records
 
 log = logging.getLogger(__name__)
 

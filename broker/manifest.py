@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from broker import contracts, names, topic_configs
-from broker.metadata import TopicRecord
+from broker.storage.metadata import TopicRecord
 
 MANIFEST_VERSION = contracts.MANIFEST_VERSION
 

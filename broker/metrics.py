@@ -32,8 +32,8 @@ from broker.contracts import CatalogSpec
 if TYPE_CHECKING:
     from broker.cluster import Cluster
     from broker.config import BrokerConfig
-    from broker.logstore import LogStore, PartitionLog
-    from broker.retention import RetentionStatus
+    from broker.storage.logstore import LogStore, PartitionLog
+    from broker.storage.retention import RetentionStatus
 
 log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -184,7 +184,7 @@ def _ident(topic: Any) -> tuple[str, str]:
     return topic_configs.TableSettings(topic.configs).namespace, names.table_name(topic.name)
 
 
-# Segment retention (broker/retention.py): what it deleted, and where a table topic's table holds it
+# Segment retention (broker/storage/retention.py): what it deleted, and where a table topic's table holds it
 # back (records past retention.ms/bytes kept because no commit round has taken them yet). Alert on
 # icefall_retention_held_back_offsets > 0 for long: the commit DAG is stalled and the log grows.
 RETENTION_FAMILIES = [

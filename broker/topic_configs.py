@@ -316,7 +316,7 @@ KEYS: Mapping[str, ConfigKey] = {
         ConfigKey(EXPIRE_SNAPSHOT_ENABLED, "true", _bool, "expire old snapshots", 1),
         ConfigKey(EXPIRE_SNAPSHOT_OLDER_THAN_HOURS, "1", _long(1), "snapshot age to expire", 3),
         ConfigKey(EXPIRE_SNAPSHOT_RETAIN_LAST, "1", _long(1), "snapshots always kept", 3),
-        # Table maintenance (spark_jobs/maintenance_settings.py reads these; the maintenance DAG's schedule).
+        # Table maintenance (spark_jobs/maintain/settings.py reads these; the maintenance DAG's schedule).
         # "" means: not set on the topic, so the table property or S3 Tables' default applies.
         ConfigKey(MAINTENANCE_ENABLE, "true", _bool, "run the maintenance DAG for this table", 1),
         ConfigKey(
@@ -495,7 +495,7 @@ class TableSettings:
 
     @property
     def id_columns(self) -> str:
-        """The raw ``[a, b]`` list (``spark_jobs.upsert.parse_id_columns`` splits it)."""
+        """The raw ``[a, b]`` list (``spark_jobs.rounds.upsert.parse_id_columns`` splits it)."""
         return self.get(ID_COLUMNS)
 
     @property

@@ -45,20 +45,16 @@ from typing import Any
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_from_env
 from broker.contracts import CatalogSpec, RoundResult, TopicPlan
-from spark_jobs import (
-    dlq,
-    job_args,
-    job_output,
-    json_values,
-    partitioning,
-    round_plan,
-    round_tasks,
-    round_writers,
-    table_setup,
-    upsert,
-)
+from spark_jobs import job_args, job_output
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
-from spark_jobs.round_commit import (
+from spark_jobs.decode import json_values
+from spark_jobs.decode.rows import INCOMPATIBLE_SCHEMA, TABLE_SCHEMA_BEHIND, DecodeError
+from spark_jobs.decode.segments import cached_store, read_partition
+from spark_jobs.rounds import dlq, partitioning, table_setup, upsert
+from spark_jobs.rounds import plan as round_plan
+from spark_jobs.rounds import tasks as round_tasks
+from spark_jobs.rounds import writers as round_writers
+from spark_jobs.rounds.publish import (
     BranchHead,
     LostRace,
     UnexpectedBranchState,
@@ -70,9 +66,7 @@ from spark_jobs.round_commit import (
     round_snapshot,
     write_to_branch,
 )
-from spark_jobs.round_tasks import TaskReport, TaskSpec, run_in_driver, run_tasks
-from spark_jobs.rows import INCOMPATIBLE_SCHEMA, TABLE_SCHEMA_BEHIND, DecodeError
-from spark_jobs.segments import cached_store, read_partition
+from spark_jobs.rounds.tasks import TaskReport, TaskSpec, run_in_driver, run_tasks
 
 log = logging.getLogger("icefall.commit_round")
 SPARK_CATALOG = "icefall_round"
@@ -278,7 +272,7 @@ class CommitRound:
 
     def _first_schema_id(self, ranges: list[Any]) -> Callable[[], int | None]:
         def first() -> int | None:
-            from spark_jobs.avro_decode import wire_schema_id
+            from spark_jobs.decode.avro_decode import wire_schema_id
 
             for chunk in read_partition(cached_store(self.store), ranges[:1], max_records=1):
                 return wire_schema_id(chunk.values[0]) if len(chunk) else None

@@ -44,17 +44,7 @@ from pyiceberg.table import Table
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
 from broker.contracts import CatalogSpec, ReprocessResult
-from spark_jobs import (
-    dlq,
-    job_args,
-    job_output,
-    round_plan,
-    round_tasks,
-    round_writers,
-    table_setup,
-    upsert,
-)
-from spark_jobs.avro_decode import wire_schema_id
+from spark_jobs import job_args, job_output
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
 from spark_jobs.commit_round import (
     DEFAULT_DRIVER_MAX_BYTES,
@@ -62,7 +52,20 @@ from spark_jobs.commit_round import (
     spark_session,
     use_catalog,
 )
-from spark_jobs.round_commit import (
+from spark_jobs.decode.avro_decode import wire_schema_id
+from spark_jobs.decode.rows import RowConverter
+from spark_jobs.decode.segments import (
+    RecordChunk,
+    SegmentRange,
+    cached_store,
+    ranges_from_admin,
+    read_ranges,
+)
+from spark_jobs.rounds import dlq, table_setup, upsert
+from spark_jobs.rounds import plan as round_plan
+from spark_jobs.rounds import tasks as round_tasks
+from spark_jobs.rounds import writers as round_writers
+from spark_jobs.rounds.publish import (
     BranchHead,
     branch_name,
     create_branch,
@@ -72,15 +75,7 @@ from spark_jobs.round_commit import (
     round_snapshot,
     write_to_branch,
 )
-from spark_jobs.round_tasks import TaskSpec, run_in_driver, run_tasks
-from spark_jobs.rows import RowConverter
-from spark_jobs.segments import (
-    RecordChunk,
-    SegmentRange,
-    cached_store,
-    ranges_from_admin,
-    read_ranges,
-)
+from spark_jobs.rounds.tasks import TaskSpec, run_in_driver, run_tasks
 
 log = logging.getLogger("icefall.dlq_reprocess")
 REPROCESSED = "icefall.dlq-reprocessed"

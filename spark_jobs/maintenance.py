@@ -45,9 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from broker import contracts
-from spark_jobs import dlq, job_args, job_output, maintenance_summary, table_setup
+from spark_jobs import job_args, job_output
 from spark_jobs.broker_client import AdminClient
-from spark_jobs.maintenance_settings import (
+from spark_jobs.maintain import summary as maintenance_summary
+from spark_jobs.maintain.settings import (
     ACTIONS,
     EXPIRE_ENABLED,
     SORT,
@@ -56,6 +57,7 @@ from spark_jobs.maintenance_settings import (
     parse_actions,
     resolve,
 )
+from spark_jobs.rounds import dlq, table_setup
 
 log = logging.getLogger("icefall.maintenance")
 DLQ_ACTIONS = ("compact", "expire")

@@ -29,7 +29,7 @@ PRIVATE_APIS: list[tuple[str, str, list[str] | None, str]] = [
         "pyiceberg.io.pyarrow",
         "_dataframe_to_data_files",
         ["table_metadata", "df", "io", "write_uuid", "counter"],
-        "spark_jobs/round_tasks.py: Spark tasks write the round's data files (from a RecordBatchReader too)",
+        "spark_jobs/rounds/tasks.py: Spark tasks write the round's data files (from a RecordBatchReader too)",
     ),
     (
         "pyiceberg.table.update",
@@ -83,7 +83,7 @@ PRIVATE_APIS: list[tuple[str, str, list[str] | None, str]] = [
         "pyiceberg.table.metadata",
         "TableMetadataUtil.parse_raw",
         ["data"],
-        "spark_jobs/round_tasks.py: the table metadata a task is given",
+        "spark_jobs/rounds/tasks.py: the table metadata a task is given",
     ),
     (
         "pyiceberg.table.metadata",

@@ -24,7 +24,7 @@ from broker.config import BrokerConfig
 from broker.gate import DataQualityGate, GateRejection, gate_applies
 from broker.kafka.codec import Responder, field, ms
 from broker.kafka.groups import GroupCoordinator
-from broker.logstore import LogStore, ProduceError
+from broker.storage.logstore import LogStore, ProduceError
 
 log = logging.getLogger(__name__)
 

@@ -194,7 +194,7 @@ class RegistryApi(HttpService):
     def _schema_text(self, rs: RegisteredSchema, fmt: str | None) -> str:
         if rs.schema_type != "PROTOBUF":
             return rs.schema
-        from broker.registry import proto_text
+        from broker.registry.protobuf import text as proto_text
 
         if fmt == "serialized":
             cached = self._serialized.get(rs.id)

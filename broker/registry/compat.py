@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.registry.avro_schema import parse_avro
-from broker.registry.compat_avro import check_avro_nodes
+from broker.registry.avro.compat import check_avro_nodes
+from broker.registry.avro.schema import parse_avro
 from broker.registry.compat_common import Incompatibility
-from broker.registry.compat_json import check_json_docs
-from broker.registry.compat_protobuf import check_protobuf_files, parse_proto
 from broker.registry.errors import InvalidSchemaError
-from broker.registry.json_schema_doc import load_json_schema
+from broker.registry.jsonschema.compat import check_json_docs
+from broker.registry.jsonschema.document import load_json_schema
+from broker.registry.protobuf.compat import check_protobuf_files, parse_proto
 
 __all__ = ["LEVELS", "SCHEMA_TYPES", "InvalidSchemaError", "check_compatibility", "parse_schema"]
 

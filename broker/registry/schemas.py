@@ -263,7 +263,7 @@ def _parse_json_schema(text: str) -> ParsedSchema:
 
 
 def _parse_protobuf(text: str, refs: list[ResolvedReference]) -> ParsedSchema:
-    from broker.registry import proto_text
+    from broker.registry.protobuf import text as proto_text
 
     deps = {name: proto_text.as_text(schema) for name, schema in flatten_references(refs).items()}
     source, model = proto_text.canonical(text, deps)

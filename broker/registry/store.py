@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.internal_topics import InternalTopic
+from broker.kafka.internal_topics import InternalTopic
 from broker.registry import api_errors as errors
 from broker.registry.api_errors import COMPATIBILITY_LEVELS, MODES
 from broker.registry.errors import InvalidSchemaError
@@ -570,7 +570,7 @@ class SchemaStore:
         refs.update(flatten_references(resolved))
         new_text, old_texts = parsed.canonical, [rs.schema for rs in olds]
         if schema_type == "PROTOBUF":
-            from broker.registry import proto_text
+            from broker.registry.protobuf import text as proto_text
 
             new_text, old_texts = (
                 proto_text.as_text(new_text),

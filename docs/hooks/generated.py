@@ -85,10 +85,20 @@ def topic_configs() -> str:
             default = "unset" if key.default in ("", None) else _code(key.default)
             if key.default == str(LONG_MAX):
                 default = "`9223372036854775807` (2^63-1)"
-            rows.append("| " + " | ".join(_cell(c) for c in (
-                f"`{key.name}`", default, CONFIG_TYPES.get(key.config_type, str(key.config_type)),
-                _accepted(key.validate), key.doc,
-            )) + " |")
+            rows.append(
+                "| "
+                + " | ".join(
+                    _cell(c)
+                    for c in (
+                        f"`{key.name}`",
+                        default,
+                        CONFIG_TYPES.get(key.config_type, str(key.config_type)),
+                        _accepted(key.validate),
+                        key.doc,
+                    )
+                )
+                + " |"
+            )
         return "\n".join(rows)
 
     keys = list(tc.KEYS.values())

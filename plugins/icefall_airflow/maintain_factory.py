@@ -33,8 +33,8 @@ from icefall_airflow import manifest, settings
 from icefall_airflow.assets import maintenance_asset
 from icefall_airflow.job_operator import check_job_result
 from icefall_airflow.maintain_operator import MaintenanceOperator
-from spark_jobs import maintenance_summary
-from spark_jobs.maintenance_settings import ACTIONS
+from spark_jobs.maintain import summary as maintenance_summary
+from spark_jobs.maintain.settings import ACTIONS
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
 from broker.contracts import CatalogSpec
-from spark_jobs import maintenance_summary
+from spark_jobs.maintain import summary as maintenance_summary
 
 REPLACE = "replace"  # the snapshot operation of rewrite_data_files / rewrite_manifests
 

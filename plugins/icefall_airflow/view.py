@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse
 
 from broker.topic_configs import ENABLE
 from icefall_airflow import status
-from spark_jobs import maintenance_summary
+from spark_jobs.maintain import summary as maintenance_summary
 
 app = FastAPI(
     title="Icefall table topics", description="Kafka topic -> Iceberg table commit status"

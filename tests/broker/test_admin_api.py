@@ -11,8 +11,8 @@ import urllib.request
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from broker import records
-from broker.objectstore import LocalObjectStore
+from broker.kafka import records
+from broker.storage.objectstore import LocalObjectStore
 from tests.support import BrokerProcess, wait_for
 
 

@@ -24,8 +24,9 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import avro_program, records
+from broker import avro_program
 from broker.gate import DataQualityGate, GateRejection
+from broker.kafka import records
 
 _gate = pytest.importorskip("broker._gate")
 
@@ -773,7 +774,7 @@ def test_without_the_extension_the_gate_checks_in_python() -> None:
 import logging, sys
 sys.modules["broker._gate"] = None  # as if it were not built
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from broker import records
+from broker.kafka import records
 from broker.gate import DataQualityGate
 from tests.broker.test_gate import Schemas, avro
 gate = DataQualityGate(Schemas())

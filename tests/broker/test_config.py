@@ -12,7 +12,7 @@ import pytest
 
 from broker import cli, config
 from broker.config import BrokerConfig, ConfigError, load_broker_config, to_overrides
-from broker.up import broker_command
+from broker.supervisor.up import broker_command
 from tests.support import REPO
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from crc32c import crc32c
 
-from broker import records
 from broker.config import BrokerConfig
-from broker.logstore import LogStore
-from broker.metadata import MetadataStore
-from broker.objectstore import LocalObjectStore
+from broker.kafka import records
+from broker.storage.logstore import LogStore
+from broker.storage.metadata import MetadataStore
+from broker.storage.objectstore import LocalObjectStore
 from tests.broker.clients import (
     ContinuousProducer,
     create_topic,

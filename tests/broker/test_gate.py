@@ -10,8 +10,8 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_writer
 
-from broker import records
 from broker.gate import DataQualityGate, gate_applies
+from broker.kafka import records
 
 SCHEMA = parse_schema(
     {

@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from broker import metadata
-from broker.metadata import (
+from broker.storage import metadata
+from broker.storage.metadata import (
     BatchRef,
     Chunk,
     MetadataInUseError,

@@ -10,7 +10,7 @@ from kio.records.schema import NewRecordBatch, Record, RecordHeader
 from kio.records.writers import write_new_batch
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
-from broker import records
+from broker.kafka import records
 
 
 def _batch(values: list[bytes], key: bytes | None = b"k") -> bytes:

@@ -28,14 +28,21 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
-from broker import checkpoint, records
+from broker import checkpoint
 from broker.checkpoint import Checkpoint
 from broker.cluster import Cluster, Topic
 from broker.config import BrokerConfig
-from broker.logstore import LogStore
-from broker.metadata import MetadataStore
-from broker.objectstore import LocalObjectStore
-from broker.retention import Policy, Retention, committed_chunks, committed_offsets, expired_chunks
+from broker.kafka import records
+from broker.storage.logstore import LogStore
+from broker.storage.metadata import MetadataStore
+from broker.storage.objectstore import LocalObjectStore
+from broker.storage.retention import (
+    Policy,
+    Retention,
+    committed_chunks,
+    committed_offsets,
+    expired_chunks,
+)
 from tests.support import BrokerProcess, wait_for
 
 FAST = ["--segment-flush-ms", "600000", "--retention-check-interval-ms", "200"]

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from broker import records
+from broker.kafka import records
 from tests.broker.clients import (
     ContinuousProducer,
     create_topic,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from broker import manifest, topic_configs
-from broker.metadata import TopicRecord
+from broker.storage.metadata import TopicRecord
 from tests.support import BrokerProcess
 
 
@@ -167,7 +167,7 @@ def test_bad_maintenance_values_name_the_key(key: str, value: str, fragment: str
 def test_every_topic_key_the_maintenance_job_reads_is_declared() -> None:
     """The job reads topic configs by these names; the broker refuses undeclared keys, so a
     name that drifted apart would silently never apply."""
-    from spark_jobs import maintenance_settings as ms
+    from spark_jobs.maintain import settings as ms
 
     for key in (
         ms.EXPIRE_ENABLED,
@@ -185,7 +185,7 @@ def test_every_topic_key_the_maintenance_job_reads_is_declared() -> None:
 def test_unset_maintenance_keys_leave_the_table_property_in_charge() -> None:
     """The manifest carries every key with its default; an empty default must not hide the table's
     own ``write.target-file-size-bytes`` (or S3 Tables' defaults)."""
-    from spark_jobs import maintenance_settings as ms
+    from spark_jobs.maintain import settings as ms
 
     configs = topic_configs.effective({"automq.table.topic.enable": "true"})
     settings = ms.resolve(configs, {"write.target-file-size-bytes": "1048576"})

@@ -92,7 +92,7 @@ def test_maintain_dag_is_parsed_from_the_broker_manifest(
     import uuid
 
     from broker import manifest as broker_manifest
-    from broker.metadata import TopicRecord
+    from broker.storage.metadata import TopicRecord
 
     topics = [
         TopicRecord(

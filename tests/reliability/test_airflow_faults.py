@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from broker.up import AirflowStack
+from broker.supervisor.up import AirflowStack
 from tests.support import BrokerProcess, free_port, wait_for
 
 TOPIC = "faults"

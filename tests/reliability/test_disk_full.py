@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.logstore import ProduceError
+from broker.storage.logstore import ProduceError
 from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, stop_all
 from tests.broker.test_durability import _append, _batch, _open
 from tests.reliability.crash_load import analyse

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyiceberg.types import StructType
 
-from spark_jobs import avro_columns, avro_schema, rows
-from spark_jobs.avro_schema import table_schema
-from spark_jobs.rows import RowConverter
-from spark_jobs.segments import RecordChunk
+from spark_jobs.decode import avro_columns, avro_schema, rows
+from spark_jobs.decode.avro_schema import table_schema
+from spark_jobs.decode.rows import RowConverter
+from spark_jobs.decode.segments import RecordChunk
 
 pytestmark = pytest.mark.skipif(
     not avro_columns.available(), reason="spark_jobs._avro_columns is not built"

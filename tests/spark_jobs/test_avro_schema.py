@@ -31,8 +31,12 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from spark_jobs import avro_schema
-from spark_jobs.avro_schema import UnsupportedAvroSchema, avro_to_iceberg_schema, table_schema
+from spark_jobs.decode import avro_schema
+from spark_jobs.decode.avro_schema import (
+    UnsupportedAvroSchema,
+    avro_to_iceberg_schema,
+    table_schema,
+)
 
 # (Avro type of a field, Iceberg type, whether the field is required)
 TYPE_TABLE: list[tuple[Any, IcebergType, bool]] = [

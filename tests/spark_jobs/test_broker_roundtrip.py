@@ -12,11 +12,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastavro import parse_schema, schemaless_writer
 
-from broker import records
-from broker.objectstore import LocalObjectStore
-from spark_jobs import avro_schema
-from spark_jobs.rows import RowConverter
-from spark_jobs.segments import ReadStats, SegmentRange, ranges_from_admin, read_ranges
+from broker.kafka import records
+from broker.storage.objectstore import LocalObjectStore
+from spark_jobs.decode import avro_schema
+from spark_jobs.decode.rows import RowConverter
+from spark_jobs.decode.segments import ReadStats, SegmentRange, ranges_from_admin, read_ranges
 from tests.support import BrokerProcess
 
 SCHEMA = {

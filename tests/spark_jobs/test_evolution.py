@@ -19,8 +19,8 @@ from pyiceberg.types import (
     StructType,
 )
 
-from spark_jobs.avro_schema import table_schema
-from spark_jobs.evolution import (
+from spark_jobs.decode.avro_schema import table_schema
+from spark_jobs.rounds.evolution import (
     AddColumn,
     IncompatibleSchemaChange,
     MakeOptional,

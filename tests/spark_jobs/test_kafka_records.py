@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import records
-from spark_jobs import segments
-from spark_jobs.segments import RecordChunk
+from broker.kafka import records
+from spark_jobs.decode import segments
+from spark_jobs.decode.segments import RecordChunk
 from tests.spark_jobs import batches
 
 pytestmark = pytest.mark.skipif(

@@ -17,8 +17,9 @@ import pytest
 from confluent_kafka import Producer
 
 from broker import checkpoint
-from spark_jobs import commit_round, maintenance, maintenance_summary
-from spark_jobs.maintenance_settings import (
+from spark_jobs import commit_round, maintenance
+from spark_jobs.maintain import summary as maintenance_summary
+from spark_jobs.maintain.settings import (
     MIB,
     S3_TABLES_TARGET_FILE_SIZE_BYTES,
     parse_actions,

@@ -310,7 +310,8 @@ def test_reprocess_refuses_when_more_records_fail_than_it_keeps(
     spark: Any, round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Failures past the kept maximum are only counted: they must not pass for records that decode."""
-    from spark_jobs import dlq_reprocess, round_tasks
+    from spark_jobs import dlq_reprocess
+    from spark_jobs.rounds import tasks as round_tasks
 
     topic = new_topic(
         round_broker, partitions=1, configs={**GATE_OFF, "automq.table.topic.format.version": "3"}

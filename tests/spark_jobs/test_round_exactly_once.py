@@ -155,7 +155,7 @@ def test_a_round_that_planned_before_the_table_existed_starts_over(
     """Another round creates the table and commits between this round's plan (no table, so no
     checkpoint) and its write: this one must start over, not write the same offsets again (found by
     two rounds at once in CI: every record twice)."""
-    from spark_jobs import table_setup
+    from spark_jobs.rounds import table_setup
 
     topic = new_topic(round_broker, partitions=1)
     producer = AvroProducer(round_broker, topic, CLICK_V1)

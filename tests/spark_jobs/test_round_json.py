@@ -1,5 +1,5 @@
 """``convert.value.type=json``: columns inferred from JSON values and evolved round by round
-(``spark_jobs.json_values``); values that are not JSON objects or do not fit go to the DLQ."""
+(``spark_jobs.decode.json_values``); values that are not JSON objects or do not fit go to the DLQ."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from spark_jobs import partitioning
+from spark_jobs.rounds import partitioning
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,

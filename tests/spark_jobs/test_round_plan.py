@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint
-from spark_jobs.round_plan import MIN_TASK_BYTES, task_groups, windows
-from spark_jobs.segments import SegmentRange
+from spark_jobs.decode.segments import SegmentRange
+from spark_jobs.rounds.plan import MIN_TASK_BYTES, task_groups, windows
 
 PLAN = {
     "partitions": [

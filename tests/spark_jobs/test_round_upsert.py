@@ -1,4 +1,4 @@
-"""Upsert and CDC rounds (``spark_jobs.upsert``): each round MERGEs on the id columns,
+"""Upsert and CDC rounds (``spark_jobs.rounds.upsert``): each round MERGEs on the id columns,
 merge-on-read. Records come from the Confluent Avro serializer; the upserted state is
 read back with Spark SQL, pyiceberg and DuckDB."""
 
@@ -10,7 +10,8 @@ import pytest
 
 from broker import checkpoint
 from broker.catalog import duckdb_local
-from spark_jobs import commit_round, upsert
+from spark_jobs import commit_round
+from spark_jobs.rounds import upsert
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pytest
 from fastavro import parse_schema, schemaless_writer
 
-from spark_jobs import avro_schema, rows
-from spark_jobs.avro_schema import table_schema
-from spark_jobs.evolution import apply_schema_changes, plan_evolution
-from spark_jobs.rows import DecodeError, RowConverter, errors_to_arrow, schema_ids
-from spark_jobs.segments import RecordChunk
+from spark_jobs.decode import avro_schema, rows
+from spark_jobs.decode.avro_schema import table_schema
+from spark_jobs.decode.rows import DecodeError, RowConverter, errors_to_arrow, schema_ids
+from spark_jobs.decode.segments import RecordChunk
+from spark_jobs.rounds.evolution import apply_schema_changes, plan_evolution
 
 UTC = datetime.UTC
 TS = datetime.datetime(2024, 2, 29, 23, 59, 58, 123000, tzinfo=UTC)

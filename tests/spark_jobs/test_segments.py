@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import records
 from broker.config import ObjectStoreConfig
-from broker.objectstore import LocalObjectStore
-from spark_jobs import segments
-from spark_jobs.segments import ReadStats, SegmentRange, read_partition, read_records
+from broker.kafka import records
+from broker.storage.objectstore import LocalObjectStore
+from spark_jobs.decode import segments
+from spark_jobs.decode.segments import ReadStats, SegmentRange, read_partition, read_records
 from tests.spark_jobs import batches
 from tests.spark_jobs.batches import CODECS
 
@@ -276,7 +276,7 @@ def test_cached_store_is_one_per_config(tmp_path: Path) -> None:
 
 
 def test_reading_through_s3_uses_ranged_gets(moto_s3: object, s3_bucket: str) -> None:
-    from broker.objectstore import open_object_store
+    from broker.storage.objectstore import open_object_store
     from tests.conftest import MotoS3
 
     assert isinstance(moto_s3, MotoS3)

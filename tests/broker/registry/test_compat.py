@@ -15,14 +15,14 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
 from broker.registry.compat import LEVELS, InvalidSchemaError, check_compatibility, parse_schema
-from broker.registry.compat_protobuf import (
+from broker.registry.errors import InvalidSchemaError as SharedInvalidSchemaError
+from broker.registry.protobuf.compat import (
     is_serialized_descriptor,
     parse_proto,
     render_proto,
     to_descriptor,
 )
-from broker.registry.errors import InvalidSchemaError as SharedInvalidSchemaError
-from broker.registry.proto_descriptor import from_descriptor
+from broker.registry.protobuf.descriptor import from_descriptor
 
 
 def avro(schema: Any) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from broker import records
 from broker.cluster import Cluster
-from broker.logstore import LogStore, PartitionLog
+from broker.kafka import records
+from broker.storage.logstore import LogStore, PartitionLog
 
 
 class InternalTopic:

@@ -50,8 +50,8 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from spark_jobs import avro_schema
-from spark_jobs.avro_schema import ArrowFlavor
+from spark_jobs.decode import avro_schema
+from spark_jobs.decode.avro_schema import ArrowFlavor
 
 _ext: ModuleType | None
 try:

@@ -21,7 +21,7 @@ first, outer visit.
 
 from __future__ import annotations
 
-from broker.registry.avro_schema import AvroField, AvroNode
+from broker.registry.avro.schema import AvroField, AvroNode
 from broker.registry.compat_common import Incompatibility
 
 _PROMOTIONS: dict[str, frozenset[str]] = {

@@ -17,7 +17,7 @@ from broker.registry.errors import InvalidSchemaError
 
 def parse(text: str, deps: dict[str, str]) -> Any:
     """compat_protobuf's ProtoFile for ``text`` (either form); InvalidSchemaError."""
-    from broker.registry.compat_protobuf import parse_proto
+    from broker.registry.protobuf.compat import parse_proto
 
     try:
         return parse_proto(text, deps)
@@ -31,7 +31,7 @@ def parse(text: str, deps: dict[str, str]) -> Any:
 
 def canonical(text: str, deps: dict[str, str]) -> tuple[str, Any]:
     """(canonical ``.proto`` text, ProtoFile) of a schema in either form."""
-    from broker.registry.proto_descriptor import render_proto
+    from broker.registry.protobuf.descriptor import render_proto
 
     model = parse(text, deps)
     return render_proto(model), model
@@ -40,7 +40,7 @@ def canonical(text: str, deps: dict[str, str]) -> tuple[str, Any]:
 def as_text(stored: str) -> str:
     """The ``.proto`` text of a stored schema (records written by other registries may
     hold the serialized form)."""
-    from broker.registry.compat_protobuf import is_serialized_descriptor
+    from broker.registry.protobuf.compat import is_serialized_descriptor
 
     if not is_serialized_descriptor(stored):
         return stored
@@ -49,7 +49,7 @@ def as_text(stored: str) -> str:
 
 def as_serialized(stored: str, deps: dict[str, str], name: str = "schema.proto") -> str:
     """The base64 FileDescriptorProto of a stored schema (``?format=serialized``)."""
-    from broker.registry.proto_descriptor import to_descriptor
+    from broker.registry.protobuf.descriptor import to_descriptor
 
     fd = to_descriptor(parse(stored, deps), name)
     return base64.standard_b64encode(fd.SerializeToString()).decode("ascii")

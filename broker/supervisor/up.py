@@ -31,7 +31,7 @@ from broker import names, topic_configs
 from broker.config import BrokerConfig, to_overrides
 
 DEMO_TOPIC = "clicks"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 SYNC_PENDING = 3  # icefall_airflow.sync: a DAG to pause is not parsed yet
 SYNC_RETRY_S = 5.0

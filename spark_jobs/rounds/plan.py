@@ -15,7 +15,7 @@ from typing import Any
 
 from broker.checkpoint import Checkpoint
 from broker.contracts import TopicPlan, lag_start
-from spark_jobs.segments import SegmentRange, ranges_from_admin
+from spark_jobs.decode.segments import SegmentRange, ranges_from_admin
 
 MIN_TASK_BYTES = 1 << 20
 MAX_TASK_BYTES = 128 << 20

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from crc32c import crc32c
 
-from broker.records import Buffer
+from broker.kafka.records import Buffer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

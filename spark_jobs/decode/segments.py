@@ -24,7 +24,7 @@ Kafka semantics kept:
 Speed: the range is fetched once into one ``bytes`` object; uncompressed
 batches are decoded in place from it (no copy per batch), compressed ones are
 decompressed once; records become column lists (``RecordChunk``), not objects,
-because the next step (``spark_jobs.rows``) builds Arrow columns from them.
+because the next step (``spark_jobs.decode.rows``) builds Arrow columns from them.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from crc32c import crc32c
 
 from broker.config import ObjectStoreConfig
-from broker.objectstore import ObjectStore, open_object_store
-from broker.records import (
+from broker.kafka.records import (
     COMPRESSION_NONE,
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -50,6 +49,7 @@ from broker.records import (
     iter_records,
     read_header,
 )
+from broker.storage.objectstore import ObjectStore, open_object_store
 
 try:  # the record loop in C (spark_jobs/_kafka_records.c); _decode_batch below is the fallback
     _kafka_records: Any = importlib.import_module("spark_jobs._kafka_records")

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from broker.registry.errors import InvalidSchemaError
-from broker.registry.proto_model import (
+from broker.registry.protobuf.model import (
     MAX_FIELD_NUMBER,
     RESERVED_IMPLEMENTATION_RANGE,
     SCALARS,

@@ -32,7 +32,7 @@ from fractions import Fraction
 from typing import Any
 
 from broker.registry.compat_common import Incompatibility
-from broker.registry.json_schema_doc import JsonDoc, View, classify, deref
+from broker.registry.jsonschema.document import JsonDoc, View, classify, deref
 
 COMPATIBLE_CHANGES = frozenset(
     {

@@ -37,8 +37,8 @@ import pyarrow.compute as pc
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StructType
 
-from spark_jobs import avro_columns, avro_schema, evolution
-from spark_jobs.avro_decode import (
+from spark_jobs.decode import avro_columns, avro_schema
+from spark_jobs.decode.avro_decode import (
     MAGIC,
     WIRE_HEADER,
     DecodePlan,
@@ -46,7 +46,7 @@ from spark_jobs.avro_decode import (
     build_plan,
     wire_schema_id,
 )
-from spark_jobs.avro_schema import (
+from spark_jobs.decode.avro_schema import (
     KAFKA_HEADERS,
     KAFKA_KEY,
     KAFKA_METADATA,
@@ -54,7 +54,8 @@ from spark_jobs.avro_schema import (
     ArrowFlavor,
     AvroSchemaLike,
 )
-from spark_jobs.segments import Headers, RecordChunk
+from spark_jobs.decode.segments import Headers, RecordChunk
+from spark_jobs.rounds import evolution
 
 SchemaLookup = Callable[[int], AvroSchemaLike]
 """Schema id -> the registered Avro schema (JSON text, JSON-like or fastavro-parsed);

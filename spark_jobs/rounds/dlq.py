@@ -35,8 +35,8 @@ from pyiceberg.types import (
 )
 
 from broker import names
-from spark_jobs.json_values import INVALID_JSON, JSON_DOES_NOT_FIT
-from spark_jobs.rows import (
+from spark_jobs.decode.json_values import INVALID_JSON, JSON_DOES_NOT_FIT
+from spark_jobs.decode.rows import (
     ARROW_CONVERSION,
     AVRO_DECODE,
     INCOMPATIBLE_SCHEMA,

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
 
-from broker import records
 from broker.config import BrokerConfig
-from broker.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
-from broker.objectstore import ObjectStore
-from broker.retention import RetentionStatus
-from broker.wal import WalEntry, WriteAheadLog, read_entries
+from broker.kafka import records
+from broker.storage.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
+from broker.storage.objectstore import ObjectStore
+from broker.storage.retention import RetentionStatus
+from broker.storage.wal import WalEntry, WriteAheadLog, read_entries
 
 log = logging.getLogger(__name__)
 

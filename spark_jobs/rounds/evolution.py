@@ -51,7 +51,7 @@ from pyiceberg.types import (
     StructType,
 )
 
-from spark_jobs.avro_schema import AvroSchemaLike, table_schema
+from spark_jobs.decode.avro_schema import AvroSchemaLike, table_schema
 
 Path = tuple[str, ...]
 

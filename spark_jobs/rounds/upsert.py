@@ -71,8 +71,8 @@ from pyiceberg.types import (
 
 from broker import iceberg_json
 from broker.topic_configs import ID_COLUMNS
-from spark_jobs.avro_schema import CDC, KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
 from spark_jobs.broker_client import TableTopic
+from spark_jobs.decode.avro_schema import CDC, KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def staging_metadata_json(
     from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
     from pyiceberg.schema import assign_fresh_schema_ids
 
-    from spark_jobs.avro_schema import table_schema
+    from spark_jobs.decode.avro_schema import table_schema
 
     metadata = table.metadata
     current = metadata.schema()

@@ -25,7 +25,7 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from broker.registry.proto_model import (
+from broker.registry.protobuf.model import (
     MAX_FIELD_NUMBER,
     SCALARS,
     ProtoEnum,
@@ -36,7 +36,7 @@ from broker.registry.proto_model import (
     ProtoService,
     resolve_type,
 )
-from broker.registry.proto_parser import quote, unquote_option
+from broker.registry.protobuf.parser import quote, unquote_option
 
 _FDP = descriptor_pb2.FieldDescriptorProto
 _SCALAR_TYPES: dict[str, int] = {name: getattr(_FDP, f"TYPE_{name.upper()}") for name in SCALARS}

@@ -37,8 +37,8 @@ from google.protobuf.message import DecodeError
 
 from broker.registry.compat_common import Incompatibility
 from broker.registry.errors import InvalidSchemaError
-from broker.registry.proto_descriptor import from_descriptor, render_proto, to_descriptor
-from broker.registry.proto_model import (
+from broker.registry.protobuf.descriptor import from_descriptor, render_proto, to_descriptor
+from broker.registry.protobuf.model import (
     SCALARS,
     ProtoEnum,
     ProtoField,
@@ -46,7 +46,7 @@ from broker.registry.proto_model import (
     ProtoMessage,
     resolve_type,
 )
-from broker.registry.proto_parser import check_types, parse_proto_text
+from broker.registry.protobuf.parser import check_types, parse_proto_text
 
 __all__ = [
     "COMPATIBLE_CHANGES",

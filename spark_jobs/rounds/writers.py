@@ -39,8 +39,9 @@ from typing import Any, Protocol
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from spark_jobs import round_tasks, upsert
-from spark_jobs.round_commit import drop_branch, write_to_branch
+from spark_jobs.rounds import tasks as round_tasks
+from spark_jobs.rounds import upsert
+from spark_jobs.rounds.publish import drop_branch, write_to_branch
 
 
 @dataclass

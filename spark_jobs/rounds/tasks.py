@@ -33,8 +33,14 @@ from typing import Any
 import pyarrow as pa
 
 from broker.config import ObjectStoreConfig, aws_io_credentials
-from spark_jobs.rows import DecodeError, RowConverter
-from spark_jobs.segments import ReadStats, RecordChunk, SegmentRange, cached_store, read_ranges
+from spark_jobs.decode.rows import DecodeError, RowConverter
+from spark_jobs.decode.segments import (
+    ReadStats,
+    RecordChunk,
+    SegmentRange,
+    cached_store,
+    read_ranges,
+)
 
 MAX_ERRORS_KEPT = 100_000
 

@@ -2,7 +2,7 @@
 
 fastavro decodes with the writer schema (the registry id in the record), so no
 Avro schema resolution happens; the table's columns are matched by name when
-Arrow arrays are built (``spark_jobs.rows``): fields the table lacks are
+Arrow arrays are built (``spark_jobs.decode.rows``): fields the table lacks are
 ignored, columns the record lacks stay null.
 
 Most values need no change between fastavro and Arrow (dicts for records and
@@ -34,7 +34,7 @@ from typing import Any
 from fastavro import parse_schema, schemaless_reader
 from pyiceberg.types import IcebergType, ListType, MapType, StructType, UUIDType
 
-from spark_jobs.avro_schema import ArrowFlavor, is_option_union
+from spark_jobs.decode.avro_schema import ArrowFlavor, is_option_union
 
 WRAPPER_NAMESPACE = "icefall_union_branch"
 MAGIC = 0

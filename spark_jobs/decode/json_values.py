@@ -50,9 +50,9 @@ from pyiceberg.types import (
     StructType,
 )
 
-from spark_jobs import evolution
-from spark_jobs.avro_schema import CDC, KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
-from spark_jobs.rows import DecodeError
+from spark_jobs.decode.avro_schema import CDC, KAFKA_HEADERS, KAFKA_KEY, KAFKA_METADATA, KAFKA_VALUE
+from spark_jobs.decode.rows import DecodeError
+from spark_jobs.rounds import evolution
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def parse(spark: Any, staged: Any, table: Table, table_name: str, debezium: bool
         unfit = parsed.where(f"__v.`{CORRUPT}` IS NOT NULL")
         good = parsed.where(f"__v IS NULL OR __v.`{CORRUPT}` IS NULL")
         if debezium:
-            from spark_jobs.upsert import debezium_rows_sql
+            from spark_jobs.rounds.upsert import debezium_rows_sql
 
             envelopes = good.select(
                 *[F.col(f"`{c}`") for c in SYSTEM],

@@ -27,8 +27,9 @@ from pyiceberg.table import Table
 from broker import names
 from broker.contracts import CatalogSpec, ClusterInfo
 from broker.topic_configs import CONVERT_VALUE_TYPE
-from spark_jobs import avro_schema, evolution
 from spark_jobs.broker_client import BrokerRequestError, RegistryClient, TableTopic
+from spark_jobs.decode import avro_schema
+from spark_jobs.rounds import evolution
 
 log = logging.getLogger(__name__)
 EVOLVE_ATTEMPTS = 5

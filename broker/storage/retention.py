@@ -48,8 +48,8 @@ from broker.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     from broker.cluster import Cluster, Topic
-    from broker.logstore import LogStore, PartitionLog
-    from broker.metadata import Chunk
+    from broker.storage.logstore import LogStore, PartitionLog
+    from broker.storage.metadata import Chunk
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Avro schemas in the registry: parsing and compatibility."""

@@ -1,0 +1,1 @@
+"""JSON Schema in the registry: the document model and compatibility."""

@@ -1,0 +1,1 @@
+"""From segment bytes to Arrow: Kafka record batches, Avro and JSON values, the row layout."""
