@@ -1,8 +1,15 @@
 """Topics and their configs: the state CreateTopics, DeleteTopics and the
-config APIs change, kept in SQLite and mirrored into the table-topic manifest."""
+config APIs change, kept in SQLite and mirrored into the table-topic manifest.
+
+The changes are coroutines: the metadata store (SQLite or Postgres) is called in a
+thread so that a slow database does not stall the event loop, and one lock makes each
+change (check, write, in-memory update) atomic against the others, as it was when they
+ran without an await. Deleting a topic also holds the log store's index lock, so a
+segment flush never indexes chunks of a topic being deleted (see LogStore.flush)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -13,7 +20,7 @@ from kio.schema.errors import ErrorCode
 from broker import manifest, topic_configs
 from broker.config import BrokerConfig
 from broker.storage.logstore import LogStore
-from broker.storage.metadata import MetadataStore, TopicRecord
+from broker.storage.metadata import Chunk, MetadataStore, TopicRecord
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,7 @@ class Cluster:
             t.name: Topic(t.name, t.topic_id, t.partitions, t.configs) for t in metadata.topics()
         }
         self.topics_by_id = {t.topic_id: t for t in self.topics.values()}
+        self._changes = asyncio.Lock()
 
     def write_manifest(self) -> None:
         records = [
@@ -89,72 +97,94 @@ class Cluster:
         except topic_configs.InvalidConfigError as exc:
             raise TopicError(ErrorCode.invalid_config, str(exc)) from None
 
-    def create_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> Topic:
-        valid = self.validate_new_topic(name, partitions, configs)
-        if partitions == -1:
-            partitions = self.config.default_partitions
-        record = self.metadata.create_topic(name, partitions, valid)
-        topic = Topic(record.name, record.topic_id, record.partitions, dict(record.configs))
-        self.topics[name] = topic
-        self.topics_by_id[topic.topic_id] = topic
-        for p in range(partitions):
-            self.logs.add_partition(name, p)
-        self.write_manifest()
-        log.info("created topic %s with %d partitions", name, partitions)
-        return topic
+    async def create_topic(
+        self, name: str, partitions: int, configs: dict[str, str | None]
+    ) -> Topic:
+        async with self._changes:
+            valid = self.validate_new_topic(name, partitions, configs)
+            if partitions == -1:
+                partitions = self.config.default_partitions
+            record = await asyncio.to_thread(self.metadata.create_topic, name, partitions, valid)
+            chunks = await asyncio.to_thread(self._stored_chunks, name, range(partitions))
+            topic = Topic(record.name, record.topic_id, record.partitions, dict(record.configs))
+            for p in range(partitions):
+                self.logs.add_partition(name, p, chunks=chunks[p])
+            self.topics[name] = topic
+            self.topics_by_id[topic.topic_id] = topic
+            self.write_manifest()
+            log.info("created topic %s with %d partitions", name, partitions)
+            return topic
 
-    def delete_topic(self, name: str) -> Topic:
-        topic = self.topics.get(name)
-        if topic is None:
-            raise TopicError(
-                ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
-            )
-        self.logs.drop_topic(name)
-        unreferenced = self.metadata.delete_topic(name)
-        for key in unreferenced:
+    async def delete_topic(self, name: str) -> Topic:
+        async with self._changes:
+            topic = self.topics.get(name)
+            if topic is None:
+                raise TopicError(
+                    ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
+                )
+            # Gone for clients first, then from the logs and the index: no await between
+            # these in-memory steps, so no request sees the topic without its partitions.
+            del self.topics[name]
+            self.topics_by_id.pop(topic.topic_id, None)
+            async with self.logs.index_lock:
+                self.logs.drop_topic(name)
+                unreferenced = await asyncio.to_thread(self.metadata.delete_topic, name)
+            self.write_manifest()
+            await asyncio.to_thread(self._delete_objects, unreferenced)
+            log.info("deleted topic %s", name)
+            return topic
+
+    async def add_partitions(self, name: str, count: int, validate_only: bool) -> None:
+        async with self._changes:
+            topic = self.topics.get(name)
+            if topic is None:
+                raise TopicError(
+                    ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
+                )
+            if count <= topic.partitions:
+                raise TopicError(
+                    ErrorCode.invalid_partitions,
+                    f"Topic currently has {topic.partitions} partitions, {count} is not an increase.",
+                )
+            if count > MAX_PARTITIONS:
+                raise TopicError(
+                    ErrorCode.invalid_partitions, f"At most {MAX_PARTITIONS} partitions"
+                )
+            if validate_only:
+                return
+            await asyncio.to_thread(self.metadata.add_partitions, name, count)
+            added = range(topic.partitions, count)
+            chunks = await asyncio.to_thread(self._stored_chunks, name, added)
+            for p in added:
+                self.logs.add_partition(name, p, chunks=chunks[p])
+            topic.partitions = count
+            self.write_manifest()
+
+    async def set_configs(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
+        async with self._changes:
+            topic = self.topics.get(name)
+            if topic is None:
+                raise TopicError(
+                    ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
+                )
+            try:
+                valid = topic_configs.validate_all(dict(configs))
+            except topic_configs.InvalidConfigError as exc:
+                raise TopicError(ErrorCode.invalid_config, str(exc)) from None
+            if validate_only:
+                return
+            await asyncio.to_thread(self.metadata.set_configs, name, valid)
+            topic.configs = valid
+            self.write_manifest()
+
+    def _stored_chunks(self, name: str, partitions: range) -> dict[int, list[Chunk]]:
+        """The index's chunks of new partitions (blocking: called in a thread)."""
+        return {p: self.metadata.chunks(name, p) for p in partitions}
+
+    def _delete_objects(self, keys: list[str]) -> None:
+        """Delete segment objects no chunk refers to (blocking: called in a thread)."""
+        for key in keys:
             try:
                 self.logs.store.delete(key)
             except Exception as exc:  # an orphan object costs space, not correctness  # noqa: BLE001
                 log.warning("could not delete segment object %s: %s", key, exc)
-        del self.topics[name]
-        self.topics_by_id.pop(topic.topic_id, None)
-        self.write_manifest()
-        log.info("deleted topic %s", name)
-        return topic
-
-    def add_partitions(self, name: str, count: int, validate_only: bool) -> None:
-        topic = self.topics.get(name)
-        if topic is None:
-            raise TopicError(
-                ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
-            )
-        if count <= topic.partitions:
-            raise TopicError(
-                ErrorCode.invalid_partitions,
-                f"Topic currently has {topic.partitions} partitions, {count} is not an increase.",
-            )
-        if count > MAX_PARTITIONS:
-            raise TopicError(ErrorCode.invalid_partitions, f"At most {MAX_PARTITIONS} partitions")
-        if validate_only:
-            return
-        self.metadata.add_partitions(name, count)
-        for p in range(topic.partitions, count):
-            self.logs.add_partition(name, p)
-        topic.partitions = count
-        self.write_manifest()
-
-    def set_configs(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
-        topic = self.topics.get(name)
-        if topic is None:
-            raise TopicError(
-                ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
-            )
-        try:
-            valid = topic_configs.validate_all(dict(configs))
-        except topic_configs.InvalidConfigError as exc:
-            raise TopicError(ErrorCode.invalid_config, str(exc)) from None
-        if validate_only:
-            return
-        self.metadata.set_configs(name, valid)
-        topic.configs = valid
-        self.write_manifest()

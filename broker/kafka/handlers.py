@@ -196,10 +196,13 @@ class KafkaHandlers:
             topic = self.cluster.topics.get(name) if name else None
             if topic is None and name and auto_create:
                 try:
-                    topic = self.cluster.create_topic(name, -1, {})
+                    topic = await self.cluster.create_topic(name, -1, {})
                 except TopicError as exc:
-                    topics.append(self._metadata_error(name, topic_id, exc.code))
-                    continue
+                    # Another request may have created it while this one waited.
+                    topic = self.cluster.topics.get(name)
+                    if topic is None:
+                        topics.append(self._metadata_error(name, topic_id, exc.code))
+                        continue
             if topic is None:
                 topics.append(
                     self._metadata_error(name, topic_id, ErrorCode.unknown_topic_or_partition)
@@ -523,7 +526,7 @@ class KafkaHandlers:
                     )
                     result.update(num_partitions=topic_partitions, replication_factor=1)
                 else:
-                    topic = self.cluster.create_topic(t.name, partitions, configs)
+                    topic = await self.cluster.create_topic(t.name, partitions, configs)
                     result.update(
                         topic_id=topic.topic_id,
                         num_partitions=topic.partitions,
@@ -574,7 +577,7 @@ class KafkaHandlers:
                     raise TopicError(
                         ErrorCode.unknown_topic_id, f"Topic id {topic_id} does not exist."
                     )
-                topic = self.cluster.delete_topic(name)
+                topic = await self.cluster.delete_topic(name)
                 entry["topic_id"] = topic.topic_id
             except TopicError as exc:
                 entry.update(error_code=exc.code, error_message=exc.message)
@@ -590,7 +593,7 @@ class KafkaHandlers:
                 "error_message": None,
             }
             try:
-                self.cluster.add_partitions(t.name, t.count, req.validate_only)
+                await self.cluster.add_partitions(t.name, t.count, req.validate_only)
             except TopicError as exc:
                 entry.update(error_code=exc.code, error_message=exc.message)
             results.append(entry)
@@ -671,7 +674,7 @@ class KafkaHandlers:
         for res in req.resources:
             replacement: dict[str, Any] = {c.name: c.value for c in res.configs}
             responses.append(
-                self._apply_configs(
+                await self._apply_configs(
                     res, functools.partial(_replace_all, replacement), req.validate_only
                 )
             )
@@ -706,10 +709,10 @@ class KafkaHandlers:
                         )
                 return new
 
-            responses.append(self._apply_configs(res, change, req.validate_only))
+            responses.append(await self._apply_configs(res, change, req.validate_only))
         return R(responses=responses)
 
-    def _apply_configs(
+    async def _apply_configs(
         self, res: Any, change: Callable[[dict[str, str]], dict[str, Any]], validate_only: bool
     ) -> dict[str, Any]:
         entry: dict[str, Any] = {
@@ -733,7 +736,7 @@ class KafkaHandlers:
             return entry
         try:
             new = change(dict(topic.configs))
-            self.cluster.set_configs(
+            await self.cluster.set_configs(
                 topic.name, {k: v for k, v in new.items() if v is not None}, validate_only
             )
         except topic_configs.InvalidConfigError as exc:

@@ -20,25 +20,24 @@ class InternalTopic:
         self.name = name
         self.configs = configs
 
-    def ensure(self) -> None:
+    async def ensure(self) -> None:
         if self.name not in self.cluster.topics:
-            self.cluster.create_topic(self.name, 1, self.configs)
+            await self.cluster.create_topic(self.name, 1, self.configs)
 
-    @property
-    def partition(self) -> PartitionLog:
-        self.ensure()
+    async def partition(self) -> PartitionLog:
+        await self.ensure()
         return self.logs.partitions[(self.name, 0)]
 
     async def append(self, key: bytes | None, value: bytes | None) -> int:
         """Append one record and wait until it is durable; returns its offset."""
         batch = records.encode_batch([(key, value)], int(time.time() * 1000))
-        base, seq = await self.logs.append(self.partition, batch, 2**31 - 1)
+        base, seq = await self.logs.append(await self.partition(), batch, 2**31 - 1)
         await self.logs.wal.wait_durable(seq)
         return base
 
     async def read_all(self) -> list[records.Record]:
         """Every record from the log start to the high watermark, in order."""
-        part = self.partition
+        part = await self.partition()
         out: list[records.Record] = []
         offset = part.log_start_offset
         while offset < part.high_watermark:

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
@@ -177,6 +178,10 @@ class LogStore:
         self._data_arrived = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
+        # Held from a flush's check of which partitions are still live to its index
+        # write (done in a thread) and by a topic deletion: a deleted topic's chunks
+        # never reach the index, and a new topic of that name never inherits them.
+        self.index_lock = asyncio.Lock()
         self._closing = False
         self._object_cache: OrderedDict[str, bytes] = OrderedDict()
         self._object_cache_bytes = 0
@@ -258,10 +263,18 @@ class LogStore:
             log.warning("final flush failed (data stays in the WAL): %s", exc)
         await self.wal.close()
 
-    def add_partition(self, topic: str, partition: int, log_start_offset: int = 0) -> PartitionLog:
-        part = PartitionLog(
-            topic, partition, self.metadata.chunks(topic, partition), log_start_offset
-        )
+    def add_partition(
+        self,
+        topic: str,
+        partition: int,
+        log_start_offset: int = 0,
+        chunks: list[Chunk] | None = None,
+    ) -> PartitionLog:
+        """Open a partition's log; ``chunks`` are its indexed chunks if the caller
+        already read them (off the event loop), else they are read here."""
+        if chunks is None:
+            chunks = self.metadata.chunks(topic, partition)
+        part = PartitionLog(topic, partition, chunks, log_start_offset)
         self.partitions[(topic, partition)] = part
         return part
 
@@ -540,40 +553,54 @@ class LogStore:
                 chunks.append((part, chunk, len(batches)))
             data = b"".join(parts)
             await asyncio.get_running_loop().run_in_executor(None, self.store.put, key, data)
-            # Topics deleted during the put: their chunks must not reach the index (a
-            # topic created again under the same name would inherit them), and
-            # drop_topic already took their bytes off unflushed_bytes.
-            live = {
-                id(part)
-                for part, _, _ in snapshot
-                if self.partitions.get((part.topic, part.partition)) is part
-            }
-            chunks = [c for c in chunks if id(c[0]) in live]
-            # Producer states as of the WAL roll, i.e. matching the batches in this
-            # segment. Taken now they could include batches not yet in the WAL, and a
-            # broker restarted after a crash would acknowledge those as duplicates.
-            producer_states = {
-                (part.topic, part.partition, pid): state
-                for part, _, states in snapshot
-                if id(part) in live
-                for pid, state in states.items()
-            }
-            self.metadata.add_chunks([c for _, c, _ in chunks], producer_states)
-            for part, chunk, count in chunks:
-                part.chunks.append(chunk)
-                part.chunk_bases.append(chunk.base_offset)
-                del part.tail[:count]
-                self.unflushed_bytes -= chunk.byte_end - chunk.byte_start
-            for part, _, states in snapshot:  # saved, unless they changed since the roll
-                for pid, state in states.items():
-                    if pid in part.producers and part.producers[pid].to_json() == state:
-                        part.dirty_producers.discard(pid)
-            self._cache_object(key, data)
-            for path in closed:
-                path.unlink(missing_ok=True)
-            self.segments_written += 1
-            self._flush_done.set()
+            async with self.index_lock:
+                await self._index_segment(key, data, closed, snapshot, chunks)
             return len(data)
+
+    async def _index_segment(
+        self,
+        key: str,
+        data: bytes,
+        closed: list[Path],
+        snapshot: list[tuple[PartitionLog, list[TailBatch], dict[int, dict[str, object]]]],
+        chunks: list[tuple[PartitionLog, Chunk, int]],
+    ) -> None:
+        """Index a written segment's chunks and take them off the tails (under index_lock)."""
+        # Topics deleted during the put: their chunks must not reach the index (a
+        # topic created again under the same name would inherit them), and
+        # drop_topic already took their bytes off unflushed_bytes.
+        live = {
+            id(part)
+            for part, _, _ in snapshot
+            if self.partitions.get((part.topic, part.partition)) is part
+        }
+        chunks = [c for c in chunks if id(c[0]) in live]
+        # Producer states as of the WAL roll, i.e. matching the batches in this
+        # segment. Taken now they could include batches not yet in the WAL, and a
+        # broker restarted after a crash would acknowledge those as duplicates.
+        producer_states = {
+            (part.topic, part.partition, pid): state
+            for part, _, states in snapshot
+            if id(part) in live
+            for pid, state in states.items()
+        }
+        await asyncio.to_thread(
+            self.metadata.add_chunks, [c for _, c, _ in chunks], producer_states
+        )
+        for part, chunk, count in chunks:
+            part.chunks.append(chunk)
+            part.chunk_bases.append(chunk.base_offset)
+            del part.tail[:count]
+            self.unflushed_bytes -= chunk.byte_end - chunk.byte_start
+        for part, _, states in snapshot:  # saved, unless they changed since the roll
+            for pid, state in states.items():
+                if pid in part.producers and part.producers[pid].to_json() == state:
+                    part.dirty_producers.discard(pid)
+        self._cache_object(key, data)
+        for path in closed:
+            path.unlink(missing_ok=True)
+        self.segments_written += 1
+        self._flush_done.set()
 
     def _snapshot(self) -> list[tuple[PartitionLog, list[TailBatch], dict[int, dict[str, object]]]]:
         """Each partition's tail and the state of its changed producers, at the WAL roll point."""

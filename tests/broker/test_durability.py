@@ -16,6 +16,7 @@ from typing import Any
 
 from crc32c import crc32c
 
+from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.kafka import records
 from broker.storage.logstore import LogStore
@@ -375,6 +376,38 @@ def test_a_topic_deleted_during_a_flush_leaves_nothing_in_the_index(tmp_path: Pa
             assert logs.metadata.chunks("gone", 0) == [], (
                 "a topic created again as 'gone' would inherit this"
             )
+            assert len(logs.metadata.chunks("kept", 0)) == 1
+            assert logs.unflushed_bytes == 0
+            assert await _values(logs, "kept") == [(0, b"k")]
+        finally:
+            await logs.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_topic_deleted_during_the_index_write_waits_for_it(tmp_path: Path) -> None:
+    """The flusher's index write runs in a thread; Cluster.delete_topic waits for it
+    (LogStore.index_lock), so the deleted topic's chunks do not outlive it and the
+    event loop keeps serving meanwhile."""
+
+    async def scenario() -> None:
+        logs = await _open(tmp_path / "home", {})
+        cluster = Cluster(logs.config, logs.metadata, logs)
+        try:
+            await cluster.create_topic("gone", 1, {})
+            await cluster.create_topic("kept", 1, {})
+            await _append(logs, "gone", _batch(b"g"))
+            await _append(logs, "kept", _batch(b"k"))
+            index = _Gate(logs.metadata.add_chunks)
+            logs.metadata.add_chunks = index  # type: ignore[method-assign, assignment]
+            flush = asyncio.create_task(logs.flush())
+            await _until(index.entered.is_set, "the index write")
+            delete = asyncio.create_task(cluster.delete_topic("gone"))
+            await _until(lambda: "gone" not in cluster.topics, "the topic to leave the cluster")
+            assert not delete.done() and logs.index_lock.locked()
+            index.release.set()
+            await asyncio.wait_for(asyncio.gather(flush, delete), 10)
+            assert logs.metadata.chunks("gone", 0) == []
             assert len(logs.metadata.chunks("kept", 0)) == 1
             assert logs.unflushed_bytes == 0
             assert await _values(logs, "kept") == [(0, b"k")]

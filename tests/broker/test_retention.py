@@ -386,7 +386,7 @@ async def _logs_with_chunks(
     logs = LogStore(config, metadata, LocalObjectStore(home / "objects"))
     await logs.open({})
     cluster = Cluster(config, metadata, logs)
-    cluster.create_topic(
+    await cluster.create_topic(
         topic,
         1,
         {
