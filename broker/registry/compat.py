@@ -1,6 +1,6 @@
 """Schema compatibility checks for the registry: levels, direction, history.
 
-The format modules (compat_avro, compat_json, compat_protobuf) only know how to compare
+The format modules (avro, jsonschema and protobuf .compat) only know how to compare
 one reader schema with one writer schema. This module maps Confluent's compatibility
 levels onto such comparisons:
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.registry.avro.compat import check_avro_nodes
+from broker.registry.avro.compat import check_avro_schemas
 from broker.registry.avro.schema import parse_avro
 from broker.registry.compat_common import Incompatibility
 from broker.registry.errors import InvalidSchemaError
@@ -50,7 +50,7 @@ class _Format:
 
 
 _FORMATS: dict[str, _Format] = {
-    "AVRO": _Format(parse_avro, check_avro_nodes),
+    "AVRO": _Format(parse_avro, check_avro_schemas),
     "JSON": _Format(load_json_schema, check_json_docs),
     "PROTOBUF": _Format(parse_proto, check_protobuf_files),
 }
