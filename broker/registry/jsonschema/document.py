@@ -6,23 +6,43 @@ module turns a raw subschema into a `View`: its kind plus, for combined schemas,
 subschemas. A "type" list becomes an anyOf of single-typed copies, exactly as everit
 does, which is what makes ["string"] -> ["string", "null"] a compatible extension.
 
-`$ref` is resolved against the document itself (JSON pointers), against `$id`-based
-URLs and against the schema references the registry passes in (name -> schema text).
+`$ref` is resolved with the `referencing` library (what `jsonschema` itself uses): a
+registry holds the document and the schema references the registry passes in (name ->
+schema text), each under its name, under its own `$id` and under its name resolved
+against the main document's `$id`; each document is read in the dialect its `$schema`
+names (the one `jsonschema` validates it with). Two shims keep what the registry
+accepted before `referencing`, for schemas written loosely:
+
+* a plain-name fragment (``#foo``) that `referencing` does not find as an anchor of the
+  dialect is looked for anywhere in the target document as ``$anchor: foo`` or
+  ``$id: "#foo"``, also in non-keyword positions (a draft-07 ``$id`` anchor in a
+  2020-12 document, or an anchor under an unknown key, which the specification does
+  not crawl);
+* a URI no resource is registered under is matched to a reference by its last path
+  segment (``https://example.com/schemas/address.json`` -> ``address.json``), as Confluent
+  resolves references by name.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import unquote, urljoin
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urljoin
 
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
 
 from broker.registry.errors import InvalidSchemaError
+
+if TYPE_CHECKING:
+    from referencing._core import Resolver
 
 ANNOTATION_KEYS = frozenset(
     {
@@ -88,11 +108,10 @@ _DATA_KEYS = frozenset({"enum", "const", "default", "examples", "required"})
 
 @dataclass
 class JsonDoc:
-    """A parsed document plus everything needed to resolve the refs inside it."""
+    """A subschema's document: its root and the resolver for the refs inside it."""
 
     root: Any
-    base: str
-    others: dict[str, JsonDoc] = field(default_factory=dict)  # shared by all docs of a schema
+    resolver: Resolver[Any]
 
 
 @dataclass
@@ -114,15 +133,23 @@ class View:
 
 def load_json_schema(text: str, references: Mapping[str, str] | None = None) -> JsonDoc:
     """Parse and validate a JSON Schema and its references; raises InvalidSchemaError."""
-    others: dict[str, JsonDoc] = {}
+    root = _load_one(text, "JSON schema")
+    base = _own_id(root) or ""
+    resources: dict[str, referencing.Resource[Any]] = {base: _resource(root)}
     for name, ref_text in (references or {}).items():
-        others[name] = _load_one(ref_text, f"referenced JSON schema '{name}'", name, others)
-    doc = _load_one(text, "JSON schema", "", others)
-    _check_refs(doc, doc.root, "#")
+        resource = _resource(_load_one(ref_text, f"referenced JSON schema '{name}'"))
+        for uri in (name, _own_id(resource.contents), urljoin(base, name) if base else None):
+            if uri:
+                resources.setdefault(uri.rstrip("#"), resource)
+    registry: referencing.Registry[Any] = referencing.Registry(  # type: ignore[call-arg]
+        retrieve=functools.partial(_by_last_segment, resources)  # attrs alias of _retrieve
+    ).with_resources(resources.items())
+    doc = JsonDoc(root, registry.resolver(base_uri=base))
+    _check_refs(doc, root, "#")
     return doc
 
 
-def _load_one(text: str, what: str, name: str, others: dict[str, JsonDoc]) -> JsonDoc:
+def _load_one(text: str, what: str) -> Any:
     try:
         root = json.loads(text)
     except (TypeError, ValueError) as exc:
@@ -134,8 +161,34 @@ def _load_one(text: str, what: str, name: str, others: dict[str, JsonDoc]) -> Js
     except jsonschema.exceptions.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         raise InvalidSchemaError(f"Invalid {what} at #/{where}: {exc.message}") from None
-    base = root.get("$id") or root.get("id") or name if isinstance(root, dict) else name
-    return JsonDoc(root, base if isinstance(base, str) else name, others)
+    return root
+
+
+def _own_id(root: Any) -> str | None:
+    if not isinstance(root, dict):
+        return None
+    found = root.get("$id") or root.get("id")
+    return found.rstrip("#") if isinstance(found, str) else None
+
+
+def _resource(root: Any) -> referencing.Resource[Any]:
+    """The document as a resource of the dialect `jsonschema` validated it with."""
+    dialect = jsonschema.validators.validator_for(root).META_SCHEMA["$schema"]
+    spec = referencing.jsonschema.specification_with(
+        dialect, default=referencing.jsonschema.DRAFT202012
+    )
+    return spec.create_resource(root)
+
+
+def _by_last_segment(
+    resources: Mapping[str, referencing.Resource[Any]], uri: str
+) -> referencing.Resource[Any]:
+    """Shim: a reference named by the last segment of an unregistered URI."""
+    tail = uri.rstrip("/").rsplit("/", 1)[-1]
+    for name, resource in resources.items():
+        if name and name.rsplit("/", 1)[-1] == tail:
+            return resource
+    raise referencing.exceptions.NoSuchResource(uri)
 
 
 def _check_refs(doc: JsonDoc, value: Any, path: str, depth: int = 0) -> None:
@@ -156,54 +209,41 @@ def _check_refs(doc: JsonDoc, value: Any, path: str, depth: int = 0) -> None:
 
 def resolve_ref(doc: JsonDoc, ref: str, path: str = "") -> tuple[Any, JsonDoc]:
     """The subschema `ref` points at and the document it lives in."""
-    target, _, pointer = ref.partition("#")
-    if target:
-        found = _find_doc(doc, target)
+    try:
+        resolved = doc.resolver.lookup(ref)
+    except referencing.exceptions.NoSuchAnchor as exc:
+        found = _find_anchor(exc.resource.contents, exc.anchor)
         if found is None:
+            raise _unresolved(ref, path) from None
+        target = doc.resolver.lookup(ref.partition("#")[0] or "#")
+        return found, JsonDoc(target.contents, target.resolver)
+    except referencing.exceptions.Unresolvable:
+        if _names_no_resource(doc, ref.partition("#")[0]):
             raise InvalidSchemaError(
                 f"Invalid JSON schema at {path}: $ref '{ref}' names a schema that is neither "
                 "this document nor one of its references"
-            )
-        doc = found
-    value = doc.root
-    for token in (t for t in pointer.split("/") if t) if pointer.startswith("/") else ():
-        token = unquote(token).replace("~1", "/").replace("~0", "~")
-        if isinstance(value, dict) and token in value:
-            value = value[token]
-        elif isinstance(value, list) and token.isdigit() and int(token) < len(value):
-            value = value[int(token)]
-        else:
-            raise InvalidSchemaError(
-                f"Invalid JSON schema at {path}: $ref '{ref}' does not resolve"
-            )
-    if pointer and not pointer.startswith("/"):
-        value = _find_anchor(doc.root, pointer)
-        if value is None:
-            raise InvalidSchemaError(
-                f"Invalid JSON schema at {path}: $ref '{ref}' does not resolve"
-            )
-    return value, doc
+            ) from None
+        raise _unresolved(ref, path) from None
+    target = resolved.resolver.lookup("#")
+    return resolved.contents, JsonDoc(target.contents, resolved.resolver)
 
 
-def _find_doc(doc: JsonDoc, target: str) -> JsonDoc | None:
-    absolute = urljoin(doc.base, target) if doc.base else target
-    if target in (doc.base, absolute) and doc.base:
-        return doc
-    for name, other in doc.others.items():
-        if target in (name, other.base) or absolute in (
-            name,
-            other.base,
-            urljoin(other.base, name),
-        ):
-            return other
-    tail = target.rsplit("/", 1)[-1]
-    for name, other in doc.others.items():
-        if name.rsplit("/", 1)[-1] == tail or other.base.rsplit("/", 1)[-1] == tail:
-            return other
-    return None
+def _names_no_resource(doc: JsonDoc, target: str) -> bool:
+    if not target:
+        return False
+    try:
+        doc.resolver.lookup(target)
+    except referencing.exceptions.Unresolvable:
+        return True
+    return False
+
+
+def _unresolved(ref: str, path: str) -> InvalidSchemaError:
+    return InvalidSchemaError(f"Invalid JSON schema at {path}: $ref '{ref}' does not resolve")
 
 
 def _find_anchor(value: Any, anchor: str) -> Any:
+    """Shim: ``$anchor: name`` or ``$id: "#name"`` anywhere in a document."""
     if isinstance(value, dict):
         if value.get("$anchor") == anchor or value.get("$id") == f"#{anchor}":
             return value

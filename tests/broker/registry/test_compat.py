@@ -626,6 +626,43 @@ def test_json_refs_definitions_references_and_recursion() -> None:
     assert parse_schema("JSON", main, v2) is not None
 
 
+def test_json_refs_by_id_anchor_and_reference_name() -> None:
+    """$ref resolution with `referencing`, and the two shims of jsonschema/document.py."""
+    addr_v1 = {"address.json": obj({"street": STR}, **CLOSED)}
+    addr_v2 = {"address.json": obj({"street": INT}, **CLOSED)}
+    # relative to the main document's $id, then by the reference's name
+    by_id = json.dumps(
+        {
+            "$id": "https://example.com/schemas/person.json",
+            "type": "object",
+            "properties": {"addr": {"$ref": "address.json"}},
+        }
+    )
+    assert check_compatibility("JSON", by_id, [by_id], "FULL", addr_v1) == []
+    # shim: an unregistered URI matched to a reference by its last segment
+    by_url = json.dumps(
+        {"type": "object", "properties": {"addr": {"$ref": "https://other.org/x/address.json"}}}
+    )
+    assert parse_schema("JSON", by_url, addr_v2) is not None
+    # a 2020-12 $anchor and $defs, as `referencing` reads them
+    anchored = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$defs": {"n": {"$anchor": "num", "type": "integer"}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#num"}},
+    }
+    widened = {**anchored, "$defs": {"n": {"$anchor": "num", "type": "number"}}}
+    assert ok("JSON", json.dumps(widened), json.dumps(anchored), "BACKWARD")
+    [msg] = messages("JSON", json.dumps(anchored), json.dumps(widened), "BACKWARD")
+    assert msg.startswith("TYPE_NARROWED at #/properties/a:")
+    # shim: a draft-07 style "$id": "#name" anchor under a key no dialect crawls
+    loose = {"type": "object", "properties": {"a": {"$ref": "#num"}}}
+    loose["extra"] = {"n": {"$id": "#num", "type": "integer"}}
+    assert parse_schema("JSON", json.dumps(loose)) is not None
+    with pytest.raises(InvalidSchemaError, match="does not resolve"):
+        parse_schema("JSON", json.dumps({**loose, "extra": {}}))
+
+
 # -- Protobuf ---------------------------------------------------------------------------------
 
 
