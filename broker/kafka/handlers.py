@@ -909,7 +909,7 @@ class KafkaHandlers:
         return result
 
     async def describe_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
-        known_offsets = set(self.cluster.metadata.groups_with_offsets())
+        known_offsets = set(await asyncio.to_thread(self.cluster.metadata.groups_with_offsets))
         groups = []
         for group_id in req.groups:
             group = self.groups.groups.get(group_id)
@@ -961,7 +961,7 @@ class KafkaHandlers:
         states = {s.lower() for s in field(req, "states_filter", ()) or ()}
         types = {s.lower() for s in field(req, "types_filter", ()) or ()}
         listed: dict[str, dict[str, Any]] = {}
-        for group_id in self.cluster.metadata.groups_with_offsets():
+        for group_id in await asyncio.to_thread(self.cluster.metadata.groups_with_offsets):
             listed[group_id] = {
                 "group_id": group_id,
                 "protocol_type": "consumer",
