@@ -1,10 +1,11 @@
 """Protobuf schema parsing for the registry and reader/writer compatibility.
 
 `parse_proto` accepts both forms a client may register: .proto text, and the base64
-serialized FileDescriptorProto that confluent_kafka's ProtobufSerializer sends. Imports
-are loaded from the schema references (import path -> schema text, either form) or,
-for google/protobuf/*.proto and confluent/*.proto, from the descriptors bundled with the
-protobuf and confluent_kafka packages, as Confluent's registry does.
+serialized FileDescriptorProto that confluent_kafka's ProtobufSerializer sends. Either is
+checked by protoc (broker/registry/protobuf/protoc.py), with its imports taken from the
+schema references (import path -> schema, either form) or, for google/protobuf/*.proto
+and confluent/*.proto, from the files protoc knows without a reference, as Confluent's
+registry does; an import found nowhere is an invalid schema, with protoc's message.
 
 Compatibility follows Confluent's protobuf diff (original = writer, update = reader):
 fields are matched by number; adding or removing fields, messages' nested enums and
@@ -27,8 +28,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
-import importlib
 import re
 from collections.abc import Mapping
 
@@ -46,7 +45,7 @@ from broker.registry.protobuf.model import (
     ProtoMessage,
     resolve_type,
 )
-from broker.registry.protobuf.parser import check_types, parse_proto_text
+from broker.registry.protobuf.protoc import compile_proto
 
 __all__ = [
     "COMPATIBLE_CHANGES",
@@ -87,35 +86,32 @@ _SCALAR_GROUPS = {
     "double": "double",
 }
 _BASE64_RE = re.compile(r"[A-Za-z0-9+/=\s]+\Z")
-# Imports every Confluent registry knows without a reference, and where to find them.
-_BUILTIN_MODULES = (
-    "google.protobuf.any_pb2",
-    "google.protobuf.api_pb2",
-    "google.protobuf.descriptor_pb2",
-    "google.protobuf.duration_pb2",
-    "google.protobuf.empty_pb2",
-    "google.protobuf.field_mask_pb2",
-    "google.protobuf.source_context_pb2",
-    "google.protobuf.struct_pb2",
-    "google.protobuf.timestamp_pb2",
-    "google.protobuf.type_pb2",
-    "google.protobuf.wrappers_pb2",
-    "confluent_kafka.schema_registry.confluent.meta_pb2",
-    "confluent_kafka.schema_registry.confluent.types.decimal_pb2",
-    "confluent_kafka.schema_registry.confluent.type.decimal_pb2",
-)
 
 
 def parse_proto(text: str, references: Mapping[str, str] | None = None) -> ProtoFile:
-    """Parse and validate a Protobuf schema (text or base64 descriptor); InvalidSchemaError.
+    """Parse and validate a Protobuf schema (text or base64 descriptor) with protoc;
+    raises InvalidSchemaError with protoc's message, line and column.
 
-    `references` maps import paths to their schema text; imports found neither there nor
-    among the built-in well-known files are tolerated, but then types they would define
-    cannot be checked.
+    `references` maps import paths to their schema (text or base64 descriptor); the
+    well-known google/protobuf/*.proto and confluent/*.proto files need none, as with
+    Confluent's registry. An import found nowhere is an error.
     """
-    pf = _parse_any(text, "Protobuf schema")
-    _load_imports(pf, dict(references or {}), {})
-    check_types(pf)
+    what = "Protobuf schema"
+    if not isinstance(text, str):
+        raise InvalidSchemaError(f"Invalid {what}: expected a string")
+    sources = {path: _source(ref, path) for path, ref in (references or {}).items()}
+    if is_serialized_descriptor(text):
+        # Checked as the text it stands for; the model keeps the descriptor's own layout.
+        fdp = _decode(text, what)
+        compiled = compile_proto(render_proto(from_descriptor(fdp)), sources, what)
+    else:
+        compiled = compile_proto(text, sources, what)
+        fdp = compiled.main
+    files = {name: from_descriptor(dep, compiled.pool) for name, dep in compiled.imports.items()}
+    for pf in files.values():
+        pf.dependencies.update({name: files[name] for name in pf.imports if name in files})
+    pf = from_descriptor(fdp, compiled.pool)
+    pf.dependencies.update({name: files[name] for name in pf.imports if name in files})
     return pf
 
 
@@ -127,61 +123,23 @@ def is_serialized_descriptor(text: str) -> bool:
     return bool(text.strip()) and _BASE64_RE.match(text) is not None
 
 
-def _parse_any(text: str, what: str) -> ProtoFile:
-    if not isinstance(text, str):
-        raise InvalidSchemaError(f"Invalid {what}: expected a string")
-    if is_serialized_descriptor(text):
-        try:
-            raw = base64.b64decode("".join(text.split()), validate=True)
-            fdp = descriptor_pb2.FileDescriptorProto.FromString(raw)
-        except (binascii.Error, ValueError, DecodeError) as exc:
-            raise InvalidSchemaError(
-                f"Invalid {what}: neither .proto text nor a base64 FileDescriptorProto ({exc})"
-            ) from None
-        return from_descriptor(fdp)
+def _decode(text: str, what: str) -> descriptor_pb2.FileDescriptorProto:
     try:
-        return parse_proto_text(text)
-    except InvalidSchemaError as exc:
-        if what != "Protobuf schema":
-            raise InvalidSchemaError(f"{what}: {exc}") from None
-        raise
+        raw = base64.b64decode("".join(text.split()), validate=True)
+        return descriptor_pb2.FileDescriptorProto.FromString(raw)
+    except (binascii.Error, ValueError, DecodeError) as exc:
+        raise InvalidSchemaError(
+            f"Invalid {what}: neither .proto text nor a base64 FileDescriptorProto ({exc})"
+        ) from None
 
 
-def _load_imports(pf: ProtoFile, refs: dict[str, str], cache: dict[str, ProtoFile]) -> None:
-    for path in pf.imports:
-        if path not in cache:
-            if path in refs:
-                dep = _parse_any(refs[path], f"referenced Protobuf schema '{path}'")
-            else:
-                found = _builtin(path)
-                if found is None:
-                    continue
-                dep = found
-            cache[path] = dep
-            _load_imports(dep, refs, cache)
-        pf.dependencies[path] = cache[path]
-
-
-@functools.cache
-def _builtin_files() -> dict[str, bytes]:
-    files: dict[str, bytes] = {}
-    for module_name in _BUILTIN_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        files[module.DESCRIPTOR.name] = module.DESCRIPTOR.serialized_pb
-    return files
-
-
-@functools.cache
-def _builtin(path: str) -> ProtoFile | None:
-    raw = _builtin_files().get(path)
-    if raw is None:
-        return None
-    pf = from_descriptor(descriptor_pb2.FileDescriptorProto.FromString(raw))
-    _load_imports(pf, {}, {})
-    return pf
+def _source(ref: str, path: str) -> str:
+    """A referenced schema as .proto text for protoc."""
+    if not isinstance(ref, str):
+        raise InvalidSchemaError(f"Invalid referenced Protobuf schema '{path}': not a string")
+    if is_serialized_descriptor(ref):
+        return render_proto(from_descriptor(_decode(ref, f"referenced Protobuf schema '{path}'")))
+    return ref
 
 
 # -- compatibility -----------------------------------------------------------------------

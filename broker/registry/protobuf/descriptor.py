@@ -13,15 +13,18 @@ REST layer the same abilities:
   nested types by position;
 * `render_proto` — a ProtoFile to .proto text.
 
-Custom options are kept as text in the ProtoFile but not encoded into descriptors
-(resolving them would need the extension definitions); standard options are.
+Custom options are read from a descriptor when the pool protoc compiled it into is
+given (broker/registry/protobuf/protoc.py) and kept as text in the ProtoFile, but not
+encoded back into descriptors; standard options are.
 """
 
 from __future__ import annotations
 
+import contextvars
+import re
 from typing import Any
 
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
@@ -36,17 +39,31 @@ from broker.registry.protobuf.model import (
     ProtoService,
     resolve_type,
 )
-from broker.registry.protobuf.parser import quote, unquote_option
 
 _FDP = descriptor_pb2.FieldDescriptorProto
 _SCALAR_TYPES: dict[str, int] = {name: getattr(_FDP, f"TYPE_{name.upper()}") for name in SCALARS}
 _TYPE_SCALARS = {number: name for name, number in _SCALAR_TYPES.items()}
+_POOL: contextvars.ContextVar[descriptor_pool.DescriptorPool | None] = contextvars.ContextVar(
+    "proto_pool", default=None
+)
 
 
 # -- descriptor -> ProtoFile -------------------------------------------------------------
 
 
-def from_descriptor(fdp: descriptor_pb2.FileDescriptorProto) -> ProtoFile:
+def from_descriptor(
+    fdp: descriptor_pb2.FileDescriptorProto, pool: descriptor_pool.DescriptorPool | None = None
+) -> ProtoFile:
+    """The ProtoFile of a descriptor; with the `pool` it was compiled into, custom options
+    (extensions of the *Options messages, e.g. ``(confluent.field_meta)``) are kept too."""
+    token = _POOL.set(pool)
+    try:
+        return _file_from(fdp)
+    finally:
+        _POOL.reset(token)
+
+
+def _file_from(fdp: descriptor_pb2.FileDescriptorProto) -> ProtoFile:
     syntax = fdp.syntax or "proto2"
     pf = ProtoFile(
         syntax=syntax,
@@ -161,20 +178,46 @@ def _enum_from(ep: descriptor_pb2.EnumDescriptorProto, scope: str) -> ProtoEnum:
 
 
 def _options_to_dict(options: Message) -> dict[str, str]:
-    """Standard options set on a descriptor, as .proto literals."""
+    """Options set on a descriptor, as .proto literals (custom ones given a pool)."""
     out: dict[str, str] = {}
-    for fd, value in options.ListFields():
+    for fd, value in _with_extensions(options).ListFields():
+        if fd.is_extension and not fd.is_repeated:
+            out[f"({fd.full_name})"] = (
+                "{ " + text_format.MessageToString(value, as_one_line=True) + " }"
+                if fd.type == FieldDescriptor.TYPE_MESSAGE
+                else _literal(fd, value)
+            )
+            continue
         if fd.is_extension or fd.is_repeated or fd.name in ("map_entry", "features"):
             continue
-        if fd.type == FieldDescriptor.TYPE_STRING:
-            out[fd.name] = quote(value)
-        elif fd.type == FieldDescriptor.TYPE_BOOL:
-            out[fd.name] = "true" if value else "false"
-        elif fd.type == FieldDescriptor.TYPE_ENUM:
-            out[fd.name] = fd.enum_type.values_by_number[value].name
-        elif fd.type != FieldDescriptor.TYPE_MESSAGE:
-            out[fd.name] = str(value)
+        literal = _literal(fd, value)
+        if literal is not None:
+            out[fd.name] = literal
     return out
+
+
+def _with_extensions(options: Message) -> Message:
+    """`options` decoded with the compiling pool, so that its extensions are fields."""
+    pool = _POOL.get()
+    if pool is None:
+        return options
+    try:
+        descriptor = pool.FindMessageTypeByName(options.DESCRIPTOR.full_name)
+    except KeyError:  # descriptor.proto not imported: no custom option can be set
+        return options
+    return message_factory.GetMessageClass(descriptor).FromString(options.SerializeToString())
+
+
+def _literal(fd: FieldDescriptor, value: Any) -> Any:
+    if fd.type == FieldDescriptor.TYPE_STRING:
+        return quote(value)
+    if fd.type == FieldDescriptor.TYPE_BOOL:
+        return "true" if value else "false"
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        return fd.enum_type.values_by_number[value].name
+    if fd.type != FieldDescriptor.TYPE_MESSAGE:
+        return str(value)
+    return None
 
 
 # -- ProtoFile -> descriptor -------------------------------------------------------------
@@ -490,3 +533,56 @@ def _render_enum(enum: ProtoEnum, depth: int) -> list[str]:
     out += [f"{pad}  {name} = {number};" for name, number in enum.values.items()]
     out.append(f"{pad}}}")
     return out
+
+
+# -- .proto string literals ---------------------------------------------------------------
+
+_ESCAPES = {
+    "n": "\n",
+    "t": "\t",
+    "r": "\r",
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "v": "\v",
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "?": "?",
+}
+
+
+def quote(text: str) -> str:
+    """A double-quoted .proto string literal for `text`."""
+    out = []
+    for char in text:
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif char == "\n":
+            out.append("\\n")
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\{ord(char):03o}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def unquote_option(value: str) -> str:
+    """An option value as stored (a literal) back to its plain text."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return _unquote(value)
+    return value
+
+
+def _unquote(literal: str) -> str:
+    body = literal[1:-1]
+
+    def replace(match: re.Match[str]) -> str:
+        esc = match.group(1)
+        if esc[0] in "xX":
+            return chr(int(esc[1:], 16))
+        if esc[0].isdigit():
+            return chr(int(esc, 8))
+        return _ESCAPES.get(esc, esc)
+
+    return re.sub(r"\\([xX][0-9a-fA-F]{1,2}|[0-7]{1,3}|.)", replace, body)

@@ -1,4 +1,4 @@
-"""The parsed form of a .proto file, as produced by proto_parser / proto_descriptor.
+"""The parsed form of a .proto file, built from its descriptor (protobuf/descriptor.py).
 
 Only what the registry needs is kept: the type tree (messages, enums, services), each
 field's name, number, declared type and label, oneof membership and the reserved
@@ -151,11 +151,6 @@ class ProtoFile:
                 table.setdefault(enum.full_name, enum)
             todo.extend(current.dependencies.values())
         return table
-
-    @property
-    def fully_loaded(self) -> bool:
-        """Whether every import was parsed, so an unresolvable type is a real error."""
-        return all(name in self.dependencies for name in self.imports)
 
 
 class TypeTable(dict[str, "ProtoMessage | ProtoEnum"]):
