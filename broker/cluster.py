@@ -122,8 +122,8 @@ class Cluster:
                 raise TopicError(
                     ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
                 )
-            # Gone for clients first, then from the logs and the index: no await between
-            # these in-memory steps, so no request sees the topic without its partitions.
+            # Gone for clients first, before any await: no request finds the topic while
+            # its partitions are dropped (after a flush's index write, if one is running).
             del self.topics[name]
             self.topics_by_id.pop(topic.topic_id, None)
             async with self.logs.index_lock:
