@@ -22,8 +22,11 @@ from broker import topic_configs
 from broker.cluster import Cluster, TopicError
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate, GateRejection, gate_applies
+from broker.kafka import records
 from broker.kafka.codec import Responder, field, ms
 from broker.kafka.groups import GroupCoordinator
+from broker.kafka.transactions import TransactionCoordinator
+from broker.kafka.txn_apis import TransactionApis, fenced_for
 from broker.storage.logstore import LogStore, ProduceError
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     20: (1, 6),  # DeleteTopics
     22: (0, 5),  # InitProducerId
     23: (2, 4),  # OffsetForLeaderEpoch
+    24: (0, 4),  # AddPartitionsToTxn (v4+ batched, as brokers send it)
+    25: (0, 3),  # AddOffsetsToTxn
+    26: (0, 3),  # EndTxn (v5 needs transaction.version 2, KIP-890)
+    28: (0, 3),  # TxnOffsetCommit
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs
     37: (0, 3),  # CreatePartitions
@@ -108,14 +115,20 @@ class ConnectionContext:
 Handler = Callable[[ConnectionContext, Any, Responder], Awaitable[Any]]
 
 
-class KafkaHandlers:
+class KafkaHandlers(TransactionApis):
     def __init__(
-        self, config: BrokerConfig, cluster: Cluster, logs: LogStore, groups: GroupCoordinator
+        self,
+        config: BrokerConfig,
+        cluster: Cluster,
+        logs: LogStore,
+        groups: GroupCoordinator,
+        transactions: TransactionCoordinator,
     ) -> None:
         self.config = config
         self.cluster = cluster
         self.logs = logs
         self.groups = groups
+        self.transactions = transactions
         self.gate: DataQualityGate | None = None  # set once the schema registry is up
         self.by_key: dict[int, Handler] = {
             0: self.produce,
@@ -136,6 +149,10 @@ class KafkaHandlers:
             20: self.delete_topics,
             22: self.init_producer_id,
             23: self.offset_for_leader_epoch,
+            24: self.add_partitions_to_txn,
+            25: self.add_offsets_to_txn,
+            26: self.end_txn,
+            28: self.txn_offset_commit,
             32: self.describe_configs,
             33: self.alter_configs,
             37: self.create_partitions,
@@ -289,12 +306,12 @@ class KafkaHandlers:
                     "error_message": None,
                 }
                 part = self._partition(td.name, pd.index) if topic else None
-                if req.transactional_id is not None:
-                    entry.update(
-                        error_code=ErrorCode.transactional_id_authorization_failed,
-                        error_message="transactions are not supported by this broker",
-                    )
-                elif topic is None or part is None:
+                refusal = (
+                    self._transactional_refusal(req.transactional_id, td.name, pd.index, pd.records)
+                    if topic is not None and part is not None
+                    else None
+                )
+                if topic is None or part is None:
                     entry.update(
                         error_code=ErrorCode.unknown_topic_or_partition,
                         error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}",
@@ -304,6 +321,8 @@ class KafkaHandlers:
                         error_code=ErrorCode.invalid_record,
                         error_message="produce request has no records",
                     )
+                elif refusal is not None:
+                    entry.update(error_code=refusal[0], error_message=refusal[1])
                 elif (rejection := self._gate_rejection(topic.configs, pd.records)) is not None:
                     log.info(
                         "produce to %s-%d refused by the data quality gate: %s",
@@ -357,6 +376,26 @@ class KafkaHandlers:
             return None
         return respond()
 
+    def _transactional_refusal(
+        self, transactional_id: str | None, topic: str, partition: int, data: bytes | None
+    ) -> tuple[int, str | None] | None:
+        """Why a produce's transactional batches are refused (None: they are not, or there
+        are none). Checked against the coordinator: the current epoch, a partition added."""
+        if not data:
+            return None
+        try:
+            header = records.read_header(data)
+        except records.CorruptBatchError:
+            return None  # the append refuses it with the details
+        if not header.is_transactional:
+            return None
+        if transactional_id is None:
+            return ErrorCode.invalid_record, "a transactional batch needs the transactional id"
+        error, message = self.transactions.verify_produce(
+            transactional_id, header.producer_id, header.producer_epoch, topic, partition
+        )
+        return None if error == ErrorCode.none else (error, message)
+
     def _gate_rejection(
         self, configs: dict[str, str], records_bytes: bytes
     ) -> GateRejection | None:
@@ -391,21 +430,28 @@ class KafkaHandlers:
                         errors = True
                     else:
                         hw = part.high_watermark
+                        lso = part.last_stable_offset
+                        committed = field(req, "isolation_level", 0) == 1
                         entry.update(
                             high_watermark=hw,
-                            last_stable_offset=hw,
+                            last_stable_offset=lso,
                             log_start_offset=part.log_start_offset,
                         )
-                        if req.isolation_level == 1:
-                            entry["aborted_transactions"] = []
                         offset = fp.fetch_offset
+                        if committed:
+                            entry["aborted_transactions"] = [
+                                {"producer_id": pid, "first_offset": first}
+                                for pid, first, _ in part.aborted_between(offset, lso)
+                            ]
                         if offset < part.log_start_offset or offset > hw:
                             entry["error_code"] = ErrorCode.offset_out_of_range
                             errors = True
-                        elif offset < hw and total < max_bytes:
+                        elif offset < (lso if committed else hw) and total < max_bytes:
                             budget = min(fp.partition_max_bytes, max_bytes - total)
                             try:
-                                data = await self.logs.read(part, offset, budget)
+                                data = await self.logs.read(
+                                    part, offset, budget, lso if committed else None
+                                )
                             except Exception as exc:  # noqa: BLE001 - the object store failed: a retriable per-partition error
                                 log.warning(
                                     "fetch %s-%d at %d: object store read failed: %s",
@@ -441,8 +487,12 @@ class KafkaHandlers:
                 }
                 if part is None:
                     entry["error_code"] = ErrorCode.unknown_topic_or_partition
-                elif p.timestamp == -1:  # latest
-                    entry["offset"] = part.high_watermark
+                elif p.timestamp == -1:  # latest (read_committed: the last stable offset)
+                    entry["offset"] = (
+                        part.last_stable_offset
+                        if field(req, "isolation_level", 0) == 1
+                        else part.high_watermark
+                    )
                 elif p.timestamp in (-2, -4, -5):  # earliest (and earliest local / tiered)
                     entry["offset"] = part.log_start_offset
                 elif p.timestamp == -3:  # max timestamp
@@ -483,10 +533,17 @@ class KafkaHandlers:
         return R(topics=topics)
 
     async def init_producer_id(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
-        if req.transactional_id is not None:
-            return R(error_code=ErrorCode.unsupported_version, producer_id=-1, producer_epoch=-1)
         producer_id = field(req, "producer_id", -1)
         epoch = field(req, "producer_epoch", -1)
+        if req.transactional_id is not None:
+            error, pid, new_epoch = await self.transactions.init_producer_id(
+                req.transactional_id, ms(req.transaction_timeout), producer_id, epoch
+            )
+            return R(
+                error_code=fenced_for(22, R.version, error),
+                producer_id=pid,
+                producer_epoch=new_epoch,
+            )
         if producer_id >= 0 and 0 <= epoch < 32767:
             return R(error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=epoch + 1)
         producer_id = await asyncio.to_thread(self.cluster.metadata.next_producer_id)
@@ -748,11 +805,8 @@ class KafkaHandlers:
         key_type = field(req, "key_type", 0)
         error, message = (
             (ErrorCode.none, None)
-            if key_type == 0
-            else (
-                ErrorCode.coordinator_not_available,
-                "transactions are not supported by this broker",
-            )
+            if key_type in (0, 1)  # a group, a transactional id: this broker coordinates both
+            else (ErrorCode.invalid_request, f"unknown coordinator key type {key_type}")
         )
         node = self._broker()
         if R.version >= 4:
@@ -865,7 +919,7 @@ class KafkaHandlers:
                 {
                     "group_id": g.group_id,
                     "topics": await self._fetched_offsets(
-                        g.group_id, g.topics, "partition_indexes"
+                        g.group_id, g.topics, "partition_indexes", req.require_stable
                     ),
                     "error_code": ErrorCode.none,
                 }
@@ -873,14 +927,22 @@ class KafkaHandlers:
             ]
             return R(groups=groups)
         return R(
-            topics=await self._fetched_offsets(req.group_id, req.topics, "partition_indexes"),
+            topics=await self._fetched_offsets(
+                req.group_id, req.topics, "partition_indexes", field(req, "require_stable", False)
+            ),
             error_code=ErrorCode.none,
         )
 
     async def _fetched_offsets(
-        self, group_id: str, topics: Any, partitions_field: str
+        self, group_id: str, topics: Any, partitions_field: str, require_stable: bool = False
     ) -> list[dict[str, Any]]:
         committed = await asyncio.to_thread(self.cluster.metadata.committed_offsets, group_id)
+        # KIP-447: a read_committed consumer waits for offsets of an open transaction
+        unstable = (
+            await asyncio.to_thread(self.transactions.pending_offsets, group_id)
+            if require_stable
+            else set()
+        )
         wanted: dict[str, list[int]] = {}
         if topics is None:
             for t, p in committed:
@@ -899,7 +961,9 @@ class KafkaHandlers:
                         "committed_offset": c.offset if c else -1,
                         "committed_leader_epoch": c.leader_epoch if c else -1,
                         "metadata": c.metadata if c else "",
-                        "error_code": ErrorCode.none,
+                        "error_code": ErrorCode.unstable_offset_commit
+                        if (name, p) in unstable
+                        else ErrorCode.none,
                     }
                 )
             result.append({"name": name, "partitions": entries})

@@ -55,16 +55,21 @@ class ProducerState:
     epoch: int
     # (first sequence, last sequence, base offset) of the last few batches, oldest first
     recent: list[tuple[int, int, int]] = field(default_factory=list)
+    # first offset of the producer's open transaction in this partition, -1 for none
+    txn_first_offset: int = -1
 
     @property
     def last_sequence(self) -> int:
         return self.recent[-1][1] if self.recent else -1
 
     def to_json(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "epoch": self.epoch,
             "recent": list(self.recent),
         }  # a copy: later batches must not leak in
+        if self.txn_first_offset >= 0:
+            data["txn_first_offset"] = self.txn_first_offset
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> ProducerState:
@@ -72,7 +77,9 @@ class ProducerState:
         assert isinstance(recent, list)
         epoch = data["epoch"]
         assert isinstance(epoch, int)
-        return cls(epoch, [tuple(r) for r in recent])
+        first = data.get("txn_first_offset", -1)
+        assert isinstance(first, int)
+        return cls(epoch, [tuple(r) for r in recent], first)
 
 
 class PartitionLog:
@@ -89,6 +96,27 @@ class PartitionLog:
         self.high_watermark = self.next_offset
         self.producers: dict[int, ProducerState] = {}
         self.dirty_producers: set[int] = set()
+        # transactions (KIP-98): producer id -> first offset of its open transaction here, and
+        # the aborted ones, (producer id, first offset, marker offset) in marker order
+        self.ongoing: dict[int, int] = {}
+        self.aborted: list[tuple[int, int, int]] = []
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the earliest open transaction, or the high watermark."""
+        return min(self.high_watermark, min(self.ongoing.values(), default=self.high_watermark))
+
+    def aborted_between(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """Aborted transactions with records in [start, end): their markers at or after start."""
+        i = bisect.bisect_left(self.aborted, start, key=lambda a: a[2])
+        return [a for a in self.aborted[i:] if a[1] < end]
+
+    def load_transactions(self, aborted: list[tuple[int, int, int]]) -> None:
+        """After a restart: the persisted aborted list and the open transactions of the producer states."""
+        self.aborted = sorted(aborted, key=lambda a: a[2])
+        self.ongoing = {
+            pid: s.txn_first_offset for pid, s in self.producers.items() if s.txn_first_offset >= 0
+        }
 
     @property
     def flushed_offset(self) -> int:
@@ -126,18 +154,45 @@ class PartitionLog:
             )
         return None
 
-    def record_producer(self, header: records.BatchHeader, base_offset: int) -> None:
+    def record_producer(
+        self, header: records.BatchHeader, base_offset: int, data: records.Buffer = b""
+    ) -> None:
+        if header.is_control:
+            self._record_marker(header, base_offset, data)
+            return
         if header.producer_id < 0 or header.base_sequence < 0:
             return
-        state = self.producers.get(header.producer_id)
-        if state is None or header.producer_epoch > state.epoch:
-            state = ProducerState(header.producer_epoch)
-            self.producers[header.producer_id] = state
+        state = self._producer_state(header.producer_id, header.producer_epoch)
+        if header.is_transactional and header.producer_id not in self.ongoing:
+            self.ongoing[header.producer_id] = base_offset
+            state.txn_first_offset = base_offset
         state.recent.append((header.base_sequence, header.last_sequence, base_offset))
         del state.recent[:-MAX_RECENT_PRODUCER_BATCHES]
         self.dirty_producers.add(header.producer_id)
 
-    def accept(self, batch: bytes, header: records.BatchHeader, append_ms: int) -> TailBatch:
+    def _producer_state(self, producer_id: int, epoch: int) -> ProducerState:
+        """The producer's state, a fresh one (sequences reset) for a newer epoch; an open
+        transaction's first offset carries over."""
+        state = self.producers.get(producer_id)
+        if state is None or epoch > state.epoch:
+            state = ProducerState(epoch, txn_first_offset=state.txn_first_offset if state else -1)
+            self.producers[producer_id] = state
+        self.dirty_producers.add(producer_id)
+        return state
+
+    def _record_marker(
+        self, header: records.BatchHeader, offset: int, data: records.Buffer
+    ) -> None:
+        """A commit or abort marker ends the producer's open transaction here."""
+        state = self._producer_state(header.producer_id, header.producer_epoch)
+        first = self.ongoing.pop(header.producer_id, -1)
+        state.txn_first_offset = -1
+        if first >= 0 and records.control_type(data) == records.CONTROL_ABORT:
+            self.aborted.append((header.producer_id, first, offset))
+
+    def accept(
+        self, batch: records.Buffer, header: records.BatchHeader, append_ms: int
+    ) -> TailBatch:
         base = self.next_offset
         data = records.with_base_offset(batch, base)
         tail = TailBatch(
@@ -145,7 +200,7 @@ class PartitionLog:
         )
         self.tail.append(tail)
         self.next_offset = tail.end_offset
-        self.record_producer(header, base)
+        self.record_producer(header, base, data)
         return tail
 
     def tail_index(self, offset: int) -> int:
@@ -197,6 +252,9 @@ class LogStore:
             part = self.partitions.get((topic, p))
             if part:
                 part.producers[pid] = ProducerState.from_json(state)
+        aborted = self.metadata.aborted_transactions()
+        for (topic, p), part in self.partitions.items():
+            part.load_transactions(aborted.get((topic, p), []))
         replayed = 0
         old_files = self.wal.files()
         old_files.remove(self.wal.current_file)
@@ -225,7 +283,7 @@ class LogStore:
                 )
                 part.tail.append(tail)
                 part.next_offset = part.high_watermark = tail.end_offset
-                part.record_producer(header, header.base_offset)
+                part.record_producer(header, header.base_offset, entry.batch)
                 self.unflushed_bytes += len(entry.batch)
                 replayed += 1
         if replayed:
@@ -275,6 +333,7 @@ class LogStore:
         del part.chunks[:count]
         del part.chunk_bases[:count]
         part.log_start_offset = max(part.log_start_offset, new_start)
+        part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
         return keys
 
     async def unreferenced_objects(self, keys: list[str]) -> list[str]:
@@ -355,6 +414,20 @@ class LogStore:
             self._flush_needed.set()
         return first_base, seq
 
+    def append_marker(
+        self, part: PartitionLog, producer_id: int, producer_epoch: int, commit: bool
+    ) -> int:
+        """Write a transaction marker (control batch) into the partition; the WAL sequence to await."""
+        now = int(time.time() * 1000)
+        batch = records.encode_control_batch(producer_id, producer_epoch, commit, now)
+        header = records.read_header(batch)
+        tail = part.accept(batch, header, now)
+        self.unflushed_bytes += len(tail.data)
+        return self.wal.append(
+            WalEntry(part.topic, part.partition, now, tail.data),
+            functools.partial(self._on_durable, part, tail.end_offset),
+        )
+
     async def _wait_for_room(self) -> None:
         deadline = time.monotonic() + 30
         while self.unflushed_bytes > self.max_unflushed_bytes:
@@ -378,12 +451,15 @@ class LogStore:
 
     # ------------------------------------------------------------ fetch
 
-    async def read(self, part: PartitionLog, offset: int, max_bytes: int) -> bytes:
+    async def read(
+        self, part: PartitionLog, offset: int, max_bytes: int, limit: int | None = None
+    ) -> bytes:
         """Whole batches from the one holding ``offset``, up to ``max_bytes``
-        (but at least one batch), never past the high watermark."""
+        (but at least one batch), never past the high watermark (nor ``limit``,
+        the last stable offset of a read_committed fetch: a batch boundary)."""
         out: list[records.Buffer] = []
         size = 0
-        hw = part.high_watermark
+        hw = part.high_watermark if limit is None else min(limit, part.high_watermark)
         full = False
         while offset < part.flushed_offset:
             if (
@@ -401,8 +477,10 @@ class LogStore:
             refs = chunk.refs
             k = max(bisect.bisect_right(chunk.ref_bases, offset) - 1, 0)
             start = end = refs[k].position
-            while k < len(refs) and (
-                (not out and end == start) or size + end - start + refs[k].size <= max_bytes
+            while (
+                k < len(refs)
+                and refs[k].base_offset < hw
+                and ((not out and end == start) or size + end - start + refs[k].size <= max_bytes)
             ):
                 end = refs[k].position + refs[k].size
                 k += 1
@@ -419,6 +497,9 @@ class LogStore:
                 full = True
                 break
             offset = chunk.end_offset
+            if offset >= hw:
+                full = True
+                break
         if not full:
             j = part.tail_index(offset)
             while j < len(part.tail):
@@ -558,7 +639,13 @@ class LogStore:
                 if id(part) in live
                 for pid, state in states.items()
             }
-            self.metadata.add_chunks([c for _, c, _ in chunks], producer_states)
+            aborted = [
+                (part.topic, part.partition, *a)
+                for part, chunk, _ in chunks
+                for a in part.aborted_between(chunk.base_offset, chunk.end_offset)
+                if a[2] < chunk.end_offset
+            ]
+            self.metadata.add_chunks([c for _, c, _ in chunks], producer_states, aborted)
             for part, chunk, count in chunks:
                 part.chunks.append(chunk)
                 part.chunk_bases.append(chunk.base_offset)

@@ -1,0 +1,305 @@
+"""Kafka transactions (KIP-98) with real clients: confluent-kafka's transactional producer
+and read_committed consumers, against a broker process.
+
+Commit visible, abort invisible to read_committed (visible to read_uncommitted), the last
+stable offset holding back readers of an open transaction, a zombie producer fenced by
+epoch, consume-transform-produce with offsets committed in the transaction, the
+transaction timeout aborting, and kill -9 mid-transaction: after the restart the open
+transaction is never half-visible.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.support import BrokerProcess, wait_for
+
+BROKER_ARGS = ["--segment-flush-ms", "100", "--transaction-cleanup-interval-ms", "100"]
+
+
+@pytest.fixture(scope="module")
+def txn_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path_factory.mktemp("txn") / "home", BROKER_ARGS).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _topic(broker: BrokerProcess, partitions: int = 2) -> str:
+    name = f"txn-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result(10)
+    return name
+
+
+def _producer(broker: BrokerProcess, txn_id: str, **conf: Any) -> Producer:
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "transactional.id": txn_id, "linger.ms": 5, **conf}
+    )
+    producer.init_transactions(15)
+    return producer
+
+
+def _send(producer: Producer, topic: str, values: list[str], partitions: int = 2) -> None:
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value.encode(), partition=i % partitions)
+    assert producer.flush(15) == 0
+
+
+def _read_all(broker: BrokerProcess, topic: str, isolation: str, partitions: int = 2) -> list[str]:
+    """Every record a consumer of ``isolation`` sees up to the end it is given (ListOffsets:
+    the high watermark, or for read_committed the last stable offset)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"r-{uuid.uuid4().hex[:6]}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+            for p in range(partitions)
+        }
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        got: list[str] = []
+        positions = dict.fromkeys(range(partitions), 0)
+
+        def done() -> bool:
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                got.append(msg.value().decode())
+            for p in range(partitions):
+                position = consumer.position([TopicPartition(topic, p)])[0].offset
+                positions[p] = max(positions[p], position)
+            return all(positions[p] >= ends[p] for p in range(partitions))
+
+        wait_for(done, 30, interval=0, what=f"{isolation} read of {topic} to {ends}")
+        while (msg := consumer.poll(0.3)) is not None:  # anything at the very end
+            if not msg.error():
+                got.append(msg.value().decode())
+        return sorted(got)
+    finally:
+        consumer.close()
+
+
+def _offsets(broker: BrokerProcess, topic: str) -> dict[int, dict[str, Any]]:
+    return {p["partition"]: p for p in broker.admin(f"/v1/topics/{topic}/offsets")["partitions"]}
+
+
+def test_commit_is_visible_and_abort_only_to_read_uncommitted(txn_broker: BrokerProcess) -> None:
+    topic = _topic(txn_broker)
+    producer = _producer(txn_broker, f"tx-{uuid.uuid4().hex[:6]}")
+    producer.begin_transaction()
+    _send(producer, topic, [f"c1-{i}" for i in range(6)])
+    producer.commit_transaction(15)
+    producer.begin_transaction()
+    _send(producer, topic, [f"ab-{i}" for i in range(4)])
+    producer.abort_transaction(15)
+    producer.begin_transaction()
+    _send(producer, topic, [f"c2-{i}" for i in range(2)])
+    producer.commit_transaction(15)
+
+    committed = sorted([f"c1-{i}" for i in range(6)] + ["c2-0", "c2-1"])
+    assert _read_all(txn_broker, topic, "read_committed") == committed
+    assert _read_all(txn_broker, topic, "read_uncommitted") == sorted(
+        committed + [f"ab-{i}" for i in range(4)]
+    )
+    for p in _offsets(txn_broker, topic).values():  # nothing open: the LSO is the end
+        assert p["last_stable_offset"] == p["high_watermark"]
+
+
+def test_an_open_transaction_holds_back_the_last_stable_offset(txn_broker: BrokerProcess) -> None:
+    topic = _topic(txn_broker, partitions=1)
+    plain = Producer({"bootstrap.servers": txn_broker.bootstrap})
+    plain.produce(topic, value=b"before")
+    plain.flush(10)
+    producer = _producer(txn_broker, f"tx-{uuid.uuid4().hex[:6]}")
+    producer.begin_transaction()
+    _send(producer, topic, ["open-0", "open-1"], partitions=1)
+    plain.produce(topic, value=b"after")  # not transactional, but past the open transaction
+    plain.flush(10)
+
+    offsets = _offsets(txn_broker, topic)[0]
+    assert (offsets["last_stable_offset"], offsets["high_watermark"]) == (1, 4)
+    assert _read_all(txn_broker, topic, "read_committed", 1) == ["before"]
+    assert _read_all(txn_broker, topic, "read_uncommitted", 1) == sorted(
+        ["before", "open-0", "open-1", "after"]
+    )
+    producer.commit_transaction(15)
+    assert _read_all(txn_broker, topic, "read_committed", 1) == sorted(
+        ["before", "open-0", "open-1", "after"]
+    )
+    offsets = _offsets(txn_broker, topic)[0]
+    assert offsets["last_stable_offset"] == offsets["high_watermark"] == 5  # with the marker
+
+
+def test_a_zombie_producer_is_fenced_by_the_new_epoch(txn_broker: BrokerProcess) -> None:
+    topic = _topic(txn_broker)
+    txn_id = f"tx-{uuid.uuid4().hex[:6]}"
+    zombie = _producer(txn_broker, txn_id)
+    zombie.begin_transaction()
+    _send(zombie, topic, ["zombie-0", "zombie-1"])
+    successor = _producer(txn_broker, txn_id)  # bumps the epoch, aborts the zombie's transaction
+    successor.begin_transaction()
+    _send(successor, topic, ["new-0"])
+    successor.commit_transaction(15)
+
+    with pytest.raises(KafkaException) as fenced:
+        zombie.produce(topic, value=b"zombie-late", partition=0)
+        zombie.flush(10)
+        zombie.commit_transaction(15)
+    assert fenced.value.args[0].fatal() or "fenced" in str(fenced.value).lower()
+    assert _read_all(txn_broker, topic, "read_committed") == ["new-0"]
+    assert "zombie-late" not in _read_all(txn_broker, topic, "read_uncommitted")
+
+
+def _group_committed(
+    broker: BrokerProcess, group: str, topic: str, isolation: str = "read_uncommitted"
+) -> list[int]:
+    """The group's committed offsets; read_committed asks with require_stable (KIP-447)."""
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": group, "isolation.level": isolation}
+    )
+    try:
+        timeout = 10 if isolation == "read_uncommitted" else 1
+        return [tp.offset for tp in consumer.committed([TopicPartition(topic, 0)], timeout)]
+    finally:
+        consumer.close()
+
+
+def test_consume_transform_produce_commits_offsets_with_the_transaction(
+    txn_broker: BrokerProcess,
+) -> None:
+    source, sink = _topic(txn_broker, 1), _topic(txn_broker, 1)
+    plain = Producer({"bootstrap.servers": txn_broker.bootstrap})
+    for i in range(10):
+        plain.produce(source, value=f"in-{i}".encode())
+    plain.flush(10)
+    group = f"ctp-{uuid.uuid4().hex[:6]}"
+    consumer = Consumer(
+        {
+            "bootstrap.servers": txn_broker.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    producer = _producer(txn_broker, f"ctp-{uuid.uuid4().hex[:6]}")
+    try:
+        consumer.subscribe([source])
+        batches: list[list[Any]] = []
+
+        def consumed(n: int) -> bool:
+            msgs = consumer.consume(n - sum(map(len, batches)), 0.5)
+            batches.append([m for m in msgs if not m.error()])
+            return sum(map(len, batches)) >= n
+
+        for n, commit in ((6, True), (10, False)):  # the first six committed, the rest aborted
+            wait_for(lambda n=n: consumed(n), 30, interval=0, what=f"{n} source records")
+            taken = [m for b in batches for m in b][-(n - (0 if commit else 6)) :]
+            producer.begin_transaction()
+            _send(producer, sink, [m.value().decode().replace("in", "out") for m in taken], 1)
+            producer.send_offsets_to_transaction(
+                consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 10
+            )
+            # not yet visible; a stable read waits for the transaction (UNSTABLE_OFFSET_COMMIT)
+            assert _group_committed(txn_broker, group, source) == ([-1001] if commit else [6])
+            with pytest.raises(KafkaException, match="Timed out"):
+                _group_committed(txn_broker, group, source, "read_committed")
+            if commit:
+                producer.commit_transaction(15)
+                assert _group_committed(txn_broker, group, source) == [6]
+            else:
+                producer.abort_transaction(15)
+                assert _group_committed(txn_broker, group, source) == [6]
+    finally:
+        consumer.close()
+    assert _read_all(txn_broker, sink, "read_committed", 1) == sorted(f"out-{i}" for i in range(6))
+
+
+def test_the_transaction_timeout_aborts(txn_broker: BrokerProcess) -> None:
+    topic = _topic(txn_broker, 1)
+    producer = _producer(
+        txn_broker, f"tx-{uuid.uuid4().hex[:6]}", **{"transaction.timeout.ms": 1000}
+    )
+    producer.begin_transaction()
+    _send(producer, topic, ["late-0", "late-1"], 1)
+    wait_for(
+        lambda: _offsets(txn_broker, topic)[0]["last_stable_offset"] == 3,
+        15,
+        what="the coordinator aborting the timed-out transaction (LSO past its marker)",
+    )
+    with pytest.raises(KafkaException):
+        producer.commit_transaction(10)
+    assert _read_all(txn_broker, topic, "read_committed", 1) == []
+    assert _read_all(txn_broker, topic, "read_uncommitted", 1) == ["late-0", "late-1"]
+
+
+def test_a_timeout_above_the_broker_maximum_is_refused(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "home", ["--transaction-max-timeout-ms", "5000"]).start()
+    try:
+        producer = Producer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "transactional.id": "too-long",
+                "transaction.timeout.ms": 60000,
+            }
+        )
+        with pytest.raises(KafkaException) as refused:
+            producer.init_transactions(10)
+        assert (
+            "INVALID_TRANSACTION_TIMEOUT" in str(refused.value)
+            or "timeout" in str(refused.value).lower()
+        )
+    finally:
+        broker.stop()
+
+
+def test_kill9_mid_transaction_is_never_half_visible(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "home", BROKER_ARGS).start()
+    try:
+        topic = _topic(broker)
+        done = _producer(broker, "kill-done")
+        done.begin_transaction()
+        _send(done, topic, [f"done-{i}" for i in range(4)])
+        done.commit_transaction(15)
+        open_one = _producer(broker, "kill-open", **{"transaction.timeout.ms": 3000})
+        open_one.begin_transaction()
+        _send(open_one, topic, [f"open-{i}" for i in range(4)])
+        broker.admin("/v1/flush", method="POST")  # part in a segment object, the rest in the WAL
+        _send(open_one, topic, [f"open-{i}" for i in range(4, 6)])
+
+        broker.kill9()
+        broker.start()
+        before = _offsets(broker, topic)
+        assert all(p["last_stable_offset"] < p["high_watermark"] for p in before.values())
+        assert _read_all(broker, topic, "read_committed") == [f"done-{i}" for i in range(4)]
+        wait_for(  # the open transaction's timeout (kept across the restart) aborts it
+            lambda: all(
+                p["last_stable_offset"] == p["high_watermark"]
+                for p in _offsets(broker, topic).values()
+            ),
+            20,
+            what="the open transaction aborted after the restart",
+        )
+        assert _read_all(broker, topic, "read_committed") == [f"done-{i}" for i in range(4)]
+        assert len(_read_all(broker, topic, "read_uncommitted")) == 10
+        successor = _producer(broker, "kill-open")  # the id goes on with a new epoch
+        successor.begin_transaction()
+        _send(successor, topic, ["after-0"])
+        successor.commit_transaction(15)
+        assert "after-0" in _read_all(broker, topic, "read_committed")
+    finally:
+        broker.stop()
