@@ -10,6 +10,7 @@ transaction is never half-visible.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.support import BrokerProcess, wait_for
+from tests.support import BrokerProcess, present, wait_for
 
 BROKER_ARGS = ["--segment-flush-ms", "100", "--transaction-cleanup-interval-ms", "100"]
 
@@ -78,7 +79,7 @@ def _read_all(broker: BrokerProcess, topic: str, isolation: str, partitions: int
         def done() -> bool:
             msg = consumer.poll(0.2)
             if msg is not None and not msg.error():
-                got.append(msg.value().decode())
+                got.append(present(msg.value()).decode())
             for p in range(partitions):
                 position = consumer.position([TopicPartition(topic, p)])[0].offset
                 positions[p] = max(positions[p], position)
@@ -87,7 +88,7 @@ def _read_all(broker: BrokerProcess, topic: str, isolation: str, partitions: int
         wait_for(done, 30, interval=0, what=f"{isolation} read of {topic} to {ends}")
         while (msg := consumer.poll(0.3)) is not None:  # anything at the very end
             if not msg.error():
-                got.append(msg.value().decode())
+                got.append(present(msg.value()).decode())
         return sorted(got)
     finally:
         consumer.close()
@@ -207,10 +208,12 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(
             return sum(map(len, batches)) >= n
 
         for n, commit in ((6, True), (10, False)):  # the first six committed, the rest aborted
-            wait_for(lambda n=n: consumed(n), 30, interval=0, what=f"{n} source records")
+            wait_for(functools.partial(consumed, n), 30, interval=0, what=f"{n} source records")
             taken = [m for b in batches for m in b][-(n - (0 if commit else 6)) :]
             producer.begin_transaction()
-            _send(producer, sink, [m.value().decode().replace("in", "out") for m in taken], 1)
+            _send(
+                producer, sink, [present(m.value()).decode().replace("in", "out") for m in taken], 1
+            )
             producer.send_offsets_to_transaction(
                 consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 10
             )
