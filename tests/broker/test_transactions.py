@@ -306,3 +306,57 @@ def test_kill9_mid_transaction_is_never_half_visible(tmp_path: Path) -> None:
         assert "after-0" in _read_all(broker, topic, "read_committed")
     finally:
         broker.stop()
+
+
+def test_kafka_python_transactional_producer(txn_broker: BrokerProcess) -> None:
+    from kafka import KafkaProducer
+
+    topic = _topic(txn_broker, 1)
+    producer = KafkaProducer(
+        bootstrap_servers=txn_broker.bootstrap, transactional_id=f"kp-{uuid.uuid4().hex[:6]}"
+    )
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, b"kp-committed", partition=0)
+        producer.commit_transaction()
+        producer.begin_transaction()
+        producer.send(topic, b"kp-aborted", partition=0)
+        producer.flush()
+        producer.abort_transaction()
+    finally:
+        producer.close(10)
+    assert _read_all(txn_broker, topic, "read_committed", 1) == ["kp-committed"]
+    assert _read_all(txn_broker, topic, "read_uncommitted", 1) == ["kp-aborted", "kp-committed"]
+
+
+def test_aiokafka_transaction_with_offsets(txn_broker: BrokerProcess) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.structs import OffsetAndMetadata
+    from aiokafka.structs import TopicPartition as AioTopicPartition
+
+    source, sink = _topic(txn_broker, 1), _topic(txn_broker, 1)
+    group = f"aio-{uuid.uuid4().hex[:6]}"
+
+    async def run() -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=txn_broker.bootstrap, transactional_id=f"aio-{uuid.uuid4().hex[:6]}"
+        )
+        await producer.start()
+        try:
+            async with producer.transaction():
+                await producer.send_and_wait(sink, b"aio-committed", partition=0)
+                await producer.send_offsets_to_transaction(
+                    {AioTopicPartition(source, 0): OffsetAndMetadata(3, "")}, group
+                )
+            await producer.begin_transaction()
+            await producer.send_and_wait(sink, b"aio-aborted", partition=0)
+            await producer.abort_transaction()
+        finally:
+            await producer.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+    assert _read_all(txn_broker, sink, "read_committed", 1) == ["aio-committed"]
+    assert _group_committed(txn_broker, group, source) == [3]
