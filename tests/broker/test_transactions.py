@@ -360,3 +360,41 @@ def test_aiokafka_transaction_with_offsets(txn_broker: BrokerProcess) -> None:
     asyncio.run(asyncio.wait_for(run(), 60))
     assert _read_all(txn_broker, sink, "read_committed", 1) == ["aio-committed"]
     assert _group_committed(txn_broker, group, source) == [3]
+
+
+def test_a_transaction_decided_before_a_crash_is_completed_at_start(tmp_path: Path) -> None:
+    """The window kill -9 rarely hits: the commit decision stored, no marker written yet. The
+    restarted coordinator writes the markers and moves the offsets before anything is served."""
+    import asyncio
+
+    from broker.config import BrokerConfig
+    from broker.kafka import records
+    from broker.kafka.transactions import TransactionCoordinator
+    from broker.storage.logstore import LogStore
+    from broker.storage.metadata import MetadataStore
+    from broker.storage.objectstore import LocalObjectStore
+    from broker.storage.txn_metadata import COMPLETE_COMMIT, PREPARE_COMMIT, TxnRecord
+
+    config = BrokerConfig(home=tmp_path, segment_flush_ms=600_000)
+
+    async def scenario() -> None:
+        metadata = MetadataStore(config.metadata_db)
+        logs = LogStore(config, metadata, LocalObjectStore(tmp_path / "objects"))
+        await logs.open({"t": 1})
+        coordinator = TransactionCoordinator(metadata, logs)
+        record = TxnRecord("decided", 1000, 3, PREPARE_COMMIT, 60_000, 0, {("t", 0)}, {"g"})
+        coordinator.store.save(record)
+        coordinator.store.add_offsets("decided", "g", [("src", 0, 42, -1, None)])
+        await coordinator.recover()
+        part = logs.partitions[("t", 0)]
+        [marker] = part.tail
+        header = records.read_header(marker.data)
+        assert header.is_control and (header.producer_id, header.producer_epoch) == (1000, 3)
+        assert records.control_type(marker.data) == records.CONTROL_COMMIT
+        assert coordinator.txns["decided"].state == COMPLETE_COMMIT
+        assert metadata.committed_offsets("g")[("src", 0)].offset == 42
+        assert coordinator.pending_offsets("g") == set()
+        await logs.close()
+        metadata.close()
+
+    asyncio.run(scenario())
