@@ -495,12 +495,16 @@ class KafkaHandlers(TransactionApis):
                     )
                 elif p.timestamp in (-2, -4, -5):  # earliest (and earliest local / tiered)
                     entry["offset"] = part.log_start_offset
-                elif p.timestamp == -3:  # max timestamp
-                    entry["offset"], entry["timestamp"] = self.logs.max_timestamp(part)
-                elif p.timestamp >= 0:
-                    entry["offset"], entry["timestamp"] = self.logs.offset_for_timestamp(
-                        part, p.timestamp
-                    )
+                elif p.timestamp == -3 or p.timestamp >= 0:  # max timestamp, or by timestamp
+                    try:  # to the record: the batch found is read and decoded
+                        entry["offset"], entry["timestamp"] = (
+                            await self.logs.max_timestamp(part)
+                            if p.timestamp == -3
+                            else await self.logs.offset_for_timestamp(part, p.timestamp)
+                        )
+                    except Exception as exc:  # noqa: BLE001 - the object store failed: retriable
+                        log.warning("list offsets of %s-%d: %s", t.name, p.partition_index, exc)
+                        entry["error_code"] = ErrorCode.kafka_storage_error
                 else:
                     entry["error_code"] = ErrorCode.invalid_request
                 partitions.append(entry)

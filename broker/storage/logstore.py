@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
@@ -30,6 +31,7 @@ from broker.storage.wal import WalEntry, WriteAheadLog, read_entries
 log = logging.getLogger(__name__)
 
 MAX_RECENT_PRODUCER_BATCHES = 5
+ATTR_LOG_APPEND_TIME = 0x08
 
 
 class ProduceError(Exception):
@@ -529,29 +531,51 @@ class LogStore:
 
     # ------------------------------------------------------------ offsets
 
-    def offset_for_timestamp(self, part: PartitionLog, timestamp: int) -> tuple[int, int]:
-        """First batch whose max timestamp >= timestamp: (offset, timestamp), or (-1, -1)."""
-        for chunk in part.chunks:
-            for ref in chunk.batches():
-                if ref.max_timestamp >= timestamp:
-                    return max(ref.base_offset, part.log_start_offset), ref.max_timestamp
-        for batch in part.tail:
-            if batch.end_offset > part.high_watermark:
-                break
-            if batch.max_timestamp >= timestamp:
-                return batch.base_offset, batch.max_timestamp
+    async def offset_for_timestamp(self, part: PartitionLog, timestamp: int) -> tuple[int, int]:
+        """The first record whose timestamp is >= timestamp: (offset, timestamp), or (-1, -1).
+        The batch index finds the batch (its max timestamp); the batch is read and decoded to
+        find the record inside it, as Kafka answers (not the batch's base offset)."""
+        found = await self._find_batch(part, lambda max_ts: max_ts >= timestamp)
+        if found is None:
+            return -1, -1
+        for offset, ts in _record_timestamps(found):
+            if ts >= timestamp and offset >= part.log_start_offset:
+                return offset, ts
         return -1, -1
 
-    def max_timestamp(self, part: PartitionLog) -> tuple[int, int]:
-        best = (-1, -1)
+    async def max_timestamp(self, part: PartitionLog) -> tuple[int, int]:
+        """The record with the largest timestamp (the first of several): (offset, timestamp)."""
+        best = -1
         for chunk in part.chunks:
-            for ref in chunk.batches():
-                if ref.max_timestamp > best[1]:
-                    best = (ref.base_offset, ref.max_timestamp)
+            best = max([best, *(ref.max_timestamp for ref in chunk.batches())])
         for batch in part.tail:
-            if batch.end_offset <= part.high_watermark and batch.max_timestamp > best[1]:
-                best = (batch.base_offset, batch.max_timestamp)
-        return best
+            if batch.end_offset <= part.high_watermark:
+                best = max(best, batch.max_timestamp)
+        if best < 0:
+            return -1, -1
+        found = await self._find_batch(part, lambda max_ts: max_ts == best)
+        for offset, ts in _record_timestamps(found) if found is not None else ():
+            if ts == best and offset >= part.log_start_offset:
+                return offset, ts
+        return -1, -1
+
+    async def _find_batch(
+        self, part: PartitionLog, wanted: Callable[[int], bool]
+    ) -> records.Buffer | None:
+        """The bytes of the first data batch (not a transaction marker) whose max timestamp is wanted."""
+        for chunk in list(part.chunks):
+            for ref in chunk.batches():
+                if ref.max_timestamp >= 0 and wanted(ref.max_timestamp):
+                    start = chunk.byte_start + ref.position
+                    data = await self._read_object(chunk.object_key, start, start + ref.size)
+                    if not records.read_header(data).is_control:
+                        return data
+        for batch in list(part.tail):
+            if batch.end_offset > part.high_watermark:
+                break
+            if wanted(batch.max_timestamp) and not records.read_header(batch.data).is_control:
+                return batch.data
+        return None
 
     # ------------------------------------------------------------ flush
 
@@ -677,6 +701,14 @@ class LogStore:
             for part in self.partitions.values()
             if part.tail
         ]
+
+
+def _record_timestamps(batch: records.Buffer) -> list[tuple[int, int]]:
+    """(offset, timestamp) of each record of a batch; LogAppendTime gives each the batch's."""
+    header, decoded = records.decode_batch(batch)
+    if header.attributes & ATTR_LOG_APPEND_TIME:
+        return [(r.offset, header.max_timestamp) for r in decoded]
+    return [(r.offset, r.timestamp) for r in decoded]
 
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:  # noqa: ASYNC109 (asyncio.timeout/wait_for cancellation can hang on 3.11)
