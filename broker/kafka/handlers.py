@@ -343,7 +343,16 @@ class KafkaHandlers(TransactionApis):
                 else:
                     try:
                         base, seq = await self.logs.append(
-                            part, pd.records, topic.max_message_bytes
+                            part,
+                            pd.records,
+                            topic.max_message_bytes,
+                            functools.partial(
+                                self._recheck_transaction,
+                                req.transactional_id,
+                                td.name,
+                                pd.index,
+                                pd.records,
+                            ),
                         )
                         last_seq = max(last_seq, seq)
                         entry.update(base_offset=base, log_start_offset=part.log_start_offset)
@@ -395,6 +404,13 @@ class KafkaHandlers(TransactionApis):
             transactional_id, header.producer_id, header.producer_epoch, topic, partition
         )
         return None if error == ErrorCode.none else (error, message)
+
+    def _recheck_transaction(
+        self, transactional_id: str | None, topic: str, partition: int, data: bytes
+    ) -> None:
+        refusal = self._transactional_refusal(transactional_id, topic, partition, data)
+        if refusal is not None:
+            raise ProduceError(refusal[0], refusal[1] or "transaction ended")
 
     def _gate_rejection(
         self, configs: dict[str, str], records_bytes: bytes

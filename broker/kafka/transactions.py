@@ -98,7 +98,29 @@ class TransactionCoordinator:
             except Exception:  # logged; the next pass tries again
                 log.exception("aborting timed-out transactions failed")
 
+    async def abort_hanging(self) -> None:
+        """Open transactions in a partition that no transaction of the coordinator covers (a
+        batch that got in as its transaction ended) would hold the partition's LSO forever:
+        they get an abort marker, as ``kafka-transactions.sh abort`` would write."""
+        covered = {
+            (r.producer_id, tp)
+            for r in self.txns.values()
+            if r.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
+            for tp in r.partitions
+        }
+        seq = -1
+        for key, part in list(self.logs.partitions.items()):
+            for pid in list(part.ongoing):
+                if (pid, key) in covered:
+                    continue
+                log.warning("%s-%d: aborting the hanging transaction of producer %d", *key, pid)
+                epoch = part.producers[pid].epoch if pid in part.producers else 0
+                seq = max(seq, self.logs.append_marker(part, pid, epoch, commit=False))
+        if seq >= 0:
+            await self.logs.wal.wait_durable(seq)
+
     async def abort_timed_out(self) -> None:
+        await self.abort_hanging()
         now = _now_ms()
         for record in list(self.txns.values()):
             if record.state != ONGOING or record.start_ms + record.timeout_ms > now:

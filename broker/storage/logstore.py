@@ -359,9 +359,15 @@ class LogStore:
     # ------------------------------------------------------------ produce
 
     async def append(
-        self, part: PartitionLog, records_bytes: bytes, max_message_bytes: int
+        self,
+        part: PartitionLog,
+        records_bytes: bytes,
+        max_message_bytes: int,
+        recheck: Callable[[], None] | None = None,
     ) -> tuple[int, int]:
-        """Append a partition's records; returns (base offset, WAL sequence to await)."""
+        """Append a partition's records; returns (base offset, WAL sequence to await).
+        ``recheck`` runs right before the records are accepted (after any wait for room) and
+        may raise ``ProduceError``: a transaction checked before the wait may have ended."""
         try:
             headers = records.split_batches(records_bytes)
         except records.CorruptBatchError as exc:
@@ -388,6 +394,8 @@ class LogStore:
         if self.unflushed_bytes > self.max_unflushed_bytes:
             self.produces_held += 1
             await self._wait_for_room()
+        if recheck is not None:
+            recheck()
         now = int(time.time() * 1000)
         first_base = -1
         seq = 0

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support import BrokerProcess, present, wait_for
 
+AT_MS = 1_700_000_000_000
 BROKER_ARGS = ["--segment-flush-ms", "100", "--transaction-cleanup-interval-ms", "100"]
 
 
@@ -394,6 +395,43 @@ def test_a_transaction_decided_before_a_crash_is_completed_at_start(tmp_path: Pa
         assert coordinator.txns["decided"].state == COMPLETE_COMMIT
         assert metadata.committed_offsets("g")[("src", 0)].offset == 42
         assert coordinator.pending_offsets("g") == set()
+        await logs.close()
+        metadata.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_hanging_transaction_no_coordinator_covers_is_aborted(tmp_path: Path) -> None:
+    """A transactional batch that got into a partition as its transaction ended would hold
+    the partition's LSO forever: the coordinator's sweep aborts it."""
+    import asyncio
+    import struct
+
+    import crc32c
+
+    from broker.config import BrokerConfig
+    from broker.kafka import records
+    from broker.kafka.transactions import TransactionCoordinator
+    from broker.storage.logstore import LogStore
+    from broker.storage.metadata import MetadataStore
+    from broker.storage.objectstore import LocalObjectStore
+
+    batch = bytearray(records.encode_batch([(None, b"stray")], AT_MS))
+    struct.pack_into(">hiqqqhi", batch, 21, records.ATTR_TRANSACTIONAL, 0, AT_MS, AT_MS, 77, 0, 0)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    config = BrokerConfig(home=tmp_path, segment_flush_ms=600_000)
+
+    async def scenario() -> None:
+        metadata = MetadataStore(config.metadata_db)
+        logs = LogStore(config, metadata, LocalObjectStore(tmp_path / "objects"))
+        await logs.open({"t": 1})
+        part = logs.partitions[("t", 0)]
+        _, seq = await logs.append(part, bytes(batch), 1 << 20)
+        await logs.wal.wait_durable(seq)
+        assert (part.last_stable_offset, part.high_watermark) == (0, 1)
+        await TransactionCoordinator(metadata, logs).abort_hanging()
+        assert part.last_stable_offset == part.high_watermark == 2
+        assert part.aborted == [(77, 0, 1)]
         await logs.close()
         metadata.close()
 
