@@ -70,6 +70,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
     60: (0, 1),  # DescribeCluster
+    65: (0, 0),  # DescribeTransactions
+    66: (0, 1),  # ListTransactions
 }
 
 # What ApiVersions lists. As Apache Kafka 4 does (KAFKA-18659), Produce is listed
@@ -159,6 +161,8 @@ class KafkaHandlers(TransactionApis):
             42: self.delete_groups,
             44: self.incremental_alter_configs,
             60: self.describe_cluster,
+            65: self.describe_transactions,
+            66: self.list_transactions,
         }
 
     def _broker(self) -> dict[str, Any]:

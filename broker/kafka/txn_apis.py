@@ -7,6 +7,8 @@ get INVALID_PRODUCER_EPOCH instead.
 
 from __future__ import annotations
 
+import datetime
+import time
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -14,6 +16,17 @@ from kio.schema.errors import ErrorCode
 from broker.kafka.codec import Responder, field
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.transactions import TransactionCoordinator
+
+KNOWN_STATES = {
+    "Empty",
+    "Ongoing",
+    "PrepareCommit",
+    "PrepareAbort",
+    "CompleteCommit",
+    "CompleteAbort",
+    "Dead",
+    "PrepareEpochFence",
+}
 
 # The first version of each API that may answer PRODUCER_FENCED.
 FENCED_FROM = {22: 4, 24: 2, 25: 2, 26: 2, 28: 3}
@@ -119,3 +132,70 @@ class TransactionApis:
             req.transactional_id, req.producer_id, req.producer_epoch, bool(req.committed)
         )
         return R(error_code=fenced_for(26, R.version, error), producer_id=-1, producer_epoch=-1)
+
+    # ------------------------------------------------------------ admin (kafka-transactions.sh)
+
+    async def describe_transactions(self, ctx: Any, req: Any, R: Responder) -> Any:
+        states = []
+        for tid, record in zip(
+            req.transactional_ids,
+            self.transactions.describe(req.transactional_ids),
+            strict=True,
+        ):
+            if record is None:
+                states.append(
+                    {
+                        "error_code": ErrorCode.transactional_id_not_found,
+                        "transactional_id": tid,
+                        "transaction_state": "",
+                        "transaction_timeout": 0,
+                        "transaction_start_time": _time(-1),
+                        "producer_id": -1,
+                        "producer_epoch": -1,
+                        "topics": [],
+                    }
+                )
+                continue
+            by_topic: dict[str, list[int]] = {}
+            for topic, partition in sorted(record.partitions):
+                by_topic.setdefault(topic, []).append(partition)
+            states.append(
+                {
+                    "error_code": ErrorCode.none,
+                    "transactional_id": tid,
+                    "transaction_state": record.state,
+                    "transaction_timeout": record.timeout_ms,
+                    "transaction_start_time": _time(record.start_ms),
+                    "producer_id": record.producer_id,
+                    "producer_epoch": record.producer_epoch,
+                    "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+                }
+            )
+        return R(transaction_states=states)
+
+    async def list_transactions(self, ctx: Any, req: Any, R: Responder) -> Any:
+        wanted_states = set(req.state_filters)
+        pids = set(req.producer_id_filters)
+        longer_than = field(req, "duration_filter", -1)
+        now = int(time.time() * 1000)
+        listed = [
+            {
+                "transactional_id": r.transactional_id,
+                "producer_id": r.producer_id,
+                "transaction_state": r.state,
+            }
+            for r in self.transactions.txns.values()
+            if (not wanted_states or r.state in wanted_states)
+            and (not pids or r.producer_id in pids)
+            and (longer_than < 0 or (r.start_ms >= 0 and now - r.start_ms > longer_than))
+        ]
+        return R(
+            error_code=ErrorCode.none,
+            unknown_state_filters=sorted(wanted_states - KNOWN_STATES),
+            transaction_states=listed,
+        )
+
+
+def _time(ms: int) -> datetime.datetime:
+    """A Kafka timestamp as kio writes it (no start yet: the epoch, as it has no -1)."""
+    return datetime.datetime.fromtimestamp(max(ms, 0) / 1000, datetime.UTC)

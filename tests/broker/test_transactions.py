@@ -436,3 +436,65 @@ def test_a_hanging_transaction_no_coordinator_covers_is_aborted(tmp_path: Path) 
         metadata.close()
 
     asyncio.run(scenario())
+
+
+def _admin_call(broker: BrokerProcess, api_key: int, version: int, **fields: Any) -> Any:
+    """One request of a flexible-version admin API, with its own header versions (kio)."""
+    import io
+    import socket
+    import struct
+
+    from kio.index import load_request_schema, load_response_schema
+    from kio.serial import entity_reader, entity_writer
+    from kio.static.primitive import i16, i32
+
+    request_type = load_request_schema(api_key, version)
+    response_type = load_response_schema(api_key, version)
+    header_type = request_type.__header_schema__
+    buf = io.BytesIO()
+    entity_writer(header_type)(
+        buf,
+        header_type(
+            request_api_key=i16(api_key),
+            request_api_version=i16(version),
+            correlation_id=i32(7),
+            client_id="txn-admin",
+        ),
+    )
+    entity_writer(request_type)(buf, request_type(**fields))
+    with socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", buf.tell()) + buf.getvalue())
+        frame = b""
+        while len(frame) < 4 or len(frame) < 4 + struct.unpack(">i", frame[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed"
+            frame += chunk
+    _, used = entity_reader(response_type.__header_schema__)(frame[4:], 0)
+    return entity_reader(response_type)(frame[4:], used)[0]
+
+
+def test_list_and_describe_transactions(txn_broker: BrokerProcess) -> None:
+    topic = _topic(txn_broker)
+    txn_id = f"admin-{uuid.uuid4().hex[:6]}"
+    producer = _producer(txn_broker, txn_id)
+    producer.begin_transaction()
+    _send(producer, topic, ["a", "b"])
+    listed = _admin_call(
+        txn_broker,
+        66,
+        1,
+        state_filters=("Ongoing", "Bogus"),
+        producer_id_filters=(),
+        duration_filter=-1,
+    )
+    assert listed.unknown_state_filters == ("Bogus",)
+    [mine] = [t for t in listed.transaction_states if t.transactional_id == txn_id]
+    assert mine.transaction_state == "Ongoing"
+    described = _admin_call(txn_broker, 65, 0, transactional_ids=(txn_id, "nobody"))
+    ours, unknown = described.transaction_states
+    assert ours.transaction_state == "Ongoing" and ours.producer_id == mine.producer_id
+    assert [(t.topic, sorted(t.partitions)) for t in ours.topics] == [(topic, [0, 1])]
+    assert int(unknown.error_code) == 105  # TRANSACTIONAL_ID_NOT_FOUND
+    producer.commit_transaction(15)
+    described = _admin_call(txn_broker, 65, 0, transactional_ids=(txn_id,))
+    assert described.transaction_states[0].transaction_state == "CompleteCommit"
