@@ -350,7 +350,9 @@ class KafkaHandlers(TransactionApis):
                             part,
                             pd.records,
                             topic.max_message_bytes,
-                            functools.partial(
+                            None
+                            if req.transactional_id is None
+                            else functools.partial(
                                 self._recheck_transaction,
                                 req.transactional_id,
                                 td.name,
