@@ -527,6 +527,14 @@ class KafkaHandlers(TransactionApis):
                     except Exception as exc:  # noqa: BLE001 - the object store failed: retriable
                         log.warning("list offsets of %s-%d: %s", t.name, p.partition_index, exc)
                         entry["error_code"] = ErrorCode.kafka_storage_error
+                    else:  # as Kafka: read_committed finds nothing at or past the LSO
+                        committed = field(req, "isolation_level", 0) == 1
+                        if (
+                            committed
+                            and p.timestamp >= 0
+                            and entry["offset"] >= part.last_stable_offset
+                        ):
+                            entry["offset"], entry["timestamp"] = -1, -1
                 else:
                     entry["error_code"] = ErrorCode.invalid_request
                 partitions.append(entry)

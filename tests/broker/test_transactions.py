@@ -95,6 +95,20 @@ def _read_all(broker: BrokerProcess, topic: str, isolation: str, partitions: int
         consumer.close()
 
 
+READS = ("read_committed", "read_uncommitted")
+
+
+def _offset_for_time(broker: BrokerProcess, topic: str, ts: int, isolation: str) -> int:
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "times", "isolation.level": isolation}
+    )
+    try:
+        [tp] = consumer.offsets_for_times([TopicPartition(topic, 0, ts)], 10)
+        return int(tp.offset)
+    finally:
+        consumer.close()
+
+
 def _offsets(broker: BrokerProcess, topic: str) -> dict[int, dict[str, Any]]:
     return {p["partition"]: p for p in broker.admin(f"/v1/topics/{topic}/offsets")["partitions"]}
 
@@ -124,12 +138,14 @@ def test_commit_is_visible_and_abort_only_to_read_uncommitted(txn_broker: Broker
 def test_an_open_transaction_holds_back_the_last_stable_offset(txn_broker: BrokerProcess) -> None:
     topic = _topic(txn_broker, partitions=1)
     plain = Producer({"bootstrap.servers": txn_broker.bootstrap})
-    plain.produce(topic, value=b"before")
+    plain.produce(topic, value=b"before", timestamp=AT_MS)
     plain.flush(10)
     producer = _producer(txn_broker, f"tx-{uuid.uuid4().hex[:6]}")
     producer.begin_transaction()
-    _send(producer, topic, ["open-0", "open-1"], partitions=1)
-    plain.produce(topic, value=b"after")  # not transactional, but past the open transaction
+    for i in range(2):
+        producer.produce(topic, value=f"open-{i}".encode(), partition=0, timestamp=AT_MS + 1000)
+    assert producer.flush(15) == 0
+    plain.produce(topic, value=b"after", timestamp=AT_MS + 2000)  # past the open transaction
     plain.flush(10)
 
     offsets = _offsets(txn_broker, topic)[0]
@@ -138,7 +154,10 @@ def test_an_open_transaction_holds_back_the_last_stable_offset(txn_broker: Broke
     assert _read_all(txn_broker, topic, "read_uncommitted", 1) == sorted(
         ["before", "open-0", "open-1", "after"]
     )
+    # ListOffsets by time: read_committed finds nothing at or past the LSO, as Kafka
+    assert [_offset_for_time(txn_broker, topic, AT_MS + 500, i) for i in READS] == [-1, 1]
     producer.commit_transaction(15)
+    assert [_offset_for_time(txn_broker, topic, AT_MS + 500, i) for i in READS] == [1, 1]
     assert _read_all(txn_broker, topic, "read_committed", 1) == sorted(
         ["before", "open-0", "open-1", "after"]
     )
