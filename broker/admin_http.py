@@ -182,6 +182,7 @@ class AdminApi(HttpService):
                         if part.chunks
                         else None
                     ),
+                    last_stable_offset=part.last_stable_offset,
                 )
             )
         return _answer(
@@ -195,7 +196,8 @@ class AdminApi(HttpService):
 
     async def plan(self, request: web.Request) -> web.Response:
         """Per partition: the end offset for ``until_append_ms`` (exclusive) or
-        the current flushed end, and whether the broker has flushed that far."""
+        the current flushed end, never past the last stable offset, and whether the
+        broker has flushed that far."""
         topic = self._topic(request)
         until = request.query.get("until_append_ms")
         try:
@@ -205,10 +207,14 @@ class AdminApi(HttpService):
         partitions = []
         for p in range(topic.partitions):
             part = self.logs.partitions[(topic.name, p)]
+            # never past an open transaction: what is below the LSO is decided for good
+            lso = part.last_stable_offset
             if asked.until_append_ms is None:
-                end, flushed = part.flushed_offset, part.flushed_offset >= part.high_watermark
+                end, flushed = min(part.flushed_offset, lso), part.flushed_offset >= lso
             else:
                 end, flushed = end_offset_before(part, asked.until_append_ms)
+                end = min(end, lso)
+                flushed = flushed or part.flushed_offset >= end
             partitions.append(
                 contracts.PartitionPlan(
                     partition=p,
@@ -216,6 +222,7 @@ class AdminApi(HttpService):
                     end_offset=end,
                     flushed=flushed,
                     high_watermark=part.high_watermark,
+                    last_stable_offset=lso,
                 )
             )
         return _answer(
@@ -253,6 +260,12 @@ class AdminApi(HttpService):
                 end=end,
                 object_store=self.config.store.url,
                 ranges=ranges_for(part, start, end),
+                aborted_transactions=[
+                    contracts.AbortedTransaction(
+                        producer_id=pid, first_offset=first, last_offset=last
+                    )
+                    for pid, first, last in part.aborted_between(start, end)
+                ],
             )
         )
 

@@ -22,6 +22,7 @@ from broker.kafka.groups import GroupCoordinator
 from broker.kafka.handlers import KafkaHandlers
 from broker.kafka.internal_topics import InternalTopic
 from broker.kafka.server import KafkaServer
+from broker.kafka.transactions import TransactionCoordinator
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
 from broker.storage.logstore import LogStore
@@ -41,7 +42,15 @@ class Broker:
         self.logs = LogStore(config, self.metadata, self.store)
         self.cluster = Cluster(config, self.metadata, self.logs)
         self.groups = GroupCoordinator(config.group_initial_rebalance_delay_ms)
-        self.handlers = KafkaHandlers(config, self.cluster, self.logs, self.groups)
+        self.transactions = TransactionCoordinator(
+            self.metadata,
+            self.logs,
+            config.transaction_max_timeout_ms,
+            config.transaction_cleanup_interval_ms,
+        )
+        self.handlers = KafkaHandlers(
+            config, self.cluster, self.logs, self.groups, self.transactions
+        )
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes)
         self.admin = AdminApi(config, self.cluster, self.logs)
         self.schemas = registry_store.SchemaStore(
@@ -73,6 +82,8 @@ class Broker:
         self.cluster.write_manifest()
         await self.schemas.load()  # before the listener: the produce gate needs every schema id
         self.groups.start()
+        await self.transactions.recover()  # before the listener: no transaction half-done
+        self.transactions.start()
         await self.kafka.start(self.config.host, self.config.kafka_port)
         await self.admin.start(self.config.host, self.config.admin_port)
         await self.registry.start(self.config.host, self.config.registry_port)
@@ -105,6 +116,7 @@ class Broker:
             ("admin API", self.admin.close),
             ("kafka listener", self.kafka.close),
             ("group coordinator", self.groups.close),
+            ("transaction coordinator", self.transactions.close),
             ("logs", self.logs.close),
         ]:
             log.debug("stopping the %s", name)

@@ -147,6 +147,16 @@ class BrokerConfig(BaseSettings):
     group_initial_rebalance_delay_ms: int = Field(
         default=300, ge=0, description="wait for more members this long"
     )
+    transaction_max_timeout_ms: int = Field(
+        default=900_000,
+        ge=1,
+        description="the largest transaction.timeout.ms a transactional producer may ask for",
+    )
+    transaction_cleanup_interval_ms: int = Field(
+        default=10_000,
+        ge=1,
+        description="look for transactions past their timeout (and abort them) this often",
+    )
     retention_check_interval_ms: int = Field(
         default=300_000,
         ge=1,
@@ -312,6 +322,8 @@ KAFKA_NAMES = {
     "auto_create_topics": "auto.create.topics.enable",
     "group_initial_rebalance_delay_ms": "group.initial.rebalance.delay.ms",
     "retention_check_interval_ms": "log.retention.check.interval.ms",
+    "transaction_max_timeout_ms": "transaction.max.timeout.ms",
+    "transaction_cleanup_interval_ms": "transaction.abort.timed.out.transaction.cleanup.interval.ms",
     "warehouse": CATALOG_PREFIX + "warehouse",
 }
 OBJECT_STORE_KEYS = {

@@ -284,6 +284,9 @@ class PartitionOffsets(Contract):
     high_watermark: int
     flushed_offset: int
     last_append_ms: int | None = None
+    # the first offset of the earliest open transaction, or the high watermark; None from a
+    # broker older than transactions
+    last_stable_offset: int | None = None
 
 
 class TopicOffsets(Contract):
@@ -298,9 +301,10 @@ class TopicOffsets(Contract):
 class PartitionPlan(Contract):
     partition: int
     log_start_offset: int
-    end_offset: int
+    end_offset: int  # never past the last stable offset: a round commits no open transaction
     flushed: bool
     high_watermark: int
+    last_stable_offset: int | None = None
 
 
 class TopicPlan(Contract):
@@ -330,6 +334,14 @@ class ObjectRange(Contract):
     max_append_ms: int
 
 
+class AbortedTransaction(Contract):
+    """A transaction that was aborted: its producer, first offset and marker's offset."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+
 class TopicRanges(Contract):
     """``GET /v1/topics/{topic}/partitions/{partition}/ranges``."""
 
@@ -339,6 +351,8 @@ class TopicRanges(Contract):
     end: int
     object_store: str
     ranges: list[ObjectRange]
+    # aborted transactions with records in [start, end), for a read_committed reader
+    aborted_transactions: list[AbortedTransaction] = []
 
 
 class PartitionPending(Contract):

@@ -22,8 +22,11 @@ from broker import topic_configs
 from broker.cluster import Cluster, TopicError
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate, GateRejection, gate_applies
+from broker.kafka import records
 from broker.kafka.codec import Responder, field, ms
 from broker.kafka.groups import GroupCoordinator
+from broker.kafka.transactions import TransactionCoordinator
+from broker.kafka.txn_apis import TransactionApis, fenced_for
 from broker.storage.logstore import LogStore, ProduceError
 
 log = logging.getLogger(__name__)
@@ -57,12 +60,18 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     20: (1, 6),  # DeleteTopics
     22: (0, 5),  # InitProducerId
     23: (2, 4),  # OffsetForLeaderEpoch
+    24: (0, 4),  # AddPartitionsToTxn (v4+ batched, as brokers send it)
+    25: (0, 3),  # AddOffsetsToTxn
+    26: (0, 3),  # EndTxn (v5 needs transaction.version 2, KIP-890)
+    28: (0, 3),  # TxnOffsetCommit
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
     60: (0, 1),  # DescribeCluster
+    65: (0, 0),  # DescribeTransactions
+    66: (0, 1),  # ListTransactions
 }
 
 # What ApiVersions lists. As Apache Kafka 4 does (KAFKA-18659), Produce is listed
@@ -108,14 +117,20 @@ class ConnectionContext:
 Handler = Callable[[ConnectionContext, Any, Responder], Awaitable[Any]]
 
 
-class KafkaHandlers:
+class KafkaHandlers(TransactionApis):
     def __init__(
-        self, config: BrokerConfig, cluster: Cluster, logs: LogStore, groups: GroupCoordinator
+        self,
+        config: BrokerConfig,
+        cluster: Cluster,
+        logs: LogStore,
+        groups: GroupCoordinator,
+        transactions: TransactionCoordinator,
     ) -> None:
         self.config = config
         self.cluster = cluster
         self.logs = logs
         self.groups = groups
+        self.transactions = transactions
         self.gate: DataQualityGate | None = None  # set once the schema registry is up
         self.by_key: dict[int, Handler] = {
             0: self.produce,
@@ -136,12 +151,18 @@ class KafkaHandlers:
             20: self.delete_topics,
             22: self.init_producer_id,
             23: self.offset_for_leader_epoch,
+            24: self.add_partitions_to_txn,
+            25: self.add_offsets_to_txn,
+            26: self.end_txn,
+            28: self.txn_offset_commit,
             32: self.describe_configs,
             33: self.alter_configs,
             37: self.create_partitions,
             42: self.delete_groups,
             44: self.incremental_alter_configs,
             60: self.describe_cluster,
+            65: self.describe_transactions,
+            66: self.list_transactions,
         }
 
     def _broker(self) -> dict[str, Any]:
@@ -292,12 +313,12 @@ class KafkaHandlers:
                     "error_message": None,
                 }
                 part = self._partition(td.name, pd.index) if topic else None
-                if req.transactional_id is not None:
-                    entry.update(
-                        error_code=ErrorCode.transactional_id_authorization_failed,
-                        error_message="transactions are not supported by this broker",
-                    )
-                elif topic is None or part is None:
+                refusal = (
+                    self._transactional_refusal(req.transactional_id, td.name, pd.index, pd.records)
+                    if topic is not None and part is not None
+                    else None
+                )
+                if topic is None or part is None:
                     entry.update(
                         error_code=ErrorCode.unknown_topic_or_partition,
                         error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}",
@@ -307,6 +328,8 @@ class KafkaHandlers:
                         error_code=ErrorCode.invalid_record,
                         error_message="produce request has no records",
                     )
+                elif refusal is not None:
+                    entry.update(error_code=refusal[0], error_message=refusal[1])
                 elif (rejection := self._gate_rejection(topic.configs, pd.records)) is not None:
                     log.info(
                         "produce to %s-%d refused by the data quality gate: %s",
@@ -327,7 +350,18 @@ class KafkaHandlers:
                 else:
                     try:
                         base, seq = await self.logs.append(
-                            part, pd.records, topic.max_message_bytes
+                            part,
+                            pd.records,
+                            topic.max_message_bytes,
+                            None
+                            if req.transactional_id is None
+                            else functools.partial(
+                                self._recheck_transaction,
+                                req.transactional_id,
+                                td.name,
+                                pd.index,
+                                pd.records,
+                            ),
                         )
                         last_seq = max(last_seq, seq)
                         entry.update(base_offset=base, log_start_offset=part.log_start_offset)
@@ -359,6 +393,33 @@ class KafkaHandlers:
                 raise CloseConnection(f"acks=0 produce refused: {failed[0]['error_message']}")
             return None
         return respond()
+
+    def _transactional_refusal(
+        self, transactional_id: str | None, topic: str, partition: int, data: bytes | None
+    ) -> tuple[int, str | None] | None:
+        """Why a produce's transactional batches are refused (None: they are not, or there
+        are none). Checked against the coordinator: the current epoch, a partition added."""
+        if not data:
+            return None
+        try:
+            header = records.read_header(data)
+        except records.CorruptBatchError:
+            return None  # the append refuses it with the details
+        if not header.is_transactional:
+            return None
+        if transactional_id is None:
+            return ErrorCode.invalid_record, "a transactional batch needs the transactional id"
+        error, message = self.transactions.verify_produce(
+            transactional_id, header.producer_id, header.producer_epoch, topic, partition
+        )
+        return None if error == ErrorCode.none else (error, message)
+
+    def _recheck_transaction(
+        self, transactional_id: str | None, topic: str, partition: int, data: bytes
+    ) -> None:
+        refusal = self._transactional_refusal(transactional_id, topic, partition, data)
+        if refusal is not None:
+            raise ProduceError(refusal[0], refusal[1] or "transaction ended")
 
     def _gate_rejection(
         self, configs: dict[str, str], records_bytes: bytes
@@ -394,21 +455,28 @@ class KafkaHandlers:
                         errors = True
                     else:
                         hw = part.high_watermark
+                        lso = part.last_stable_offset
+                        committed = field(req, "isolation_level", 0) == 1
                         entry.update(
                             high_watermark=hw,
-                            last_stable_offset=hw,
+                            last_stable_offset=lso,
                             log_start_offset=part.log_start_offset,
                         )
-                        if req.isolation_level == 1:
-                            entry["aborted_transactions"] = []
                         offset = fp.fetch_offset
+                        if committed:
+                            entry["aborted_transactions"] = [
+                                {"producer_id": pid, "first_offset": first}
+                                for pid, first, _ in part.aborted_between(offset, lso)
+                            ]
                         if offset < part.log_start_offset or offset > hw:
                             entry["error_code"] = ErrorCode.offset_out_of_range
                             errors = True
-                        elif offset < hw and total < max_bytes:
+                        elif offset < (lso if committed else hw) and total < max_bytes:
                             budget = min(fp.partition_max_bytes, max_bytes - total)
                             try:
-                                data = await self.logs.read(part, offset, budget)
+                                data = await self.logs.read(
+                                    part, offset, budget, lso if committed else None
+                                )
                             except Exception as exc:  # noqa: BLE001 - the object store failed: a retriable per-partition error
                                 log.warning(
                                     "fetch %s-%d at %d: object store read failed: %s",
@@ -444,16 +512,32 @@ class KafkaHandlers:
                 }
                 if part is None:
                     entry["error_code"] = ErrorCode.unknown_topic_or_partition
-                elif p.timestamp == -1:  # latest
-                    entry["offset"] = part.high_watermark
+                elif p.timestamp == -1:  # latest (read_committed: the last stable offset)
+                    entry["offset"] = (
+                        part.last_stable_offset
+                        if field(req, "isolation_level", 0) == 1
+                        else part.high_watermark
+                    )
                 elif p.timestamp in (-2, -4, -5):  # earliest (and earliest local / tiered)
                     entry["offset"] = part.log_start_offset
-                elif p.timestamp == -3:  # max timestamp
-                    entry["offset"], entry["timestamp"] = self.logs.max_timestamp(part)
-                elif p.timestamp >= 0:
-                    entry["offset"], entry["timestamp"] = self.logs.offset_for_timestamp(
-                        part, p.timestamp
-                    )
+                elif p.timestamp == -3 or p.timestamp >= 0:  # max timestamp, or by timestamp
+                    try:  # to the record: the batch found is read and decoded
+                        entry["offset"], entry["timestamp"] = (
+                            await self.logs.max_timestamp(part)
+                            if p.timestamp == -3
+                            else await self.logs.offset_for_timestamp(part, p.timestamp)
+                        )
+                    except Exception as exc:  # noqa: BLE001 - the object store failed: retriable
+                        log.warning("list offsets of %s-%d: %s", t.name, p.partition_index, exc)
+                        entry["error_code"] = ErrorCode.kafka_storage_error
+                    else:  # as Kafka: read_committed finds nothing at or past the LSO
+                        committed = field(req, "isolation_level", 0) == 1
+                        if (
+                            committed
+                            and p.timestamp >= 0
+                            and entry["offset"] >= part.last_stable_offset
+                        ):
+                            entry["offset"], entry["timestamp"] = -1, -1
                 else:
                     entry["error_code"] = ErrorCode.invalid_request
                 partitions.append(entry)
@@ -486,10 +570,17 @@ class KafkaHandlers:
         return R(topics=topics)
 
     async def init_producer_id(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
-        if req.transactional_id is not None:
-            return R(error_code=ErrorCode.unsupported_version, producer_id=-1, producer_epoch=-1)
         producer_id = field(req, "producer_id", -1)
         epoch = field(req, "producer_epoch", -1)
+        if req.transactional_id is not None:
+            error, pid, new_epoch = await self.transactions.init_producer_id(
+                req.transactional_id, ms(req.transaction_timeout), producer_id, epoch
+            )
+            return R(
+                error_code=fenced_for(22, R.version, error),
+                producer_id=pid,
+                producer_epoch=new_epoch,
+            )
         if producer_id >= 0 and 0 <= epoch < 32767:
             return R(error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=epoch + 1)
         producer_id = await asyncio.to_thread(self.cluster.metadata.next_producer_id)
@@ -751,11 +842,8 @@ class KafkaHandlers:
         key_type = field(req, "key_type", 0)
         error, message = (
             (ErrorCode.none, None)
-            if key_type == 0
-            else (
-                ErrorCode.coordinator_not_available,
-                "transactions are not supported by this broker",
-            )
+            if key_type in (0, 1)  # a group, a transactional id: this broker coordinates both
+            else (ErrorCode.invalid_request, f"unknown coordinator key type {key_type}")
         )
         node = self._broker()
         if R.version >= 4:
@@ -868,7 +956,7 @@ class KafkaHandlers:
                 {
                     "group_id": g.group_id,
                     "topics": await self._fetched_offsets(
-                        g.group_id, g.topics, "partition_indexes"
+                        g.group_id, g.topics, "partition_indexes", req.require_stable
                     ),
                     "error_code": ErrorCode.none,
                 }
@@ -876,14 +964,22 @@ class KafkaHandlers:
             ]
             return R(groups=groups)
         return R(
-            topics=await self._fetched_offsets(req.group_id, req.topics, "partition_indexes"),
+            topics=await self._fetched_offsets(
+                req.group_id, req.topics, "partition_indexes", field(req, "require_stable", False)
+            ),
             error_code=ErrorCode.none,
         )
 
     async def _fetched_offsets(
-        self, group_id: str, topics: Any, partitions_field: str
+        self, group_id: str, topics: Any, partitions_field: str, require_stable: bool = False
     ) -> list[dict[str, Any]]:
         committed = await asyncio.to_thread(self.cluster.metadata.committed_offsets, group_id)
+        # KIP-447: a read_committed consumer waits for offsets of an open transaction
+        unstable = (
+            await asyncio.to_thread(self.transactions.pending_offsets, group_id)
+            if require_stable
+            else set()
+        )
         wanted: dict[str, list[int]] = {}
         if topics is None:
             for t, p in committed:
@@ -902,7 +998,9 @@ class KafkaHandlers:
                         "committed_offset": c.offset if c else -1,
                         "committed_leader_epoch": c.leader_epoch if c else -1,
                         "metadata": c.metadata if c else "",
-                        "error_code": ErrorCode.none,
+                        "error_code": ErrorCode.unstable_offset_commit
+                        if (name, p) in unstable
+                        else ErrorCode.none,
                     }
                 )
             result.append({"name": name, "partitions": entries})

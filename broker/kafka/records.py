@@ -483,3 +483,57 @@ def encode_batch(
         + struct.pack(">I", crc32c(after_crc))
         + after_crc
     )
+
+
+# ---------------------------------------------------------------- transaction markers
+
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+_CONTROL_ATTRIBUTES = ATTR_TRANSACTIONAL | ATTR_CONTROL
+
+
+def encode_control_batch(
+    producer_id: int,
+    producer_epoch: int,
+    commit: bool,
+    timestamp_ms: int,
+    coordinator_epoch: int = 0,
+) -> bytes:
+    """A transaction marker (KIP-98): a control batch of one record whose key is
+    (int16 version 0, int16 type: 0 abort, 1 commit) and whose value is
+    (int16 version 0, int32 coordinator epoch), as Kafka's coordinator writes it."""
+    key = struct.pack(">hh", 0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = struct.pack(">hi", 0, coordinator_epoch)
+    record = bytearray(b"\x00")
+    record += _zigzag_varint(0) + _zigzag_varint(0)
+    record += _bytes_or_null(key) + _bytes_or_null(value) + _zigzag_varint(0)
+    body = _zigzag_varint(len(record)) + bytes(record)
+    after_crc = (
+        struct.pack(
+            ">hiqqqhii",
+            _CONTROL_ATTRIBUTES,
+            0,
+            timestamp_ms,
+            timestamp_ms,
+            producer_id,
+            producer_epoch,
+            -1,
+            1,
+        )
+        + body
+    )
+    batch_length = 4 + 1 + 4 + len(after_crc)
+    return (
+        struct.pack(">qiib", 0, batch_length, -1, 2)
+        + struct.pack(">I", crc32c(after_crc))
+        + after_crc
+    )
+
+
+def control_type(batch: Buffer) -> int:
+    """The marker type (``CONTROL_ABORT`` / ``CONTROL_COMMIT``) of a control batch."""
+    _, decoded = decode_batch(batch)
+    key = decoded[0].key if decoded else None
+    if key is None or len(key) < 4:
+        raise CorruptBatchError("control batch has no marker key")
+    return int.from_bytes(key[2:4], "big", signed=True)

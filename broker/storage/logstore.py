@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from broker.storage.wal import WalEntry, WriteAheadLog, read_entries
 log = logging.getLogger(__name__)
 
 MAX_RECENT_PRODUCER_BATCHES = 5
+ATTR_LOG_APPEND_TIME = 0x08
 
 
 class ProduceError(Exception):
@@ -56,16 +58,21 @@ class ProducerState:
     epoch: int
     # (first sequence, last sequence, base offset) of the last few batches, oldest first
     recent: list[tuple[int, int, int]] = field(default_factory=list)
+    # first offset of the producer's open transaction in this partition, -1 for none
+    txn_first_offset: int = -1
 
     @property
     def last_sequence(self) -> int:
         return self.recent[-1][1] if self.recent else -1
 
     def to_json(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "epoch": self.epoch,
             "recent": list(self.recent),
         }  # a copy: later batches must not leak in
+        if self.txn_first_offset >= 0:
+            data["txn_first_offset"] = self.txn_first_offset
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> ProducerState:
@@ -73,7 +80,9 @@ class ProducerState:
         assert isinstance(recent, list)
         epoch = data["epoch"]
         assert isinstance(epoch, int)
-        return cls(epoch, [tuple(r) for r in recent])
+        first = data.get("txn_first_offset", -1)
+        assert isinstance(first, int)
+        return cls(epoch, [tuple(r) for r in recent], first)
 
 
 class PartitionLog:
@@ -90,6 +99,27 @@ class PartitionLog:
         self.high_watermark = self.next_offset
         self.producers: dict[int, ProducerState] = {}
         self.dirty_producers: set[int] = set()
+        # transactions (KIP-98): producer id -> first offset of its open transaction here, and
+        # the aborted ones, (producer id, first offset, marker offset) in marker order
+        self.ongoing: dict[int, int] = {}
+        self.aborted: list[tuple[int, int, int]] = []
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the earliest open transaction, or the high watermark."""
+        return min(self.high_watermark, min(self.ongoing.values(), default=self.high_watermark))
+
+    def aborted_between(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """Aborted transactions with records in [start, end): their markers at or after start."""
+        i = bisect.bisect_left(self.aborted, start, key=lambda a: a[2])
+        return [a for a in self.aborted[i:] if a[1] < end]
+
+    def load_transactions(self, aborted: list[tuple[int, int, int]]) -> None:
+        """After a restart: the persisted aborted list and the open transactions of the producer states."""
+        self.aborted = sorted(aborted, key=lambda a: a[2])
+        self.ongoing = {
+            pid: s.txn_first_offset for pid, s in self.producers.items() if s.txn_first_offset >= 0
+        }
 
     @property
     def flushed_offset(self) -> int:
@@ -127,18 +157,45 @@ class PartitionLog:
             )
         return None
 
-    def record_producer(self, header: records.BatchHeader, base_offset: int) -> None:
+    def record_producer(
+        self, header: records.BatchHeader, base_offset: int, data: records.Buffer = b""
+    ) -> None:
+        if header.is_control:
+            self._record_marker(header, base_offset, data)
+            return
         if header.producer_id < 0 or header.base_sequence < 0:
             return
-        state = self.producers.get(header.producer_id)
-        if state is None or header.producer_epoch > state.epoch:
-            state = ProducerState(header.producer_epoch)
-            self.producers[header.producer_id] = state
+        state = self._producer_state(header.producer_id, header.producer_epoch)
+        if header.is_transactional and header.producer_id not in self.ongoing:
+            self.ongoing[header.producer_id] = base_offset
+            state.txn_first_offset = base_offset
         state.recent.append((header.base_sequence, header.last_sequence, base_offset))
         del state.recent[:-MAX_RECENT_PRODUCER_BATCHES]
         self.dirty_producers.add(header.producer_id)
 
-    def accept(self, batch: bytes, header: records.BatchHeader, append_ms: int) -> TailBatch:
+    def _producer_state(self, producer_id: int, epoch: int) -> ProducerState:
+        """The producer's state, a fresh one (sequences reset) for a newer epoch; an open
+        transaction's first offset carries over."""
+        state = self.producers.get(producer_id)
+        if state is None or epoch > state.epoch:
+            state = ProducerState(epoch, txn_first_offset=state.txn_first_offset if state else -1)
+            self.producers[producer_id] = state
+        self.dirty_producers.add(producer_id)
+        return state
+
+    def _record_marker(
+        self, header: records.BatchHeader, offset: int, data: records.Buffer
+    ) -> None:
+        """A commit or abort marker ends the producer's open transaction here."""
+        state = self._producer_state(header.producer_id, header.producer_epoch)
+        first = self.ongoing.pop(header.producer_id, -1)
+        state.txn_first_offset = -1
+        if first >= 0 and records.control_type(data) == records.CONTROL_ABORT:
+            self.aborted.append((header.producer_id, first, offset))
+
+    def accept(
+        self, batch: records.Buffer, header: records.BatchHeader, append_ms: int
+    ) -> TailBatch:
         base = self.next_offset
         data = records.with_base_offset(batch, base)
         tail = TailBatch(
@@ -146,7 +203,7 @@ class PartitionLog:
         )
         self.tail.append(tail)
         self.next_offset = tail.end_offset
-        self.record_producer(header, base)
+        self.record_producer(header, base, data)
         return tail
 
     def tail_index(self, offset: int) -> int:
@@ -202,6 +259,9 @@ class LogStore:
             part = self.partitions.get((topic, p))
             if part:
                 part.producers[pid] = ProducerState.from_json(state)
+        aborted = self.metadata.aborted_transactions()
+        for (topic, p), part in self.partitions.items():
+            part.load_transactions(aborted.get((topic, p), []))
         replayed = 0
         old_files = self.wal.files()
         old_files.remove(self.wal.current_file)
@@ -230,7 +290,7 @@ class LogStore:
                 )
                 part.tail.append(tail)
                 part.next_offset = part.high_watermark = tail.end_offset
-                part.record_producer(header, header.base_offset)
+                part.record_producer(header, header.base_offset, entry.batch)
                 self.unflushed_bytes += len(entry.batch)
                 replayed += 1
         if replayed:
@@ -288,6 +348,7 @@ class LogStore:
         del part.chunks[:count]
         del part.chunk_bases[:count]
         part.log_start_offset = max(part.log_start_offset, new_start)
+        part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
         return keys
 
     async def unreferenced_objects(self, keys: list[str]) -> list[str]:
@@ -311,9 +372,15 @@ class LogStore:
     # ------------------------------------------------------------ produce
 
     async def append(
-        self, part: PartitionLog, records_bytes: bytes, max_message_bytes: int
+        self,
+        part: PartitionLog,
+        records_bytes: bytes,
+        max_message_bytes: int,
+        recheck: Callable[[], None] | None = None,
     ) -> tuple[int, int]:
-        """Append a partition's records; returns (base offset, WAL sequence to await)."""
+        """Append a partition's records; returns (base offset, WAL sequence to await).
+        ``recheck`` runs right before the records are accepted (after any wait for room) and
+        may raise ``ProduceError``: a transaction checked before the wait may have ended."""
         try:
             headers = records.split_batches(records_bytes)
         except records.CorruptBatchError as exc:
@@ -340,6 +407,8 @@ class LogStore:
         if self.unflushed_bytes > self.max_unflushed_bytes:
             self.produces_held += 1
             await self._wait_for_room()
+        if recheck is not None:
+            recheck()
         now = int(time.time() * 1000)
         first_base = -1
         seq = 0
@@ -368,6 +437,20 @@ class LogStore:
             self._flush_needed.set()
         return first_base, seq
 
+    def append_marker(
+        self, part: PartitionLog, producer_id: int, producer_epoch: int, commit: bool
+    ) -> int:
+        """Write a transaction marker (control batch) into the partition; the WAL sequence to await."""
+        now = int(time.time() * 1000)
+        batch = records.encode_control_batch(producer_id, producer_epoch, commit, now)
+        header = records.read_header(batch)
+        tail = part.accept(batch, header, now)
+        self.unflushed_bytes += len(tail.data)
+        return self.wal.append(
+            WalEntry(part.topic, part.partition, now, tail.data),
+            functools.partial(self._on_durable, part, tail.end_offset),
+        )
+
     async def _wait_for_room(self) -> None:
         deadline = time.monotonic() + 30
         while self.unflushed_bytes > self.max_unflushed_bytes:
@@ -391,12 +474,15 @@ class LogStore:
 
     # ------------------------------------------------------------ fetch
 
-    async def read(self, part: PartitionLog, offset: int, max_bytes: int) -> bytes:
+    async def read(
+        self, part: PartitionLog, offset: int, max_bytes: int, limit: int | None = None
+    ) -> bytes:
         """Whole batches from the one holding ``offset``, up to ``max_bytes``
-        (but at least one batch), never past the high watermark."""
+        (but at least one batch), never past the high watermark (nor ``limit``,
+        the last stable offset of a read_committed fetch: a batch boundary)."""
         out: list[records.Buffer] = []
         size = 0
-        hw = part.high_watermark
+        hw = part.high_watermark if limit is None else min(limit, part.high_watermark)
         full = False
         while offset < part.flushed_offset:
             if (
@@ -414,8 +500,10 @@ class LogStore:
             refs = chunk.refs
             k = max(bisect.bisect_right(chunk.ref_bases, offset) - 1, 0)
             start = end = refs[k].position
-            while k < len(refs) and (
-                (not out and end == start) or size + end - start + refs[k].size <= max_bytes
+            while (
+                k < len(refs)
+                and refs[k].base_offset < hw
+                and ((not out and end == start) or size + end - start + refs[k].size <= max_bytes)
             ):
                 end = refs[k].position + refs[k].size
                 k += 1
@@ -432,6 +520,9 @@ class LogStore:
                 full = True
                 break
             offset = chunk.end_offset
+            if offset >= hw:
+                full = True
+                break
         if not full:
             j = part.tail_index(offset)
             while j < len(part.tail):
@@ -461,29 +552,51 @@ class LogStore:
 
     # ------------------------------------------------------------ offsets
 
-    def offset_for_timestamp(self, part: PartitionLog, timestamp: int) -> tuple[int, int]:
-        """First batch whose max timestamp >= timestamp: (offset, timestamp), or (-1, -1)."""
-        for chunk in part.chunks:
-            for ref in chunk.batches():
-                if ref.max_timestamp >= timestamp:
-                    return max(ref.base_offset, part.log_start_offset), ref.max_timestamp
-        for batch in part.tail:
-            if batch.end_offset > part.high_watermark:
-                break
-            if batch.max_timestamp >= timestamp:
-                return batch.base_offset, batch.max_timestamp
+    async def offset_for_timestamp(self, part: PartitionLog, timestamp: int) -> tuple[int, int]:
+        """The first record whose timestamp is >= timestamp: (offset, timestamp), or (-1, -1).
+        The batch index finds the batch (its max timestamp); the batch is read and decoded to
+        find the record inside it, as Kafka answers (not the batch's base offset)."""
+        found = await self._find_batch(part, lambda max_ts: max_ts >= timestamp)
+        if found is None:
+            return -1, -1
+        for offset, ts in _record_timestamps(found):
+            if ts >= timestamp and offset >= part.log_start_offset:
+                return offset, ts
         return -1, -1
 
-    def max_timestamp(self, part: PartitionLog) -> tuple[int, int]:
-        best = (-1, -1)
+    async def max_timestamp(self, part: PartitionLog) -> tuple[int, int]:
+        """The record with the largest timestamp (the first of several): (offset, timestamp)."""
+        best = -1
         for chunk in part.chunks:
-            for ref in chunk.batches():
-                if ref.max_timestamp > best[1]:
-                    best = (ref.base_offset, ref.max_timestamp)
+            best = max([best, *(ref.max_timestamp for ref in chunk.batches())])
         for batch in part.tail:
-            if batch.end_offset <= part.high_watermark and batch.max_timestamp > best[1]:
-                best = (batch.base_offset, batch.max_timestamp)
-        return best
+            if batch.end_offset <= part.high_watermark:
+                best = max(best, batch.max_timestamp)
+        if best < 0:
+            return -1, -1
+        found = await self._find_batch(part, lambda max_ts: max_ts == best)
+        for offset, ts in _record_timestamps(found) if found is not None else ():
+            if ts == best and offset >= part.log_start_offset:
+                return offset, ts
+        return -1, -1
+
+    async def _find_batch(
+        self, part: PartitionLog, wanted: Callable[[int], bool]
+    ) -> records.Buffer | None:
+        """The bytes of the first data batch (not a transaction marker) whose max timestamp is wanted."""
+        for chunk in list(part.chunks):
+            for ref in chunk.batches():
+                if ref.max_timestamp >= 0 and wanted(ref.max_timestamp):
+                    start = chunk.byte_start + ref.position
+                    data = await self._read_object(chunk.object_key, start, start + ref.size)
+                    if not records.read_header(data).is_control:
+                        return data
+        for batch in list(part.tail):
+            if batch.end_offset > part.high_watermark:
+                break
+            if wanted(batch.max_timestamp) and not records.read_header(batch.data).is_control:
+                return batch.data
+        return None
 
     # ------------------------------------------------------------ flush
 
@@ -584,8 +697,14 @@ class LogStore:
             if id(part) in live
             for pid, state in states.items()
         }
+        aborted = [
+            (part.topic, part.partition, *a)
+            for part, chunk, _ in chunks
+            for a in part.aborted_between(chunk.base_offset, chunk.end_offset)
+            if a[2] < chunk.end_offset
+        ]
         await asyncio.to_thread(
-            self.metadata.add_chunks, [c for _, c, _ in chunks], producer_states
+            self.metadata.add_chunks, [c for _, c, _ in chunks], producer_states, aborted
         )
         for part, chunk, count in chunks:
             part.chunks.append(chunk)
@@ -617,6 +736,14 @@ class LogStore:
             for part in self.partitions.values()
             if part.tail
         ]
+
+
+def _record_timestamps(batch: records.Buffer) -> list[tuple[int, int]]:
+    """(offset, timestamp) of each record of a batch; LogAppendTime gives each the batch's."""
+    header, decoded = records.decode_batch(batch)
+    if header.attributes & ATTR_LOG_APPEND_TIME:
+        return [(r.offset, header.max_timestamp) for r in decoded]
+    return [(r.offset, r.timestamp) for r in decoded]
 
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:  # noqa: ASYNC109 (asyncio.timeout/wait_for cancellation can hang on 3.11)

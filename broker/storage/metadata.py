@@ -80,11 +80,46 @@ CREATE TABLE IF NOT EXISTS counters (
 );
 """
 
+# Transactions (KIP-98): the coordinator's state per transactional id, offsets committed in an
+# open transaction (visible to the group on commit only), and each partition's aborted
+# transactions whose markers are in segment objects (the rest are replayed from the WAL).
+_TRANSACTIONS = """
+CREATE TABLE IF NOT EXISTS transactions (
+    transactional_id TEXT PRIMARY KEY,
+    producer_id BIGINT NOT NULL,
+    producer_epoch BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    timeout_ms BIGINT NOT NULL,
+    start_ms BIGINT NOT NULL,
+    partitions TEXT NOT NULL,
+    groups TEXT NOT NULL,
+    update_ms BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS txn_offsets (
+    transactional_id TEXT NOT NULL,
+    group_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    partition BIGINT NOT NULL,
+    committed_offset BIGINT NOT NULL,
+    leader_epoch BIGINT NOT NULL,
+    metadata TEXT,
+    PRIMARY KEY (transactional_id, group_id, topic, partition)
+);
+CREATE TABLE IF NOT EXISTS aborted_txns (
+    topic TEXT NOT NULL,
+    partition BIGINT NOT NULL,
+    producer_id BIGINT NOT NULL,
+    first_offset BIGINT NOT NULL,
+    last_offset BIGINT NOT NULL,
+    PRIMARY KEY (topic, partition, last_offset)
+);
+"""
+
 # The schema as a versioned list: a database records the number of migrations applied to it
 # (table schema_version) and a broker applies the ones it lacks, each in its own transaction, at
 # start. Migration 1 is the schema every database had before versions were recorded (its
 # CREATE ... IF NOT EXISTS adopts such a database as it is). Add a migration; never edit one.
-MIGRATIONS: tuple[str, ...] = (_SCHEMA,)
+MIGRATIONS: tuple[str, ...] = (_SCHEMA, _TRANSACTIONS)
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 
 
@@ -411,7 +446,13 @@ class MetadataStore:
                     "SELECT DISTINCT object_key FROM chunks WHERE topic = ?", (name,)
                 )
             ]
-            for table in ("topic_configs", "chunks", "partition_state", "producer_state"):
+            for table in (
+                "topic_configs",
+                "chunks",
+                "partition_state",
+                "producer_state",
+                "aborted_txns",
+            ):
                 self.db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
             self.db.execute("DELETE FROM group_offsets WHERE topic = ?", (name,))
             self.db.execute("DELETE FROM topics WHERE name = ?", (name,))
@@ -433,9 +474,19 @@ class MetadataStore:
     # ------------------------------------------------------------ segment index
 
     def add_chunks(
-        self, chunks: list[Chunk], producer_states: dict[tuple[str, int, int], dict[str, object]]
+        self,
+        chunks: list[Chunk],
+        producer_states: dict[tuple[str, int, int], dict[str, object]],
+        aborted: Sequence[tuple[str, int, int, int, int]] = (),
     ) -> None:
+        """Index chunks, with the producer states and the aborted transactions (topic, partition,
+        producer id, first offset, marker offset) whose markers they hold, in one transaction."""
         with self.db.transaction():
+            self.db.executemany(
+                "INSERT INTO aborted_txns VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (topic, partition, last_offset) DO NOTHING",
+                list(aborted),
+            )
             self.db.executemany(
                 _UPSERT_CHUNK,
                 [
@@ -477,6 +528,16 @@ class MetadataStore:
             )
         }
 
+    def aborted_transactions(self) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
+        """Per partition: (producer id, first offset, marker offset) of its aborted transactions."""
+        out: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+        for t, p, pid, first, last in self.db.query(
+            "SELECT topic, partition, producer_id, first_offset, last_offset FROM aborted_txns "
+            "ORDER BY last_offset"
+        ):
+            out.setdefault((t, p), []).append((pid, first, last))
+        return out
+
     def drop_chunks_before(self, topic: str, partition: int, offset: int) -> list[str]:
         """Segment retention: forget the partition's chunks below ``offset`` and make
         ``offset`` its log start, in one transaction; returns the object keys that no
@@ -492,6 +553,10 @@ class MetadataStore:
                 )
             ]
             self.db.execute(f"DELETE FROM chunks WHERE {where}", (topic, partition, offset))
+            self.db.execute(
+                "DELETE FROM aborted_txns WHERE topic = ? AND partition = ? AND last_offset < ?",
+                (topic, partition, offset),
+            )
             self.db.execute(_UPSERT_LOG_START, (topic, partition, offset))
             unreferenced = [
                 k

@@ -13,12 +13,12 @@ Kafka semantics kept:
 - the first range may begin with a batch that starts before ``start`` and the
   last batch may run past ``end``: records outside [start, end) are dropped;
 - control batches (transaction markers) are never data and are skipped;
-- records of aborted transactions are dropped when the caller passes the
-  partition's aborted transactions (``aborted``: (producer id, first offset)
-  pairs, as a Kafka FetchResponse carries them), using the consumer's
-  ``read_committed`` algorithm. The broker rejects transactional producers
-  today, so it has no aborted list to give; without one every non-control
-  record is returned (``read_uncommitted``);
+- records of aborted transactions are dropped, using the consumer's
+  ``read_committed`` algorithm: each range carries the aborted transactions
+  the broker's ranges answer lists for it (``SegmentRange.aborted``: (producer
+  id, first offset) pairs, as a Kafka FetchResponse carries them), or the
+  caller passes them (``aborted``). The round plans only up to the last stable
+  offset, so every transaction in its window is decided;
 - ``LogAppendTime`` batches give every record the batch's max timestamp.
 
 Speed: the range is fetched once into one ``bytes`` object; uncompressed
@@ -82,6 +82,8 @@ class SegmentRange:
     partition: int
     start: int
     end: int
+    # aborted transactions with records in this range: (producer id, first offset)
+    aborted: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> SegmentRange:
@@ -99,9 +101,23 @@ class SegmentRange:
 def ranges_from_admin(answer: Mapping[str, Any] | TopicRanges) -> list[SegmentRange]:
     """The ranges of one ``GET /v1/topics/{t}/partitions/{p}/ranges?start=A&end=B`` answer."""
     partition, start, end = int(answer["partition"]), int(answer["start"]), int(answer["end"])
+    aborted = [
+        (int(a["producer_id"]), int(a["first_offset"]), int(a["last_offset"]))
+        for a in (answer.get("aborted_transactions") or [])
+    ]
     return [
         SegmentRange(
-            str(r["object_key"]), int(r["byte_start"]), int(r["byte_end"]), partition, start, end
+            str(r["object_key"]),
+            int(r["byte_start"]),
+            int(r["byte_end"]),
+            partition,
+            start,
+            end,
+            tuple(
+                (pid, first)
+                for pid, first, last in aborted
+                if first < int(r["end_offset"]) and last >= int(r["first_offset"])
+            ),
         )
         for r in answer["ranges"]
     ]
@@ -181,7 +197,8 @@ def read_ranges(
     Ranges are grouped by partition (first appearance order); within a
     partition they must be in offset order, as the admin API returns them.
     ``aborted``: the aborted transactions (see module doc), a mapping
-    partition -> list, or a plain list when every range is of one partition.
+    partition -> list, or a plain list when every range is of one partition;
+    None: those the ranges carry.
     """
     by_partition: dict[int, list[SegmentRange]] = {}
     for rng in ranges:
@@ -193,10 +210,11 @@ def read_ranges(
             )
         aborted = {p: aborted for p in by_partition}
     for partition, group in by_partition.items():
+        carried = sorted({a for rng in group for a in rng.aborted})
         yield from read_partition(
             store,
             group,
-            aborted=None if aborted is None else aborted.get(partition, ()),
+            aborted=(carried or None) if aborted is None else aborted.get(partition, ()),
             max_records=max_records,
             verify_crc=verify_crc,
             stats=stats,

@@ -99,14 +99,25 @@ class TaskReport:
 
 def encode_group(group: list[SegmentRange]) -> str:
     return json.dumps(
-        [[r.object_key, r.byte_start, r.byte_end, r.partition, r.start, r.end] for r in group]
+        [
+            [r.object_key, r.byte_start, r.byte_end, r.partition, r.start, r.end, r.aborted]
+            for r in group
+        ]
     )
 
 
 def decode_group(text: str) -> list[SegmentRange]:
     return [
-        SegmentRange(str(k), int(a), int(b), int(p), int(s), int(e))
-        for k, a, b, p, s, e in json.loads(text)
+        SegmentRange(
+            str(k),
+            int(a),
+            int(b),
+            int(p),
+            int(s),
+            int(e),
+            tuple((int(pid), int(first)) for pid, first in (rest[0] if rest else ())),
+        )
+        for k, a, b, p, s, e, *rest in json.loads(text)
     ]
 
 

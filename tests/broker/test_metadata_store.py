@@ -280,3 +280,34 @@ def test_the_schema_is_versioned_and_migrated_once(target: Path | str) -> None:
         raw.close()
     with pytest.raises(SchemaTooNewError, match="newer than this broker's"):
         MetadataStore(target)
+
+
+def test_transaction_state_round_trips(target: Path | str) -> None:
+    """The coordinator's state, its open offsets and the aborted index, on both databases."""
+    from broker.storage.txn_metadata import (
+        COMPLETE_COMMIT,
+        ONGOING,
+        TransactionStore,
+        TxnRecord,
+    )
+
+    store = MetadataStore(target)
+    try:
+        txns = TransactionStore(store)
+        record = TxnRecord("t1", 1000, 2, ONGOING, 5000, 123, {("a", 0), ("b", 1)}, {"g"})
+        txns.save(record)
+        txns.add_offsets("t1", "g", [("src", 0, 2**40, 3, "m")])
+        assert txns.load() == [record]
+        assert txns.pending_offsets("g") == {("src", 0)}
+        assert store.committed_offsets("g") == {}
+        record.state, record.partitions, record.groups = COMPLETE_COMMIT, set(), set()
+        txns.complete(record, commit=True)
+        assert txns.load() == [record] and txns.pending_offsets("g") == set()
+        assert store.committed_offsets("g")[("src", 0)].offset == 2**40
+        store.create_topic("a", 1, {})
+        store.add_chunks([_chunk("a", 0, 3, "k")], {}, [("a", 0, 1000, 0, 2)])
+        assert store.aborted_transactions() == {("a", 0): [(1000, 0, 2)]}
+        store.drop_chunks_before("a", 0, 3)
+        assert store.aborted_transactions() == {}
+    finally:
+        store.close()

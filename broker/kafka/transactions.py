@@ -1,0 +1,345 @@
+"""The transaction coordinator (KIP-98): transactional ids, epochs and fencing, the
+partitions and groups of each open transaction, commit/abort markers, timeouts.
+
+Kafka's state machine, on one node: InitProducerId bumps the epoch of a transactional
+id (aborting its open transaction first, with markers of the new epoch, so a zombie's
+late writes are fenced); AddPartitionsToTxn / AddOffsetsToTxn move it to ``Ongoing``;
+EndTxn records the decision (``PrepareCommit``/``PrepareAbort``) durably, writes a
+marker into every partition of the transaction, waits for the WAL, then completes:
+the transaction's offsets (TxnOffsetCommit) become the groups' in the same database
+transaction. A broker restarted after kill -9 completes every decided transaction
+before it serves (``recover``); open ones stay open until their producer ends them or
+``transaction.timeout.ms`` runs out, when the coordinator aborts them with a bumped
+epoch, as Kafka does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Sequence
+
+from kio.schema.errors import ErrorCode
+
+from broker.storage.logstore import LogStore
+from broker.storage.metadata import MetadataStore
+from broker.storage.txn_metadata import (
+    COMPLETE_ABORT,
+    COMPLETE_COMMIT,
+    EMPTY,
+    ONGOING,
+    PREPARE_ABORT,
+    PREPARE_COMMIT,
+    Offset,
+    TransactionStore,
+    TxnRecord,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_EPOCH = 32767 - 1  # Short.MAX_VALUE - 1: past it, a new producer id (KIP-360)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TransactionCoordinator:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        logs: LogStore,
+        max_timeout_ms: int = 900_000,
+        cleanup_interval_ms: int = 10_000,
+    ) -> None:
+        self.metadata = metadata
+        self.store = TransactionStore(metadata)
+        self.logs = logs
+        self.max_timeout_ms = max_timeout_ms
+        self.cleanup_interval_ms = cleanup_interval_ms
+        self.txns: dict[str, TxnRecord] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._expirer: asyncio.Task[None] | None = None
+        self.timed_out = 0  # transactions the coordinator aborted on their timeout
+
+    def _lock(self, transactional_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(transactional_id, asyncio.Lock())
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def recover(self) -> None:
+        """Load every transactional id; complete the transactions decided before a crash."""
+        for record in await asyncio.to_thread(self.store.load):
+            self.txns[record.transactional_id] = record
+        for record in list(self.txns.values()):
+            if record.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                commit = record.state == PREPARE_COMMIT
+                log.info(
+                    "completing the %s of transaction %s decided before the restart",
+                    "commit" if commit else "abort",
+                    record.transactional_id,
+                )
+                await self._write_markers_and_complete(record, commit)
+
+    def start(self) -> None:
+        self._expirer = asyncio.create_task(self._expire_loop(), name="transaction-timeouts")
+
+    async def close(self) -> None:
+        if self._expirer is not None:
+            self._expirer.cancel()
+            await asyncio.gather(self._expirer, return_exceptions=True)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cleanup_interval_ms / 1000)
+            try:
+                await self.abort_timed_out()
+            except Exception:  # logged; the next pass tries again
+                log.exception("aborting timed-out transactions failed")
+
+    async def abort_hanging(self) -> None:
+        """Open transactions in a partition that no transaction of the coordinator covers (a
+        batch that got in as its transaction ended) would hold the partition's LSO forever:
+        they get an abort marker, as ``kafka-transactions.sh abort`` would write."""
+        covered = {
+            (r.producer_id, tp)
+            for r in self.txns.values()
+            if r.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
+            for tp in r.partitions
+        }
+        seq = -1
+        for key, part in list(self.logs.partitions.items()):
+            for pid in list(part.ongoing):
+                if (pid, key) in covered:
+                    continue
+                log.warning("%s-%d: aborting the hanging transaction of producer %d", *key, pid)
+                epoch = part.producers[pid].epoch if pid in part.producers else 0
+                seq = max(seq, self.logs.append_marker(part, pid, epoch, commit=False))
+        if seq >= 0:
+            await self.logs.wal.wait_durable(seq)
+
+    async def abort_timed_out(self) -> None:
+        await self.abort_hanging()
+        now = _now_ms()
+        for record in list(self.txns.values()):
+            if record.state != ONGOING or record.start_ms + record.timeout_ms > now:
+                continue
+            async with self._lock(record.transactional_id):
+                if record.state != ONGOING or record.start_ms + record.timeout_ms > _now_ms():
+                    continue
+                log.info(
+                    "transaction %s (producer %d epoch %d) timed out after %d ms: aborting",
+                    record.transactional_id,
+                    record.producer_id,
+                    record.producer_epoch,
+                    record.timeout_ms,
+                )
+                self.timed_out += 1
+                # the epoch is bumped first: the producer is fenced, its late writes refused
+                self._bump_epoch(record)
+                await self._end(record, commit=False)
+
+    # ------------------------------------------------------------ the APIs
+
+    async def init_producer_id(
+        self, transactional_id: str, timeout_ms: int, producer_id: int, producer_epoch: int
+    ) -> tuple[int, int, int]:
+        """(error, producer id, epoch) for InitProducerId with a transactional id."""
+        if timeout_ms <= 0 or timeout_ms > self.max_timeout_ms:
+            return ErrorCode.invalid_transaction_timeout, -1, -1
+        async with self._lock(transactional_id):
+            record = self.txns.get(transactional_id)
+            if record is None:
+                pid = await asyncio.to_thread(self.metadata.next_producer_id)
+                record = TxnRecord(transactional_id, pid, 0, EMPTY, timeout_ms)
+                await asyncio.to_thread(self.store.save, record)
+                self.txns[transactional_id] = record
+                return ErrorCode.none, pid, 0
+            if producer_id >= 0 and (
+                producer_id != record.producer_id or producer_epoch != record.producer_epoch
+            ):
+                return ErrorCode.producer_fenced, -1, -1
+            if record.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                return ErrorCode.concurrent_transactions, -1, -1
+            self._bump_epoch(record)
+            if record.state == ONGOING:  # fence the previous producer: abort with the new epoch
+                await self._end(record, commit=False)
+            if record.producer_epoch >= MAX_EPOCH:  # epochs used up: a new producer id (KIP-360)
+                record.producer_id = await asyncio.to_thread(self.metadata.next_producer_id)
+                record.producer_epoch = 0
+            record.timeout_ms = timeout_ms
+            await asyncio.to_thread(self.store.save, record)
+            return ErrorCode.none, record.producer_id, record.producer_epoch
+
+    def _bump_epoch(self, record: TxnRecord) -> None:
+        record.producer_epoch = min(record.producer_epoch + 1, MAX_EPOCH)
+
+    def _check(self, transactional_id: str, producer_id: int, producer_epoch: int) -> int:
+        record = self.txns.get(transactional_id)
+        if record is None or record.producer_id != producer_id:
+            return ErrorCode.invalid_producer_id_mapping
+        if producer_epoch != record.producer_epoch:
+            return ErrorCode.producer_fenced
+        if record.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            return ErrorCode.concurrent_transactions
+        return ErrorCode.none
+
+    def _begin(self, record: TxnRecord) -> None:
+        if record.state != ONGOING:
+            record.state = ONGOING
+            record.start_ms = _now_ms()
+            record.partitions.clear()
+            record.groups.clear()
+
+    async def add_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[tuple[str, int]],
+        verify_only: bool = False,
+    ) -> dict[tuple[str, int], int]:
+        """The error of each partition (all the same unless some are unknown)."""
+        async with self._lock(transactional_id):
+            error = self._check(transactional_id, producer_id, producer_epoch)
+            unknown = [tp for tp in partitions if tp not in self.logs.partitions]
+            if error == ErrorCode.none and unknown:
+                return {
+                    tp: ErrorCode.unknown_topic_or_partition
+                    if tp in unknown
+                    else ErrorCode.operation_not_attempted
+                    for tp in partitions
+                }
+            if error != ErrorCode.none:
+                return dict.fromkeys(partitions, error)
+            record = self.txns[transactional_id]
+            if verify_only:
+                return {
+                    tp: ErrorCode.none
+                    if record.state == ONGOING and tp in record.partitions
+                    else ErrorCode.invalid_txn_state
+                    for tp in partitions
+                }
+            if not (record.state == ONGOING and record.partitions.issuperset(partitions)):
+                self._begin(record)
+                record.partitions.update(partitions)
+                await asyncio.to_thread(self.store.save, record)
+            return dict.fromkeys(partitions, ErrorCode.none)
+
+    async def add_offsets(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str
+    ) -> int:
+        async with self._lock(transactional_id):
+            error = self._check(transactional_id, producer_id, producer_epoch)
+            if error != ErrorCode.none:
+                return error
+            record = self.txns[transactional_id]
+            if not (record.state == ONGOING and group_id in record.groups):
+                self._begin(record)
+                record.groups.add(group_id)
+                await asyncio.to_thread(self.store.save, record)
+            return ErrorCode.none
+
+    async def txn_offset_commit(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        group_id: str,
+        offsets: Sequence[Offset],
+    ) -> int:
+        """Offsets that the group sees once the transaction commits."""
+        async with self._lock(transactional_id):
+            error = self._check(transactional_id, producer_id, producer_epoch)
+            if error != ErrorCode.none:
+                return error
+            record = self.txns[transactional_id]
+            if record.state != ONGOING or group_id not in record.groups:
+                return ErrorCode.invalid_txn_state  # AddOffsetsToTxn first
+            if offsets:
+                await asyncio.to_thread(self.store.add_offsets, transactional_id, group_id, offsets)
+            return ErrorCode.none
+
+    async def end_txn(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
+    ) -> int:
+        async with self._lock(transactional_id):
+            record = self.txns.get(transactional_id)
+            if record is None or record.producer_id != producer_id:
+                return ErrorCode.invalid_producer_id_mapping
+            if producer_epoch != record.producer_epoch:
+                return ErrorCode.producer_fenced
+            if record.state == ONGOING:
+                return await self._end(record, commit)
+            if record.state == COMPLETE_COMMIT and commit:
+                return ErrorCode.none  # a retry of the commit that completed
+            if record.state == COMPLETE_ABORT and not commit:
+                return ErrorCode.none
+            if record.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                return ErrorCode.concurrent_transactions
+            return ErrorCode.invalid_txn_state
+
+    async def _end(self, record: TxnRecord, commit: bool) -> int:
+        record.state = PREPARE_COMMIT if commit else PREPARE_ABORT
+        await asyncio.to_thread(self.store.save, record)  # the decision is durable first
+        return await self._write_markers_and_complete(record, commit)
+
+    async def _write_markers_and_complete(self, record: TxnRecord, commit: bool) -> int:
+        seq = 0
+        try:
+            for topic, partition in sorted(record.partitions):
+                part = self.logs.partitions.get((topic, partition))
+                if part is None:  # deleted since: nothing to mark
+                    continue
+                seq = max(
+                    seq,
+                    self.logs.append_marker(
+                        part, record.producer_id, record.producer_epoch, commit
+                    ),
+                )
+            await self.logs.wal.wait_durable(seq)
+        except OSError as exc:  # the WAL failed: the decision stays, a restart completes it
+            log.error("transaction %s: writing markers failed: %s", record.transactional_id, exc)
+            return ErrorCode.kafka_storage_error
+        record.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
+        record.partitions = set()
+        record.groups = set()
+        await asyncio.to_thread(self.store.complete, record, commit)
+        return ErrorCode.none
+
+    # ------------------------------------------------------------ for Produce and OffsetFetch
+
+    def verify_produce(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        topic: str,
+        partition: int,
+    ) -> tuple[int, str | None]:
+        """A transactional produce must come from the current epoch, into a partition of the
+        open transaction (KIP-890's verification: a batch no marker would end is refused)."""
+        record = self.txns.get(transactional_id)
+        if record is None or record.producer_id != producer_id:
+            return (
+                ErrorCode.invalid_producer_id_mapping,
+                f"transactional id {transactional_id} does not have producer id {producer_id}",
+            )
+        if producer_epoch < record.producer_epoch:
+            return (
+                ErrorCode.invalid_producer_epoch,
+                f"producer epoch {producer_epoch} is fenced by epoch {record.producer_epoch}",
+            )
+        if record.state != ONGOING or (topic, partition) not in record.partitions:
+            return (
+                ErrorCode.invalid_txn_state,
+                f"{topic}-{partition} is not part of an open transaction of {transactional_id}",
+            )
+        return ErrorCode.none, None
+
+    def pending_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        return self.store.pending_offsets(group_id)
+
+    def describe(self, transactional_ids: Iterable[str]) -> list[TxnRecord | None]:
+        return [self.txns.get(t) for t in transactional_ids]
