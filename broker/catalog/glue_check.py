@@ -36,7 +36,7 @@ def glue_problem(spec: CatalogSpec) -> tuple[int, str] | None:
     props = spec.properties
     endpoint = props.get("glue.endpoint")
     where = f"{ENDPOINT}={endpoint}" if endpoint else "AWS Glue (no glue.endpoint set)"
-    client = boto3.client(
+    client = boto3.session.Session().client(  # a fresh session: credentials as they are now
         "glue",
         endpoint_url=endpoint,
         region_name=_region(spec),

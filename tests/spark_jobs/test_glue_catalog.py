@@ -21,7 +21,7 @@ import pytest
 
 from broker.catalog.glue_check import glue_problem
 from broker.contracts import CatalogSpec
-from spark_jobs import commit_round
+from spark_jobs import commit_round, dlq_reprocess
 from spark_jobs.rounds import dlq_catchup
 from tests.conftest import MOTO_CREDENTIALS, MotoS3
 from tests.spark_jobs.round_support import (
@@ -35,7 +35,10 @@ from tests.spark_jobs.round_support import (
     table_offsets,
 )
 from tests.spark_jobs.test_commit_round import clicks
-from tests.spark_jobs.test_round_dlq import (  # noqa: F401 -- collected here, on Glue
+from tests.spark_jobs.test_maintenance import (  # noqa: F401 -- collected here, on Glue
+    test_compaction_then_expiry_keeps_rows_and_the_checkpoint,
+)
+from tests.spark_jobs.test_round_dlq import (  # noqa: F401
     GATE_OFF,
     dlq_rows,
     mixed,
@@ -169,6 +172,9 @@ def test_a_round_killed_between_the_table_and_dlq_commits_is_repaired_once(
     good = [o for _, o in table_offsets(round_broker, topic)]
     assert sorted(good + [r["offset"] for r in dlq_rows(round_broker, topic)]) == list(range(19))
     assert not [r for r in table(round_broker, f"{topic}__dlq").metadata.refs if "round" in r]
+
+    code, out = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert code == 1 and "type=glue" in out["message"] and "nothing moved" in out["message"], out
 
 
 def test_a_wrong_glue_endpoint_is_named_at_start_and_in_the_round(
