@@ -116,7 +116,8 @@ def round_broker(
         glue_broker_args(bucket, properties),
         moto_s3.env(),
         spec,
-    ).start()
+    )
+    broker.start()
     try:
         yield broker
     finally:
