@@ -18,6 +18,7 @@ from typing import Any
 
 import boto3
 import pytest
+from icefall_airflow.status import all_statuses
 
 from broker.catalog.glue_check import glue_problem
 from broker.contracts import CatalogSpec
@@ -148,16 +149,27 @@ def test_rounds_write_to_glue_and_lag_reads_the_checkpoint_there(
     )
     pending = round_broker.admin(f"/v1/topics/{topic}/pending")  # read from Glue by the broker
     assert (pending["committed_offsets"], pending["records"]) == ({"0": 40}, 0), pending
+    view = all_statuses(round_broker.admin_url)  # the Airflow "Table topics" view, through Glue
+    assert view["catalog_url"].startswith("glue (s3://glue-"), view
+    row = next(r for r in view["tables"] if r["topic"] == topic)
+    assert (row["error"], row["committed_offsets"], row["rows"]) == (None, {"0": 40}, 40), row
 
 
+@pytest.mark.parametrize("dlq_moved", [False, True], ids=["fast_forward", "dlq_main_moved"])
 def test_a_round_killed_between_the_table_and_dlq_commits_is_repaired_once(
-    spark: Any, round_broker: GlueBroker, monkeypatch: pytest.MonkeyPatch
+    dlq_moved: bool, spark: Any, round_broker: GlueBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``dlq_main_moved``: another writer moved the DLQ's ``main`` after the crash, so the repair
+    appends the round's rows on top instead of fast-forwarding."""
     topic = new_topic(round_broker, partitions=1, configs=GATE_OFF)
     _, bad = mixed(round_broker, topic)
     crash_round_at("between_commits", spark, round_broker, topic, monkeypatch)
     assert len(table_offsets(round_broker, topic)) == 15  # the table committed: the checkpoint
     assert dlq_rows(round_broker, topic) == []  # its DLQ did not
+    if dlq_moved:
+        dlq_table = table(round_broker, f"{topic}__dlq")
+        with dlq_table.transaction() as tx, tx.update_snapshot().fast_append():
+            pass
 
     again = run_round(spark, round_broker, topic)  # repairs the DLQ first, then finds nothing new
     assert again.status == "nothing_new", again.message
@@ -174,8 +186,11 @@ def test_a_round_killed_between_the_table_and_dlq_commits_is_repaired_once(
     assert sorted(good + [r["offset"] for r in dlq_rows(round_broker, topic)]) == list(range(19))
     assert not [r for r in table(round_broker, f"{topic}__dlq").metadata.refs if "round" in r]
 
-    code, out = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
-    assert code == 1 and "type=glue" in out["message"] and "nothing moved" in out["message"], out
+    if not dlq_moved:
+        code, out = dlq_reprocess.run(
+            ["--admin-url", round_broker.admin_url, "--topic", topic], spark
+        )
+        assert code == 1 and "type=glue" in out["message"] and "nothing moved" in out["message"]
 
 
 def test_a_wrong_glue_endpoint_is_named_at_start_and_in_the_round(
