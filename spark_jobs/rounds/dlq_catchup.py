@@ -66,6 +66,15 @@ def multi_table_commits(spec: CatalogSpec) -> bool:
     try:
         answer = http_json(url)
     except BrokerRequestError as exc:
+        if exc.status is not None:  # e.g. 401: a catalog that wants the client's own auth
+            log.warning(
+                "the REST catalog at %s answered %s to GET /v1/config without credentials; "
+                "assuming it serves %s (as before the endpoints list)",
+                spec.uri,
+                exc.status,
+                TRANSACTIONS_ENDPOINT,
+            )
+            return True
         raise BrokerRequestError(
             f"cannot read the catalog's /v1/config at {url} "
             f"(automq.table.topic.catalog.uri): {exc}",
