@@ -193,6 +193,18 @@ def test_a_round_killed_between_the_table_and_dlq_commits_is_repaired_once(
         assert code == 1 and "type=glue" in out["message"] and "nothing moved" in out["message"]
 
 
+def test_a_v3_table_on_glue_is_refused_naming_the_setting(
+    spark: Any, round_broker: GlueBroker
+) -> None:
+    topic = new_topic(
+        round_broker, partitions=1, configs={"automq.table.topic.format.version": "3"}
+    )
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 3))
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "failed" and "format.version=3 needs a REST catalog" in result.message
+    assert not catalog(round_broker).table_exists(("default", topic))
+
+
 def test_a_wrong_glue_endpoint_is_named_at_start_and_in_the_round(
     spark: Any, moto_s3: MotoS3, aws_credentials: None, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
