@@ -90,13 +90,14 @@ def multi_table_commits(spec: CatalogSpec) -> bool:
     return allowed
 
 
-def _has_round(table: Table, round_id: str) -> bool:
-    """Whether a snapshot on ``main``'s ancestry was written by the round ``round_id``."""
+def _has_round(table: Table, round_id: str) -> bool | None:
+    """Whether a snapshot on ``main``'s ancestry was written by the round ``round_id``; None when
+    the ancestry ends in expired snapshots before telling."""
     snapshot_id = main_snapshot_id(table)
     while snapshot_id is not None:
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
         if snapshot is None:
-            return False  # expired beyond here: the rounds that old were caught up long ago
+            return None
         if checkpoint.summary_properties(snapshot).get(checkpoint.ROUND_ID) == round_id:
             return True
         snapshot_id = snapshot.parent_snapshot_id
@@ -121,12 +122,17 @@ def catch_up(catalog: Catalog, table: Table, dlq_identifier: tuple[str, str]) ->
         ) from exc
     branch = branch_name(found.round_id)
     for _ in range(CATCH_UP_ATTEMPTS):
-        if _has_round(dlq, found.round_id):
+        has_round = _has_round(dlq, found.round_id)
+        if has_round:
             if branch in dlq.metadata.refs:
                 drop_branch(catalog, dlq, branch)
             return 0
         ref = dlq.metadata.refs.get(branch)
         staged = dlq.metadata.snapshot_by_id(ref.snapshot_id) if ref is not None else None
+        if staged is None and has_round is None:
+            # the branch goes only once the DLQ has the rows (or with a refused table commit,
+            # which never became the checkpoint): caught up, and maintenance expired that snapshot
+            return 0
         if staged is None:
             raise DlqBehind(_lost(found.round_id, dlq_identifier, expected, f"no branch {branch}"))
         try:
