@@ -144,7 +144,9 @@ def check_locations(config: BrokerConfig) -> None:
     places = []
     if config.store.is_s3:
         places.append((config.store, "object.store"))
-    if config.catalog.builtin and config.catalog_warehouse.startswith("s3"):
+    if (config.catalog.builtin or config.catalog.type == "glue") and (
+        config.catalog_warehouse.startswith("s3")
+    ):
         places.append(
             (
                 object_store_from_env(config.catalog_warehouse),
@@ -161,6 +163,11 @@ def check_locations(config: BrokerConfig) -> None:
             place.secret_access_key,
         )
         if problem is not None:
+            log.log(*problem)
+    if config.catalog.type == "glue":
+        from broker.catalog.glue_check import glue_problem
+
+        if (problem := glue_problem(config.tables_catalog)) is not None:
             log.log(*problem)
 
 

@@ -210,12 +210,17 @@ class BrokerConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _catalog_fits(self) -> BrokerConfig:
-        """Only REST catalogs are opened so far; the other AutoMQ types are refused by name
+        """REST and Glue catalogs are opened so far; the other AutoMQ types are refused by name
         rather than failing every round later."""
-        if self.catalog.type != "rest":
+        if self.catalog.type not in ("rest", "glue"):
             raise ValueError(
                 f"{CATALOG_PREFIX}type={self.catalog.type} is not supported yet: use rest (the "
                 f"built-in catalog, or any Iceberg REST catalog at {CATALOG_PREFIX}uri)"
+            )
+        if self.catalog.type == "glue" and not (self.warehouse or "").startswith("s3"):
+            raise ValueError(
+                f"{CATALOG_PREFIX}type=glue needs {CATALOG_PREFIX}warehouse=s3://bucket/path "
+                f"(where the tables' files go), got {self.warehouse!r}"
             )
         return self
 
@@ -269,10 +274,10 @@ class BrokerConfig(BaseSettings):
         """The catalog that holds the tables: the built-in one, or the one the catalog keys name."""
         if self.catalog.builtin:
             return CatalogSpec.rest(self.catalog_url)
-        assert self.catalog.uri is not None
+        assert self.catalog.uri is not None or self.catalog.type != "rest"
         return CatalogSpec(
             type=self.catalog.type,
-            uri=self.catalog.uri,
+            uri=self.catalog.uri or "",  # glue: no URI (glue.endpoint is a property)
             warehouse=self.warehouse,
             properties=dict(self.catalog.properties),
             builtin=False,

@@ -236,11 +236,11 @@ class CatalogSpec(Contract):
     (``automq.table.topic.catalog.type|uri|warehouse`` and the other
     ``automq.table.topic.catalog.<property>`` keys): what a job, the plugin or the broker's
     own readers need to open it with pyiceberg or Spark. ``builtin``: the broker's own REST
-    catalog. Only REST catalogs are opened so far (the built-in one or any Iceberg REST
-    catalog); the broker refuses the other types at start."""
+    catalog. REST catalogs (the built-in one or any Iceberg REST catalog) and AWS Glue are
+    opened so far; the broker refuses the other types at start."""
 
     type: str = "rest"
-    uri: str
+    uri: str = ""  # empty for catalogs without one (glue)
     warehouse: str | None = None
     properties: dict[str, str] = Field(default_factory=dict)
     builtin: bool = True
@@ -253,12 +253,14 @@ class CatalogSpec(Contract):
     def pyiceberg_properties(self) -> dict[str, str]:
         """``load_catalog(name, **these)``."""
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
-        return {**self.properties, **extra, "type": self.type, "uri": self.uri}
+        uri = {"uri": self.uri} if self.uri else {}
+        return {**self.properties, **extra, "type": self.type, **uri}
 
     def spark_properties(self) -> dict[str, str]:
         """``spark.sql.catalog.<name>.<key>`` settings of a ``SparkCatalog`` for it."""
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
-        return {**self.properties, **extra, "type": self.type, "uri": self.uri}
+        uri = {"uri": self.uri} if self.uri else {}
+        return {**self.properties, **extra, "type": self.type, **uri}
 
 
 class ClusterInfo(Contract):

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from broker import checkpoint
+from broker.catalog.glue_check import glue_problem
 from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_from_env
 from broker.contracts import CatalogSpec, RoundResult, TopicPlan
 from spark_jobs import job_args, job_output
@@ -50,7 +51,7 @@ from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.decode import json_values
 from spark_jobs.decode.rows import INCOMPATIBLE_SCHEMA, TABLE_SCHEMA_BEHIND, DecodeError
 from spark_jobs.decode.segments import cached_store, read_partition
-from spark_jobs.rounds import dlq, partitioning, table_setup, upsert
+from spark_jobs.rounds import dlq, dlq_catchup, partitioning, table_setup, upsert
 from spark_jobs.rounds import plan as round_plan
 from spark_jobs.rounds import tasks as round_tasks
 from spark_jobs.rounds import writers as round_writers
@@ -195,7 +196,24 @@ def use_catalog(spark: Any, catalog: str | CatalogSpec) -> str:
     settings.update({f"{prefix}.{key}": value for key, value in aws_io_credentials().items()})
     for key, value in settings.items():
         spark.conf.set(key, value)
+    if spec.type == "glue":
+        _driver_aws_credentials(spark)
     return name
+
+
+def _driver_aws_credentials(spark: Any) -> None:
+    """Iceberg's Glue client takes no credentials from catalog properties, only the AWS SDK's
+    chain, whose first link is the JVM's system properties: this process's ``AWS_*``
+    credentials go there (the JVM may have started before they were in the environment). Only
+    the driver talks to Glue."""
+    system = spark.sparkContext._jvm.java.lang.System
+    for prop, env in (
+        ("aws.accessKeyId", "AWS_ACCESS_KEY_ID"),
+        ("aws.secretAccessKey", "AWS_SECRET_ACCESS_KEY"),
+        ("aws.sessionToken", "AWS_SESSION_TOKEN"),
+    ):
+        if os.environ.get(env):
+            system.setProperty(prop, os.environ[env])
 
 
 def _under_spark_submit() -> bool:
@@ -215,11 +233,21 @@ class CommitRound:
         self.registry = RegistryClient(cluster.registry_url)
         self.catalog_spec = table_setup.job_catalog(args.catalog_url, cluster)
         self.catalog_url = self.catalog_spec.uri
+        if self.catalog_spec.type == "glue" and (problem := glue_problem(self.catalog_spec)):
+            raise RoundFailed(problem[1])
         self.catalog = table_setup.catalog_for(self.catalog_spec)
+        # Glue, S3 Tables, some REST catalogs: the table, then its DLQ (``dlq_catchup``)
+        self.multi_table = dlq_catchup.multi_table_commits(self.catalog_spec)
         self.store: ObjectStoreConfig = object_store_from_env(
             cluster.object_store, cluster.object_store_endpoint
         )
         self.options = table_setup.TableOptions.of(self.topic)
+        if self.options.format_version >= 3 and self.catalog_spec.type != "rest":
+            raise RoundFailed(
+                f"{self.topic.topic}: automq.table.topic.format.version=3 needs a REST catalog "
+                f"(automq.table.topic.catalog.type={self.catalog_spec.type} has its clients write "
+                "the metadata files, and pyiceberg 0.12 cannot write v3 ones); use 2"
+            )
         self.upsert = upsert.UpsertOptions.of(self.topic)
         self.json = self.options.value_type == "json"
         self.staging = (
@@ -255,6 +283,8 @@ class CommitRound:
             self.topic.topic, self.args.until_append_time, self.args.flush_deadline_s
         )
         self.seconds["plan"] = round(time.monotonic() - started, 3)
+        if not self.multi_table:
+            self._catch_up_dlq()
         extra_ids: set[int] = set()
         changes: list[str] = []
         for attempt in range(1, MAX_ATTEMPTS + 1):
@@ -307,6 +337,8 @@ class CommitRound:
             output, executor = self._run_tasks(table, plan, schemas)
             rows, table = self._round_rows(table, output, cleanup, changes)
             skipped_records = self._check_errors(output.report)
+            if skipped_records:  # what ``dlq_catchup`` looks for after a crash between two commits
+                properties[dlq_catchup.DLQ_ROWS] = str(len(skipped_records))
             t1 = time.monotonic()
             self._write(rows, table, properties)
             cleanup.remove_staged()
@@ -315,7 +347,7 @@ class CommitRound:
             snapshot = self._verify(table, parent, properties)
             heads = [BranchHead(table, self.branch, parent, snapshot.snapshot_id)]
             if skipped_records:
-                heads.append(self._dlq_head(skipped_records))
+                heads.append(self._dlq_head(skipped_records, properties))
         # outside round_branch: a publish whose outcome is unknown must leave the branches as they are
         _kill_point("before_publish")
         self._publish(heads)
@@ -514,13 +546,32 @@ class CommitRound:
         return snapshot
 
     def _publish(self, heads: list[BranchHead]) -> None:
-        """``publish``; a lost race drops every table's round branch (refused: nothing changed)."""
+        """``publish``; a lost race drops every table's round branch (refused: nothing changed).
+        Without multi-table commits: the table (the checkpoint), then the DLQ (``dlq_catchup``)."""
+        one_commit = self.multi_table or len(heads) == 1
         try:
-            publish(self.catalog, heads, self.catalog_url)
+            publish(self.catalog, heads if one_commit else heads[:1], self.catalog_url)
         except LostRace:
             for head in heads:
                 drop_branch(self.catalog, head.table.refresh(), self.branch)
             raise
+        if not one_commit:
+            _kill_point("between_commits")
+            self._catch_up_dlq(heads[0].table.refresh())
+
+    def _catch_up_dlq(self, table: Any = None) -> None:
+        """The DLQ rows of the table's last round committed to the DLQ if they are not yet there."""
+        identifier = (self.topic.namespace, dlq.dlq_name(self.topic.table))
+        if table is None:
+            if not self.catalog.table_exists(self.topic.identifier):
+                return
+            table = self.catalog.load_table(self.topic.identifier)
+        try:
+            dlq_catchup.catch_up(self.catalog, table, identifier)
+        except (LostRace, dlq_catchup.DlqBehind) as exc:
+            raise RoundFailed(
+                f"{'.'.join(identifier)} is behind {'.'.join(self.topic.identifier)}: {exc}"
+            ) from exc
 
     def _committed(
         self,
@@ -591,7 +642,7 @@ class CommitRound:
         )
         return table.refresh()
 
-    def _dlq_head(self, errors: list[DecodeError]) -> BranchHead:
+    def _dlq_head(self, errors: list[DecodeError], properties: dict[str, str]) -> BranchHead:
         """The DLQ rows on the DLQ table's own round branch, published with the round's rows."""
         table = table_setup.ensure_base_snapshot(
             dlq.load_or_create(self.catalog, (self.topic.namespace, dlq.dlq_name(self.topic.table)))
@@ -603,7 +654,12 @@ class CommitRound:
         table = write_to_branch(
             table.refresh(),
             lambda target: target.append(
-                rows, snapshot_properties={checkpoint.ROUND_ID: self.round_id}, branch=self.branch
+                rows,
+                snapshot_properties={
+                    checkpoint.ROUND_ID: self.round_id,
+                    checkpoint.OFFSETS: properties[checkpoint.OFFSETS],
+                },
+                branch=self.branch,
             ),
         )
         return BranchHead(

@@ -61,7 +61,7 @@ from spark_jobs.decode.segments import (
     ranges_from_admin,
     read_ranges,
 )
-from spark_jobs.rounds import dlq, table_setup, upsert
+from spark_jobs.rounds import dlq, dlq_catchup, table_setup, upsert
 from spark_jobs.rounds import plan as round_plan
 from spark_jobs.rounds import tasks as round_tasks
 from spark_jobs.rounds import writers as round_writers
@@ -183,6 +183,13 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     topic = admin.table_topic(args.topic)
     catalog_spec = table_setup.job_catalog(args.catalog_url, cluster)
     store = object_store_from_env(cluster.object_store, cluster.object_store_endpoint)
+    if not dlq_catchup.multi_table_commits(catalog_spec):
+        raise NotImplementedError(
+            f"the DLQ reprocess moves rows between {topic.table} and its DLQ in one multi-table "
+            f"commit, which automq.table.topic.catalog.type={catalog_spec.type} at "
+            f"{catalog_spec.uri or 'its endpoint'} does not offer "
+            f"({dlq_catchup.TRANSACTIONS_ENDPOINT}); not built for such catalogs yet, nothing moved"
+        )
     if topic.settings.convert_value_type == "json":
         raise NotImplementedError(
             f"{topic.topic} has JSON values (convert.value.type=json): their DLQ records "

@@ -86,7 +86,9 @@ def all_statuses(admin_url: str | None = None) -> dict[str, Any]:
     catalog = tables.open_catalog(cluster.tables_catalog)
     return {
         "admin_url": client.admin_url,
-        "catalog_url": cluster.catalog_url,
+        # a catalog without a URI (glue): its type and warehouse
+        "catalog_url": cluster.catalog_url
+        or f"{cluster.tables_catalog.type} ({cluster.tables_catalog.warehouse})",
         "error": None,
         "generated_at_ms": now_ms,
         "tables": [table_status(client, catalog, e, now_ms) for e in entries],

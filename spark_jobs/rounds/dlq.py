@@ -8,7 +8,8 @@
 - ``all``: records that do not fit the table are skipped too.
 
 Every skipped record becomes a row of ``<table>__dlq`` in the same catalog
-transaction as the round's rows, so rows in the table + rows in the DLQ =
+transaction as the round's rows (on a catalog without multi-table commits: right
+after them, repaired by the next round after a crash, ``dlq_catchup``), so rows in the table + rows in the DLQ =
 records in the round's range, and a round that does not publish leaves no
 DLQ rows either. The rows are few and already on the driver (they come back
 through the tasks' accumulator), so pyiceberg writes them.

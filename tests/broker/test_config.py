@@ -89,8 +89,12 @@ def test_unknown_keys_and_bad_values_name_the_setting(tmp_path: Path) -> None:
         ConfigError, match=r"automq.table.topic.catalog.type: .*'rest', 'glue', 'tablebucket'"
     ):
         parse(["--override", "automq.table.topic.catalog.type=hive"])
-    with pytest.raises(ConfigError, match=r"catalog.type=glue is not supported yet: use rest"):
+    with pytest.raises(ConfigError, match=r"type=glue needs automq.table.topic.catalog.warehouse"):
         parse(["--override", "automq.table.topic.catalog.type=glue"])
+    glue = parse(["--override", "automq.table.topic.catalog.type=glue", "--warehouse", "s3://b/w"])
+    assert (
+        glue.tables_catalog.type == "glue" and "uri" not in glue.tables_catalog.spark_properties()
+    )
     with pytest.raises(ConfigError, match="cannot read the config file"):
         parse(["--config", str(tmp_path / "missing.properties")])
     with pytest.raises(ConfigError, match="key=value"):

@@ -151,7 +151,13 @@ def run_round_process(
 
 
 def catalog(broker: BrokerProcess) -> Catalog:
-    return load_catalog("test", type="rest", uri=broker.catalog_url)
+    """The broker's tables' catalog (a broker whose tables are not in a REST catalog, e.g. Glue,
+    names its pyiceberg properties as ``catalog_properties``)."""
+    properties = getattr(broker, "catalog_properties", None) or {
+        "type": "rest",
+        "uri": broker.catalog_url,
+    }
+    return load_catalog("test", **properties)
 
 
 def table(broker: BrokerProcess, topic: str, namespace: str = "default") -> Table:

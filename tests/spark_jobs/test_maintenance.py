@@ -67,7 +67,7 @@ def rounds(
 
 
 def spark_rows(spark: Any, broker: BrokerProcess, topic: str) -> list[tuple[int, int, int]]:
-    name = commit_round.use_catalog(spark, broker.catalog_url)
+    name = commit_round.use_catalog(spark, getattr(broker, "spec", None) or broker.catalog_url)
     return sorted(
         (r["p"], r["o"], r["id"])
         for r in spark.sql(
