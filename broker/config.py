@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from broker.contracts import CatalogSpec
+from broker.external_catalogs import tablebucket
 
 CATALOG_PREFIX = "automq.table.topic.catalog."
 CatalogType = Literal["rest", "glue", "tablebucket", "nessie"]
@@ -202,6 +203,9 @@ class BrokerConfig(BaseSettings):
     def _catalog_fits(self) -> BrokerConfig:
         """Only REST catalogs are opened so far; the other AutoMQ types are refused by name
         rather than failing every round later."""
+        if self.catalog.type == "tablebucket":  # AWS S3 Tables: the warehouse is the bucket's ARN
+            tablebucket.region_of(self.warehouse)
+            return self
         if self.catalog.type != "rest":
             raise ValueError(
                 f"{CATALOG_PREFIX}type={self.catalog.type} is not supported yet: use rest (the "
@@ -244,7 +248,8 @@ class BrokerConfig(BaseSettings):
 
     @property
     def catalog_warehouse(self) -> str:
-        warehouse = self.warehouse or str(self.home / "warehouse")
+        tables_elsewhere = self.catalog.type == "tablebucket"  # the warehouse names the bucket
+        warehouse = (not tables_elsewhere and self.warehouse) or str(self.home / "warehouse")
         if not urlparse(warehouse).scheme:  # a plain directory
             warehouse = Path(warehouse).resolve().as_uri()
         return warehouse.rstrip("/")
@@ -259,10 +264,10 @@ class BrokerConfig(BaseSettings):
         """The catalog that holds the tables: the built-in one, or the one the catalog keys name."""
         if self.catalog.builtin:
             return CatalogSpec.rest(self.catalog_url)
-        assert self.catalog.uri is not None
+        assert self.catalog.uri is not None or self.catalog.type == "tablebucket"
         return CatalogSpec(
             type=self.catalog.type,
-            uri=self.catalog.uri,
+            uri=self.catalog.uri or "",
             warehouse=self.warehouse,
             properties=dict(self.catalog.properties),
             builtin=False,

@@ -33,6 +33,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
 from broker import names, topic_configs
+from broker.external_catalogs import tablebucket
 
 
 def _offsets_json(offsets: Mapping[int, int]) -> dict[str, int]:
@@ -252,11 +253,15 @@ class CatalogSpec(Contract):
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """``load_catalog(name, **these)``."""
+        if self.type == tablebucket.TYPE:  # AWS S3 Tables: warehouse is the table bucket's ARN
+            return tablebucket.pyiceberg_properties(self.warehouse or "", self.properties)
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
         return {**self.properties, **extra, "type": self.type, "uri": self.uri}
 
     def spark_properties(self) -> dict[str, str]:
         """``spark.sql.catalog.<name>.<key>`` settings of a ``SparkCatalog`` for it."""
+        if self.type == tablebucket.TYPE:
+            return tablebucket.spark_properties(self.warehouse or "", self.properties)
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
         return {**self.properties, **extra, "type": self.type, "uri": self.uri}
 

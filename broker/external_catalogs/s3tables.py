@@ -23,7 +23,6 @@ boto3's credential chain); ``s3.*`` go to the FileIO that reads and writes the f
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -48,31 +47,19 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 
+from broker.external_catalogs.tablebucket import (
+    ENDPOINT,
+    ENDPOINT_KEY,
+    WAREHOUSE_KEY,
+    TableBucketSettingError,
+    region_of,
+)
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.view import View
 
-WAREHOUSE_KEY = "automq.table.topic.catalog.warehouse"
-ENDPOINT_KEY = "automq.table.topic.catalog.s3tables.endpoint"
-ENDPOINT = "s3tables.endpoint"
 REGION = "s3tables.region"
-# arn:aws:s3tables:us-east-1:111122223333:bucket/name (aws-cn, aws-us-gov partitions too)
-ARN = re.compile(r"^arn:aws[a-z-]*:s3tables:(?P<region>[a-z0-9-]+):\d{12}:bucket/[a-z0-9_-]{3,63}$")
-
-
-class S3TablesSettingError(ValueError):
-    """A setting of the tablebucket catalog that cannot be used; the message names the key."""
-
-
-def table_bucket_region(arn: str) -> str:
-    """The region in a table bucket ARN, or an error naming the setting."""
-    match = ARN.match(arn or "")
-    if match is None:
-        raise S3TablesSettingError(
-            f"{WAREHOUSE_KEY}={arn!r} is not a table bucket ARN "
-            "(arn:aws:s3tables:<region>:<account>:bucket/<name>)"
-        )
-    return match.group("region")
 
 
 def _code(exc: Exception) -> str:
@@ -86,7 +73,7 @@ class S3TablesCatalog(MetastoreCatalog):
     def __init__(self, name: str, **properties: str) -> None:
         super().__init__(name, **properties)
         self.arn = str(properties.get("warehouse") or "")
-        region = properties.get(REGION) or table_bucket_region(self.arn)
+        region = properties.get(REGION) or region_of(self.arn)
         import boto3
         import botocore.config
 
@@ -155,7 +142,7 @@ class S3TablesCatalog(MetastoreCatalog):
             self.client.get_table_bucket(tableBucketARN=self.arn)
         except ClientError as exc:
             if _code(exc) == "NotFoundException":
-                raise S3TablesSettingError(
+                raise TableBucketSettingError(
                     f"{WAREHOUSE_KEY}={self.arn}: no such table bucket at {self.endpoint}"
                 ) from exc
             raise
@@ -190,7 +177,7 @@ class S3TablesCatalog(MetastoreCatalog):
             if _code(exc) == "ConflictException":
                 raise NamespaceAlreadyExistsError(f"Namespace {name} already exists") from exc
             if _code(exc) == "NotFoundException":
-                raise S3TablesSettingError(
+                raise TableBucketSettingError(
                     f"{WAREHOUSE_KEY}={self.arn}: no such table bucket at {self.endpoint}"
                 ) from exc
             raise

@@ -1,0 +1,191 @@
+"""Tables in AWS S3 Tables (``automq.table.topic.catalog.type=tablebucket``), on moto's server.
+
+moto's server serves the S3 Tables API (table buckets, namespaces, tables, the metadata
+location and its version token) and the S3 storage S3 Tables gives each table. The broker
+is started with AutoMQ's keys naming a table bucket by its ARN; the commit round creates the
+table through Icefall's pyiceberg S3 Tables catalog (``broker/external_catalogs/s3tables.py``),
+Spark writes the round's data through AWS's own S3 Tables catalog jar, and the round
+publishes with one conditional ``UpdateTableMetadataLocation``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table.update import AssertRefSnapshotId, SetPropertiesUpdate
+
+from broker.config import ConfigError, load_broker_config
+from broker.contracts import CatalogSpec
+from broker.external_catalogs import tablebucket
+from spark_jobs import commit_round
+from spark_jobs.broker_client import http_json
+from spark_jobs.rounds.table_setup import catalog_for
+from tests.conftest import MOTO_CREDENTIALS, MotoS3
+from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, run_round
+from tests.spark_jobs.test_commit_round import clicks
+from tests.support import BrokerProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def aws_env() -> Iterator[None]:
+    """moto's credentials in this process (boto3, and the JVM that Spark starts)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in MOTO_CREDENTIALS.items():
+            mp.setenv(name, value)
+        yield
+
+
+@pytest.fixture(scope="module")
+def bucket_arn(moto_s3: MotoS3, aws_env: None) -> str:
+    client = boto3.client("s3tables", endpoint_url=moto_s3.endpoint, region_name="us-east-1")
+    return str(client.create_table_bucket(name=f"lake-{uuid.uuid4().hex[:8]}")["arn"])
+
+
+def catalog_properties(moto_s3: MotoS3) -> dict[str, str]:
+    return {
+        "s3tables.endpoint": moto_s3.endpoint,
+        "s3.endpoint": moto_s3.endpoint,
+        "s3.path-style-access": "true",
+    }
+
+
+@pytest.fixture(scope="module")
+def spec(moto_s3: MotoS3, bucket_arn: str) -> CatalogSpec:
+    return CatalogSpec(
+        type="tablebucket",
+        uri="",
+        warehouse=bucket_arn,
+        properties=catalog_properties(moto_s3),
+        builtin=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def spark(aws_env: None) -> Iterator[Any]:
+    session = commit_round.spark_session("icefall-s3tables-tests", "local[2]")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    # AWS's S3 Tables client takes credentials from the JVM's default chain; the JVM may have
+    # started (another test module) before this module put moto's in the environment.
+    system = session.sparkContext._jvm.java.lang.System
+    system.setProperty("aws.accessKeyId", MOTO_CREDENTIALS["AWS_ACCESS_KEY_ID"])
+    system.setProperty("aws.secretAccessKey", MOTO_CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def round_broker(
+    moto_s3: MotoS3, bucket_arn: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    overrides = {
+        "automq.table.topic.catalog.type": "tablebucket",
+        "automq.table.topic.catalog.warehouse": bucket_arn,
+        **{f"automq.table.topic.catalog.{k}": v for k, v in catalog_properties(moto_s3).items()},
+    }
+    args = ["--segment-flush-ms", "100"]
+    for key, value in overrides.items():
+        args += ["--override", f"{key}={value}"]
+    broker = BrokerProcess(
+        tmp_path_factory.mktemp("s3tables") / "home", args, env=MOTO_CREDENTIALS
+    ).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_a_round_appends_into_the_table_bucket(
+    spark: Any, round_broker: BrokerProcess, spec: CatalogSpec, moto_s3: MotoS3
+) -> None:
+    cluster = http_json(round_broker.admin_url + "/v1/cluster")
+    assert cluster["catalog"]["type"] == "tablebucket"
+    assert cluster["catalog"]["warehouse"] == spec.warehouse
+    topic = new_topic(round_broker, partitions=1)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 6))
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "committed", result
+    # pyiceberg through Icefall's S3 Tables catalog: every record once, with its offset
+    table = catalog_for(spec).load_table(("default", topic))
+    rows = table.scan(selected_fields=("_kafka_metadata",)).to_arrow()
+    offsets = sorted((m["partition"], m["offset"]) for m in rows["_kafka_metadata"].to_pylist())
+    assert offsets == sorted(producer.acked)
+    # the table lives where S3 Tables put it, and S3 Tables points at the metadata published
+    api = boto3.client("s3tables", endpoint_url=moto_s3.endpoint, region_name="us-east-1")
+    described = api.get_table(tableBucketARN=spec.warehouse, namespace="default", name=topic)
+    assert table.location() == described["warehouseLocation"].rstrip("/")
+    pointer = api.get_table_metadata_location(
+        tableBucketARN=spec.warehouse, namespace="default", name=topic
+    )
+    assert pointer["metadataLocation"] == table.metadata_location
+    # Spark SQL reads it through AWS's S3 Tables catalog
+    name = commit_round.use_catalog(spark, spec)
+    assert spark.sql(f"SELECT count(*) AS n FROM {name}.default.{topic}").first()["n"] == 6
+    # a second round commits only what arrived since
+    producer.send(clicks(6, 3))
+    assert run_round(spark, round_broker, topic).status == "committed"
+    rows = catalog_for(spec).load_table(("default", topic)).scan().to_arrow()
+    offsets = sorted((m["partition"], m["offset"]) for m in rows["_kafka_metadata"].to_pylist())
+    assert offsets == sorted(producer.acked) and len(offsets) == 9
+
+
+def test_a_conditional_commit_loses_the_race(spec: CatalogSpec) -> None:
+    import pyarrow as pa
+
+    catalog = catalog_for(spec)
+    catalog.create_namespace_if_not_exists("race")
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    catalog.create_table(("race", name), pa.schema([("a", pa.int64())]))
+    ours = catalog.load_table(("race", name))
+    theirs = catalog.load_table(("race", name))
+    theirs.append(pa.table({"a": [1]}))  # another writer moves main after we read
+    # the requirement catches it (main is no longer what we read) ...
+    with pytest.raises(CommitFailedException):
+        catalog.commit_table(
+            ours,
+            (AssertRefSnapshotId(ref="main", snapshot_id=None),),
+            (SetPropertiesUpdate(updates={"x": "1"}),),
+        )
+    # ... and S3 Tables' version token catches a writer that comes in between our read of the
+    # pointer and our swap, whatever the requirements say
+    location, token = catalog._pointer("race", name)  # type: ignore[attr-defined]
+    catalog.load_table(("race", name)).append(pa.table({"a": [2]}))
+    with pytest.raises(CommitFailedException, match="changed since it was read"):
+        catalog._swap("race", name, str(location), token)  # type: ignore[attr-defined]
+    final = catalog.load_table(("race", name))
+    assert sorted(final.scan().to_arrow()["a"].to_pylist()) == [1, 2]
+
+
+def test_a_bad_arn_names_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="automq.table.topic.catalog.warehouse='s3://lake'"):
+        load_broker_config(
+            overrides={
+                "automq.table.topic.catalog.type": "tablebucket",
+                "automq.table.topic.catalog.warehouse": "s3://lake",
+            },
+            flags={"home": tmp_path},
+        )
+
+
+def test_a_missing_bucket_or_a_bad_endpoint_names_the_setting(moto_s3: MotoS3, aws_env: None) -> None:
+    missing = "arn:aws:s3tables:us-east-1:123456789012:bucket/no-such-bucket"
+    problem = tablebucket.check(missing, catalog_properties(moto_s3))
+    assert problem is not None
+    assert "automq.table.topic.catalog.warehouse" in problem[1] and "no such table bucket" in problem[1]
+    closed = f"http://127.0.0.1:{free_port()}"
+    problem = tablebucket.check(missing, {"s3tables.endpoint": closed})
+    assert problem is not None
+    assert "automq.table.topic.catalog.s3tables.endpoint" in problem[1] and closed in problem[1]
+    bad = CatalogSpec(
+        type="tablebucket", uri="", warehouse=missing, properties={"s3tables.endpoint": closed}
+    )
+    with pytest.raises(ConnectionError, match="s3tables.endpoint"):
+        catalog_for(bad).create_namespace("default")
