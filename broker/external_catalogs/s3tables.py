@@ -125,7 +125,9 @@ class S3TablesCatalog(MetastoreCatalog):
     def _pages(self, operation: str, key: str, **request: Any) -> Iterator[dict[str, Any]]:
         token: str | None = None
         while True:
-            answer = self._call(operation, **request, **({"continuationToken": token} if token else {}))
+            answer = self._call(
+                operation, **request, **({"continuationToken": token} if token else {})
+            )
             yield from answer.get(key, [])
             token = answer.get("continuationToken")
             if not token:
@@ -227,7 +229,10 @@ class S3TablesCatalog(MetastoreCatalog):
 
         name = self._namespace(namespace)
         try:
-            return [(name, item["name"]) for item in self._pages("list_tables", "tables", namespace=name)]
+            return [
+                (name, item["name"])
+                for item in self._pages("list_tables", "tables", namespace=name)
+            ]
         except ClientError as exc:
             if _code(exc) == "NotFoundException":
                 raise NoSuchNamespaceError(f"Namespace does not exist: {name}") from exc
@@ -266,9 +271,9 @@ class S3TablesCatalog(MetastoreCatalog):
     def table_exists(self, identifier: str | Identifier) -> bool:
         try:
             self.load_table(identifier)
-            return True
         except NoSuchTableError:
             return False
+        return True
 
     def create_table(
         self,
@@ -286,7 +291,7 @@ class S3TablesCatalog(MetastoreCatalog):
         if location:
             raise ValueError("S3 Tables chooses a table's location: create it without one")
         namespace, name = self.identifier_to_database_and_table(identifier)
-        schema = self._convert_schema_if_needed(schema)  # type: ignore[assignment]
+        iceberg_schema = self._convert_schema_if_needed(schema)
         try:
             self._call("create_table", namespace=namespace, name=name, format="ICEBERG")
         except ClientError as exc:
@@ -299,7 +304,7 @@ class S3TablesCatalog(MetastoreCatalog):
         warehouse = str(table["warehouseLocation"]).rstrip("/")
         metadata = new_table_metadata(
             location=warehouse,
-            schema=schema,  # type: ignore[arg-type]
+            schema=iceberg_schema,
             partition_spec=partition_spec,
             sort_order=sort_order,
             properties=properties,
@@ -341,7 +346,10 @@ class S3TablesCatalog(MetastoreCatalog):
         return str(answer.get("versionToken", ""))
 
     def commit_table(
-        self, table: Table, requirements: tuple[TableRequirement, ...], updates: tuple[TableUpdate, ...]
+        self,
+        table: Table,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
     ) -> CommitTableResponse:
         namespace, name = self.identifier_to_database_and_table(table.name(), NoSuchTableError)
         location, token = self._pointer(namespace, name)
@@ -350,10 +358,10 @@ class S3TablesCatalog(MetastoreCatalog):
         current = self._table(namespace, name, location)
         staged = self._update_and_stage_table(current, (namespace, name), requirements, updates)
         if staged.metadata == current.metadata:
-            return CommitTableResponse(metadata=current.metadata, metadata_location=location)
+            return CommitTableResponse(metadata=current.metadata, metadata_location=location)  # type: ignore[call-arg]
         self._write_metadata(staged.metadata, staged.io, staged.metadata_location)
         self._swap(namespace, name, staged.metadata_location, token)
-        return CommitTableResponse(
+        return CommitTableResponse(  # type: ignore[call-arg]
             metadata=staged.metadata, metadata_location=staged.metadata_location
         )
 
@@ -406,4 +414,3 @@ class S3TablesCatalog(MetastoreCatalog):
 
     def register_view(self, identifier: str | Identifier, metadata_location: str) -> View:
         raise NotImplementedError("S3 Tables has no views")
-

@@ -151,7 +151,7 @@ def test_a_conditional_commit_loses_the_race(spec: CatalogSpec) -> None:
     with pytest.raises(CommitFailedException):
         catalog.commit_table(
             ours,
-            (AssertRefSnapshotId(ref="main", snapshot_id=None),),
+            (AssertRefSnapshotId.model_validate({"ref": "main", "snapshot-id": None}),),
             (SetPropertiesUpdate(updates={"x": "1"}),),
         )
     # ... and S3 Tables' version token catches a writer that comes in between our read of the
@@ -175,11 +175,16 @@ def test_a_bad_arn_names_the_setting(tmp_path: Path) -> None:
         )
 
 
-def test_a_missing_bucket_or_a_bad_endpoint_names_the_setting(moto_s3: MotoS3, aws_env: None) -> None:
+def test_a_missing_bucket_or_a_bad_endpoint_names_the_setting(
+    moto_s3: MotoS3, aws_env: None
+) -> None:
     missing = "arn:aws:s3tables:us-east-1:123456789012:bucket/no-such-bucket"
     problem = tablebucket.check(missing, catalog_properties(moto_s3))
     assert problem is not None
-    assert "automq.table.topic.catalog.warehouse" in problem[1] and "no such table bucket" in problem[1]
+    assert (
+        "automq.table.topic.catalog.warehouse" in problem[1]
+        and "no such table bucket" in problem[1]
+    )
     closed = f"http://127.0.0.1:{free_port()}"
     problem = tablebucket.check(missing, {"s3tables.endpoint": closed})
     assert problem is not None
@@ -189,3 +194,109 @@ def test_a_missing_bucket_or_a_bad_endpoint_names_the_setting(moto_s3: MotoS3, a
     )
     with pytest.raises(ConnectionError, match="s3tables.endpoint"):
         catalog_for(bad).create_namespace("default")
+
+
+def test_maintenance_writes_the_topic_settings_to_s3_tables_and_rewrites_manifests(
+    spark: Any,
+    round_broker: BrokerProcess,
+    spec: CatalogSpec,
+    moto_s3: MotoS3,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """S3 Tables compacts, expires and removes orphans itself: the job writes the topic's keys
+    to its maintenance configuration and runs only ``rewrite_manifests`` (through AWS's jar).
+    moto does not serve PutTableMaintenanceConfiguration: botocore's Stubber checks the requests
+    against the API's model (and answers them); everything else is moto's server."""
+    from botocore.stub import Stubber
+
+    from spark_jobs import maintenance
+    from spark_jobs.maintain import s3tables as s3tables_maintenance
+
+    topic = new_topic(
+        round_broker,
+        partitions=1,
+        configs={
+            "automq.table.topic.maintenance.target.file.size.bytes": str(128 * 1024 * 1024),
+            "automq.table.topic.maintenance.compaction.strategy": "binpack",
+            "automq.table.topic.expire.snapshot.older.than.hours": "5",
+            "automq.table.topic.expire.snapshot.retain.last": "2",
+        },
+    )
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    for start in (0, 3):  # two rounds: two manifests to rewrite
+        producer.send(clicks(start, 3))
+        assert run_round(spark, round_broker, topic).status == "committed"
+
+    client = boto3.client("s3tables", endpoint_url=moto_s3.endpoint, region_name="us-east-1")
+    stubber = Stubber(client)
+    table = {"tableBucketARN": spec.warehouse, "namespace": "default", "name": topic}
+    compaction = {"targetFileSizeMB": 128, "strategy": "binpack"}
+    snapshots = {"minSnapshotsToKeep": 2, "maxSnapshotAgeHours": 5}
+    for kind, settings in (
+        ("icebergCompaction", compaction),
+        ("icebergSnapshotManagement", snapshots),
+    ):
+        stubber.add_response(
+            "put_table_maintenance_configuration",
+            {},
+            {**table, "type": kind, "value": {"status": "enabled", "settings": {kind: settings}}},
+        )
+    monkeypatch.setattr(s3tables_maintenance, "client_for", lambda catalog: client)
+    with stubber:
+        code, out = maintenance.run(
+            ["--admin-url", round_broker.admin_url, "--topic", topic], spark
+        )
+        stubber.assert_no_pending_responses()
+    assert code == 0 and out.status == "done", out.message
+    done = out.to_json()["per_action"]
+    assert set(done) == {"s3tables", "manifests"}  # compact, expire, orphans: S3 Tables'
+    assert done["s3tables"]["maintained_by"] == "S3 Tables"
+    assert done["manifests"]["rewritten_manifests"] >= 2
+    rows = catalog_for(spec).load_table(("default", topic)).scan().to_arrow()
+    assert rows.num_rows == 6
+
+
+def test_the_requests_fit_the_api_model() -> None:
+    """botocore validates types and required members before sending, not enums: every strategy
+    and status the job may send is one the model lists, and a wrong shape is refused."""
+    import botocore.session
+    from botocore.exceptions import ParamValidationError
+    from botocore.stub import Stubber
+
+    from spark_jobs.maintain import s3tables as s3tables_maintenance
+    from spark_jobs.maintain.settings import resolve
+
+    model = botocore.session.get_session().get_service_model("s3tables")
+    strategies = model.shape_for("IcebergCompactionStrategy").enum
+    assert set(s3tables_maintenance.STRATEGY.values()) <= set(strategies)
+    assert set(model.shape_for("MaintenanceStatus").enum) == {"enabled", "disabled"}
+    settings = resolve({"automq.table.topic.expire.snapshot.enabled": "false"}, {})
+    arn = "arn:aws:s3tables:us-east-1:123456789012:bucket/lake"
+    requests = s3tables_maintenance.requests(arn, "default", "t", settings, {})
+    assert [r["value"]["status"] for r in requests] == ["enabled", "disabled"]
+    assert requests[0]["value"]["settings"]["icebergCompaction"]["targetFileSizeMB"] == 512
+    client = boto3.client(
+        "s3tables", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    with Stubber(client) as stubber:
+        for request in requests:
+            stubber.add_response("put_table_maintenance_configuration", {}, request)
+            client.put_table_maintenance_configuration(**request)
+        wrong = {
+            **requests[0],
+            "value": {
+                "status": "enabled",
+                "settings": {"icebergCompaction": {"targetFileSizeMB": "128"}},
+            },
+        }
+        stubber.add_response("put_table_maintenance_configuration", {}, None)
+        with pytest.raises(ParamValidationError):
+            client.put_table_maintenance_configuration(**wrong)
+    with pytest.raises(ValueError, match="maintenance.target.file.size.bytes"):
+        s3tables_maintenance.requests(
+            arn,
+            "default",
+            "t",
+            resolve({"automq.table.topic.maintenance.target.file.size.bytes": "1048576"}, {}),
+            {},
+        )
