@@ -300,3 +300,19 @@ def test_the_requests_fit_the_api_model() -> None:
             resolve({"automq.table.topic.maintenance.target.file.size.bytes": "1048576"}, {}),
             {},
         )
+
+
+def test_a_round_with_dlq_rows_fails_clearly_without_a_multi_table_transaction(
+    spark: Any, round_broker: BrokerProcess, spec: CatalogSpec
+) -> None:
+    """The table and its DLQ cannot be one commit in S3 Tables; until the round commits them
+    one after the other, it fails saying so, and publishes neither (nothing half-committed)."""
+    from tests.spark_jobs.test_round_dlq import GATE_OFF, mixed
+
+    topic = new_topic(round_broker, partitions=1, configs=GATE_OFF)
+    mixed(round_broker, topic)
+    result = run_round(spark, round_broker, topic)
+    assert result.status == "failed"
+    assert "multi-table transaction" in result.message, result.message
+    table = catalog_for(spec).load_table(("default", topic))
+    assert table.scan().to_arrow().num_rows == 0  # the round's rows were not published
