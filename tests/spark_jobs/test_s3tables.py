@@ -29,7 +29,7 @@ from spark_jobs.rounds.table_setup import catalog_for
 from tests.conftest import MOTO_CREDENTIALS, MotoS3
 from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, run_round
 from tests.spark_jobs.test_commit_round import clicks
-from tests.support import BrokerProcess, free_port
+from tests.support import BrokerProcess, free_port, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -316,3 +316,29 @@ def test_a_round_with_dlq_rows_fails_clearly_without_a_multi_table_transaction(
     assert "multi-table transaction" in result.message, result.message
     table = catalog_for(spec).load_table(("default", topic))
     assert table.scan().to_arrow().num_rows == 0  # the round's rows were not published
+
+
+def test_the_broker_logs_a_missing_table_bucket_at_start_and_keeps_serving(
+    moto_s3: MotoS3, tmp_path: Path
+) -> None:
+    missing = "arn:aws:s3tables:us-east-1:123456789012:bucket/not-there"
+    args = [
+        "--override",
+        "automq.table.topic.catalog.type=tablebucket",
+        "--override",
+        f"automq.table.topic.catalog.warehouse={missing}",
+        "--override",
+        f"automq.table.topic.catalog.s3tables.endpoint={moto_s3.endpoint}",
+    ]
+    broker = BrokerProcess(tmp_path / "home", args, env=MOTO_CREDENTIALS).start()
+    try:
+        wait_for(
+            lambda: "no such table bucket" in broker.log_text(),
+            20,
+            what="the missing table bucket in the broker's log",
+        )
+        line = next(x for x in broker.log_text().splitlines() if "no such table bucket" in x)
+        assert f"automq.table.topic.catalog.warehouse={missing}" in line
+        assert http_json(broker.admin_url + "/v1/cluster")["catalog"]["type"] == "tablebucket"
+    finally:
+        broker.stop()
