@@ -78,7 +78,9 @@ class S3TablesCatalog(MetastoreCatalog):
         import botocore.config
 
         endpoint = properties.get(ENDPOINT) or None
-        self.client: Any = boto3.client(
+        # its own session: credentials as the environment has them now (boto3's default
+        # session keeps the first it found), and safe to use from several threads
+        self.client: Any = boto3.session.Session().client(
             "s3tables",
             region_name=region,
             endpoint_url=endpoint,
@@ -141,20 +143,11 @@ class S3TablesCatalog(MetastoreCatalog):
         from botocore.exceptions import ClientError
 
         try:
-            self.client.get_table_bucket(tableBucketARN=self.arn)
+            self._call("get_table_bucket")
         except ClientError as exc:
             if _code(exc) == "NotFoundException":
                 raise TableBucketSettingError(
                     f"{WAREHOUSE_KEY}={self.arn}: no such table bucket at {self.endpoint}"
-                ) from exc
-            raise
-        except Exception as exc:
-            from botocore.exceptions import EndpointConnectionError
-
-            if isinstance(exc, EndpointConnectionError):
-                raise ConnectionError(
-                    f"S3 Tables endpoint {self.endpoint} cannot be reached ({ENDPOINT_KEY} or "
-                    f"AWS_ENDPOINT_URL): {exc}"
                 ) from exc
             raise
 

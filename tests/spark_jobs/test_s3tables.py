@@ -194,6 +194,20 @@ def test_a_missing_bucket_or_a_bad_endpoint_names_the_setting(
     )
     with pytest.raises(ConnectionError, match="s3tables.endpoint"):
         catalog_for(bad).create_namespace("default")
+    with pytest.MonkeyPatch.context() as mp:  # no credentials anywhere boto3 looks
+        for name in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+        ):
+            mp.delenv(name, raising=False)
+        for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+            mp.setenv(name, "/nonexistent")
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        problem = tablebucket.check(missing, catalog_properties(moto_s3))
+    assert problem is not None and "no AWS credentials" in problem[1]
+    assert "automq.table.topic.catalog.client.access-key-id" in problem[1]
 
 
 def test_maintenance_writes_the_topic_settings_to_s3_tables_and_rewrites_manifests(
