@@ -201,7 +201,7 @@ class BrokerConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _catalog_fits(self) -> BrokerConfig:
-        """Only REST catalogs are opened so far; the other AutoMQ types are refused by name
+        """REST catalogs and S3 Tables are opened; the other AutoMQ types are refused by name
         rather than failing every round later."""
         if self.catalog.type == "tablebucket":  # AWS S3 Tables: the warehouse is the bucket's ARN
             tablebucket.region_of(self.warehouse)

@@ -237,8 +237,9 @@ class CatalogSpec(Contract):
     (``automq.table.topic.catalog.type|uri|warehouse`` and the other
     ``automq.table.topic.catalog.<property>`` keys): what a job, the plugin or the broker's
     own readers need to open it with pyiceberg or Spark. ``builtin``: the broker's own REST
-    catalog. Only REST catalogs are opened so far (the built-in one or any Iceberg REST
-    catalog); the broker refuses the other types at start."""
+    catalog. REST catalogs (the built-in one or any Iceberg REST catalog) and AWS S3 Tables
+    (``tablebucket``: ``warehouse`` is the table bucket's ARN) are opened; the broker refuses
+    the other types at start."""
 
     type: str = "rest"
     uri: str
