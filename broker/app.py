@@ -153,6 +153,12 @@ def check_locations(config: BrokerConfig) -> None:
                 "automq.table.topic.catalog.warehouse",
             )
         )
+    if config.catalog.type == "tablebucket":
+        from broker.external_catalogs import tablebucket
+
+        spec = config.tables_catalog
+        if (problem := tablebucket.check(spec.warehouse or "", spec.properties)) is not None:
+            log.log(*problem)
     for place, setting in places:
         problem = check_s3_location(
             place.url,

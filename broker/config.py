@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from broker.contracts import CatalogSpec
+from broker.external_catalogs import tablebucket
 
 CATALOG_PREFIX = "automq.table.topic.catalog."
 CatalogType = Literal["rest", "glue", "tablebucket", "nessie"]
@@ -210,13 +211,10 @@ class BrokerConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _catalog_fits(self) -> BrokerConfig:
-        """REST and Glue catalogs are opened so far; the other AutoMQ types are refused by name
-        rather than failing every round later."""
-        if self.catalog.type not in ("rest", "glue"):
-            raise ValueError(
-                f"{CATALOG_PREFIX}type={self.catalog.type} is not supported yet: use rest (the "
-                f"built-in catalog, or any Iceberg REST catalog at {CATALOG_PREFIX}uri)"
-            )
+        """Each catalog type checked for the keys it needs, so a bad setting fails at start
+        rather than in every round."""
+        if self.catalog.type == "tablebucket":  # AWS S3 Tables: the warehouse is the bucket's ARN
+            tablebucket.region_of(self.warehouse)
         if self.catalog.type == "glue" and not (self.warehouse or "").startswith("s3"):
             raise ValueError(
                 f"{CATALOG_PREFIX}type=glue needs {CATALOG_PREFIX}warehouse=s3://bucket/path "
@@ -259,7 +257,8 @@ class BrokerConfig(BaseSettings):
 
     @property
     def catalog_warehouse(self) -> str:
-        warehouse = self.warehouse or str(self.home / "warehouse")
+        tables_elsewhere = self.catalog.type == "tablebucket"  # the warehouse names the bucket
+        warehouse = (not tables_elsewhere and self.warehouse) or str(self.home / "warehouse")
         if not urlparse(warehouse).scheme:  # a plain directory
             warehouse = Path(warehouse).resolve().as_uri()
         return warehouse.rstrip("/")
@@ -274,10 +273,10 @@ class BrokerConfig(BaseSettings):
         """The catalog that holds the tables: the built-in one, or the one the catalog keys name."""
         if self.catalog.builtin:
             return CatalogSpec.rest(self.catalog_url)
-        assert self.catalog.uri is not None or self.catalog.type != "rest"
+        assert self.catalog.uri is not None or self.catalog.type in ("glue", "tablebucket")
         return CatalogSpec(
             type=self.catalog.type,
-            uri=self.catalog.uri or "",  # glue: no URI (glue.endpoint is a property)
+            uri=self.catalog.uri or "",  # glue, tablebucket: no URI (endpoints are properties)
             warehouse=self.warehouse,
             properties=dict(self.catalog.properties),
             builtin=False,

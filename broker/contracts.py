@@ -33,6 +33,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
 from broker import names, topic_configs
+from broker.external_catalogs import tablebucket
 
 
 def _offsets_json(offsets: Mapping[int, int]) -> dict[str, int]:
@@ -236,8 +237,8 @@ class CatalogSpec(Contract):
     (``automq.table.topic.catalog.type|uri|warehouse`` and the other
     ``automq.table.topic.catalog.<property>`` keys): what a job, the plugin or the broker's
     own readers need to open it with pyiceberg or Spark. ``builtin``: the broker's own REST
-    catalog. REST catalogs (the built-in one or any Iceberg REST catalog) and AWS Glue are
-    opened so far; the broker refuses the other types at start."""
+    catalog. Opened: REST catalogs (the built-in one or any Iceberg REST catalog), AWS Glue
+    and AWS S3 Tables (``tablebucket``: ``warehouse`` is the table bucket's ARN)."""
 
     type: str = "rest"
     uri: str = ""  # empty for catalogs without one (glue)
@@ -252,12 +253,16 @@ class CatalogSpec(Contract):
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """``load_catalog(name, **these)``."""
+        if self.type == tablebucket.TYPE:  # AWS S3 Tables: warehouse is the table bucket's ARN
+            return tablebucket.pyiceberg_properties(self.warehouse or "", self.properties)
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
         uri = {"uri": self.uri} if self.uri else {}
         return {**self.properties, **extra, "type": self.type, **uri}
 
     def spark_properties(self) -> dict[str, str]:
         """``spark.sql.catalog.<name>.<key>`` settings of a ``SparkCatalog`` for it."""
+        if self.type == tablebucket.TYPE:
+            return tablebucket.spark_properties(self.warehouse or "", self.properties)
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
         uri = {"uri": self.uri} if self.uri else {}
         return {**self.properties, **extra, "type": self.type, **uri}

@@ -26,6 +26,11 @@ The actions, in this order (``--actions``, default all four):
   (the commit round's offsets) survives and the next round starts where it should;
 - ``orphans``: ``remove_orphan_files`` older than N days (S3 Tables: 3).
 
+On AWS S3 Tables (``automq.table.topic.catalog.type=tablebucket``) the service does
+``compact``, ``expire`` and ``orphans`` itself: the job writes the topic's settings to the
+table's S3 Tables maintenance configuration instead (``maintain/s3tables.py``, reported as
+the ``s3tables`` action) and runs only ``manifests``.
+
 The DLQ table ``<table>__dlq``, when it exists, gets ``compact`` and ``expire``
 too. Maintenance commits move ``main``: a commit round running at the same time
 loses its publish race and starts over (Airflow's per-table pool serialises them).
@@ -47,6 +52,7 @@ from typing import Any
 from broker import contracts
 from spark_jobs import job_args, job_output
 from spark_jobs.broker_client import AdminClient
+from spark_jobs.maintain import s3tables as s3tables_maintenance
 from spark_jobs.maintain import summary as maintenance_summary
 from spark_jobs.maintain.settings import (
     ACTIONS,
@@ -322,7 +328,9 @@ class Maintenance:
             data_files_before=_total(current, "total-data-files"),
             delete_files_before=_total(current, "total-delete-files"),
         )
-        spark, catalog = self.spark_catalog()
+        if self.catalog_spec.type == "tablebucket":  # S3 Tables maintains the table itself
+            out.actions["s3tables"] = self._configure_s3tables(identifier, settings)
+            actions = s3tables_maintenance.left_to_icefall(actions)
         target = f"{_quote(identifier[0])}.{_quote(identifier[1])}"
         steps = {
             "compact": self._compact,
@@ -332,6 +340,7 @@ class Maintenance:
         }
         for action in actions:
             started = time.monotonic()
+            spark, catalog = self.spark_catalog()
             try:
                 done = steps[action](spark, catalog, target, table, settings)
             except Exception as exc:  # the other actions still run; the job fails at the end
@@ -347,6 +356,25 @@ class Maintenance:
         out.data_files_after = _total(current, "total-data-files")
         out.delete_files_after = _total(current, "total-delete-files")
         return out
+
+    def _configure_s3tables(
+        self, identifier: tuple[str, str], settings: Settings
+    ) -> dict[str, Any]:
+        """The topic's maintenance settings written to S3 Tables (``maintain/s3tables.py``)."""
+        started = time.monotonic()
+        try:
+            done = s3tables_maintenance.configure(
+                s3tables_maintenance.client_for(self.catalog),
+                self.catalog_spec.warehouse or "",
+                identifier,
+                settings,
+                self.topic.configs,
+            )
+        except Exception as exc:  # reported like a failed action
+            log.warning("writing S3 Tables' maintenance configuration failed", exc_info=True)
+            done = {"error": job_output.error_message(exc)}
+        done["seconds"] = round(time.monotonic() - started, 3)
+        return done
 
     def record(self, result: MaintenanceResult) -> None:
         """Keep the run's summary on the table (``icefall.maintenance.last-run``) for the status
@@ -625,6 +653,11 @@ def _summary(action: str, done: dict[str, Any]) -> str:
             else ""
         )
         return f"{done['rewritten_data_files']} data files -> {done['added_data_files']}{removed}{tail}"
+    if action == "s3tables":
+        written = done.get("configuration", {})
+        return "maintained by S3 Tables: " + ", ".join(
+            f"{kind} {value['status']}" for kind, value in written.items()
+        )
     if action == "manifests":
         return f"{done['rewritten_manifests']} manifests -> {done['added_manifests']}"
     if action == "expire":

@@ -3,7 +3,8 @@
 Per table: broker end offsets against committed offsets (lag in records and in
 seconds of append time, ``broker.contracts.Lag``, the broker's metrics' figures),
 the last commit (time, snapshot id, round id), rows in the table and in its DLQ
-table, the last compaction, and where its DAG runs are. A table whose broker or
+table, the last compaction and who maintains the table (Icefall's maintenance DAG, or AWS
+S3 Tables itself for a tablebucket catalog), and where its DAG runs are. A table whose broker or
 catalog cannot be reached gets an ``error`` instead of failing the whole page.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 from broker import names
 from icefall_airflow import lag, manifest, tables
 from icefall_airflow.broker_client import BrokerClient, BrokerError
+from spark_jobs.maintain import s3tables as s3tables_maintenance
 
 
 def table_status(
@@ -84,6 +86,8 @@ def all_statuses(admin_url: str | None = None) -> dict[str, Any]:
         }
     entries = [manifest.TableTopic.from_json(t) for t in answer.table_topics]
     catalog = tables.open_catalog(cluster.tables_catalog)
+    # S3 Tables compacts and expires its tables itself; the maintenance DAG writes its settings there
+    maintained_by = s3tables_maintenance.maintainer(cluster.tables_catalog.type)
     return {
         "admin_url": client.admin_url,
         # a catalog without a URI (glue): its type and warehouse
@@ -91,5 +95,8 @@ def all_statuses(admin_url: str | None = None) -> dict[str, Any]:
         or f"{cluster.tables_catalog.type} ({cluster.tables_catalog.warehouse})",
         "error": None,
         "generated_at_ms": now_ms,
-        "tables": [table_status(client, catalog, e, now_ms) for e in entries],
+        "tables": [
+            {**table_status(client, catalog, e, now_ms), "maintained_by": maintained_by}
+            for e in entries
+        ],
     }

@@ -58,6 +58,11 @@ def _maintenance(summary: dict[str, Any] | None) -> str:
     return f"<br><small>{html.escape(maintenance_summary.one_line(summary))}</small>"
 
 
+def _maintainer(t: dict[str, Any]) -> str:
+    """Who compacts and expires the table: Icefall's maintenance DAG or S3 Tables itself."""
+    return f"<br><small>by {html.escape(t.get('maintained_by') or 'Icefall')}</small>"
+
+
 def _dlq(t: dict[str, Any]) -> str:
     """The DLQ's row count; when it has rows, a link to the DAG that reprocesses them."""
     if not t.get("dlq_rows") or not t.get("dlq_dag_id"):
@@ -77,7 +82,7 @@ def render(answer: dict[str, Any]) -> str:
                 f"<td class=num>{t['lag_records']}</td><td class=num>{t['lag_seconds']:.1f}</td>"
                 f"<td>{_time(t['last_commit_ms'])}</td><td class=mono>{_cell(t['snapshot_id'])}</td>"
                 f"<td class=num>{_cell(t['rows'])}</td><td class=num>{_dlq(t)}</td>"
-                f"<td>{_time(t['last_maintenance_ms'])}{_maintenance(t.get('last_maintenance'))}</td>"
+                f"<td>{_time(t['last_maintenance_ms'])}{_maintainer(t)}{_maintenance(t.get('last_maintenance'))}</td>"
             )
         rows.append(
             f"<tr><td><b>{html.escape(t['topic'])}</b></td>"

@@ -50,6 +50,10 @@ class LostRace(RuntimeError):
     """``main`` moved since the round planned: the round's data was not published."""
 
 
+class MultiTableCommitUnsupported(RuntimeError):
+    """The round must commit several tables in one transaction and the catalog has none."""
+
+
 class UnexpectedBranchState(RuntimeError):
     """The round branch does not hold exactly one new snapshot on top of the planned parent."""
 
@@ -155,7 +159,12 @@ def publish(catalog: Catalog, heads: list[BranchHead], catalog_url: str | None =
             requirements, updates = _change(heads[0])
             catalog.commit_table(heads[0].table, requirements, updates)
         else:
-            assert catalog_url is not None, "a multi-table publish needs the catalog URL"
+            if not catalog_url:  # S3 Tables (and Glue) have no multi-table transaction
+                raise MultiTableCommitUnsupported(
+                    f"this round commits {len(heads)} tables at once (the table and its DLQ) and "
+                    f"catalog {catalog.name} ({type(catalog).__name__}) has no multi-table "
+                    "transaction: automq.table.topic.catalog.type=rest is needed for DLQ rows"
+                )
             _commit_transaction(catalog_url, heads, str(catalog.properties.get("prefix") or ""))
     except CommitFailedException as exc:
         raise LostRace(f"main moved while the round wrote: {exc}") from exc

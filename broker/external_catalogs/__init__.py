@@ -1,0 +1,1 @@
+"""Clients of Iceberg catalogs that pyiceberg does not ship (loaded through its ``py-catalog-impl``)."""
