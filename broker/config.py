@@ -31,6 +31,13 @@ from broker.contracts import CatalogSpec
 
 CATALOG_PREFIX = "automq.table.topic.catalog."
 CatalogType = Literal["rest", "glue", "tablebucket", "nessie"]
+# Why type=nessie is refused (tests/spark_jobs/test_nessie_catalog.py pins each part down).
+NESSIE_REFUSAL = (
+    f"{CATALOG_PREFIX}type=nessie is not supported yet: a round writes to an Iceberg branch of "
+    "the table and publishes it by moving main and a tag, and Nessie's Iceberg REST endpoint "
+    "(the only way pyiceberg reaches Nessie) keeps no Iceberg branches and tags (it serves main "
+    f"alone); use {CATALOG_PREFIX}type=rest with another Iceberg REST catalog at {CATALOG_PREFIX}uri"
+)
 
 
 class ConfigError(ValueError):
@@ -202,6 +209,8 @@ class BrokerConfig(BaseSettings):
     def _catalog_fits(self) -> BrokerConfig:
         """Only REST catalogs are opened so far; the other AutoMQ types are refused by name
         rather than failing every round later."""
+        if self.catalog.type == "nessie":
+            raise ValueError(NESSIE_REFUSAL)
         if self.catalog.type != "rest":
             raise ValueError(
                 f"{CATALOG_PREFIX}type={self.catalog.type} is not supported yet: use rest (the "
