@@ -10,8 +10,8 @@ publishes it with one conditional commit that moves ``main`` and the ``icefall-c
 - Nessie's Iceberg REST endpoint (``/iceberg/<ref>``, the only way pyiceberg reaches Nessie)
   serves a table as its ``main`` alone: the other refs and the older snapshots are not in the
   metadata it returns, and an append to a branch replaces ``main`` -- a round's data would be
-  visible before its publish, and the rows before it would not. So the broker refuses ``type=nessie`` until pyiceberg talks to
-  Nessie's own API (docs/operations/catalogs.md);
+  visible before its publish, and the rows before it would not. So the broker refuses
+  ``type=nessie`` until pyiceberg talks to Nessie's own API (docs/reference/nessie.md);
 - the REST endpoint does serve multi-table commits (``POST /v1/{prefix}/transactions/commit``).
 """
 
