@@ -128,10 +128,14 @@ def test_nessie_rest_serves_multi_table_commits(nessie: NessieServer) -> None:
         {
             "identifier": {"namespace": ["default"], "name": name.split(".")[1]},
             "requirements": [
-                AssertTableUUID(uuid=table.metadata.table_uuid).model_dump(by_alias=True, mode="json")
+                AssertTableUUID(uuid=table.metadata.table_uuid).model_dump(
+                    by_alias=True, mode="json"
+                )
             ],
             "updates": [
-                SetPropertiesUpdate(updates={"icefall.round": "r1"}).model_dump(by_alias=True, mode="json")
+                SetPropertiesUpdate(updates={"icefall.round": "r1"}).model_dump(
+                    by_alias=True, mode="json"
+                )
             ],
         }
         for name, table in zip(names, tables, strict=True)
