@@ -31,12 +31,9 @@ from broker.contracts import CatalogSpec
 
 CATALOG_PREFIX = "automq.table.topic.catalog."
 CatalogType = Literal["rest", "glue", "tablebucket", "nessie"]
-# Why type=nessie is refused (tests/spark_jobs/test_nessie_catalog.py pins each part down).
-NESSIE_REFUSAL = (
-    f"{CATALOG_PREFIX}type=nessie is not supported yet: a round writes to an Iceberg branch of "
-    "the table and publishes it by moving main and a tag, and Nessie's Iceberg REST endpoint "
-    "(the only way pyiceberg reaches Nessie) keeps no Iceberg branches and tags (it serves main "
-    f"alone); use {CATALOG_PREFIX}type=rest with another Iceberg REST catalog at {CATALOG_PREFIX}uri"
+NESSIE_NEEDS_URI = (
+    f"{CATALOG_PREFIX}type=nessie needs {CATALOG_PREFIX}uri: Nessie's API, "
+    "e.g. http://nessie:19120/api/v2"
 )
 
 
@@ -210,7 +207,9 @@ class BrokerConfig(BaseSettings):
         """Only REST catalogs are opened so far; the other AutoMQ types are refused by name
         rather than failing every round later."""
         if self.catalog.type == "nessie":
-            raise ValueError(NESSIE_REFUSAL)
+            if not self.catalog.uri:
+                raise ValueError(NESSIE_NEEDS_URI)
+            return self
         if self.catalog.type != "rest":
             raise ValueError(
                 f"{CATALOG_PREFIX}type={self.catalog.type} is not supported yet: use rest (the "
@@ -272,7 +271,8 @@ class BrokerConfig(BaseSettings):
         return CatalogSpec(
             type=self.catalog.type,
             uri=self.catalog.uri,
-            warehouse=self.warehouse,
+            # Nessie's clients write the metadata files themselves: they need a warehouse.
+            warehouse=self.catalog_warehouse if self.catalog.type == "nessie" else self.warehouse,
             properties=dict(self.catalog.properties),
             builtin=False,
         )

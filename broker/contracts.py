@@ -231,13 +231,17 @@ class Health(Contract):
     produces_held: int
 
 
+NESSIE_PY_CATALOG = "broker.nessie_catalog.NessieCatalog"
+
+
 class CatalogSpec(Contract):
     """The Iceberg catalog that holds the tables, as the broker's settings name it
     (``automq.table.topic.catalog.type|uri|warehouse`` and the other
     ``automq.table.topic.catalog.<property>`` keys): what a job, the plugin or the broker's
     own readers need to open it with pyiceberg or Spark. ``builtin``: the broker's own REST
-    catalog. Only REST catalogs are opened so far (the built-in one or any Iceberg REST
-    catalog); the broker refuses the other types at start."""
+    catalog. REST catalogs (the built-in one or any Iceberg REST catalog) and Nessie (Spark:
+    Iceberg's ``NessieCatalog``; pyiceberg: broker/nessie_catalog.py) are opened so far; the
+    broker refuses the other types at start."""
 
     type: str = "rest"
     uri: str
@@ -251,8 +255,16 @@ class CatalogSpec(Contract):
         return cls(uri=uri)
 
     def pyiceberg_properties(self) -> dict[str, str]:
-        """``load_catalog(name, **these)``."""
+        """``load_catalog(name, **these)``. pyiceberg has no Nessie catalog: ``nessie`` is
+        Icefall's, on Nessie's own API (broker/nessie_catalog.py)."""
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
+        if self.type == "nessie":
+            return {
+                **self.properties,
+                **extra,
+                "py-catalog-impl": NESSIE_PY_CATALOG,
+                "uri": self.uri,
+            }
         return {**self.properties, **extra, "type": self.type, "uri": self.uri}
 
     def spark_properties(self) -> dict[str, str]:

@@ -40,6 +40,7 @@ from pyiceberg.table.update import (
 )
 
 from broker.checkpoint import CHECKPOINT_TAG, MAIN, ROUND_BRANCH_PREFIX
+from broker.nessie_catalog import NessieCatalog
 
 log = logging.getLogger(__name__)
 STALE_BRANCH_MS = 60 * 60 * 1000
@@ -154,6 +155,8 @@ def publish(catalog: Catalog, heads: list[BranchHead], catalog_url: str | None =
         if len(heads) == 1:
             requirements, updates = _change(heads[0])
             catalog.commit_table(heads[0].table, requirements, updates)
+        elif isinstance(catalog, NessieCatalog):  # one Nessie commit of every table
+            catalog.commit_tables([(head.table, *_change(head)) for head in heads])
         else:
             assert catalog_url is not None, "a multi-table publish needs the catalog URL"
             _commit_transaction(catalog_url, heads, str(catalog.properties.get("prefix") or ""))

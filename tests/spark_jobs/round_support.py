@@ -151,6 +151,11 @@ def run_round_process(
 
 
 def catalog(broker: BrokerProcess) -> Catalog:
+    """The broker's tables' catalog: REST at ``catalog_url``, unless the broker names another
+    (``tables_spec``, a ``CatalogSpec``: a Nessie one, say)."""
+    spec = getattr(broker, "tables_spec", None)
+    if spec is not None:
+        return load_catalog("test", **spec.pyiceberg_properties())
     return load_catalog("test", type="rest", uri=broker.catalog_url)
 
 

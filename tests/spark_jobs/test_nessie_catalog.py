@@ -1,38 +1,55 @@
-"""What a Nessie catalog (``automq.table.topic.catalog.type=nessie``) gives the round, checked
-on Project Nessie's own server (tests/nessie_server.py) with real Spark and pyiceberg.
+"""Tables in Nessie (``automq.table.topic.catalog.type=nessie``), on Project Nessie's own
+server (tests/nessie_server.py) with real Spark and pyiceberg.
 
 A round writes its data to an Iceberg branch of the table (``icefall-round-<id>``) and then
 publishes it with one conditional commit that moves ``main`` and the ``icefall-checkpoint`` tag
-(spark_jobs/rounds/publish.py). These tests pin down where Nessie can and cannot carry that:
+(spark_jobs/rounds/publish.py). Spark reaches Nessie through Iceberg's ``NessieCatalog``
+(``type=nessie``, ``uri=…/api/v2``), which keeps the table's branches and tags in the metadata
+files it writes; pyiceberg through Icefall's catalog on Nessie's own API
+(broker/nessie_catalog.py), which reads and writes the same files. Nessie's Iceberg REST
+endpoint is not used: it serves a table as its ``main`` alone, and an append to a branch there
+replaces ``main`` (pinned below, so a Nessie release that changes it is noticed).
 
-- Iceberg's ``NessieCatalog`` (Spark, ``type=nessie``, ``uri=…/api/v2``) keeps the table's
-  Iceberg branches and tags in the metadata files it writes;
-- Nessie's Iceberg REST endpoint (``/iceberg/<ref>``, the only way pyiceberg reaches Nessie)
-  serves a table as its ``main`` alone: the other refs and the older snapshots are not in the
-  metadata it returns, and an append to a branch replaces ``main`` -- a round's data would be
-  visible before its publish, and the rows before it would not. So the broker refuses
-  ``type=nessie`` until pyiceberg talks to Nessie's own API (docs/reference/nessie.md);
-- the REST endpoint does serve multi-table commits (``POST /v1/{prefix}/transactions/commit``).
+``round_broker`` here is a broker with ``type=nessie``: the round, DLQ, concurrent-writer and
+retention tests imported below run again, unchanged, against it.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.update import AssertTableUUID, SetPropertiesUpdate
 
 from broker.config import BrokerConfig
 from broker.contracts import CatalogSpec
+from broker.nessie_catalog import NessieCatalog, NessieError
 from spark_jobs.broker_client import http_json
 from spark_jobs.commit_round import use_catalog
 from tests.conftest import MOTO_CREDENTIALS, MotoS3
 from tests.nessie_server import NessieServer
+from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, run_round, table
+from tests.spark_jobs.test_commit_round import (  # noqa: F401 -- collected here, on Nessie
+    clicks,
+    test_a_round_writes_every_record_once_with_system_columns,
+)
+from tests.spark_jobs.test_external_catalog import (  # noqa: F401
+    test_retention_follows_the_checkpoint_in_the_external_catalog,
+)
+from tests.spark_jobs.test_round_dlq import (  # noqa: F401
+    test_invalid_data_goes_to_the_dlq_in_the_same_commit,
+)
+from tests.spark_jobs.test_round_exactly_once import (  # noqa: F401
+    test_a_concurrent_writer_on_main_makes_the_round_start_over,
+)
+from tests.support import BrokerProcess
 
 S3_KEYS = {
     "s3.access-key-id": MOTO_CREDENTIALS["AWS_ACCESS_KEY_ID"],
@@ -50,6 +67,93 @@ def nessie(moto_s3: MotoS3, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield server
     finally:
         server.stop()
+
+
+class NessieBroker(BrokerProcess):
+    """A broker whose tables live in Nessie; ``tables_spec`` is how the tests open them."""
+
+    def __init__(self, home: Path, nessie: NessieServer) -> None:
+        super().__init__(
+            home,
+            [
+                "--segment-flush-ms",
+                "100",
+                "--retention-check-interval-ms",
+                "300",
+                "--warehouse",
+                str(home.parent / "warehouse"),
+                "--override",
+                "automq.table.topic.catalog.type=nessie",
+                "--override",
+                f"automq.table.topic.catalog.uri={nessie.api_uri}",
+                "--override",
+                "automq.table.topic.catalog.ref=main",
+            ],
+        )
+        self.tables_spec = CatalogSpec(
+            type="nessie",
+            uri=nessie.api_uri,
+            warehouse=(home.parent / "warehouse").resolve().as_uri(),
+            properties={"ref": "main"},
+            builtin=False,
+        )
+
+
+@pytest.fixture(scope="module")
+def round_broker(
+    nessie: NessieServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    broker = NessieBroker(tmp_path_factory.mktemp("nessie-broker") / "home", nessie).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_the_broker_names_the_nessie_catalog(round_broker: NessieBroker) -> None:
+    cluster = http_json(round_broker.admin_url + "/v1/cluster")
+    assert cluster["catalog"] == {**round_broker.tables_spec.model_dump(), "builtin": False}
+
+
+def test_spark_and_pyiceberg_see_the_round_in_nessie(
+    spark: Any, round_broker: NessieBroker
+) -> None:
+    topic = new_topic(round_broker, partitions=1)
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 5))
+    assert run_round(spark, round_broker, topic).status == "committed"
+    written = table(round_broker, topic)
+    assert set(written.metadata.refs) == {"main", "icefall-checkpoint"}
+    catalog = use_catalog(spark, round_broker.tables_spec)
+    rows = spark.sql(f"SELECT count(*) AS n FROM {catalog}.default.{written.name()[-1]}").collect()
+    assert rows[0].n == 5
+    refs = spark.sql(f"SELECT name FROM {catalog}.default.{written.name()[-1]}.refs").collect()
+    assert {row.name for row in refs} == {"main", "icefall-checkpoint"}
+
+
+def test_a_commit_on_a_stale_nessie_hash_is_refused(round_broker: NessieBroker) -> None:
+    """The conditional part of every commit: Nessie's, on the hash the table was read at."""
+    catalog = load_catalog("n", **round_broker.tables_spec.pyiceberg_properties())
+    assert isinstance(catalog, NessieCatalog)
+    catalog.create_namespace_if_not_exists("default")
+    created = catalog.create_table(
+        f"default.stale_{uuid.uuid4().hex[:8]}", schema=pa.schema([("x", pa.int64())])
+    )
+    read_at = catalog._head()
+    catalog.commit_table(created, (), (SetPropertiesUpdate(updates={"by": "first"}),))
+    content = catalog._content(created.name(), catalog._head())
+    assert content is not None
+    put = catalog._put_table(
+        created.name(), content["id"], created.metadata_location, created.metadata
+    )
+    with pytest.raises(CommitFailedException):
+        catalog._commit(read_at, "a writer that read before the first", [put])
+    assert catalog.load_table(created.name()).properties["by"] == "first"
+
+
+def test_a_wrong_nessie_uri_names_the_setting() -> None:
+    catalog = NessieCatalog("n", uri="http://127.0.0.1:9/api/v2")
+    with pytest.raises(NessieError, match=r"automq\.table\.topic\.catalog\.uri"):
+        catalog.load_table("default.t")
 
 
 def rest_catalog(nessie: NessieServer) -> Catalog:
@@ -146,11 +250,6 @@ def test_nessie_rest_serves_multi_table_commits(nessie: NessieServer) -> None:
         assert catalog.load_table(name).properties.get("icefall.round") == "r1"
 
 
-def test_the_broker_refuses_nessie_and_says_why() -> None:
-    with pytest.raises(ValidationError) as refused:
-        BrokerConfig(
-            catalog={"type": "nessie", "uri": "http://127.0.0.1:19120/api/v2"}  # type: ignore[arg-type]
-        )
-    message = str(refused.value)
-    assert "automq.table.topic.catalog.type=nessie" in message
-    assert "branches and tags" in message
+def test_type_nessie_needs_a_uri() -> None:
+    with pytest.raises(ValidationError, match=r"automq\.table\.topic\.catalog\.uri"):
+        BrokerConfig(catalog={"type": "nessie"})  # type: ignore[arg-type]
