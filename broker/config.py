@@ -204,8 +204,8 @@ class BrokerConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _catalog_fits(self) -> BrokerConfig:
-        """Only REST catalogs are opened so far; the other AutoMQ types are refused by name
-        rather than failing every round later."""
+        """Only REST and Nessie catalogs are opened so far; the other AutoMQ types are refused
+        by name rather than failing every round later."""
         if self.catalog.type == "nessie":
             if not self.catalog.uri:
                 raise ValueError(NESSIE_NEEDS_URI)
