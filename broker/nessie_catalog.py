@@ -11,7 +11,9 @@ does the same, so both sides see the same metadata, refs included:
 - a commit reads the content and the branch's hash, checks the requirements on that metadata,
   writes the new metadata file and asks Nessie for a commit *on that hash*: if another writer
   changed the table since, Nessie refuses (409) and nothing is visible (``CommitFailedException``);
-- ``commit_tables`` puts several tables in one Nessie commit: all or none.
+- ``commit_tables`` puts several tables in one Nessie commit: all or none;
+- metadata files are written by ``broker.iceberg_json``, format v3 included, as the built-in
+  catalog does.
 
 Use it with ``load_catalog(name, **{"py-catalog-impl": "broker.nessie_catalog.NessieCatalog",
 "uri": "http://HOST:19120/api/v2", "ref": "main", "warehouse": ...})``.
@@ -42,6 +44,9 @@ from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 from pyiceberg.view import View
 
+from broker import iceberg_json
+from broker.catalog.v3 import server_updates
+
 TIMEOUT_S = 30.0
 Change = tuple[Table, tuple[TableRequirement, ...], tuple[TableUpdate, ...]]
 
@@ -68,6 +73,11 @@ class NessieCatalog(MetastoreCatalog):
         self.uri = properties["uri"].rstrip("/")
         self.ref = properties.get("ref", "main")
         self.session = requests.Session()
+
+    @staticmethod
+    def _write_metadata(metadata: TableMetadata, io: Any, metadata_path: str) -> None:
+        """Every format version, v3 included (pyiceberg 0.12 writes up to v2)."""
+        iceberg_json.write_metadata(metadata, io, metadata_path)
 
     # ------------------------------------------------------------------ Nessie API
 
@@ -204,7 +214,9 @@ class NessieCatalog(MetastoreCatalog):
             ident = table.name()
             content = self._content(ident, head)
             current = None if content is None else self._table(ident, content)
-            staged = self._update_and_stage_table(current, ident, requirements, updates)
+            staged = self._update_and_stage_table(
+                current, ident, requirements, server_updates(updates)
+            )
             if current is not None and staged.metadata == current.metadata:
                 responses.append(
                     _response(

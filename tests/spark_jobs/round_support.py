@@ -21,6 +21,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.table import Table
 
+from broker.contracts import CatalogSpec
 from spark_jobs import commit_round
 from spark_jobs.commit_round import RoundResult
 from tests.support import REPO, BrokerProcess
@@ -148,6 +149,12 @@ def run_round_process(
         text=True,
         timeout=timeout,
     )
+
+
+def tables_catalog(broker: BrokerProcess) -> str | CatalogSpec:
+    """What ``commit_round.use_catalog`` takes for the broker's tables (see ``catalog``)."""
+    spec: CatalogSpec | None = getattr(broker, "tables_spec", None)
+    return spec if spec is not None else broker.catalog_url
 
 
 def catalog(broker: BrokerProcess) -> Catalog:

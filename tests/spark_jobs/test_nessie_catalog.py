@@ -10,8 +10,8 @@ files it writes; pyiceberg through Icefall's catalog on Nessie's own API
 endpoint is not used: it serves a table as its ``main`` alone, and an append to a branch there
 replaces ``main`` (pinned below, so a Nessie release that changes it is noticed).
 
-``round_broker`` here is a broker with ``type=nessie``: the round, DLQ, concurrent-writer and
-retention tests imported below run again, unchanged, against it.
+``round_broker`` here is a broker with ``type=nessie``: the round, DLQ, concurrent-writer,
+maintenance and retention tests imported below run again, unchanged, against it.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ from tests.spark_jobs.test_commit_round import (  # noqa: F401 -- collected here
 )
 from tests.spark_jobs.test_external_catalog import (  # noqa: F401
     test_retention_follows_the_checkpoint_in_the_external_catalog,
+)
+from tests.spark_jobs.test_maintenance import (  # noqa: F401
+    test_compaction_then_expiry_keeps_rows_and_the_checkpoint,
 )
 from tests.spark_jobs.test_round_dlq import (  # noqa: F401
     test_invalid_data_goes_to_the_dlq_in_the_same_commit,
