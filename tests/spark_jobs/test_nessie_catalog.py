@@ -35,6 +35,7 @@ from spark_jobs.broker_client import http_json
 from spark_jobs.commit_round import use_catalog
 from tests.conftest import MOTO_CREDENTIALS, MotoS3
 from tests.nessie_server import NessieServer
+from tests.plugins.test_broker_metrics import scrape
 from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, run_round, table
 from tests.spark_jobs.test_commit_round import (  # noqa: F401 -- collected here, on Nessie
     clicks,
@@ -52,7 +53,7 @@ from tests.spark_jobs.test_round_dlq import (  # noqa: F401
 from tests.spark_jobs.test_round_exactly_once import (  # noqa: F401
     test_a_concurrent_writer_on_main_makes_the_round_start_over,
 )
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, wait_for
 
 S3_KEYS = {
     "s3.access-key-id": MOTO_CREDENTIALS["AWS_ACCESS_KEY_ID"],
@@ -131,6 +132,25 @@ def test_spark_and_pyiceberg_see_the_round_in_nessie(
     assert rows[0].n == 5
     refs = spark.sql(f"SELECT name FROM {catalog}.default.{written.name()[-1]}.refs").collect()
     assert {row.name for row in refs} == {"main", "icefall-checkpoint"}
+
+
+def test_the_broker_reads_the_lag_from_the_checkpoint_in_nessie(
+    spark: Any, round_broker: NessieBroker
+) -> None:
+    topic = new_topic(round_broker, partitions=1)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 10))
+    assert run_round(spark, round_broker, topic).status == "committed"
+    producer.send(clicks(10, 4))
+    labels = f'{{topic="{topic}",namespace="default",table="{topic.replace("-", "_")}"}}'
+
+    def lag() -> float | None:
+        samples = scrape(round_broker)
+        if samples.get(f"icefall_table_catalog_up{labels}") != 1:
+            return None
+        return samples.get(f"icefall_table_lag_records{labels}")
+
+    wait_for(lambda: lag() == 4, 20, what="lag of 4 records past the checkpoint in Nessie")
 
 
 def test_a_commit_on_a_stale_nessie_hash_is_refused(round_broker: NessieBroker) -> None:
