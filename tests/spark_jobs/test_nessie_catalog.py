@@ -10,8 +10,9 @@ files it writes; pyiceberg through Icefall's catalog on Nessie's own API
 endpoint is not used: it serves a table as its ``main`` alone, and an append to a branch there
 replaces ``main`` (pinned below, so a Nessie release that changes it is noticed).
 
-``round_broker`` here is a broker with ``type=nessie``: the round, DLQ, concurrent-writer,
-maintenance and retention tests imported below run again, unchanged, against it.
+``round_broker`` here is a broker with ``type=nessie``: the round, DLQ, reprocess,
+concurrent-writer, maintenance and retention tests imported below run again, unchanged, against
+it.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ from tests.spark_jobs.test_maintenance import (  # noqa: F401
 )
 from tests.spark_jobs.test_round_dlq import (  # noqa: F401
     test_invalid_data_goes_to_the_dlq_in_the_same_commit,
+    test_reprocess_moves_records_whose_schema_was_registered_late,
 )
 from tests.spark_jobs.test_round_exactly_once import (  # noqa: F401
     test_a_concurrent_writer_on_main_makes_the_round_start_over,
 )
+from tests.spark_jobs.test_round_upsert import CDC_V1, by_id
 from tests.support import BrokerProcess, wait_for
 
 S3_KEYS = {
@@ -151,6 +154,28 @@ def test_the_broker_reads_the_lag_from_the_checkpoint_in_nessie(
         return samples.get(f"icefall_table_lag_records{labels}")
 
     wait_for(lambda: lag() == 4, 20, what="lag of 4 records past the checkpoint in Nessie")
+
+
+def test_an_upsert_round_deletes_and_upserts_in_nessie(
+    spark: Any, round_broker: NessieBroker
+) -> None:
+    """Upserts write equality deletes or v3 deletion vectors: v3 metadata through Nessie too."""
+    topic = new_topic(
+        round_broker,
+        partitions=1,
+        configs={"automq.table.topic.cdc.field": "op", "automq.table.topic.id.columns": "[id]"},
+    )
+    AvroProducer(round_broker, topic, CDC_V1).send(
+        [{**c, "op": "I"} for c in clicks(0, 5)]
+        + [{**c, "op": "U", "score": 77} for c in clicks(2, 1)]
+        + [{**c, "op": "D"} for c in clicks(3, 1)]
+    )
+    assert run_round(spark, round_broker, topic).status == "committed"
+    state = by_id(round_broker, topic)
+    assert sorted(state) == [0, 1, 2, 4] and state[2][0] == 77
+    catalog = use_catalog(spark, round_broker.tables_spec)
+    rows = spark.sql(f"SELECT id FROM {catalog}.default.{topic.replace('-', '_')}").collect()
+    assert sorted(row.id for row in rows) == [0, 1, 2, 4]
 
 
 def test_a_commit_on_a_stale_nessie_hash_is_refused(round_broker: NessieBroker) -> None:
