@@ -9,6 +9,8 @@ UV_VERSION := 0.13.9
 JARS := $(VENV)/share/icefall/jars
 # Apache Iceberg's own REST catalog server, for the tests of an external catalog (tests/jvm).
 REST_FIXTURE_JARS := $(VENV)/share/icefall/test-jars/iceberg-rest-fixture
+# Project Nessie's server (one runner jar; it needs Java 21+), for the tests of a Nessie catalog (tests/jvm).
+NESSIE_JARS := $(VENV)/share/icefall/test-jars/nessie
 # The C extensions (built in place by the editable install).
 EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jobs/_kafka_records.c
 # What the linters look at.
@@ -58,7 +60,7 @@ system-deps:
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up
 
-test: setup system-deps $(REST_FIXTURE_JARS)/.pinned
+test: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 $(REST_FIXTURE_JARS)/.pinned: tests/jvm/iceberg-rest-fixture/pom.xml tests/jvm/iceberg-rest-fixture/jars.sha256 $(JARS)/.pinned
@@ -66,6 +68,13 @@ $(REST_FIXTURE_JARS)/.pinned: tests/jvm/iceberg-rest-fixture/pom.xml tests/jvm/i
 	mvn -q -B -f tests/jvm/iceberg-rest-fixture/pom.xml dependency:copy-dependencies \
 	  -DoutputDirectory=$(CURDIR)/$(REST_FIXTURE_JARS)
 	cd $(REST_FIXTURE_JARS) && sha256sum --strict --quiet -c $(CURDIR)/tests/jvm/iceberg-rest-fixture/jars.sha256
+	touch $@
+
+$(NESSIE_JARS)/.pinned: tests/jvm/nessie/pom.xml tests/jvm/nessie/jars.sha256
+	rm -rf $(NESSIE_JARS) && mkdir -p $(NESSIE_JARS)
+	mvn -q -B -f tests/jvm/nessie/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/$(NESSIE_JARS)
+	cd $(NESSIE_JARS) && sha256sum --strict --quiet -c $(CURDIR)/tests/jvm/nessie/jars.sha256
 	touch $@
 
 # The quick loop: tests without a broker process, S3 server, Spark or Airflow (markers: tests/conftest.py).

@@ -32,6 +32,10 @@ from broker.external_catalogs import tablebucket
 
 CATALOG_PREFIX = "automq.table.topic.catalog."
 CatalogType = Literal["rest", "glue", "tablebucket", "nessie"]
+NESSIE_NEEDS_URI = (
+    f"{CATALOG_PREFIX}type=nessie needs {CATALOG_PREFIX}uri: Nessie's API, "
+    "e.g. http://nessie:19120/api/v2"
+)
 
 
 class ConfigError(ValueError):
@@ -213,6 +217,8 @@ class BrokerConfig(BaseSettings):
     def _catalog_fits(self) -> BrokerConfig:
         """Each catalog type checked for the keys it needs, so a bad setting fails at start
         rather than in every round."""
+        if self.catalog.type == "nessie" and not self.catalog.uri:
+            raise ValueError(NESSIE_NEEDS_URI)
         if self.catalog.type == "tablebucket":  # AWS S3 Tables: the warehouse is the bucket's ARN
             tablebucket.region_of(self.warehouse)
         if self.catalog.type == "glue" and not (self.warehouse or "").startswith("s3"):
@@ -277,7 +283,8 @@ class BrokerConfig(BaseSettings):
         return CatalogSpec(
             type=self.catalog.type,
             uri=self.catalog.uri or "",  # glue, tablebucket: no URI (endpoints are properties)
-            warehouse=self.warehouse,
+            # Nessie's clients write the metadata files themselves: they need a warehouse.
+            warehouse=self.catalog_warehouse if self.catalog.type == "nessie" else self.warehouse,
             properties=dict(self.catalog.properties),
             builtin=False,
         )

@@ -232,13 +232,17 @@ class Health(Contract):
     produces_held: int
 
 
+NESSIE_PY_CATALOG = "broker.external_catalogs.nessie.NessieCatalog"
+
+
 class CatalogSpec(Contract):
     """The Iceberg catalog that holds the tables, as the broker's settings name it
     (``automq.table.topic.catalog.type|uri|warehouse`` and the other
     ``automq.table.topic.catalog.<property>`` keys): what a job, the plugin or the broker's
     own readers need to open it with pyiceberg or Spark. ``builtin``: the broker's own REST
-    catalog. Opened: REST catalogs (the built-in one or any Iceberg REST catalog), AWS Glue
-    and AWS S3 Tables (``tablebucket``: ``warehouse`` is the table bucket's ARN)."""
+    catalog. Opened: REST catalogs (the built-in one or any Iceberg REST catalog), AWS Glue,
+    AWS S3 Tables (``tablebucket``: ``warehouse`` is the table bucket's ARN) and Nessie (Spark:
+    Iceberg's ``NessieCatalog``; pyiceberg: broker/external_catalogs/nessie.py)."""
 
     type: str = "rest"
     uri: str = ""  # empty for catalogs without one (glue)
@@ -252,10 +256,18 @@ class CatalogSpec(Contract):
         return cls(uri=uri)
 
     def pyiceberg_properties(self) -> dict[str, str]:
-        """``load_catalog(name, **these)``."""
+        """``load_catalog(name, **these)``. pyiceberg has no S3 Tables or Nessie catalog: those
+        are Icefall's (broker/external_catalogs/)."""
         if self.type == tablebucket.TYPE:  # AWS S3 Tables: warehouse is the table bucket's ARN
             return tablebucket.pyiceberg_properties(self.warehouse or "", self.properties)
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
+        if self.type == "nessie":  # on Nessie's own API
+            return {
+                **self.properties,
+                **extra,
+                "py-catalog-impl": NESSIE_PY_CATALOG,
+                "uri": self.uri,
+            }
         uri = {"uri": self.uri} if self.uri else {}
         return {**self.properties, **extra, "type": self.type, **uri}
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
+    from broker.contracts import CatalogSpec
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -105,6 +106,9 @@ class BrokerProcess:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = home.parent / f"{home.name}-broker.log"
+        # The tables' catalog when it is not the broker's own (Glue, S3 Tables, Nessie, ...):
+        # how the tests open the tables (tests/spark_jobs/round_support.py catalog).
+        self.tables_spec: CatalogSpec | None = None
 
     @property
     def bootstrap(self) -> str:

@@ -55,7 +55,10 @@ def rest_endpoints_allow_transactions(config: dict[str, object]) -> bool:
 
 
 def multi_table_commits(spec: CatalogSpec) -> bool:
-    """Whether the tables' catalog moves several tables in one commit (only REST catalogs can)."""
+    """Whether the tables' catalog moves several tables in one commit: Nessie does (one commit
+    on its branch), REST catalogs that serve ``transactions/commit`` do; Glue and S3 Tables not."""
+    if spec.type == "nessie":
+        return True
     if spec.type != "rest":
         return False
     from spark_jobs.broker_client import BrokerRequestError, http_json

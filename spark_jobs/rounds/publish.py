@@ -40,6 +40,7 @@ from pyiceberg.table.update import (
 )
 
 from broker.checkpoint import CHECKPOINT_TAG, MAIN, ROUND_BRANCH_PREFIX
+from broker.external_catalogs.nessie import NessieCatalog
 
 log = logging.getLogger(__name__)
 STALE_BRANCH_MS = 60 * 60 * 1000
@@ -158,12 +159,14 @@ def publish(catalog: Catalog, heads: list[BranchHead], catalog_url: str | None =
         if len(heads) == 1:
             requirements, updates = _change(heads[0])
             catalog.commit_table(heads[0].table, requirements, updates)
+        elif isinstance(catalog, NessieCatalog):  # one Nessie commit of every table
+            catalog.commit_tables([(head.table, *_change(head)) for head in heads])
         else:
-            if not catalog_url:  # S3 Tables (and Glue) have no multi-table transaction
+            if not catalog_url:  # callers check dlq_catchup.multi_table_commits first
                 raise MultiTableCommitUnsupported(
                     f"this round commits {len(heads)} tables at once (the table and its DLQ) and "
                     f"catalog {catalog.name} ({type(catalog).__name__}) has no multi-table "
-                    "transaction: automq.table.topic.catalog.type=rest is needed for DLQ rows"
+                    "transaction"
                 )
             _commit_transaction(catalog_url, heads, str(catalog.properties.get("prefix") or ""))
     except CommitFailedException as exc:

@@ -21,6 +21,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.table import Table
 
+from broker.contracts import CatalogSpec
 from spark_jobs import commit_round
 from spark_jobs.commit_round import RoundResult
 from tests.support import REPO, BrokerProcess
@@ -150,14 +151,17 @@ def run_round_process(
     )
 
 
+def tables_catalog(broker: BrokerProcess) -> str | CatalogSpec:
+    """What ``commit_round.use_catalog`` takes for the broker's tables (see ``catalog``)."""
+    return broker.tables_spec if broker.tables_spec is not None else broker.catalog_url
+
+
 def catalog(broker: BrokerProcess) -> Catalog:
-    """The broker's tables' catalog (a broker whose tables are not in a REST catalog, e.g. Glue,
-    names its pyiceberg properties as ``catalog_properties``)."""
-    properties = getattr(broker, "catalog_properties", None) or {
-        "type": "rest",
-        "uri": broker.catalog_url,
-    }
-    return load_catalog("test", **properties)
+    """The broker's tables' catalog: REST at ``catalog_url``, unless the broker names another
+    (``tables_spec``, a ``CatalogSpec``: a Nessie one, say)."""
+    if broker.tables_spec is not None:
+        return load_catalog("test", **broker.tables_spec.pyiceberg_properties())
+    return load_catalog("test", type="rest", uri=broker.catalog_url)
 
 
 def table(broker: BrokerProcess, topic: str, namespace: str = "default") -> Table:

@@ -48,7 +48,7 @@ from tests.spark_jobs.test_round_dlq import (  # noqa: F401
 from tests.spark_jobs.test_round_exactly_once import (  # noqa: F401
     test_a_concurrent_writer_on_main_makes_the_round_start_over,
 )
-from tests.support import BrokerProcess, wait_for
+from tests.support import BrokerProcess, present, wait_for
 
 CATALOG = "automq.table.topic.catalog."
 
@@ -64,15 +64,11 @@ def glue_properties(endpoint: str) -> dict[str, str]:
 
 
 class GlueBroker(BrokerProcess):
-    """A broker whose tables are in Glue: ``catalog_properties`` opens them with pyiceberg."""
+    """A broker whose tables are in Glue (``tables_spec``: how the tests open them)."""
 
     def __init__(self, home: Path, args: list[str], env: dict[str, str], spec: CatalogSpec) -> None:
         super().__init__(home, args, env=env)
-        self.spec = spec
-
-    @property
-    def catalog_properties(self) -> dict[str, str]:
-        return self.spec.pyiceberg_properties()
+        self.tables_spec = spec
 
 
 def glue_broker_args(bucket: str, properties: dict[str, str]) -> list[str]:
@@ -136,7 +132,7 @@ def test_rounds_write_to_glue_and_lag_reads_the_checkpoint_there(
     producer.send(clicks(30, 10))
     assert run_round(spark, round_broker, topic).status == "committed"
     assert table_offsets(round_broker, topic) == sorted(producer.acked)
-    name = commit_round.use_catalog(spark, round_broker.spec)
+    name = commit_round.use_catalog(spark, present(round_broker.tables_spec))
     assert spark.sql(f"SELECT count(*) AS n FROM {name}.default.{topic}").first()["n"] == 40
 
     entry = boto3.client("glue", endpoint_url=moto_s3.endpoint, region_name="us-east-1").get_table(

@@ -33,6 +33,7 @@ from tests.spark_jobs.round_support import (
     run_round,
     table,
     table_offsets,
+    tables_catalog,
 )
 from tests.spark_jobs.test_commit_round import clicks
 from tests.support import REPO, BrokerProcess
@@ -67,7 +68,7 @@ def rounds(
 
 
 def spark_rows(spark: Any, broker: BrokerProcess, topic: str) -> list[tuple[int, int, int]]:
-    name = commit_round.use_catalog(spark, getattr(broker, "spec", None) or broker.catalog_url)
+    name = commit_round.use_catalog(spark, tables_catalog(broker))
     return sorted(
         (r["p"], r["o"], r["id"])
         for r in spark.sql(

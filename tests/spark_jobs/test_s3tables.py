@@ -86,7 +86,7 @@ def spark(aws_env: None) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def round_broker(
-    moto_s3: MotoS3, bucket_arn: str, tmp_path_factory: pytest.TempPathFactory
+    moto_s3: MotoS3, bucket_arn: str, spec: CatalogSpec, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
     overrides = {
         "automq.table.topic.catalog.type": "tablebucket",
@@ -99,6 +99,7 @@ def round_broker(
     broker = BrokerProcess(
         tmp_path_factory.mktemp("s3tables") / "home", args, env=MOTO_CREDENTIALS
     ).start()
+    broker.tables_spec = spec
     try:
         yield broker
     finally:
