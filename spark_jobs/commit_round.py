@@ -242,9 +242,9 @@ class CommitRound:
             cluster.object_store, cluster.object_store_endpoint
         )
         self.options = table_setup.TableOptions.of(self.topic)
-        if self.options.format_version >= 3 and self.catalog_spec.type != "rest":
+        if self.options.format_version >= 3 and self.catalog_spec.type not in ("rest", "nessie"):
             raise RoundFailed(
-                f"{self.topic.topic}: automq.table.topic.format.version=3 needs a REST catalog "
+                f"{self.topic.topic}: automq.table.topic.format.version=3 needs a REST or Nessie catalog "
                 f"(automq.table.topic.catalog.type={self.catalog_spec.type} has its clients write "
                 "the metadata files, and pyiceberg 0.12 cannot write v3 ones); use 2"
             )
