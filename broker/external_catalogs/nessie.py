@@ -42,10 +42,10 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
-from pyiceberg.view import View
 
 from broker import iceberg_json
 from broker.catalog.v3 import server_updates
+from broker.external_catalogs.no_views import NoViews
 
 TIMEOUT_S = 30.0
 Change = tuple[Table, tuple[TableRequirement, ...], tuple[TableUpdate, ...]]
@@ -61,7 +61,7 @@ class NessieError(RuntimeError):
     """Nessie answered with an error other than a conflict or a missing key."""
 
 
-class NessieCatalog(MetastoreCatalog):
+class NessieCatalog(NoViews, MetastoreCatalog):
     """Iceberg tables in Nessie at ``uri`` (its API v2), on branch ``ref`` (default ``main``)."""
 
     def __init__(self, name: str, **properties: str):
@@ -324,20 +324,3 @@ class NessieCatalog(MetastoreCatalog):
         updates: Properties = EMPTY_DICT,
     ) -> PropertiesUpdateSummary:
         raise NotImplementedError("namespace properties are not changed by Icefall")
-
-    # ------------------------------------------------------------------ views: none
-
-    def list_views(self, namespace: str | Identifier) -> list[Identifier]:
-        return []
-
-    def view_exists(self, identifier: str | Identifier) -> bool:
-        return False
-
-    def load_view(self, identifier: str | Identifier) -> View:
-        raise NotImplementedError("views are not served by this catalog")
-
-    def drop_view(self, identifier: str | Identifier) -> None:
-        raise NotImplementedError("views are not served by this catalog")
-
-    def register_view(self, identifier: str | Identifier, metadata_location: str) -> View:
-        raise NotImplementedError("views are not served by this catalog")

@@ -47,6 +47,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 
+from broker.external_catalogs.no_views import NoViews
 from broker.external_catalogs.tablebucket import (
     ENDPOINT,
     ENDPOINT_KEY,
@@ -57,7 +58,6 @@ from broker.external_catalogs.tablebucket import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyiceberg.view import View
 
 REGION = "s3tables.region"
 
@@ -67,7 +67,7 @@ def _code(exc: Exception) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
-class S3TablesCatalog(MetastoreCatalog):
+class S3TablesCatalog(NoViews, MetastoreCatalog):
     """pyiceberg's ``Catalog`` on one S3 Tables table bucket (namespaces are one level)."""
 
     def __init__(self, name: str, **properties: str) -> None:
@@ -390,20 +390,3 @@ class S3TablesCatalog(MetastoreCatalog):
         self, identifier: str | Identifier, metadata_location: str, overwrite: bool = False
     ) -> Table:
         raise NotImplementedError("S3 Tables cannot register a table's existing metadata")
-
-    # ------------------------------------------------------------ no views in S3 Tables
-
-    def list_views(self, namespace: str | Identifier) -> list[Identifier]:
-        return []
-
-    def view_exists(self, identifier: str | Identifier) -> bool:
-        return False
-
-    def load_view(self, identifier: str | Identifier) -> View:
-        raise NotImplementedError("S3 Tables has no views")
-
-    def drop_view(self, identifier: str | Identifier) -> None:
-        raise NotImplementedError("S3 Tables has no views")
-
-    def register_view(self, identifier: str | Identifier, metadata_location: str) -> View:
-        raise NotImplementedError("S3 Tables has no views")
