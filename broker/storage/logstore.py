@@ -338,25 +338,34 @@ class LogStore:
         self.partitions[(topic, partition)] = part
         return part
 
-    def drop_chunks(self, part: PartitionLog, count: int) -> list[str]:
-        """Segment retention: drop the partition's oldest ``count`` chunks and move its
-        log start past them (persisted first, then in memory, with no await between,
-        so fetches see either the old log or the new one). Returns the object keys no
-        chunk refers to any more, for the caller to delete."""
-        new_start = part.chunks[count - 1].end_offset
-        keys = self.metadata.drop_chunks_before(part.topic, part.partition, new_start)
-        del part.chunks[:count]
-        del part.chunk_bases[:count]
-        part.log_start_offset = max(part.log_start_offset, new_start)
-        part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
-        return keys
+    async def drop_chunks(self, part: PartitionLog, count: int) -> list[str]:
+        """Segment retention: drop the partition's oldest ``count`` chunks and move its log
+        start past them. Returns the object keys no chunk refers to any more, for the caller
+        to delete (later: ``file.delete.delay.ms``).
+
+        The index rows go first, in a thread, under ``index_lock`` (which the flusher's index
+        write and topic deletion also take, so neither runs in between); the log in memory
+        moves after them. A fetch meanwhile still reads the old chunks, whose objects are
+        not deleted yet. A partition deleted before the lock was ours is left alone."""
+        async with self.index_lock:
+            if self.partitions.get((part.topic, part.partition)) is not part:
+                return []
+            new_start = part.chunks[count - 1].end_offset
+            keys = await asyncio.to_thread(
+                self.metadata.drop_chunks_before, part.topic, part.partition, new_start
+            )
+            del part.chunks[:count]
+            del part.chunk_bases[:count]
+            part.log_start_offset = max(part.log_start_offset, new_start)
+            part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
+            return keys
 
     async def unreferenced_objects(self, keys: list[str]) -> list[str]:
         """Those of ``keys`` no chunk refers to. Checked under the flush lock: a flush
         puts its object before it indexes it, so outside the lock a new object could
         look orphaned."""
         async with self._flush_lock:
-            referenced = self.metadata.object_keys()
+            referenced = await asyncio.to_thread(self.metadata.object_keys)
         return [k for k in keys if k not in referenced]
 
     def forget_cached(self, key: str) -> None:

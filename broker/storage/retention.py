@@ -250,7 +250,7 @@ class Retention:
             {c.topic.name: c for c in candidates if c.policy.table}.values()
         )
         for candidate in candidates:
-            self._trim(candidate, committed.get(candidate.topic.name), now_ms)
+            await self._trim(candidate, committed.get(candidate.topic.name), now_ms)
         await self._delete_due()
         await self._sweep_orphans()
         self.status.passes += 1
@@ -301,7 +301,9 @@ class Retention:
             out[candidate.topic.name] = committed_offsets(checkpoint, str(candidate.topic.topic_id))
         return out
 
-    def _trim(self, candidate: _Candidate, committed: dict[int, int] | None, now_ms: int) -> None:
+    async def _trim(
+        self, candidate: _Candidate, committed: dict[int, int] | None, now_ms: int
+    ) -> None:
         part, chunks, count = candidate.part, candidate.chunks, candidate.count
         key = (part.topic, part.partition)
         if self.logs.partitions.get(key) is not part:
@@ -320,7 +322,7 @@ class Retention:
         if not part.chunks or part.chunks[0] is not chunks[0]:
             return  # only retention removes chunks (from the front, here); be safe if that ever changes
         end = chunks[allowed - 1].end_offset
-        keys = self.logs.drop_chunks(part, allowed)
+        keys = await self.logs.drop_chunks(part, allowed)
         self.status.chunks_deleted += allowed
         self.status.bytes_deleted += sum(chunk_bytes(c) for c in chunks[:allowed])
         due = time.monotonic() + candidate.policy.file_delete_delay_ms / 1000
