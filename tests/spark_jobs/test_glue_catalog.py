@@ -197,7 +197,10 @@ def test_a_v3_table_on_glue_is_refused_naming_the_setting(
     )
     AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 3))
     result = run_round(spark, round_broker, topic)
-    assert result.status == "failed" and "format.version=3 needs a REST or Nessie catalog" in result.message
+    assert (
+        result.status == "failed"
+        and "format.version=3 needs a REST or Nessie catalog" in result.message
+    )
     assert not catalog(round_broker).table_exists(("default", topic))
 
 
