@@ -1082,11 +1082,18 @@ class KafkaHandlers(TransactionApis):
         return R(error_code=ErrorCode.none, groups=groups)
 
     async def delete_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        """As Kafka: a group with members is NON_EMPTY_GROUP; one the broker has neither in memory
+        nor in its committed offsets is GROUP_ID_NOT_FOUND."""
         results = []
         for group_id in req.groups_names:
+            known = group_id in self.groups.groups
             code = self.groups.delete(group_id)
             if code == ErrorCode.none:
-                self.cluster.metadata.delete_group_offsets(group_id)
+                had_offsets = await asyncio.to_thread(
+                    self.cluster.metadata.delete_group_offsets, group_id
+                )
+                if not known and not had_offsets:
+                    code = ErrorCode.group_id_not_found
             results.append({"group_id": group_id, "error_code": code})
         return R(results=results)
 

@@ -601,8 +601,12 @@ class MetadataStore:
     def groups_with_offsets(self) -> list[str]:
         return [g for (g,) in self.db.query("SELECT DISTINCT group_id FROM group_offsets")]
 
-    def delete_group_offsets(self, group_id: str) -> None:
-        self.db.execute("DELETE FROM group_offsets WHERE group_id = ?", (group_id,))
+    def delete_group_offsets(self, group_id: str) -> int:
+        """Deletes the group's committed offsets; how many partitions had one."""
+        rows = self.db.query(
+            "DELETE FROM group_offsets WHERE group_id = ? RETURNING partition", (group_id,)
+        )
+        return len(rows)
 
     # ------------------------------------------------------------ counters
 

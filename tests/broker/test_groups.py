@@ -413,3 +413,30 @@ def test_list_and_describe_groups(broker: BrokerProcess, members: list[Member]) 
         assert kp_admin.describe_groups([group])[group]["members"] == []
     finally:
         kp_admin.close()
+
+
+def test_delete_groups_deletes_offsets_and_names_an_unknown_group(broker: BrokerProcess) -> None:
+    """DeleteGroups: an empty group's committed offsets go; a group the broker never saw is
+    GROUP_ID_NOT_FOUND, as Kafka answers."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    topic, group = "deleted-group-topic", "to-delete"
+    _create(broker, topic, 1)
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, 7)], asynchronous=False)
+    finally:
+        consumer.close()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+    assert [tp.offset for tp in listed[group].result(10).topic_partitions] == [7]
+
+    admin.delete_consumer_groups([group], request_timeout=10)[group].result(10)
+    listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+    assert [tp.offset for tp in listed[group].result(10).topic_partitions] == []
+
+    with pytest.raises(KafkaException) as unknown:
+        admin.delete_consumer_groups(["never-seen"], request_timeout=10)["never-seen"].result(10)
+    assert unknown.value.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND
