@@ -560,15 +560,17 @@ class CommitRound:
             self._catch_up_dlq(heads[0].table.refresh())
 
     def _catch_up_dlq(self, table: Any = None) -> None:
-        """The DLQ rows of the table's last round committed to the DLQ if they are not yet there."""
+        """The DLQ rows of the table's last round committed to the DLQ if they are not yet there;
+        at the round's start (``table`` None) a DLQ reprocess a crash cut in two is finished too."""
         identifier = (self.topic.namespace, dlq.dlq_name(self.topic.table))
-        if table is None:
-            if not self.catalog.table_exists(self.topic.identifier):
-                return
-            table = self.catalog.load_table(self.topic.identifier)
         try:
+            if table is None:
+                if not self.catalog.table_exists(self.topic.identifier):
+                    return
+                table = self.catalog.load_table(self.topic.identifier)
+                dlq_catchup.finish_reprocesses(self.catalog, table, identifier)
             dlq_catchup.catch_up(self.catalog, table, identifier)
-        except (LostRace, dlq_catchup.DlqBehind) as exc:
+        except (LostRace, dlq_catchup.DlqBehind, dlq_catchup.ReprocessUndecided) as exc:
             raise RoundFailed(
                 f"{'.'.join(identifier)} is behind {'.'.join(self.topic.identifier)}: {exc}"
             ) from exc

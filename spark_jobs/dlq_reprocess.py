@@ -9,7 +9,9 @@ It reads the DLQ rows of the topic (``<table>__dlq``), re-reads those offsets
 from the segment objects (the DLQ keeps the bytes, but the segments are the
 source of truth), converts them with the table's current schema (evolved for
 every schema the registry now knows), and in ONE catalog transaction appends
-the rows that now decode to the table and deletes their rows from the DLQ.
+the rows that now decode to the table and deletes their rows from the DLQ (on
+Glue, S3 Tables and REST catalogs without multi-table commits: the table's
+commit, then the DLQ's, which ``dlq_catchup`` finishes after a crash).
 Records that still fail stay in the DLQ, with their old error. Running it
 twice moves nothing twice: the second run no longer finds the moved rows.
 The table's offsets checkpoint is not touched (these offsets were committed
@@ -44,7 +46,7 @@ from pyiceberg.table import Table
 from broker import checkpoint
 from broker.config import ObjectStoreConfig, object_store_from_env
 from broker.contracts import CatalogSpec, ReprocessResult
-from spark_jobs import job_args, job_output
+from spark_jobs import commit_round, job_args, job_output
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
 from spark_jobs.commit_round import (
     DEFAULT_DRIVER_MAX_BYTES,
@@ -67,6 +69,7 @@ from spark_jobs.rounds import tasks as round_tasks
 from spark_jobs.rounds import writers as round_writers
 from spark_jobs.rounds.publish import (
     BranchHead,
+    LostRace,
     branch_name,
     create_branch,
     drop_branch,
@@ -78,7 +81,7 @@ from spark_jobs.rounds.publish import (
 from spark_jobs.rounds.tasks import TaskSpec, run_in_driver, run_tasks
 
 log = logging.getLogger("icefall.dlq_reprocess")
-REPROCESSED = "icefall.dlq-reprocessed"
+REPROCESSED = dlq_catchup.REPROCESSED
 
 
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:
@@ -90,19 +93,6 @@ def _runs(offsets: list[int]) -> list[tuple[int, int]]:
         else:
             out.append((o, o + 1))
     return out
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _dlq_filter(topic: str, by_partition: dict[int, list[int]]) -> str:
-    """The DLQ rows of these offsets, as a pyiceberg filter expression."""
-    either = " OR ".join(
-        f"(partition = {p} AND offset IN ({', '.join(map(str, sorted(set(offsets))))}))"
-        for p, offsets in sorted(by_partition.items())
-    )
-    return f"topic = {_literal(topic)} AND ({either})"
 
 
 @dataclass
@@ -183,13 +173,7 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     topic = admin.table_topic(args.topic)
     catalog_spec = table_setup.job_catalog(args.catalog_url, cluster)
     store = object_store_from_env(cluster.object_store, cluster.object_store_endpoint)
-    if not dlq_catchup.multi_table_commits(catalog_spec):
-        raise NotImplementedError(
-            f"the DLQ reprocess moves rows between {topic.table} and its DLQ in one multi-table "
-            f"commit, which automq.table.topic.catalog.type={catalog_spec.type} at "
-            f"{catalog_spec.uri or 'its endpoint'} does not offer "
-            f"({dlq_catchup.TRANSACTIONS_ENDPOINT}); not built for such catalogs yet, nothing moved"
-        )
+    multi_table = dlq_catchup.multi_table_commits(catalog_spec)
     if topic.settings.convert_value_type == "json":
         raise NotImplementedError(
             f"{topic.topic} has JSON values (convert.value.type=json): their DLQ records "
@@ -215,8 +199,12 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     if not job.catalog.table_exists(dlq_ident) or not job.catalog.table_exists(topic.identifier):
         result.message = "no DLQ table"
         return result
+    if not multi_table:  # a reprocess a crash cut between its table and DLQ commits, finished first
+        dlq_catchup.finish_reprocesses(
+            job.catalog, job.catalog.load_table(topic.identifier), dlq_ident
+        )
     dlq_table = job.catalog.load_table(dlq_ident)
-    bad = dlq_table.scan(row_filter=f"topic = {_literal(topic.topic)}").to_arrow()
+    bad = dlq_table.scan(row_filter=f"topic = {dlq_catchup.sql_literal(topic.topic)}").to_arrow()
     result.dlq_rows = bad.num_rows
     if not bad.num_rows:
         result.message = "the DLQ has no rows of this topic"
@@ -282,7 +270,9 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     def delete_moved(target: Table) -> None:
         with target.transaction() as tx:
             tx.delete(
-                _dlq_filter(topic.topic, moved), snapshot_properties=properties, branch=branch
+                dlq_catchup.dlq_filter(topic.topic, moved),
+                snapshot_properties=properties,
+                branch=branch,
             )
 
     dlq_table = write_to_branch(dlq_table.refresh(), delete_moved)
@@ -293,7 +283,16 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
         round_snapshot(dlq_table, branch, dlq_parent),
         tag_checkpoint=False,
     )
-    publish(job.catalog, [*heads, dlq_head], job.catalog_spec.uri)
+    if multi_table or not heads:
+        publish(job.catalog, [*heads, dlq_head], job.catalog_spec.uri)
+    else:  # the table first (its round id says the rows are in), then the DLQ (dlq_catchup)
+        try:
+            publish(job.catalog, heads)
+        except LostRace:
+            drop_branch(job.catalog, dlq_table.refresh(), branch)
+            raise
+        commit_round._kill_point("between_commits")
+        dlq_catchup.finish_reprocess(job.catalog, dlq_table.refresh(), branch)
     result.status = "moved"
     result.snapshot_id = heads[0].snapshot_id if heads else None
     result.dlq_snapshot_id = dlq_head.snapshot_id

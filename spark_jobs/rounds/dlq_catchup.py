@@ -11,11 +11,23 @@ again on top. A crash between the two commits leaves the table ahead of its DLQ 
 branch in place, so every round first runs ``catch_up`` again before planning: a DLQ whose
 ``main`` already holds the checkpoint's round id is left alone, so it runs any number of times
 and appends each round's DLQ rows once.
+
+A DLQ reprocess is the same two commits the other way round: rows go into the table and out of
+the DLQ. The table commit goes first again (its snapshot carries the reprocess's round id); the
+DLQ's deletion waits on a branch of the DLQ named after that round id, its snapshot marked
+``icefall.dlq-reprocessed``. After the table commit ``finish_reprocess`` fast-forwards the DLQ
+to that branch, or, when the DLQ's ``main`` moved meanwhile, deletes the same rows from it
+again (deleting rows already gone deletes nothing). A crash between the two leaves the rows in
+both tables and the branch in place; before the next round or reprocess plans,
+``finish_reprocesses`` finds every such branch and finishes it when the table holds its round
+id, or drops it when the table's commit never happened. So a record leaves the DLQ once and is
+written to the table once, whichever step a crash interrupts.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -25,8 +37,10 @@ from pyiceberg.expressions import EqualTo
 from pyiceberg.table import Table
 
 from broker import checkpoint
+from broker.checkpoint import ROUND_BRANCH_PREFIX
 from broker.contracts import CatalogSpec
 from spark_jobs.rounds.publish import (
+    STALE_BRANCH_MS,
     BranchHead,
     LostRace,
     branch_name,
@@ -37,12 +51,18 @@ from spark_jobs.rounds.publish import (
 
 log = logging.getLogger(__name__)
 DLQ_ROWS = "icefall.dlq-rows"
+REPROCESSED = "icefall.dlq-reprocessed"  # a reprocess's snapshots: DLQ records that decode now
 TRANSACTIONS_ENDPOINT = "POST /v1/{prefix}/transactions/commit"
 CATCH_UP_ATTEMPTS = 5
+CLOCK_SKEW_MS = 5 * 60 * 1000  # snapshot times come from the writers' clocks
 
 
 class DlqBehind(RuntimeError):
     """The table holds a round whose DLQ rows are not in the DLQ and cannot be found again."""
+
+
+class ReprocessUndecided(RuntimeError):
+    """A reprocess's DLQ branch whose table commit can no longer be told (expired snapshots)."""
 
 
 def rest_endpoints_allow_transactions(config: dict[str, object]) -> bool:
@@ -179,3 +199,124 @@ def _lost(round_id: str, dlq: tuple[str, str], rows: int, why: str) -> str:
         f"the table holds round {round_id}, whose {rows} DLQ rows are not in "
         f"{'.'.join(dlq)} and cannot be found again ({why})"
     )
+
+
+def sql_literal(text: str) -> str:
+    """``text`` as a string literal of pyiceberg's filter expressions."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def dlq_filter(topic: str, by_partition: dict[int, list[int]]) -> str:
+    """The DLQ rows of these offsets, as a pyiceberg filter expression."""
+    either = " OR ".join(
+        f"(partition = {p} AND offset IN ({', '.join(map(str, sorted(set(offsets))))}))"
+        for p, offsets in sorted(by_partition.items())
+    )
+    return f"topic = {sql_literal(topic)} AND ({either})"
+
+
+def finish_reprocesses(catalog: Catalog, table: Table, dlq_identifier: tuple[str, str]) -> int:
+    """Every DLQ deletion a reprocess left on a branch (a crash between its two commits):
+    finished when ``table`` holds the reprocess's round, dropped when it does not; how many
+    were finished. A branch younger than an hour whose table commit has not happened may be a
+    reprocess still running: it is left alone (``publish`` drops it once it is stale)."""
+    try:
+        dlq = catalog.load_table(dlq_identifier)
+    except NoSuchTableError:
+        return 0
+    finished = 0
+    now_ms = int(time.time() * 1000)
+    for branch, ref in list(dlq.metadata.refs.items()):
+        staged = dlq.metadata.snapshot_by_id(ref.snapshot_id)
+        if not branch.startswith(ROUND_BRANCH_PREFIX) or staged is None:
+            continue
+        properties = checkpoint.summary_properties(staged)
+        round_id = properties.get(checkpoint.ROUND_ID)
+        if REPROCESSED not in properties or round_id is None:
+            continue  # a round's DLQ rows: catch_up's
+        committed = _committed_since(table, round_id, staged.timestamp_ms)
+        if committed is None:
+            raise ReprocessUndecided(
+                f"the DLQ reprocess {round_id} left branch {branch} on {'.'.join(dlq_identifier)} "
+                f"and the snapshots of {table.name()} that would tell whether it committed have "
+                "expired; drop the branch once you have checked its rows are not in the table"
+            )
+        if committed:
+            finish_reprocess(catalog, dlq, branch)
+            finished += 1
+        elif now_ms - staged.timestamp_ms > STALE_BRANCH_MS:
+            log.info("dropping %s of %s: its reprocess never committed", branch, dlq.name())
+            drop_branch(catalog, dlq, branch)
+        dlq = dlq.refresh()
+    return finished
+
+
+def finish_reprocess(catalog: Catalog, dlq: Table, branch: str) -> None:
+    """The DLQ's half of a reprocess whose table commit is done: ``main`` fast-forwarded to the
+    deletion staged on ``branch``, or, when ``main`` moved since, the same rows deleted on top."""
+    for _ in range(CATCH_UP_ATTEMPTS):
+        ref = dlq.metadata.refs.get(branch)
+        staged = dlq.metadata.snapshot_by_id(ref.snapshot_id) if ref is not None else None
+        if staged is None:
+            return  # another caller finished it
+        try:
+            if staged.parent_snapshot_id == main_snapshot_id(dlq):
+                publish(
+                    catalog,
+                    [BranchHead(dlq, branch, staged.parent_snapshot_id, staged.snapshot_id, False)],
+                )
+            else:
+                _delete_again(dlq, staged.parent_snapshot_id, staged.snapshot_id)
+                drop_branch(catalog, dlq.refresh(), branch)
+        except (LostRace, CommitFailedException) as exc:
+            log.info("finishing %s on %s lost a race (%s); again", branch, dlq.name(), exc)
+            dlq = dlq.refresh()
+            continue
+        log.info("the DLQ deletion on %s of %s is on main", branch, dlq.name())
+        return
+    raise LostRace(f"other writers kept moving the main of {dlq.name()}")
+
+
+def _delete_again(dlq: Table, parent_id: int | None, staged_id: int) -> None:
+    """The rows the staged snapshot deleted from its parent, deleted from ``main``."""
+    columns = ("topic", "partition", "offset")
+    before = (
+        dlq.scan(snapshot_id=parent_id, selected_fields=columns).to_arrow().to_pylist()
+        if parent_id is not None
+        else []
+    )
+    after = dlq.scan(snapshot_id=staged_id, selected_fields=columns).to_arrow().to_pylist()
+    kept = {(r["topic"], r["partition"], r["offset"]) for r in after}
+    gone: dict[str, dict[int, list[int]]] = {}
+    for r in before:
+        if (r["topic"], r["partition"], r["offset"]) not in kept:
+            gone.setdefault(r["topic"], {}).setdefault(int(r["partition"]), []).append(
+                int(r["offset"])
+            )
+    staged = dlq.metadata.snapshot_by_id(staged_id)
+    assert staged is not None
+    properties = {
+        k: v
+        for k, v in checkpoint.summary_properties(staged).items()
+        if k in (checkpoint.ROUND_ID, REPROCESSED)
+    }
+    with dlq.transaction() as tx:
+        for topic, by_partition in gone.items():
+            tx.delete(dlq_filter(topic, by_partition), snapshot_properties=properties)
+
+
+def _committed_since(table: Table, round_id: str, since_ms: int) -> bool | None:
+    """Whether ``main``'s ancestry holds ``round_id``'s snapshot, looking back to the first
+    snapshot older than ``since_ms`` (the reprocess committed its table after that); None when
+    the ancestry ends in expired snapshots before telling."""
+    snapshot_id = main_snapshot_id(table)
+    while snapshot_id is not None:
+        snapshot = table.metadata.snapshot_by_id(snapshot_id)
+        if snapshot is None:
+            return None
+        if checkpoint.summary_properties(snapshot).get(checkpoint.ROUND_ID) == round_id:
+            return True
+        if snapshot.timestamp_ms < since_ms - CLOCK_SKEW_MS:
+            return False
+        snapshot_id = snapshot.parent_snapshot_id
+    return False

@@ -20,6 +20,7 @@ import boto3
 import pytest
 from icefall_airflow.status import all_statuses
 
+from broker import checkpoint
 from broker.catalog.glue_check import glue_problem
 from broker.contracts import CatalogSpec
 from spark_jobs import commit_round, dlq_reprocess
@@ -28,6 +29,7 @@ from tests.conftest import MOTO_CREDENTIALS, MotoS3
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
+    SimulatedCrash,
     catalog,
     crash_round_at,
     new_topic,
@@ -41,6 +43,7 @@ from tests.spark_jobs.test_maintenance import (  # noqa: F401 -- collected here,
 )
 from tests.spark_jobs.test_round_dlq import (  # noqa: F401
     GATE_OFF,
+    LateSchema,
     dlq_rows,
     mixed,
     test_invalid_data_goes_to_the_dlq_in_the_same_commit,
@@ -182,11 +185,85 @@ def test_a_round_killed_between_the_table_and_dlq_commits_is_repaired_once(
     assert sorted(good + [r["offset"] for r in dlq_rows(round_broker, topic)]) == list(range(19))
     assert not [r for r in table(round_broker, f"{topic}__dlq").metadata.refs if "round" in r]
 
-    if not dlq_moved:
-        code, out = dlq_reprocess.run(
+
+def test_reprocess_without_multi_table_commits_commits_the_table_then_the_dlq(
+    spark: Any, round_broker: GlueBroker
+) -> None:
+    topic = new_topic(round_broker, partitions=1, configs=GATE_OFF)
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 2))
+    late = LateSchema(round_broker, topic)
+    late.send(clicks(2, 2, campaign="y"))
+    assert run_round(spark, round_broker, topic).dlq_rows == 2
+    late.register()
+    code, moved = dlq_reprocess.run(
+        ["--admin-url", round_broker.admin_url, "--topic", topic], spark
+    )
+    assert (code, moved["status"], moved["moved"]) == (0, "moved", 2), moved
+    assert dlq_rows(round_broker, topic) == []
+    assert sorted(o for _, o in table_offsets(round_broker, topic)) == [0, 1, 2, 3]
+    dlq_table = table(round_broker, f"{topic}__dlq")
+    assert not [r for r in dlq_table.metadata.refs if "round" in r]
+    assert present(dlq_table.current_snapshot()).summary is not None
+    assert (
+        checkpoint.summary_properties(present(dlq_table.current_snapshot())).get(
+            dlq_catchup.REPROCESSED
+        )
+        == "2"
+    )
+
+
+@pytest.mark.parametrize(
+    ("repaired_by", "dlq_moved"),
+    [("reprocess", False), ("round", False), ("reprocess", True)],
+    ids=["reprocess_fast_forward", "round_fast_forward", "reprocess_dlq_main_moved"],
+)
+def test_a_reprocess_killed_between_the_table_and_dlq_commits_is_finished_once(
+    repaired_by: str,
+    dlq_moved: bool,
+    spark: Any,
+    round_broker: GlueBroker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Glue commits one table at a time: the reprocess commits the table, then the DLQ's
+    deletion. Killed between the two, the next reprocess or round finishes the deletion, and no
+    record is in the table twice or in both tables. ``dlq_main_moved``: another writer moved the
+    DLQ's ``main`` after the crash, so the rows are deleted again on top of it."""
+    topic = new_topic(round_broker, partitions=1, configs=GATE_OFF)
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 4))
+    late = LateSchema(round_broker, topic)
+    late.send(clicks(4, 3, campaign="x"))
+    first = run_round(spark, round_broker, topic)
+    assert (first.rows, first.dlq_rows) == (4, 3), first.message
+    late.register()
+
+    def crash(name: str) -> None:
+        if name == "between_commits":
+            raise SimulatedCrash(name)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(commit_round, "_kill_point", crash)
+        with pytest.raises(SimulatedCrash):
+            dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert sorted(o for _, o in table_offsets(round_broker, topic)) == list(range(7))
+    assert [r["offset"] for r in dlq_rows(round_broker, topic)] == [4, 5, 6]  # not deleted yet
+    if dlq_moved:
+        dlq_table = table(round_broker, f"{topic}__dlq")
+        with dlq_table.transaction() as tx, tx.update_snapshot().fast_append():
+            pass
+
+    if repaired_by == "round":
+        assert run_round(spark, round_broker, topic).status == "nothing_new"
+    else:
+        code, again = dlq_reprocess.run(
             ["--admin-url", round_broker.admin_url, "--topic", topic], spark
         )
-        assert code == 1 and "type=glue" in out["message"] and "nothing moved" in out["message"]
+        assert (code, again["status"], again["dlq_rows"]) == (0, "nothing_to_move", 0), again
+    assert dlq_rows(round_broker, topic) == []
+    assert sorted(o for _, o in table_offsets(round_broker, topic)) == list(range(7))
+    assert not [r for r in table(round_broker, f"{topic}__dlq").metadata.refs if "round" in r]
+    code, last = dlq_reprocess.run(["--admin-url", round_broker.admin_url, "--topic", topic], spark)
+    assert (code, last["status"]) == (0, "nothing_to_move"), last
+    assert sorted(o for _, o in table_offsets(round_broker, topic)) == list(range(7))
 
 
 def test_a_v3_table_on_glue_is_refused_naming_the_setting(
