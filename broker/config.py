@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from broker.contracts import CatalogSpec
-from broker.external_catalogs import tablebucket
+from broker.external_catalogs import catalog_properties, tablebucket
 
 CATALOG_PREFIX = "automq.table.topic.catalog."
 CatalogType = Literal["rest", "glue", "tablebucket", "nessie"]
@@ -91,6 +91,15 @@ class CatalogConfig(BaseModel):
     properties: dict[str, str] = Field(
         default_factory=dict, description="Iceberg catalog properties"
     )
+
+    @field_validator("properties")
+    @classmethod
+    def _known_properties(cls, value: dict[str, str]) -> dict[str, str]:
+        """A misspelt property would be ignored by pyiceberg and Spark alike: refused here."""
+        problem = catalog_properties.unknown_property_problem(value, CATALOG_PREFIX)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @property
     def builtin(self) -> bool:

@@ -101,6 +101,34 @@ def test_unknown_keys_and_bad_values_name_the_setting(tmp_path: Path) -> None:
         parse(["--override", "no-equals-sign"])
 
 
+def test_an_unknown_catalog_property_is_refused_naming_the_nearest_one() -> None:
+    """pyiceberg and Spark ignore a property they do not read; the broker refuses it at start."""
+    glue = ["--override", "automq.table.topic.catalog.type=glue", "--warehouse", "s3://b/w"]
+    with pytest.raises(
+        ConfigError,
+        match=r"automq.table.topic.catalog.glue.endpiont \(did you mean "
+        r"automq.table.topic.catalog.glue.endpoint\?\)",
+    ):
+        parse([*glue, "--override", "automq.table.topic.catalog.glue.endpiont=http://x"])
+    with pytest.raises(ConfigError, match=r"automq.table.topic.catalog.s3.path-style-acess"):
+        parse([*glue, "--override", "automq.table.topic.catalog.s3.path-style-acess=true"])
+    accepted = parse(
+        [
+            *glue,
+            "--override",
+            "automq.table.topic.catalog.glue.endpoint=http://127.0.0.1:5000",
+            "--override",
+            "automq.table.topic.catalog.s3.path-style-access=true",
+            "--override",
+            "automq.table.topic.catalog.header.X-Iceberg-Access-Delegation=vended-credentials",
+            "--override",
+            "automq.table.topic.catalog.table-default.write.format.default=parquet",
+        ]
+    )
+    assert accepted.catalog.properties["glue.endpoint"] == "http://127.0.0.1:5000"
+    assert "header.X-Iceberg-Access-Delegation" in accepted.catalog.properties
+
+
 def test_the_cli_reports_a_bad_config_and_exits_2(tmp_path: Path) -> None:
     props = tmp_path / "server.properties"
     props.write_text("automq.table.topic.catalog.type=hive\n")
