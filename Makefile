@@ -11,6 +11,8 @@ JARS := $(VENV)/share/icefall/jars
 REST_FIXTURE_JARS := $(VENV)/share/icefall/test-jars/iceberg-rest-fixture
 # Project Nessie's server (one runner jar; it needs Java 21+), for the tests of a Nessie catalog (tests/jvm).
 NESSIE_JARS := $(VENV)/share/icefall/test-jars/nessie
+# Apache Kafka's Java client, command-line tools and broker, for the tests that run them (tests/jvm).
+KAFKA_JARS := $(VENV)/share/icefall/test-jars/kafka
 # The C extensions (built in place by the editable install).
 EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jobs/_kafka_records.c
 # What the linters look at.
@@ -60,7 +62,7 @@ system-deps:
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up
 
-test: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned
+test: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned $(KAFKA_JARS)/.pinned
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 $(REST_FIXTURE_JARS)/.pinned: tests/jvm/iceberg-rest-fixture/pom.xml tests/jvm/iceberg-rest-fixture/jars.sha256 $(JARS)/.pinned
@@ -75,6 +77,13 @@ $(NESSIE_JARS)/.pinned: tests/jvm/nessie/pom.xml tests/jvm/nessie/jars.sha256
 	mvn -q -B -f tests/jvm/nessie/pom.xml dependency:copy-dependencies \
 	  -DoutputDirectory=$(CURDIR)/$(NESSIE_JARS)
 	cd $(NESSIE_JARS) && sha256sum --strict --quiet -c $(CURDIR)/tests/jvm/nessie/jars.sha256
+	touch $@
+
+$(KAFKA_JARS)/.pinned: tests/jvm/kafka/pom.xml tests/jvm/kafka/jars.sha256 $(JARS)/.pinned
+	rm -rf $(KAFKA_JARS) && mkdir -p $(KAFKA_JARS)
+	mvn -q -B -f tests/jvm/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	  -DoutputDirectory=$(CURDIR)/$(KAFKA_JARS)
+	cd $(KAFKA_JARS) && sha256sum --strict --quiet -c $(CURDIR)/tests/jvm/kafka/jars.sha256
 	touch $@
 
 # The quick loop: tests without a broker process, S3 server, Spark or Airflow (markers: tests/conftest.py).

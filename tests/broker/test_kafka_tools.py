@@ -1,0 +1,231 @@
+"""Apache Kafka's own tools and Java client against the broker: what a Kafka user types
+(kafka-topics, kafka-configs, the console producer and consumer, kafka-consumer-groups,
+kafka-transactions, the perf tools), from Kafka 4.1's Maven Central jars (tests/kafka_tools.py).
+
+One broker for the module: each tool is a JVM start (about a second), and the tests keep apart
+by topic and group names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kafka_tools import kafka_tool
+from tests.support import BrokerProcess, wait_for
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    process = BrokerProcess(
+        tmp_path_factory.mktemp("kafka-tools") / "home", ["--segment-flush-ms", "200"]
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def bootstrap(broker: BrokerProcess) -> list[str]:
+    return ["--bootstrap-server", broker.bootstrap]
+
+
+def test_kafka_topics_creates_describes_lists_and_deletes(broker: BrokerProcess) -> None:
+    b = bootstrap(broker)
+    created = kafka_tool(
+        "kafka-topics", *b, "--create", "--topic", "tools-topic", "--partitions", "3"
+    )
+    assert "Created topic tools-topic." in created.stdout
+    described = kafka_tool("kafka-topics", *b, "--describe", "--topic", "tools-topic").stdout
+    assert re.search(r"Topic: tools-topic\s+TopicId: \S+\s+PartitionCount: 3", described)
+    assert len(re.findall(r"Partition: \d+\s+Leader: 0", described)) == 3
+    again = kafka_tool(
+        "kafka-topics", *b, "--create", "--topic", "tools-topic", "--partitions", "1", check=False
+    )
+    assert again.returncode != 0 and "already exists" in again.stdout + again.stderr
+    kafka_tool("kafka-topics", *b, "--alter", "--topic", "tools-topic", "--partitions", "5")
+    assert "PartitionCount: 5" in (
+        kafka_tool("kafka-topics", *b, "--describe", "--topic", "tools-topic").stdout
+    )
+    assert "tools-topic" in kafka_tool("kafka-topics", *b, "--list").stdout.split()
+    kafka_tool("kafka-topics", *b, "--delete", "--topic", "tools-topic")
+    wait_for(
+        lambda: "tools-topic" not in kafka_tool("kafka-topics", *b, "--list").stdout.split(),
+        30,
+        what="kafka-topics --list to lose the deleted topic",
+    )
+
+
+def test_kafka_configs_alters_topic_and_table_topic_configs(broker: BrokerProcess) -> None:
+    b = bootstrap(broker)
+    kafka_tool("kafka-topics", *b, "--create", "--topic", "configured", "--partitions", "1")
+    topic = ["--entity-type", "topics", "--entity-name", "configured"]
+    kafka_tool(
+        "kafka-configs",
+        *b,
+        *topic,
+        "--alter",
+        "--add-config",
+        "retention.ms=3600000,automq.table.topic.enable=true,"
+        "automq.table.topic.commit.interval.ms=30000",
+    )
+    described = kafka_tool("kafka-configs", *b, *topic, "--describe").stdout
+    assert "retention.ms=3600000" in described
+    assert "automq.table.topic.enable=true" in described
+    assert "automq.table.topic.commit.interval.ms=30000" in described
+    kafka_tool("kafka-configs", *b, *topic, "--alter", "--delete-config", "retention.ms")
+    described = kafka_tool("kafka-configs", *b, *topic, "--describe").stdout
+    assert "retention.ms=3600000" not in described and "automq.table.topic.enable=true" in described
+
+    bad = kafka_tool(
+        "kafka-configs",
+        *b,
+        *topic,
+        "--alter",
+        "--add-config",
+        "automq.table.topic.commit.interval.ms=soon",
+        check=False,
+    )
+    assert bad.returncode != 0
+    assert "automq.table.topic.commit.interval.ms" in bad.stdout + bad.stderr
+    broker_configs = kafka_tool(
+        "kafka-configs", *b, "--entity-type", "brokers", "--entity-name", "0", "--describe", "--all"
+    ).stdout
+    assert "broker.id=0" in broker_configs
+
+
+def test_console_producer_consumer_and_consumer_groups(broker: BrokerProcess) -> None:
+    b = bootstrap(broker)
+    kafka_tool("kafka-topics", *b, "--create", "--topic", "console", "--partitions", "2")
+    lines = [f"k{i}:v{i}" for i in range(10)]
+    kafka_tool(
+        "kafka-console-producer",
+        *b,
+        "--topic",
+        "console",
+        "--property",
+        "parse.key=true",
+        "--property",
+        "key.separator=:",
+        stdin="\n".join(lines) + "\n",
+    )
+    consumed = kafka_tool(
+        "kafka-console-consumer",
+        *b,
+        "--topic",
+        "console",
+        "--from-beginning",
+        "--max-messages",
+        "10",
+        "--group",
+        "console-group",
+        "--property",
+        "print.key=true",
+        "--property",
+        "key.separator=:",
+    ).stdout.split()
+    assert sorted(consumed) == sorted(lines)
+
+    group = ["--group", "console-group"]
+    described = kafka_tool("kafka-consumer-groups", *b, "--describe", *group).stdout
+    rows = [line.split() for line in described.splitlines() if line.startswith("console-group")]
+    assert len(rows) == 2 and sum(int(r[3]) for r in rows) == 10, described
+    assert all(r[3] == r[4] and r[5] == "0" for r in rows), described  # no lag
+    assert "console-group" in kafka_tool("kafka-consumer-groups", *b, "--list").stdout.split()
+
+    kafka_tool(
+        "kafka-consumer-groups",
+        *b,
+        *group,
+        "--reset-offsets",
+        "--to-earliest",
+        "--topic",
+        "console",
+        "--execute",
+    )
+    described = kafka_tool("kafka-consumer-groups", *b, "--describe", *group).stdout
+    rows = [line.split() for line in described.splitlines() if line.startswith("console-group")]
+    assert [r[3] for r in rows] == ["0", "0"] and sum(int(r[5]) for r in rows) == 10, described
+    kafka_tool("kafka-consumer-groups", *b, "--delete", *group)
+    assert "console-group" not in kafka_tool("kafka-consumer-groups", *b, "--list").stdout.split()
+
+
+def test_java_transactional_producer_and_read_committed_consumer(broker: BrokerProcess) -> None:
+    """kafka-producer-perf-test with a transactional id: the Java client's InitProducerId,
+    AddPartitionsToTxn and EndTxn every 100 ms; a read_committed console consumer sees every
+    record, and kafka-transactions describes the finished transaction."""
+    b = bootstrap(broker)
+    kafka_tool("kafka-topics", *b, "--create", "--topic", "txn-tools", "--partitions", "3")
+    sent = kafka_tool(
+        "kafka-producer-perf-test",
+        "--topic",
+        "txn-tools",
+        "--num-records",
+        "5000",
+        "--record-size",
+        "100",
+        "--throughput",
+        "-1",
+        "--transactional-id",
+        "tools-txn",
+        "--transaction-duration-ms",
+        "100",
+        "--producer-props",
+        f"bootstrap.servers={broker.bootstrap}",
+        "acks=all",
+    ).stdout
+    assert re.search(r"^5000 records sent", sent, re.M), sent
+    listed = kafka_tool("kafka-transactions", *b, "list").stdout
+    assert re.search(r"^tools-txn\s+0\s+\d+\s+CompleteCommit", listed, re.M), listed
+    described = kafka_tool(
+        "kafka-transactions", *b, "describe", "--transactional-id", "tools-txn"
+    ).stdout
+    assert "CompleteCommit" in described
+    consumed = kafka_tool(
+        "kafka-console-consumer",
+        *b,
+        "--topic",
+        "txn-tools",
+        "--from-beginning",
+        "--max-messages",
+        "5000",
+        "--isolation-level",
+        "read_committed",
+        "--timeout-ms",
+        "60000",
+    ).stdout.splitlines()
+    assert len(consumed) == 5000
+    offsets = kafka_tool("kafka-get-offsets", *b, "--topic", "txn-tools").stdout
+    ends = [int(line.rsplit(":", 1)[1]) for line in offsets.split()]
+    assert sum(ends) > 5000  # the log also holds the commit markers, as Kafka's does
+
+
+def test_perf_tools_produce_and_consume_every_record(broker: BrokerProcess, tmp_path: Path) -> None:
+    b = bootstrap(broker)
+    kafka_tool("kafka-topics", *b, "--create", "--topic", "perf-tools", "--partitions", "2")
+    sent = kafka_tool(
+        "kafka-producer-perf-test",
+        "--topic",
+        "perf-tools",
+        "--num-records",
+        "20000",
+        "--record-size",
+        "200",
+        "--throughput",
+        "-1",
+        "--producer-props",
+        f"bootstrap.servers={broker.bootstrap}",
+        "acks=all",
+        "enable.idempotence=true",
+    ).stdout
+    assert re.search(r"^20000 records sent", sent, re.M), sent
+    consumed = kafka_tool(
+        "kafka-consumer-perf-test", *b, "--topic", "perf-tools", "--messages", "20000"
+    ).stdout
+    row = consumed.strip().splitlines()[-1].split(", ")
+    assert int(row[4]) == 20000, consumed  # data.consumed.in.nMsg
+    offsets = kafka_tool("kafka-get-offsets", *b, "--topic", "perf-tools").stdout
+    assert sum(int(line.rsplit(":", 1)[1]) for line in offsets.split()) == 20000
