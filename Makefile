@@ -13,6 +13,8 @@ REST_FIXTURE_JARS := $(VENV)/share/icefall/test-jars/iceberg-rest-fixture
 NESSIE_JARS := $(VENV)/share/icefall/test-jars/nessie
 # Apache Kafka's Java client, command-line tools and broker, for the tests that run them (tests/jvm).
 KAFKA_JARS := $(VENV)/share/icefall/test-jars/kafka
+# Spark Structured Streaming's Kafka source, for the test that reads a topic with it (tests/jvm).
+SPARK_KAFKA_JARS := $(VENV)/share/icefall/test-jars/spark-kafka
 # The C extensions (built in place by the editable install).
 EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jobs/_kafka_records.c
 # What the linters look at.
@@ -62,7 +64,8 @@ system-deps:
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up
 
-test: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned $(KAFKA_JARS)/.pinned
+test: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned $(KAFKA_JARS)/.pinned \
+      $(SPARK_KAFKA_JARS)/.pinned
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 $(REST_FIXTURE_JARS)/.pinned: tests/jvm/iceberg-rest-fixture/pom.xml tests/jvm/iceberg-rest-fixture/jars.sha256 $(JARS)/.pinned
@@ -84,6 +87,13 @@ $(KAFKA_JARS)/.pinned: tests/jvm/kafka/pom.xml tests/jvm/kafka/jars.sha256 $(JAR
 	mvn -q -B -f tests/jvm/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
 	  -DoutputDirectory=$(CURDIR)/$(KAFKA_JARS)
 	cd $(KAFKA_JARS) && sha256sum --strict --quiet -c $(CURDIR)/tests/jvm/kafka/jars.sha256
+	touch $@
+
+$(SPARK_KAFKA_JARS)/.pinned: tests/jvm/spark-kafka/pom.xml tests/jvm/spark-kafka/jars.sha256 $(JARS)/.pinned
+	rm -rf $(SPARK_KAFKA_JARS) && mkdir -p $(SPARK_KAFKA_JARS)
+	mvn -q -B -f tests/jvm/spark-kafka/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/$(SPARK_KAFKA_JARS)
+	cd $(SPARK_KAFKA_JARS) && sha256sum --strict --quiet -c $(CURDIR)/tests/jvm/spark-kafka/jars.sha256
 	touch $@
 
 # The quick loop: tests without a broker process, S3 server, Spark or Airflow (markers: tests/conftest.py).
