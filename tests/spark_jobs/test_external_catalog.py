@@ -138,3 +138,27 @@ def test_retention_follows_the_checkpoint_in_the_external_catalog(
     assert run_round(spark, round_broker, topic).status == "committed"
     wait_for(lambda: log_start() == 20, 30, what="retention past the external catalog's checkpoint")
     assert table_offsets(round_broker, topic) == sorted(producer.acked)
+
+
+def test_lag_and_the_airflow_view_read_the_tables_catalog(
+    spark: Any, round_broker: BrokerProcess
+) -> None:
+    """The broker's lag (``/pending``, the size trigger's and ``/metrics``' figure) and the
+    Airflow "Table topics" view read the checkpoint in the catalog that holds the tables, and
+    the view says who maintains them (S3 Tables for a table bucket, Icefall otherwise)."""
+    from icefall_airflow.status import all_statuses
+
+    from spark_jobs.maintain.s3tables import maintainer
+
+    topic = new_topic(round_broker, partitions=1)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 12))
+    assert run_round(spark, round_broker, topic).status == "committed"
+    producer.send(clicks(12, 3))
+    pending: Any = round_broker.admin(f"/v1/topics/{topic}/pending")
+    assert (pending["committed_offsets"], pending["records"]) == ({"0": 12}, 3), pending
+    cluster = http_json(round_broker.admin_url + "/v1/cluster")
+    view = all_statuses(round_broker.admin_url)
+    row = next(r for r in view["tables"] if r["topic"] == topic)
+    assert (row["error"], row["committed_offsets"], row["rows"]) == (None, {"0": 12}, 12), row
+    assert row["maintained_by"] == maintainer(cluster["catalog"]["type"])

@@ -38,6 +38,9 @@ from tests.spark_jobs.round_support import (
     table_offsets,
 )
 from tests.spark_jobs.test_commit_round import clicks
+from tests.spark_jobs.test_external_catalog import (  # noqa: F401 -- collected here, on Glue
+    test_retention_follows_the_checkpoint_in_the_external_catalog,
+)
 from tests.spark_jobs.test_maintenance import (  # noqa: F401 -- collected here, on Glue
     test_compaction_then_expiry_keeps_rows_and_the_checkpoint,
 )
@@ -78,6 +81,8 @@ def glue_broker_args(bucket: str, properties: dict[str, str]) -> list[str]:
     args = [
         "--segment-flush-ms",
         "100",
+        "--retention-check-interval-ms",
+        "300",
         "--object-store",
         f"s3://{bucket}/segments",
         "--warehouse",

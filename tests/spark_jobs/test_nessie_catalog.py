@@ -43,6 +43,7 @@ from tests.spark_jobs.test_commit_round import (  # noqa: F401 -- collected here
     test_a_round_writes_every_record_once_with_system_columns,
 )
 from tests.spark_jobs.test_external_catalog import (  # noqa: F401
+    test_lag_and_the_airflow_view_read_the_tables_catalog,
     test_retention_follows_the_checkpoint_in_the_external_catalog,
 )
 from tests.spark_jobs.test_maintenance import (  # noqa: F401

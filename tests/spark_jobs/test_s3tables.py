@@ -29,6 +29,9 @@ from spark_jobs.rounds.table_setup import catalog_for
 from tests.conftest import MOTO_CREDENTIALS, MotoS3
 from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, run_round
 from tests.spark_jobs.test_commit_round import clicks
+from tests.spark_jobs.test_external_catalog import (  # noqa: F401 -- collected here, on S3 Tables
+    test_lag_and_the_airflow_view_read_the_tables_catalog,
+)
 from tests.spark_jobs.test_glue_catalog import (  # noqa: F401 -- collected here, on S3 Tables
     test_reprocess_without_multi_table_commits_commits_the_table_then_the_dlq,
 )
