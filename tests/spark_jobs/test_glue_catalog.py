@@ -53,6 +53,7 @@ from tests.spark_jobs.test_round_dlq import (  # noqa: F401
 )
 from tests.spark_jobs.test_round_exactly_once import (  # noqa: F401
     test_a_concurrent_writer_on_main_makes_the_round_start_over,
+    test_a_round_crashing_at_each_point_then_rerun_commits_each_record_once,
 )
 from tests.support import BrokerProcess, present, wait_for
 
