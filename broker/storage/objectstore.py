@@ -198,7 +198,8 @@ def check_s3_location(
         return logging.WARNING, f"{setting}={url}: {where} answered {code} for bucket '{bucket}'"
     except BotoCoreError as exc:
         return logging.WARNING, (
-            f"{setting}={url}: cannot reach {where} ({exc}); acknowledged data "
+            f"{setting}={url}: cannot reach {where} ({exc}; the endpoint comes from "
+            "AWS_ENDPOINT_URL or object.store.endpoint); acknowledged data "
             "waits in the WAL until it can"
         )
     return None

@@ -463,3 +463,29 @@ def test_a_bucket_that_does_not_exist_is_an_error_in_the_log_at_start(
     ), log
     other = "automq.table.topic.catalog.warehouse" if setting == "object.store" else "object.store"
     assert f"{other}=" not in log  # the bucket that exists is not complained about
+
+
+def test_no_credentials_or_an_endpoint_that_does_not_answer_name_the_settings(
+    monkeypatch: pytest.MonkeyPatch, moto_s3: MotoS3, s3_bucket: str
+) -> None:
+    """What the broker logs at start (``check_s3_location``) when S3 cannot be used."""
+    import logging
+
+    from broker.storage.objectstore import check_s3_location
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    url = f"s3://{s3_bucket}/segments"
+    problem = check_s3_location(url, "object.store", moto_s3.endpoint, None, None, None)
+    assert problem is not None and problem[0] == logging.ERROR
+    assert problem[1].startswith(f"object.store={url}: no AWS credentials"), problem
+
+    closed = f"http://127.0.0.1:{free_port()}"
+    problem = check_s3_location(url, "object.store", closed, None, "testing", "testing")
+    assert problem is not None and problem[0] == logging.WARNING
+    assert f"cannot reach {closed}" in problem[1] and "AWS_ENDPOINT_URL" in problem[1], problem
+    assert (
+        check_s3_location(url, "object.store", moto_s3.endpoint, None, "testing", "testing") is None
+    )
