@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -57,6 +58,23 @@ class Member:
             if name == protocol:
                 return metadata
         return b""
+
+    def subscribed_topics(self) -> set[str]:
+        """The topics of a consumer member's subscription (the consumer protocol's
+        ``ConsumerProtocolSubscription``: int16 version, then an array of int16-length names,
+        the same in every version); empty when the metadata is not that."""
+        topics: set[str] = set()
+        for _, metadata in self.protocols:
+            try:
+                (count,) = struct.unpack_from(">i", metadata, 2)
+                position = 6
+                for _ in range(max(count, 0)):
+                    (length,) = struct.unpack_from(">h", metadata, position)
+                    topics.add(metadata[position + 2 : position + 2 + length].decode())
+                    position += 2 + length
+            except (struct.error, UnicodeDecodeError):
+                continue
+        return topics
 
 
 @dataclass

@@ -58,6 +58,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
+    21: (0, 2),  # DeleteRecords
     22: (0, 5),  # InitProducerId
     23: (2, 4),  # OffsetForLeaderEpoch
     24: (0, 4),  # AddPartitionsToTxn (v4+ batched, as brokers send it)
@@ -69,6 +70,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
+    47: (0, 0),  # OffsetDelete
     60: (0, 1),  # DescribeCluster
     65: (0, 0),  # DescribeTransactions
     66: (0, 1),  # ListTransactions
@@ -159,6 +161,8 @@ class KafkaHandlers(TransactionApis):
             33: self.alter_configs,
             37: self.create_partitions,
             42: self.delete_groups,
+            21: self.delete_records,
+            47: self.offset_delete,
             44: self.incremental_alter_configs,
             60: self.describe_cluster,
             65: self.describe_transactions,
@@ -1096,6 +1100,66 @@ class KafkaHandlers(TransactionApis):
                     code = ErrorCode.group_id_not_found
             results.append({"group_id": group_id, "error_code": code})
         return R(results=results)
+
+    async def delete_records(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        """DeleteRecords (``kafka-delete-records``, ``Admin.deleteRecords``): each partition's
+        log start moves up to the offset asked (-1: the high watermark); an offset past the high
+        watermark is OFFSET_OUT_OF_RANGE, as Kafka answers. Consumers, ListOffsets, retention
+        and the commit round (which starts no lower than the log start) all follow it."""
+        topics = []
+        for t in req.topics:
+            partitions = []
+            for p in t.partitions:
+                part = self._partition(t.name, p.partition_index)
+                result = {"partition_index": p.partition_index, "low_watermark": -1}
+                if part is None:
+                    result["error_code"] = ErrorCode.unknown_topic_or_partition
+                    partitions.append(result)
+                    continue
+                offset = part.high_watermark if p.offset == -1 else int(p.offset)
+                if offset < 0 or offset > part.high_watermark:
+                    result["error_code"] = ErrorCode.offset_out_of_range
+                    result["low_watermark"] = part.log_start_offset
+                    partitions.append(result)
+                    continue
+                try:
+                    result["low_watermark"] = await self.logs.delete_records(part, offset)
+                    result["error_code"] = ErrorCode.none
+                except Exception as exc:  # noqa: BLE001 - the flush or the index write failed: retriable
+                    log.warning("delete records of %s-%d: %s", t.name, p.partition_index, exc)
+                    result["error_code"] = ErrorCode.kafka_storage_error
+                partitions.append(result)
+            topics.append({"name": t.name, "partitions": partitions})
+        return R(throttle_time=0, topics=topics)
+
+    async def offset_delete(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        """OffsetDelete (``kafka-consumer-groups --delete-offsets``): a group's committed offsets
+        of some partitions; refused per partition (GROUP_SUBSCRIBED_TO_TOPIC) while a member of
+        the group is subscribed to the topic, as Kafka does."""
+        group = self.groups.groups.get(req.group_id)
+        stored = await asyncio.to_thread(self.cluster.metadata.committed_offsets, req.group_id)
+        if group is None and not stored:
+            return R(error_code=ErrorCode.group_id_not_found, throttle_time=0, topics=[])
+        subscribed: set[str] = set()
+        if group is not None:
+            for member in group.members.values():
+                subscribed |= member.subscribed_topics()
+        topics, deleted = [], []
+        for t in req.topics:
+            partitions = []
+            for p in t.partitions:
+                code = (
+                    ErrorCode.group_subscribed_to_topic if t.name in subscribed else ErrorCode.none
+                )
+                if code == ErrorCode.none:
+                    deleted.append((t.name, p.partition_index))
+                partitions.append({"partition_index": p.partition_index, "error_code": code})
+            topics.append({"name": t.name, "partitions": partitions})
+        if deleted:
+            await asyncio.to_thread(
+                self.cluster.metadata.delete_partition_offsets, req.group_id, deleted
+            )
+        return R(error_code=ErrorCode.none, throttle_time=0, topics=topics)
 
 
 def _replace_all(replacement: dict[str, Any], _old: dict[str, str]) -> dict[str, Any]:

@@ -360,6 +360,31 @@ class LogStore:
             part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
             return keys
 
+    async def delete_records(self, part: PartitionLog, offset: int) -> int:
+        """DeleteRecords: the partition's log start moves up to ``offset`` (at most the high
+        watermark, checked by the caller); returns the new log start. Chunks wholly below it
+        leave the index, as retention's do (``drop_chunks``; their objects go at retention's
+        next orphan sweep); a chunk it cuts stays and reads from it start at ``offset``.
+
+        Records still only in the WAL are flushed first, so the log start never passes the
+        end of the indexed chunks (reads below ``flushed_offset`` come from segment objects)."""
+        if offset > part.flushed_offset:
+            await self.flush()
+        async with self.index_lock:
+            if self.partitions.get((part.topic, part.partition)) is not part:
+                return part.log_start_offset
+            if offset <= part.log_start_offset:
+                return part.log_start_offset
+            count = bisect.bisect_right([c.end_offset for c in part.chunks], offset)
+            await asyncio.to_thread(
+                self.metadata.drop_chunks_before, part.topic, part.partition, offset
+            )
+            del part.chunks[:count]
+            del part.chunk_bases[:count]
+            part.log_start_offset = offset
+            part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
+            return offset
+
     async def unreferenced_objects(self, keys: list[str]) -> list[str]:
         """Those of ``keys`` no chunk refers to. Checked under the flush lock: a flush
         puts its object before it indexes it, so outside the lock a new object could

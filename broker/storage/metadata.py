@@ -601,6 +601,13 @@ class MetadataStore:
     def groups_with_offsets(self) -> list[str]:
         return [g for (g,) in self.db.query("SELECT DISTINCT group_id FROM group_offsets")]
 
+    def delete_partition_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
+        """OffsetDelete: the group's committed offsets of these partitions."""
+        self.db.executemany(
+            "DELETE FROM group_offsets WHERE group_id = ? AND topic = ? AND partition = ?",
+            [(group_id, topic, partition) for topic, partition in partitions],
+        )
+
     def delete_group_offsets(self, group_id: str) -> int:
         """Deletes the group's committed offsets; how many partitions had one."""
         rows = self.db.query(

@@ -7,6 +7,7 @@ by topic and group names."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,3 +230,85 @@ def test_perf_tools_produce_and_consume_every_record(broker: BrokerProcess, tmp_
     assert int(row[4]) == 20000, consumed  # data.consumed.in.nMsg
     offsets = kafka_tool("kafka-get-offsets", *b, "--topic", "perf-tools").stdout
     assert sum(int(line.rsplit(":", 1)[1]) for line in offsets.split()) == 20000
+
+
+def test_kafka_delete_records_moves_the_log_start(broker: BrokerProcess, tmp_path: Path) -> None:
+    """DeleteRecords: the log start moves to the offset asked; consumers from the beginning and
+    ListOffsets(earliest) start there; an offset past the high watermark is refused."""
+    b = bootstrap(broker)
+    kafka_tool("kafka-topics", *b, "--create", "--topic", "trimmed", "--partitions", "1")
+    kafka_tool(
+        "kafka-console-producer",
+        *b,
+        "--topic",
+        "trimmed",
+        stdin="".join(f"m{i}\n" for i in range(100)),
+    )
+    plan = tmp_path / "delete.json"
+
+    def delete_to(offset: int) -> str:
+        plan.write_text(
+            json.dumps(
+                {
+                    "version": 1,
+                    "partitions": [{"topic": "trimmed", "partition": 0, "offset": offset}],
+                }
+            )
+        )
+        done = kafka_tool("kafka-delete-records", *b, "--offset-json-file", str(plan))
+        return done.stdout
+
+    assert re.search(r"partition: trimmed-0\s+low_watermark: 40", delete_to(40))
+    earliest = kafka_tool("kafka-get-offsets", *b, "--topic", "trimmed", "--time", "-2").stdout
+    assert earliest.split() == ["trimmed:0:40"]
+    consumed = kafka_tool(
+        "kafka-console-consumer",
+        *b,
+        "--topic",
+        "trimmed",
+        "--from-beginning",
+        "--max-messages",
+        "60",
+    ).stdout.split()
+    assert consumed == [f"m{i}" for i in range(40, 100)]
+    assert "low_watermark: 40" in delete_to(10)  # below the log start: nothing moves back
+    assert "OffsetOutOfRangeException" in delete_to(1000)
+    assert re.search(r"low_watermark: 100", delete_to(-1))  # -1: up to the high watermark
+    latest = kafka_tool("kafka-get-offsets", *b, "--topic", "trimmed", "--time", "-1").stdout
+    assert latest.split() == ["trimmed:0:100"]
+
+
+def test_kafka_consumer_groups_delete_offsets(broker: BrokerProcess) -> None:
+    b = bootstrap(broker)
+    for topic in ("kept-offsets", "dropped-offsets"):
+        kafka_tool("kafka-topics", *b, "--create", "--topic", topic, "--partitions", "1")
+        kafka_tool("kafka-console-producer", *b, "--topic", topic, stdin="a\nb\n")
+        kafka_tool(
+            "kafka-console-consumer",
+            *b,
+            "--topic",
+            topic,
+            "--from-beginning",
+            "--max-messages",
+            "2",
+            "--group",
+            "offset-deleter",
+        )
+    group = ["--group", "offset-deleter"]
+    deleted = kafka_tool(
+        "kafka-consumer-groups", *b, "--delete-offsets", *group, "--topic", "dropped-offsets"
+    ).stdout
+    assert "dropped-offsets" in deleted and "Successful" in deleted, deleted
+    described = kafka_tool("kafka-consumer-groups", *b, "--describe", *group).stdout
+    assert "kept-offsets" in described and "dropped-offsets" not in described, described
+    unknown = kafka_tool(
+        "kafka-consumer-groups",
+        *b,
+        "--delete-offsets",
+        "--group",
+        "never-was",
+        "--topic",
+        "kept-offsets",
+        check=False,
+    )
+    assert "GroupIdNotFoundException" in unknown.stdout + unknown.stderr

@@ -124,6 +124,27 @@ def test_a_second_round_commits_only_what_arrived_since(
     assert not [r for r in tbl.metadata.refs if r.startswith(checkpoint.ROUND_BRANCH_PREFIX)]
 
 
+def test_a_round_starts_at_the_log_start_deleterecords_moved(
+    spark: Any, round_broker: BrokerProcess
+) -> None:
+    """DeleteRecords past the table's checkpoint: those records are gone, as for a Kafka
+    consumer; the round commits from the new log start and says where it started."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic = new_topic(round_broker, partitions=1)
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    producer.send(clicks(0, 10))
+    assert run_round(spark, round_broker, topic).offsets_after == {0: 10}
+    producer.send(clicks(10, 20))
+    admin = AdminClient({"bootstrap.servers": round_broker.bootstrap})
+    [deleted] = admin.delete_records([TopicPartition(topic, 0, 25)]).values()
+    assert deleted.result(10).low_watermark == 25
+    second = run_round(spark, round_broker, topic)
+    assert (second.status, second.rows, second.offsets_after) == ("committed", 5, {0: 30})
+    assert [o for _, o in table_offsets(round_broker, topic)] == [*range(10), *range(25, 30)]
+
+
 def test_until_append_time_cuts_by_broker_append_time(
     spark: Any, round_broker: BrokerProcess
 ) -> None:
