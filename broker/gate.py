@@ -53,6 +53,7 @@ class GateRejection:
         int  # index of the bad record within the partition's records, as Kafka's record_errors use
     )
     message: str
+    rule: str = "gate"  # which check refused: the gate, or a compacted topic's key rule
 
 
 def gate_applies(configs: dict[str, str]) -> bool:

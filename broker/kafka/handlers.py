@@ -334,11 +334,17 @@ class KafkaHandlers(TransactionApis):
                     )
                 elif refusal is not None:
                     entry.update(error_code=refusal[0], error_message=refusal[1])
-                elif (rejection := self._gate_rejection(topic.configs, pd.records)) is not None:
+                elif (
+                    rejection := self._gate_rejection(topic.configs, pd.records)
+                    or _keyless_in_compacted(topic.config("cleanup.policy"), pd.records)
+                ) is not None:
                     log.info(
-                        "produce to %s-%d refused by the data quality gate: %s",
+                        "produce to %s-%d refused by %s: %s",
                         td.name,
                         pd.index,
+                        "the compacted topic's key rule"
+                        if rejection.rule == "compaction"
+                        else "the data quality gate",
                         rejection.message,
                     )
                     entry.update(
@@ -1160,6 +1166,30 @@ class KafkaHandlers(TransactionApis):
                 self.cluster.metadata.delete_partition_offsets, req.group_id, deleted
             )
         return R(error_code=ErrorCode.none, throttle_time=0, topics=topics)
+
+
+def _keyless_in_compacted(cleanup_policy: str, records_bytes: bytes) -> GateRejection | None:
+    """As Kafka's log validator: a compacted topic takes no record without a key (compaction
+    keeps the last record per key; a keyless one could never be compacted away)."""
+    if "compact" not in cleanup_policy.split(","):
+        return None
+    index = 0
+    try:
+        for header, batch in records.iter_batches(records_bytes):
+            if header.is_control:
+                continue
+            for record in records.decode_batch(batch)[1]:
+                if record.key is None:
+                    return GateRejection(
+                        index,
+                        f"record {index} has no key, and a compacted topic "
+                        "(cleanup.policy=compact) cannot accept a record without a key",
+                        rule="compaction",
+                    )
+                index += 1
+    except (records.CorruptBatchError, ValueError) as exc:
+        return GateRejection(index, f"record {index} could not be read: {exc}", rule="compaction")
+    return None
 
 
 def _replace_all(replacement: dict[str, Any], _old: dict[str, str]) -> dict[str, Any]:

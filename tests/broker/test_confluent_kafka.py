@@ -196,3 +196,31 @@ def test_delete_topic_and_produce_to_missing_topic(broker: BrokerProcess) -> Non
     producer.produce("doomed", value=b"x", on_delivery=lambda err, msg: errors.append(err))
     producer.flush(10)
     assert errors and errors[0] is not None
+
+
+def test_a_compacted_topic_refuses_records_without_a_key(broker: BrokerProcess) -> None:
+    """As Kafka: INVALID_RECORD for a keyless record on a cleanup.policy=compact topic; keyed
+    records, and keyless ones on a delete topic, are taken."""
+    from confluent_kafka import KafkaError
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    _create(admin, "compacted", config={"cleanup.policy": "compact"})
+    _create(admin, "not-compacted")
+    errors: dict[str, KafkaError | None] = {}
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "message.send.max.retries": 0}
+    )
+
+    def report(name: str) -> Any:
+        return lambda err, _msg: errors.__setitem__(name, err)
+
+    producer.produce("compacted", value=b"no key", on_delivery=report("keyless"))
+    producer.flush(10)
+    producer.produce("compacted", key=b"k", value=b"keyed", on_delivery=report("keyed"))
+    producer.produce("not-compacted", value=b"no key", on_delivery=report("delete"))
+    assert producer.flush(10) == 0
+    keyless = errors["keyless"]
+    assert keyless is not None and keyless.code() == KafkaError.INVALID_RECORD, keyless
+    assert errors["keyed"] is None and errors["delete"] is None
+    [kept] = _consume(broker.bootstrap, "compacted", 1)
+    assert (kept.key(), kept.value()) == (b"k", b"keyed")
