@@ -101,11 +101,19 @@ def _bool(value: str) -> str:
     return normalized
 
 
+def _message_format_version(value: str) -> str:
+    """Kafka 3.x accepted any release (``0.10.0``, ``2.8-IV1``, ``3.0``) and ignored it from 3.0
+    on; Kafka 4 dropped the key. Accepted so tools that still send it work."""
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?(-IV\d+)?", value.strip()):
+        raise InvalidConfigError(f"expected a Kafka release such as 3.0-IV1, got {value!r}")
+    return value.strip()
+
+
 def _list_of(*choices: str) -> Callable[[str], str]:
     def check(value: str) -> str:
         items = [item.strip() for item in value.split(",") if item.strip()]
         bad = [item for item in items if item not in choices]
-        if bad or not items:
+        if bad:  # an empty list is allowed (cleanup.policy: neither deleted nor compacted)
             raise InvalidConfigError(f"expected a list of {', '.join(choices)}, got {value!r}")
         return ",".join(items)
 
@@ -263,6 +271,13 @@ KEYS: Mapping[str, ConfigKey] = {
         ConfigKey("segment.ms", "604800000", _long(1), "unused: segments roll on flush", 5),
         ConfigKey("unclean.leader.election.enable", "false", _bool, "single leader", 1),
         ConfigKey("message.downconversion.enable", "true", _bool, "unused", 1),
+        ConfigKey(
+            "message.format.version",
+            "3.0-IV1",
+            _message_format_version,
+            "deprecated and ignored, as in Kafka 3.x (records are always format v2)",
+            2,
+        ),
         ConfigKey(
             "remote.storage.enable", "false", _bool, "the log is always in object storage", 1
         ),

@@ -224,3 +224,38 @@ def test_a_compacted_topic_refuses_records_without_a_key(broker: BrokerProcess) 
     assert errors["keyed"] is None and errors["delete"] is None
     [kept] = _consume(broker.bootstrap, "compacted", 1)
     assert (kept.key(), kept.value()) == (b"k", b"keyed")
+
+
+def test_subtract_can_empty_a_list_and_message_format_version_is_accepted(
+    broker: BrokerProcess,
+) -> None:
+    """IncrementalAlterConfigs SUBTRACT down to an empty list (``cleanup.policy`` empty: neither
+    deleted nor compacted); ``message.format.version`` accepted and ignored, as Kafka 3.x did."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    _create(admin, "listed", config={"cleanup.policy": "delete,compact"})
+
+    def alter(*entries: ConfigEntry) -> None:
+        res = ConfigResource("topic", "listed", incremental_configs=list(entries))
+        admin.incremental_alter_configs([res])[res].result(10)
+
+    def value(name: str) -> str:
+        res = ConfigResource("topic", "listed")
+        return str(admin.describe_configs([res])[res].result(10)[name].value)
+
+    subtract = AlterConfigOpType.SUBTRACT
+    alter(ConfigEntry("cleanup.policy", "delete", incremental_operation=subtract))
+    assert value("cleanup.policy") == "compact"
+    alter(ConfigEntry("cleanup.policy", "compact", incremental_operation=subtract))
+    assert value("cleanup.policy") == ""
+    alter(
+        ConfigEntry(
+            "message.format.version", "2.8-IV1", incremental_operation=AlterConfigOpType.SET
+        )
+    )
+    assert value("message.format.version") == "2.8-IV1"
+    with pytest.raises(KafkaException, match="message.format.version"):
+        alter(
+            ConfigEntry(
+                "message.format.version", "new", incremental_operation=AlterConfigOpType.SET
+            )
+        )
