@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
 
-from broker import manifest, topic_configs
+from broker import broker_configs, manifest, topic_configs
 from broker.config import BrokerConfig
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import Chunk, MetadataStore, TopicRecord
@@ -65,6 +65,7 @@ class Cluster:
             t.name: Topic(t.name, t.topic_id, t.partitions, t.configs) for t in metadata.topics()
         }
         self.topics_by_id = {t.topic_id: t for t in self.topics.values()}
+        self.broker_configs = metadata.broker_configs()
         self._changes = asyncio.Lock()
 
     def write_manifest(self) -> None:
@@ -176,6 +177,21 @@ class Cluster:
             await asyncio.to_thread(self.metadata.set_configs, name, valid)
             topic.configs = valid
             self.write_manifest()
+
+    async def set_broker_configs(
+        self, scope: str, configs: dict[str, str | None], validate_only: bool
+    ) -> None:
+        """The dynamic broker configs of ``scope`` (``""``: the cluster default, else a node id)
+        replaced by ``configs`` (None values dropped)."""
+        async with self._changes:
+            try:
+                valid = broker_configs.validate_all(configs)
+            except topic_configs.InvalidConfigError as exc:
+                raise TopicError(ErrorCode.invalid_config, str(exc)) from None
+            if validate_only:
+                return
+            await asyncio.to_thread(self.metadata.set_broker_configs, scope, valid)
+            self.broker_configs[scope] = valid
 
     def _stored_chunks(self, name: str, partitions: range) -> dict[int, list[Chunk]]:
         """The index's chunks of new partitions (blocking: called in a thread)."""

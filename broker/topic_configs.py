@@ -109,6 +109,14 @@ def _message_format_version(value: str) -> str:
     return value.strip()
 
 
+def _throttled_replicas(value: str) -> str:
+    """Kafka's form: ``*``, or ``partition:broker`` pairs separated by commas."""
+    text = value.strip()
+    if text not in ("", "*") and not re.fullmatch(r"\d+:\d+(,\d+:\d+)*", text.replace(" ", "")):
+        raise InvalidConfigError(f"expected * or partition:broker pairs, got {value!r}")
+    return text.replace(" ", "")
+
+
 def _list_of(*choices: str) -> Callable[[str], str]:
     def check(value: str) -> str:
         items = [item.strip() for item in value.split(",") if item.strip()]
@@ -271,6 +279,20 @@ KEYS: Mapping[str, ConfigKey] = {
         ConfigKey("segment.ms", "604800000", _long(1), "unused: segments roll on flush", 5),
         ConfigKey("unclean.leader.election.enable", "false", _bool, "single leader", 1),
         ConfigKey("message.downconversion.enable", "true", _bool, "unused", 1),
+        ConfigKey(
+            "leader.replication.throttled.replicas",
+            "",
+            _throttled_replicas,
+            "unused: one replica per partition (kafka-reassign-partitions sets and clears it)",
+            7,
+        ),
+        ConfigKey(
+            "follower.replication.throttled.replicas",
+            "",
+            _throttled_replicas,
+            "unused: one replica per partition (kafka-reassign-partitions sets and clears it)",
+            7,
+        ),
         ConfigKey(
             "message.format.version",
             "3.0-IV1",

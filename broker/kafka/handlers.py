@@ -18,13 +18,14 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from broker import topic_configs
+from broker import broker_configs, topic_configs
 from broker.cluster import Cluster, TopicError
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate, GateRejection, gate_applies
 from broker.kafka import records
 from broker.kafka.codec import Responder, field, ms
 from broker.kafka.groups import GroupCoordinator
+from broker.kafka.replica_apis import ReplicaApis
 from broker.kafka.transactions import TransactionCoordinator
 from broker.kafka.txn_apis import TransactionApis, fenced_for
 from broker.storage.logstore import LogStore, ProduceError
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 SOURCE_DYNAMIC_TOPIC = 1
+SOURCE_DYNAMIC_BROKER = 2
+SOURCE_DYNAMIC_DEFAULT_BROKER = 3
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
@@ -67,9 +70,13 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     28: (0, 3),  # TxnOffsetCommit
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs
+    35: (1, 4),  # DescribeLogDirs (v0 removed in Kafka 4, KIP-896)
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
+    43: (0, 2),  # ElectLeaders
     44: (0, 1),  # IncrementalAlterConfigs
+    45: (0, 0),  # AlterPartitionReassignments
+    46: (0, 0),  # ListPartitionReassignments
     47: (0, 0),  # OffsetDelete
     60: (0, 1),  # DescribeCluster
     65: (0, 0),  # DescribeTransactions
@@ -99,6 +106,11 @@ def _broker_configs(config: BrokerConfig) -> dict[str, str]:
         "log.retention.ms": "604800000",
         "default.replication.factor": "1",
         "offsets.topic.replication.factor": "1",
+        "listeners": f"PLAINTEXT://{config.host}:{config.kafka_port}",
+        "advertised.listeners": f"PLAINTEXT://{config.advertised}:{config.kafka_port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT",
+        "process.roles": "broker,controller",
+        "log.dirs": str(config.wal_dir),
         "icefall.segment.flush.ms": str(config.segment_flush_ms),
         "icefall.segment.flush.bytes": str(config.segment_flush_bytes),
         "icefall.object.store": config.store.url,
@@ -119,7 +131,7 @@ class ConnectionContext:
 Handler = Callable[[ConnectionContext, Any, Responder], Awaitable[Any]]
 
 
-class KafkaHandlers(TransactionApis):
+class KafkaHandlers(TransactionApis, ReplicaApis):
     def __init__(
         self,
         config: BrokerConfig,
@@ -163,6 +175,10 @@ class KafkaHandlers(TransactionApis):
             42: self.delete_groups,
             21: self.delete_records,
             47: self.offset_delete,
+            35: self.describe_log_dirs,
+            43: self.elect_leaders,
+            45: self.alter_partition_reassignments,
+            46: self.list_partition_reassignments,
             44: self.incremental_alter_configs,
             60: self.describe_cluster,
             65: self.describe_transactions,
@@ -746,22 +762,14 @@ class KafkaHandlers(TransactionApis):
                             }
                         )
             elif res.resource_type == RESOURCE_BROKER:
-                for name, value in _broker_configs(self.config).items():
-                    if keys is not None and name not in keys:
-                        continue
-                    entry["configs"].append(
-                        {
-                            "name": name,
-                            "value": value,
-                            "read_only": True,
-                            "is_default": False,
-                            "config_source": SOURCE_STATIC_BROKER,
-                            "is_sensitive": False,
-                            "synonyms": [],
-                            "config_type": 2,
-                            "documentation": None,
-                        }
-                    )
+                if (problem := self._broker_resource_problem(res.resource_name)) is not None:
+                    entry.update(error_code=ErrorCode.invalid_request, error_message=problem)
+                else:
+                    entry["configs"] = [
+                        c
+                        for c in self._broker_config_entries(res.resource_name, synonyms)
+                        if keys is None or c["name"] in keys
+                    ]
             else:
                 entry.update(
                     error_code=ErrorCode.invalid_request,
@@ -769,6 +777,46 @@ class KafkaHandlers(TransactionApis):
                 )
             results.append(entry)
         return R(results=results)
+
+    def _broker_resource_problem(self, name: str) -> str | None:
+        """A BROKER resource is this broker (its node id) or the cluster default (``""``)."""
+        if name in ("", str(self.config.node_id)):
+            return None
+        return f"broker {name!r} does not exist: this cluster has one broker, {self.config.node_id}"
+
+    def _broker_config_entries(self, resource_name: str, synonyms: bool) -> list[dict[str, Any]]:
+        """As Kafka describes a BROKER resource. The cluster default (``""``): the dynamic
+        configs set there. This broker: its static configs (read-only), then each dynamic one
+        from where it is set, this broker (DYNAMIC_BROKER_CONFIG), the cluster default
+        (DYNAMIC_DEFAULT_BROKER_CONFIG) or Kafka's default, with those below as synonyms."""
+        defaults = self.cluster.broker_configs.get("", {})
+        if resource_name == "":
+            return [
+                _config_entry(
+                    n, v, SOURCE_DYNAMIC_DEFAULT_BROKER, read_only=False, synonyms=synonyms, type_=5
+                )
+                for n, v in sorted(defaults.items())
+            ]
+        own = self.cluster.broker_configs.get(resource_name, {})
+        entries = [
+            _config_entry(name, value, SOURCE_STATIC_BROKER, read_only=True, synonyms=synonyms)
+            for name, value in _broker_configs(self.config).items()
+        ]
+        for name, key in broker_configs.KEYS.items():
+            layers = [
+                (own.get(name), SOURCE_DYNAMIC_BROKER),
+                (defaults.get(name), SOURCE_DYNAMIC_DEFAULT_BROKER),
+                (key.default, SOURCE_DEFAULT),
+            ]
+            present = [(v, src) for v, src in layers if v is not None]
+            value, source = present[0]
+            entry = _config_entry(name, value, source, read_only=False, synonyms=False, type_=5)
+            if synonyms:
+                entry["synonyms"] = [
+                    {"name": name, "value": v, "source": src} for v, src in present
+                ]
+            entries.append(entry)
+        return entries
 
     async def alter_configs(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         responses = []
@@ -789,15 +837,19 @@ class KafkaHandlers(TransactionApis):
 
             def change(old: dict[str, str], res: Any = res) -> dict[str, str | None]:
                 new: dict[str, str | None] = dict(old)
+                broker = res.resource_type == RESOURCE_BROKER
                 for c in res.configs:
-                    known = topic_configs.KEYS.get(c.name)
+                    known = (broker_configs.KEYS if broker else topic_configs.KEYS).get(c.name)
                     current = new.get(c.name, known.default if known else "") or ""
                     items = [i for i in current.split(",") if i]
                     if c.config_operation == 0:  # SET
                         new[c.name] = c.value
                     elif c.config_operation == 1:  # DELETE
                         new.pop(c.name, None)
-                        topic_configs.validate(c.name, None)
+                        if broker:
+                            broker_configs.validate_all({c.name: None})
+                        else:
+                            topic_configs.validate(c.name, None)
                     elif c.config_operation == 2:  # APPEND
                         add = [i for i in (c.value or "").split(",") if i and i not in items]
                         new[c.name] = ",".join(items + add)
@@ -822,10 +874,23 @@ class KafkaHandlers(TransactionApis):
             "resource_type": res.resource_type,
             "resource_name": res.resource_name,
         }
+        if res.resource_type == RESOURCE_BROKER:
+            if (problem := self._broker_resource_problem(res.resource_name)) is not None:
+                entry.update(error_code=ErrorCode.invalid_request, error_message=problem)
+                return entry
+            try:
+                scope = res.resource_name
+                new_configs = change(dict(self.cluster.broker_configs.get(scope, {})))
+                await self.cluster.set_broker_configs(scope, new_configs, validate_only)
+            except topic_configs.InvalidConfigError as exc:
+                entry.update(error_code=ErrorCode.invalid_config, error_message=str(exc))
+            except TopicError as exc:
+                entry.update(error_code=exc.code, error_message=exc.message)
+            return entry
         if res.resource_type != RESOURCE_TOPIC:
             entry.update(
                 error_code=ErrorCode.invalid_request,
-                error_message="only topic configs can be altered",
+                error_message="only topic and broker configs can be altered",
             )
             return entry
         topic = self.cluster.topics.get(res.resource_name)
@@ -1190,6 +1255,22 @@ def _keyless_in_compacted(cleanup_policy: str, records_bytes: bytes) -> GateReje
     except (records.CorruptBatchError, ValueError) as exc:
         return GateRejection(index, f"record {index} could not be read: {exc}", rule="compaction")
     return None
+
+
+def _config_entry(
+    name: str, value: str, source: int, *, read_only: bool, synonyms: bool, type_: int = 2
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "value": value,
+        "read_only": read_only,
+        "is_default": source == SOURCE_DEFAULT,
+        "config_source": source,
+        "is_sensitive": False,
+        "synonyms": [{"name": name, "value": value, "source": source}] if synonyms else [],
+        "config_type": type_,
+        "documentation": None,
+    }
 
 
 def _replace_all(replacement: dict[str, Any], _old: dict[str, str]) -> dict[str, Any]:

@@ -119,7 +119,16 @@ CREATE TABLE IF NOT EXISTS aborted_txns (
 # (table schema_version) and a broker applies the ones it lacks, each in its own transaction, at
 # start. Migration 1 is the schema every database had before versions were recorded (its
 # CREATE ... IF NOT EXISTS adopts such a database as it is). Add a migration; never edit one.
-MIGRATIONS: tuple[str, ...] = (_SCHEMA, _TRANSACTIONS)
+_BROKER_CONFIGS = """
+CREATE TABLE IF NOT EXISTS broker_configs (
+    scope TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (scope, name)
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_SCHEMA, _TRANSACTIONS, _BROKER_CONFIGS)
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 
 
@@ -600,6 +609,22 @@ class MetadataStore:
 
     def groups_with_offsets(self) -> list[str]:
         return [g for (g,) in self.db.query("SELECT DISTINCT group_id FROM group_offsets")]
+
+    def broker_configs(self) -> dict[str, dict[str, str]]:
+        """The dynamic broker configs by scope: ``""`` the cluster default, else a node id."""
+        out: dict[str, dict[str, str]] = {}
+        for scope, name, value in self.db.query("SELECT scope, name, value FROM broker_configs"):
+            out.setdefault(scope, {})[name] = value
+        return out
+
+    def set_broker_configs(self, scope: str, configs: dict[str, str]) -> None:
+        """Replace the dynamic broker configs of one scope, in one transaction."""
+        with self.db.transaction():
+            self.db.execute("DELETE FROM broker_configs WHERE scope = ?", (scope,))
+            self.db.executemany(
+                "INSERT INTO broker_configs (scope, name, value) VALUES (?, ?, ?)",
+                [(scope, name, value) for name, value in configs.items()],
+            )
 
     def delete_partition_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
         """OffsetDelete: the group's committed offsets of these partitions."""

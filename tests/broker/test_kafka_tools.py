@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -312,3 +313,91 @@ def test_kafka_consumer_groups_delete_offsets(broker: BrokerProcess) -> None:
         check=False,
     )
     assert "GroupIdNotFoundException" in unknown.stdout + unknown.stderr
+
+
+def test_kafka_configs_on_the_broker_resource(broker: BrokerProcess) -> None:
+    """Dynamic broker configs as Kafka's: set on the cluster default or on broker 0, described
+    with their source, deleted; a key that is not dynamic is refused naming it."""
+    b = bootstrap(broker)
+    default = ["--entity-type", "brokers", "--entity-default"]
+    node = ["--entity-type", "brokers", "--entity-name", "0"]
+    rate = "follower.replication.throttled.rate"
+    kafka_tool("kafka-configs", *b, *default, "--alter", "--add-config", f"{rate}=1000")
+    assert f"{rate}=1000" in kafka_tool("kafka-configs", *b, *default, "--describe").stdout
+    kafka_tool("kafka-configs", *b, *node, "--alter", "--add-config", f"{rate}=2000")
+    described = kafka_tool("kafka-configs", *b, *node, "--describe").stdout
+    assert re.search(
+        rf"{rate}=2000 .*DYNAMIC_BROKER_CONFIG:{rate}=2000, DYNAMIC_DEFAULT_BROKER_CONFIG:{rate}=1000",
+        described,
+    ), described
+    everything = kafka_tool("kafka-configs", *b, *node, "--describe", "--all").stdout
+    assert f"advertised.listeners=PLAINTEXT://{broker.bootstrap}" in everything
+    kafka_tool("kafka-configs", *b, *node, "--alter", "--delete-config", rate)
+    kafka_tool("kafka-configs", *b, *default, "--alter", "--delete-config", rate)
+    assert rate not in kafka_tool("kafka-configs", *b, *default, "--describe").stdout
+    refused = kafka_tool(
+        "kafka-configs", *b, *node, "--alter", "--add-config", "log.cleaner.threads=2", check=False
+    )
+    assert refused.returncode != 0
+    assert "Cannot update broker config log.cleaner.threads" in refused.stdout + refused.stderr
+
+
+def test_reassignment_leader_election_and_log_dirs_as_a_single_node_kafka(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    b = bootstrap(broker)
+    kafka_tool("kafka-topics", *b, "--create", "--topic", "placed", "--partitions", "2")
+    kafka_tool("kafka-console-producer", *b, "--topic", "placed", stdin="x\ny\nz\n")
+    assert "No partition reassignments found." in (
+        kafka_tool("kafka-reassign-partitions", *b, "--list").stdout
+    )
+    plan = tmp_path / "reassign.json"
+
+    def reassign(replicas: list[int], action: str) -> Any:
+        plan.write_text(
+            json.dumps(
+                {
+                    "version": 1,
+                    "partitions": [{"topic": "placed", "partition": 0, "replicas": replicas}],
+                }
+            )
+        )
+        return kafka_tool(
+            "kafka-reassign-partitions",
+            *b,
+            "--reassignment-json-file",
+            str(plan),
+            action,
+            check=False,
+        )
+
+    started = reassign([0], "--execute")
+    assert (
+        started.returncode == 0 and "Successfully started partition reassignment" in started.stdout
+    )
+    verified = reassign([0], "--verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "Reassignment of partition placed-0 is completed." in verified.stdout
+    elsewhere = reassign([7], "--execute")
+    assert (
+        elsewhere.returncode != 0 and "Unknown broker id 7" in elsewhere.stdout + elsewhere.stderr
+    )
+
+    elected = kafka_tool(
+        "kafka-leader-election",
+        *b,
+        "--election-type",
+        "preferred",
+        "--topic",
+        "placed",
+        "--partition",
+        "0",
+    ).stdout
+    assert "Valid replica already elected for partitions placed-0" in elected
+
+    described = kafka_tool("kafka-log-dirs", *b, "--describe", "--topic-list", "placed").stdout
+    answer = json.loads(described.strip().splitlines()[-1])
+    [log_dir] = answer["brokers"][0]["logDirs"]
+    sizes = {p["partition"]: p["size"] for p in log_dir["partitions"]}
+    assert set(sizes) == {"placed-0", "placed-1"} and sum(sizes.values()) > 0
+    assert log_dir["error"] is None and log_dir["logDir"].endswith("wal")
