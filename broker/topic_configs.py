@@ -405,6 +405,40 @@ KEYS: Mapping[str, ConfigKey] = {
 }
 
 
+# The broker config each Kafka topic config falls back to (Kafka's ServerTopicConfigSynonyms):
+# DescribeConfigs names it in a topic config's synonyms, as Kafka does.
+BROKER_SYNONYMS: dict[str, str] = {
+    "cleanup.policy": "log.cleanup.policy",
+    "compression.type": "compression.type",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "file.delete.delay.ms": "log.segment.delete.delay.ms",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "index.interval.bytes": "log.index.interval.bytes",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "max.message.bytes": "message.max.bytes",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
+    "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "min.insync.replicas": "min.insync.replicas",
+    "preallocate": "log.preallocate",
+    "retention.bytes": "log.retention.bytes",
+    "retention.ms": "log.retention.ms",
+    "segment.bytes": "log.segment.bytes",
+    "segment.index.bytes": "log.index.size.max.bytes",
+    "segment.jitter.ms": "log.roll.jitter.ms",
+    "segment.ms": "log.roll.ms",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+    "message.downconversion.enable": "log.message.downconversion.enable",
+    "message.format.version": "log.message.format.version",
+    "local.retention.ms": "log.local.retention.ms",
+    "local.retention.bytes": "log.local.retention.bytes",
+}
+
+
 def validate(name: str, value: str | None) -> str | None:
     """The normalized value, or InvalidConfigError naming the key."""
     key = KEYS.get(name)

@@ -743,11 +743,10 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
                         dynamic = name in topic.configs
                         value = topic.configs.get(name, key.default)
                         source = SOURCE_DYNAMIC_TOPIC if dynamic else SOURCE_DEFAULT
-                        syn = [{"name": name, "value": value, "source": source}] if synonyms else []
-                        if synonyms and dynamic:
-                            syn.append(
-                                {"name": name, "value": key.default, "source": SOURCE_DEFAULT}
-                            )
+                        default_name = topic_configs.BROKER_SYNONYMS.get(name, name)
+                        syn = (
+                            [{"name": name, "value": value, "source": source}] if dynamic else []
+                        ) + [{"name": default_name, "value": key.default, "source": SOURCE_DEFAULT}]
                         entry["configs"].append(
                             {
                                 "name": name,
@@ -756,7 +755,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
                                 "is_default": not dynamic,
                                 "config_source": source,
                                 "is_sensitive": False,
-                                "synonyms": syn,
+                                "synonyms": syn if synonyms else [],
                                 "config_type": key.config_type,
                                 "documentation": key.doc if documentation else None,
                             }

@@ -76,6 +76,11 @@ def test_kafka_configs_alters_topic_and_table_topic_configs(broker: BrokerProces
     )
     described = kafka_tool("kafka-configs", *b, *topic, "--describe").stdout
     assert "retention.ms=3600000" in described
+    # synonyms as Kafka's: the topic's value, then the broker config it falls back to
+    assert (
+        "synonyms={DYNAMIC_TOPIC_CONFIG:retention.ms=3600000, "
+        "DEFAULT_CONFIG:log.retention.ms=604800000}" in described
+    ), described
     assert "automq.table.topic.enable=true" in described
     assert "automq.table.topic.commit.interval.ms=30000" in described
     kafka_tool("kafka-configs", *b, *topic, "--alter", "--delete-config", "retention.ms")
