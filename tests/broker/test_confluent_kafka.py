@@ -259,3 +259,17 @@ def test_subtract_can_empty_a_list_and_message_format_version_is_accepted(
                 "message.format.version", "new", incremental_operation=AlterConfigOpType.SET
             )
         )
+
+
+def test_auto_created_topics_take_num_partitions(broker_factory: Any, tmp_path: Any) -> None:
+    """``num.partitions`` (server.properties, here) is the partition count of a topic created on
+    first use, as Kafka's; a producer to a new topic then sees that many partitions."""
+    props = tmp_path / "server.properties"
+    props.write_text("auto.create.topics.enable=true\nnum.partitions=3\n")
+    broker = broker_factory(["--config", str(props)])
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer.produce("made-on-first-use", value=b"x")
+    assert producer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topics = admin.list_topics("made-on-first-use", timeout=10).topics
+    assert len(topics["made-on-first-use"].partitions) == 3
