@@ -109,6 +109,35 @@ def fetch_raw(
     return bytes(part.records or b"")
 
 
+def fetch_partitions(
+    bootstrap: str, topic: str, partitions: list[int], max_bytes: int, partition_max_bytes: int
+) -> dict[int, bytes]:
+    """One Fetch v4 of several partitions from offset 0 with a request-level ``max_bytes``
+    (KIP-74): the record bytes each partition got."""
+    request = FetchRequest(
+        max_wait=i32Timedelta.parse(timedelta(milliseconds=0)),
+        min_bytes=i32(0),
+        max_bytes=i32(max_bytes),
+        topics=(
+            FetchTopic(
+                topic=TopicName(topic),
+                partitions=tuple(
+                    FetchPartition(
+                        partition=i32(p),
+                        fetch_offset=i64(0),
+                        partition_max_bytes=i32(partition_max_bytes),
+                    )
+                    for p in partitions
+                ),
+            ),
+        ),
+    )
+    response = _round_trip(bootstrap, 1, 4, request, FetchResponse)
+    return {
+        int(p.partition_index): bytes(p.records or b"") for p in response.responses[0].partitions
+    }
+
+
 def produce_raw(
     bootstrap: str, topic: str, partition: int, records: bytes, acks: int = -1
 ) -> tuple[int, int]:

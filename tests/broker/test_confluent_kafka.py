@@ -273,3 +273,25 @@ def test_auto_created_topics_take_num_partitions(broker_factory: Any, tmp_path: 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     topics = admin.list_topics("made-on-first-use", timeout=10).topics
     assert len(topics["made-on-first-use"].partitions) == 3
+
+
+def test_fetch_max_bytes_bounds_the_whole_response(broker: BrokerProcess) -> None:
+    """KIP-74: a fetch's request-level ``max_bytes`` bounds the sum over its partitions (the
+    first batch always comes whole, so a consumer is never stuck on a large one)."""
+    from tests.broker.rawkafka import fetch_partitions
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    _create(admin, "bounded", partitions=3)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    for i in range(60):
+        producer.produce("bounded", value=bytes(1000), partition=i % 3)
+        producer.flush(10)  # one record per batch
+    every = fetch_partitions(broker.bootstrap, "bounded", [0, 1, 2], 2**30, 2**20)
+    batch = len(every[0]) // 20
+    assert all(len(b) == 20 * batch for b in every.values())
+
+    bounded = fetch_partitions(broker.bootstrap, "bounded", [0, 1, 2], 5 * batch, 2**20)
+    assert sum(map(len, bounded.values())) <= 5 * batch
+    assert len(bounded[0]) > 0 and len(bounded[2]) == 0
+    tiny = fetch_partitions(broker.bootstrap, "bounded", [0, 1, 2], 10, 2**20)
+    assert len(tiny[0]) == batch and len(tiny[1]) == len(tiny[2]) == 0  # one whole batch
