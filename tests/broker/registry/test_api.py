@@ -527,3 +527,73 @@ def test_root_and_listing(registry_broker: BrokerProcess) -> None:
     assert (status, subjects) == (200, [])
     status, types = http(base, "GET", "/schemas/types")
     assert status == 200 and sorted(types) == ["AVRO", "JSON", "PROTOBUF"]
+
+
+def test_avro_reference_found_by_the_full_name_its_schema_defines(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
+    """Confluent parses every referenced schema into one name table, so the reference's
+    ``name`` (here a file name) need not be the type's name."""
+    country_subject, topic = _subject("country"), _subject("addresses")
+    country = {
+        "type": "record",
+        "name": "Country",
+        "namespace": "geo",
+        "fields": [{"name": "code", "type": "string"}],
+    }
+    client.register_schema(country_subject, Schema(json.dumps(country), "AVRO"))
+    ref = SchemaReference("country.avsc", country_subject, 1)
+    address: dict[str, Any] = {
+        "type": "record",
+        "name": "Address",
+        "namespace": "geo",
+        "fields": [{"name": "city", "type": "string"}, {"name": "country", "type": "Country"}],
+    }
+    schema = Schema(json.dumps(address), "AVRO", [ref])
+    schema_id = client.register_schema(f"{topic}-value", schema)
+    assert client.lookup_schema(f"{topic}-value", schema).schema_id == schema_id
+    # a second version checked for compatibility against the first resolves it the same way
+    address["fields"].append({"name": "zip", "type": ["null", "string"], "default": None})
+    assert client.test_compatibility(f"{topic}-value", Schema(json.dumps(address), "AVRO", [ref]))
+    # a name no referenced schema defines is still unknown
+    other = dict(address, fields=[{"name": "c", "type": "geo.Province"}])
+    _expect(
+        42201,
+        422,
+        lambda: client.register_schema(_subject("p"), Schema(json.dumps(other), "AVRO", [ref])),
+    )
+    serializer = AvroSerializer(client, schema, conf={"auto.register.schemas": False})
+    value = {"city": "Lyon", "country": {"code": "FR"}}
+    data = serializer(value, SerializationContext(topic, MessageField.VALUE))
+    assert data is not None and struct.unpack(">I", data[1:5])[0] == schema_id
+    reader = AvroDeserializer(SchemaRegistryClient({"url": registry_broker.registry_url}))
+    assert reader(data, SerializationContext(topic, MessageField.VALUE)) == value
+
+
+@pytest.mark.parametrize(
+    ("union", "accepted"),
+    [
+        (["null", "string"], True),  # "null" is a valid string: Java's Avro accepts any branch
+        (["null", "int"], False),  # the JSON string "null" is not null, nor an int
+        (["string", "null"], True),
+    ],
+)
+def test_avro_null_string_default_on_a_union(
+    registry_broker: BrokerProcess, union: list[str], accepted: bool
+) -> None:
+    schema = {
+        "type": "record",
+        "name": "Opt",
+        "fields": [{"name": "v", "type": union, "default": "null"}],
+    }
+    status, answer = http(
+        registry_broker.registry_url,
+        "POST",
+        f"/subjects/{_subject('nulldefault')}/versions",
+        {"schema": json.dumps(schema)},
+    )
+    if accepted:
+        assert status == 200 and isinstance(answer["id"], int), answer
+    else:
+        assert (status, answer["error_code"]) == (422, 42201), answer
+        assert "default" in answer["message"].lower(), answer
