@@ -346,14 +346,23 @@ class RegistryApi(HttpService):
             schema_id = None  # -1 is the Java client's "no id"
         if version is not None and version <= 0:
             version = None
-        sv, rs = await self.store.register(subject, schema_type, text, refs, schema_id, version)
+        sv, rs = await self.store.register(
+            subject, schema_type, text, refs, schema_id, version, _flag(request, "normalize")
+        )
         return reply({"id": rs.id, "version": sv.version})
 
     async def lookup(self, request: web.Request) -> web.Response:
         subject = _subject(request)
         body = await _body(request)
         schema_type, text, refs = _schema_request(body)
-        sv, _ = self.store.lookup(subject, schema_type, text, refs, _flag(request, "deleted"))
+        sv, _ = self.store.lookup(
+            subject,
+            schema_type,
+            text,
+            refs,
+            _flag(request, "deleted"),
+            _flag(request, "normalize"),
+        )
         return reply(self._version_json(sv, request.query.get("format")))
 
     async def get_version(self, request: web.Request) -> web.Response:
@@ -437,7 +446,9 @@ class RegistryApi(HttpService):
         schema_type, text, refs = _schema_request(body)
         verbose = _flag(request, "verbose")
         try:
-            messages = self.store.test_compatibility(subject, version, schema_type, text, refs)
+            messages = self.store.test_compatibility(
+                subject, version, schema_type, text, refs, _flag(request, "normalize")
+            )
         except RegistryError as exc:
             if not (verbose and exc.code == 42201):
                 raise

@@ -470,10 +470,17 @@ class SchemaStore:
         return out
 
     def parse(
-        self, schema_type: str, text: Any, refs: list[Reference], subject: str | None = None
+        self,
+        schema_type: str,
+        text: Any,
+        refs: list[Reference],
+        subject: str | None = None,
+        normalize: bool = False,
     ) -> tuple[ParsedSchema, list[ResolvedReference], str]:
-        """Validate a schema from a request: (parsed, resolved references, fingerprint).
+        """Validate a schema from a request: (parsed, resolved references, fingerprint),
+        normalized when asked or when the subject's config says so (as Confluent does).
         Raises RegistryError 42201 with Confluent's "Invalid schema ... details:" message."""
+        normalize = normalize or self.normalizes(subject)
 
         def invalid(detail: str) -> errors.RegistryError:
             return errors.invalid_schema_of(subject, schema_type, text, refs, detail)
@@ -482,7 +489,7 @@ class SchemaStore:
             raise invalid("Empty schema")
         try:
             resolved = self.resolve(refs)
-            parsed = parse_schema(schema_type, text, resolved)
+            parsed = parse_schema(schema_type, text, resolved, normalize)
         except InvalidSchemaError as exc:
             raise invalid(str(exc) or "Invalid schema") from None
         except RecursionError:
@@ -496,10 +503,15 @@ class SchemaStore:
         text: Any,
         refs: list[Reference],
         deleted: bool = False,
+        normalize: bool = False,
     ) -> tuple[SubjectVersion, RegisteredSchema]:
         _, _, fp = self.parse(schema_type, text, refs, subject)
+        fps = {fp}
+        if schema_type == "PROTOBUF" and (normalize or self.normalizes(subject)):
+            # a version registered without normalizing is found by its own text too
+            fps.add(self.parse(schema_type, text, refs, subject, True)[2])
         included = self._subject(subject).included(deleted)
-        matches = [sv for sv in included if self.schemas[sv.schema_id].fingerprint == fp]
+        matches = [sv for sv in included if self.schemas[sv.schema_id].fingerprint in fps]
         if not matches:
             if not included:
                 raise errors.subject_not_found(subject)
@@ -509,6 +521,16 @@ class SchemaStore:
         return sv, self.schemas[sv.schema_id]
 
     # ------------------------------------------------------------------ config and mode
+
+    def normalizes(self, subject: str | None) -> bool:
+        """The ``normalize`` config of the subject, else the global one (default false)."""
+        for config in (
+            self.subject_configs.get(subject) if subject is not None else None,
+            self.global_config,
+        ):
+            if config and isinstance(config.get("normalize"), bool):
+                return bool(config["normalize"])
+        return False
 
     def compatibility(self, subject: str | None) -> str:
         for config in (
@@ -658,7 +680,13 @@ class SchemaStore:
         return [str(m) for m in messages]
 
     def test_compatibility(
-        self, subject: str, version: int | None, schema_type: str, text: Any, refs: list[Reference]
+        self,
+        subject: str,
+        version: int | None,
+        schema_type: str,
+        text: Any,
+        refs: list[Reference],
+        normalize: bool = False,
     ) -> list[str]:
         """POST /compatibility/...: against one version (LATEST allowed) or, with
         version None, against the versions the subject's level names.
@@ -678,7 +706,7 @@ class SchemaStore:
                 if not previous:
                     raise errors.version_not_found(version)
             level = level.replace("_TRANSITIVE", "")
-        parsed, resolved, _ = self.parse(schema_type, text, refs, subject)
+        parsed, resolved, _ = self.parse(schema_type, text, refs, subject, normalize)
         return self.compatibility_errors(schema_type, parsed, resolved, previous, level)
 
     # ------------------------------------------------------------------ register and delete
@@ -691,6 +719,7 @@ class SchemaStore:
         refs: list[Reference],
         schema_id: int | None = None,
         version: int | None = None,
+        normalize: bool = False,
     ) -> tuple[SubjectVersion, RegisteredSchema]:
         async with self._writing():
             mode = self.mode(subject)
@@ -698,7 +727,7 @@ class SchemaStore:
                 raise errors.not_permitted(f"Subject {subject} is in read-only mode")
             if schema_id is not None and mode != "IMPORT":
                 raise errors.not_permitted(f"Subject {subject} is not in import mode")
-            parsed, resolved, fp = self.parse(schema_type, text, refs, subject)
+            parsed, resolved, fp = self.parse(schema_type, text, refs, subject, normalize)
             sub = self._subject(subject)
             # already registered (and not deleted) under this subject: the same answer again
             if schema_id is None:

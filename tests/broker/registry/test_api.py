@@ -3,6 +3,7 @@ its Avro, JSON Schema and Protobuf serializers against a running broker."""
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 import uuid
@@ -597,3 +598,126 @@ def test_avro_null_string_default_on_a_union(
     else:
         assert (status, answer["error_code"]) == (422, 42201), answer
         assert "default" in answer["message"].lower(), answer
+
+
+def test_protobuf_import_not_given_as_a_reference_is_refused(
+    registry_broker: BrokerProcess,
+) -> None:
+    text = (
+        'syntax = "proto3";\npackage acme;\nimport "other.proto";\nmessage M { other.O o = 1; }\n'
+    )
+    subject = _subject("orphan-import")
+    status, answer = http(
+        registry_broker.registry_url,
+        "POST",
+        f"/subjects/{subject}/versions",
+        {"schemaType": "PROTOBUF", "schema": text},
+    )
+    assert (status, answer["error_code"]) == (422, 42201), answer
+    message = answer["message"]
+    assert (
+        message.startswith(f"Invalid schema {{subject={subject},") and "of type PROTOBUF" in message
+    )
+    assert '"other.proto"' in message.split("details: ", 1)[1], message
+
+
+UNORDERED_PROTO = """syntax = "proto3";
+package acme.norm;
+option java_package = "com.acme.norm";
+option go_package = "acme/norm";
+option java_multiple_files = true;
+message Reading {
+  repeated int32 samples = 2 [packed = true, deprecated = true];
+  string sensor = 1;
+  Unit unit = 3;
+}
+enum Unit {
+  option allow_alias = true;
+  UNIT_UNKNOWN = 0;
+  CELSIUS = 2;
+  KELVIN = 1;
+  KELVIN_ALIAS = 1;
+}
+"""
+
+
+def test_protobuf_normalize_orders_options_fields_and_constants(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
+    """``?normalize=true`` stores the text in Confluent's normalized order."""
+    base = registry_broker.registry_url
+    plain, normal = _subject("proto-plain"), _subject("proto-norm")
+    body = {"schemaType": "PROTOBUF", "schema": UNORDERED_PROTO}
+    assert http(base, "POST", f"/subjects/{plain}/versions", body)[0] == 200
+    status, answer = http(base, "POST", f"/subjects/{normal}/versions?normalize=true", body)
+    assert status == 200, answer
+    plain_text = http(base, "GET", f"/subjects/{plain}/versions/1/schema")[1]
+    text = http(base, "GET", f"/subjects/{normal}/versions/1/schema")[1]
+    assert plain_text != text
+    lines = [line.strip() for line in text.splitlines()]
+    assert [line for line in lines if line.startswith("option ") and "=" in line][:3] == [
+        'option go_package = "acme/norm";',
+        "option java_multiple_files = true;",
+        'option java_package = "com.acme.norm";',
+    ], text
+    start = lines.index("message Reading {")
+    fields = lines[start + 1 : lines.index("}", start)]
+    assert fields == [
+        "string sensor = 1;",
+        "repeated int32 samples = 2 [deprecated = true, packed = true];",
+        ".acme.norm.Unit unit = 3;",
+    ], text
+    assert (
+        lines.index("KELVIN = 1;") < lines.index("KELVIN_ALIAS = 1;") < lines.index("CELSIUS = 2;")
+    )
+    # looked up with normalize: found whichever form it was registered in
+    for subject in (normal, plain):
+        status, found = http(base, "POST", f"/subjects/{subject}?normalize=true", body)
+        assert (status, found["version"]) == (200, 1), (subject, found)
+    # a subject whose config says normalize=true normalizes without the parameter
+    configured = _subject("proto-config")
+    assert (
+        http(
+            base, "PUT", f"/config/{configured}", {"compatibility": "BACKWARD", "normalize": True}
+        )[0]
+        == 200
+    )
+    assert client.register_schema(configured, Schema(UNORDERED_PROTO, "PROTOBUF")) == answer["id"]
+
+
+def test_protobuf_registered_as_a_descriptor_renders_canonical_text(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
+    """A client's FileDescriptorProto may name types relatively ("Line"); the text served
+    for it is the one the same schema registered as .proto text gets, with the same id."""
+    fd = descriptor_pb2.FileDescriptorProto(name="order.proto", package="acme.bin", syntax="proto3")
+    fd.options.go_package = "acme/bin"
+    order = fd.message_type.add(name="Order")
+    order.field.add(
+        name="id", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING, label=1
+    )
+    order.field.add(
+        name="lines",
+        number=2,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+        type_name="Line",
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+    )
+    line = fd.message_type.add(name="Line")
+    line.field.add(
+        name="sku", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING, label=1
+    )
+    encoded = base64.standard_b64encode(fd.SerializeToString()).decode()
+    binary_id = client.register_schema(_subject("bin"), Schema(encoded, "PROTOBUF"))
+    served = present(client.get_schema(binary_id).schema_str)
+    assert "repeated .acme.bin.Line lines = 2;" in served, served
+    text_id = client.register_schema(_subject("txt"), Schema(served, "PROTOBUF"))
+    assert text_id == binary_id
+    status, again = http(
+        registry_broker.registry_url, "GET", f"/schemas/ids/{binary_id}?format=serialized"
+    )
+    assert (
+        status == 200
+        and client.register_schema(_subject("bin2"), Schema(again["schema"], "PROTOBUF"))
+        == binary_id
+    )
