@@ -721,3 +721,90 @@ def test_protobuf_registered_as_a_descriptor_renders_canonical_text(
         and client.register_schema(_subject("bin2"), Schema(again["schema"], "PROTOBUF"))
         == binary_id
     )
+
+
+POINT = {"type": "array", "items": [{"type": "number"}, {"type": "number"}]}  # a draft-07 tuple
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        POINT,  # no $schema: read as draft-07, as Confluent does
+        {"$schema": "http://json-schema.org/draft-07/schema#", **POINT},
+        {"$schema": "http://json-schema.org/draft-06/schema#", **POINT, "contains": {"const": 0}},
+        {
+            "$schema": "http://json-schema.org/draft-04/schema#",
+            "type": "object",
+            "properties": {"ratio": {"type": "number", "minimum": 0, "exclusiveMinimum": True}},
+        },
+        True,
+        False,
+    ],
+    ids=["no-schema", "draft-07", "draft-06", "draft-04", "true", "false"],
+)
+def test_json_schema_drafts_and_boolean_schemas(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient, document: Any
+) -> None:
+    subject = _subject("json-draft")
+    schema = Schema(json.dumps(document), "JSON")
+    schema_id = client.register_schema(subject, schema)
+    assert json.loads(present(client.get_schema(schema_id).schema_str)) == document
+    assert client.lookup_schema(subject, schema).schema_id == schema_id
+
+
+def test_json_schema_tuple_round_trip_and_open_content_models(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
+    """Confluent's JSON Schema rules: what an open content model (no
+    ``additionalItems``/``additionalProperties: false``) let old data hold may not be
+    constrained later; a closed model may grow."""
+    topic = _subject("json-tuple")
+    create_topic(registry_broker.bootstrap, topic)
+    values = [[1.5, 2.0], [0, -3]]
+    # the client validates with the newest draft unless told: name draft-07 for it
+    point = {"$schema": "http://json-schema.org/draft-07/schema#", **POINT}
+    _produce(registry_broker, topic, JSONSerializer(json.dumps(point), client), values)
+    deserializer = JSONDeserializer(
+        None, schema_registry_client=SchemaRegistryClient({"url": registry_broker.registry_url})
+    )
+    got = consume(registry_broker.bootstrap, topic, len(values))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    assert [deserializer(m.value(), ctx) for m in got] == values
+
+    subject = f"{topic}-value"
+    third = {**point, "items": [*POINT["items"], {"type": "string"}]}
+    err = _expect(
+        409, 409, lambda: client.register_schema(subject, Schema(json.dumps(third), "JSON"))
+    )
+    assert "ITEM_ADDED_TO_OPEN_CONTENT_MODEL" in err.error_message
+    closed = {**POINT, "additionalItems": False}
+    closed_subject = _subject("json-closed")
+    client.register_schema(closed_subject, Schema(json.dumps(closed), "JSON"))
+    client.register_schema(
+        closed_subject, Schema(json.dumps({**third, "additionalItems": False}), "JSON")
+    )
+
+    def obj(props: dict[str, Any], **extra: Any) -> Schema:
+        return Schema(json.dumps({"type": "object", "properties": props, **extra}), "JSON")
+
+    open_subject, closed_subject = _subject("json-open-obj"), _subject("json-closed-obj")
+    client.register_schema(open_subject, obj({"a": {"type": "string"}}))
+    err = _expect(
+        409,
+        409,
+        lambda: client.register_schema(
+            open_subject, obj({"a": {"type": "string"}, "b": {"type": "integer"}})
+        ),
+    )
+    assert "PROPERTY_ADDED_TO_OPEN_CONTENT_MODEL" in err.error_message
+    client.register_schema(
+        closed_subject, obj({"a": {"type": "string"}}, additionalProperties=False)
+    )
+    client.register_schema(
+        closed_subject,
+        obj({"a": {"type": "string"}, "b": {"type": "integer"}}, additionalProperties=False),
+    )
+    # boolean schemas: true (anything) may not become false (nothing) under BACKWARD
+    bool_subject = _subject("json-bool")
+    client.register_schema(bool_subject, Schema("true", "JSON"))
+    assert not client.test_compatibility(bool_subject, Schema("false", "JSON"))
