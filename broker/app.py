@@ -81,6 +81,7 @@ class Broker:
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
         self.cluster.write_manifest()
         await self.schemas.load()  # before the listener: the produce gate needs every schema id
+        self.schemas.start_tailing()  # records other writers append to _schemas
         self.groups.start()
         await self.transactions.recover()  # before the listener: no transaction half-done
         self.transactions.start()
@@ -113,6 +114,7 @@ class Broker:
             ("segment retention", self.retention.close),
             ("catalog", self.catalog.close),
             ("registry", self.registry.close),
+            ("registry store", self.schemas.close),
             ("admin API", self.admin.close),
             ("kafka listener", self.kafka.close),
             ("group coordinator", self.groups.close),

@@ -35,17 +35,34 @@ class InternalTopic:
         await self.logs.wal.wait_durable(seq)
         return base
 
-    async def read_all(self) -> list[records.Record]:
-        """Every record from the log start to the high watermark, in order."""
+    def end_offset(self) -> int | None:
+        """The high watermark; None while the topic does not exist (nothing is created)."""
+        part = self.logs.partitions.get((self.name, 0))
+        if part is None or self.name not in self.cluster.topics:
+            return None
+        return part.high_watermark
+
+    async def wait_for_data(self, timeout: float) -> None:  # noqa: ASYNC109 (a poll deadline)
+        """Return when any partition of the broker gets records, or after ``timeout``."""
+        await self.logs.wait_for_data(timeout)
+
+    async def read_from(self, offset: int) -> tuple[list[records.Record], int]:
+        """Every record from ``offset`` (or the log start, if later) to the high watermark,
+        in order, and the offset to read from next."""
         part = await self.partition()
         out: list[records.Record] = []
-        offset = part.log_start_offset
+        offset = max(offset, part.log_start_offset)
         while offset < part.high_watermark:
             data = await self.logs.read(part, offset, 4 * 1024 * 1024)
             if not data:
                 break
+            start = len(out)
             for _, batch in records.iter_batches(data):
                 _, decoded = records.decode_batch(batch)
                 out.extend(r for r in decoded if r.offset >= offset)
-            offset = out[-1].offset + 1 if out else part.high_watermark
-        return out
+            offset = out[-1].offset + 1 if len(out) > start else part.high_watermark
+        return out, offset
+
+    async def read_all(self) -> list[records.Record]:
+        """Every record from the log start to the high watermark, in order."""
+        return (await self.read_from(0))[0]

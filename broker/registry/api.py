@@ -33,12 +33,32 @@ log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# What the registry produces, with Confluent's server-side weights (Versions.*_WEIGHTED):
+# the client's Accept picks among them, its q first, then these weights.
+PRODUCES = (
+    (CONTENT_TYPE, 1.0),
+    ("application/vnd.schemaregistry+json", 0.9),
+    ("application/json", 0.5),
+)
+# What the registry consumes (Versions.SCHEMA_REGISTRY_V1_JSON, ..., GENERIC_REQUEST); a
+# request without a Content-Type is application/octet-stream, as in Jersey.
+CONSUMES = frozenset(
+    {
+        CONTENT_TYPE,
+        "application/vnd.schemaregistry+json",
+        "application/json",
+        "application/octet-stream",
+    }
+)
 
 
 def reply(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        text=json.dumps(obj, ensure_ascii=False), status=status, content_type=CONTENT_TYPE
-    )
+    return text_reply(json.dumps(obj, ensure_ascii=False), status)
+
+
+def text_reply(text: str, status: int = 200) -> web.Response:
+    """A UTF-8 body under the bare media type (no ``; charset=``), as Confluent answers."""
+    return web.Response(body=text.encode(), status=status, content_type=CONTENT_TYPE)
 
 
 def _flag(request: web.Request, name: str) -> bool:
@@ -124,8 +144,64 @@ def _schema_request(body: dict[str, Any]) -> tuple[str, Any, list[Reference]]:
     return schema_type, text, refs
 
 
+def negotiate(accept: str) -> str | None:
+    """The media type to answer with for an ``Accept`` header (None: nothing acceptable).
+
+    Each type the registry produces is scored by the best Accept range matching it
+    (exact, ``application/*``, ``*/*``), by q and then by the server's own weight."""
+    ranges: list[tuple[str, float]] = []
+    for part in accept.split(","):
+        media, *params = (p.strip() for p in part.split(";"))
+        if not media:
+            continue
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        ranges.append((media.lower(), q))
+    if not ranges:
+        return CONTENT_TYPE
+    best: tuple[float, float, str] | None = None
+    for produced, weight in PRODUCES:
+        kind = produced.split("/")[0]
+        qs = [q for media, q in ranges if media in (produced, f"{kind}/*", "*/*")]
+        if qs and max(qs) > 0 and (best is None or (max(qs), weight) > best[:2]):
+            best = (max(qs), weight, produced)
+    return best[2] if best else None
+
+
+def _http_error(exc: web.HTTPException) -> web.Response:
+    """An aiohttp error (no route 404, 405, 413...) in the registry's body, its headers kept
+    (``Allow`` on a 405, as Jersey sends)."""
+    response = reply(
+        {"error_code": exc.status, "message": f"HTTP {exc.status} {exc.reason}"}, exc.status
+    )
+    if "Allow" in exc.headers:
+        response.headers["Allow"] = exc.headers["Allow"]
+    return response
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Errors in the registry's body; Content-Type and Accept checked as Jersey does them
+    (no route, then 415, then 406, before the handler runs)."""
+    media = negotiate(request.headers.get("Accept", ""))
+    response = await _answer(request, handler, media is not None)
+    if media is not None and media != CONTENT_TYPE and response.content_type == CONTENT_TYPE:
+        response.content_type = media
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler, acceptable: bool) -> web.StreamResponse:
+    if request.match_info.http_exception is None:
+        if request.method in ("POST", "PUT") and request.content_type.lower() not in CONSUMES:
+            return reply({"error_code": 415, "message": "HTTP 415 Unsupported Media Type"}, 415)
+        if not acceptable:
+            return reply({"error_code": 406, "message": "HTTP 406 Not Acceptable"}, 406)
     try:
         return await handler(request)
     except RegistryError as exc:
@@ -133,9 +209,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return reply(
-            {"error_code": exc.status, "message": f"HTTP {exc.status} {exc.reason}"}, exc.status
-        )
+        return _http_error(exc)
     except Exception as exc:  # a bug; still answer in the registry's format
         log.exception("schema registry: %s %s failed", request.method, request.path)
         return reply(
@@ -147,7 +221,7 @@ class RegistryApi(HttpService):
     def __init__(self, store: SchemaStore) -> None:
         self.store = store
         self.app = web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024)
-        s = "{subject}"
+        s = "{subject:[^/]+}"  # any character but '/', '{' and '}' included (URL-encoded or not)
         self.app.add_routes(
             [
                 web.get("/", self.root),
@@ -272,14 +346,23 @@ class RegistryApi(HttpService):
             schema_id = None  # -1 is the Java client's "no id"
         if version is not None and version <= 0:
             version = None
-        sv, rs = await self.store.register(subject, schema_type, text, refs, schema_id, version)
+        sv, rs = await self.store.register(
+            subject, schema_type, text, refs, schema_id, version, _flag(request, "normalize")
+        )
         return reply({"id": rs.id, "version": sv.version})
 
     async def lookup(self, request: web.Request) -> web.Response:
         subject = _subject(request)
         body = await _body(request)
         schema_type, text, refs = _schema_request(body)
-        sv, _ = self.store.lookup(subject, schema_type, text, refs, _flag(request, "deleted"))
+        sv, _ = self.store.lookup(
+            subject,
+            schema_type,
+            text,
+            refs,
+            _flag(request, "deleted"),
+            _flag(request, "normalize"),
+        )
         return reply(self._version_json(sv, request.query.get("format")))
 
     async def get_version(self, request: web.Request) -> web.Response:
@@ -297,7 +380,7 @@ class RegistryApi(HttpService):
             _flag(request, "deleted"),
         )
         text = self._schema_text(self.store.schema_of(sv), request.query.get("format"))
-        return web.Response(text=text, content_type=CONTENT_TYPE)
+        return text_reply(text)
 
     async def referenced_by(self, request: web.Request) -> web.Response:
         sv = self.store.get_version(
@@ -341,9 +424,7 @@ class RegistryApi(HttpService):
         rs = self.store.schema_by_id(schema_id)
         if rs is None:
             raise errors.schema_not_found(schema_id)
-        return web.Response(
-            text=self._schema_text(rs, request.query.get("format")), content_type=CONTENT_TYPE
-        )
+        return text_reply(self._schema_text(rs, request.query.get("format")))
 
     async def subjects_of_id(self, request: web.Request) -> web.Response:
         versions = self.store.versions_of_id(
@@ -363,9 +444,17 @@ class RegistryApi(HttpService):
         subject = _subject(request)
         body = await _body(request)
         schema_type, text, refs = _schema_request(body)
-        messages = self.store.test_compatibility(subject, version, schema_type, text, refs)
+        verbose = _flag(request, "verbose")
+        try:
+            messages = self.store.test_compatibility(
+                subject, version, schema_type, text, refs, _flag(request, "normalize")
+            )
+        except RegistryError as exc:
+            if not (verbose and exc.code == 42201):
+                raise
+            messages = [exc.message]  # Confluent: verbose turns an invalid schema into a message
         answer: dict[str, Any] = {"is_compatible": not messages}
-        if _flag(request, "verbose"):
+        if verbose:
             answer["messages"] = messages
         return reply(answer)
 

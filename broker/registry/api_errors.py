@@ -7,6 +7,10 @@ turns it into ``{"error_code": ..., "message": ...}`` with the status.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from broker.registry.schemas import Reference
+
 COMPATIBILITY_LEVELS = (
     "NONE",
     "BACKWARD",
@@ -118,6 +122,31 @@ def incompatible(message: str) -> RegistryError:
 
 def invalid_schema(message: str) -> RegistryError:
     return RegistryError(422, 42201, message)
+
+
+def invalid_schema_of(
+    subject: str | None, schema_type: str, schema: object, refs: Sequence[Reference], detail: str
+) -> RegistryError:
+    """A schema that does not parse, worded as Confluent's KafkaSchemaRegistry.parseSchema
+    words it (``Invalid schema {subject=...,schema=...} with refs [...] of type T, details: ...``),
+    so that tools matching on its start keep working; the details say what is wrong."""
+    ref_text = (
+        "["
+        + ", ".join(
+            f"{{name='{r.name}', subject='{r.subject}', version={r.version}}}" for r in refs
+        )
+        + "]"
+    )
+    described = (
+        f"{{subject={subject},version=0,id=-1,schemaType={schema_type},references={ref_text},"
+        f"metadata=null,ruleSet=null,schema={schema}}}"
+    )
+    detail = detail.removeprefix("Invalid schema: ")
+    return RegistryError(
+        422,
+        42201,
+        f"Invalid schema {described} with refs {ref_text} of type {schema_type}, details: {detail}",
+    )
 
 
 def invalid_version(version: str) -> RegistryError:

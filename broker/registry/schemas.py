@@ -103,8 +103,12 @@ def normalize_type(schema_type: Any) -> str:
     return schema_type.upper()
 
 
-def parse_schema(schema_type: str, text: str, refs: list[ResolvedReference]) -> ParsedSchema:
-    """Validate ``text`` as a schema of ``schema_type``; raises InvalidSchemaError."""
+def parse_schema(
+    schema_type: str, text: str, refs: list[ResolvedReference], normalize: bool = False
+) -> ParsedSchema:
+    """Validate ``text`` as a schema of ``schema_type``; raises InvalidSchemaError.
+    ``normalize`` puts a Protobuf schema in Confluent's normalized order (Avro and JSON
+    texts already compare with their keys sorted)."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidSchemaError("Empty schema")
     if schema_type == "AVRO":
@@ -112,7 +116,7 @@ def parse_schema(schema_type: str, text: str, refs: list[ResolvedReference]) -> 
     if schema_type == "JSON":
         return _parse_json_schema(text)
     if schema_type == "PROTOBUF":
-        return _parse_protobuf(text, refs)
+        return _parse_protobuf(text, refs, normalize)
     raise InvalidSchemaError(f"Invalid schema type {schema_type!r}")
 
 
@@ -262,9 +266,9 @@ def _parse_json_schema(text: str) -> ParsedSchema:
 # ------------------------------------------------------------------ PROTOBUF
 
 
-def _parse_protobuf(text: str, refs: list[ResolvedReference]) -> ParsedSchema:
+def _parse_protobuf(text: str, refs: list[ResolvedReference], normalize: bool) -> ParsedSchema:
     from broker.registry.protobuf import text as proto_text
 
     deps = {name: proto_text.as_text(schema) for name, schema in flatten_references(refs).items()}
-    source, model = proto_text.canonical(text, deps)
+    source, model = proto_text.canonical(text, deps, normalize)
     return ParsedSchema("PROTOBUF", source, model)

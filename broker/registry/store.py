@@ -16,6 +16,11 @@ Writes append one record, wait until it is durable and then apply it to the
 in-memory state; at start the whole topic is read back and applied in order, so
 the state after a restart is the state before it. Ids are never reused: the next
 id is one more than the largest id in any record ever read.
+
+The topic is also tailed while the broker runs, as Confluent's KafkaStoreReaderThread
+does: a record another writer appends (another registry instance, a restore with a
+plain Kafka producer) is applied within moments, and every write first catches up, so
+its id and version are chosen knowing everything in the log before it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,15 +136,17 @@ class SchemaStore:
         self.global_mode: str | None = None
         self.subject_modes: dict[str, str] = {}
         self._lock = asyncio.Lock()
+        self.next_offset = 0  # the first offset of _schemas not applied yet
+        self._tail: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ loading
 
     async def load(self) -> None:
         """Read ``_schemas`` from the start and rebuild the state. The topic is
         created by the first write, so a broker that never sees a schema has none."""
-        records = (
-            await self.topic.read_all() if self.topic.name in self.topic.cluster.topics else []
-        )
+        records: list[Any] = []
+        if self.topic.name in self.topic.cluster.topics:
+            records, self.next_offset = await self.topic.read_from(0)
         for record in records:
             self._apply_raw(record.key, record.value, record.offset)
         for rs in self.schemas.values():
@@ -155,6 +162,61 @@ class SchemaStore:
             len(self.schemas),
             self.max_id,
         )
+
+    def start_tailing(self, interval: float = 0.5) -> None:
+        """Apply records other writers append to ``_schemas`` while the broker runs."""
+        self._tail = asyncio.create_task(self._tail_loop(interval), name="schemas-tail")
+
+    async def close(self) -> None:
+        if self._tail is not None:
+            self._tail.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tail
+            self._tail = None
+
+    async def _tail_loop(self, interval: float) -> None:
+        while True:
+            await self.topic.wait_for_data(interval)
+            end = self.topic.end_offset()
+            if end is None or end <= self.next_offset:
+                continue
+            try:
+                async with self._lock:
+                    await self._catch_up()
+            except Exception:  # keep tailing: the next record may be readable
+                log.exception("schema registry: reading %s from offset %d", TOPIC, self.next_offset)
+
+    async def _catch_up(self) -> None:
+        """Apply every record from ``next_offset`` to the end of the log (lock held)."""
+        end = self.topic.end_offset()
+        if end is None or end <= self.next_offset:
+            return
+        before = set(self.schemas)
+        records, self.next_offset = await self.topic.read_from(self.next_offset)
+        for record in records:
+            self._apply_raw(record.key, record.value, record.offset)
+        for schema_id in set(self.schemas) - before:
+            rs = self.schemas[schema_id]
+            if rs.parsed is None:
+                rs.parsed = self._build_parsed(rs)
+        if records:
+            log.info(
+                "schema registry: %d records applied from %s up to offset %d",
+                len(records),
+                TOPIC,
+                self.next_offset,
+            )
+
+    @contextlib.asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        """The write lock, with the state caught up with the log first."""
+        async with self._lock:
+            try:
+                await self._catch_up()
+            except Exception as exc:
+                log.exception("schema registry: reading %s failed", TOPIC)
+                raise errors.store_error(f"Error while reading the Kafka store: {exc}") from None
+            yield
 
     def _apply_raw(self, key: bytes | None, value: bytes | None, offset: int) -> None:
         try:
@@ -296,13 +358,17 @@ class SchemaStore:
     async def _write(self, key: dict[str, Any], value: dict[str, Any] | None, what: str) -> None:
         """Append one record durably, then apply it."""
         try:
-            await self.topic.append(_dumps(key), None if value is None else _dumps(value))
+            offset = await self.topic.append(_dumps(key), None if value is None else _dumps(value))
+            if offset != self.next_offset:  # another writer's records came first: apply in order
+                await self._catch_up()
         except Exception as exc:
             log.exception("schema registry: writing to %s failed", TOPIC)
             raise errors.store_error(
                 f"{what} operation failed while writing to the Kafka store: {exc}"
             ) from None
-        self._apply(key, value)
+        if self.next_offset <= offset:
+            self._apply(key, value)
+            self.next_offset = offset + 1
 
     # ------------------------------------------------------------------ lookups
 
@@ -404,19 +470,30 @@ class SchemaStore:
         return out
 
     def parse(
-        self, schema_type: str, text: Any, refs: list[Reference]
+        self,
+        schema_type: str,
+        text: Any,
+        refs: list[Reference],
+        subject: str | None = None,
+        normalize: bool = False,
     ) -> tuple[ParsedSchema, list[ResolvedReference], str]:
-        """Validate a schema from a request: (parsed, resolved references, fingerprint).
-        Raises RegistryError 42201."""
+        """Validate a schema from a request: (parsed, resolved references, fingerprint),
+        normalized when asked or when the subject's config says so (as Confluent does).
+        Raises RegistryError 42201 with Confluent's "Invalid schema ... details:" message."""
+        normalize = normalize or self.normalizes(subject)
+
+        def invalid(detail: str) -> errors.RegistryError:
+            return errors.invalid_schema_of(subject, schema_type, text, refs, detail)
+
         if not isinstance(text, str) or not text.strip():
-            raise errors.invalid_schema("Empty schema")
+            raise invalid("Empty schema")
         try:
             resolved = self.resolve(refs)
-            parsed = parse_schema(schema_type, text, resolved)
+            parsed = parse_schema(schema_type, text, resolved, normalize)
         except InvalidSchemaError as exc:
-            raise errors.invalid_schema(str(exc) or "Invalid schema") from None
+            raise invalid(str(exc) or "Invalid schema") from None
         except RecursionError:
-            raise errors.invalid_schema("Invalid schema: nested too deeply") from None
+            raise invalid("Invalid schema: nested too deeply") from None
         return parsed, resolved, fingerprint(schema_type, parsed.canonical, refs)
 
     def lookup(
@@ -426,10 +503,15 @@ class SchemaStore:
         text: Any,
         refs: list[Reference],
         deleted: bool = False,
+        normalize: bool = False,
     ) -> tuple[SubjectVersion, RegisteredSchema]:
-        _, _, fp = self.parse(schema_type, text, refs)
+        _, _, fp = self.parse(schema_type, text, refs, subject)
+        fps = {fp}
+        if schema_type == "PROTOBUF" and (normalize or self.normalizes(subject)):
+            # a version registered without normalizing is found by its own text too
+            fps.add(self.parse(schema_type, text, refs, subject, True)[2])
         included = self._subject(subject).included(deleted)
-        matches = [sv for sv in included if self.schemas[sv.schema_id].fingerprint == fp]
+        matches = [sv for sv in included if self.schemas[sv.schema_id].fingerprint in fps]
         if not matches:
             if not included:
                 raise errors.subject_not_found(subject)
@@ -439,6 +521,16 @@ class SchemaStore:
         return sv, self.schemas[sv.schema_id]
 
     # ------------------------------------------------------------------ config and mode
+
+    def normalizes(self, subject: str | None) -> bool:
+        """The ``normalize`` config of the subject, else the global one (default false)."""
+        for config in (
+            self.subject_configs.get(subject) if subject is not None else None,
+            self.global_config,
+        ):
+            if config and isinstance(config.get("normalize"), bool):
+                return bool(config["normalize"])
+        return False
 
     def compatibility(self, subject: str | None) -> str:
         for config in (
@@ -473,7 +565,7 @@ class SchemaStore:
         normalize = body.get("normalize")
         if isinstance(normalize, bool):
             value["normalize"] = normalize
-        async with self._lock:
+        async with self._writing():
             await self._write(
                 {"keytype": "CONFIG", "subject": subject, "magic": 0}, value, "Update config"
             )
@@ -483,7 +575,7 @@ class SchemaStore:
         return answer
 
     async def delete_config(self, subject: str | None) -> dict[str, Any]:
-        async with self._lock:
+        async with self._writing():
             if subject is None:
                 previous = self.get_config(None)
                 await self._write(
@@ -512,7 +604,7 @@ class SchemaStore:
         if not isinstance(mode, str) or mode.upper() not in MODES:
             raise errors.invalid_mode(mode)
         mode = mode.upper()
-        async with self._lock:
+        async with self._writing():
             if mode == "IMPORT" and not force:
                 existing = (
                     self.has_subject(subject) if subject is not None else bool(self.list_subjects())
@@ -525,7 +617,7 @@ class SchemaStore:
         return mode
 
     async def delete_mode(self, subject: str | None) -> str:
-        async with self._lock:
+        async with self._writing():
             if subject is None:
                 previous = self.mode(None)
                 await self._write(
@@ -588,11 +680,20 @@ class SchemaStore:
         return [str(m) for m in messages]
 
     def test_compatibility(
-        self, subject: str, version: int | None, schema_type: str, text: Any, refs: list[Reference]
+        self,
+        subject: str,
+        version: int | None,
+        schema_type: str,
+        text: Any,
+        refs: list[Reference],
+        normalize: bool = False,
     ) -> list[str]:
         """POST /compatibility/...: against one version (LATEST allowed) or, with
-        version None, against the versions the subject's level names."""
-        parsed, resolved, _ = self.parse(schema_type, text, refs)
+        version None, against the versions the subject's level names.
+
+        As Confluent's CompatibilityResource: a version that does not exist is 40402
+        even when the subject does not exist either (``latest`` of no subject is
+        compatible), and is looked up before the schema is parsed."""
         level = self.compatibility(subject)
         if version is None:
             previous = self._previous_for_level(subject, level)
@@ -603,10 +704,9 @@ class SchemaStore:
             else:
                 previous = [sv for sv in live if sv.version == version]
                 if not previous:
-                    if not live:
-                        raise errors.subject_not_found(subject)
                     raise errors.version_not_found(version)
             level = level.replace("_TRANSITIVE", "")
+        parsed, resolved, _ = self.parse(schema_type, text, refs, subject, normalize)
         return self.compatibility_errors(schema_type, parsed, resolved, previous, level)
 
     # ------------------------------------------------------------------ register and delete
@@ -619,14 +719,15 @@ class SchemaStore:
         refs: list[Reference],
         schema_id: int | None = None,
         version: int | None = None,
+        normalize: bool = False,
     ) -> tuple[SubjectVersion, RegisteredSchema]:
-        async with self._lock:
+        async with self._writing():
             mode = self.mode(subject)
             if _is_read_only(mode):
                 raise errors.not_permitted(f"Subject {subject} is in read-only mode")
             if schema_id is not None and mode != "IMPORT":
                 raise errors.not_permitted(f"Subject {subject} is not in import mode")
-            parsed, resolved, fp = self.parse(schema_type, text, refs)
+            parsed, resolved, fp = self.parse(schema_type, text, refs, subject, normalize)
             sub = self._subject(subject)
             # already registered (and not deleted) under this subject: the same answer again
             if schema_id is None:
@@ -692,7 +793,7 @@ class SchemaStore:
             )
 
     async def delete_subject(self, subject: str, permanent: bool = False) -> list[int]:
-        async with self._lock:
+        async with self._writing():
             if _is_read_only(self.mode(subject)):
                 raise errors.not_permitted(f"Subject {subject} is in read-only mode")
             sub = self._subject(subject)
@@ -733,7 +834,7 @@ class SchemaStore:
             )
 
     async def delete_version(self, subject: str, version: int, permanent: bool = False) -> int:
-        async with self._lock:
+        async with self._writing():
             if _is_read_only(self.mode(subject)):
                 raise errors.not_permitted(f"Subject {subject} is in read-only mode")
             sub = self._subject(subject)

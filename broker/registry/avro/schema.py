@@ -63,14 +63,66 @@ def _load_json(text: str, what: str) -> Any:
 
 
 def _reference_for(name: str, refs: Mapping[str, str]) -> str | None:
-    """The reference key defining `name`, matched by full name, then by simple name."""
+    """The reference key defining the named type `name`.
+
+    Confluent parses every referenced schema into the same name table before the schema,
+    so a reference is found by the full names its schema defines whatever its ``name``
+    field says (``country.avsc`` for a record ``geo.Country``). The reference's own name
+    is tried first, then the defined full names, then a type defined in no namespace
+    with the same simple name (Java's name lookup falls back to the null namespace).
+    """
     if name in refs:
         return name
+    defined = {key: defined_names(refs[key]) for key in refs}
+    for key, names in defined.items():
+        if name in names:
+            return key
     short = name.rsplit(".", 1)[-1]
-    for key in refs:
-        if key.rsplit(".", 1)[-1] == short:
+    for key, names in defined.items():
+        if key.rsplit(".", 1)[-1] == short or short in names:
             return key
     return None
+
+
+def defined_names(text: str) -> set[str]:
+    """The full names of the named types (record, enum, fixed) a schema text defines."""
+    try:
+        obj = json.loads(text)
+    except (TypeError, ValueError):
+        return set()
+    out: set[str] = set()
+    _collect_names(obj, "", out, 0)
+    return out
+
+
+def _collect_names(obj: Any, namespace: str, out: set[str], depth: int) -> None:
+    if depth > 256:
+        return
+    if isinstance(obj, list):
+        for item in obj:
+            _collect_names(item, namespace, out, depth + 1)
+        return
+    if not isinstance(obj, dict):
+        return
+    kind, name = obj.get("type"), obj.get("name")
+    if kind in ("record", "error", "enum", "fixed") and isinstance(name, str):
+        ns = obj.get("namespace")
+        if "." in name:
+            full = name
+        elif isinstance(ns, str) and ns:
+            full = f"{ns}.{name}"
+        else:
+            full = f"{namespace}.{name}" if namespace else name
+        out.add(full)
+        namespace = full.rpartition(".")[0]
+    for fld in obj.get("fields", []) if isinstance(obj.get("fields"), list) else []:
+        if isinstance(fld, dict):
+            _collect_names(fld.get("type"), namespace, out, depth + 1)
+    for key in ("items", "values"):
+        if key in obj:
+            _collect_names(obj[key], namespace, out, depth + 1)
+    if isinstance(kind, (dict, list)):
+        _collect_names(kind, namespace, out, depth + 1)
 
 
 def _fastavro_check(obj: Any, refs: Mapping[str, str]) -> list[str]:

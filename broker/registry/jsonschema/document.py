@@ -157,11 +157,18 @@ def _load_one(text: str, what: str) -> Any:
     if not isinstance(root, (dict, bool)):
         raise InvalidSchemaError(f"Invalid {what}: a schema must be a JSON object or boolean")
     try:
-        jsonschema.validators.validator_for(root).check_schema(root)
+        validator_class(root).check_schema(root)
     except jsonschema.exceptions.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         raise InvalidSchemaError(f"Invalid {what} at #/{where}: {exc.message}") from None
     return root
+
+
+def validator_class(root: Any) -> Any:
+    """The `jsonschema` validator of the dialect a document's ``$schema`` names (draft-04,
+    -06, -07, 2019-09, 2020-12); without one, draft-07, the version Confluent's registry
+    reads such a document as (so ``items`` may be an array of schemas, a tuple)."""
+    return jsonschema.validators.validator_for(root, default=jsonschema.Draft7Validator)
 
 
 def _own_id(root: Any) -> str | None:
@@ -173,7 +180,7 @@ def _own_id(root: Any) -> str | None:
 
 def _resource(root: Any) -> referencing.Resource[Any]:
     """The document as a resource of the dialect `jsonschema` validated it with."""
-    dialect = jsonschema.validators.validator_for(root).META_SCHEMA["$schema"]
+    dialect = validator_class(root).META_SCHEMA["$schema"]
     spec = referencing.jsonschema.specification_with(
         dialect, default=referencing.jsonschema.DRAFT202012
     )

@@ -101,12 +101,12 @@ def parse_proto(text: str, references: Mapping[str, str] | None = None) -> Proto
         raise InvalidSchemaError(f"Invalid {what}: expected a string")
     sources = {path: _source(ref, path) for path, ref in (references or {}).items()}
     if is_serialized_descriptor(text):
-        # Checked as the text it stands for; the model keeps the descriptor's own layout.
-        fdp = _decode(text, what)
-        compiled = compile_proto(render_proto(from_descriptor(fdp)), sources, what)
-    else:
-        compiled = compile_proto(text, sources, what)
-        fdp = compiled.main
+        # Compiled as the text it stands for, and modelled from protoc's descriptor of that
+        # text, as a schema registered as text is: type names resolved (a client may send
+        # "N" where protoc writes ".acme.N"), so both forms give one canonical text, one id.
+        text = render_proto(from_descriptor(_decode(text, what)))
+    compiled = compile_proto(text, sources, what)
+    fdp = compiled.main
     files = {name: from_descriptor(dep, compiled.pool) for name, dep in compiled.imports.items()}
     for pf in files.values():
         pf.dependencies.update({name: files[name] for name in pf.imports if name in files})

@@ -3,6 +3,7 @@ its Avro, JSON Schema and Protobuf serializers against a running broker."""
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 import uuid
@@ -527,3 +528,283 @@ def test_root_and_listing(registry_broker: BrokerProcess) -> None:
     assert (status, subjects) == (200, [])
     status, types = http(base, "GET", "/schemas/types")
     assert status == 200 and sorted(types) == ["AVRO", "JSON", "PROTOBUF"]
+
+
+def test_avro_reference_found_by_the_full_name_its_schema_defines(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
+    """Confluent parses every referenced schema into one name table, so the reference's
+    ``name`` (here a file name) need not be the type's name."""
+    country_subject, topic = _subject("country"), _subject("addresses")
+    country = {
+        "type": "record",
+        "name": "Country",
+        "namespace": "geo",
+        "fields": [{"name": "code", "type": "string"}],
+    }
+    client.register_schema(country_subject, Schema(json.dumps(country), "AVRO"))
+    ref = SchemaReference("country.avsc", country_subject, 1)
+    address: dict[str, Any] = {
+        "type": "record",
+        "name": "Address",
+        "namespace": "geo",
+        "fields": [{"name": "city", "type": "string"}, {"name": "country", "type": "Country"}],
+    }
+    schema = Schema(json.dumps(address), "AVRO", [ref])
+    schema_id = client.register_schema(f"{topic}-value", schema)
+    assert client.lookup_schema(f"{topic}-value", schema).schema_id == schema_id
+    # a second version checked for compatibility against the first resolves it the same way
+    address["fields"].append({"name": "zip", "type": ["null", "string"], "default": None})
+    assert client.test_compatibility(f"{topic}-value", Schema(json.dumps(address), "AVRO", [ref]))
+    # a name no referenced schema defines is still unknown
+    other = dict(address, fields=[{"name": "c", "type": "geo.Province"}])
+    _expect(
+        42201,
+        422,
+        lambda: client.register_schema(_subject("p"), Schema(json.dumps(other), "AVRO", [ref])),
+    )
+    serializer = AvroSerializer(client, schema, conf={"auto.register.schemas": False})
+    value = {"city": "Lyon", "country": {"code": "FR"}}
+    data = serializer(value, SerializationContext(topic, MessageField.VALUE))
+    assert data is not None and struct.unpack(">I", data[1:5])[0] == schema_id
+    reader = AvroDeserializer(SchemaRegistryClient({"url": registry_broker.registry_url}))
+    assert reader(data, SerializationContext(topic, MessageField.VALUE)) == value
+
+
+@pytest.mark.parametrize(
+    ("union", "accepted"),
+    [
+        (["null", "string"], True),  # "null" is a valid string: Java's Avro accepts any branch
+        (["null", "int"], False),  # the JSON string "null" is not null, nor an int
+        (["string", "null"], True),
+    ],
+)
+def test_avro_null_string_default_on_a_union(
+    registry_broker: BrokerProcess, union: list[str], accepted: bool
+) -> None:
+    schema = {
+        "type": "record",
+        "name": "Opt",
+        "fields": [{"name": "v", "type": union, "default": "null"}],
+    }
+    status, answer = http(
+        registry_broker.registry_url,
+        "POST",
+        f"/subjects/{_subject('nulldefault')}/versions",
+        {"schema": json.dumps(schema)},
+    )
+    if accepted:
+        assert status == 200 and isinstance(answer["id"], int), answer
+    else:
+        assert (status, answer["error_code"]) == (422, 42201), answer
+        assert "default" in answer["message"].lower(), answer
+
+
+def test_protobuf_import_not_given_as_a_reference_is_refused(
+    registry_broker: BrokerProcess,
+) -> None:
+    text = (
+        'syntax = "proto3";\npackage acme;\nimport "other.proto";\nmessage M { other.O o = 1; }\n'
+    )
+    subject = _subject("orphan-import")
+    status, answer = http(
+        registry_broker.registry_url,
+        "POST",
+        f"/subjects/{subject}/versions",
+        {"schemaType": "PROTOBUF", "schema": text},
+    )
+    assert (status, answer["error_code"]) == (422, 42201), answer
+    message = answer["message"]
+    assert (
+        message.startswith(f"Invalid schema {{subject={subject},") and "of type PROTOBUF" in message
+    )
+    assert '"other.proto"' in message.split("details: ", 1)[1], message
+
+
+UNORDERED_PROTO = """syntax = "proto3";
+package acme.norm;
+option java_package = "com.acme.norm";
+option go_package = "acme/norm";
+option java_multiple_files = true;
+message Reading {
+  repeated int32 samples = 2 [packed = true, deprecated = true];
+  string sensor = 1;
+  Unit unit = 3;
+}
+enum Unit {
+  option allow_alias = true;
+  UNIT_UNKNOWN = 0;
+  CELSIUS = 2;
+  KELVIN = 1;
+  KELVIN_ALIAS = 1;
+}
+"""
+
+
+def test_protobuf_normalize_orders_options_fields_and_constants(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
+    """``?normalize=true`` stores the text in Confluent's normalized order."""
+    base = registry_broker.registry_url
+    plain, normal = _subject("proto-plain"), _subject("proto-norm")
+    body = {"schemaType": "PROTOBUF", "schema": UNORDERED_PROTO}
+    assert http(base, "POST", f"/subjects/{plain}/versions", body)[0] == 200
+    status, answer = http(base, "POST", f"/subjects/{normal}/versions?normalize=true", body)
+    assert status == 200, answer
+    plain_text = http(base, "GET", f"/subjects/{plain}/versions/1/schema")[1]
+    text = http(base, "GET", f"/subjects/{normal}/versions/1/schema")[1]
+    assert plain_text != text
+    lines = [line.strip() for line in text.splitlines()]
+    assert [line for line in lines if line.startswith("option ") and "=" in line][:3] == [
+        'option go_package = "acme/norm";',
+        "option java_multiple_files = true;",
+        'option java_package = "com.acme.norm";',
+    ], text
+    start = lines.index("message Reading {")
+    fields = lines[start + 1 : lines.index("}", start)]
+    assert fields == [
+        "string sensor = 1;",
+        "repeated int32 samples = 2 [deprecated = true, packed = true];",
+        ".acme.norm.Unit unit = 3;",
+    ], text
+    assert (
+        lines.index("KELVIN = 1;") < lines.index("KELVIN_ALIAS = 1;") < lines.index("CELSIUS = 2;")
+    )
+    # looked up with normalize: found whichever form it was registered in
+    for subject in (normal, plain):
+        status, found = http(base, "POST", f"/subjects/{subject}?normalize=true", body)
+        assert (status, found["version"]) == (200, 1), (subject, found)
+    # a subject whose config says normalize=true normalizes without the parameter
+    configured = _subject("proto-config")
+    assert (
+        http(
+            base, "PUT", f"/config/{configured}", {"compatibility": "BACKWARD", "normalize": True}
+        )[0]
+        == 200
+    )
+    assert client.register_schema(configured, Schema(UNORDERED_PROTO, "PROTOBUF")) == answer["id"]
+
+
+def test_protobuf_registered_as_a_descriptor_renders_canonical_text(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
+    """A client's FileDescriptorProto may name types relatively ("Line"); the text served
+    for it is the one the same schema registered as .proto text gets, with the same id."""
+    fd = descriptor_pb2.FileDescriptorProto(name="order.proto", package="acme.bin", syntax="proto3")
+    fd.options.go_package = "acme/bin"
+    order = fd.message_type.add(name="Order")
+    order.field.add(
+        name="id", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING, label=1
+    )
+    order.field.add(
+        name="lines",
+        number=2,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+        type_name="Line",
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+    )
+    line = fd.message_type.add(name="Line")
+    line.field.add(
+        name="sku", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING, label=1
+    )
+    encoded = base64.standard_b64encode(fd.SerializeToString()).decode()
+    binary_id = client.register_schema(_subject("bin"), Schema(encoded, "PROTOBUF"))
+    served = present(client.get_schema(binary_id).schema_str)
+    assert "repeated .acme.bin.Line lines = 2;" in served, served
+    text_id = client.register_schema(_subject("txt"), Schema(served, "PROTOBUF"))
+    assert text_id == binary_id
+    status, again = http(
+        registry_broker.registry_url, "GET", f"/schemas/ids/{binary_id}?format=serialized"
+    )
+    assert (
+        status == 200
+        and client.register_schema(_subject("bin2"), Schema(again["schema"], "PROTOBUF"))
+        == binary_id
+    )
+
+
+POINT = {"type": "array", "items": [{"type": "number"}, {"type": "number"}]}  # a draft-07 tuple
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        POINT,  # no $schema: read as draft-07, as Confluent does
+        {"$schema": "http://json-schema.org/draft-07/schema#", **POINT},
+        {"$schema": "http://json-schema.org/draft-06/schema#", **POINT, "contains": {"const": 0}},
+        {
+            "$schema": "http://json-schema.org/draft-04/schema#",
+            "type": "object",
+            "properties": {"ratio": {"type": "number", "minimum": 0, "exclusiveMinimum": True}},
+        },
+        True,
+        False,
+    ],
+    ids=["no-schema", "draft-07", "draft-06", "draft-04", "true", "false"],
+)
+def test_json_schema_drafts_and_boolean_schemas(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient, document: Any
+) -> None:
+    subject = _subject("json-draft")
+    schema = Schema(json.dumps(document), "JSON")
+    schema_id = client.register_schema(subject, schema)
+    assert json.loads(present(client.get_schema(schema_id).schema_str)) == document
+    assert client.lookup_schema(subject, schema).schema_id == schema_id
+
+
+def test_json_schema_tuple_round_trip_and_open_content_models(
+    registry_broker: BrokerProcess, client: SchemaRegistryClient
+) -> None:
+    """Confluent's JSON Schema rules: what an open content model (no
+    ``additionalItems``/``additionalProperties: false``) let old data hold may not be
+    constrained later; a closed model may grow."""
+    topic = _subject("json-tuple")
+    create_topic(registry_broker.bootstrap, topic)
+    values = [[1.5, 2.0], [0, -3]]
+    # the client validates with the newest draft unless told: name draft-07 for it
+    point = {"$schema": "http://json-schema.org/draft-07/schema#", **POINT}
+    _produce(registry_broker, topic, JSONSerializer(json.dumps(point), client), values)
+    deserializer = JSONDeserializer(
+        None, schema_registry_client=SchemaRegistryClient({"url": registry_broker.registry_url})
+    )
+    got = consume(registry_broker.bootstrap, topic, len(values))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    assert [deserializer(m.value(), ctx) for m in got] == values
+
+    subject = f"{topic}-value"
+    third = {**point, "items": [*POINT["items"], {"type": "string"}]}
+    err = _expect(
+        409, 409, lambda: client.register_schema(subject, Schema(json.dumps(third), "JSON"))
+    )
+    assert "ITEM_ADDED_TO_OPEN_CONTENT_MODEL" in err.error_message
+    closed = {**POINT, "additionalItems": False}
+    closed_subject = _subject("json-closed")
+    client.register_schema(closed_subject, Schema(json.dumps(closed), "JSON"))
+    client.register_schema(
+        closed_subject, Schema(json.dumps({**third, "additionalItems": False}), "JSON")
+    )
+
+    def obj(props: dict[str, Any], **extra: Any) -> Schema:
+        return Schema(json.dumps({"type": "object", "properties": props, **extra}), "JSON")
+
+    open_subject, closed_subject = _subject("json-open-obj"), _subject("json-closed-obj")
+    client.register_schema(open_subject, obj({"a": {"type": "string"}}))
+    err = _expect(
+        409,
+        409,
+        lambda: client.register_schema(
+            open_subject, obj({"a": {"type": "string"}, "b": {"type": "integer"}})
+        ),
+    )
+    assert "PROPERTY_ADDED_TO_OPEN_CONTENT_MODEL" in err.error_message
+    client.register_schema(
+        closed_subject, obj({"a": {"type": "string"}}, additionalProperties=False)
+    )
+    client.register_schema(
+        closed_subject,
+        obj({"a": {"type": "string"}, "b": {"type": "integer"}}, additionalProperties=False),
+    )
+    # boolean schemas: true (anything) may not become false (nothing) under BACKWARD
+    bool_subject = _subject("json-bool")
+    client.register_schema(bool_subject, Schema("true", "JSON"))
+    assert not client.test_compatibility(bool_subject, Schema("false", "JSON"))

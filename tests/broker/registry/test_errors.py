@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 
 import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from tests.broker.registry.helpers import error, http
+from tests.broker.registry.helpers import CONTENT_TYPE, error, http
 from tests.support import BrokerProcess
 
 RECORD = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]})
@@ -119,7 +123,6 @@ def test_unknown_subjects_versions_and_ids(registry_broker: BrokerProcess) -> No
         ("DELETE", f"/subjects/{missing}/versions/1"),
         ("GET", f"/subjects/{missing}/versions/1/schema"),
         ("GET", f"/subjects/{missing}/versions/1/referencedby"),
-        ("POST", f"/compatibility/subjects/{missing}/versions/3"),
     ]:
         body = {"schema": RECORD} if method == "POST" else None
         assert error(base, method, path, body)[:2] == (404, 40401), path
@@ -129,9 +132,14 @@ def test_unknown_subjects_versions_and_ids(registry_broker: BrokerProcess) -> No
         ("DELETE", f"/subjects/{s}/versions/9"),
         ("GET", f"/subjects/{s}/versions/2/schema"),
         ("POST", f"/compatibility/subjects/{s}/versions/5"),
+        # CompatibilityResource looks the version up without asking for the subject first
+        ("POST", f"/compatibility/subjects/{missing}/versions/3"),
     ]:
         body = {"schema": RECORD} if method == "POST" else None
         assert error(base, method, path, body)[:2] == (404, 40402), path
+    # ... and "latest" of a subject that does not exist is compatible
+    latest = f"/compatibility/subjects/{missing}/versions/latest"
+    assert http(base, "POST", latest, {"schema": RECORD}) == (200, {"is_compatible": True})
     other = json.dumps({"type": "record", "name": "Other", "fields": []})
     assert error(base, "POST", f"/subjects/{s}", {"schema": other})[:2] == (404, 40403)
     for path in (
@@ -275,3 +283,107 @@ def test_garbage_never_500(registry_broker: BrokerProcess) -> None:
     assert not failures, failures[:10]
     assert http(base, "PUT", "/mode", {"mode": "READWRITE"})[0] == 200
     assert http(base, "PUT", "/config", {"compatibility": "BACKWARD"})[0] == 200
+
+
+def _raw(
+    base: str, method: str, path: str, body: bytes | None = None, **headers: str
+) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) with the request headers exactly as given."""
+    req = urllib.request.Request(base + path, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def test_invalid_schema_message_is_confluents(registry_broker: BrokerProcess) -> None:
+    base, s = registry_broker.registry_url, _subject()
+    bad = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]})
+    status, code, message = error(base, "POST", f"/subjects/{s}/versions", {"schema": bad})
+    assert (status, code) == (422, 42201)
+    assert message.startswith(f"Invalid schema {{subject={s},") and f"schema={bad}" in message
+    assert "with refs [] of type AVRO, details: " in message and "nope" in message, message
+    # verbose compatibility turns an invalid schema into a message, as Confluent does
+    _register(base, s, RECORD)
+    status, answer = http(
+        base, "POST", f"/compatibility/subjects/{s}/versions/latest?verbose=true", {"schema": bad}
+    )
+    assert status == 200 and answer["is_compatible"] is False, answer
+    assert answer["messages"][0].startswith("Invalid schema {"), answer
+
+
+def test_media_types_and_negotiation(registry_broker: BrokerProcess) -> None:
+    base = registry_broker.registry_url
+    assert _raw(base, "GET", "/subjects")[1]["Content-Type"] == CONTENT_TYPE
+    for accept, media in [
+        ("*/*", CONTENT_TYPE),
+        ("application/json", "application/json"),
+        ("application/vnd.schemaregistry+json", "application/vnd.schemaregistry+json"),
+        ("application/*", CONTENT_TYPE),
+        ("application/json, application/vnd.schemaregistry.v1+json", CONTENT_TYPE),
+        (
+            "application/json; q=0.9, application/vnd.schemaregistry.v1+json; q=0.1",
+            "application/json",
+        ),
+    ]:
+        status, headers, _ = _raw(base, "GET", "/subjects", Accept=accept)
+        assert (status, headers["Content-Type"]) == (200, media), accept
+    # an error answers in the negotiated type too
+    status, headers, body = _raw(
+        base, "GET", f"/subjects/{_subject()}/versions", Accept="application/json"
+    )
+    assert (status, headers["Content-Type"], json.loads(body)["error_code"]) == (
+        404,
+        "application/json",
+        40401,
+    )
+    status, _, body = _raw(base, "GET", "/subjects", Accept="text/html")
+    assert (status, json.loads(body)) == (
+        406,
+        {"error_code": 406, "message": "HTTP 406 Not Acceptable"},
+    )
+    # a body of a type the registry does not consume (curl -d's default) is refused unread
+    s = _subject()
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    status, _, body = _raw(
+        base, "POST", f"/subjects/{s}/versions", json.dumps({"schema": RECORD}).encode(), **form
+    )
+    assert (status, json.loads(body)["error_code"]) == (415, 415)
+    assert http(base, "GET", f"/subjects/{s}/versions")[0] == 404
+    for ctype in (
+        "application/json",
+        "application/vnd.schemaregistry+json",
+        "application/octet-stream",
+    ):
+        status, _, body = _raw(
+            base,
+            "POST",
+            f"/subjects/{s}/versions",
+            json.dumps({"schema": RECORD}).encode(),
+            **{"Content-Type": ctype},
+        )
+        assert status == 200, (ctype, body)
+
+
+def test_method_not_allowed_names_the_allowed_ones(registry_broker: BrokerProcess) -> None:
+    base = registry_broker.registry_url
+    status, headers, body = _raw(base, "PATCH", "/config")
+    assert (status, json.loads(body)["error_code"]) == (405, 405)
+    assert set(headers["Allow"].split(",")) >= {"GET", "PUT", "DELETE"}, headers
+    status, headers, _ = _raw(base, "PUT", f"/subjects/{_subject()}/versions")
+    assert status == 405 and set(headers["Allow"].split(",")) >= {"GET", "POST"}, headers
+
+
+def test_subjects_with_braces(registry_broker: BrokerProcess) -> None:
+    """``{`` and ``}`` are legal in a subject (the client URL-encodes them)."""
+    base = registry_broker.registry_url
+    client = SchemaRegistryClient({"url": base, "max.retries": 0})
+    subject = f"{{ns}}.{_subject()}-value"
+    schema_id = client.register_schema(subject, Schema(RECORD, "AVRO"))
+    assert client.get_latest_version(subject).schema_id == schema_id
+    assert subject in client.get_subjects()
+    encoded = urllib.parse.quote(subject, safe="")
+    assert http(base, "GET", f"/subjects/{encoded}/versions") == (200, [1])
+    assert subject in http(base, "GET", f"/schemas/ids/{schema_id}/subjects")[1]
+    assert client.delete_subject(subject) == [1]

@@ -8,11 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 
 from tests.broker.registry.helpers import consume, end_offset, http
-from tests.support import BrokerProcess, present
+from tests.support import BrokerProcess, present, wait_for
 
 
 def avro(name: str, fields: list[dict[str, Any]]) -> Schema:
@@ -236,3 +237,77 @@ def test_schemas_topic_is_plain_kafka(tmp_path: Path) -> None:
         {"keytype": "MODE", "subject": "frozen-value", "magic": 0},
         {"mode": "READONLY"},
     ) in decoded
+
+
+def _produce_raw(bootstrap: str, items: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
+    """Append records to ``_schemas`` as another registry instance would: plain Kafka."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for key, value in items:
+        producer.produce(
+            "_schemas",
+            key=json.dumps(key).encode(),
+            value=None if value is None else json.dumps(value).encode(),
+        )
+    assert producer.flush(30) == 0
+
+
+def test_records_another_writer_appends_are_read_live(tmp_path: Path) -> None:
+    """No restart: the registry tails ``_schemas``, so what another instance writes there
+    (here a raw producer in Confluent's record format) is served within moments, and the
+    registry's own next id follows the ids it read."""
+    broker = BrokerProcess(tmp_path / "home", ["--segment-flush-ms", "200"]).start()
+    try:
+        base = broker.registry_url
+        client = SchemaRegistryClient({"url": base})
+        own_id = client.register_schema("local-value", avro("Local", F1))  # creates _schemas
+        foreign_id = own_id + 40
+        schema = json.dumps(json.loads(present(avro("Remote", F1).schema_str)))
+        key = {"keytype": "SCHEMA", "subject": "remote-value", "version": 1, "magic": 1}
+        value = {
+            "subject": "remote-value",
+            "version": 1,
+            "id": foreign_id,
+            "schema": schema,
+            "references": [],
+            "deleted": False,
+        }
+        _produce_raw(
+            broker.bootstrap,
+            [
+                (key, value),
+                (
+                    {"keytype": "CONFIG", "subject": "remote-value", "magic": 0},
+                    {"compatibilityLevel": "NONE"},
+                ),
+                ({"keytype": "MODE", "subject": "local-value", "magic": 0}, {"mode": "READONLY"}),
+            ],
+        )
+        got = wait_for(
+            lambda: (
+                (answer := http(base, "GET", "/subjects/remote-value/versions/1"))[0] == 200
+                and answer[1]
+            ),
+            10,
+            what="the raw record served",
+        )
+        assert got["id"] == foreign_id and json.loads(got["schema"]) == json.loads(schema)
+        assert http(base, "GET", f"/schemas/ids/{foreign_id}")[0] == 200
+        assert http(base, "GET", "/config/remote-value")[1]["compatibilityLevel"] == "NONE"
+        assert http(base, "GET", "/mode/local-value") == (200, {"mode": "READONLY"})
+        # the next id is past the foreign one; NONE lets an unrelated schema follow
+        assert client.register_schema("remote-value", avro("Other", F2)) == foreign_id + 1
+        # a soft delete and then a tombstone from the other writer
+        _produce_raw(broker.bootstrap, [(key, {**value, "deleted": True})])
+        wait_for(
+            lambda: http(base, "GET", "/subjects/remote-value/versions")[1] == [2],
+            10,
+            what="the soft delete applied",
+        )
+        _produce_raw(broker.bootstrap, [(key, None)])
+        wait_for(
+            lambda: http(base, "GET", "/subjects/remote-value/versions?deleted=true")[1] == [2],
+            10,
+            what="the tombstone applied",
+        )
+    finally:
+        broker.stop()

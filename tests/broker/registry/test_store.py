@@ -49,6 +49,15 @@ class MemoryTopic:
     async def read_all(self) -> list[_Record]:
         return list(self.records)
 
+    async def read_from(self, offset: int) -> tuple[list[_Record], int]:
+        return self.records[offset:], len(self.records)
+
+    def end_offset(self) -> int | None:
+        return len(self.records) if self.name in self.cluster.topics else None
+
+    async def wait_for_data(self, timeout: float) -> None:  # noqa: ASYNC109
+        await asyncio.sleep(timeout)
+
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
