@@ -20,7 +20,7 @@ EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jo
 # What the linters look at.
 LINT_PATHS := broker spark_jobs dags plugins tests bench
 
-.PHONY: setup system-deps run test test-unit docs bench lint lint-code format-check format clean
+.PHONY: setup system-deps run test test-unit docs bench bench-vs-kafka lint lint-code format-check format clean
 
 setup: $(VENV)/.installed $(VENV)/.extensions $(JARS)/.pinned
 
@@ -107,6 +107,10 @@ docs: setup
 
 bench: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/produce_consume.py
+
+# The broker beside Apache Kafka 4.1 (its Maven Central jars), Kafka's perf tools as the client.
+bench-vs-kafka: setup $(KAFKA_JARS)/.pinned
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/vs_kafka.py $(BENCH_ARGS)
 
 # ruff's rules, mypy (its files and settings: pyproject.toml), then the formatting.
 lint: lint-code format-check

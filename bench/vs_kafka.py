@@ -1,0 +1,258 @@
+"""The Icefall broker beside Apache Kafka, in one run on this machine, with Kafka's own perf
+tools as the client of both (issue 17, part 1).
+
+Apache Kafka 4.1 runs in KRaft mode (one node, broker and controller, a temporary log dir)
+from its Maven Central jars (tests/jvm/kafka, copied by ``make test`` or ``make bench-vs-kafka``),
+twice: once with ``log.flush.interval.messages=1`` (an fsync before the ack, as Icefall's WAL
+does for acks=all) and once with its defaults (the page cache only). The Icefall broker runs
+with its defaults. One broker runs at a time, so each has both cores.
+
+For each: ``kafka-producer-perf-test`` (acks=all, no throughput cap) sends the records, then
+``kafka-consumer-perf-test`` reads them back. Recorded: MiB/s and records/s, produce latency
+p50/p99 (as the tool reports them), the broker's CPU seconds per GiB (from /proc) and its
+peak RSS (VmHWM). The last line prints the ratios Icefall / Kafka-with-fsync.
+
+    .venv/bin/python bench/vs_kafka.py            # 1,000,000 records of 512 B, 4 partitions
+    .venv/bin/python bench/vs_kafka.py --quick    # 100,000 records: about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+
+from _common import MIB, BrokerProcess, machine, pid_cpu_seconds
+
+from tests.kafka_tools import kafka_jars, kafka_tool
+from tests.support import free_port, wait_for
+
+GIB = 1024 * MIB
+
+
+@dataclass
+class Side:
+    """One broker's figures."""
+
+    name: str
+    produce_mib_s: float
+    produce_records_s: float
+    p50_ms: float
+    p99_ms: float
+    consume_mib_s: float
+    consume_records_s: float
+    produce_cpu_s_per_gib: float
+    consume_cpu_s_per_gib: float
+    peak_rss_mib: float
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@contextlib.contextmanager
+def apache_kafka(folder: Path, fsync: bool) -> Iterator[tuple[str, int]]:
+    """A one-node KRaft Kafka on free ports; yields (bootstrap, pid)."""
+    port, controller = free_port(), free_port()
+    logs = folder / "logs"
+    props = folder / "server.properties"
+    lines = [
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{controller}",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"log.dirs={logs}",
+        "offsets.topic.replication.factor=1",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+    ]
+    if fsync:
+        lines.append("log.flush.interval.messages=1")
+    props.write_text("\n".join(lines) + "\n")
+    classpath = f"{kafka_jars()}/*"
+    quiet = "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn"
+    cluster_id = subprocess.run(
+        ["java", quiet, "-cp", classpath, "kafka.tools.StorageTool", "random-uuid"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[-1]
+    subprocess.run(
+        ["java", quiet, "-cp", classpath, "kafka.tools.StorageTool", "format"]
+        + ["-t", cluster_id, "-c", str(props)],
+        capture_output=True,
+        check=True,
+    )
+    log_file = open(folder / "kafka.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        ["java", "-Xmx1g", "-Xms1g", quiet, "-cp", classpath, "kafka.Kafka", str(props)],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        wait_for(
+            lambda: (
+                kafka_tool(
+                    "kafka-topics", "--bootstrap-server", bootstrap, "--list", check=False
+                ).returncode
+                == 0
+            ),
+            90,
+            interval=1,
+            what="Apache Kafka to serve",
+        )
+        yield bootstrap, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log_file.close()
+
+
+@contextlib.contextmanager
+def icefall_broker(folder: Path) -> Iterator[tuple[str, int]]:
+    broker = BrokerProcess(folder / "home").start()
+    try:
+        assert broker.proc is not None
+        yield broker.bootstrap, broker.proc.pid
+    finally:
+        broker.stop()
+
+
+def _number(pattern: str, text: str) -> float:
+    found = re.search(pattern, text)
+    if not found:
+        raise RuntimeError(f"no {pattern!r} in the tool's output:\n{text}")
+    return float(found.group(1))
+
+
+def run_side(name: str, bootstrap: str, pid: int, records: int, size: int, partitions: int) -> Side:
+    topic = f"perf-{uuid.uuid4().hex[:6]}"
+    b = ["--bootstrap-server", bootstrap]
+    kafka_tool("kafka-topics", *b, "--create", "--topic", topic, "--partitions", str(partitions))
+    cpu0 = pid_cpu_seconds(pid)
+    produced = (
+        kafka_tool(
+            "kafka-producer-perf-test",
+            "--topic",
+            topic,
+            "--num-records",
+            str(records),
+            "--record-size",
+            str(size),
+            "--throughput",
+            "-1",
+            "--producer-props",
+            f"bootstrap.servers={bootstrap}",
+            "acks=all",
+            "linger.ms=5",
+            "batch.size=262144",
+            timeout=1800,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    cpu1 = pid_cpu_seconds(pid)
+    consumed = (
+        kafka_tool(
+            "kafka-consumer-perf-test",
+            *b,
+            "--topic",
+            topic,
+            "--messages",
+            str(records),
+            "--timeout",
+            "120000",
+            timeout=1800,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    cpu2 = pid_cpu_seconds(pid)
+    gib = records * size / GIB
+    row = consumed.split(", ")
+    fetch_seconds = float(row[7]) / 1000  # fetch.time.ms: the read itself, without the join
+    return Side(
+        name=name,
+        produce_mib_s=round(_number(r"\(([\d.]+) MB/sec\)", produced) * 1e6 / MIB, 1),
+        produce_records_s=round(_number(r"([\d.]+) records/sec", produced)),
+        p50_ms=_number(r"([\d.]+) ms 50th", produced),
+        p99_ms=_number(r"([\d.]+) ms 99th", produced),
+        consume_mib_s=round(records * size / MIB / fetch_seconds, 1),
+        consume_records_s=round(records / fetch_seconds),
+        produce_cpu_s_per_gib=round((cpu1 - cpu0) / gib, 1),
+        consume_cpu_s_per_gib=round((cpu2 - cpu1) / gib, 1),
+        peak_rss_mib=round(peak_rss_mib(pid)),
+    )
+
+
+def markdown(sides: list[Side], args: argparse.Namespace) -> str:
+    head = (
+        "| broker | produce MiB/s | records/s | p50 ms | p99 ms | consume MiB/s | "
+        "produce CPU s/GiB | consume CPU s/GiB | peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [
+        f"| {s.name} | {s.produce_mib_s} | {s.produce_records_s} | {s.p50_ms:g} | {s.p99_ms:g} | "
+        f"{s.consume_mib_s} | {s.produce_cpu_s_per_gib} | {s.consume_cpu_s_per_gib} | "
+        f"{s.peak_rss_mib} |"
+        for s in sides
+    ]
+    return "\n".join([head, *rows])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--record-size", type=int, default=512)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="100,000 records (about a minute)")
+    args = parser.parse_args()
+    if args.quick:
+        args.records = 100_000
+    sides: list[Side] = []
+    with tempfile.TemporaryDirectory(prefix="vs-kafka-") as tmp:
+        folder = Path(tmp)
+        for name, start in (
+            ("Apache Kafka 4.1, fsync per message", lambda f: apache_kafka(f, fsync=True)),
+            ("Apache Kafka 4.1, defaults", lambda f: apache_kafka(f, fsync=False)),
+            ("Icefall", icefall_broker),
+        ):
+            where = folder / name.split(",")[0].replace(" ", "-") / str(len(sides))
+            where.mkdir(parents=True)
+            with start(where) as (bootstrap, pid):
+                sides.append(
+                    run_side(name, bootstrap, pid, args.records, args.record_size, args.partitions)
+                )
+    print(json.dumps({"date": str(date.today()), "machine": machine(), "args": vars(args)}))
+    for side in sides:
+        print(json.dumps(asdict(side)))
+    print(markdown(sides, args))
+    kafka_fsync, icefall = sides[0], sides[-1]
+    print(
+        f"ratio Icefall / Kafka (fsync): produce {icefall.produce_mib_s / kafka_fsync.produce_mib_s:.2f}, "
+        f"consume {icefall.consume_mib_s / kafka_fsync.consume_mib_s:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
