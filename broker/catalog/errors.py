@@ -83,7 +83,8 @@ def _message(exc: BaseException) -> str:
             where = ".".join(str(p) for p in err["loc"])
             parts.append(f"{where}: {err['msg']}" if where else err["msg"])
         return "invalid request: " + "; ".join(parts)
-    return str(exc) or type(exc).__name__
+    # pyiceberg names namespaces as stored, with a "." inside a level as 0x1F (store.py)
+    return str(exc).replace("\x1f", ".") or type(exc).__name__
 
 
 def error_response(

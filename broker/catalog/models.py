@@ -5,7 +5,8 @@ SortOrder, TableRequirement and TableUpdate types, so the server accepts
 exactly what pyiceberg can apply, and anything else is a 400 (the spec
 requires a 400 for unknown updates and requirements). Names are checked
 against what the SQL catalog can store unambiguously: it keeps a namespace as
-its parts joined by "." in a 255-character column.
+its parts joined by "." in a 255-character column (a "." inside a level is
+stored differently, see ``broker.catalog.store``).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def check_namespace(parts: tuple[str, ...] | list[str]) -> tuple[str, ...]:
         raise BadRequest("namespace must have at least one level")
     for part in parts:
         check_name(part, "namespace level")
-        if "." in part:
-            raise BadRequest(f"namespace levels cannot contain '.': {part!r}")
+        if part.startswith(".") or part.endswith("."):
+            raise BadRequest(f"namespace levels cannot begin or end with '.': {part!r}")
     if len(".".join(parts)) > MAX_NAME:
         raise BadRequest(f"namespace is longer than {MAX_NAME} characters")
     return tuple(parts)
