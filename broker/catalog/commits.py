@@ -115,6 +115,7 @@ def _stage(store: CatalogStore, change: TableChange) -> _Staged:
             raise NoSuchTableError(f"Table does not exist: {'.'.join(ident)}")
         if not store.namespace_exists(ident[:-1]):
             raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(ident[:-1])}")
+        store.check_no_view(ident)
     new = store.sql._update_and_stage_table(
         current, ident, change.requirements, updates.server_updates(change.updates)
     )

@@ -55,6 +55,7 @@ _MAPPED: list[tuple[type[BaseException], int, str]] = [
     (ice.NoSuchViewError, 404, "NoSuchViewException"),
     (ice.NamespaceAlreadyExistsError, 409, "AlreadyExistsException"),
     (ice.TableAlreadyExistsError, 409, "AlreadyExistsException"),
+    (ice.ViewAlreadyExistsError, 409, "AlreadyExistsException"),
     (ice.NamespaceNotEmptyError, 409, "NamespaceNotEmptyException"),
     (ice.CommitFailedException, 409, "CommitFailedException"),
     (ice.ValidationError, 400, "ValidationException"),

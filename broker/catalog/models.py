@@ -21,8 +21,10 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
+from pyiceberg.view.metadata import ViewVersion
 
 from broker.catalog.errors import BadRequest
+from broker.catalog.views import AssertViewUUID, ViewUpdate
 
 SEPARATOR = "\x1f"  # the spec's default namespace separator (sent url-encoded as %1F)
 MAX_NAME = 255  # the SQL catalog's column width for namespaces, table names and property keys
@@ -143,6 +145,25 @@ class CommitTableRequest(_Request):
 
 class CommitTransactionRequest(_Request):
     table_changes: list[CommitTableRequest] = Field(alias="table-changes")
+
+
+class CreateViewRequest(_Request):
+    name: str
+    location: str | None = None
+    view_schema: Schema = Field(alias="schema")
+    view_version: ViewVersion = Field(alias="view-version")
+    properties: dict[str, str] = Field(default_factory=dict)
+
+
+class CommitViewRequest(_Request):
+    identifier: TableIdent | None = None
+    requirements: list[AssertViewUUID] = Field(default_factory=list)
+    updates: list[ViewUpdate]
+
+
+class RegisterViewRequest(_Request):
+    name: str
+    metadata_location: str = Field(alias="metadata-location")
 
 
 class MetricsReport(_Request):

@@ -48,6 +48,7 @@ from broker.catalog.models import CreateTableRequest
 log = logging.getLogger(__name__)
 
 CATALOG_NAME = "icefall"  # the catalog_name column of pyiceberg's SQL tables
+VIEW_TYPE = "VIEW"  # iceberg_tables.iceberg_type of a view's row (broker/catalog/view_store.py)
 # pyiceberg's row for a namespace without properties; kept on every namespace, hidden from clients
 EXISTS_MARKER = {"exists": "true"}
 
@@ -100,8 +101,14 @@ class CatalogStore:
         self, uri: str, warehouse: str, io_properties: dict[str, str] | None = None
     ) -> None:
         self.warehouse = Warehouse(warehouse)
+        # schema v1 (iceberg_tables.iceberg_type, for views): pyiceberg adds the column to a
+        # database created without it
         self.sql = _SqlCatalog(
-            CATALOG_NAME, uri=uri, warehouse=self.warehouse.root, **(io_properties or {})
+            CATALOG_NAME,
+            uri=uri,
+            warehouse=self.warehouse.root,
+            schema_version="v1",
+            **(io_properties or {}),
         )
         if self.sql.engine.dialect.name == "sqlite":
             # readers do not wait for the writer; a writer waits up to 10 s for another
@@ -136,7 +143,18 @@ class CatalogStore:
         stored = sql_namespace(namespace)
         if self.sql.namespace_exists(stored) and self.sql.list_namespaces(stored):
             raise NamespaceNotEmptyError(f"Namespace {'.'.join(namespace)} has child namespaces")
+        if self._has_views(namespace):  # pyiceberg counts only the tables
+            raise NamespaceNotEmptyError(f"Namespace {'.'.join(namespace)} has views")
         self.sql.drop_namespace(stored)
+
+    def _has_views(self, namespace: Identifier) -> bool:
+        stmt = select(IcebergTables.table_name).where(
+            IcebergTables.catalog_name == CATALOG_NAME,
+            IcebergTables.table_namespace == Catalog.namespace_to_string(sql_namespace(namespace)),
+            IcebergTables.iceberg_type == VIEW_TYPE,
+        )
+        with Session(self.sql.engine) as session:
+            return session.scalar(stmt.limit(1)) is not None
 
     def update_namespace(
         self, namespace: Identifier, removals: set[str], updates: dict[str, str]
@@ -165,17 +183,35 @@ class CatalogStore:
         with Session(self.sql.engine) as session:
             return session.scalar(stmt)
 
-    def row_filter(self, identifier: Identifier) -> list[ColumnElement[bool]]:
-        """The WHERE clause selecting a table's row in pyiceberg's iceberg_tables."""
-        clauses: list[ColumnElement[bool]] = [
+    def name_filter(self, identifier: Identifier) -> list[ColumnElement[bool]]:
+        """The WHERE clause selecting the row of a name in pyiceberg's iceberg_tables,
+        a table's or a view's."""
+        return [
             IcebergTables.catalog_name == CATALOG_NAME,
             IcebergTables.table_namespace
             == Catalog.namespace_to_string(sql_namespace(identifier[:-1])),
             IcebergTables.table_name == identifier[-1],
         ]
+
+    def row_filter(self, identifier: Identifier) -> list[ColumnElement[bool]]:
+        """The WHERE clause selecting a table's row in pyiceberg's iceberg_tables."""
+        clauses = self.name_filter(identifier)
         if (type_filter := self.sql._iceberg_type_filter()) is not None:
             clauses.append(type_filter)
         return clauses
+
+    def existing_kind(self, identifier: Identifier) -> str | None:
+        """ "TABLE" or "VIEW" when a table or a view has the name, else None."""
+        stmt = select(IcebergTables.iceberg_type).where(*self.name_filter(identifier))
+        with Session(self.sql.engine) as session:
+            found = session.execute(stmt).first()
+        if found is None:
+            return None
+        return VIEW_TYPE if found[0] == VIEW_TYPE else "TABLE"
+
+    def check_no_view(self, identifier: Identifier) -> None:
+        if self.existing_kind(identifier) == VIEW_TYPE:
+            raise TableAlreadyExistsError(f"A view named {'.'.join(identifier)} already exists")
 
     def load_table(self, identifier: Identifier) -> LoadedTable:
         table = self.sql.load_table(sql_identifier(identifier))
@@ -189,6 +225,7 @@ class CatalogStore:
             raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(namespace)}")
         if self.current_location(identifier) is not None:
             raise TableAlreadyExistsError(f"Table {'.'.join(identifier)} already exists")
+        self.check_no_view(identifier)
         location = (request.location or self.default_location(namespace, name)).rstrip("/")
         self.warehouse.check(location)
         properties = {**NEW_TABLE_DEFAULTS, **request.properties}
@@ -231,6 +268,7 @@ class CatalogStore:
             raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(destination[:-1])}")
         if self.current_location(destination) is not None:
             raise TableAlreadyExistsError(f"Table {'.'.join(destination)} already exists")
+        self.check_no_view(destination)
         self.sql.rename_table(sql_identifier(source), sql_identifier(destination))
 
     def register_table(
@@ -241,6 +279,7 @@ class CatalogStore:
         check_readable(metadata_location)
         if not self.namespace_exists(identifier[:-1]):
             raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(identifier[:-1])}")
+        self.check_no_view(identifier)
         try:
             io = load_file_io(self.sql.properties, metadata_location)
             metadata = FromInputFile.table_metadata(io.new_input(metadata_location))

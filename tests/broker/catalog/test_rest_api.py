@@ -318,10 +318,6 @@ def test_metrics_are_accepted(http: Http, namespace: str) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "status", "kind"),
     [
-        ("GET", "/v1/namespaces/{ns}/views", 200, None),
-        ("GET", "/v1/namespaces/{ns}/views/v", 404, "NoSuchViewException"),
-        ("POST", "/v1/namespaces/{ns}/views", 406, "UnsupportedOperationException"),
-        ("POST", "/v1/views/rename", 406, "UnsupportedOperationException"),
         ("GET", "/v1/namespaces/{ns}/functions", 200, None),
         ("GET", "/v1/namespaces/{ns}/functions/f", 404, "NoSuchFunctionException"),
         ("POST", "/v1/namespaces/{ns}/tables/t/plan", 406, "UnsupportedOperationException"),
