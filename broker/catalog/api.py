@@ -5,8 +5,8 @@ segment (one catalog per broker, so ``/v1/namespaces``...); ``GET /v1/config``
 sets no prefix and lists the endpoints in the spec's ``{prefix}`` template
 form, which is how clients match them. Blocking work (SQL, metadata files)
 runs in a small thread pool; commits, creates, drops, renames and registers
-hold a per-table asyncio lock, taken in sorted order when a request touches
-several tables.
+of tables and views hold a per-name asyncio lock (a table and a view share
+their names), taken in sorted order when a request touches several names.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from aiohttp import web
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
 from broker import iceberg_json
-from broker.catalog import commits
+from broker.catalog import commits, view_store
 from broker.catalog.errors import (
     BadRequest,
     CatalogError,
@@ -37,10 +37,13 @@ from broker.catalog.errors import (
 from broker.catalog.models import (
     CommitTableRequest,
     CommitTransactionRequest,
+    CommitViewRequest,
     CreateNamespaceRequest,
     CreateTableRequest,
+    CreateViewRequest,
     MetricsReport,
     RegisterTableRequest,
+    RegisterViewRequest,
     RenameTableRequest,
     UpdateNamespacePropertiesRequest,
     check_name,
@@ -58,6 +61,7 @@ T = TypeVar("T")
 
 NS = "/v1/namespaces/{namespace}"
 TABLE = NS + "/tables/{table}"
+VIEW = NS + "/views/{view}"
 MAX_BODY = 64 * 1024 * 1024  # table metadata with many snapshots can be large
 
 # What GET /v1/config advertises, in the spec's "<verb> <path template>" form.
@@ -80,6 +84,14 @@ ENDPOINTS = [
     "POST /v1/{prefix}/namespaces/{namespace}/tables/{table}/metrics",
     "POST /v1/{prefix}/tables/rename",
     "POST /v1/{prefix}/transactions/commit",
+    "GET /v1/{prefix}/namespaces/{namespace}/views",
+    "POST /v1/{prefix}/namespaces/{namespace}/views",
+    "GET /v1/{prefix}/namespaces/{namespace}/views/{view}",
+    "HEAD /v1/{prefix}/namespaces/{namespace}/views/{view}",
+    "POST /v1/{prefix}/namespaces/{namespace}/views/{view}",
+    "DELETE /v1/{prefix}/namespaces/{namespace}/views/{view}",
+    "POST /v1/{prefix}/namespaces/{namespace}/register-view",
+    "POST /v1/{prefix}/views/rename",
 ]
 
 
@@ -127,6 +139,14 @@ def _table_result(
     if table.metadata_location is not None:
         result["metadata-location"] = table.metadata_location
     return result
+
+
+def _view_result(view: view_store.LoadedView) -> dict[str, Any]:
+    return {
+        "metadata-location": view.metadata_location,
+        "metadata": view.metadata.model_dump(mode="json"),
+        "config": {},
+    }
 
 
 def _etag(metadata_location: str | None, snapshots: str) -> str | None:
@@ -201,13 +221,13 @@ class CatalogApi(HttpService):
                 web.post("/v1/tables/rename", self.rename_table),
                 web.post("/v1/transactions/commit", self.commit_transaction),
                 web.get(NS + "/views", self.list_views),
-                web.post(NS + "/views", self.unsupported),
-                web.post(NS + "/register-view", self.unsupported),
-                web.get(NS + "/views/{view}", self.no_such_view, allow_head=False),
-                web.head(NS + "/views/{view}", self.no_such_view),
-                web.delete(NS + "/views/{view}", self.no_such_view),
-                web.post(NS + "/views/{view}", self.no_such_view),
-                web.post("/v1/views/rename", self.unsupported),
+                web.post(NS + "/views", self.create_view),
+                web.post(NS + "/register-view", self.register_view),
+                web.get(VIEW, self.load_view, allow_head=False),
+                web.head(VIEW, self.view_exists),
+                web.post(VIEW, self.replace_view),
+                web.delete(VIEW, self.drop_view),
+                web.post("/v1/views/rename", self.rename_view),
                 web.get(NS + "/functions", self.list_functions),
                 web.get(NS + "/functions/{function}", self.no_such_function, allow_head=False),
             ]
@@ -231,6 +251,10 @@ class CatalogApi(HttpService):
     @classmethod
     def _table(cls, request: web.Request) -> Identifier:
         return (*cls._namespace(request), check_name(request.match_info["table"]))
+
+    @classmethod
+    def _view(cls, request: web.Request) -> Identifier:
+        return (*cls._namespace(request), check_name(request.match_info["view"], "view name"))
 
     async def _require_namespace(self, namespace: Identifier) -> None:
         if not await self._run(self.store.namespace_exists, namespace):
@@ -420,21 +444,67 @@ class CatalogApi(HttpService):
             await self._run(commits.commit, self.store, changes)
         return web.Response(status=204)
 
+    # ------------------------------------------------------------ views
+
+    async def list_views(self, request: web.Request) -> web.Response:
+        views = await self._run(view_store.list_views, self.store, self._namespace(request))
+        items, token = _page(request, views)
+        return _json(
+            {"identifiers": [{"namespace": list(v[:-1]), "name": v[-1]} for v in items], **token}
+        )
+
+    async def create_view(self, request: web.Request) -> web.Response:
+        namespace = self._namespace(request)
+        body = await read_body(request, CreateViewRequest)
+        ident = (*namespace, check_name(body.name, "view name"))
+        check_properties(body.properties)
+        async with self.locks.hold([ident]):
+            view = await self._run(view_store.create, self.store, ident, body)
+        return _json(_view_result(view))
+
+    async def register_view(self, request: web.Request) -> web.Response:
+        namespace = self._namespace(request)
+        body = await read_body(request, RegisterViewRequest)
+        ident = (*namespace, check_name(body.name, "view name"))
+        async with self.locks.hold([ident]):
+            view = await self._run(view_store.register, self.store, ident, body.metadata_location)
+        return _json(_view_result(view))
+
+    async def load_view(self, request: web.Request) -> web.Response:
+        return _json(
+            _view_result(await self._run(view_store.load, self.store, self._view(request)))
+        )
+
+    async def view_exists(self, request: web.Request) -> web.Response:
+        location = await self._run(view_store.current_location, self.store, self._view(request))
+        return web.Response(status=204) if location is not None else head_error(404)
+
+    async def replace_view(self, request: web.Request) -> web.Response:
+        ident = self._view(request)
+        body = await read_body(request, CommitViewRequest)
+        async with self.locks.hold([ident]):
+            view = await self._run(
+                view_store.commit, self.store, ident, body.requirements, body.updates
+            )
+        return _json(_view_result(view))
+
+    async def drop_view(self, request: web.Request) -> web.Response:
+        ident = self._view(request)
+        async with self.locks.hold([ident]):
+            await self._run(view_store.drop, self.store, ident)
+        return web.Response(status=204)
+
+    async def rename_view(self, request: web.Request) -> web.Response:
+        body = await read_body(request, RenameTableRequest)
+        source, destination = body.source.identifier, body.destination.identifier
+        async with self.locks.hold([source, destination]):
+            await self._run(view_store.rename, self.store, source, destination)
+        return web.Response(status=204)
+
     # ------------------------------------------------------------ not supported
 
     async def unsupported(self, request: web.Request) -> web.Response:
         raise Unsupported(f"{request.method} {request.path} is not supported by this catalog")
-
-    async def list_views(self, request: web.Request) -> web.Response:
-        await self._require_namespace(self._namespace(request))
-        _page(request, [])
-        return _json({"identifiers": [], "next-page-token": None})
-
-    async def no_such_view(self, request: web.Request) -> web.Response:
-        raise NotFound(
-            f"View does not exist: {request.match_info['view']} (this catalog has no views)",
-            type="NoSuchViewException",
-        )
 
     async def list_functions(self, request: web.Request) -> web.Response:
         await self._require_namespace(self._namespace(request))

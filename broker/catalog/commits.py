@@ -29,9 +29,15 @@ from sqlalchemy import insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from broker.catalog import v3
+from broker.catalog import updates
 from broker.catalog.errors import CatalogError
-from broker.catalog.store import CatalogStore, Identifier, LoadedTable
+from broker.catalog.store import (
+    CatalogStore,
+    Identifier,
+    LoadedTable,
+    sql_identifier,
+    sql_namespace,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +107,17 @@ def _stage(store: CatalogStore, change: TableChange) -> _Staged:
     """Check the requirements against the current metadata and build the new one (nothing written)."""
     ident = change.identifier
     try:
-        current: Table | None = store.sql.load_table(ident)
+        current: Table | None = store.sql.load_table(sql_identifier(ident))
     except NoSuchTableError:
         current = None
     if current is None:
         if not any(isinstance(r, AssertCreate) for r in change.requirements):
             raise NoSuchTableError(f"Table does not exist: {'.'.join(ident)}")
-        if not store.sql.namespace_exists(ident[:-1]):
+        if not store.namespace_exists(ident[:-1]):
             raise NoSuchNamespaceError(f"Namespace does not exist: {'.'.join(ident[:-1])}")
+        store.check_no_view(ident)
     new = store.sql._update_and_stage_table(
-        current, ident, change.requirements, v3.server_updates(change.updates)
+        current, ident, change.requirements, updates.server_updates(change.updates)
     )
     store.warehouse.check(new.metadata.location)
     store.warehouse.check(new.metadata_location, "metadata location")
@@ -123,7 +130,7 @@ def _swap(store: CatalogStore, staged: list[_Staged]) -> None:
     with Session(store.sql.engine) as session:
         for item in staged:
             if item.current is None:
-                namespace = Catalog.namespace_to_string(item.identifier[:-1])
+                namespace = Catalog.namespace_to_string(sql_namespace(item.identifier[:-1]))
                 row = store.sql._create_table_row(
                     namespace, item.identifier[-1], item.new.metadata_location
                 )

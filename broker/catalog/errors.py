@@ -55,6 +55,7 @@ _MAPPED: list[tuple[type[BaseException], int, str]] = [
     (ice.NoSuchViewError, 404, "NoSuchViewException"),
     (ice.NamespaceAlreadyExistsError, 409, "AlreadyExistsException"),
     (ice.TableAlreadyExistsError, 409, "AlreadyExistsException"),
+    (ice.ViewAlreadyExistsError, 409, "AlreadyExistsException"),
     (ice.NamespaceNotEmptyError, 409, "NamespaceNotEmptyException"),
     (ice.CommitFailedException, 409, "CommitFailedException"),
     (ice.ValidationError, 400, "ValidationException"),
@@ -83,7 +84,8 @@ def _message(exc: BaseException) -> str:
             where = ".".join(str(p) for p in err["loc"])
             parts.append(f"{where}: {err['msg']}" if where else err["msg"])
         return "invalid request: " + "; ".join(parts)
-    return str(exc) or type(exc).__name__
+    # pyiceberg names namespaces as stored, with a "." inside a level as 0x1F (store.py)
+    return str(exc).replace("\x1f", ".") or type(exc).__name__
 
 
 def error_response(

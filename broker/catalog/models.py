@@ -5,7 +5,8 @@ SortOrder, TableRequirement and TableUpdate types, so the server accepts
 exactly what pyiceberg can apply, and anything else is a 400 (the spec
 requires a 400 for unknown updates and requirements). Names are checked
 against what the SQL catalog can store unambiguously: it keeps a namespace as
-its parts joined by "." in a 255-character column.
+its parts joined by "." in a 255-character column (a "." inside a level is
+stored differently, see ``broker.catalog.store``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.sorting import SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
+from pyiceberg.view.metadata import ViewVersion
 
 from broker.catalog.errors import BadRequest
+from broker.catalog.views import AssertViewUUID, ViewUpdate
 
 SEPARATOR = "\x1f"  # the spec's default namespace separator (sent url-encoded as %1F)
 MAX_NAME = 255  # the SQL catalog's column width for namespaces, table names and property keys
@@ -48,8 +51,8 @@ def check_namespace(parts: tuple[str, ...] | list[str]) -> tuple[str, ...]:
         raise BadRequest("namespace must have at least one level")
     for part in parts:
         check_name(part, "namespace level")
-        if "." in part:
-            raise BadRequest(f"namespace levels cannot contain '.': {part!r}")
+        if part.startswith(".") or part.endswith("."):
+            raise BadRequest(f"namespace levels cannot begin or end with '.': {part!r}")
     if len(".".join(parts)) > MAX_NAME:
         raise BadRequest(f"namespace is longer than {MAX_NAME} characters")
     return tuple(parts)
@@ -142,6 +145,25 @@ class CommitTableRequest(_Request):
 
 class CommitTransactionRequest(_Request):
     table_changes: list[CommitTableRequest] = Field(alias="table-changes")
+
+
+class CreateViewRequest(_Request):
+    name: str
+    location: str | None = None
+    view_schema: Schema = Field(alias="schema")
+    view_version: ViewVersion = Field(alias="view-version")
+    properties: dict[str, str] = Field(default_factory=dict)
+
+
+class CommitViewRequest(_Request):
+    identifier: TableIdent | None = None
+    requirements: list[AssertViewUUID] = Field(default_factory=list)
+    updates: list[ViewUpdate]
+
+
+class RegisterViewRequest(_Request):
+    name: str
+    metadata_location: str = Field(alias="metadata-location")
 
 
 class MetricsReport(_Request):

@@ -306,3 +306,23 @@ def test_racing_writers_on_two_brokers_sharing_the_catalog(tmp_path: Path) -> No
     finally:
         second.stop()
         first.stop()
+
+
+def test_removing_properties_the_table_lacks_is_not_an_error(http: Http, namespace: str) -> None:
+    """Java's catalogs ignore a removal of a key the table does not have; pyiceberg
+    alone raises KeyError, which was a 500 in both commit routes."""
+    http.create_table(namespace, "props", properties={"owner": "ann", "team": "data"})
+    removal = {"action": "remove-properties", "removals": ["owner", "absent"]}
+    status, body = http.commit(namespace, "props", [], [removal])
+    assert status == 200, body
+    assert "owner" not in body["metadata"]["properties"]
+    assert body["metadata"]["properties"]["team"] == "data"
+
+    only_absent = {"action": "remove-properties", "removals": ["absent", "team"]}
+    status, body = http.post(
+        "/v1/transactions/commit",
+        {"table-changes": [_change(namespace, "props", [], [only_absent])]},
+    )
+    assert status == 204, body
+    properties = http.load(namespace, "props")["metadata"]["properties"]
+    assert not {"owner", "team", "absent"} & set(properties)

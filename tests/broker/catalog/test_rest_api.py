@@ -70,6 +70,75 @@ def test_removing_every_property_keeps_the_namespace(http: Http) -> None:
     assert (status, error_type(body)) == (400, "BadRequestException")  # the SQL catalog's marker
 
 
+def test_dots_inside_namespace_levels(http: Http, catalog_broker: BrokerProcess) -> None:
+    """["x.a"] and ["x", "a"] are two namespaces (pyiceberg's SQL catalog alone would store
+    both as "x.a"), each with its own tables in its own directory."""
+    top = f"ns_{uuid.uuid4().hex[:8]}"
+    dotted, nested = f"{top}.a", f"{top}%1Fa"
+    assert http.post("/v1/namespaces", {"namespace": [f"{top}.a"], "properties": {"k": "1"}}) == (
+        200,
+        {"namespace": [f"{top}.a"], "properties": {"k": "1"}},
+    )
+    assert http.post("/v1/namespaces", {"namespace": [top, "a"]})[0] == 200
+    assert http.post("/v1/namespaces", {"namespace": [f"{top}.a", "b.c"]})[0] == 200
+    status, body = http.post("/v1/namespaces", {"namespace": [f"{top}.a"]})
+    assert (status, error_type(body)) == (409, "AlreadyExistsException")
+
+    listed = http.get("/v1/namespaces")[1]["namespaces"]
+    assert [f"{top}.a"] in listed and [top] in listed and [top, "a"] not in listed
+    assert http.get(f"/v1/namespaces?parent={top}")[1]["namespaces"] == [[top, "a"]]
+    assert http.get(f"/v1/namespaces?parent={dotted}")[1]["namespaces"] == [[f"{top}.a", "b.c"]]
+    assert http.get(f"/v1/namespaces/{dotted}") == (
+        200,
+        {"namespace": [f"{top}.a"], "properties": {"k": "1"}},
+    )
+    assert http.get(f"/v1/namespaces/{nested}")[1] == {"namespace": [top, "a"], "properties": {}}
+    assert http.head(f"/v1/namespaces/{dotted}%1Fb.c") == 204
+    assert http.head(f"/v1/namespaces/{dotted}%1Fb") == 404
+    status, body = http.get(f"/v1/namespaces/{dotted}/tables/none")
+    assert (status, error_type(body)) == (404, "NoSuchTableException")
+    assert body["error"]["message"] == f"Table does not exist: {top}.a.none"
+
+    dotted_table = http.create_table(dotted, "t")
+    nested_table = http.create_table(nested, "t")
+    warehouse = (catalog_broker.home / "warehouse").resolve().as_uri()
+    assert dotted_table["metadata"]["location"] == f"{warehouse}/{top}..a/t"
+    assert nested_table["metadata"]["location"] == f"{warehouse}/{top}.a/t"
+    assert http.get(f"/v1/namespaces/{dotted}/tables")[1]["identifiers"] == [
+        {"namespace": [f"{top}.a"], "name": "t"}
+    ]
+    status, body = http.commit(
+        dotted, "t", [], [{"action": "set-properties", "updates": {"v": "2"}}]
+    )
+    assert status == 200, body
+    assert http.load(dotted, "t")["metadata"]["properties"]["v"] == "2"
+    assert "v" not in http.load(nested, "t")["metadata"]["properties"]
+
+    rename = {
+        "source": {"namespace": [f"{top}.a"], "name": "t"},
+        "destination": {"namespace": [f"{top}.a", "b.c"], "name": "moved"},
+    }
+    assert http.post("/v1/tables/rename", rename)[0] == 204
+    assert http.head(f"/v1/namespaces/{dotted}%1Fb.c/tables/moved") == 204
+    assert http.delete(f"/v1/namespaces/{dotted}%1Fb.c/tables/moved")[0] == 204
+    status, body = http.delete(f"/v1/namespaces/{dotted}")
+    assert (status, error_type(body)) == (409, "NamespaceNotEmptyException")  # it has a child
+    assert http.delete(f"/v1/namespaces/{dotted}%1Fb.c")[0] == 204
+    assert http.delete(f"/v1/namespaces/{dotted}")[0] == 204
+    assert http.head(f"/v1/namespaces/{dotted}") == 404
+    assert http.load(nested, "t")["metadata-location"] == nested_table["metadata-location"]
+
+
+def test_new_tables_get_zstd_parquet_unless_they_set_a_codec(http: Http, namespace: str) -> None:
+    codec = "write.parquet.compression-codec"
+    assert http.create_table(namespace, "plain")["metadata"]["properties"][codec] == "zstd"
+    assert http.load(namespace, "plain")["metadata"]["properties"][codec] == "zstd"
+    chosen = http.create_table(namespace, "chosen", properties={codec: "snappy"})
+    assert chosen["metadata"]["properties"][codec] == "snappy"
+    staged = http.create_table(namespace, "staged", **{"stage-create": True})
+    assert staged["metadata"]["properties"][codec] == "zstd"
+
+
 @pytest.mark.parametrize(
     ("method", "path", "raw", "status"),
     [
@@ -78,7 +147,8 @@ def test_removing_every_property_keeps_the_namespace(http: Http) -> None:
         ("POST", "/v1/namespaces", b"[" * 100_000 + b"]" * 100_000, 400),
         ("POST", "/v1/namespaces", b'{"namespace": "flat"}', 400),
         ("POST", "/v1/namespaces", b'{"namespace": []}', 400),
-        ("POST", "/v1/namespaces", b'{"namespace": ["a.b"]}', 400),
+        ("POST", "/v1/namespaces", b'{"namespace": [".a"]}', 400),
+        ("POST", "/v1/namespaces", b'{"namespace": ["a", "b."]}', 400),
         ("POST", "/v1/namespaces", b'{"namespace": ["a/b"]}', 400),
         ("GET", "/v1/namespaces?parent=%1F", b"", 400),
         ("GET", "/v1/namespaces?pageToken=abc", b"", 400),
@@ -248,10 +318,6 @@ def test_metrics_are_accepted(http: Http, namespace: str) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "status", "kind"),
     [
-        ("GET", "/v1/namespaces/{ns}/views", 200, None),
-        ("GET", "/v1/namespaces/{ns}/views/v", 404, "NoSuchViewException"),
-        ("POST", "/v1/namespaces/{ns}/views", 406, "UnsupportedOperationException"),
-        ("POST", "/v1/views/rename", 406, "UnsupportedOperationException"),
         ("GET", "/v1/namespaces/{ns}/functions", 200, None),
         ("GET", "/v1/namespaces/{ns}/functions/f", 404, "NoSuchFunctionException"),
         ("POST", "/v1/namespaces/{ns}/tables/t/plan", 406, "UnsupportedOperationException"),

@@ -173,3 +173,29 @@ def test_format_v3_ctas_and_upgrade_from_v2(spark: Any, rest: Catalog, namespace
     assert sorted(
         rest.load_table(f"{namespace}.src").scan().to_arrow().column("id").to_pylist()
     ) == [2, 3, 4]
+
+
+def test_spark_views(spark: Any, rest: Catalog, namespace: str) -> None:
+    """Iceberg's Java REST client through Spark SQL: CREATE VIEW (a CreateViewRequest),
+    CREATE OR REPLACE VIEW (a view commit: add-schema, add-view-version,
+    set-current-view-version), SHOW VIEWS, DROP VIEW; pyiceberg sees the same view."""
+    table, view = f"icefall.{namespace}.base", f"icefall.{namespace}.big"
+    spark.sql(f"CREATE TABLE {table} (id BIGINT, name STRING) USING iceberg")
+    spark.sql(f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b')")
+    spark.sql(f"CREATE VIEW {view} AS SELECT id FROM {table} WHERE id > 1")
+    assert [r["id"] for r in spark.sql(f"SELECT * FROM {view}").collect()] == [2]
+
+    spark.sql(f"CREATE OR REPLACE VIEW {view} AS SELECT id, name FROM {table}")
+    rows = sorted((r["id"], r["name"]) for r in spark.sql(f"SELECT * FROM {view}").collect())
+    assert rows == [(1, "a"), (2, "b")]
+    loaded = rest.load_view((namespace, "big"))
+    assert loaded.metadata.current_version_id == 2
+    assert [s.schema_id for s in loaded.metadata.schemas] == [0, 1]
+    assert "name" in loaded.metadata.versions[-1].representations[0].root.sql
+    assert [r["viewName"] for r in spark.sql(f"SHOW VIEWS IN icefall.{namespace}").collect()] == [
+        "big"
+    ]
+
+    spark.sql(f"DROP VIEW {view}")
+    assert not rest.view_exists((namespace, "big"))
+    assert rest.table_exists((namespace, "base"))
