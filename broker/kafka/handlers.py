@@ -955,6 +955,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
             req.protocol_type,
             [(p.name, p.metadata) for p in req.protocols],
             require_known_member_id=R.version >= 4,
+            supports_skip_assignment=R.version >= 9,
         )
         return R(
             error_code=result.error,
@@ -962,7 +963,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
             protocol_type=result.protocol_type,
             protocol_name=result.protocol_name if R.version >= 7 else (result.protocol_name or ""),
             leader=result.leader,
-            skip_assignment=False,
+            skip_assignment=result.skip_assignment,
             member_id=result.member_id,
             members=[
                 {"member_id": m, "group_instance_id": g, "metadata": md}
@@ -976,11 +977,16 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
             req.generation_id,
             req.member_id,
             {a.member_id: a.assignment for a in req.assignments},
+            field(req, "group_instance_id"),
         )
         return R(error_code=error, protocol_type=ptype, protocol_name=pname, assignment=assignment)
 
     async def heartbeat(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
-        return R(error_code=self.groups.heartbeat(req.group_id, req.generation_id, req.member_id))
+        return R(
+            error_code=self.groups.heartbeat(
+                req.group_id, req.generation_id, req.member_id, field(req, "group_instance_id")
+            )
+        )
 
     async def leave_group(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         if R.version < 3:
@@ -998,7 +1004,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
 
     async def offset_commit(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         generation = field(req, "generation_id_or_member_epoch", field(req, "generation_id", -1))
-        error = self.groups.validate_member(req.group_id, generation, req.member_id)
+        error = self.groups.validate_member(
+            req.group_id, generation, req.member_id, field(req, "group_instance_id")
+        )
         topics = []
         to_store = []
         for t in req.topics:

@@ -97,7 +97,13 @@ class TransactionApis:
     async def txn_offset_commit(self, ctx: Any, req: Any, R: Responder) -> Any:
         generation = field(req, "generation_id", -1)
         member_id = field(req, "member_id", "")
-        error = self.groups.validate_member(req.group_id, generation, member_id)
+        error = self.groups.validate_member(
+            req.group_id,
+            generation,
+            member_id,
+            field(req, "group_instance_id"),
+            transactional=True,
+        )
         offsets = [
             (
                 t.name,

@@ -5,6 +5,12 @@ cannot tell from them whether a producer really sent a compressed batch, which
 producer id and sequence a batch carries, or what the broker does with a
 replayed batch. These helpers fetch a partition's raw record batches, read
 their headers, and produce raw batches.
+
+Consumers also hide the group protocol's answers (a client retries, rejoins or
+gives up on its own): the group helpers send one JoinGroup, SyncGroup,
+Heartbeat, OffsetCommit or LeaveGroup as a given member and return the error
+code, so a test can put a group in a given state and see what Kafka's rules
+answer there.
 """
 
 from __future__ import annotations
@@ -19,11 +25,29 @@ from typing import Any
 
 from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v4.response import FetchResponse
+from kio.schema.heartbeat.v3.request import HeartbeatRequest
+from kio.schema.heartbeat.v3.response import HeartbeatResponse
+from kio.schema.join_group.v5 import request as join_v5
+from kio.schema.join_group.v5.response import JoinGroupResponse as JoinGroupResponseV5
+from kio.schema.join_group.v9 import request as join_v9
+from kio.schema.join_group.v9.response import JoinGroupResponse as JoinGroupResponseV9
+from kio.schema.leave_group.v3.request import LeaveGroupRequest, MemberIdentity
+from kio.schema.leave_group.v3.response import LeaveGroupResponse
+from kio.schema.offset_commit.v7.request import (
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+)
+from kio.schema.offset_commit.v7.response import OffsetCommitResponse
 from kio.schema.produce.v3.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.produce.v3.response import ProduceResponse
 from kio.schema.request_header.v1.header import RequestHeader
+from kio.schema.request_header.v2.header import RequestHeader as FlexibleRequestHeader
 from kio.schema.response_header.v0.header import ResponseHeader
-from kio.schema.types import TopicName
+from kio.schema.response_header.v1.header import ResponseHeader as FlexibleResponseHeader
+from kio.schema.sync_group.v3.request import SyncGroupRequest, SyncGroupRequestAssignment
+from kio.schema.sync_group.v3.response import SyncGroupResponse
+from kio.schema.types import GroupId, TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records, i16, i32, i32Timedelta, i64
 
@@ -61,9 +85,12 @@ def _round_trip(
     host, port = bootstrap.rsplit(":", 1)
     correlation_id = next(_correlation)
     buf = io.BytesIO()
-    entity_writer(RequestHeader)(
+    # a flexible version (tagged fields) has the flexible headers around it
+    flexible = request.__flexible__
+    header_type = FlexibleRequestHeader if flexible else RequestHeader
+    entity_writer(header_type)(
         buf,
-        RequestHeader(
+        header_type(
             request_api_key=i16(api_key),
             request_api_version=i16(api_version),
             correlation_id=i32(correlation_id),
@@ -76,7 +103,10 @@ def _round_trip(
         sock.sendall(struct.pack(">i", len(payload)) + payload)
         (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
         frame = _recv_exactly(sock, size)
-    header, used = entity_reader(ResponseHeader)(frame, 0)
+    response_header: type[ResponseHeader | FlexibleResponseHeader] = (
+        FlexibleResponseHeader if flexible else ResponseHeader
+    )
+    header, used = entity_reader(response_header)(frame, 0)
     assert header.correlation_id == correlation_id
     response, _ = entity_reader(response_type)(frame, used)
     return response
@@ -213,3 +243,147 @@ def with_sequence(batch: bytes, base_sequence: int) -> bytes:
     struct.pack_into(">i", data, 53, base_sequence)
     struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
     return bytes(data)
+
+
+# ---------------------------------------------------------------- the group protocol
+
+
+def subscription(*topics: str) -> bytes:
+    """A consumer's JoinGroup metadata (``ConsumerProtocolSubscription`` v0, no user data)."""
+    out = struct.pack(">hi", 0, len(topics))
+    for topic in topics:
+        out += struct.pack(">h", len(topic)) + topic.encode()
+    return out + struct.pack(">i", -1)
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A JoinGroup answer: ``members`` are the member ids the leader is given."""
+
+    error: int
+    generation: int
+    member_id: str
+    leader: str
+    members: list[str]
+    skip_assignment: bool
+
+
+def join_group(
+    bootstrap: str,
+    group: str,
+    topics: tuple[str, ...],
+    member_id: str = "",
+    instance_id: str | None = None,
+    version: int = 5,
+    session_ms: int = 20_000,
+    rebalance_ms: int = 20_000,
+) -> Joined:
+    """JoinGroup v5 (or v9) as a ``range`` consumer of ``topics``, waiting for the rebalance to
+    complete; a dynamic member's MEMBER_ID_REQUIRED is answered by joining with that id."""
+    schema = join_v9 if version >= 9 else join_v5
+    response_type = JoinGroupResponseV9 if version >= 9 else JoinGroupResponseV5
+    while True:
+        request = schema.JoinGroupRequest(
+            group_id=GroupId(group),
+            session_timeout=i32Timedelta.parse(timedelta(milliseconds=session_ms)),
+            rebalance_timeout=i32Timedelta.parse(timedelta(milliseconds=rebalance_ms)),
+            member_id=member_id,
+            group_instance_id=instance_id,
+            protocol_type="consumer",
+            protocols=(
+                schema.JoinGroupRequestProtocol(name="range", metadata=subscription(*topics)),
+            ),
+        )
+        response = _round_trip(bootstrap, 11, version, request, response_type)
+        if int(response.error_code) == 79 and not member_id:  # MEMBER_ID_REQUIRED
+            member_id = response.member_id
+            continue
+        return Joined(
+            int(response.error_code),
+            int(response.generation_id),
+            response.member_id,
+            response.leader,
+            [m.member_id for m in response.members],
+            bool(getattr(response, "skip_assignment", False)),
+        )
+
+
+def sync_group(
+    bootstrap: str,
+    group: str,
+    generation: int,
+    member_id: str,
+    instance_id: str | None = None,
+    assignments: dict[str, bytes] | None = None,
+) -> tuple[int, bytes]:
+    """SyncGroup v3: (error code, this member's assignment)."""
+    request = SyncGroupRequest(
+        group_id=GroupId(group),
+        generation_id=i32(generation),
+        member_id=member_id,
+        group_instance_id=instance_id,
+        assignments=tuple(
+            SyncGroupRequestAssignment(member_id=m, assignment=a)
+            for m, a in (assignments or {}).items()
+        ),
+    )
+    response = _round_trip(bootstrap, 14, 3, request, SyncGroupResponse)
+    return int(response.error_code), bytes(response.assignment)
+
+
+def heartbeat(
+    bootstrap: str, group: str, generation: int, member_id: str, instance_id: str | None = None
+) -> int:
+    """Heartbeat v3's error code."""
+    request = HeartbeatRequest(
+        group_id=GroupId(group),
+        generation_id=i32(generation),
+        member_id=member_id,
+        group_instance_id=instance_id,
+    )
+    return int(_round_trip(bootstrap, 12, 3, request, HeartbeatResponse).error_code)
+
+
+def commit_offset(
+    bootstrap: str,
+    group: str,
+    generation: int,
+    member_id: str,
+    topic: str,
+    offset: int,
+    instance_id: str | None = None,
+) -> int:
+    """OffsetCommit v7 of one offset for partition 0 of ``topic``: its error code."""
+    request = OffsetCommitRequest(
+        group_id=GroupId(group),
+        generation_id_or_member_epoch=i32(generation),
+        member_id=member_id,
+        group_instance_id=instance_id,
+        topics=(
+            OffsetCommitRequestTopic(
+                name=TopicName(topic),
+                partitions=(
+                    OffsetCommitRequestPartition(
+                        partition_index=i32(0),
+                        committed_offset=i64(offset),
+                        committed_leader_epoch=i32(-1),
+                        committed_metadata=None,
+                    ),
+                ),
+            ),
+        ),
+    )
+    response = _round_trip(bootstrap, 8, 7, request, OffsetCommitResponse)
+    (part,) = response.topics[0].partitions
+    return int(part.error_code)
+
+
+def leave_group(bootstrap: str, group: str, members: list[tuple[str, str | None]]) -> list[int]:
+    """LeaveGroup v3 of (member id, instance id) pairs: each member's error code."""
+    request = LeaveGroupRequest(
+        group_id=GroupId(group),
+        members=tuple(MemberIdentity(member_id=m, group_instance_id=i) for m, i in members),
+    )
+    response = _round_trip(bootstrap, 13, 3, request, LeaveGroupResponse)
+    assert int(response.error_code) == 0, f"LeaveGroup: error {response.error_code}"
+    return [int(m.error_code) for m in response.members]
