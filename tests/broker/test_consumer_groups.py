@@ -5,14 +5,18 @@ client; Kafka's Java console consumer joins such a group too."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
+from kio.static.primitive import i16, i32, i32Timedelta
 
 from tests.broker.test_groups import Member
 from tests.kafka_tools import KAFKA_JARS, kafka_tool
@@ -316,3 +321,101 @@ def test_java_console_consumer_with_the_consumer_protocol(broker: BrokerProcess)
     rows = [line.split() for line in described.splitlines() if line.startswith(group)]
     # every partition committed at its end: no lag
     assert len(rows) == PARTITIONS and all(row[5] == "0" for row in rows), described
+
+
+def _flexible_round_trip(bootstrap: str, api_key: int, version: int, request: Any) -> Any:
+    """One request of a flexible version (request header v2, response header v1)."""
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.schema.response_header.v1.header import ResponseHeader
+    from kio.serial import entity_reader, entity_writer
+
+    from broker.kafka.codec import response_schema
+
+    buf = io.BytesIO()
+    header = RequestHeader(
+        request_api_key=i16(api_key),
+        request_api_version=i16(version),
+        correlation_id=i32(7),
+        client_id="raw",
+    )
+    entity_writer(RequestHeader)(buf, header)
+    entity_writer(type(request))(buf, request)
+    payload = buf.getvalue()
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(payload)) + payload)
+        size = struct.unpack(">i", _recv(sock, 4))[0]
+        frame = _recv(sock, size)
+    _, used = entity_reader(ResponseHeader)(frame, 0)
+    response, _ = entity_reader(response_schema(api_key, version))(frame, used)
+    return response
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "the broker closed the connection"
+        data += chunk
+    return data
+
+
+def test_heartbeat_errors_and_describe_on_the_wire(broker: BrokerProcess) -> None:
+    """What a client reads in the two APIs' answers, and the classic APIs' view of the group."""
+    from kio.schema.consumer_group_describe.v1.request import ConsumerGroupDescribeRequest
+    from kio.schema.consumer_group_heartbeat.v1.request import ConsumerGroupHeartbeatRequest
+    from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
+    from kio.schema.errors import ErrorCode
+    from kio.schema.types import GroupId, TopicName
+
+    _create(broker, "wire")
+
+    def heartbeat(**fields: Any) -> Any:
+        values: dict[str, Any] = {
+            "group_id": GroupId("wire-group"),
+            "member_id": "m-1",
+            "rebalance_timeout": i32Timedelta.parse(timedelta(seconds=30)),
+            "subscribed_topic_names": (TopicName("wire"),),
+            "topic_partitions": (),
+            **fields,
+        }
+        values["member_epoch"] = i32(values.pop("member_epoch", 0))
+        request = ConsumerGroupHeartbeatRequest(**values)
+        return _flexible_round_trip(broker.bootstrap, 68, 1, request)
+
+    refused = heartbeat(server_assignor="sticky")
+    assert refused.error_code == ErrorCode.unsupported_assignor
+    assert "uniform, range" in (refused.error_message or "")
+    assert heartbeat(member_id="").error_code == ErrorCode.invalid_request
+
+    joined = heartbeat()
+    assert (joined.error_code, joined.member_id, joined.member_epoch) == (ErrorCode.none, "m-1", 1)
+    assert joined.heartbeat_interval == timedelta(milliseconds=HEARTBEAT_MS)
+    assert joined.assignment is not None
+    assert sorted(joined.assignment.topic_partitions[0].partitions) == list(range(PARTITIONS))
+    assert heartbeat(member_epoch=5).error_code == ErrorCode.fenced_member_epoch
+    assert heartbeat(member_id="m-2", member_epoch=1).error_code == ErrorCode.unknown_member_id
+
+    described = _flexible_round_trip(
+        broker.bootstrap,
+        69,
+        1,
+        ConsumerGroupDescribeRequest(
+            group_ids=(GroupId("wire-group"), GroupId("no-such-group")),
+            include_authorized_operations=False,
+        ),
+    ).groups
+    assert (described[0].error_code, described[0].group_epoch) == (ErrorCode.none, 1)
+    assert described[0].members[0].member_epoch == 1
+    assert described[1].error_code == ErrorCode.group_id_not_found
+
+    classic_view = _flexible_round_trip(
+        broker.bootstrap,
+        15,
+        5,
+        DescribeGroupsRequest(groups=(GroupId("wire-group"),), include_authorized_operations=False),
+    ).groups[0]
+    assert (classic_view.error_code, classic_view.group_state) == (ErrorCode.none, "Dead")
+
+    left = heartbeat(member_epoch=-1, subscribed_topic_names=None, topic_partitions=None)
+    assert (left.error_code, left.member_epoch) == (ErrorCode.none, -1)
