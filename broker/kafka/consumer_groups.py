@@ -689,17 +689,18 @@ class ConsumerGroupCoordinator:
         return True
 
     def validate_offset_commit(
-        self, group_id: str, member_id: str, epoch: int, version: int
+        self, group_id: str, member_id: str, epoch: int, version: int, transactional: bool = False
     ) -> int:
         """ConsumerGroup.validateOffsetCommit: an admin's or standalone consumer's commit (epoch
-        < 0) only to an empty group; a member's with its current epoch, in OffsetCommit v9+."""
+        < 0) only to an empty group; a member's with its current epoch, in OffsetCommit v9+
+        (any TxnOffsetCommit version)."""
         group = self.groups[group_id]
         if epoch < 0 and not group.members:
             return ErrorCode.none
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
-        if version < 9:
+        if version < 9 and not transactional:
             return ErrorCode.unsupported_version
         return self._epoch_error(epoch, member)
 

@@ -241,6 +241,9 @@ def test_offset_commit_and_fetch_check_the_member_epoch(
     a = beat(coordinator, "a", 0)
     epoch = a.member_epoch
     assert coordinator.validate_offset_commit("g", "a", epoch, 9) == ErrorCode.none
+    # OffsetCommit before v9 cannot carry a member epoch; TxnOffsetCommit of any version can
+    assert coordinator.validate_offset_commit("g", "a", epoch, 8) == ErrorCode.unsupported_version
+    assert coordinator.validate_offset_commit("g", "a", epoch, 3, transactional=True) == 0
     beat(coordinator, "b", 0)
     beat(coordinator, "a", epoch, {0, 1, 2, 3})
     beat(coordinator, "a", epoch, set())  # revoked: a moves to the new epoch
