@@ -18,6 +18,7 @@ from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate
+from broker.kafka.consumer_groups import ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.handlers import KafkaHandlers
 from broker.kafka.internal_topics import InternalTopic
@@ -42,6 +43,12 @@ class Broker:
         self.logs = LogStore(config, self.metadata, self.store)
         self.cluster = Cluster(config, self.metadata, self.logs)
         self.groups = GroupCoordinator(config.group_initial_rebalance_delay_ms)
+        self.consumer_groups = ConsumerGroupCoordinator(
+            self.cluster,
+            self.groups,
+            config.group_consumer_heartbeat_interval_ms,
+            config.group_consumer_session_timeout_ms,
+        )
         self.transactions = TransactionCoordinator(
             self.metadata,
             self.logs,
@@ -49,7 +56,7 @@ class Broker:
             config.transaction_cleanup_interval_ms,
         )
         self.handlers = KafkaHandlers(
-            config, self.cluster, self.logs, self.groups, self.transactions
+            config, self.cluster, self.logs, self.groups, self.transactions, self.consumer_groups
         )
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes)
         self.admin = AdminApi(config, self.cluster, self.logs)
@@ -83,6 +90,7 @@ class Broker:
         await self.schemas.load()  # before the listener: the produce gate needs every schema id
         self.schemas.start_tailing()  # records other writers append to _schemas
         self.groups.start()
+        self.consumer_groups.start()
         await self.transactions.recover()  # before the listener: no transaction half-done
         self.transactions.start()
         await self.kafka.start(self.config.host, self.config.kafka_port)
@@ -118,6 +126,7 @@ class Broker:
             ("admin API", self.admin.close),
             ("kafka listener", self.kafka.close),
             ("group coordinator", self.groups.close),
+            ("consumer group coordinator", self.consumer_groups.close),
             ("transaction coordinator", self.transactions.close),
             ("logs", self.logs.close),
         ]:

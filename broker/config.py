@@ -161,6 +161,16 @@ class BrokerConfig(BaseSettings):
     group_initial_rebalance_delay_ms: int = Field(
         default=300, ge=0, description="wait for more members this long"
     )
+    group_consumer_heartbeat_interval_ms: int = Field(
+        default=5000,
+        ge=1,
+        description="how often consumer-protocol (KIP-848) members heartbeat",
+    )
+    group_consumer_session_timeout_ms: int = Field(
+        default=45_000,
+        ge=1,
+        description="remove a consumer-protocol (KIP-848) member silent this long",
+    )
     transaction_max_timeout_ms: int = Field(
         default=900_000,
         ge=1,
@@ -341,6 +351,8 @@ KAFKA_NAMES = {
     "default_partitions": "num.partitions",
     "auto_create_topics": "auto.create.topics.enable",
     "group_initial_rebalance_delay_ms": "group.initial.rebalance.delay.ms",
+    "group_consumer_heartbeat_interval_ms": "group.consumer.heartbeat.interval.ms",
+    "group_consumer_session_timeout_ms": "group.consumer.session.timeout.ms",
     "retention_check_interval_ms": "log.retention.check.interval.ms",
     "transaction_max_timeout_ms": "transaction.max.timeout.ms",
     "transaction_cleanup_interval_ms": "transaction.abort.timed.out.transaction.cleanup.interval.ms",

@@ -24,6 +24,7 @@ from broker.config import BrokerConfig
 from broker.gate import DataQualityGate, GateRejection, gate_applies
 from broker.kafka import records
 from broker.kafka.codec import Responder, field, ms
+from broker.kafka.consumer_groups import ConsumerGroupApis, ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.replica_apis import ReplicaApis
 from broker.kafka.transactions import TransactionCoordinator
@@ -81,6 +82,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     60: (0, 1),  # DescribeCluster
     65: (0, 0),  # DescribeTransactions
     66: (0, 1),  # ListTransactions
+    68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848)
+    69: (0, 1),  # ConsumerGroupDescribe (KIP-848)
 }
 
 # What ApiVersions lists. As Apache Kafka 4 does (KAFKA-18659), Produce is listed
@@ -131,7 +134,7 @@ class ConnectionContext:
 Handler = Callable[[ConnectionContext, Any, Responder], Awaitable[Any]]
 
 
-class KafkaHandlers(TransactionApis, ReplicaApis):
+class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
     def __init__(
         self,
         config: BrokerConfig,
@@ -139,12 +142,14 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
         logs: LogStore,
         groups: GroupCoordinator,
         transactions: TransactionCoordinator,
+        consumer_groups: ConsumerGroupCoordinator | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
         self.logs = logs
         self.groups = groups
         self.transactions = transactions
+        self.consumer_groups = consumer_groups or ConsumerGroupCoordinator(cluster, groups)
         self.gate: DataQualityGate | None = None  # set once the schema registry is up
         self.by_key: dict[int, Handler] = {
             0: self.produce,
@@ -183,6 +188,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
             60: self.describe_cluster,
             65: self.describe_transactions,
             66: self.list_transactions,
+            68: self.consumer_group_heartbeat,
+            69: self.consumer_group_describe,
         }
 
     def _broker(self) -> dict[str, Any]:
@@ -944,6 +951,18 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
 
     async def join_group(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         session_ms = ms(req.session_timeout)
+        if not self.consumer_groups.take_over_for_classic(req.group_id):
+            # a consumer (KIP-848) group with members: no classic member joins it here
+            return R(
+                error_code=ErrorCode.inconsistent_group_protocol,
+                generation_id=-1,
+                protocol_type=None,
+                protocol_name=None if R.version >= 7 else "",
+                leader="",
+                skip_assignment=False,
+                member_id=req.member_id,
+                members=[],
+            )
         result = await self.groups.join(
             req.group_id,
             req.member_id,
@@ -1004,9 +1023,14 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
 
     async def offset_commit(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         generation = field(req, "generation_id_or_member_epoch", field(req, "generation_id", -1))
-        error = self.groups.validate_member(
-            req.group_id, generation, req.member_id, field(req, "group_instance_id")
-        )
+        if self.consumer_groups.is_consumer_group(req.group_id):
+            error = self.consumer_groups.validate_offset_commit(
+                req.group_id, req.member_id, generation, R.version
+            )
+        else:
+            error = self.groups.validate_member(
+                req.group_id, generation, req.member_id, field(req, "group_instance_id")
+            )
         topics = []
         to_store = []
         for t in req.topics:
@@ -1034,16 +1058,19 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
 
     async def offset_fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         if R.version >= 8:
-            groups = [
-                {
-                    "group_id": g.group_id,
-                    "topics": await self._fetched_offsets(
+            groups = []
+            for g in req.groups:
+                error = self.consumer_groups.validate_offset_fetch(
+                    g.group_id, field(g, "member_id"), field(g, "member_epoch", -1)
+                )
+                topics = (
+                    await self._fetched_offsets(
                         g.group_id, g.topics, "partition_indexes", req.require_stable
-                    ),
-                    "error_code": ErrorCode.none,
-                }
-                for g in req.groups
-            ]
+                    )
+                    if error == ErrorCode.none
+                    else []
+                )
+                groups.append({"group_id": g.group_id, "topics": topics, "error_code": error})
             return R(groups=groups)
         return R(
             topics=await self._fetched_offsets(
@@ -1092,6 +1119,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
         known_offsets = set(await asyncio.to_thread(self.cluster.metadata.groups_with_offsets))
         groups = []
         for group_id in req.groups:
+            if self.consumer_groups.is_consumer_group(group_id):
+                groups.append(self._not_a_classic_group(group_id, R.version))
+                continue
             group = self.groups.groups.get(group_id)
             if group is None and group_id not in known_offsets:
                 groups.append(
@@ -1137,6 +1167,21 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
             )
         return R(groups=groups)
 
+    @staticmethod
+    def _not_a_classic_group(group_id: str, version: int) -> dict[str, Any]:
+        """DescribeGroups of a consumer (KIP-848) group, as Kafka answers it: Dead, and from v6
+        GROUP_ID_NOT_FOUND (ConsumerGroupDescribe describes it)."""
+        return {
+            "error_code": ErrorCode.group_id_not_found if version >= 6 else ErrorCode.none,
+            "error_message": f"Group {group_id} is not a classic group." if version >= 6 else None,
+            "group_id": group_id,
+            "group_state": "Dead",
+            "protocol_type": "",
+            "protocol_data": "",
+            "members": [],
+            "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        }
+
     async def list_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         states = {s.lower() for s in field(req, "states_filter", ()) or ()}
         types = {s.lower() for s in field(req, "types_filter", ()) or ()}
@@ -1155,11 +1200,13 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
                 "group_state": group.state,
                 "group_type": "classic",
             }
+        for consumer_group in self.consumer_groups.listed():
+            listed[consumer_group["group_id"]] = consumer_group
         groups = [
             g
             for g in listed.values()
             if (not states or g["group_state"].lower() in states)
-            and (not types or "classic" in types)
+            and (not types or g["group_type"] in types)
         ]
         return R(error_code=ErrorCode.none, groups=groups)
 
@@ -1168,8 +1215,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
         nor in its committed offsets is GROUP_ID_NOT_FOUND."""
         results = []
         for group_id in req.groups_names:
-            known = group_id in self.groups.groups
-            code = self.groups.delete(group_id)
+            known = group_id in self.groups.groups or self.consumer_groups.is_consumer_group(
+                group_id
+            )
+            consumer_code = self.consumer_groups.delete(group_id)
+            code = self.groups.delete(group_id) if consumer_code is None else consumer_code
             if code == ErrorCode.none:
                 had_offsets = await asyncio.to_thread(
                     self.cluster.metadata.delete_group_offsets, group_id
@@ -1216,9 +1266,10 @@ class KafkaHandlers(TransactionApis, ReplicaApis):
         the group is subscribed to the topic, as Kafka does."""
         group = self.groups.groups.get(req.group_id)
         stored = await asyncio.to_thread(self.cluster.metadata.committed_offsets, req.group_id)
-        if group is None and not stored:
+        consumer_group = self.consumer_groups.is_consumer_group(req.group_id)
+        if group is None and not consumer_group and not stored:
             return R(error_code=ErrorCode.group_id_not_found, throttle_time=0, topics=[])
-        subscribed: set[str] = set()
+        subscribed: set[str] = self.consumer_groups.subscribed_topics(req.group_id)
         if group is not None:
             for member in group.members.values():
                 subscribed |= member.subscribed_topics()

@@ -14,6 +14,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from broker.kafka.codec import Responder, field
+from broker.kafka.consumer_groups import ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.transactions import TransactionCoordinator
 
@@ -41,6 +42,7 @@ def fenced_for(api_key: int, version: int, error: int) -> int:
 class TransactionApis:
     transactions: TransactionCoordinator
     groups: GroupCoordinator
+    consumer_groups: ConsumerGroupCoordinator
 
     async def add_partitions_to_txn(self, ctx: Any, req: Any, R: Responder) -> Any:
         if R.version >= 4:
@@ -97,13 +99,18 @@ class TransactionApis:
     async def txn_offset_commit(self, ctx: Any, req: Any, R: Responder) -> Any:
         generation = field(req, "generation_id", -1)
         member_id = field(req, "member_id", "")
-        error = self.groups.validate_member(
-            req.group_id,
-            generation,
-            member_id,
-            field(req, "group_instance_id"),
-            transactional=True,
-        )
+        if self.consumer_groups.is_consumer_group(req.group_id):  # a KIP-848 member's epoch
+            error = self.consumer_groups.validate_offset_commit(
+                req.group_id, member_id, generation, R.version, transactional=True
+            )
+        else:
+            error = self.groups.validate_member(
+                req.group_id,
+                generation,
+                member_id,
+                field(req, "group_instance_id"),
+                transactional=True,
+            )
         offsets = [
             (
                 t.name,
