@@ -1124,20 +1124,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
                 continue
             group = self.groups.groups.get(group_id)
             if group is None and group_id not in known_offsets:
-                groups.append(
-                    {
-                        "error_code": ErrorCode.group_id_not_found
-                        if R.version >= 6
-                        else ErrorCode.none,
-                        "error_message": f"Group {group_id} not found." if R.version >= 6 else None,
-                        "group_id": group_id,
-                        "group_state": "Dead",
-                        "protocol_type": "",
-                        "protocol_data": "",
-                        "members": [],
-                        "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-                    }
-                )
+                groups.append(_dead_group(group_id, R.version, "not found"))
                 continue
             state = group.state if group else "Empty"
             members = []
@@ -1171,16 +1158,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
     def _not_a_classic_group(group_id: str, version: int) -> dict[str, Any]:
         """DescribeGroups of a consumer (KIP-848) group, as Kafka answers it: Dead, and from v6
         GROUP_ID_NOT_FOUND (ConsumerGroupDescribe describes it)."""
-        return {
-            "error_code": ErrorCode.group_id_not_found if version >= 6 else ErrorCode.none,
-            "error_message": f"Group {group_id} is not a classic group." if version >= 6 else None,
-            "group_id": group_id,
-            "group_state": "Dead",
-            "protocol_type": "",
-            "protocol_data": "",
-            "members": [],
-            "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-        }
+        return _dead_group(group_id, version, "is not a classic group")
 
     async def list_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         states = {s.lower() for s in field(req, "states_filter", ()) or ()}
@@ -1328,6 +1306,21 @@ def _config_entry(
         "synonyms": [{"name": name, "value": value, "source": source}] if synonyms else [],
         "config_type": type_,
         "documentation": None,
+    }
+
+
+def _dead_group(group_id: str, version: int, why: str) -> dict[str, Any]:
+    """A DescribeGroups entry for a group the classic coordinator does not have: Dead, and from
+    v6 GROUP_ID_NOT_FOUND with ``Group <id> <why>.``, as Kafka answers."""
+    return {
+        "error_code": ErrorCode.group_id_not_found if version >= 6 else ErrorCode.none,
+        "error_message": f"Group {group_id} {why}." if version >= 6 else None,
+        "group_id": group_id,
+        "group_state": "Dead",
+        "protocol_type": "",
+        "protocol_data": "",
+        "members": [],
+        "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -35,6 +36,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.expressions import EqualTo
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
 from broker import checkpoint
 from broker.checkpoint import ROUND_BRANCH_PREFIX
@@ -113,9 +115,10 @@ def multi_table_commits(spec: CatalogSpec) -> bool:
     return allowed
 
 
-def _has_round(table: Table, round_id: str) -> bool | None:
+def _has_round(table: Table, round_id: str, since_ms: int | None = None) -> bool | None:
     """Whether a snapshot on ``main``'s ancestry was written by the round ``round_id``; None when
-    the ancestry ends in expired snapshots before telling."""
+    the ancestry ends in expired snapshots before telling. ``since_ms``: the round wrote after
+    then, so the walk stops (False) at the first snapshot older than that (less clock skew)."""
     snapshot_id = main_snapshot_id(table)
     while snapshot_id is not None:
         snapshot = table.metadata.snapshot_by_id(snapshot_id)
@@ -123,6 +126,8 @@ def _has_round(table: Table, round_id: str) -> bool | None:
             return None
         if checkpoint.summary_properties(snapshot).get(checkpoint.ROUND_ID) == round_id:
             return True
+        if since_ms is not None and snapshot.timestamp_ms < since_ms - CLOCK_SKEW_MS:
+            return False
         snapshot_id = snapshot.parent_snapshot_id
     return False
 
@@ -159,13 +164,7 @@ def catch_up(catalog: Catalog, table: Table, dlq_identifier: tuple[str, str]) ->
         if staged is None:
             raise DlqBehind(_lost(found.round_id, dlq_identifier, expected, f"no branch {branch}"))
         try:
-            if staged.parent_snapshot_id == main_snapshot_id(dlq):
-                publish(
-                    catalog,
-                    [BranchHead(dlq, branch, staged.parent_snapshot_id, staged.snapshot_id, False)],
-                )
-            else:
-                _append_again(catalog, dlq, staged.snapshot_id, found.round_id, branch)
+            _fast_forward_or(catalog, dlq, branch, staged, _append_again)
         except (LostRace, CommitFailedException) as exc:
             log.info("catching up %s lost a race (%s); again", dlq.name(), exc)
             dlq = dlq.refresh()
@@ -175,21 +174,17 @@ def catch_up(catalog: Catalog, table: Table, dlq_identifier: tuple[str, str]) ->
     raise LostRace(f"other writers kept moving the main of {'.'.join(dlq_identifier)}")
 
 
-def _append_again(
-    catalog: Catalog, dlq: Table, snapshot_id: int, round_id: str, branch: str
-) -> None:
+def _append_again(catalog: Catalog, dlq: Table, staged: Snapshot, branch: str) -> None:
     """``main`` moved since the round branched (a DLQ reprocess): the round's rows on top of it,
     in one commit that requires ``main`` where it was (pyiceberg's append asserts the ref)."""
     equal: Any = EqualTo  # its pydantic signature hides the (term, literal) constructor from mypy
-    this_round = equal("round_id", round_id)
-    rows = dlq.scan(row_filter=this_round, snapshot_id=snapshot_id).to_arrow()
-    staged = dlq.metadata.snapshot_by_id(snapshot_id)
-    assert staged is not None
     properties = {
         k: v
         for k, v in checkpoint.summary_properties(staged).items()
         if k in (checkpoint.ROUND_ID, checkpoint.OFFSETS)
     }
+    this_round = equal("round_id", properties[checkpoint.ROUND_ID])
+    rows = dlq.scan(row_filter=this_round, snapshot_id=staged.snapshot_id).to_arrow()
     dlq.append(rows, snapshot_properties=properties)
     drop_branch(catalog, dlq.refresh(), branch)
 
@@ -234,7 +229,7 @@ def finish_reprocesses(catalog: Catalog, table: Table, dlq_identifier: tuple[str
         round_id = properties.get(checkpoint.ROUND_ID)
         if REPROCESSED not in properties or round_id is None:
             continue  # a round's DLQ rows: catch_up's
-        committed = _committed_since(table, round_id, staged.timestamp_ms)
+        committed = _has_round(table, round_id, staged.timestamp_ms)
         if committed is None:
             raise ReprocessUndecided(
                 f"the DLQ reprocess {round_id} left branch {branch} on {'.'.join(dlq_identifier)} "
@@ -260,14 +255,7 @@ def finish_reprocess(catalog: Catalog, dlq: Table, branch: str) -> None:
         if staged is None:
             return  # another caller finished it
         try:
-            if staged.parent_snapshot_id == main_snapshot_id(dlq):
-                publish(
-                    catalog,
-                    [BranchHead(dlq, branch, staged.parent_snapshot_id, staged.snapshot_id, False)],
-                )
-            else:
-                _delete_again(dlq, staged.parent_snapshot_id, staged.snapshot_id)
-                drop_branch(catalog, dlq.refresh(), branch)
+            _fast_forward_or(catalog, dlq, branch, staged, _delete_again)
         except (LostRace, CommitFailedException) as exc:
             log.info("finishing %s on %s lost a race (%s); again", branch, dlq.name(), exc)
             dlq = dlq.refresh()
@@ -277,8 +265,27 @@ def finish_reprocess(catalog: Catalog, dlq: Table, branch: str) -> None:
     raise LostRace(f"other writers kept moving the main of {dlq.name()}")
 
 
-def _delete_again(dlq: Table, parent_id: int | None, staged_id: int) -> None:
-    """The rows the staged snapshot deleted from its parent, deleted from ``main``."""
+Redo = Callable[[Catalog, Table, Snapshot, str], None]
+
+
+def _fast_forward_or(
+    catalog: Catalog, dlq: Table, branch: str, staged: Snapshot, redo: Redo
+) -> None:
+    """The DLQ's ``main`` fast-forwarded to the branch's ``staged`` snapshot while ``main`` is
+    still its parent (one conditional commit); else ``redo`` makes the same change on top of
+    ``main`` and drops the branch."""
+    if staged.parent_snapshot_id == main_snapshot_id(dlq):
+        publish(
+            catalog, [BranchHead(dlq, branch, staged.parent_snapshot_id, staged.snapshot_id, False)]
+        )
+    else:
+        redo(catalog, dlq, staged, branch)
+
+
+def _delete_again(catalog: Catalog, dlq: Table, staged: Snapshot, branch: str) -> None:
+    """The rows the staged snapshot deleted from its parent, deleted from ``main``; the branch
+    dropped after."""
+    parent_id, staged_id = staged.parent_snapshot_id, staged.snapshot_id
     columns = ("topic", "partition", "offset")
     before = (
         dlq.scan(snapshot_id=parent_id, selected_fields=columns).to_arrow().to_pylist()
@@ -293,8 +300,6 @@ def _delete_again(dlq: Table, parent_id: int | None, staged_id: int) -> None:
             gone.setdefault(r["topic"], {}).setdefault(int(r["partition"]), []).append(
                 int(r["offset"])
             )
-    staged = dlq.metadata.snapshot_by_id(staged_id)
-    assert staged is not None
     properties = {
         k: v
         for k, v in checkpoint.summary_properties(staged).items()
@@ -303,20 +308,4 @@ def _delete_again(dlq: Table, parent_id: int | None, staged_id: int) -> None:
     with dlq.transaction() as tx:
         for topic, by_partition in gone.items():
             tx.delete(dlq_filter(topic, by_partition), snapshot_properties=properties)
-
-
-def _committed_since(table: Table, round_id: str, since_ms: int) -> bool | None:
-    """Whether ``main``'s ancestry holds ``round_id``'s snapshot, looking back to the first
-    snapshot older than ``since_ms`` (the reprocess committed its table after that); None when
-    the ancestry ends in expired snapshots before telling."""
-    snapshot_id = main_snapshot_id(table)
-    while snapshot_id is not None:
-        snapshot = table.metadata.snapshot_by_id(snapshot_id)
-        if snapshot is None:
-            return None
-        if checkpoint.summary_properties(snapshot).get(checkpoint.ROUND_ID) == round_id:
-            return True
-        if snapshot.timestamp_ms < since_ms - CLOCK_SKEW_MS:
-            return False
-        snapshot_id = snapshot.parent_snapshot_id
-    return False
+    drop_branch(catalog, dlq.refresh(), branch)
