@@ -34,6 +34,10 @@ TOPIC_ID = "icefall.topic-id"
 CHECKPOINT_TAG = "icefall-checkpoint"
 ROUND_BRANCH_PREFIX = "icefall-round-"
 MAIN = "main"
+# A DLQ reprocess's snapshots: how many DLQ records decode now, and (on the DLQ's deletion) which
+# offsets of which topic left the DLQ, so the deletion can be made again after a crash.
+REPROCESSED = "icefall.dlq-reprocessed"
+DLQ_MOVED = "icefall.dlq-moved"
 
 
 @dataclass(frozen=True)

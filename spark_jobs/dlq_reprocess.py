@@ -81,18 +81,7 @@ from spark_jobs.rounds.publish import (
 from spark_jobs.rounds.tasks import TaskSpec, run_in_driver, run_tasks
 
 log = logging.getLogger("icefall.dlq_reprocess")
-REPROCESSED = dlq_catchup.REPROCESSED
-
-
-def _runs(offsets: list[int]) -> list[tuple[int, int]]:
-    """Sorted offsets -> [start, end) runs of consecutive ones."""
-    out: list[tuple[int, int]] = []
-    for o in sorted(set(offsets)):
-        if out and out[-1][1] == o:
-            out[-1] = (out[-1][0], o + 1)
-        else:
-            out.append((o, o + 1))
-    return out
+REPROCESSED = checkpoint.REPROCESSED
 
 
 @dataclass
@@ -140,7 +129,9 @@ class _Job:
 
     def dlq_windows(self) -> list[tuple[int, int, int]]:
         return [
-            (p, a, b) for p, offsets in sorted(self.in_segments.items()) for a, b in _runs(offsets)
+            (p, a, b)
+            for p, offsets in sorted(self.in_segments.items())
+            for a, b in dlq_catchup.offset_runs(offsets)
         ]
 
 
@@ -267,11 +258,16 @@ def reprocess(args: argparse.Namespace, spark: Any = None) -> ReprocessResult:
     assert dlq_parent is not None
     create_branch(job.catalog, dlq_table, branch, dlq_parent)
 
+    dlq_properties = {
+        **properties,
+        checkpoint.DLQ_MOVED: dlq_catchup.moved_property(topic.topic, moved),
+    }
+
     def delete_moved(target: Table) -> None:
         with target.transaction() as tx:
             tx.delete(
                 dlq_catchup.dlq_filter(topic.topic, moved),
-                snapshot_properties=properties,
+                snapshot_properties=dlq_properties,
                 branch=branch,
             )
 

@@ -158,6 +158,9 @@ OPEN_PREFIXES = (
     "hdfs.",
     "oss.",
     "hf.",
+    "authentication.",  # Nessie's client (Spark's NessieCatalog): authentication.type, .token, ...
+    "nessie.authentication.",
+    "io.manifest.cache",  # Iceberg Java: io.manifest.cache-enabled, io.manifest.cache.*
 )
 
 

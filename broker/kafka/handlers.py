@@ -1217,9 +1217,16 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
             partitions = []
             for p in t.partitions:
                 part = self._partition(t.name, p.partition_index)
+                topic = self.cluster.topics.get(t.name)
                 result = {"partition_index": p.partition_index, "low_watermark": -1}
-                if part is None:
+                if part is None or topic is None:
                     result["error_code"] = ErrorCode.unknown_topic_or_partition
+                    partitions.append(result)
+                    continue
+                if "delete" not in topic.config("cleanup.policy").split(","):
+                    # as Kafka: a compacted topic (e.g. the registry's _schemas) keeps its records
+                    result["error_code"] = ErrorCode.policy_violation
+                    result["low_watermark"] = part.log_start_offset
                     partitions.append(result)
                     continue
                 offset = part.high_watermark if p.offset == -1 else int(p.offset)
@@ -1249,6 +1256,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
             return R(error_code=ErrorCode.group_id_not_found, throttle_time=0, topics=[])
         subscribed: set[str] = self.consumer_groups.subscribed_topics(req.group_id)
         if group is not None:
+            if group.members and group.protocol_type != "consumer":  # e.g. Kafka Connect's
+                return R(error_code=ErrorCode.non_empty_group, throttle_time=0, topics=[])
             for member in group.members.values():
                 subscribed |= member.subscribed_topics()
         topics, deleted = [], []

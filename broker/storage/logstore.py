@@ -239,6 +239,8 @@ class LogStore:
         # write (done in a thread) and by a topic deletion: a deleted topic's chunks
         # never reach the index, and a new topic of that name never inherits them.
         self.index_lock = asyncio.Lock()
+        # object keys DeleteRecords left without a chunk: retention deletes them after the delay
+        self.released_objects: list[str] = []
         self._closing = False
         self._object_cache: OrderedDict[str, bytes] = OrderedDict()
         self._object_cache_bytes = 0
@@ -338,10 +340,12 @@ class LogStore:
         self.partitions[(topic, partition)] = part
         return part
 
-    async def drop_chunks(self, part: PartitionLog, count: int) -> list[str]:
-        """Segment retention: drop the partition's oldest ``count`` chunks and move its log
-        start past them. Returns the object keys no chunk refers to any more, for the caller
-        to delete (later: ``file.delete.delay.ms``).
+    async def drop_chunks(self, part: PartitionLog, end: int) -> list[str]:
+        """Segment retention: drop the partition's leading chunks that end at or before ``end``
+        and move its log start past them. Returns the object keys no chunk refers to any more,
+        for the caller to delete (later: ``file.delete.delay.ms``). Counted under the lock, so
+        a DeleteRecords that ran while retention waited for it never makes retention drop more
+        than it decided to.
 
         The index rows go first, in a thread, under ``index_lock`` (which the flusher's index
         write and topic deletion also take, so neither runs in between); the log in memory
@@ -349,6 +353,9 @@ class LogStore:
         not deleted yet. A partition deleted before the lock was ours is left alone."""
         async with self.index_lock:
             if self.partitions.get((part.topic, part.partition)) is not part:
+                return []
+            count = bisect.bisect_right([c.end_offset for c in part.chunks], end)
+            if count == 0:
                 return []
             new_start = part.chunks[count - 1].end_offset
             keys = await asyncio.to_thread(
@@ -363,8 +370,9 @@ class LogStore:
     async def delete_records(self, part: PartitionLog, offset: int) -> int:
         """DeleteRecords: the partition's log start moves up to ``offset`` (at most the high
         watermark, checked by the caller); returns the new log start. Chunks wholly below it
-        leave the index, as retention's do (``drop_chunks``; their objects go at retention's
-        next orphan sweep); a chunk it cuts stays and reads from it start at ``offset``.
+        leave the index, as retention's do (``drop_chunks``); the objects no chunk refers to any
+        more go to ``released_objects``, which retention deletes after ``file.delete.delay.ms``
+        as its own; a chunk the new start cuts stays and reads from it start at ``offset``.
 
         Records still only in the WAL are flushed first, so the log start never passes the
         end of the indexed chunks (reads below ``flushed_offset`` come from segment objects)."""
@@ -376,20 +384,22 @@ class LogStore:
             if offset <= part.log_start_offset:
                 return part.log_start_offset
             count = bisect.bisect_right([c.end_offset for c in part.chunks], offset)
-            await asyncio.to_thread(
+            keys = await asyncio.to_thread(
                 self.metadata.drop_chunks_before, part.topic, part.partition, offset
             )
             del part.chunks[:count]
             del part.chunk_bases[:count]
             part.log_start_offset = offset
             part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
+            self.released_objects.extend(keys)
             return offset
 
     async def unreferenced_objects(self, keys: list[str]) -> list[str]:
-        """Those of ``keys`` no chunk refers to. Checked under the flush lock: a flush
-        puts its object before it indexes it, so outside the lock a new object could
-        look orphaned."""
-        async with self._flush_lock:
+        """Those of ``keys`` no chunk refers to. Checked under the flush lock (a flush puts its
+        object before it indexes it, so outside the lock a new object could look orphaned) and
+        the index lock (a DeleteRecords lists the objects it unreferenced in
+        ``released_objects`` before it lets go of it)."""
+        async with self._flush_lock, self.index_lock:
             referenced = await asyncio.to_thread(self.metadata.object_keys)
         return [k for k in keys if k not in referenced]
 

@@ -251,6 +251,7 @@ class Retention:
         )
         for candidate in candidates:
             await self._trim(candidate, committed.get(candidate.topic.name), now_ms)
+        self._take_released()
         await self._delete_due()
         await self._sweep_orphans()
         self.status.passes += 1
@@ -320,9 +321,9 @@ class Retention:
         if allowed == 0:
             return
         if not part.chunks or part.chunks[0] is not chunks[0]:
-            return  # only retention removes chunks (from the front, here); be safe if that ever changes
+            return  # DeleteRecords moved the log start meanwhile: the next pass looks again
         end = chunks[allowed - 1].end_offset
-        keys = await self.logs.drop_chunks(part, allowed)
+        keys = await self.logs.drop_chunks(part, end)
         self.status.chunks_deleted += allowed
         self.status.bytes_deleted += sum(chunk_bytes(c) for c in chunks[:allowed])
         due = time.monotonic() + candidate.policy.file_delete_delay_ms / 1000
@@ -376,11 +377,22 @@ class Retention:
                 del self.pending[key]
                 self.status.objects_deleted += 1
 
+    def _take_released(self) -> None:
+        """The objects DeleteRecords left without a chunk, deleted after ``file.delete.delay.ms``
+        (the default's: a fetch that looked a chunk up may still read them)."""
+        delay_ms = int(topic_configs.KEYS["file.delete.delay.ms"].default or 0)
+        due = time.monotonic() + delay_ms / 1000
+        while self.logs.released_objects:
+            key = self.logs.released_objects.pop()
+            self.pending[key] = min(self.pending.get(key, due), due)
+
     async def _sweep_orphans(self) -> None:
         """Delete segment objects no chunk refers to: left by a crash between a retention
         commit and its deletes, or by a flush whose index write failed after its put."""
         listed = await asyncio.to_thread(self.logs.store.list, SEGMENT_PREFIX)
-        orphans = [k for k in await self.logs.unreferenced_objects(listed) if k not in self.pending]
+        unreferenced = await self.logs.unreferenced_objects(listed)
+        released = set(self.logs.released_objects)  # DeleteRecords' since _take_released
+        orphans = [k for k in unreferenced if k not in self.pending and k not in released]
         for key in orphans:
             if await self._delete(key):
                 self.status.orphans_deleted += 1

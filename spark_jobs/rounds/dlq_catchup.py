@@ -26,6 +26,7 @@ written to the table once, whichever step a crash interrupts.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -53,7 +54,7 @@ from spark_jobs.rounds.publish import (
 
 log = logging.getLogger(__name__)
 DLQ_ROWS = "icefall.dlq-rows"
-REPROCESSED = "icefall.dlq-reprocessed"  # a reprocess's snapshots: DLQ records that decode now
+REPROCESSED = checkpoint.REPROCESSED
 TRANSACTIONS_ENDPOINT = "POST /v1/{prefix}/transactions/commit"
 CATCH_UP_ATTEMPTS = 5
 CLOCK_SKEW_MS = 5 * 60 * 1000  # snapshot times come from the writers' clocks
@@ -282,30 +283,39 @@ def _fast_forward_or(
         redo(catalog, dlq, staged, branch)
 
 
-def _delete_again(catalog: Catalog, dlq: Table, staged: Snapshot, branch: str) -> None:
-    """The rows the staged snapshot deleted from its parent, deleted from ``main``; the branch
-    dropped after."""
-    parent_id, staged_id = staged.parent_snapshot_id, staged.snapshot_id
-    columns = ("topic", "partition", "offset")
-    before = (
-        dlq.scan(snapshot_id=parent_id, selected_fields=columns).to_arrow().to_pylist()
-        if parent_id is not None
-        else []
-    )
-    after = dlq.scan(snapshot_id=staged_id, selected_fields=columns).to_arrow().to_pylist()
-    kept = {(r["topic"], r["partition"], r["offset"]) for r in after}
-    gone: dict[str, dict[int, list[int]]] = {}
-    for r in before:
-        if (r["topic"], r["partition"], r["offset"]) not in kept:
-            gone.setdefault(r["topic"], {}).setdefault(int(r["partition"]), []).append(
-                int(r["offset"])
-            )
-    properties = {
-        k: v
-        for k, v in checkpoint.summary_properties(staged).items()
-        if k in (checkpoint.ROUND_ID, REPROCESSED)
+def moved_property(topic: str, by_partition: dict[int, list[int]]) -> str:
+    """``icefall.dlq-moved``: the topic and, per partition, the [start, end) runs of the offsets
+    a reprocess takes out of the DLQ (runs: a reprocess usually moves neighbouring records)."""
+    runs = {str(p): offset_runs(offsets) for p, offsets in sorted(by_partition.items())}
+    return json.dumps({"topic": topic, "runs": runs}, separators=(",", ":"))
+
+
+def offset_runs(offsets: list[int]) -> list[tuple[int, int]]:
+    """Sorted offsets -> [start, end) runs of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for o in sorted(set(offsets)):
+        if out and out[-1][1] == o:
+            out[-1] = (out[-1][0], o + 1)
+        else:
+            out.append((o, o + 1))
+    return out
+
+
+def _moved(properties: dict[str, str]) -> tuple[str, dict[int, list[int]]]:
+    moved = json.loads(properties[checkpoint.DLQ_MOVED])
+    return moved["topic"], {
+        int(p): [o for start, end in spans for o in range(start, end)]
+        for p, spans in moved["runs"].items()
     }
+
+
+def _delete_again(catalog: Catalog, dlq: Table, staged: Snapshot, branch: str) -> None:
+    """The rows the staged deletion took out of the DLQ (its ``icefall.dlq-moved``), deleted
+    from ``main``; the branch dropped after. Read from the summary, not by comparing the staged
+    snapshot with its parent: maintenance may have expired the parent."""
+    summary = checkpoint.summary_properties(staged)
+    topic, by_partition = _moved(summary)
+    properties = {k: v for k, v in summary.items() if k in (checkpoint.ROUND_ID, REPROCESSED)}
     with dlq.transaction() as tx:
-        for topic, by_partition in gone.items():
-            tx.delete(dlq_filter(topic, by_partition), snapshot_properties=properties)
+        tx.delete(dlq_filter(topic, by_partition), snapshot_properties=properties)
     drop_branch(catalog, dlq.refresh(), branch)

@@ -39,7 +39,13 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 
-from broker.checkpoint import CHECKPOINT_TAG, MAIN, ROUND_BRANCH_PREFIX
+from broker.checkpoint import (
+    CHECKPOINT_TAG,
+    MAIN,
+    REPROCESSED,
+    ROUND_BRANCH_PREFIX,
+    summary_properties,
+)
 from broker.external_catalogs.nessie import NessieCatalog
 
 log = logging.getLogger(__name__)
@@ -120,6 +126,8 @@ def _stale_branches(table: Table, keep: str, now_ms: int) -> list[str]:
         if not name.startswith(ROUND_BRANCH_PREFIX) or name == keep:
             continue
         snapshot = table.metadata.snapshot_by_id(ref.snapshot_id)
+        if REPROCESSED in summary_properties(snapshot):
+            continue  # a reprocess's pending DLQ deletion: dlq_catchup.finish_reprocesses decides
         if snapshot is None or now_ms - snapshot.timestamp_ms > STALE_BRANCH_MS:
             out.append(name)
     return out

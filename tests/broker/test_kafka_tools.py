@@ -283,6 +283,29 @@ def test_kafka_delete_records_moves_the_log_start(broker: BrokerProcess, tmp_pat
     latest = kafka_tool("kafka-get-offsets", *b, "--topic", "trimmed", "--time", "-1").stdout
     assert latest.split() == ["trimmed:0:100"]
 
+    # as Kafka: a compacted topic (the registry's _schemas is one) keeps its records
+    kafka_tool(
+        "kafka-topics",
+        *b,
+        "--create",
+        "--topic",
+        "compacted-kept",
+        "--partitions",
+        "1",
+        "--config",
+        "cleanup.policy=compact",
+    )
+    plan.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "partitions": [{"topic": "compacted-kept", "partition": 0, "offset": -1}],
+            }
+        )
+    )
+    refused = kafka_tool("kafka-delete-records", *b, "--offset-json-file", str(plan)).stdout
+    assert "PolicyViolationException" in refused, refused
+
 
 def test_kafka_consumer_groups_delete_offsets(broker: BrokerProcess) -> None:
     b = bootstrap(broker)

@@ -70,3 +70,16 @@ def test_a_rest_catalog_without_the_transactions_endpoint_commits_one_table_at_a
 def test_a_catalog_that_does_not_answer_is_named() -> None:
     with pytest.raises(BrokerRequestError, match=r"automq.table.topic.catalog.uri"):
         multi_table_commits(CatalogSpec(type="rest", uri="http://127.0.0.1:9", builtin=False))
+
+
+def test_the_moved_offsets_of_a_reprocess_survive_the_summary_round_trip() -> None:
+    """``icefall.dlq-moved``: what a crashed reprocess's DLQ deletion is made again from."""
+    from spark_jobs.rounds.dlq_catchup import _moved, moved_property
+
+    by_partition = {0: [4, 5, 6, 9], 3: [0], 1: [7, 8]}
+    text = moved_property("clicks's", by_partition)
+    assert _moved({"icefall.dlq-moved": text}) == (
+        "clicks's",
+        {p: sorted(o) for p, o in sorted(by_partition.items())},
+    )
+    assert '"0":[[4,7],[9,10]]' in text
