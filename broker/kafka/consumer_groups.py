@@ -10,7 +10,7 @@ What is served, as Kafka's group coordinator does it:
 
 - a heartbeat with member epoch 0 joins (v0: the broker names the member; v1: the client
   does); any change of the members, their subscriptions (topic names or a regex, matched
-  with Python's ``re`` against the topic names), their server assignor or the subscribed
+  with RE2, linear time, against the topic names), their server assignor or the subscribed
   topics' partitions bumps the group epoch, and the next heartbeat computes the target
   assignment of that epoch with the ``uniform`` (default) or ``range`` assignor;
 - each member reconciles to its target as KIP-848's current-assignment builder does: it
