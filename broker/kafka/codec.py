@@ -23,6 +23,8 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
+from broker.kafka import legacy_schemas
+
 _FIXED_HEADER = struct.Struct(">hhi")
 
 
@@ -56,7 +58,8 @@ def known_versions(api_key: int) -> tuple[int, int] | None:
 
 @cache
 def _request_reader(api_key: int, api_version: int) -> tuple[Any, Any]:
-    schema = load_request_schema(api_key, api_version)
+    legacy = legacy_schemas.SCHEMAS.get((api_key, api_version))
+    schema = legacy[0] if legacy else load_request_schema(api_key, api_version)
     header_schema = schema.__header_schema__
     return entity_reader(header_schema), entity_reader(schema)
 
@@ -112,7 +115,8 @@ def check_nulls(entity: Any, path: str = "") -> None:
 
 @cache
 def response_schema(api_key: int, api_version: int) -> type[Any]:
-    return load_response_schema(api_key, api_version)
+    legacy = legacy_schemas.SCHEMAS.get((api_key, api_version))
+    return legacy[1] if legacy else load_response_schema(api_key, api_version)
 
 
 @cache

@@ -48,7 +48,7 @@ AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     0: (3, 12),  # Produce
     1: (4, 12),  # Fetch
-    2: (1, 10),  # ListOffsets
+    2: (0, 10),  # ListOffsets (v0: broker/kafka/legacy_schemas.py; Kafka 4 dropped it)
     3: (0, 12),  # Metadata
     8: (2, 9),  # OffsetCommit
     9: (1, 9),  # OffsetFetch
@@ -531,6 +531,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
             await self.logs.wait_for_data(remaining)
 
     async def list_offsets(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        if R.version == 0:
+            return self._list_offsets_v0(req, R)
         topics = []
         for t in req.topics:
             partitions = []
@@ -574,6 +576,45 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
                 else:
                     entry["error_code"] = ErrorCode.invalid_request
                 partitions.append(entry)
+            topics.append({"name": t.name, "partitions": partitions})
+        return R(topics=topics)
+
+    def _list_offsets_v0(self, req: Any, R: Responder) -> Any:
+        """ListOffsets v0 as Kafka before 0.10.1 answered it (``fetchOffsetsBefore``): up to
+        ``max_num_offsets`` offsets, newest first, from the log end and the starts of the
+        segments (here: chunks) last appended to before ``timestamp``; -1 is the log end, -2
+        the log start."""
+        topics = []
+        for t in req.topics:
+            partitions = []
+            for p in t.partitions:
+                part = self._partition(t.name, p.partition_index)
+                if part is None:
+                    partitions.append(
+                        {
+                            "partition_index": p.partition_index,
+                            "error_code": ErrorCode.unknown_topic_or_partition,
+                            "old_style_offsets": [],
+                        }
+                    )
+                    continue
+                if p.timestamp == -2:
+                    offsets = [part.log_start_offset]
+                else:
+                    candidates = [(c.base_offset, c.max_append_ms) for c in part.chunks]
+                    candidates.append((part.high_watermark, int(time.time() * 1000)))
+                    before = p.timestamp if p.timestamp >= 0 else 2**63 - 1
+                    offsets = sorted(
+                        {max(o, part.log_start_offset) for o, ms in candidates if ms <= before},
+                        reverse=True,
+                    )
+                partitions.append(
+                    {
+                        "partition_index": p.partition_index,
+                        "error_code": ErrorCode.none,
+                        "old_style_offsets": offsets[: max(int(p.max_num_offsets), 0)],
+                    }
+                )
             topics.append({"name": t.name, "partitions": partitions})
         return R(topics=topics)
 
