@@ -38,9 +38,6 @@ from tests.spark_jobs.test_glue_catalog import (  # noqa: F401 -- collected here
 from tests.spark_jobs.test_round_dlq import (  # noqa: F401 -- collected here, on S3 Tables
     test_invalid_data_goes_to_the_dlq_in_the_same_commit,
 )
-from tests.spark_jobs.test_round_exactly_once import (  # noqa: F401 -- on S3 Tables
-    test_a_round_crashing_at_each_point_then_rerun_commits_each_record_once,
-)
 from tests.support import BrokerProcess, free_port, wait_for
 
 
