@@ -72,6 +72,7 @@ class AvroProducer:
         *,
         key: Any = None,
         headers: list[tuple[str, str | bytes | None]] | None = None,
+        partition: int | None = None,
     ) -> None:
         def delivered(err: Any, msg: Any) -> None:
             assert err is None, err
@@ -86,6 +87,7 @@ class AvroProducer:
                 key=k,
                 headers=headers,
                 on_delivery=delivered,
+                **({} if partition is None else {"partition": partition}),
             )
         assert self.producer.flush(30) == 0
 
