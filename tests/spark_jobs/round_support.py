@@ -79,6 +79,7 @@ class AvroProducer:
             self.acked.append((msg.partition(), msg.offset()))
 
         ctx = SerializationContext(self.topic, MessageField.VALUE)
+        where: dict[str, Any] = {} if partition is None else {"partition": partition}
         for value in values:
             k = key(value) if callable(key) else key
             self.producer.produce(
@@ -87,7 +88,7 @@ class AvroProducer:
                 key=k,
                 headers=headers,
                 on_delivery=delivered,
-                **({} if partition is None else {"partition": partition}),
+                **where,
             )
         assert self.producer.flush(30) == 0
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
+from broker import checkpoint
 from broker.topic_configs import PARTITION_BY
 from spark_jobs.rounds import event_time, partitioning
 from tests.spark_jobs.round_support import (
@@ -137,7 +138,7 @@ def test_event_time_range_watermark_and_closed_hours(
     # both partitions are caught up (idle): the watermark is the largest
     assert (first.watermark_before_ms, first.watermark_ms) == (None, _ms(_hour(11, 10)))
     assert first.closed_windows == [_ms(_hour(10))] and first.late_windows == []
-    summary = table(round_broker, topic).current_snapshot().summary.additional_properties
+    summary = checkpoint.summary_properties(table(round_broker, topic).current_snapshot())
     assert summary[event_time.CLOSED] == f"[{_ms(_hour(10))}]"
     assert summary[event_time.OPEN] == f"[{_ms(_hour(11))}]"
 
