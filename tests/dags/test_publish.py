@@ -138,3 +138,24 @@ def test_lineage_of_a_round_names_topic_and_table_as_openlineage_does() -> None:
         "wh/default/clicks",
     )
     assert lineage.location_name("/data/wh/default/clicks") == ("file", "/data/wh/default/clicks")
+
+    moved = {
+        "status": "moved",
+        "topic": "clicks",
+        "moved": 3,
+        "snapshot_id": 7,
+        "dlq_snapshot_id": 8,
+    }
+    found = lineage.reprocess_lineage(moved, cluster, "default", "clicks")
+    assert [d.name for d in found.inputs] == ["default.clicks__dlq"]
+    assert [(d.name, d.facets["version"].datasetVersion) for d in found.outputs] == [
+        ("default.clicks", "7"),
+        ("default.clicks__dlq", "8"),
+    ]
+    assert found.outputs[0].outputFacets["outputStatistics"].rowCount == 3
+    done = {"status": "done", "topic": "clicks", "snapshot_id_before": 1, "snapshot_id": 2}
+    found = lineage.maintenance_lineage(done, cluster, "default", "clicks")
+    assert [d.facets["version"].datasetVersion for d in [*found.inputs, *found.outputs]] == [
+        "1",
+        "2",
+    ]
