@@ -61,7 +61,9 @@ or backfilling committed intervals commits nothing new.
 
 Manual run params: `until` = `interval` (default; a run without a logical date commits up to now),
 `now`, or `offsets` with `until_offsets` = `{{"0": 1234, ...}}` (exclusive ends); `max_records`
-caps the round. Each commit emits an event on the asset `{asset}`.
+caps the round. Each commit emits an event on the asset `{asset}` (its extra: snapshot,
+offsets, rows, event-time range); on a table partitioned by hour or day, each hour or day the
+commit closes gets a partitioned event on `{asset}/closed-partitions`.
 """
 
 

@@ -102,6 +102,23 @@ def closed_keys() -> list[str | None]:
     return [key for _, key in events_of(CLOSED)]
 
 
+def scheduled_partition_runs(dag_id: str) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The scheduler's step that turns queued partitions into DAG runs (no scheduler process
+    here): the runs of ``dag_id`` it made, as (partition key, extras of the events they consume)."""
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    runner = SchedulerJobRunner(job=Job())
+    with create_session() as session:
+        runner._create_dagruns_for_partitioned_asset_dags(session)
+    with create_session() as session:
+        runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)).all()
+        return [(r.partition_key, [dict(e.extra) for e in r.consumed_asset_events]) for r in runs]
+
+
 def unpause(dag_id: str) -> None:
     from airflow.models.dag import DagModel
     from airflow.utils.session import create_session
@@ -207,6 +224,7 @@ def test_two_rounds_rerun_and_rebuild(
     [(announced, _)] = events_of(CLOSED)
     assert announced["snapshot_id"] == events[1]["snapshot_id"]
     assert queued_partitions(HOURLY_DAG) == ["2026-01-01T10:00:00"]
+    assert scheduled_partition_runs(HOURLY_DAG) == [("2026-01-01T10:00:00", [announced])]
     from tests.support import REPO
 
     example = load_example(REPO / "dags" / "example_downstream.py")
