@@ -450,9 +450,9 @@ class CommitRound:
     ) -> event_time.Advance:
         """The event-time state after this round, from its checkpoint snapshot's (``event_time``):
         a partition the round commits up to the broker's high watermark is idle."""
-        parent = (
+        parent = (  # a topic deleted and created again starts afresh, as its offsets do
             table.metadata.snapshot_by_id(found.snapshot_id)
-            if found.snapshot_id is not None
+            if found.snapshot_id is not None and found.belongs_to(self.topic.topic_id)
             else None
         )
         state = event_time.State.from_summary(
