@@ -544,7 +544,6 @@ class RoundResult(Contract):
     schema_changes: list[str] = Field(default_factory=list)
     executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
     seconds: Seconds = Field(default_factory=dict)
-    message: str = ""
     # Event time (spark_jobs/rounds/event_time.py): the column (the Kafka record timestamp
     # ``_kafka_metadata.timestamp`` unless the table is partitioned by hour/day of a timestamp
     # column), the range of this round's rows (ms since the epoch), the table's watermark before
@@ -559,6 +558,7 @@ class RoundResult(Contract):
     watermark_ms: int | None = None
     closed_windows: list[int] = Field(default_factory=list)
     late_windows: list[int] = Field(default_factory=list)
+    message: str = ""
 
 
 class MaintenanceTableResult(Contract):
