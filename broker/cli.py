@@ -96,11 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         pass
     if args.command == "broker":
         from broker.app import serve
+        from broker.security.listeners import ListenerError
         from broker.storage.metadata import MetadataUnavailableError
 
         try:
             asyncio.run(serve(config, args.ready_file))
-        except MetadataUnavailableError as exc:
+        except (MetadataUnavailableError, ListenerError) as exc:
             print(f"icefall: {exc}", file=sys.stderr)
             return 2
         return 0
