@@ -253,7 +253,8 @@ class BrokerConfig(BaseSettings):
         default=None, description="PEM, the only type Icefall reads (unset: PEM)"
     )
     ssl_truststore_location: str | None = Field(
-        default=None, description="a PEM file of the CA certificates client certificates are checked against"
+        default=None,
+        description="a PEM file of the CA certificates client certificates are checked against",
     )
     ssl_truststore_certificates: str | None = Field(
         default=None, description="the CA certificates as PEM text"

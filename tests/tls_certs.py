@@ -47,7 +47,7 @@ def _certificate(
     ca: bool,
     names: list[x509.GeneralName] | None = None,
 ) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)

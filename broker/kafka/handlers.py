@@ -62,7 +62,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     14: (0, 5),  # SyncGroup
     15: (0, 6),  # DescribeGroups
     16: (0, 5),  # ListGroups
-    17: (1, 1),  # SaslHandshake (v0, raw tokens without SaslAuthenticate: dropped in Kafka 4, KIP-896)
+    17: (
+        1,
+        1,
+    ),  # SaslHandshake (v0, raw tokens without SaslAuthenticate: dropped in Kafka 4, KIP-896)
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
@@ -98,9 +101,13 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
 # librdkafka before the fix of its issue #4956 (2.0.2 in Debian's kcat, say)
 # compresses with gzip, snappy or lz4 only if the broker lists Produce v0, and
 # otherwise sends every batch uncompressed without a word.
+#
+# SaslHandshake likewise from v0 (only v1 is served): librdkafka 2.0.2 refuses SCRAM ("SASL
+# Handshake not supported by broker") unless the range it asks for, 0..1, starts where ours does.
 ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = {
     **SUPPORTED_VERSIONS,
     0: (0, SUPPORTED_VERSIONS[0][1]),
+    17: (0, SUPPORTED_VERSIONS[17][1]),
 }
 
 

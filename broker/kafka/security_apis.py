@@ -63,18 +63,28 @@ class SecurityApis:
         for name in dict.fromkeys(wanted):
             if wanted.count(name) > 1:
                 results.append(
-                    _user_result(name, ErrorCode.duplicate_resource, f"Cannot describe SCRAM credentials for the same user twice in a single request: {name}")
+                    _user_result(
+                        name,
+                        ErrorCode.duplicate_resource,
+                        f"Cannot describe SCRAM credentials for the same user twice in a single request: {name}",
+                    )
                 )
             elif name not in known:
                 results.append(
-                    _user_result(name, ErrorCode.resource_not_found, f"Attempt to describe a user credential that does not exist: {name}")
+                    _user_result(
+                        name,
+                        ErrorCode.resource_not_found,
+                        f"Attempt to describe a user credential that does not exist: {name}",
+                    )
                 )
             else:
                 infos = [
                     {"mechanism": scram.IDS_BY_NAME[m], "iterations": i}
                     for m, i in sorted(known[name].items())
                 ]
-                results.append({**_user_result(name, ErrorCode.none, None), "credential_infos": infos})
+                results.append(
+                    {**_user_result(name, ErrorCode.none, None), "credential_infos": infos}
+                )
         return R(error_code=ErrorCode.none, error_message=None, results=results)
 
     async def alter_user_scram_credentials(self, ctx: Any, req: Any, R: Responder) -> Any:
@@ -89,9 +99,13 @@ class SecurityApis:
         for user, ops in changes.items():
             problem = _problem(user, ops, existing.get(user, {}))
             if problem is not None:
-                results.append({"user": user, "error_code": problem[0], "error_message": problem[1]})
+                results.append(
+                    {"user": user, "error_code": problem[0], "error_message": problem[1]}
+                )
                 continue
-            deletions = [(user, scram.MECHANISM_IDS[op.mechanism]) for kind, op in ops if kind == "delete"]
+            deletions = [
+                (user, scram.MECHANISM_IDS[op.mechanism]) for kind, op in ops if kind == "delete"
+            ]
             upsertions = []
             for kind, op in ops:
                 if kind != "upsert":
@@ -101,7 +115,14 @@ class SecurityApis:
                     mechanism, bytes(op.salt), bytes(op.salted_password), int(op.iterations)
                 )
                 upsertions.append(
-                    (user, mechanism, credential.salt, credential.stored_key, credential.server_key, credential.iterations)
+                    (
+                        user,
+                        mechanism,
+                        credential.salt,
+                        credential.stored_key,
+                        credential.server_key,
+                        credential.iterations,
+                    )
                 )
             store.alter_scram_credentials(deletions, upsertions)
             log.info(

@@ -63,16 +63,15 @@ class KafkaServer:
     async def start(self, listeners: list[Listener]) -> None:
         """Listen on every listener; TLS contexts are built first, so a bad keystore fails
         the start (``ListenerError`` naming the key) before any port is open."""
-        config = self.handlers.config
         for listener in listeners:
             if listener.tls:
                 self.tls_contexts[listener.name] = tls.server_context(
-                    config, listener, self._tls_failed
+                    self.handlers.config, listener, self._tls_failed
                 )
         loop = asyncio.get_running_loop()
         for listener in listeners:
             server = await loop.create_server(
-                lambda listener=listener: _KafkaProtocol(  # type: ignore[misc]
+                lambda listener=listener: _KafkaProtocol(
                     self._serve, self.max_request_bytes, listener
                 ),
                 listener.host or None,
@@ -308,6 +307,8 @@ class _Last:
 
     def __init__(self, response: bytes) -> None:
         self.response = response
+
+
 _SCRATCH_BYTES = 64 * 1024
 _MAX_QUEUED_FRAMES = 8
 
@@ -358,7 +359,8 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._wake_reader()
-        return True  # half-close: answer what was sent before the EOF, then close
+        # half-close: answer what was sent before the EOF, then close (TLS cannot half-close)
+        return not self.listener.tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True

@@ -76,7 +76,7 @@ class Listener:
 
 
 def _endpoints(key: str, value: str) -> list[tuple[str, str, int]]:
-    out = []
+    out: list[tuple[str, str, int]] = []
     for item in (part.strip() for part in value.split(",")):
         if not item:
             continue

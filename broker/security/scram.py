@@ -60,7 +60,9 @@ def from_password(
     )
 
 
-def credential_problem(name: str, mechanism: str | None, iterations: int, salt: bytes) -> str | None:
+def credential_problem(
+    name: str, mechanism: str | None, iterations: int, salt: bytes
+) -> str | None:
     """Why an upsertion cannot be stored (Kafka's UNACCEPTABLE_CREDENTIAL cases), or None."""
     if not name:
         return "Username must not be empty"

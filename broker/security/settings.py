@@ -99,12 +99,16 @@ def check_security(config: BrokerConfig) -> None:
     listeners = config.listener_list()
     check_per_listener({"listener.name." + k: v for k, v in config.per_listener.items()}, listeners)
     for listener in listeners:
-        prefix = listener.prefix if any(
-            k.startswith(listener.name.lower() + ".") for k in config.per_listener
-        ) else ""
+        prefix = (
+            listener.prefix
+            if any(k.startswith(listener.name.lower() + ".") for k in config.per_listener)
+            else ""
+        )
         reauth = config.listener_setting(listener, "connections.max.reauth.ms") or "0"
         if not reauth.isdigit():
-            raise ListenerError(f"{prefix}connections.max.reauth.ms: not a number of ms: {reauth!r}")
+            raise ListenerError(
+                f"{prefix}connections.max.reauth.ms: not a number of ms: {reauth!r}"
+            )
         for key, allowed in (
             ("ssl.client.auth", ("required", "requested", "none")),
             ("ssl.keystore.type", ("PEM",)),

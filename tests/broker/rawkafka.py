@@ -141,7 +141,9 @@ class Connection:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def request(self, api_key: int, api_version: int, request: Any, response_type: type[Any]) -> Any:
+    def request(
+        self, api_key: int, api_version: int, request: Any, response_type: type[Any]
+    ) -> Any:
         """Send one request and read its response; ConnectionError if the broker closed."""
         correlation_id = next(_correlation)
         self.sock.sendall(_encode(api_key, api_version, request, correlation_id))

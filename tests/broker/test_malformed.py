@@ -1162,7 +1162,9 @@ def stub_listener() -> Iterator[_InProcessListener]:
     server = KafkaServer(_StubHandlers(), MAX_REQUEST_BYTES)  # type: ignore[arg-type]
 
     async def start() -> int:
-        await server.start("127.0.0.1", 0)
+        from broker.security.listeners import Listener
+
+        await server.start([Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 0, "127.0.0.1", 0)])
         assert server.server is not None
         return int(server.server.sockets[0].getsockname()[1])
 
