@@ -15,6 +15,10 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
 
 # Kafka's mechanism ids in Describe/AlterUserScramCredentials, and its iteration bounds.
 MECHANISM_IDS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}
@@ -74,4 +78,40 @@ def credential_problem(
         return f"Too many iterations: {iterations} (at most {MAX_ITERATIONS})"
     if len(salt) < MIN_SALT_BYTES:
         return f"Salt of {len(salt)} bytes is too short (at least {MIN_SALT_BYTES})"
+    return None
+
+
+def add_user(
+    config: BrokerConfig, user: str, mechanism: str, password: str, iterations: int
+) -> str | None:
+    """``icefall scram-add``: store a user's credential in the metadata store directly (before
+    the broker starts, or beside it on SQLite); why it cannot, or None."""
+    from broker.storage.metadata import MetadataStore, MetadataUnavailableError
+
+    problem = credential_problem(user, mechanism, iterations, b"\0" * MIN_SALT_BYTES)
+    if problem is None and not password:
+        problem = "Password must not be empty"
+    if problem is not None:
+        return problem
+    credential = from_password(mechanism, password, iterations)
+    try:
+        store = MetadataStore(config.metadata_target)
+    except MetadataUnavailableError as exc:
+        return f"{exc} (with the broker running, use kafka-configs --alter --entity-type users)"
+    try:
+        store.alter_scram_credentials(
+            [],
+            [
+                (
+                    user,
+                    mechanism,
+                    credential.salt,
+                    credential.stored_key,
+                    credential.server_key,
+                    credential.iterations,
+                )
+            ],
+        )
+    finally:
+        store.close()
     return None

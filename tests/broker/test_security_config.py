@@ -157,3 +157,48 @@ def test_tls_contexts_from_pem_files_and_text(tmp_path: Path) -> None:
     )
     with pytest.raises(ListenerError, match="needs ssl.truststore.location"):
         tls.server_context(no_trust, no_trust.listener_list()[0])
+
+
+PASSWORD = "ann-has-a-long-password"
+
+
+def test_scram_add_stores_keys_not_the_password(tmp_path: Path) -> None:
+    from broker import cli
+    from broker.security import scram
+    from broker.storage.metadata import MetadataStore
+
+    home = ["--home", str(tmp_path)]
+    assert (
+        cli.main(
+            [
+                "scram-add",
+                *home,
+                "--user",
+                "ann",
+                "--mechanism",
+                "SCRAM-SHA-256",
+                "--password",
+                PASSWORD,
+                "--iterations",
+                "8192",
+            ]
+        )
+        == 0
+    )
+    assert (
+        cli.main(
+            ["scram-add", *home, "--user", "ann", "--password", PASSWORD, "--iterations", "100"]
+        )
+        == 2
+    )
+    store = MetadataStore(tmp_path / "metadata.sqlite")
+    try:
+        found = store.scram_credential("ann", "SCRAM-SHA-256")
+        assert found is not None and store.scram_users() == {"ann": {"SCRAM-SHA-256": 8192}}
+    finally:
+        store.close()
+    salt, stored_key, server_key, iterations = found
+    assert scram.from_password(
+        "SCRAM-SHA-256", PASSWORD, iterations, salt
+    ) == scram.ScramCredential(salt, stored_key, server_key, 8192)
+    assert PASSWORD.encode() not in (tmp_path / "metadata.sqlite").read_bytes()
