@@ -273,6 +273,7 @@ class BrokerConfig(BaseSettings):
     )
     per_listener: dict[str, str] = Field(
         default_factory=dict,
+        repr=False,  # JAAS texts hold passwords
         description="listener.name.<listener>.<key> settings, keyed without listener.name.",
     )
 

@@ -8,8 +8,9 @@ closes that connection only.
 One server per listener (``listeners``): on SSL and SASL_SSL listeners the loop's TLS layer
 runs the handshake; a failed one (plaintext bytes on a TLS port, an unknown client
 certificate) is counted and logged once with the listener named (broker/security/tls.py
-hooks the handshake) and ends only that connection. On SASL listeners each connection has a ``SaslSession`` that
-admits only the SASL requests until the client is authenticated (broker/security/sasl.py).
+hooks the handshake) and ends only that connection. On SASL listeners each connection has
+a ``SaslSession`` that admits only the SASL requests until the client is authenticated
+(broker/security/sasl.py).
 """
 
 from __future__ import annotations
@@ -107,6 +108,23 @@ class KafkaServer:
             error,
         )
 
+    def _bad_size(self, listener: Listener, host: str, size: int) -> None:
+        """A size prefix out of bounds: a TLS handshake on a plaintext listener (counted with
+        the failed handshakes), or a malformed frame."""
+        self.malformed_requests += 1
+        if not listener.tls and (size >> 16) in _TLS_RECORD_STARTS:
+            self.stats.tls_failures[listener.name] += 1
+            log.warning(
+                "%s: a TLS handshake on listener %s, which is %s; closing",
+                host,
+                listener.name,
+                listener.protocol,
+            )
+            return
+        log.warning(
+            "%s: request size %d outside [8, %d]; closing", host, size, self.max_request_bytes
+        )
+
     def _sasl_session(self, listener: Listener, host: str) -> SaslSession:
         config = self.handlers.config
         store = self.handlers._metadata_store()
@@ -137,32 +155,25 @@ class KafkaServer:
         host = f"/{peer[0]}" if peer else "/unknown"
         listener = reader.listener
         ctx = ConnectionContext(client_id="", client_host=host, listener=listener.name)
-        if listener.tls:  # the handshake is done (the loop's TLS layer ran it)
-            ctx.principal = tls.principal_of(writer.get_extra_info("ssl_object"))
-        if listener.sasl:
-            ctx.sasl = self._sasl_session(listener, host)
+        try:
+            if listener.tls:  # the handshake is done (the loop's TLS layer ran it)
+                ctx.principal = tls.principal_of(writer.get_extra_info("ssl_object"))
+            if listener.sasl:
+                ctx.sasl = self._sasl_session(listener, host)
+        except Exception:
+            log.exception(
+                "%s: cannot set up the connection on listener %s; closing", host, listener
+            )
+            writer.close()
+            self.connections.discard(task)
+            return
         outbox: asyncio.Queue[Any] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send(outbox, writer, host))
         try:
             while not sender.done():
                 frame = await reader.read_frame()
                 if isinstance(frame, int):
-                    self.malformed_requests += 1
-                    if not listener.tls and (frame >> 16) in _TLS_RECORD_STARTS:
-                        self.stats.tls_failures[listener.name] += 1
-                        log.warning(
-                            "%s: a TLS handshake on listener %s, which is %s; closing",
-                            host,
-                            listener.name,
-                            listener.protocol,
-                        )
-                        break
-                    log.warning(
-                        "%s: request size %d outside [8, %d]; closing",
-                        host,
-                        frame,
-                        self.max_request_bytes,
-                    )
+                    self._bad_size(listener, host, frame)
                     break
                 item = await self._dispatch(ctx, frame, host)
                 if item is None:
@@ -242,6 +253,8 @@ class KafkaServer:
             return None
         if header.client_id:
             ctx.client_id = header.client_id
+        if api_key == API_VERSIONS and ctx.sasl is not None:
+            ctx.sasl.answered_api_versions()
         responder = codec.Responder(api_key, api_version)
         try:
             result = await self.handlers.by_key[api_key](ctx, request, responder)

@@ -181,13 +181,17 @@ class SaslSession:
                 return None
             return f"unexpected {api_name} request during SASL authentication"
         if api_key == SASL_HANDSHAKE or (api_key == API_VERSIONS and self.state == "initial"):
-            if api_key == API_VERSIONS:
-                self.state = "versions"
             return None
         return (
             f"unexpected {api_name} request during the SASL handshake: the client is not "
             "authenticated (is it configured for this listener's security protocol?)"
         )
+
+    def answered_api_versions(self) -> None:
+        """ApiVersions was answered at a version the broker serves: no second one (an answer
+        of UNSUPPORTED_VERSION leaves the client its retry, as Kafka does)."""
+        if self.state == "initial":
+            self.state = "versions"
 
     def handshake(self, mechanism: str, respond: Any) -> tuple[Any, bool] | None:
         """(response, close after it), or None when this handshake is no (re-)authentication:

@@ -434,6 +434,20 @@ def test_bad_bytes_close_only_their_connection(secured: SecuredBroker) -> None:
             SaslAuthenticateRequest(auth_bytes=b"\0bob\0bob-secret"),
             SaslAuthenticateResponse,
         )
+    # ApiVersions at a version not served is answered in v0, and the client may retry it
+    # before the handshake (a second ApiVersions after a served one closes the connection)
+    from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
+
+    versions = ApiVersionsRequest(client_software_name="raw", client_software_version="1")
+    with rawkafka.Connection(secured.address("SASL_PLAINTEXT")) as raw:
+        assert raw.request(18, 99, versions, ApiVersionsResponseV0).error_code == 35
+        assert raw.request(18, 3, versions, ApiVersionsResponse).error_code == 0
+        _login(raw, "bob", "bob-secret")
+        assert _metadata(raw).brokers[0].port == secured.ports["SASL_PLAINTEXT"]
+    with rawkafka.Connection(secured.address("SASL_PLAINTEXT")) as raw:
+        assert raw.request(18, 3, versions, ApiVersionsResponse).error_code == 0
+        with pytest.raises(ConnectionError):
+            raw.request(18, 3, versions, ApiVersionsResponse)
     wait_for(
         lambda: (
             secured.metric("icefall_tls_handshake_failures_total", listener="PLAINTEXT")
