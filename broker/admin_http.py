@@ -22,6 +22,7 @@ from broker import contracts, manifest, names, topic_configs
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.http_service import HttpService
+from broker.security.stats import AuthStats
 from broker.storage.logstore import LogStore, PartitionLog
 
 
@@ -88,10 +89,13 @@ parse_offsets = contracts.PendingRequest.parse_offsets
 
 
 class AdminApi(HttpService):
-    def __init__(self, config: BrokerConfig, cluster: Cluster, logs: LogStore) -> None:
+    def __init__(
+        self, config: BrokerConfig, cluster: Cluster, logs: LogStore, auth: AuthStats | None = None
+    ) -> None:
         self.config = config
         self.cluster = cluster
         self.logs = logs
+        self.auth = auth
         self.app = web.Application()
         self.app.add_routes(
             [
@@ -136,7 +140,7 @@ class AdminApi(HttpService):
         return _answer(
             contracts.ClusterInfo(
                 cluster_id=self.config.cluster_id,
-                bootstrap=f"{self.config.advertised}:{self.config.kafka_port}",
+                bootstrap=self.config.bootstrap,
                 registry_url=self.config.registry_url,
                 catalog_url=self.config.tables_catalog.uri,
                 object_store=self.config.store.url,
@@ -334,5 +338,5 @@ class AdminApi(HttpService):
         """Prometheus text format: the log per partition, and lag per table topic (broker.metrics)."""
         from broker import metrics
 
-        text = await metrics.scrape(self.config, self.cluster, self.logs)
+        text = await metrics.scrape(self.config, self.cluster, self.logs, self.auth)
         return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})
