@@ -24,8 +24,9 @@ from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 from airflow.api_fastapi.core_api.security import get_user
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, Request, status
 from fastapi.responses import JSONResponse, RedirectResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 User = Annotated[BaseUser, Depends(get_user)]
 
@@ -51,7 +52,7 @@ def login_url(request: Request) -> str:
 async def not_logged_in(request: Request, exc: Exception) -> Response:
     """An HTTPException of the app: a page asked for without a (valid) login goes to the login
     page; the JSON endpoints, and every other error, answer with the status and detail."""
-    assert isinstance(exc, HTTPException)
+    assert isinstance(exc, StarletteHTTPException)  # what the app registers this handler for
     unauthenticated = exc.status_code == status.HTTP_401_UNAUTHORIZED or (
         exc.status_code == status.HTTP_403_FORBIDDEN and exc.detail == "Invalid JWT token"
     )

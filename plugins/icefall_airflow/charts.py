@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-WIDTH, HEIGHT = 300, 110
+WIDTH, HEIGHT = 280, 110
 LEFT, RIGHT, TOP, BOTTOM = 46, 8, 18, 18  # room for the axis labels and the title
 
 

@@ -114,7 +114,9 @@ def chart_svgs(found: history.TableHistory, snapshots_href: str) -> str:
     """The four charts of a table: lag in records and in seconds, rows and bytes per commit (each
     bar linking to its snapshot's page under ``snapshots_href``)."""
     end = found.lag[-1].at_ms if found.lag else 0
-    start = end - found.window_ms
+    # the last hours, or less when the history is younger: from a minute before its first point
+    first = min([p.at_ms for p in found.lag] + [c.timestamp_ms for c in found.commits], default=end)
+    start = max(end - found.window_ms, first - 60_000)
     lag_points = [p for p in found.lag if p.at_ms >= start]
     commits = [c for c in found.commits if c.timestamp_ms >= start]
 
@@ -167,7 +169,7 @@ def _charts_row(t: dict[str, Any], found: history.TableHistory | history.Unavail
     hours = WINDOW_HOURS
     return (
         f'<tr class="charts"><td colspan="100">{inner}'
-        f'<br><small>last {hours} h · <a href="{page}">commits of {html.escape(_ident(t))}</a>'
+        f'<br><small>up to the last {hours} h · <a href="{page}">commits of {html.escape(_ident(t))}</a>'
         "</small></td></tr>"
     )
 

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -283,6 +284,7 @@ def the_view_behind_login_in_a_browser(base: str, output: str, tmp_path: Path) -
         pytest.skip("Debian's chromium is not installed (make system-deps)")
     password = re.search(r"login admin / (\S+)\)", output)
     assert password, output
+    started = time.monotonic()
     with Browser(tmp_path / "chromium-profile") as browser:
         browser.goto(f"{base}/icefall/")
         wait_for(
@@ -334,6 +336,7 @@ def the_view_behind_login_in_a_browser(base: str, output: str, tmp_path: Path) -
         snapshot = browser.dom()
         assert "rows added" in snapshot and "clicks@" in snapshot  # the round id
         browser.screenshot(tmp_path / "snapshot.png")
+    print(f"the view in chromium, logged in: {time.monotonic() - started:.1f} s")
 
 
 @pytest.mark.timeout(900)

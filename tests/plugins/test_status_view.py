@@ -86,6 +86,7 @@ def test_the_view_needs_airflows_login(monkeypatch: pytest.MonkeyPatch) -> None:
         assert answer.headers["location"] == "/auth/login?" + urllib.parse.urlencode(
             {"next": f"http://testserver{path}"}
         )
+    assert client.get("/no-such-page").json() == {"detail": "Not Found"}
     forged = {"Authorization": "Bearer not-a-jwt"}
     assert client.get("/api/tables", headers=forged).status_code == 403
     assert client.get("/", headers=forged, follow_redirects=False).status_code == 303
