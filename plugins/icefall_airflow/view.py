@@ -165,7 +165,7 @@ def _charts_row(t: dict[str, Any], found: history.TableHistory | history.Unavail
     if isinstance(found, history.Unavailable):
         inner = f'<span class="error">history: {html.escape(found.error)}</span>'
     else:
-        inner = chart_svgs(found, f"{page}/snapshots/")
+        inner = chart_svgs(found, f"tables/{_ident(t)}/snapshots/")  # charts escapes it
     hours = WINDOW_HOURS
     return (
         f'<tr class="charts"><td colspan="100">{inner}'
@@ -298,7 +298,7 @@ def table_page(user: auth.User, ident: str) -> str:
     return f"""{_head(f"{ident} · Icefall", refresh=False)}
 <p><small><a href="../">Table topics</a> · topic <b>{html.escape(row["topic"])}</b></small></p>
 <h2 class=mono>{html.escape(ident)}</h2>
-<div class="chart-row">{chart_svgs(found, f"{html.escape(ident)}/snapshots/")}</div>
+<div class="chart-row">{chart_svgs(found, f"{ident}/snapshots/")}</div>
 <h3>Commits of the last {WINDOW_HOURS} h</h3>
 <table class="commits"><thead><tr><th>committed</th><th>snapshot</th><th class=num>rows</th><th class=num>files</th>
 <th class=num>bytes</th><th>offsets per partition</th><th>DAG run</th></tr></thead>
