@@ -51,7 +51,7 @@ $(JARS)/.pinned: spark_jobs/jvm/pom.xml spark_jobs/jvm/jars.sha256 $(VENV)/.inst
 	touch $@
 
 # Debian packages the tests use: kcat (a real librdkafka CLI client), chromium
-# (the screenshot of the Airflow "Table topics" view), postgresql (the broker's
+# (the Airflow "Table topics" view behind its login, driven over the DevTools protocol), postgresql (the broker's
 # metadata store on Postgres; tests start their own server in a temporary directory)
 # and libfaketime (an S3 server whose clock is set back, for orphan files days old).
 system-deps:

@@ -56,3 +56,15 @@ def migrate_db() -> Path:
         timeout=300,
     )
     return home
+
+
+def auth_headers(role: str = "admin") -> dict[str, str]:
+    """An ``Authorization`` header with a JWT of Airflow's own auth manager (the Simple one the tests
+    configure), as the API server issues at login: for calling the plugin's app in-process."""
+    migrate_db()  # the auth manager looks every token up in the revoked_token table
+    from airflow.api_fastapi.app import init_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    manager = init_auth_manager()
+    token = manager.generate_jwt(SimpleAuthManagerUser(username="admin", role=role))
+    return {"Authorization": f"Bearer {token}"}

@@ -180,7 +180,7 @@ def test_maintenance_dag_compacts_a_table_of_rounds(
         from fastapi.testclient import TestClient
         from icefall_airflow.view import app
 
-        client = TestClient(app)
+        client = TestClient(app, headers=airflow_env.auth_headers())
         row = client.get(f"/api/tables/{topic}").json()
         assert row["error"] is None, row["error"]
         summary = row["last_maintenance"]

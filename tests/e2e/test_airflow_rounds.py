@@ -251,8 +251,34 @@ def test_two_rounds_rerun_and_rebuild(
     from fastapi.testclient import TestClient
     from icefall_airflow.view import app
 
-    [row] = TestClient(app).get("/api/tables").json()["tables"]
+    client = TestClient(app, headers=airflow_env.auth_headers())
+    [row] = client.get("/api/tables").json()["tables"]
     assert (row["lag_records"], row["rows"], row["snapshot_id"]) == (5, 80, snapshot_after_two)
+    # Its charts: the two commits' sizes, and the lag before and after each (85 produced), and now.
+    found = client.get(f"/api/tables/{TOPIC}/history").json()
+    assert [
+        (c["added_records"], c["offsets_before"], c["offsets_after"]) for c in found["commits"]
+    ] == [
+        (50, {}, {"0": 25, "1": 25}),
+        (30, {"0": 25, "1": 25}, {"0": 40, "1": 40}),
+    ]
+    assert [c["snapshot_id"] for c in found["commits"]] == [
+        events[0]["snapshot_id"],
+        snapshot_after_two,
+    ]
+    assert all(c["added_files"] > 0 and c["added_bytes"] > 0 for c in found["commits"])
+    assert [p["records"] for p in found["lag"]] == [85, 35, 35, 5, 5]
+    assert found["lag"][1]["seconds"] > 0 and found["lag"][-1]["seconds"] > 0
+    page = client.get("/").text
+    assert page.count('data-chart="commit-rows"') == 1 and page.count("<rect") == 2 * 2
+    assert f'href="tables/shop.orders/snapshots/{snapshot_after_two}"' in page
+    commits = client.get("/tables/shop.orders").text
+    assert f'href="shop.orders/snapshots/{snapshot_after_two}"' in commits
+    snapshot = client.get(f"/tables/shop.orders/snapshots/{snapshot_after_two}").text
+    assert "p0: 25 → 40 (+15)" in snapshot and "p1: 25 → 40 (+15)" in snapshot
+    assert f"{TOPIC}@{int(cut2.timestamp() * 1000)}" in snapshot  # the round id, of interval cut2
+    assert "<th>rows added</th><td>30</td>" in snapshot
+    assert client.get("/tables/shop.orders/snapshots/1").status_code == 404
     with urllib.request.urlopen(broker.admin_url + "/metrics", timeout=10) as response:
         metrics = response.read().decode()
     labels = '{topic="orders",namespace="shop",table="orders"}'

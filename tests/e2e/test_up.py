@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -51,8 +52,11 @@ def _processes_with_home(home: Path) -> set[int]:
     return found
 
 
-def _get_json(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url, timeout=5) as response:
+def _get_json(url: str, token: str | None = None) -> dict[str, object]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=headers), timeout=5
+    ) as response:
         data: dict[str, object] = json.loads(response.read())
         return data
 
@@ -207,7 +211,7 @@ def a_size_trigger_commits_before_the_interval(base: str, output: str, bootstrap
     assert producer.flush(10) == 0
 
     def rows() -> int:
-        answer: Any = _get_json(f"{base}/icefall/api/tables/bursts")
+        answer: Any = _get_json(f"{base}/icefall/api/tables/bursts", token)
         return int(answer.get("rows") or 0)
 
     committed = wait_for(
@@ -259,8 +263,87 @@ def a_size_trigger_commits_before_the_interval(base: str, output: str, bootstrap
     assert {ti["task_id"]: ti["state"] for ti in tis}["publish"] == "success"
 
 
+def _token(base: str, output: str) -> str:
+    """A JWT of the admin user that ``icefall up`` printed the password of (``POST /auth/token``)."""
+    password = re.search(r"login admin / (\S+)\)", output)
+    assert password, output
+    body = {"username": "admin", "password": password.group(1)}
+    return str(_api(base, "/auth/token", body=body)["access_token"])
+
+
+def the_view_behind_login_in_a_browser(base: str, output: str, tmp_path: Path) -> None:
+    """Chromium opens the Table topics view logged out: Airflow's login page; the user signs in
+    there and is brought back to the view, with the demo table's charts; a bar of the commit chart
+    leads to its snapshot's numbers. The JSON endpoints answer 401 without a login."""
+    from tests.e2e.browser import CHROMIUM, Browser
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _get_json(f"{base}/icefall/api/tables")
+    assert refused.value.code == 401
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (make system-deps)")
+    password = re.search(r"login admin / (\S+)\)", output)
+    assert password, output
+    started = time.monotonic()
+    with Browser(tmp_path / "chromium-profile") as browser:
+        browser.goto(f"{base}/icefall/")
+        wait_for(
+            lambda: (
+                browser.location().startswith(f"{base}/auth/login?next=")
+                and browser.evaluate("!!document.querySelector('input[name=password]')")
+            ),
+            60,
+            what="Airflow's login page",
+        )
+        browser.type_into("input[name=username]", "admin")
+        browser.type_into("input[name=password]", password.group(1))
+        browser.evaluate("document.querySelector('button[type=submit]').click()")
+        wait_for(
+            lambda: (
+                browser.location() == f"{base}/icefall/"
+                and 'data-chart="commit-rows"' in browser.dom()
+            ),
+            60,
+            what="the view after logging in",
+        )
+        dom = browser.dom()
+        assert "<h2>Table topics</h2>" in dom and "icefall_commit__clicks" in dom
+        for chart in ("lag-records", "lag-seconds", "commit-rows", "commit-bytes"):
+            assert dom.count(f'data-chart="{chart}"') == 1, chart
+        bars = browser.evaluate(
+            "[...document.querySelectorAll('svg[data-chart=commit-rows] a')]"
+            ".map(a => new URL(a.getAttribute('href'), location.href).href)"
+        )
+        assert bars and all(
+            b.startswith(f"{base}/icefall/tables/default.clicks/snapshots/") for b in bars
+        )
+        assert (
+            browser.evaluate(
+                "document.querySelectorAll('svg[data-chart=lag-records] circle').length"
+            )
+            >= 1
+        )
+        shot = browser.screenshot(tmp_path / "table-topics.png")
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+        print(f"screenshot: {shot}")
+
+        browser.goto(bars[-1])
+        wait_for(
+            lambda: browser.location() == bars[-1] and "offsets per partition" in browser.dom(),
+            30,
+            what="the snapshot page",
+        )
+        snapshot = browser.dom()
+        assert "rows added" in snapshot and "clicks@" in snapshot  # the round id
+        browser.screenshot(tmp_path / "snapshot.png")
+    print(f"the view in chromium, logged in: {time.monotonic() - started:.1f} s")
+
+
 @pytest.mark.timeout(900)
-def the_ui_checks_on_local_files(home: Path, output: str, airflow: int, kafka: int) -> None:
+def the_ui_checks_on_local_files(
+    home: Path, output: str, airflow: int, kafka: int, tmp_path: Path
+) -> None:
+    the_view_behind_login_in_a_browser(f"http://127.0.0.1:{airflow}", output, tmp_path)
     try:
         backfill_of_a_committed_interval_is_a_no_op(f"http://127.0.0.1:{airflow}", output)
     except Exception as exc:  # the Airflow logs say why; name them in the failure
@@ -372,8 +455,10 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(
         output = out_path.read_text()
         assert f"http://127.0.0.1:{airflow}" in output and "login admin / " in output
 
+        token = _token(f"http://127.0.0.1:{airflow}", output)
+
         def table_rows() -> int:
-            answer: Any = _get_json(f"http://127.0.0.1:{airflow}/icefall/api/tables")
+            answer: Any = _get_json(f"http://127.0.0.1:{airflow}/icefall/api/tables", token)
             [row] = answer["tables"]
             started.update(_processes_with_home(home))
             return int(row["rows"] or 0)
@@ -390,7 +475,7 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(
             assert any(k.startswith("warehouse/") and k.endswith(".parquet") for k in keys), keys
             assert not (home / "warehouse").exists() and not (home / "objects").exists()
         else:
-            the_ui_checks_on_local_files(home, output, airflow, kafka)
+            the_ui_checks_on_local_files(home, output, airflow, kafka, tmp_path)
 
         started.update(_processes_with_home(home))
         proc.send_signal(signal.SIGINT)

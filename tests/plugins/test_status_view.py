@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+import urllib.parse
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.dags.airflow_env import auth_headers
 from tests.support import BrokerProcess, wait_for
 
 
@@ -37,7 +39,7 @@ def test_endpoint_reports_lag_in_records_and_seconds(
     produced_ms = int(time.time() * 1000)
     broker.admin("/v1/flush", method="POST")
 
-    client = TestClient(app)
+    client = TestClient(app, headers=auth_headers())
     answer = client.get("/api/tables").json()
     assert answer["error"] is None and answer["catalog_url"] == broker.catalog_url
     [row] = answer["tables"]
@@ -59,6 +61,67 @@ def test_endpoint_reports_lag_in_records_and_seconds(
         and "page-views" in page.text
         and "icefall_commit__page-views" in page.text
     )
+    # No commits yet: the charts say so; the lag line has its one point, now.
+    assert page.text.count('<svg class="chart"') == 4 and "no commits" in page.text
+    found = client.get("/api/tables/page-views/history").json()
+    assert found["commits"] == [] and [p["records"] for p in found["lag"]] == [30]
+    lag_at_a_past_time_is_derived_from_append_times(broker)
+
+
+def test_the_view_needs_airflows_login(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logged out: the pages go to the auth manager's login page (coming back after), the JSON
+    endpoints answer 401; a token that is not Airflow's: refused, as by Airflow's own API."""
+    from fastapi.testclient import TestClient
+    from icefall_airflow.view import app
+
+    monkeypatch.setenv("ICEFALL_ADMIN_URL", "http://127.0.0.1:9")
+    auth_headers()  # the auth manager is set up, as in the API server
+    client = TestClient(app)
+    for path in ("/api/tables", "/api/tables/page-views", "/api/tables/page-views/history"):
+        answer = client.get(path)
+        assert (answer.status_code, answer.json()) == (401, {"detail": "Not authenticated"})
+    for path in ("/", "/tables/default.page_views", "/tables/default.page_views/snapshots/1"):
+        answer = client.get(path, follow_redirects=False)
+        assert answer.status_code == 303
+        assert answer.headers["location"] == "/auth/login?" + urllib.parse.urlencode(
+            {"next": f"http://testserver{path}"}
+        )
+    assert client.get("/no-such-page").json() == {"detail": "Not Found"}
+    forged = {"Authorization": "Bearer not-a-jwt"}
+    assert client.get("/api/tables", headers=forged).status_code == 403
+    assert client.get("/", headers=forged, follow_redirects=False).status_code == 303
+    # The UI's cookie is as good as the header.
+    token = auth_headers()["Authorization"].removeprefix("Bearer ")
+    client.cookies.set("_token", token)
+    assert client.get("/api/tables").status_code == 200
+
+
+def lag_at_a_past_time_is_derived_from_append_times(broker: BrokerProcess) -> None:
+    """The lag history's points: at a past time, the records appended before it minus the offsets
+    the table held, and the age then of the oldest record not in the table."""
+    from confluent_kafka import Producer
+    from icefall_airflow import history
+    from icefall_airflow.broker_client import BrokerClient
+
+    make_table_topic(broker, "lag-history", 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    for i in range(10):
+        producer.produce("lag-history", value=f"a{i}".encode())
+        assert producer.flush(10) == 0  # a batch each: append times to the record
+    cut = int(time.time() * 1000) + 1
+    wait_for(lambda: int(time.time() * 1000) > cut + 50, 5, what="the clock to pass the cut")
+    for i in range(6):
+        producer.produce("lag-history", value=f"b{i}".encode())
+    assert producer.flush(10) == 0
+    broker.admin("/v1/flush", method="POST")
+    client = BrokerClient(broker.admin_url)
+    now = int(time.time() * 1000)
+    at_cut = history.lag_at(client, "lag-history", {"0": 4}, cut, now)
+    oldest = client.ranges("lag-history", 0, 4, 5).ranges[0].max_append_ms
+    assert (at_cut.records, at_cut.seconds) == (6, round((cut - oldest) / 1000, 3))
+    assert history.lag_at(client, "lag-history", {}, cut, now).records == 10
+    assert history.lag_at(client, "lag-history", {"0": 10}, cut, now).seconds == 0.0
+    assert history.lag_at(client, "lag-history", {"0": 10}, now, now).records == 6
 
 
 def test_endpoint_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,9 +129,10 @@ def test_endpoint_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch)
     from icefall_airflow.view import app
 
     monkeypatch.setenv("ICEFALL_ADMIN_URL", "http://127.0.0.1:9")
-    answer = TestClient(app).get("/api/tables").json()
+    client = TestClient(app, headers=auth_headers())
+    answer = client.get("/api/tables").json()
     assert answer["tables"] == [] and "127.0.0.1:9" in answer["error"]
-    assert "127.0.0.1:9" in TestClient(app).get("/").text
+    assert "127.0.0.1:9" in client.get("/").text
 
 
 def test_the_plugin_registers_the_app_and_the_view() -> None:
