@@ -53,6 +53,8 @@ import re2
 from kio.schema.errors import ErrorCode
 
 from broker.cluster import Cluster
+from broker.kafka.acl_apis import AclApis, denied_message
+from broker.kafka.authorizer import ResourceType
 from broker.kafka.codec import Responder, ms
 from broker.kafka.groups import GroupCoordinator
 
@@ -834,12 +836,20 @@ def owned_partitions(topic_partitions: Any) -> Assignment | None:
     return out
 
 
-class ConsumerGroupApis:
+class ConsumerGroupApis(AclApis):
     """The two APIs' handlers (mixed into KafkaHandlers)."""
 
     consumer_groups: ConsumerGroupCoordinator
 
     async def consumer_group_heartbeat(self, ctx: Any, req: Any, R: Responder) -> Any:
+        # READ on the group: acl_apis.REQUEST_CHECKS. Subscribed topics the member may not
+        # DESCRIBE: TOPIC_AUTHORIZATION_FAILED, as Kafka (the names are not echoed).
+        hidden = [t for t in req.subscribed_topic_names or () if not self.topic_allowed(ctx, R, t)]
+        if hidden:
+            return R.error(
+                ErrorCode.topic_authorization_failed,
+                "The member is not authorized to describe some of its subscribed topics.",
+            )
         request = HeartbeatRequest(
             group_id=req.group_id,
             member_id=req.member_id,
@@ -884,4 +894,21 @@ class ConsumerGroupApis:
         )
 
     async def consumer_group_describe(self, ctx: Any, req: Any, R: Responder) -> Any:
-        return R(groups=[self.consumer_groups.describe(g) for g in req.group_ids])
+        """DESCRIBE on each group (GROUP_AUTHORIZATION_FAILED), its authorized operations when
+        asked (KIP-430)."""
+        with_operations = getattr(req, "include_authorized_operations", False)
+        groups = []
+        for group_id in req.group_ids:
+            described = self.consumer_groups.describe(group_id)
+            if not self.group_allowed(ctx, R, group_id):
+                described.update(
+                    error_code=ErrorCode.group_authorization_failed,
+                    error_message=denied_message(ResourceType.GROUP, group_id),
+                    members=[],
+                )
+            elif with_operations and described["error_code"] == ErrorCode.none:
+                described["authorized_operations"] = self.authorized_operations(
+                    ctx, ResourceType.GROUP, group_id
+                )
+            groups.append(described)
+        return R(groups=groups)
