@@ -34,11 +34,11 @@ from kio.schema.errors import ErrorCode
 from broker.config import BrokerConfig
 from broker.kafka.authorizer import (
     CLUSTER_NAME,
+    SUPPORTED_OPERATIONS,
     AclBinding,
     AclError,
     AclFilter,
     Authorizer,
-    SUPPORTED_OPERATIONS,
     Operation,
     ResourceType,
     parse_super_users,
@@ -404,4 +404,3 @@ class AclApis:
         if not self.allowed(ctx, operation, RT.CLUSTER, CLUSTER_NAME):
             return ErrorCode.cluster_authorization_failed, denied_message(RT.CLUSTER, CLUSTER_NAME)
         return None
-
