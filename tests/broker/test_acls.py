@@ -170,10 +170,10 @@ def test_kafka_acls_tool_adds_lists_and_removes_and_a_super_user_bypasses_acls(
         "kafka-acls", *b, "--add", "--allow-principal", ME, "--operation", "Alter",
         "--operation", "Describe", "--cluster",
     )  # fmt: skip
-    kafka_tool(
-        "kafka-acls", *b, "--add", "--allow-principal", "User:alice", "--allow-host", "10.1.2.3",
-        "--operation", "Read", "--topic", "orders-", "--resource-pattern-type", "prefixed",
-    )  # fmt: skip
+    alice = acl(
+        ResourceType.TOPIC, "orders-", AclOperation.READ, ALLOW, PREFIXED, "User:alice", "10.1.2.3"
+    )
+    create_acls(admin, alice)
     listed = kafka_tool("kafka-acls", *b, "--list").stdout
     assert (
         "ResourcePattern(resourceType=CLUSTER, name=kafka-cluster, patternType=LITERAL)" in listed
