@@ -901,9 +901,13 @@ class ConsumerGroupApis(AclApis):
         for group_id in req.group_ids:
             described = self.consumer_groups.describe(group_id)
             if not self.group_allowed(ctx, R, group_id):
-                described.update(
+                described.update(  # nothing about the group but its id, as Kafka
                     error_code=ErrorCode.group_authorization_failed,
                     error_message=denied_message(ResourceType.GROUP, group_id),
+                    group_state="",
+                    group_epoch=0,
+                    assignment_epoch=0,
+                    assignor_name="",
                     members=[],
                 )
             elif with_operations and described["error_code"] == ErrorCode.none:

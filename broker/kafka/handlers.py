@@ -1377,9 +1377,10 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, AclApis):
         for group_id in req.groups:
             if not self.group_allowed(ctx, R, group_id):
                 refused = _dead_group(group_id, R.version, "")
-                refused.update(
+                refused.update(  # as Kafka's DescribeGroupsResponse.forError: no state either
                     error_code=ErrorCode.group_authorization_failed,
                     error_message=denied_message(ResourceType.GROUP, group_id),
+                    group_state="",
                 )
                 groups.append(refused)
                 continue

@@ -314,6 +314,23 @@ def test_clients_are_refused_what_no_acl_allows(acl_broker: AclBroker) -> None:
         wait_for(consumed, 30, interval=0, what="a record once the group may be read")
     finally:
         consumer.close()
+    # a KIP-848 consumer that may DESCRIBE its group (FindCoordinator) but not READ it
+    # (ConsumerGroupHeartbeat)
+    create_acls(admin, acl(ResourceType.GROUP, "enf-848", AclOperation.DESCRIBE))
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "enf-848", "group.protocol": "consumer"}
+    )
+    try:
+        consumer.subscribe(["enf-ok"])
+
+        def heartbeat_refused() -> bool:
+            msg = consumer.poll(0.5)
+            error = msg.error() if msg is not None else None
+            return error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+        wait_for(heartbeat_refused, 30, interval=0, what="GROUP_AUTHORIZATION_FAILED (KIP-848)")
+    finally:
+        consumer.close()
     # a table-topic config change needs ALTER_CONFIGS on the topic
     change = ConfigResource(
         "topic",
