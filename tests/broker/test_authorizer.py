@@ -198,3 +198,22 @@ def test_config_keys_turn_it_on_and_refuse_what_they_do_not_know() -> None:
         load_broker_config(overrides={"authorizer.class.name": "my.Own"})
     with pytest.raises(ConfigError, match=r"super.users: .*got 'admin'"):
         load_broker_config(overrides={"super.users": "User:root;admin"})
+
+
+def test_every_request_refused_as_a_whole_has_an_error_response() -> None:
+    """The dispatch refuses REQUEST_CHECKS' APIs with ``Responder.error``: it must build and
+    encode an answer, carrying the code where the version has a top-level error, for every
+    version served."""
+    from broker.kafka.acl_apis import REQUEST_CHECKS
+    from broker.kafka.codec import Responder, encode_response
+    from broker.kafka.handlers import SUPPORTED_VERSIONS
+
+    served = [key for key in REQUEST_CHECKS if key in SUPPORTED_VERSIONS]
+    assert served, "no API refused as a whole is served"
+    for key in served:
+        low, high = SUPPORTED_VERSIONS[key]
+        for version in range(low, high + 1):
+            answer = Responder(key, version).error(30, "Not authorized to access group: g")
+            assert encode_response(7, answer)[:4]  # encodes
+            if hasattr(answer, "error_code"):
+                assert int(answer.error_code) == 30, (key, version)
