@@ -45,7 +45,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +112,7 @@ class ConsumerMember:
     pending_revocation: Assignment = field(default_factory=dict)
     last_seen: float = field(default_factory=time.monotonic)
     revoke_deadline: float | None = None
+    may_describe: Callable[[str], bool] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -326,6 +327,9 @@ class HeartbeatRequest:
     owned: Assignment | None
     client_id: str = ""
     client_host: str = ""
+    # the topics the member may DESCRIBE (the authorizer's answer; None: all): a regex
+    # subscription takes only those, as Kafka's
+    may_describe: Callable[[str], bool] | None = None
 
 
 @dataclass
@@ -570,6 +574,7 @@ class ConsumerGroupCoordinator:
             member.server_assignor = req.server_assignor
         member.client_id = req.client_id
         member.client_host = req.client_host
+        member.may_describe = req.may_describe
         return changed
 
     def _member_topics(self, member: ConsumerMember) -> set[str]:
@@ -579,7 +584,9 @@ class ConsumerGroupCoordinator:
             topics |= {
                 name
                 for name, topic in self.cluster.topics.items()
-                if not topic.is_internal and pattern.fullmatch(name)
+                if not topic.is_internal
+                and pattern.fullmatch(name)
+                and (member.may_describe is None or member.may_describe(name))
             }
         return topics
 
@@ -863,6 +870,9 @@ class ConsumerGroupApis(AclApis):
             owned=owned_partitions(req.topic_partitions),
             client_id=ctx.client_id,
             client_host=ctx.client_host,
+            may_describe=None
+            if self.authorizer is None
+            else functools.partial(self.topic_allowed, ctx, R),
         )
         interval = self.consumer_groups.heartbeat_interval_ms
         try:
