@@ -276,11 +276,47 @@ class BrokerConfig(BaseSettings):
         repr=False,  # JAAS texts hold passwords
         description="listener.name.<listener>.<key> settings, keyed without listener.name.",
     )
+    authorizer_class_name: str = Field(
+        default="",
+        description=(
+            "ACLs enforced on the Kafka listener when set to "
+            "org.apache.kafka.metadata.authorizer.StandardAuthorizer (empty: everything allowed)"
+        ),
+    )
+    super_users: str = Field(
+        default="",
+        description="principals the authorizer allows everything, ';'-separated (User:admin)",
+    )
+    allow_everyone_if_no_acl_found: bool = Field(
+        default=False,
+        description="with the authorizer on, allow what no ACL allows or denies",
+    )
 
     @field_validator("object_store", mode="before")
     @classmethod
     def _object_store_url(cls, value: Any) -> Any:
         return object_store_from_env(value) if isinstance(value, str) else value
+
+    @field_validator("authorizer_class_name")
+    @classmethod
+    def _known_authorizer(cls, value: str) -> str:
+        from broker.kafka.authorizer import AUTHORIZER_CLASSES
+
+        value = value.strip()
+        if value and value not in AUTHORIZER_CLASSES:
+            raise ValueError(
+                f"unknown authorizer {value!r}: empty (no authorizer) or one of "
+                f"{', '.join(AUTHORIZER_CLASSES)} (Icefall's built-in ACL authorizer)"
+            )
+        return value
+
+    @field_validator("super_users")
+    @classmethod
+    def _principals(cls, value: str) -> str:
+        from broker.kafka.authorizer import parse_super_users
+
+        parse_super_users(value)
+        return value.strip()
 
     @field_validator("metadata_uri")
     @classmethod

@@ -14,6 +14,7 @@ KAFKA_JARS = Path(sys.prefix) / "share" / "icefall" / "test-jars" / "kafka"
 # kafka-*.sh -> the main class it runs (Kafka 4.1's bin/ scripts)
 TOOLS = {
     "kafka-topics": "org.apache.kafka.tools.TopicCommand",
+    "kafka-acls": "org.apache.kafka.tools.AclCommand",
     "kafka-configs": "kafka.admin.ConfigCommand",
     "kafka-console-producer": "org.apache.kafka.tools.ConsoleProducer",
     "kafka-console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",

@@ -186,12 +186,62 @@ def build(cls: type[Any], data: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
+_BLANKS: dict[str, Any] = {
+    "bool": False,
+    "bytes": b"",
+    "records": None,
+    "string": "",
+    "int8": -1,
+    "int16": -1,
+    "int32": -1,
+    "int64": -1,
+    "uint16": 0,
+    "float64": 0.0,
+    "timedelta_i32": 0,
+    "timedelta_i64": 0,
+    "uuid": None,
+}
+
+
+def error_response(cls: type[Any], code: int, message: str | None) -> Any:
+    """The response of a request refused as a whole, as Kafka's ``getErrorResponse`` builds it:
+    every top-level ``error_code`` the error, ``error_message`` its message, lists empty,
+    numbers -1 and strings empty (a nested entity, when the schema insists on one, likewise)."""
+    data: dict[str, Any] = {}
+    for f in _fields(typing.cast(Any, cls)):
+        kafka_type = f.metadata.get("kafka_type")
+        many, entity = _entity_type(f)
+        if f.name == "error_code":
+            data[f.name] = code
+        elif f.name == "error_message":
+            data[f.name] = message
+        elif f.name in ("throttle_time", "throttle_time_ms"):
+            data[f.name] = 0
+        elif many:
+            data[f.name] = ()
+        elif f.default is not dataclasses.MISSING:
+            continue
+        elif entity is not None:
+            nullable = typing.get_origin(f.type) in (typing.Union, types.UnionType)
+            data[f.name] = None if nullable else error_response(entity, code, message)
+        elif kafka_type == "datetime_i64":
+            data[f.name] = datetime.datetime.fromtimestamp(0, datetime.UTC)
+        else:
+            data[f.name] = _BLANKS.get(kafka_type or "")
+    return build(cls, data)
+
+
 class Responder:
     """Builds the response of the request's API and version from nested dicts."""
 
     def __init__(self, api_key: int, api_version: int) -> None:
         self.schema = response_schema(api_key, api_version)
+        self.api_key = api_key
         self.version = api_version
+
+    def error(self, code: int, message: str | None = None) -> Any:
+        """This API's response refusing the whole request with ``code``."""
+        return error_response(self.schema, code, message)
 
     def __call__(self, **data: Any) -> Any:
         data.setdefault("throttle_time", 0)
@@ -215,6 +265,7 @@ __all__ = [
     "build",
     "check_nulls",
     "encode_response",
+    "error_response",
     "field",
     "known_versions",
     "ms",

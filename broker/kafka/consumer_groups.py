@@ -45,7 +45,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,8 @@ import re2
 from kio.schema.errors import ErrorCode
 
 from broker.cluster import Cluster
+from broker.kafka.acl_apis import AclApis, denied_message
+from broker.kafka.authorizer import ResourceType
 from broker.kafka.codec import Responder, ms
 from broker.kafka.groups import GroupCoordinator
 
@@ -110,6 +112,7 @@ class ConsumerMember:
     pending_revocation: Assignment = field(default_factory=dict)
     last_seen: float = field(default_factory=time.monotonic)
     revoke_deadline: float | None = None
+    may_describe: Callable[[str], bool] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -324,6 +327,9 @@ class HeartbeatRequest:
     owned: Assignment | None
     client_id: str = ""
     client_host: str = ""
+    # the topics the member may DESCRIBE (the authorizer's answer; None: all): a regex
+    # subscription takes only those, as Kafka's
+    may_describe: Callable[[str], bool] | None = None
 
 
 @dataclass
@@ -568,6 +574,7 @@ class ConsumerGroupCoordinator:
             member.server_assignor = req.server_assignor
         member.client_id = req.client_id
         member.client_host = req.client_host
+        member.may_describe = req.may_describe
         return changed
 
     def _member_topics(self, member: ConsumerMember) -> set[str]:
@@ -577,7 +584,9 @@ class ConsumerGroupCoordinator:
             topics |= {
                 name
                 for name, topic in self.cluster.topics.items()
-                if not topic.is_internal and pattern.fullmatch(name)
+                if not topic.is_internal
+                and pattern.fullmatch(name)
+                and (member.may_describe is None or member.may_describe(name))
             }
         return topics
 
@@ -834,12 +843,20 @@ def owned_partitions(topic_partitions: Any) -> Assignment | None:
     return out
 
 
-class ConsumerGroupApis:
+class ConsumerGroupApis(AclApis):
     """The two APIs' handlers (mixed into KafkaHandlers)."""
 
     consumer_groups: ConsumerGroupCoordinator
 
     async def consumer_group_heartbeat(self, ctx: Any, req: Any, R: Responder) -> Any:
+        # READ on the group: acl_apis.REQUEST_CHECKS. Subscribed topics the member may not
+        # DESCRIBE: TOPIC_AUTHORIZATION_FAILED, as Kafka (the names are not echoed).
+        hidden = [t for t in req.subscribed_topic_names or () if not self.topic_allowed(ctx, R, t)]
+        if hidden:
+            return R.error(
+                ErrorCode.topic_authorization_failed,
+                "The member is not authorized to describe some of its subscribed topics.",
+            )
         request = HeartbeatRequest(
             group_id=req.group_id,
             member_id=req.member_id,
@@ -853,6 +870,9 @@ class ConsumerGroupApis:
             owned=owned_partitions(req.topic_partitions),
             client_id=ctx.client_id,
             client_host=ctx.client_host,
+            may_describe=None
+            if self.authorizer is None
+            else functools.partial(self.topic_allowed, ctx, R),
         )
         interval = self.consumer_groups.heartbeat_interval_ms
         try:
@@ -884,4 +904,25 @@ class ConsumerGroupApis:
         )
 
     async def consumer_group_describe(self, ctx: Any, req: Any, R: Responder) -> Any:
-        return R(groups=[self.consumer_groups.describe(g) for g in req.group_ids])
+        """DESCRIBE on each group (GROUP_AUTHORIZATION_FAILED), its authorized operations when
+        asked (KIP-430)."""
+        with_operations = getattr(req, "include_authorized_operations", False)
+        groups = []
+        for group_id in req.group_ids:
+            described = self.consumer_groups.describe(group_id)
+            if not self.group_allowed(ctx, R, group_id):
+                described.update(  # nothing about the group but its id, as Kafka
+                    error_code=ErrorCode.group_authorization_failed,
+                    error_message=denied_message(ResourceType.GROUP, group_id),
+                    group_state="",
+                    group_epoch=0,
+                    assignment_epoch=0,
+                    assignor_name="",
+                    members=[],
+                )
+            elif with_operations and described["error_code"] == ErrorCode.none:
+                described["authorized_operations"] = self.authorized_operations(
+                    ctx, ResourceType.GROUP, group_id
+                )
+            groups.append(described)
+        return R(groups=groups)

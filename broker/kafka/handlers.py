@@ -23,6 +23,14 @@ from broker.cluster import Cluster, TopicError
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate, GateRejection, gate_applies
 from broker.kafka import records
+from broker.kafka.acl_apis import (
+    DENIED_CODE,
+    AclApis,
+    client_ip,
+    denied_message,
+    open_authorizer,
+)
+from broker.kafka.authorizer import CLUSTER_NAME, Operation, ResourceType
 from broker.kafka.codec import Responder, field, ms
 from broker.kafka.consumer_groups import ConsumerGroupApis, ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
@@ -76,6 +84,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     25: (0, 3),  # AddOffsetsToTxn
     26: (0, 3),  # EndTxn (v5 needs transaction.version 2, KIP-890)
     28: (0, 3),  # TxnOffsetCommit
+    29: (1, 3),  # DescribeAcls (v0 removed in Kafka 4, KIP-896)
+    30: (1, 3),  # CreateAcls
+    31: (1, 3),  # DeleteAcls
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs
     35: (1, 4),  # DescribeLogDirs (v0 removed in Kafka 4, KIP-896)
@@ -134,6 +145,9 @@ def _broker_configs(config: BrokerConfig) -> dict[str, str]:
         "ssl.client.auth": config.ssl_client_auth,
         "connections.max.reauth.ms": str(config.connections_max_reauth_ms),
         "process.roles": "broker,controller",
+        "authorizer.class.name": config.authorizer_class_name,
+        "allow.everyone.if.no.acl.found": str(config.allow_everyone_if_no_acl_found).lower(),
+        "super.users": config.super_users,
         "log.dirs": str(config.wal_dir),
         "icefall.segment.flush.ms": str(config.segment_flush_ms),
         "icefall.segment.flush.bytes": str(config.segment_flush_bytes),
@@ -160,7 +174,7 @@ class ConnectionContext:
 Handler = Callable[[ConnectionContext, Any, Responder], Awaitable[Any]]
 
 
-class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApis):
+class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApis, AclApis):
     def __init__(
         self,
         config: BrokerConfig,
@@ -177,6 +191,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         self.transactions = transactions
         self.consumer_groups = consumer_groups or ConsumerGroupCoordinator(cluster, groups)
         self.gate: DataQualityGate | None = None  # set once the schema registry is up
+        self.authorizer = open_authorizer(config, cluster.metadata)
         self.by_key: dict[int, Handler] = {
             0: self.produce,
             1: self.fetch,
@@ -201,6 +216,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             25: self.add_offsets_to_txn,
             26: self.end_txn,
             28: self.txn_offset_commit,
+            29: self.describe_acls,
+            30: self.create_acls,
+            31: self.delete_acls,
             32: self.describe_configs,
             33: self.alter_configs,
             37: self.create_partitions,
@@ -221,6 +239,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             68: self.consumer_group_heartbeat,
             69: self.consumer_group_describe,
         }
+        # the one place requests refused as a whole are refused (acl_apis.REQUEST_CHECKS)
+        self.by_key = {key: self.guarded(key, handler) for key, handler in self.by_key.items()}
 
         self.listeners: dict[str, Listener] = {x.name: x for x in config.listener_list()}
 
@@ -247,6 +267,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         return api_versions_response(R, ErrorCode.none)
 
     async def describe_cluster(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        """Served to anyone, as Kafka; the authorized operations only to who may DESCRIBE the
+        cluster (0 to others)."""
         return R(
             error_code=ErrorCode.none,
             error_message=None,
@@ -254,16 +276,32 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             cluster_id=self.config.cluster_id,
             controller_id=self.config.node_id,
             brokers=[self._broker(ctx)],
-            cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            cluster_authorized_operations=self._cluster_operations(
+                ctx, field(req, "include_cluster_authorized_operations", False)
+            ),
         )
 
+    def _cluster_operations(self, ctx: ConnectionContext, requested: bool) -> int:
+        if not requested:
+            return AUTHORIZED_OPERATIONS_OMITTED
+        if not self.allowed(ctx, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            return 0
+        return self.authorized_operations(ctx, ResourceType.CLUSTER, CLUSTER_NAME)
+
     async def metadata(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        """As Kafka: all topics lists those the principal may DESCRIBE; a topic named and not
+        describable is TOPIC_AUTHORIZATION_FAILED; auto-creating one needs CREATE on the cluster
+        or on the topic."""
         requested = field(req, "topics")
         if R.version == 0 and requested == ():
             requested = None
         names: list[tuple[str | None, Any]]
         if requested is None:
-            names = [(name, None) for name in sorted(self.cluster.topics)]
+            names = [
+                (name, None)
+                for name in sorted(self.cluster.topics)
+                if self.topic_allowed(ctx, R, name)
+            ]
         else:
             names = []
             for t in requested:
@@ -277,8 +315,28 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             field(req, "allow_auto_topic_creation", True) and self.config.auto_create_topics
         )
         topics = []
+        may_create_any = auto_create and self.allowed(
+            ctx, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME
+        )
+        with_operations = field(req, "include_topic_authorized_operations", False)
         for name, topic_id in names:
+            if requested is not None and name and not self.topic_allowed(ctx, R, name):
+                topics.append(
+                    self._metadata_error(name, topic_id, ErrorCode.topic_authorization_failed)
+                )
+                continue
             topic = self.cluster.topics.get(name) if name else None
+            if (
+                topic is None
+                and name
+                and auto_create
+                and not may_create_any
+                and not self.allowed(ctx, Operation.CREATE, ResourceType.TOPIC, name)
+            ):
+                topics.append(
+                    self._metadata_error(name, topic_id, ErrorCode.topic_authorization_failed)
+                )
+                continue
             if topic is None and name and auto_create:
                 try:
                     topic = await self.cluster.create_topic(name, -1, {})
@@ -312,7 +370,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         }
                         for p in range(topic.partitions)
                     ],
-                    "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                    "topic_authorized_operations": self.authorized_operations(
+                        ctx, ResourceType.TOPIC, topic.name
+                    )
+                    if with_operations
+                    else AUTHORIZED_OPERATIONS_OMITTED,
                 }
             )
         return R(
@@ -320,7 +382,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             cluster_id=self.config.cluster_id,
             controller_id=self.config.node_id,
             topics=topics,
-            cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            cluster_authorized_operations=self._cluster_operations(
+                ctx, field(req, "include_cluster_authorized_operations", False)
+            ),
         )
 
     @staticmethod
@@ -361,10 +425,29 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     for td in req.topic_data
                 ]
             )
+        if req.transactional_id is not None and not self.allowed(
+            ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
+        ):
+            code = ErrorCode.transactional_id_authorization_failed
+            message = denied_message(ResourceType.TRANSACTIONAL_ID, req.transactional_id)
+            if acks == 0:
+                raise CloseConnection(f"acks=0 produce refused: {message}")
+            return R(
+                responses=[
+                    {
+                        "name": td.name,
+                        "partition_responses": [
+                            _produce_error(pd.index, code, message) for pd in td.partition_data
+                        ],
+                    }
+                    for td in req.topic_data
+                ]
+            )
         results: list[tuple[str, list[dict[str, Any]]]] = []
         last_seq = 0
         for td in req.topic_data:
-            topic = self.cluster.topics.get(td.name)
+            writable = self.topic_allowed(ctx, R, td.name)
+            topic = self.cluster.topics.get(td.name) if writable else None
             partitions = []
             for pd in td.partition_data:
                 entry: dict[str, Any] = {
@@ -382,7 +465,12 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     if topic is not None and part is not None
                     else None
                 )
-                if topic is None or part is None:
+                if not writable:
+                    entry.update(
+                        error_code=ErrorCode.topic_authorization_failed,
+                        error_message=denied_message(ResourceType.TOPIC, td.name),
+                    )
+                elif topic is None or part is None:
                     entry.update(
                         error_code=ErrorCode.unknown_topic_or_partition,
                         error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}",
@@ -508,8 +596,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             responses = []
             for ft in req.topics:
                 partitions = []
+                readable = self.topic_allowed(ctx, R, ft.topic)
                 for fp in ft.partitions:
-                    part = self._partition(ft.topic, fp.partition)
+                    part = self._partition(ft.topic, fp.partition) if readable else None
                     entry: dict[str, Any] = {
                         "partition_index": fp.partition,
                         "error_code": ErrorCode.none,
@@ -520,7 +609,10 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         "preferred_read_replica": -1,
                         "records": b"",
                     }
-                    if part is None:
+                    if not readable:
+                        entry["error_code"] = ErrorCode.topic_authorization_failed
+                        errors = True
+                    elif part is None:
                         entry["error_code"] = ErrorCode.unknown_topic_or_partition
                         errors = True
                     else:
@@ -569,10 +661,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
 
     async def list_offsets(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         if R.version == 0:
-            return self._list_offsets_v0(req, R)
+            return self._list_offsets_v0(ctx, req, R)
         topics = []
         for t in req.topics:
             partitions = []
+            describable = self.topic_allowed(ctx, R, t.name)
             for p in t.partitions:
                 part = self._partition(t.name, p.partition_index)
                 entry: dict[str, Any] = {
@@ -582,7 +675,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     "offset": -1,
                     "leader_epoch": 0,
                 }
-                if part is None:
+                if not describable:
+                    entry["error_code"] = ErrorCode.topic_authorization_failed
+                elif part is None:
                     entry["error_code"] = ErrorCode.unknown_topic_or_partition
                 elif p.timestamp == -1:  # latest (read_committed: the last stable offset)
                     entry["offset"] = (
@@ -616,7 +711,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             topics.append({"name": t.name, "partitions": partitions})
         return R(topics=topics)
 
-    def _list_offsets_v0(self, req: Any, R: Responder) -> Any:
+    def _list_offsets_v0(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         """ListOffsets v0 as Kafka before 0.10.1 answered it (``fetchOffsetsBefore``): up to
         ``max_num_offsets`` offsets, newest first, from the log end and the starts of the
         segments (here: chunks) last appended to before ``timestamp``; -1 is the log end, -2
@@ -624,13 +719,16 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         topics = []
         for t in req.topics:
             partitions = []
+            describable = self.topic_allowed(ctx, R, t.name)
             for p in t.partitions:
                 part = self._partition(t.name, p.partition_index)
-                if part is None:
+                if part is None or not describable:
                     partitions.append(
                         {
                             "partition_index": p.partition_index,
-                            "error_code": ErrorCode.unknown_topic_or_partition,
+                            "error_code": ErrorCode.unknown_topic_or_partition
+                            if describable
+                            else ErrorCode.topic_authorization_failed,
                             "old_style_offsets": [],
                         }
                     )
@@ -659,12 +757,15 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         topics = []
         for t in req.topics:
             partitions = []
+            describable = self.topic_allowed(ctx, R, t.topic)
             for p in t.partitions:
                 part = self._partition(t.topic, p.partition)
-                if part is None:
+                if part is None or not describable:
                     partitions.append(
                         {
-                            "error_code": ErrorCode.unknown_topic_or_partition,
+                            "error_code": ErrorCode.unknown_topic_or_partition
+                            if describable
+                            else ErrorCode.topic_authorization_failed,
                             "partition": p.partition,
                         }
                     )
@@ -683,6 +784,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
     async def init_producer_id(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         producer_id = field(req, "producer_id", -1)
         epoch = field(req, "producer_epoch", -1)
+        if (refusal := self._init_producer_id_refusal(ctx, req.transactional_id)) is not None:
+            return R.error(*refusal)
         if req.transactional_id is not None:
             error, pid, new_epoch = await self.transactions.init_producer_id(
                 req.transactional_id, ms(req.transaction_timeout), producer_id, epoch
@@ -697,10 +800,37 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         producer_id = await asyncio.to_thread(self.cluster.metadata.next_producer_id)
         return R(error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=0)
 
+    def _init_producer_id_refusal(
+        self, ctx: ConnectionContext, transactional_id: str | None
+    ) -> tuple[int, str] | None:
+        """As Kafka: a transactional producer needs WRITE on its transactional id; an
+        idempotent one IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (Kafka 3.0+,
+        KIP-679: authorizeByResourceType)."""
+        if transactional_id is not None:
+            if self.allowed(ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id):
+                return None
+            return (
+                ErrorCode.transactional_id_authorization_failed,
+                denied_message(ResourceType.TRANSACTIONAL_ID, transactional_id),
+            )
+        a = self.authorizer
+        if (
+            a is None
+            or self.allowed(ctx, Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME)
+            or a.authorize_any(ctx.principal, client_ip(ctx), Operation.WRITE, ResourceType.TOPIC)
+        ):
+            return None
+        return ErrorCode.cluster_authorization_failed, denied_message(
+            ResourceType.CLUSTER, CLUSTER_NAME
+        )
+
     # ------------------------------------------------------------ topics and configs
 
     async def create_topics(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        """CREATE on the cluster, or on each topic (TOPIC_AUTHORIZATION_FAILED for one refused);
+        the created topic's configs only for who may DESCRIBE_CONFIGS it, as Kafka."""
         results = []
+        may_create_any = self.allowed(ctx, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
         for t in req.topics:
             configs = {c.name: c.value for c in t.configs}
             result: dict[str, Any] = {
@@ -713,6 +843,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 "configs": None,
             }
             try:
+                if not may_create_any and not self.topic_allowed(ctx, R, t.name):
+                    raise TopicError(
+                        ErrorCode.topic_authorization_failed,
+                        denied_message(ResourceType.TOPIC, t.name),
+                    )
                 partitions = t.num_partitions
                 if t.assignments:
                     partitions = len(t.assignments)
@@ -744,6 +879,13 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                             for k, v in sorted(topic.configs.items())
                         ],
                     )
+                    if not self.allowed(
+                        ctx, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, topic.name
+                    ):
+                        result.update(
+                            configs=None,
+                            topic_config_error_code=ErrorCode.topic_authorization_failed,
+                        )
             except TopicError as exc:
                 result.update(error_code=exc.code, error_message=exc.message)
             if result["topic_id"] is None:
@@ -779,6 +921,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     raise TopicError(
                         ErrorCode.unknown_topic_id, f"Topic id {topic_id} does not exist."
                     )
+                if not self.topic_allowed(ctx, R, name):
+                    raise TopicError(
+                        ErrorCode.topic_authorization_failed,
+                        denied_message(ResourceType.TOPIC, name),
+                    )
                 topic = await self.cluster.delete_topic(name)
                 entry["topic_id"] = topic.topic_id
             except TopicError as exc:
@@ -795,6 +942,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 "error_message": None,
             }
             try:
+                if not self.topic_allowed(ctx, R, t.name):
+                    raise TopicError(
+                        ErrorCode.topic_authorization_failed,
+                        denied_message(ResourceType.TOPIC, t.name),
+                    )
                 await self.cluster.add_partitions(t.name, t.count, req.validate_only)
             except TopicError as exc:
                 entry.update(error_code=exc.code, error_message=exc.message)
@@ -814,7 +966,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 "configs": [],
             }
             keys = res.configuration_keys
-            if res.resource_type == RESOURCE_TOPIC:
+            if (refusal := self._config_refusal(ctx, res, Operation.DESCRIBE_CONFIGS)) is not None:
+                entry.update(error_code=refusal[0], error_message=refusal[1])
+            elif res.resource_type == RESOURCE_TOPIC:
                 topic = self.cluster.topics.get(res.resource_name)
                 if topic is None:
                     entry.update(
@@ -862,6 +1016,21 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             results.append(entry)
         return R(results=results)
 
+    def _config_refusal(
+        self, ctx: ConnectionContext, res: Any, operation: Operation
+    ) -> tuple[int, str] | None:
+        """DESCRIBE_CONFIGS / ALTER_CONFIGS on the topic, or on the cluster for a broker's
+        configs (Kafka's rule; this is what guards the table-topic configs)."""
+        if res.resource_type == RESOURCE_TOPIC:
+            kind, name = ResourceType.TOPIC, res.resource_name
+        elif res.resource_type == RESOURCE_BROKER:
+            kind, name = ResourceType.CLUSTER, CLUSTER_NAME
+        else:
+            return None  # refused below as not supported
+        if self.allowed(ctx, operation, kind, name):
+            return None
+        return DENIED_CODE[kind], denied_message(kind, name)
+
     def _broker_resource_problem(self, name: str) -> str | None:
         """A BROKER resource is this broker (its node id) or the cluster default (``""``)."""
         if name in ("", str(self.config.node_id)):
@@ -908,7 +1077,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             replacement: dict[str, Any] = {c.name: c.value for c in res.configs}
             responses.append(
                 await self._apply_configs(
-                    res, functools.partial(_replace_all, replacement), req.validate_only
+                    ctx, res, functools.partial(_replace_all, replacement), req.validate_only
                 )
             )
         return R(responses=responses)
@@ -946,11 +1115,15 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         )
                 return new
 
-            responses.append(await self._apply_configs(res, change, req.validate_only))
+            responses.append(await self._apply_configs(ctx, res, change, req.validate_only))
         return R(responses=responses)
 
     async def _apply_configs(
-        self, res: Any, change: Callable[[dict[str, str]], dict[str, Any]], validate_only: bool
+        self,
+        ctx: ConnectionContext,
+        res: Any,
+        change: Callable[[dict[str, str]], dict[str, Any]],
+        validate_only: bool,
     ) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "error_code": ErrorCode.none,
@@ -958,6 +1131,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             "resource_type": res.resource_type,
             "resource_name": res.resource_name,
         }
+        if (refusal := self._config_refusal(ctx, res, Operation.ALTER_CONFIGS)) is not None:
+            entry.update(error_code=refusal[0], error_message=refusal[1])
+            return entry
         if res.resource_type == RESOURCE_BROKER:
             if (problem := self._broker_resource_problem(res.resource_name)) is not None:
                 entry.update(error_code=ErrorCode.invalid_request, error_message=problem)
@@ -1005,27 +1181,28 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             else (ErrorCode.invalid_request, f"unknown coordinator key type {key_type}")
         )
         node = self._broker(ctx)
+
+        def answer(key: str) -> dict[str, Any]:
+            code, text = error, message
+            if code == ErrorCode.none:  # DESCRIBE on the group or the transactional id
+                kind = ResourceType.GROUP if key_type == 0 else ResourceType.TRANSACTIONAL_ID
+                if not self.allowed(ctx, Operation.DESCRIBE, kind, key):
+                    code, text = DENIED_CODE[kind], denied_message(kind, key)
+            found = code == ErrorCode.none
+            return {
+                "key": key,
+                "node_id": node["node_id"] if found else -1,
+                "host": node["host"] if found else "",
+                "port": node["port"] if found else -1,
+                "error_code": code,
+                "error_message": text,
+            }
+
         if R.version >= 4:
-            return R(
-                coordinators=[
-                    {
-                        "key": key,
-                        "node_id": node["node_id"],
-                        "host": node["host"],
-                        "port": node["port"],
-                        "error_code": error,
-                        "error_message": message,
-                    }
-                    for key in req.coordinator_keys
-                ]
-            )
-        return R(
-            error_code=error,
-            error_message=message,
-            node_id=node["node_id"],
-            host=node["host"],
-            port=node["port"],
-        )
+            return R(coordinators=[answer(key) for key in req.coordinator_keys])
+        single = answer(req.key)
+        del single["key"]
+        return R(**single)
 
     async def join_group(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         session_ms = ms(req.session_timeout)
@@ -1109,12 +1286,15 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             error = self.groups.validate_member(
                 req.group_id, generation, req.member_id, field(req, "group_instance_id")
             )
+        if not self.group_allowed(ctx, R, req.group_id):  # as Kafka: before the member checks
+            error = ErrorCode.group_authorization_failed
         topics = []
         to_store = []
         for t in req.topics:
             partitions = []
+            readable = error != ErrorCode.none or self.topic_allowed(ctx, R, t.name)
             for p in t.partitions:
-                code = error
+                code = error if readable else ErrorCode.topic_authorization_failed
                 if code == ErrorCode.none and self._partition(t.name, p.partition_index) is None:
                     code = ErrorCode.unknown_topic_or_partition
                 if code == ErrorCode.none:
@@ -1138,28 +1318,47 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         if R.version >= 8:
             groups = []
             for g in req.groups:
-                error = self.consumer_groups.validate_offset_fetch(
-                    g.group_id, field(g, "member_id"), field(g, "member_epoch", -1)
+                error = (
+                    self.consumer_groups.validate_offset_fetch(
+                        g.group_id, field(g, "member_id"), field(g, "member_epoch", -1)
+                    )
+                    if self.group_allowed(ctx, R, g.group_id)
+                    else ErrorCode.group_authorization_failed
                 )
                 topics = (
                     await self._fetched_offsets(
-                        g.group_id, g.topics, "partition_indexes", req.require_stable
+                        ctx, R, g.group_id, g.topics, "partition_indexes", req.require_stable
                     )
                     if error == ErrorCode.none
                     else []
                 )
                 groups.append({"group_id": g.group_id, "topics": topics, "error_code": error})
             return R(groups=groups)
+        if not self.group_allowed(ctx, R, req.group_id):
+            return R(topics=[], error_code=ErrorCode.group_authorization_failed)
         return R(
             topics=await self._fetched_offsets(
-                req.group_id, req.topics, "partition_indexes", field(req, "require_stable", False)
+                ctx,
+                R,
+                req.group_id,
+                req.topics,
+                "partition_indexes",
+                field(req, "require_stable", False),
             ),
             error_code=ErrorCode.none,
         )
 
     async def _fetched_offsets(
-        self, group_id: str, topics: Any, partitions_field: str, require_stable: bool = False
+        self,
+        ctx: ConnectionContext,
+        R: Responder,
+        group_id: str,
+        topics: Any,
+        partitions_field: str,
+        require_stable: bool = False,
     ) -> list[dict[str, Any]]:
+        """A group's offsets of the topics asked (all: those the principal may DESCRIBE; one
+        named and not describable: TOPIC_AUTHORIZATION_FAILED per partition, as Kafka)."""
         committed = await asyncio.to_thread(self.cluster.metadata.committed_offsets, group_id)
         # KIP-447: a read_committed consumer waits for offsets of an open transaction
         unstable = (
@@ -1170,13 +1369,27 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         wanted: dict[str, list[int]] = {}
         if topics is None:
             for t, p in committed:
-                wanted.setdefault(t, []).append(p)
+                if self.topic_allowed(ctx, R, t):
+                    wanted.setdefault(t, []).append(p)
         else:
             for t in topics:
                 wanted[t.name] = list(getattr(t, partitions_field))
         result = []
         for name, partitions in wanted.items():
             entries = []
+            if not self.topic_allowed(ctx, R, name):
+                entries = [
+                    {
+                        "partition_index": p,
+                        "committed_offset": -1,
+                        "committed_leader_epoch": -1,
+                        "metadata": "",
+                        "error_code": ErrorCode.topic_authorization_failed,
+                    }
+                    for p in sorted(partitions)
+                ]
+                result.append({"name": name, "partitions": entries})
+                continue
             for p in sorted(partitions):
                 c = committed.get((name, p))
                 entries.append(
@@ -1195,8 +1408,18 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
 
     async def describe_groups(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         known_offsets = set(await asyncio.to_thread(self.cluster.metadata.groups_with_offsets))
+        with_operations = field(req, "include_authorized_operations", False)
         groups = []
         for group_id in req.groups:
+            if not self.group_allowed(ctx, R, group_id):
+                refused = _dead_group(group_id, R.version, "")
+                refused.update(  # as Kafka's DescribeGroupsResponse.forError: no state either
+                    error_code=ErrorCode.group_authorization_failed,
+                    error_message=denied_message(ResourceType.GROUP, group_id),
+                    group_state="",
+                )
+                groups.append(refused)
+                continue
             if self.consumer_groups.is_consumer_group(group_id):
                 groups.append(self._not_a_classic_group(group_id, R.version))
                 continue
@@ -1227,7 +1450,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     "protocol_type": (group.protocol_type or "") if group else "consumer",
                     "protocol_data": (group.protocol_name or "") if group else "",
                     "members": members,
-                    "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                    "authorized_operations": self.authorized_operations(
+                        ctx, ResourceType.GROUP, group_id
+                    )
+                    if with_operations
+                    else AUTHORIZED_OPERATIONS_OMITTED,
                 }
             )
         return R(groups=groups)
@@ -1258,11 +1485,13 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             }
         for consumer_group in self.consumer_groups.listed():
             listed[consumer_group["group_id"]] = consumer_group
+        every = self.allowed(ctx, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
         groups = [
             g
             for g in listed.values()
             if (not states or g["group_state"].lower() in states)
             and (not types or g["group_type"] in types)
+            and (every or self.group_allowed(ctx, R, g["group_id"]))
         ]
         return R(error_code=ErrorCode.none, groups=groups)
 
@@ -1271,6 +1500,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         nor in its committed offsets is GROUP_ID_NOT_FOUND."""
         results = []
         for group_id in req.groups_names:
+            if not self.group_allowed(ctx, R, group_id):
+                results.append(
+                    {"group_id": group_id, "error_code": ErrorCode.group_authorization_failed}
+                )
+                continue
             known = group_id in self.groups.groups or self.consumer_groups.is_consumer_group(
                 group_id
             )
@@ -1293,10 +1527,15 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         topics = []
         for t in req.topics:
             partitions = []
+            deletable = self.topic_allowed(ctx, R, t.name)
             for p in t.partitions:
                 part = self._partition(t.name, p.partition_index)
                 topic = self.cluster.topics.get(t.name)
                 result = {"partition_index": p.partition_index, "low_watermark": -1}
+                if not deletable:
+                    result["error_code"] = ErrorCode.topic_authorization_failed
+                    partitions.append(result)
+                    continue
                 if part is None or topic is None:
                     result["error_code"] = ErrorCode.unknown_topic_or_partition
                     partitions.append(result)
@@ -1341,9 +1580,14 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         topics, deleted = [], []
         for t in req.topics:
             partitions = []
+            readable = self.topic_allowed(ctx, R, t.name)
             for p in t.partitions:
                 code = (
-                    ErrorCode.group_subscribed_to_topic if t.name in subscribed else ErrorCode.none
+                    ErrorCode.topic_authorization_failed
+                    if not readable
+                    else ErrorCode.group_subscribed_to_topic
+                    if t.name in subscribed
+                    else ErrorCode.none
                 )
                 if code == ErrorCode.none:
                     deleted.append((t.name, p.partition_index))
@@ -1354,6 +1598,18 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 self.cluster.metadata.delete_partition_offsets, req.group_id, deleted
             )
         return R(error_code=ErrorCode.none, throttle_time=0, topics=topics)
+
+
+def _produce_error(index: int, code: int, message: str) -> dict[str, Any]:
+    return {
+        "index": index,
+        "error_code": code,
+        "base_offset": -1,
+        "log_append_time": None,
+        "log_start_offset": -1,
+        "record_errors": [],
+        "error_message": message,
+    }
 
 
 def _keyless_in_compacted(cleanup_policy: str, records_bytes: bytes) -> GateRejection | None:

@@ -13,6 +13,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.kafka.acl_apis import AclApis, denied_message
+from broker.kafka.authorizer import CLUSTER_NAME, Operation, ResourceType
 from broker.kafka.codec import Responder, field
 from broker.kafka.consumer_groups import ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
@@ -39,13 +41,22 @@ def fenced_for(api_key: int, version: int, error: int) -> int:
     return error
 
 
-class TransactionApis:
+class TransactionApis(AclApis):
     transactions: TransactionCoordinator
     groups: GroupCoordinator
     consumer_groups: ConsumerGroupCoordinator
 
     async def add_partitions_to_txn(self, ctx: Any, req: Any, R: Responder) -> Any:
+        """v4+ is the brokers' (verify-only) form: CLUSTER_ACTION on the cluster, as Kafka.
+        Before: WRITE on the transactional id and on each topic; a topic refused fails the
+        request, its partitions TOPIC_AUTHORIZATION_FAILED and the others
+        OPERATION_NOT_ATTEMPTED, as Kafka answers."""
         if R.version >= 4:
+            if not self.allowed(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME):
+                return R.error(
+                    ErrorCode.cluster_authorization_failed,
+                    denied_message(ResourceType.CLUSTER, CLUSTER_NAME),
+                )
             results = []
             for txn in req.transactions:
                 by_topic = await self._add_partitions(
@@ -60,6 +71,9 @@ class TransactionApis:
                     {"transactional_id": txn.transactional_id, "topic_results": by_topic}
                 )
             return R(error_code=ErrorCode.none, results_by_transaction=results)
+        refused = self._add_partitions_refusal(ctx, R, req)
+        if refused is not None:
+            return R(results_by_topic_v3_and_below=refused)
         by_topic = await self._add_partitions(
             R,
             req.v3_and_below_transactional_id,
@@ -69,6 +83,37 @@ class TransactionApis:
             False,
         )
         return R(results_by_topic_v3_and_below=by_topic)
+
+    def _add_partitions_refusal(
+        self, ctx: Any, R: Responder, req: Any
+    ) -> list[dict[str, Any]] | None:
+        tid = req.v3_and_below_transactional_id
+        topics = req.v3_and_below_topics
+        if not self.allowed(ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
+            codes = {t.name: ErrorCode.transactional_id_authorization_failed for t in topics}
+        else:
+            codes = {
+                t.name: ErrorCode.topic_authorization_failed
+                for t in topics
+                if not self.topic_allowed(ctx, R, t.name)
+            }
+            if not codes:
+                return None
+        return [
+            {
+                "name": t.name,
+                "results_by_partition": [
+                    {
+                        "partition_index": p,
+                        "partition_error_code": codes.get(
+                            t.name, ErrorCode.operation_not_attempted
+                        ),
+                    }
+                    for p in t.partitions
+                ],
+            }
+            for t in topics
+        ]
 
     async def _add_partitions(
         self,
@@ -97,6 +142,37 @@ class TransactionApis:
         return R(error_code=fenced_for(25, R.version, error))
 
     async def txn_offset_commit(self, ctx: Any, req: Any, R: Responder) -> Any:
+        """WRITE on the transactional id, READ on the group (each refusal for every partition)
+        and READ on each topic (TOPIC_AUTHORIZATION_FAILED for its partitions), as Kafka."""
+        refusal = None
+        if not self.allowed(
+            ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
+        ):
+            refusal = ErrorCode.transactional_id_authorization_failed
+        elif not self.group_allowed(ctx, R, req.group_id):
+            refusal = ErrorCode.group_authorization_failed
+        unreadable = {t.name for t in req.topics if not self.topic_allowed(ctx, R, t.name)}
+        if refusal is not None or unreadable:
+            return R(
+                topics=[
+                    {
+                        "name": t.name,
+                        "partitions": [
+                            {
+                                "partition_index": p.partition_index,
+                                "error_code": refusal
+                                or (
+                                    ErrorCode.topic_authorization_failed
+                                    if t.name in unreadable
+                                    else ErrorCode.operation_not_attempted
+                                ),
+                            }
+                            for p in t.partitions
+                        ],
+                    }
+                    for t in req.topics
+                ]
+            )
         generation = field(req, "generation_id", -1)
         member_id = field(req, "member_id", "")
         if self.consumer_groups.is_consumer_group(req.group_id):  # a KIP-848 member's epoch
@@ -155,10 +231,13 @@ class TransactionApis:
             self.transactions.describe(req.transactional_ids),
             strict=True,
         ):
-            if record is None:
+            describable = self.allowed(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, tid)
+            if record is None or not describable:
                 states.append(
                     {
-                        "error_code": ErrorCode.transactional_id_not_found,
+                        "error_code": ErrorCode.transactional_id_not_found
+                        if describable
+                        else ErrorCode.transactional_id_authorization_failed,
                         "transactional_id": tid,
                         "transaction_state": "",
                         "transaction_timeout": 0,
@@ -198,7 +277,10 @@ class TransactionApis:
                 "transaction_state": r.state,
             }
             for r in self.transactions.txns.values()
-            if (not wanted_states or r.state in wanted_states)
+            if self.allowed(
+                ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, r.transactional_id
+            )
+            and (not wanted_states or r.state in wanted_states)
             and (not pids or r.producer_id in pids)
             and (longer_than < 0 or (r.start_ms >= 0 and now - r.start_ms > longer_than))
         ]

@@ -142,7 +142,22 @@ CREATE TABLE IF NOT EXISTS scram_credentials (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_SCHEMA, _TRANSACTIONS, _BROKER_CONFIGS, _SCRAM_CREDENTIALS)
+# ACLs (CreateAcls/DeleteAcls), one row per binding; the authorizer keeps them all in memory.
+_ACLS = """
+CREATE TABLE IF NOT EXISTS acls (
+    resource_type INTEGER NOT NULL,
+    resource_name TEXT NOT NULL,
+    pattern_type INTEGER NOT NULL,
+    principal TEXT NOT NULL,
+    host TEXT NOT NULL,
+    operation INTEGER NOT NULL,
+    permission_type INTEGER NOT NULL,
+    PRIMARY KEY (resource_type, resource_name, pattern_type, principal, host, operation,
+                 permission_type)
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_SCHEMA, _TRANSACTIONS, _BROKER_CONFIGS, _SCRAM_CREDENTIALS, _ACLS)
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 
 
@@ -338,6 +353,9 @@ _UPSERT_SCRAM = _upsert(
     "scram_credentials",
     ("user_name", "mechanism", "salt", "stored_key", "server_key", "iterations"),
     ("user_name", "mechanism"),
+)
+_ACL_COLUMNS = (
+    "resource_type, resource_name, pattern_type, principal, host, operation, permission_type"
 )
 # 64-bit key of the Postgres advisory lock a broker holds on its metadata database.
 POSTGRES_LOCK_KEY = 0x1CEFA11
@@ -643,6 +661,36 @@ class MetadataStore:
             self.db.executemany(
                 "INSERT INTO broker_configs (scope, name, value) VALUES (?, ?, ?)",
                 [(scope, name, value) for name, value in configs.items()],
+            )
+
+    # ------------------------------------------------------------ ACLs
+
+    def acls(self) -> list[tuple[int, str, int, str, str, int, int]]:
+        """Every ACL: (resource type, name, pattern type, principal, host, operation,
+        permission type), Kafka's codes."""
+        return [
+            (int(t), n, int(pt), pr, h, int(o), int(pe))
+            for t, n, pt, pr, h, o, pe in self.db.query(
+                f"SELECT {_ACL_COLUMNS} FROM acls ORDER BY {_ACL_COLUMNS}"
+            )
+        ]
+
+    def add_acls(self, rows: Sequence[tuple[int, str, int, str, str, int, int]]) -> None:
+        """Store bindings (one already stored is left as it is), in one transaction."""
+        with self.db.transaction():
+            self.db.executemany(
+                f"INSERT INTO acls ({_ACL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                list(rows),
+            )
+
+    def delete_acls(self, rows: Sequence[tuple[int, str, int, str, str, int, int]]) -> None:
+        with self.db.transaction():
+            self.db.executemany(
+                "DELETE FROM acls WHERE resource_type = ? AND resource_name = ? AND "
+                "pattern_type = ? AND principal = ? AND host = ? AND operation = ? AND "
+                "permission_type = ?",
+                list(rows),
             )
 
     def delete_partition_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> None:

@@ -9,6 +9,8 @@ page listed here lacks its marker, or a marker names no generator.
 - ``broker-flags``: the flags of ``icefall broker`` (``broker.cli._add_broker_flags``).
 - ``kafka-apis``: the Kafka APIs and versions the broker serves
   (``broker.kafka.handlers.SUPPORTED_VERSIONS``, names from kio).
+- ``acl-operations``: the operation each Kafka API needs on its resources
+  (``broker.kafka.acl_apis``' tables).
 """
 
 from __future__ import annotations
@@ -137,16 +139,36 @@ def kafka_apis() -> str:
     return "\n".join(rows) + "\n"
 
 
+def acl_operations() -> str:
+    """What each API needs (``broker.kafka.acl_apis``' tables)."""
+    from kio.index import api_key_map
+
+    from broker.kafka.acl_apis import GROUP_OPERATION, REQUEST_CHECKS, TOPIC_OPERATION
+
+    rows = ["| API | key | the request | each topic | each group |", "|---|---|---|---|---|"]
+    for key in sorted({*REQUEST_CHECKS, *TOPIC_OPERATION, *GROUP_OPERATION}):
+        name = "".join(part.capitalize() for part in api_key_map[key].split("_"))
+        whole = ", ".join(
+            f"{c.operation.name} on {c.resource_type.name}" for c in REQUEST_CHECKS.get(key, ())
+        )
+        topic = TOPIC_OPERATION[key].name if key in TOPIC_OPERATION else ""
+        group = GROUP_OPERATION[key].name if key in GROUP_OPERATION else ""
+        rows.append(f"| {name} | {key} | {whole} | {topic} | {group} |")
+    return "\n".join(rows) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "topic-configs": topic_configs,
     "broker-flags": broker_flags,
     "kafka-apis": kafka_apis,
+    "acl-operations": acl_operations,
 }
 # The pages that must carry a marker (a moved page would otherwise lose its table quietly).
 EXPECTED = {
     "reference/topic-configs.md": "topic-configs",
     "reference/cli.md": "broker-flags",
     "compatibility.md": "kafka-apis",
+    "security-acls.md": "acl-operations",
 }
 
 

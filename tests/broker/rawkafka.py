@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from kio.schema.describe_acls.v3.request import DescribeAclsRequest
+from kio.schema.describe_acls.v3.response import DescribeAclsResponse
 from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v4.response import FetchResponse
 from kio.schema.heartbeat.v3.request import HeartbeatRequest
@@ -50,7 +52,7 @@ from kio.schema.sync_group.v3.request import SyncGroupRequest, SyncGroupRequestA
 from kio.schema.sync_group.v3.response import SyncGroupResponse
 from kio.schema.types import GroupId, TopicName
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import Records, i16, i32, i32Timedelta, i64
+from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 # v2 record batch header: base offset, length, leader epoch, magic, crc, attributes, last offset delta,
@@ -434,3 +436,19 @@ def leave_group(bootstrap: str, group: str, members: list[tuple[str, str | None]
     response = _round_trip(bootstrap, 13, 3, request, LeaveGroupResponse)
     assert int(response.error_code) == 0, f"LeaveGroup: error {response.error_code}"
     return [int(m.error_code) for m in response.members]
+
+
+def describe_acls_error(bootstrap: str) -> tuple[int, str | None]:
+    """DescribeAcls v3 of every ACL: the answer's error code and message (librdkafka drops
+    them: an error reads as an empty list)."""
+    request = DescribeAclsRequest(
+        resource_type_filter=i8(1),  # ANY
+        resource_name_filter=None,
+        pattern_type_filter=i8(1),  # ANY
+        principal_filter=None,
+        host_filter=None,
+        operation=i8(1),  # ANY
+        permission_type=i8(1),  # ANY
+    )
+    response = _round_trip(bootstrap, 29, 3, request, DescribeAclsResponse)
+    return int(response.error_code), response.error_message

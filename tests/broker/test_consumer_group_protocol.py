@@ -63,6 +63,7 @@ def beat(
         server_assignor=fields.pop("assignor", None),
         owned=({} if joining else None) if owned is None else _owned(owned),
         client_id=member,
+        may_describe=fields.pop("may_describe", None),
     )
     assert not fields, fields
     return coordinator.heartbeat(request, version)
@@ -163,6 +164,11 @@ def test_regex_subscription(coordinator: ConsumerGroupCoordinator) -> None:
     assert joined.assignment == {OTHER.topic_id: frozenset({0, 1})}
     bad = lambda: beat(coordinator, "b", 0, topics=(), regex="(")  # noqa: E731
     assert error_of(bad) == ErrorCode.invalid_regular_expression
+    # with an authorizer, a regex takes only the topics the member may DESCRIBE
+    hidden = beat(
+        coordinator, "c", 0, topics=(), regex=".*", group="acl", may_describe="orders".__eq__
+    )
+    assert hidden.assignment == {TOPIC.topic_id: frozenset({0, 1, 2, 3})}
 
 
 def test_epoch_and_member_errors(coordinator: ConsumerGroupCoordinator) -> None:

@@ -122,6 +122,14 @@ def test_every_operation_gives_the_same_answers(target: Path | str) -> None:
 
         assert [store.next_producer_id() for _ in range(3)] == [1000, 1001, 1002]
 
+        literal = (2, "orders", 3, "User:alice", "*", 3, 3)
+        prefixed = (2, "ord", 4, "User:*", "10.0.0.1", 4, 2)
+        store.add_acls([literal, prefixed])
+        store.add_acls([literal])  # stored once
+        assert store.acls() == sorted([literal, prefixed])
+        store.delete_acls([prefixed, (3, "g", 3, "User:bob", "*", 3, 3)])
+        assert store.acls() == [literal]
+
         assert sorted(store.delete_topic("orders")) == ["segments/c.seg"]  # b.seg: still "other"'s
         assert [t.name for t in store.topics()] == ["other"]
         assert store.committed_offsets("g1") == {} and store.producer_states() == {}
