@@ -108,6 +108,14 @@ class CatalogReader:
         except (NoSuchTableError, NoSuchNamespaceError):
             return None
 
+    def table(self, namespace: str, table: str) -> Any | None:
+        """The table (pyiceberg), None when it does not exist; raises when the catalog cannot answer."""
+        try:
+            return self._load(namespace, table)
+        except Exception:
+            self._catalog = None
+            raise
+
     def checkpoint(self, namespace: str, table: str) -> Checkpoint:
         """Only the table's offsets checkpoint (none yet: the empty one); raises when the catalog cannot answer."""
         try:
