@@ -9,7 +9,8 @@ DAGs share, so two writers never race on the table.
 
 Tasks: ``plan`` (broker end offsets for the interval, waiting until they are in
 segment objects) >> ``commit`` (spark-submit of ``commit_round.py``) >>
-``publish`` (asset event ``icefall/<namespace>/<table>``).
+``publish`` (asset event ``icefall/<namespace>/<table>``). A topic with a freshness SLA
+gets a deadline alert on each run (``freshness``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from airflow.sdk import (
 )
 
 from broker import names
-from icefall_airflow import manifest, planning, publish
+from icefall_airflow import freshness, manifest, planning, publish
 from icefall_airflow.assets import pending_asset, table_asset
 from icefall_airflow.broker_client import BrokerClient, BrokerError
 from icefall_airflow.commit_operator import CommitRoundOperator
@@ -165,6 +166,7 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
         max_active_runs=1,
         is_paused_upon_creation=False,
         dagrun_timeout=timedelta(hours=1),
+        deadline=freshness.deadline_alert(entry),  # automq.table.topic.freshness.sla.ms
         params=round_params(),
         tags=entry.dag_tags("commit"),
         doc_md=entry.disabled_note
