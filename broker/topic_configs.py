@@ -364,8 +364,8 @@ KEYS: Mapping[str, ConfigKey] = {
             FRESHNESS_SLA_MS,
             "",
             _unset_or(_long(1000, 366 * 24 * 3_600_000)),
-            "freshness promise: the newest committed record is at most this old while newer ones "
-            "wait (unset: none); a gauge, the view's breach flag and the commit DAG's deadline alert",
+            "freshness promise: no record waits longer than this to be in the table (unset: none); "
+            "watched by a gauge, the view's breach flag and the commit DAG's deadline alert",
             5,
         ),
         ConfigKey(EXPIRE_SNAPSHOT_ENABLED, "true", _bool, "expire old snapshots", 1),
