@@ -9,11 +9,13 @@ import logging
 import os
 import signal
 
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.table import Table
 
 from broker import metrics
 from broker.admin_http import AdminApi
 from broker.catalog import open_catalog
+from broker.catalog.store import sql_identifier
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
@@ -26,6 +28,7 @@ from broker.kafka.server import KafkaServer
 from broker.kafka.transactions import TransactionCoordinator
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
+from broker.registry.table_check import TableCheck
 from broker.security.stats import AuthStats
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import MetadataStore
@@ -67,12 +70,36 @@ class Broker:
                 self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
             )
         )
-        self.registry = RegistryApi(self.schemas)
         self.handlers.gate = DataQualityGate(self.schemas)
         self.catalog = open_catalog(config)
+        spec = config.tables_catalog
+        self.registry = RegistryApi(
+            self.schemas,
+            TableCheck(
+                self.cluster,
+                self.schemas,
+                self.load_table,
+                f"built-in REST catalog ({spec.uri})"
+                if spec.builtin
+                else f"{spec.type} {spec.uri or spec.warehouse or ''}".strip(),
+            ),
+        )
         self.retention = Retention(
             self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms
         )
+
+    def load_table(self, namespace: str, table: str) -> Table | None:
+        """A table topic's table (pyiceberg), None when it does not exist yet (blocking: the
+        registry's table check calls it from a thread); the built-in catalog is read directly."""
+        if not self.config.catalog.builtin:
+            loaded: Table | None = metrics.catalog_reader(self.config.tables_catalog).table(
+                namespace, table
+            )
+            return loaded
+        try:
+            return self.catalog.store.sql.load_table(sql_identifier((namespace, table)))
+        except (NoSuchTableError, NoSuchNamespaceError):
+            return None
 
     def table_checkpoint(self, namespace: str, table: str) -> Checkpoint:
         """The offsets a table topic's table holds, from the tables' catalog (the broker's own,

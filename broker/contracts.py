@@ -493,6 +493,29 @@ class Lag(Contract):
         )
 
 
+class Freshness(Contract):
+    """A table against its topic's freshness promise (``automq.table.topic.freshness.sla.ms``).
+
+    Freshness is how long the oldest record not yet in the table has waited (broker append
+    time), 0 when the table holds every record: the table holds everything appended before
+    ``now - seconds``. It is ``Lag.seconds`` by definition. Not "now minus the newest committed
+    record's append time": on a quiet topic that grows while nothing is missing, and a record
+    arriving after an idle hour would breach the promise the moment it is appended.
+    """
+
+    seconds: float
+    sla_ms: int | None = None
+    breached: bool = False
+
+    @classmethod
+    def of(cls, lag: Lag, sla_ms: int | None) -> Freshness:
+        return cls(
+            seconds=lag.seconds,
+            sla_ms=sla_ms,
+            breached=sla_ms is not None and lag.seconds * 1000 > sla_ms,
+        )
+
+
 # ---------------------------------------------------------------- the round plan (the plan task's XCom)
 
 

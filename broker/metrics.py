@@ -8,7 +8,8 @@ format is a few lines and the broker has no other use for one):
   the partitions whose retention a table topic's table holds back;
 - the tables, the same figures as Airflow's "Table topics" view: per table
   topic the committed offsets (from the Iceberg checkpoint), lag in records
-  and in seconds of append time, last commit time, rows and DLQ rows.
+  and in seconds of append time, freshness against the topic's SLA
+  (``contracts.Freshness``), last commit time, rows and DLQ rows.
 
 The catalog reads block, so they run in a thread; the log is read on the event
 loop in one synchronous step (no flush or produce changes it half-way).
@@ -108,6 +109,14 @@ class CatalogReader:
             return self._catalog.load_table((namespace, table))
         except (NoSuchTableError, NoSuchNamespaceError):
             return None
+
+    def table(self, namespace: str, table: str) -> Any | None:
+        """The table (pyiceberg), None when it does not exist; raises when the catalog cannot answer."""
+        try:
+            return self._load(namespace, table)
+        except Exception:
+            self._catalog = None
+            raise
 
     def checkpoint(self, namespace: str, table: str) -> Checkpoint:
         """Only the table's offsets checkpoint (none yet: the empty one); raises when the catalog cannot answer."""
@@ -349,6 +358,21 @@ def render_metrics(
                 "gauge",
                 "Time of the snapshot holding the checkpoint",
             ),
+            (
+                "icefall_table_freshness_seconds",
+                "gauge",
+                "How long the oldest record not yet in the table has waited (0: it holds every record)",
+            ),
+            (
+                "icefall_table_freshness_sla_seconds",
+                "gauge",
+                "The topic's automq.table.topic.freshness.sla.ms, in seconds (only when set)",
+            ),
+            (
+                "icefall_table_freshness_sla_breached",
+                "gauge",
+                "1 while the table's freshness is past its SLA (only when set)",
+            ),
             ("icefall_table_rows", "gauge", "Rows in the table's current snapshot"),
             ("icefall_table_dlq_rows", "gauge", "Rows in the table's DLQ table <table>__dlq"),
             ("icefall_table_catalog_up", "gauge", "1 when the catalog answered for this table"),
@@ -412,6 +436,13 @@ def render_metrics(
         f["icefall_table_lag_records"].add(labels, lag_of_table.records)
         f["icefall_table_lag_bytes"].add(labels, behind_bytes)
         f["icefall_table_lag_seconds"].add(labels, lag_of_table.seconds)
+        fresh = contracts.Freshness.of(
+            lag_of_table, topic_configs.TableSettings(topic.configs).freshness_sla_ms
+        )
+        f["icefall_table_freshness_seconds"].add(labels, fresh.seconds)
+        if fresh.sla_ms is not None:
+            f["icefall_table_freshness_sla_seconds"].add(labels, fresh.sla_ms / 1000)
+            f["icefall_table_freshness_sla_breached"].add(labels, int(fresh.breached))
         if got.checkpoint.timestamp_ms is not None:
             f["icefall_table_last_commit_timestamp_seconds"].add(
                 labels, got.checkpoint.timestamp_ms / 1000

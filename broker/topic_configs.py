@@ -32,6 +32,8 @@ CDC_FIELD = TABLE_PREFIX + "cdc.field"
 ERRORS_TOLERANCE = TABLE_PREFIX + "errors.tolerance"
 FORMAT_VERSION = TABLE_PREFIX + "format.version"
 SCHEMA_VALIDATION = TABLE_PREFIX + "schema.validation"
+SCHEMA_EVOLUTION_CHECK = TABLE_PREFIX + "schema.evolution.check"
+FRESHNESS_SLA_MS = TABLE_PREFIX + "freshness.sla.ms"
 EXPIRE_SNAPSHOT_ENABLED = TABLE_PREFIX + "expire.snapshot.enabled"
 EXPIRE_SNAPSHOT_OLDER_THAN_HOURS = TABLE_PREFIX + "expire.snapshot.older.than.hours"
 EXPIRE_SNAPSHOT_RETAIN_LAST = TABLE_PREFIX + "expire.snapshot.retain.last"
@@ -350,6 +352,22 @@ KEYS: Mapping[str, ConfigKey] = {
             "data quality gate: refuse undecodable records at produce time (by_schema_id)",
             1,
         ),
+        ConfigKey(
+            SCHEMA_EVOLUTION_CHECK,
+            "true",
+            _bool,
+            "schema registry: refuse (409) a value schema the table could not evolve to "
+            "(broker/registry/table_check.py)",
+            1,
+        ),
+        ConfigKey(
+            FRESHNESS_SLA_MS,
+            "",
+            _unset_or(_long(1000, 366 * 24 * 3_600_000)),
+            "freshness promise: no record waits longer than this to be in the table (unset: none); "
+            "watched by a gauge, the view's breach flag and the commit DAG's deadline alert",
+            5,
+        ),
         ConfigKey(EXPIRE_SNAPSHOT_ENABLED, "true", _bool, "expire old snapshots", 1),
         ConfigKey(EXPIRE_SNAPSHOT_OLDER_THAN_HOURS, "1", _long(1), "snapshot age to expire", 3),
         ConfigKey(EXPIRE_SNAPSHOT_RETAIN_LAST, "1", _long(1), "snapshots always kept", 3),
@@ -584,6 +602,16 @@ class TableSettings:
     @property
     def schema_validation(self) -> bool:
         return self.get(SCHEMA_VALIDATION) == "true"
+
+    @property
+    def schema_evolution_check(self) -> bool:
+        return self.get(SCHEMA_EVOLUTION_CHECK).strip().lower() != "false"
+
+    @property
+    def freshness_sla_ms(self) -> int | None:
+        """The promised freshness, or None when the topic makes no promise."""
+        value = _int_or(self.get(FRESHNESS_SLA_MS), 0)
+        return value if value > 0 else None
 
     @property
     def maintenance_enabled(self) -> bool:

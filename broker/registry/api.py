@@ -28,6 +28,7 @@ from broker.registry.schemas import (
     references_from_json,
 )
 from broker.registry.store import LATEST, MAX_VERSION, RegisteredSchema, SchemaStore, SubjectVersion
+from broker.registry.table_check import TableCheck
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +219,9 @@ async def _answer(request: web.Request, handler: Handler, acceptable: bool) -> w
 
 
 class RegistryApi(HttpService):
-    def __init__(self, store: SchemaStore) -> None:
+    def __init__(self, store: SchemaStore, table_check: TableCheck | None = None) -> None:
         self.store = store
+        self.table_check = table_check  # a table topic's value schemas against its Iceberg table
         self.app = web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024)
         s = "{subject:[^/]+}"  # any character but '/', '{' and '}' included (URL-encoded or not)
         self.app.add_routes(
@@ -346,6 +348,10 @@ class RegistryApi(HttpService):
             schema_id = None  # -1 is the Java client's "no id"
         if version is not None and version <= 0:
             version = None
+        if self.table_check is not None and schema_id is None:
+            await self.table_check.check(
+                subject, schema_type, text, refs, _flag(request, "normalize")
+            )
         sv, rs = await self.store.register(
             subject, schema_type, text, refs, schema_id, version, _flag(request, "normalize")
         )

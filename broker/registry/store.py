@@ -379,6 +379,10 @@ class SchemaStore:
     def _subject(self, subject: str) -> _Subject:
         return self.subjects.get(subject) or _Subject()
 
+    def live_versions(self, subject: str) -> list[SubjectVersion]:
+        """The subject's versions not deleted, oldest first ([] for an unknown subject)."""
+        return self._subject(subject).included()
+
     def has_subject(self, subject: str, deleted: bool = False) -> bool:
         return bool(self._subject(subject).included(deleted))
 

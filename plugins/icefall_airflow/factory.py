@@ -12,7 +12,8 @@ segment objects) >> ``commit`` (spark-submit of ``commit_round.py``) >>
 ``publish`` (asset event ``icefall/<namespace>/<table>``), and on tables
 partitioned by hour or day >> ``announce`` (partitioned events on
 ``icefall/<namespace>/<table>/closed-partitions`` for the hours or days the
-commit closed, ``event_partitions``).
+commit closed, ``event_partitions``). A topic with a freshness SLA
+gets a deadline alert on each run (``freshness``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from airflow.sdk import (
 )
 
 from broker import names
-from icefall_airflow import event_partitions, manifest, planning, publish
+from icefall_airflow import event_partitions, freshness, manifest, planning, publish
 from icefall_airflow.assets import closed_partitions_asset, pending_asset, table_asset
 from icefall_airflow.broker_client import BrokerClient, BrokerError
 from icefall_airflow.commit_operator import CommitRoundOperator
@@ -186,6 +187,7 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
         max_active_runs=1,
         is_paused_upon_creation=False,
         dagrun_timeout=timedelta(hours=1),
+        deadline=freshness.deadline_alert(entry),  # automq.table.topic.freshness.sla.ms
         params=round_params(),
         tags=entry.dag_tags("commit"),
         doc_md=entry.disabled_note

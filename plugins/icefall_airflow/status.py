@@ -2,6 +2,8 @@
 
 Per table: broker end offsets against committed offsets (lag in records and in
 seconds of append time, ``broker.contracts.Lag``, the broker's metrics' figures),
+freshness against the topic's ``automq.table.topic.freshness.sla.ms`` (``freshness_seconds``,
+``freshness_sla_ms``, ``freshness_breached``: ``broker.contracts.Freshness``),
 the last commit (time, snapshot id, round id), rows in the table and in its DLQ
 table, the last compaction and who maintains the table (Icefall's maintenance DAG, or AWS
 S3 Tables itself for a tablebucket catalog), and where its DAG runs are. A table whose broker or
@@ -14,6 +16,7 @@ import time
 from typing import Any
 
 from broker import names
+from broker.contracts import Freshness
 from icefall_airflow import lag, manifest, tables
 from icefall_airflow.broker_client import BrokerClient, BrokerError
 from spark_jobs.maintain import s3tables as s3tables_maintenance
@@ -34,6 +37,7 @@ def table_status(
         "dag_runs_url": f"dags/{entry.dag_id}/runs",
         "maintain_dag_id": names.maintain_dag_id(entry.topic),
         "dlq_dag_id": names.dlq_dag_id(entry.topic),
+        "freshness_sla_ms": entry.settings.freshness_sla_ms,
         "error": None,
     }
     try:
@@ -51,6 +55,13 @@ def table_status(
                 "lag_records": measured.records,
                 "lag_seconds": measured.seconds,
                 "lag": measured.to_json(),
+                # contracts.Freshness: the same figure as the broker's icefall_table_freshness_*
+                **{
+                    f"freshness_{k}": v
+                    for k, v in Freshness.of(measured, entry.settings.freshness_sla_ms)
+                    .model_dump()
+                    .items()
+                },
                 "last_commit_ms": facts.checkpoint.timestamp_ms,
                 "snapshot_id": facts.checkpoint.snapshot_id,
                 "round_id": facts.checkpoint.round_id,

@@ -1,7 +1,7 @@
 """The "Table topics" view: a FastAPI app the Airflow API server mounts at ``/icefall``.
 
 ``GET /icefall/api/tables`` is the JSON status of every table topic (lag in
-records and seconds, last commit, DLQ rows, last maintenance); ``GET
+records and seconds, freshness against its SLA, last commit, DLQ rows, last maintenance); ``GET
 /icefall/`` renders it as a page the Airflow UI embeds (external view), with
 per table charts of its lag and commit sizes over the last hours
 (``icefall_airflow.history``, drawn by ``icefall_airflow.charts``).
@@ -197,6 +197,19 @@ def _head(title: str, refresh: bool) -> str:
     )
 
 
+def _sla(t: dict[str, Any]) -> str:
+    """The topic's freshness SLA, and whether the table's freshness is past it now."""
+    sla_ms = t.get("freshness_sla_ms")
+    if sla_ms is None:
+        return "—"
+    state = (
+        '<small class="error">breached</small>'
+        if t.get("freshness_breached")
+        else "<small>met</small>"
+    )
+    return f"{sla_ms / 1000:g} s<br>{state}"
+
+
 def render(
     answer: dict[str, Any],
     histories: dict[str, history.TableHistory | history.Unavailable] | None = None,
@@ -206,10 +219,11 @@ def render(
     for t in answer["tables"]:
         runs = html.escape(f"../{t['dag_runs_url']}")
         if t["error"]:
-            detail = f'<td colspan="7" class="error">{html.escape(t["error"])}</td>'
+            detail = f'<td colspan="8" class="error">{html.escape(t["error"])}</td>'
         else:
             detail = (
                 f"<td class=num>{t['lag_records']}</td><td class=num>{t['lag_seconds']:.1f}</td>"
+                f"<td class=num>{_sla(t)}</td>"
                 f"<td>{_time(t['last_commit_ms'])}</td><td class=mono>{_cell(t['snapshot_id'])}</td>"
                 f"<td class=num>{_cell(t['rows'])}</td><td class=num>{_dlq(t)}</td>"
                 f"<td>{_time(t['last_maintenance_ms'])}{_maintainer(t)}{_maintenance(t.get('last_maintenance'))}</td>"
@@ -222,7 +236,7 @@ def render(
         )
     body = (
         "\n".join(rows)
-        or f'<tr><td colspan="10">No table topics yet: set {ENABLE}=true on a topic.</td></tr>'
+        or f'<tr><td colspan="11">No table topics yet: set {ENABLE}=true on a topic.</td></tr>'
     )
     error = f'<p class="error">{html.escape(answer["error"])}</p>' if answer.get("error") else ""
     hidden = answer.get("hidden_tables")
@@ -235,7 +249,8 @@ def render(
 · JSON: <a href="api/tables">api/tables</a></small>
 {error}
 <table><thead><tr><th>topic</th><th>table</th><th class=num>lag (records)</th><th class=num>lag (s)</th>
-<th>last commit</th><th>snapshot</th><th class=num>rows</th><th class=num>DLQ rows</th><th>last maintenance</th>
+<th class=num>freshness SLA</th><th>last commit</th><th>snapshot</th><th class=num>rows</th>
+<th class=num>DLQ rows</th><th>last maintenance</th>
 <th>DAG runs</th></tr></thead>
 <tbody>
 {body}

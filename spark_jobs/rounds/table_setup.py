@@ -22,11 +22,12 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from broker import names
 from broker.contracts import CatalogSpec, ClusterInfo
-from broker.topic_configs import CONVERT_VALUE_TYPE
+from broker.topic_configs import CONVERT_VALUE_TYPE, TableSettings
 from spark_jobs.broker_client import BrokerRequestError, RegistryClient, TableTopic
 from spark_jobs.decode import avro_schema
 from spark_jobs.rounds import evolution
@@ -50,7 +51,10 @@ class TableOptions:
 
     @classmethod
     def of(cls, topic: TableTopic) -> TableOptions:
-        settings = topic.settings
+        return cls.of_settings(topic.settings)
+
+    @classmethod
+    def of_settings(cls, settings: TableSettings) -> TableOptions:
         return cls(
             settings.convert_key_type,
             settings.convert_value_type,
@@ -157,6 +161,22 @@ def ensure_base_snapshot(table: Table) -> Table:
     return table.refresh()
 
 
+def plan(current: Schema, text: str, options: TableOptions) -> list[evolution.SchemaChange]:
+    """What ``current`` must change to take records of one Avro value schema (the key column is the
+    key subject's, never evolved from a value schema); raises ``IncompatibleSchemaChange`` or
+    ``UnsupportedAvroSchema`` when it cannot. The one planning step of the round and of the
+    registry's check at registration (``broker.registry.table_check``)."""
+    changes = evolution.plan_evolution(
+        current,
+        text,
+        key_type="raw" if options.key_type == "by_schema_id" else options.key_type,
+        value_type=options.value_type,
+        transform=options.transform,
+        format_version=options.format_version,
+    )
+    return [c for c in changes if c.path[:1] != (avro_schema.KAFKA_KEY,)]
+
+
 def evolve(table: Table, schemas: Iterable[tuple[int, str]], options: TableOptions) -> Evolution:
     """Evolve the table for every value schema, oldest first, so records of any of
     them fit; a schema the table cannot take is recorded, not raised: the round
@@ -167,14 +187,7 @@ def evolve(table: Table, schemas: Iterable[tuple[int, str]], options: TableOptio
             break
         for attempt in range(EVOLVE_ATTEMPTS):
             try:
-                changes = evolution.plan_evolution(
-                    table.schema(),
-                    text,
-                    key_type="raw" if options.key_type == "by_schema_id" else options.key_type,
-                    value_type=options.value_type,
-                    transform=options.transform,
-                    format_version=options.format_version,
-                )
+                changes = plan(table.schema(), text, options)
             except (
                 evolution.IncompatibleSchemaChange,
                 avro_schema.UnsupportedAvroSchema,
@@ -182,7 +195,6 @@ def evolve(table: Table, schemas: Iterable[tuple[int, str]], options: TableOptio
             ) as exc:
                 result.refused[schema_id] = str(exc)
                 break
-            changes = [c for c in changes if c.path[:1] != (avro_schema.KAFKA_KEY,)]
             if not changes:
                 break
             try:
@@ -199,6 +211,25 @@ def evolve(table: Table, schemas: Iterable[tuple[int, str]], options: TableOptio
                     raise
                 table = table.refresh()
     return result
+
+
+def would_evolve(
+    table: Table, earlier: Iterable[str], text: str, options: TableOptions
+) -> list[str]:
+    """A dry run of ``evolve``: the changes the next round would make for the value schema ``text``
+    after the subject's ``earlier`` versions (oldest first) have had theirs, staged on a transaction
+    that is never committed. Raises as ``plan`` does when the table could not take ``text``; an
+    earlier version the table cannot take is skipped, as the round skips it."""
+    staged = table.transaction()
+    for old in earlier:
+        try:
+            changes = plan(staged.table_metadata.schema(), old, options)
+        except ValueError:  # IncompatibleSchemaChange and UnsupportedAvroSchema are ValueErrors
+            continue
+        if changes:
+            with staged.update_schema() as update:  # staged on the transaction only
+                evolution.apply_schema_changes(update, changes)
+    return evolution.describe(plan(staged.table_metadata.schema(), text, options))
 
 
 def value_schemas(

@@ -56,6 +56,26 @@ def test_commit_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert [(a.name, a.uri) for a in outlets] == [("icefall/shop/shop_orders_v2",) * 2]
     assert set(dag.params.keys()) == {"until", "until_offsets", "max_records"}
     assert dag.params["until"] == "interval"
+    assert not dag.deadline  # no freshness SLA on the topic
+
+
+def test_a_freshness_sla_puts_a_deadline_on_each_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sla = {"automq.table.topic.freshness.sla.ms": "90000"}
+    manifests.write(tmp_path, manifests.entry("orders", 30_000, "shop", configs=sla))
+    dag = dagbag(tmp_path, monkeypatch).dags["icefall_commit__orders"]
+    [alert] = dag.deadline
+    assert type(alert.reference).__name__ == "DagRunLogicalDateDeadline"  # the interval's start
+    assert alert.interval == timedelta(seconds=90)
+    assert type(alert.callback).__name__ == "AsyncCallback"
+    assert alert.callback.path == "icefall_airflow.freshness.freshness_deadline_missed"
+    assert alert.callback.kwargs == {
+        "topic": "orders",
+        "namespace": "shop",
+        "table": "orders",
+        "sla_ms": 90000,
+    }
 
     # partitioned by hour: the announce task emits the closed hours on their own asset
     hourly = manifests.entry("t", configs={"automq.table.topic.partition.by": "[hour(at)]"})

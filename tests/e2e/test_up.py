@@ -339,9 +339,92 @@ def the_view_behind_login_in_a_browser(base: str, output: str, tmp_path: Path) -
     print(f"the view in chromium, logged in: {time.monotonic() - started:.1f} s")
 
 
+class Webhook:
+    """A local HTTP endpoint that records the JSON bodies POSTed to it (the freshness alert's webhook)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.bodies: list[dict[str, Any]] = []
+        received = self.bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                received.append(json.loads(self.rfile.read(length)))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def a_held_back_round_misses_the_freshness_deadline(
+    base: str, output: str, bootstrap: str, webhook: Webhook
+) -> None:
+    """A table topic with a 10 s freshness SLA whose rounds are held back (its table's pool has no
+    slot): the commit run's deadline alert fires in the triggerer and posts to the webhook, and the
+    view flags the breach from the records' own freshness."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    password = re.search(r"login admin / (\S+)\)", output)
+    assert password, output
+    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})[
+        "access_token"
+    ]
+    # Before the topic exists: the sync keeps an existing pool as it is, so no round gets a slot.
+    _api(base, "/api/v2/pools", token, {"name": "icefall_table__late", "slots": 0})
+    config = {
+        "automq.table.topic.enable": "true",
+        "automq.table.topic.convert.value.type": "raw",
+        "automq.table.topic.commit.interval.ms": "5000",
+        "automq.table.topic.freshness.sla.ms": "10000",
+    }
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic("late", 1, 1, config=config)]).values():
+        future.result(10)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(5):
+        producer.produce("late", value=b"v", key=str(i).encode())
+    assert producer.flush(10) == 0
+
+    alert = wait_for(
+        lambda: next((b for b in webhook.bodies if b.get("topic") == "late"), None),
+        240,
+        interval=1,
+        what="the freshness deadline alert of the held-back table topic to reach the webhook",
+    )
+    assert alert["event"] == "icefall.freshness.sla_missed" and alert["sla_ms"] == 10000
+    assert alert["dag_id"] == "icefall_commit__late" and alert["table"] == "default.late"
+    assert alert["run_id"].startswith("scheduled__"), alert
+    # The deadline (interval start + SLA) can pass before the records themselves have waited
+    # 10 s (they were appended after the interval started): the view's flag follows the records.
+    row: Any = wait_for(
+        lambda: (
+            (r := _get_json(f"{base}/icefall/api/tables/late", token))["freshness_breached"] and r
+        ),
+        60,
+        interval=1,
+        what="the view to flag the held-back table's freshness past its SLA",
+    )
+    assert row["freshness_sla_ms"] == 10000 and row["rows"] in (None, 0), row
+    assert row["freshness_seconds"] > 10, row
+
+
 @pytest.mark.timeout(900)
 def the_ui_checks_on_local_files(
-    home: Path, output: str, airflow: int, kafka: int, tmp_path: Path
+    home: Path, output: str, airflow: int, kafka: int, tmp_path: Path, webhook: Webhook
 ) -> None:
     the_view_behind_login_in_a_browser(f"http://127.0.0.1:{airflow}", output, tmp_path)
     try:
@@ -355,6 +438,9 @@ def the_ui_checks_on_local_files(
     )
     a_size_trigger_commits_before_the_interval(
         f"http://127.0.0.1:{airflow}", output, f"127.0.0.1:{kafka}"
+    )
+    a_held_back_round_misses_the_freshness_deadline(
+        f"http://127.0.0.1:{airflow}", output, f"127.0.0.1:{kafka}", webhook
     )
 
 
@@ -388,8 +474,11 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(
         free_port(),
         free_port(),
     )
+    webhook = Webhook()
+    request.addfinalizer(webhook.close)
     env = {
         **os.environ,
+        "ICEFALL_FRESHNESS_WEBHOOK_URL": webhook.url,
         "ICEFALL_AIRFLOW_PORT": str(airflow),
         "ICEFALL_DEMO_COMMIT_INTERVAL_MS": "20000",
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
@@ -475,7 +564,7 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(
             assert any(k.startswith("warehouse/") and k.endswith(".parquet") for k in keys), keys
             assert not (home / "warehouse").exists() and not (home / "objects").exists()
         else:
-            the_ui_checks_on_local_files(home, output, airflow, kafka, tmp_path)
+            the_ui_checks_on_local_files(home, output, airflow, kafka, tmp_path, webhook)
 
         started.update(_processes_with_home(home))
         proc.send_signal(signal.SIGINT)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import urllib.parse
+import urllib.request
 
 import pytest
 from confluent_kafka import Producer
@@ -13,12 +14,13 @@ from tests.dags.airflow_env import auth_headers
 from tests.support import BrokerProcess, wait_for
 
 
-def make_table_topic(broker: BrokerProcess, topic: str, partitions: int) -> None:
+def make_table_topic(broker: BrokerProcess, topic: str, partitions: int, **extra: str) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     config = {
         "automq.table.topic.enable": "true",
         "automq.table.topic.convert.value.type": "raw",
         "automq.table.topic.commit.interval.ms": "30000",
+        **{f"automq.table.topic.{k.replace('_', '.')}": v for k, v in extra.items()},
     }
     for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
         future.result(10)
@@ -31,7 +33,7 @@ def test_endpoint_reports_lag_in_records_and_seconds(
     from icefall_airflow.view import app
 
     monkeypatch.setenv("ICEFALL_ADMIN_URL", broker.admin_url)
-    make_table_topic(broker, "page-views", 2)
+    make_table_topic(broker, "page-views", 2, freshness_sla_ms="1000")
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     for i in range(30):
         producer.produce("page-views", value=f"v{i}".encode(), partition=i % 2)
@@ -55,11 +57,28 @@ def test_endpoint_reports_lag_in_records_and_seconds(
     assert row["dag_runs_url"] == "dags/icefall_commit__page-views/runs"
     assert client.get("/api/tables/nope").status_code == 404
 
+    # Freshness (how long the oldest record not in the table has waited) against the topic's SLA.
+    assert row["freshness_sla_ms"] == 1000 and row["freshness_seconds"] == row["lag_seconds"]
+    row = wait_for(
+        lambda: (r := client.get("/api/tables/page-views").json())["freshness_breached"] and r,
+        10,
+        what="the freshness of page-views to pass its 1 s SLA",
+    )
+    assert row["freshness_seconds"] > 1
+    with urllib.request.urlopen(broker.admin_url + "/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    labels = '{topic="page-views",namespace="default",table="page_views"}'
+    assert f"icefall_table_freshness_sla_seconds{labels} 1\n" in metrics
+    assert f"icefall_table_freshness_sla_breached{labels} 1\n" in metrics
+    assert f"icefall_table_freshness_seconds{labels} " in metrics
+
     page = client.get("/")
     assert (
         page.status_code == 200
         and "page-views" in page.text
         and "icefall_commit__page-views" in page.text
+        and "freshness SLA" in page.text
+        and '1 s<br><small class="error">breached</small>' in page.text
     )
     # No commits yet: the charts say so; the lag line has its one point, now.
     assert page.text.count('<svg class="chart"') == 4 and "no commits" in page.text
@@ -166,4 +185,7 @@ def test_a_table_with_dlq_rows_links_to_its_reprocess_dag() -> None:
     }
     page = render({"tables": [row]})
     assert 'href="../dags/icefall_dlq_reprocess__t"' in page
+    assert "<td class=num>—</td>" in page  # no freshness SLA
+    kept = render({"tables": [{**row, "freshness_sla_ms": 90_000, "freshness_breached": False}]})
+    assert "90 s<br><small>met</small>" in kept
     assert "icefall_dlq_reprocess__t" not in render({"tables": [{**row, "dlq_rows": 0}]})
