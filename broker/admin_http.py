@@ -144,7 +144,7 @@ class AdminApi(HttpService):
                 warehouse=self.config.catalog_warehouse
                 if self.config.catalog.builtin
                 else self.config.warehouse,
-                catalog=self.config.tables_catalog,
+                catalog=self.config.tables_catalog.without_secrets(),
             )
         )
 

@@ -18,6 +18,7 @@ from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate
+from broker.http_security import setup as http_setup
 from broker.kafka.consumer_groups import ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.handlers import KafkaHandlers
@@ -65,7 +66,8 @@ class Broker:
                 self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
             )
         )
-        self.registry = RegistryApi(self.schemas)
+        self.registry = RegistryApi(self.schemas, http_setup.registry_auth(config, self.schemas))
+        self.registry.ssl_context = http_setup.registry_tls(config)
         self.handlers.gate = DataQualityGate(self.schemas)
         self.catalog = open_catalog(config)
         self.retention = Retention(
@@ -99,21 +101,21 @@ class Broker:
         await self.catalog.start(self.config.host, self.config.catalog_port)
         self.retention.start()
         log.info(
-            "icefall broker up: kafka %s:%d, admin http://%s:%d, schema registry http://%s:%d, "
-            "object store %s, home %s",
+            "icefall broker up: kafka %s:%d, admin http://%s:%d, schema registry %s "
+            "(authentication %s), object store %s, home %s",
             self.config.host,
             self.config.kafka_port,
             self.config.host,
             self.config.admin_port,
-            self.config.host,
-            self.config.registry_port,
+            self.config.registry_url,
+            self.config.registry_authentication_method,
             self.store.describe(),
             self.config.home,
         )
         log.info(
-            "iceberg REST catalog http://%s:%d, warehouse %s",
-            self.config.host,
-            self.config.catalog_port,
+            "iceberg REST catalog %s (authentication %s), warehouse %s",
+            self.config.catalog_url,
+            self.config.catalog_authentication_method,
             self.config.catalog_warehouse,
         )
 

@@ -147,6 +147,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---------------------------------------------------------------- Spark
 
 
+REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|credential"
+
+
 def spark_session(app_name: str, master: str | None) -> Any:
     """Under spark-submit the master and jars come from spark-submit; started
     from Python, we launch local Spark here with the Iceberg jar."""
@@ -171,6 +174,8 @@ def spark_session(app_name: str, master: str | None) -> Any:
             "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         )
         .config("spark.sql.session.timeZone", "UTC")
+        # Spark's default redaction, plus the catalog's OAuth2 ``credential`` property
+        .config("spark.redaction.regex", REDACTION_REGEX)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
@@ -463,6 +468,7 @@ class CommitRound:
             "string" if self.json else self.options.value_type,
             self.registry.url,
             tuple(sorted(self.registry.known().items())),
+            registry_user_info=self.registry.user_info,
         )
         round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)
         executor = "driver" if round_bytes <= self.args.in_driver_max_bytes else "spark"
