@@ -55,7 +55,10 @@ def job_env() -> dict[str, str]:
     """The environment variables carrying the connections' credentials to a Spark job (those
     already in this process's environment win: a deployment may set them there)."""
     out: dict[str, str] = {}
-    for var, conn_id in ((REGISTRY_USER_INFO_ENV, REGISTRY_CONN_ID), (CATALOG_CREDENTIAL_ENV, CATALOG_CONN_ID)):
+    for var, conn_id in (
+        (REGISTRY_USER_INFO_ENV, REGISTRY_CONN_ID),
+        (CATALOG_CREDENTIAL_ENV, CATALOG_CONN_ID),
+    ):
         value = os.environ.get(var) or _login_password(conn_id)
         if value:
             out[var] = value
