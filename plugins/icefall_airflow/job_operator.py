@@ -7,8 +7,9 @@ with the Iceberg jar, this venv's Python and the registry's and catalog's
 credentials (Airflow connections, ``credentials``) looked up when the task runs,
 never at DAG parse time; the credentials go in spark-submit's environment, not its
 argv. Each job writes a result JSON, which the operator returns for XCom, so
-the next task does not need the same disk. When a job fails it still writes its result: the task then fails with the job's own message instead of
-spark-submit's bare exit code.
+the next task does not need the same disk. When a job fails it still writes its
+result: the task then fails with the job's own message instead of spark-submit's
+bare exit code.
 """
 
 from __future__ import annotations
