@@ -32,9 +32,9 @@ def _login_password(conn_id: str) -> str | None:
         connection = Connection.get(conn_id)
     except Exception:  # noqa: BLE001 -- outside a task (the API server's view): the metadata DB
         try:
-            from airflow.hooks.base import BaseHook
+            from airflow.models.connection import Connection as StoredConnection
 
-            connection = BaseHook.get_connection(conn_id)
+            connection = StoredConnection.get_connection_from_secrets(conn_id)
         except Exception:  # noqa: BLE001 -- not defined anywhere: the service is open
             return None
     if not connection.login:

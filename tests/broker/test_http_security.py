@@ -145,10 +145,10 @@ def test_registry_basic_auth_and_subject_roles(secured: BrokerProcess) -> None:
     # an admin may do everything; a reader (password stored MD5-hashed) reads every subject
     ops = registry(secured, "ops")
     ops.register_schema("payments-value", Schema(AVRO, "AVRO"))
-    assert ops.set_compatibility("payments-value", "FORWARD")["compatibility"] == "FORWARD"
+    assert ops.set_compatibility("payments-value", "FORWARD")["compatibility"] == "FORWARD"  # type: ignore[index]
     alice = registry(secured, "alice")
     assert {"orders-value", "payments-value"} <= set(alice.get_subjects())
-    assert json.loads(alice.get_schema(orders_id).schema_str) == json.loads(AVRO)
+    assert json.loads(alice.get_schema(orders_id).schema_str or "") == json.loads(AVRO)
     with pytest.raises(SchemaRegistryError) as read_only:
         alice.register_schema("orders-value", Schema(AVRO, "AVRO"))
     assert read_only.value.error_code == 40301
@@ -281,7 +281,8 @@ def test_tls_on_registry_and_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert client.register_schema("tls-value", Schema(AVRO, "AVRO")) >= 1
         # requests lets REQUESTS_CA_BUNDLE (set on this machine) win over pyiceberg's ssl.cabundle
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certs.ca))
-        catalog = load_catalog("tls", type="rest", uri=catalog_url, ssl={"cabundle": str(certs.ca)})
+        cabundle: Any = {"cabundle": str(certs.ca)}  # pyiceberg's nested "ssl" property
+        catalog = load_catalog("tls", type="rest", uri=catalog_url, ssl=cabundle)
         catalog.create_namespace("over_tls")
         assert ("over_tls",) in catalog.list_namespaces()
 
