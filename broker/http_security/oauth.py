@@ -168,7 +168,8 @@ class CatalogAuth:
         if request.path == TOKEN_PATH:
             return await handler(request)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        # pyiceberg sends "Bearer None" when it has neither a credential nor a token
+        if scheme.lower() != "bearer" or token.strip() in ("", "None", "null"):
             self.failures += 1
             return not_authorized(
                 request,

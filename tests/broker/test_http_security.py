@@ -10,7 +10,6 @@ One secured broker for the module (plus one on TLS); tests keep apart by subject
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import ssl
 import time
@@ -34,63 +33,26 @@ from pyiceberg.schema import Schema as IcebergSchema
 from pyiceberg.types import LongType, NestedField, StringType
 
 from broker.catalog import duckdb_local
+from tests.http_security_support import (
+    AVRO,
+    CLIENT_SECRETS,
+    PASSWORDS,
+    SECRETS,
+    SIGNING_KEY,
+    SSL_KEY_PASSWORD,
+    secured_broker,
+)
 from tests.support import BrokerProcess
 from tests.tls_certs import make_certs
 
-SIGNING_KEY = "signing-key-0f7c2d9e4b-5a61c3e8d2f4b7a9"
-PASSWORDS = {"alice": "alice-pw-71c3", "writer": "writer-pw-8d2a", "ops": "ops-pw-55e1"}
-PASSWORDS["nobody"] = "nobody-pw-3b9f"
-CLIENT_SECRETS = {"etl": "etl-secret-a41f9", "duck": "duck-secret-c7e02"}
-AWS_SECRET = "aws-secret-key-e93b1f"
-SSL_KEY_PASSWORD = "tls-key-pw-2a8d"
-# Every secret this module sets: none may leave the broker. (Extend with SASL/SSL passwords.)
-SECRETS = [SIGNING_KEY, AWS_SECRET, SSL_KEY_PASSWORD, *PASSWORDS.values(), *CLIENT_SECRETS.values()]
-
-AVRO = json.dumps({"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]})
 ICEBERG_SCHEMA = IcebergSchema(
     NestedField(1, "id", LongType(), required=True), NestedField(2, "name", StringType())
 )
 
 
-def md5(text: str) -> str:
-    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
-
-
-def write_security_files(directory: Path) -> Path:
-    """Users (one password stored MD5-hashed, as Jetty takes it), clients and the properties."""
-    directory.mkdir(parents=True, exist_ok=True)
-    users = directory / "registry-users.properties"
-    users.write_text(
-        "# user: password,role...\n"
-        f"alice: MD5:{md5(PASSWORDS['alice'])},readers\n"
-        f"writer: {PASSWORDS['writer']},orders_writers\n"
-        f"ops: {PASSWORDS['ops']},admins\n"
-        f"nobody: {PASSWORDS['nobody']}\n"
-    )
-    clients = directory / "catalog-clients.properties"
-    clients.write_text(f"etl: MD5:{md5(CLIENT_SECRETS['etl'])}\nduck: {CLIENT_SECRETS['duck']}\n")
-    properties = directory / "server.properties"
-    properties.write_text(
-        "schema.registry.authentication.method=BASIC\n"
-        f"schema.registry.authentication.users.file={users}\n"
-        "schema.registry.authorization.role.readers=read:*\n"
-        "schema.registry.authorization.role.orders_writers=write:orders-*\n"
-        "schema.registry.authorization.role.admins=admin\n"
-        "catalog.authentication.method=OAUTH2\n"
-        f"catalog.oauth2.clients.file={clients}\n"
-        f"catalog.oauth2.token.signing.key={SIGNING_KEY}\n"
-    )
-    return properties
-
-
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    root = tmp_path_factory.mktemp("http-security")
-    properties = write_security_files(root / "conf")
-    env = {"AWS_ACCESS_KEY_ID": "AKIATESTKEY", "AWS_SECRET_ACCESS_KEY": AWS_SECRET}
-    broker = BrokerProcess(
-        root / "home", ["--config", str(properties), "--segment-flush-ms", "100"], env
-    ).start()
+    broker = secured_broker(tmp_path_factory.mktemp("http-security"))
     try:
         yield broker
     finally:

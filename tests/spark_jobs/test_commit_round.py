@@ -11,10 +11,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from broker import checkpoint
 from broker.catalog import duckdb_local
+from broker.contracts import CatalogSpec
+from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
 from spark_jobs import commit_round
 from spark_jobs.broker_client import http_json
+from tests.http_security_support import CLIENT_SECRETS, PASSWORDS, SECRETS, secured_broker
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
@@ -338,3 +343,40 @@ def test_in_driver_max_bytes_must_not_be_negative(round_broker: BrokerProcess) -
 
     with pytest.raises(SystemExit):
         commit_round.parse_args(["--topic", "t", "--in-driver-max-bytes", "-1"])
+
+
+def test_a_round_authenticates_with_the_credentials_in_its_environment(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registry basic auth and catalog OAuth2 on: the round takes both from its environment (what
+    the Airflow operator fills from the connections), Spark SQL reads the table with the client
+    credentials, and neither the result JSON nor the broker's log shows a secret."""
+    broker = secured_broker(tmp_path / "secured")
+    try:
+        topic = new_topic(broker, partitions=2, prefix="sec")
+        producer = AvroProducer(broker, topic, CLICK_V1, f"producer:{PASSWORDS['producer']}")
+        producer.send(clicks(0, 40))
+
+        code, refused = commit_round.run(round_args(broker, topic), spark)
+        assert code != 0 and refused.status == "failed"
+        assert "NotAuthorizedException" in (refused.message or "")
+        assert "needs a bearer token" in (refused.message or "")
+
+        monkeypatch.setenv(REGISTRY_USER_INFO_ENV, f"alice:{PASSWORDS['alice']}")
+        monkeypatch.setenv(CATALOG_CREDENTIAL_ENV, f"etl:{CLIENT_SECRETS['etl']}")
+        result_path = tmp_path / "round.json"
+        code, result = commit_round.run(round_args(broker, topic, result_path), spark)
+        assert code == 0, result.message
+        assert result.status == "committed" and result.rows == 40
+
+        name = commit_round.use_catalog(spark, CatalogSpec.rest(broker.catalog_url))
+        rows = spark.sql(f"SELECT id FROM {name}.default.{topic}").collect()
+        assert sorted(r["id"] for r in rows) == list(range(40))
+
+        written = result_path.read_text()
+        for secret in SECRETS:
+            assert secret not in written and secret not in (refused.message or "")
+    finally:
+        broker.stop()
+    for secret in SECRETS:
+        assert secret not in broker.log_text()
