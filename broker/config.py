@@ -587,6 +587,17 @@ def _explain(exc: ValidationError) -> str:
     return "bad configuration:\n  " + "\n  ".join(lines)
 
 
+def secret_env(config: BrokerConfig) -> dict[str, str]:
+    """The secret settings of ``config`` as ``ICEFALL_*`` variables: how another process
+    (``icefall up``'s broker) gets them without a command line showing them."""
+    out: dict[str, str] = {}
+    for name in sorted(SECRET_FIELDS):
+        value = getattr(config, name)
+        if value is not None:
+            out[f"ICEFALL_{name.upper()}"] = value.get_secret_value()
+    return out
+
+
 def to_overrides(config: BrokerConfig) -> dict[str, str]:
     """Every setting of ``config`` as property keys (credentials stay in the environment, and
     secret settings in the config file or ``ICEFALL_*``: never on a command line), so another

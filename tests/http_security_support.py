@@ -57,8 +57,23 @@ def write_security_files(directory: Path) -> Path:
 
 def secured_broker(root: Path) -> BrokerProcess:
     """Started; the caller stops it. ``AWS_*`` credentials in its environment (never shown)."""
+    args, env = secured_args(root)
+    return BrokerProcess(root / "home", [*args, "--segment-flush-ms", "100"], env).start()
+
+
+def secured_args(root: Path) -> tuple[list[str], dict[str, str]]:
+    """The broker flags and environment of a secured broker whose files are under ``root``."""
     properties = write_security_files(root / "conf")
     env = {"AWS_ACCESS_KEY_ID": "AKIATESTKEY", "AWS_SECRET_ACCESS_KEY": AWS_SECRET}
-    return BrokerProcess(
-        root / "home", ["--config", str(properties), "--segment-flush-ms", "100"], env
-    ).start()
+    return ["--config", str(properties)], env
+
+
+def airflow_connections() -> dict[str, str]:
+    """``AIRFLOW_CONN_*`` variables defining the connections the Icefall operators read:
+    ``icefall_registry`` (a reader) and ``icefall_catalog`` (client ``etl``)."""
+    registry = {"conn_type": "http", "login": "alice", "password": PASSWORDS["alice"]}
+    catalog = {"conn_type": "http", "login": "etl", "password": CLIENT_SECRETS["etl"]}
+    return {
+        "AIRFLOW_CONN_ICEFALL_REGISTRY": json.dumps(registry),
+        "AIRFLOW_CONN_ICEFALL_CATALOG": json.dumps(catalog),
+    }
