@@ -88,6 +88,9 @@ parse_offsets = contracts.PendingRequest.parse_offsets
 
 
 class AdminApi(HttpService):
+    # the broker's own catalog store when it holds the tables: /metrics reads it in-process
+    local_catalog: Any = None
+
     def __init__(self, config: BrokerConfig, cluster: Cluster, logs: LogStore) -> None:
         self.config = config
         self.cluster = cluster
@@ -334,5 +337,5 @@ class AdminApi(HttpService):
         """Prometheus text format: the log per partition, and lag per table topic (broker.metrics)."""
         from broker import metrics
 
-        text = await metrics.scrape(self.config, self.cluster, self.logs)
+        text = await metrics.scrape(self.config, self.cluster, self.logs, self.local_catalog)
         return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})

@@ -70,6 +70,8 @@ class Broker:
         self.registry.ssl_context = http_setup.registry_tls(config)
         self.handlers.gate = DataQualityGate(self.schemas)
         self.catalog = open_catalog(config)
+        if config.catalog.builtin:  # read in-process: no HTTP, no token (catalog OAuth2)
+            self.admin.local_catalog = self.catalog.store
         self.retention = Retention(
             self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms
         )
