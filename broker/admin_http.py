@@ -92,6 +92,8 @@ class AdminApi(HttpService):
     local_catalog: Any = None
 
     def __init__(self, config: BrokerConfig, cluster: Cluster, logs: LogStore) -> None:
+        # the HTTP services that require credentials, by name: their failed logins on /metrics
+        self.http_auth: dict[str, Any] = {}
         self.config = config
         self.cluster = cluster
         self.logs = logs
@@ -338,4 +340,7 @@ class AdminApi(HttpService):
         from broker import metrics
 
         text = await metrics.scrape(self.config, self.cluster, self.logs, self.local_catalog)
+        text += metrics.authentication_failures(
+            {service: auth.failures for service, auth in self.http_auth.items()}
+        )
         return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})

@@ -66,12 +66,18 @@ class Broker:
                 self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
             )
         )
-        self.registry = RegistryApi(self.schemas, http_setup.registry_auth(config, self.schemas))
+        registry_auth = http_setup.registry_auth(config, self.schemas)
+        self.registry = RegistryApi(self.schemas, registry_auth)
         self.registry.ssl_context = http_setup.registry_tls(config)
         self.handlers.gate = DataQualityGate(self.schemas)
         self.catalog = open_catalog(config)
         if config.catalog.builtin:  # read in-process: no HTTP, no token (catalog OAuth2)
             self.admin.local_catalog = self.catalog.store
+        self.admin.http_auth = {
+            name: auth
+            for name, auth in (("schema-registry", registry_auth), ("catalog", self.catalog.auth))
+            if auth is not None
+        }
         self.retention = Retention(
             self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms
         )

@@ -398,3 +398,18 @@ async def scrape(
     )
     facts = await asyncio.to_thread(_read_facts, reader, tables)
     return render_metrics(cluster, logs, facts, int(time.time() * 1000))
+
+
+def authentication_failures(failures: dict[str, int]) -> str:
+    """``icefall_http_authentication_failures_total`` per HTTP service that requires credentials
+    (wrong or missing passwords, secrets and tokens); empty when none does."""
+    if not failures:
+        return ""
+    family = Family(
+        "icefall_http_authentication_failures_total",
+        "counter",
+        "Requests refused for missing or wrong credentials, per HTTP service",
+    )
+    for service, count in sorted(failures.items()):
+        family.add({"service": service}, count)
+    return family.render() + "\n"

@@ -191,6 +191,7 @@ class CatalogApi(HttpService):
         credentials when the broker vends them); ``auth``: OAuth2 tokens required on every
         route (None: open, the default)."""
         self.store = store
+        self.auth = auth
         self.client_config = client_config or {}
         self.table_config = table_config if table_config is not None else self.client_config
         self.locks = TableLocks()

@@ -299,3 +299,12 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
             assert secret not in text, f"{where} shows a secret"
     cluster = json.loads(answers["/v1/cluster"])
     assert cluster["catalog_url"] == secured.catalog_url
+    # the refusals of this module are counted (the two above among them)
+    failures = dict(
+        line.rsplit(" ", 1)
+        for line in answers["/metrics"].splitlines()
+        if line.startswith("icefall_http_authentication_failures_total{")
+    )
+    assert int(failures['icefall_http_authentication_failures_total{service="catalog"}']) >= 1
+    registry_failures = 'icefall_http_authentication_failures_total{service="schema-registry"}'
+    assert int(failures[registry_failures]) >= 1
