@@ -95,3 +95,31 @@ def make_certs(directory: Path, key_password: str) -> TestCerts:
         + ca.public_bytes(pem)
     )
     return TestCerts(ca_path, keystore, key_password)
+
+
+def pkcs12_truststore(ca: Path, path: Path, password: str) -> Path:
+    """A PKCS12 truststore holding ``ca``, made with the JDK's ``keytool`` (what a JVM's
+    ``javax.net.ssl.trustStore`` takes)."""
+    import subprocess
+
+    subprocess.run(
+        [
+            "keytool",
+            "-importcert",
+            "-noprompt",
+            "-alias",
+            "icefall-test-ca",
+            "-file",
+            str(ca),
+            "-keystore",
+            str(path),
+            "-storetype",
+            "PKCS12",
+            "-storepass",
+            password,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return path

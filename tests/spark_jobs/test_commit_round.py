@@ -380,3 +380,57 @@ def test_a_round_authenticates_with_the_credentials_in_its_environment(
         broker.stop()
     for secret in SECRETS:
         assert secret not in broker.log_text()
+
+
+def test_spark_reaches_a_tls_catalog_through_a_truststore(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catalog on TLS (a CA made here) with OAuth2: Spark's JVM trusts it through a PKCS12
+    truststore made with keytool (as ``-Djavax.net.ssl.trustStore`` gives it), pyiceberg through
+    the CA file, and Spark SQL reads what pyiceberg wrote."""
+    import pyarrow as pa
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    from tests.http_security_support import secured_args
+    from tests.tls_certs import make_certs, pkcs12_truststore
+
+    certs = make_certs(tmp_path / "certs", "key-pw")
+    store = pkcs12_truststore(certs.ca, tmp_path / "trust.p12", "trust-pw")
+    args, env = secured_args(tmp_path / "tls")
+    with open(args[1], "a") as properties:
+        properties.write(
+            f"catalog.ssl.keystore.location={certs.keystore}\ncatalog.ssl.key.password=key-pw\n"
+        )
+    broker = BrokerProcess(tmp_path / "tls" / "home", args, env).start()
+    system = spark.sparkContext._jvm.java.lang.System
+    try:
+        url = broker.catalog_url.replace("http:", "https:")
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certs.ca))
+        monkeypatch.setenv(CATALOG_CREDENTIAL_ENV, f"etl:{CLIENT_SECRETS['etl']}")
+        written = table_setup_catalog(url)
+        written.create_namespace("tls_ns")
+        schema = Schema(NestedField(1, "id", LongType(), required=True))
+        created = written.create_table("tls_ns.t", schema)
+        created.append(pa.Table.from_pylist([{"id": 1}, {"id": 2}], schema=schema.as_arrow()))
+
+        # set before the JVM's first TLS connection (no test of this module makes one before):
+        # what -Djavax.net.ssl.trustStore in SPARK_SUBMIT_OPTS does for a job; without it, PKIX fails
+        for key, value in (
+            ("javax.net.ssl.trustStore", str(store)),
+            ("javax.net.ssl.trustStorePassword", "trust-pw"),
+            ("javax.net.ssl.trustStoreType", "PKCS12"),
+        ):
+            system.setProperty(key, value)
+        name = commit_round.use_catalog(spark, CatalogSpec.rest(url))
+        assert spark.sql(f"SELECT count(*) AS n FROM {name}.tls_ns.t").first()["n"] == 2
+    finally:
+        for key in ("trustStore", "trustStorePassword", "trustStoreType"):
+            system.clearProperty(f"javax.net.ssl.{key}")
+        broker.stop()
+
+
+def table_setup_catalog(url: str) -> Any:
+    from spark_jobs.rounds.table_setup import catalog_for
+
+    return catalog_for(CatalogSpec.rest(url))
