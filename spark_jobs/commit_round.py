@@ -150,9 +150,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|credential"
 
 
-def spark_session(app_name: str, master: str | None) -> Any:
+def spark_session(app_name: str, master: str | None, conf: dict[str, str] | None = None) -> Any:
     """Under spark-submit the master and jars come from spark-submit; started
-    from Python, we launch local Spark here with the Iceberg jar."""
+    from Python, we launch local Spark here with the Iceberg jar (and ``conf``, e.g. the driver's
+    JVM options: a truststore for a catalog on TLS)."""
     from pyspark.sql import SparkSession
 
     from spark_jobs.jars import iceberg_jars
@@ -166,6 +167,8 @@ def spark_session(app_name: str, master: str | None) -> Any:
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.ui.enabled", "false")
         )
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
     elif master:
         builder = builder.master(master)
     session = (

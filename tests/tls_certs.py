@@ -17,13 +17,13 @@ from cryptography.x509.oid import NameOID
 
 
 @dataclass(frozen=True)
-class TestCerts:
+class CertFiles:
     ca: Path  # the CA certificate (clients trust it)
     keystore: Path  # the server's encrypted private key + certificate chain
     key_password: str
 
 
-def make_certs(directory: Path, key_password: str) -> TestCerts:
+def make_certs(directory: Path, key_password: str) -> CertFiles:
     directory.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -94,7 +94,7 @@ def make_certs(directory: Path, key_password: str) -> TestCerts:
         + server.public_bytes(pem)
         + ca.public_bytes(pem)
     )
-    return TestCerts(ca_path, keystore, key_password)
+    return CertFiles(ca_path, keystore, key_password)
 
 
 def pkcs12_truststore(ca: Path, path: Path, password: str) -> Path:

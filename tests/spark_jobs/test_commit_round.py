@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,13 @@ from broker.contracts import CatalogSpec
 from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
 from spark_jobs import commit_round
 from spark_jobs.broker_client import http_json
-from tests.http_security_support import CLIENT_SECRETS, PASSWORDS, SECRETS, secured_broker
+from tests.http_security_support import (
+    CLIENT_SECRETS,
+    PASSWORDS,
+    SECRETS,
+    secured_args,
+    secured_broker,
+)
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
@@ -32,8 +39,37 @@ from tests.spark_jobs.round_support import (
     table_offsets,
 )
 from tests.support import BrokerProcess, present
+from tests.tls_certs import CertFiles, make_certs, pkcs12_truststore
 
 AT = 1_700_000_000_000
+TRUST_PASSWORD = "trust-pw"
+
+
+@pytest.fixture(scope="module")
+def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[CertFiles, Path]:
+    """A CA and server certificate, and a PKCS12 truststore of the CA made with keytool."""
+    root = tmp_path_factory.mktemp("tls")
+    certs = make_certs(root, "key-pw")
+    return certs, pkcs12_truststore(certs.ca, root / "trust.p12", TRUST_PASSWORD)
+
+
+@pytest.fixture(scope="module")
+def spark(tls_certs: tuple[CertFiles, Path]) -> Iterator[Any]:
+    """This module's session trusts the test CA, as a job's driver does with
+    ``-Djavax.net.ssl.trustStore`` in ``SPARK_SUBMIT_OPTS``."""
+    store = tls_certs[1]
+    options = (
+        f"-Djavax.net.ssl.trustStore={store} -Djavax.net.ssl.trustStorePassword={TRUST_PASSWORD} "
+        "-Djavax.net.ssl.trustStoreType=PKCS12"
+    )
+    session = commit_round.spark_session(
+        "icefall-round-tests", "local[2]", {"spark.driver.extraJavaOptions": options}
+    )
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    try:
+        yield session
+    finally:
+        session.stop()
 
 
 def clicks(start: int, n: int, **extra: Any) -> list[dict[str, Any]]:
@@ -383,54 +419,38 @@ def test_a_round_authenticates_with_the_credentials_in_its_environment(
 
 
 def test_spark_reaches_a_tls_catalog_through_a_truststore(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any,
+    tls_certs: tuple[CertFiles, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The catalog on TLS (a CA made here) with OAuth2: Spark's JVM trusts it through a PKCS12
-    truststore made with keytool (as ``-Djavax.net.ssl.trustStore`` gives it), pyiceberg through
-    the CA file, and Spark SQL reads what pyiceberg wrote."""
+    """The catalog on TLS (a CA made here) with OAuth2: Spark's JVM trusts it through the PKCS12
+    truststore of this module's session, pyiceberg through the CA file, and Spark SQL reads what
+    pyiceberg wrote."""
     import pyarrow as pa
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField
 
-    from tests.http_security_support import secured_args
-    from tests.tls_certs import make_certs, pkcs12_truststore
+    from spark_jobs.rounds.table_setup import catalog_for
 
-    certs = make_certs(tmp_path / "certs", "key-pw")
-    store = pkcs12_truststore(certs.ca, tmp_path / "trust.p12", "trust-pw")
+    certs = tls_certs[0]
     args, env = secured_args(tmp_path / "tls")
     with open(args[1], "a") as properties:
         properties.write(
             f"catalog.ssl.keystore.location={certs.keystore}\ncatalog.ssl.key.password=key-pw\n"
         )
     broker = BrokerProcess(tmp_path / "tls" / "home", args, env).start()
-    system = spark.sparkContext._jvm.java.lang.System
     try:
         url = broker.catalog_url.replace("http:", "https:")
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certs.ca))
         monkeypatch.setenv(CATALOG_CREDENTIAL_ENV, f"etl:{CLIENT_SECRETS['etl']}")
-        written = table_setup_catalog(url)
+        written = catalog_for(CatalogSpec.rest(url))
         written.create_namespace("tls_ns")
         schema = Schema(NestedField(1, "id", LongType(), required=True))
         created = written.create_table("tls_ns.t", schema)
         created.append(pa.Table.from_pylist([{"id": 1}, {"id": 2}], schema=schema.as_arrow()))
 
-        # set before the JVM's first TLS connection (no test of this module makes one before):
-        # what -Djavax.net.ssl.trustStore in SPARK_SUBMIT_OPTS does for a job; without it, PKIX fails
-        for key, value in (
-            ("javax.net.ssl.trustStore", str(store)),
-            ("javax.net.ssl.trustStorePassword", "trust-pw"),
-            ("javax.net.ssl.trustStoreType", "PKCS12"),
-        ):
-            system.setProperty(key, value)
         name = commit_round.use_catalog(spark, CatalogSpec.rest(url))
         assert spark.sql(f"SELECT count(*) AS n FROM {name}.tls_ns.t").first()["n"] == 2
     finally:
-        for key in ("trustStore", "trustStorePassword", "trustStoreType"):
-            system.clearProperty(f"javax.net.ssl.{key}")
         broker.stop()
-
-
-def table_setup_catalog(url: str) -> Any:
-    from spark_jobs.rounds.table_setup import catalog_for
-
-    return catalog_for(CatalogSpec.rest(url))
