@@ -22,6 +22,7 @@ from broker import contracts, manifest, names, topic_configs
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.http_service import HttpService
+from broker.security.stats import AuthStats
 from broker.storage.logstore import LogStore, PartitionLog
 
 
@@ -91,12 +92,15 @@ class AdminApi(HttpService):
     # the broker's own catalog store when it holds the tables: /metrics reads it in-process
     local_catalog: Any = None
 
-    def __init__(self, config: BrokerConfig, cluster: Cluster, logs: LogStore) -> None:
+    def __init__(
+        self, config: BrokerConfig, cluster: Cluster, logs: LogStore, auth: AuthStats | None = None
+    ) -> None:
         # the HTTP services that require credentials, by name: their failed logins on /metrics
         self.http_auth: dict[str, Any] = {}
         self.config = config
         self.cluster = cluster
         self.logs = logs
+        self.auth = auth
         self.app = web.Application()
         self.app.add_routes(
             [
@@ -141,7 +145,7 @@ class AdminApi(HttpService):
         return _answer(
             contracts.ClusterInfo(
                 cluster_id=self.config.cluster_id,
-                bootstrap=f"{self.config.advertised}:{self.config.kafka_port}",
+                bootstrap=self.config.bootstrap,
                 registry_url=self.config.registry_url,
                 catalog_url=self.config.tables_catalog.uri,
                 object_store=self.config.store.url,
@@ -339,7 +343,9 @@ class AdminApi(HttpService):
         """Prometheus text format: the log per partition, and lag per table topic (broker.metrics)."""
         from broker import metrics
 
-        text = await metrics.scrape(self.config, self.cluster, self.logs, self.local_catalog)
+        text = await metrics.scrape(
+            self.config, self.cluster, self.logs, self.auth, self.local_catalog
+        )
         text += metrics.authentication_failures(
             {service: auth.failures for service, auth in self.http_auth.items()}
         )

@@ -27,6 +27,7 @@ from broker.kafka.server import KafkaServer
 from broker.kafka.transactions import TransactionCoordinator
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
+from broker.security.stats import AuthStats
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import MetadataStore
 from broker.storage.objectstore import open_object_store
@@ -59,8 +60,9 @@ class Broker:
         self.handlers = KafkaHandlers(
             config, self.cluster, self.logs, self.groups, self.transactions, self.consumer_groups
         )
-        self.kafka = KafkaServer(self.handlers, config.max_request_bytes)
-        self.admin = AdminApi(config, self.cluster, self.logs)
+        self.auth_stats = AuthStats()
+        self.kafka = KafkaServer(self.handlers, config.max_request_bytes, self.auth_stats)
+        self.admin = AdminApi(config, self.cluster, self.logs, self.auth_stats)
         self.schemas = registry_store.SchemaStore(
             InternalTopic(
                 self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
@@ -103,16 +105,18 @@ class Broker:
         self.consumer_groups.start()
         await self.transactions.recover()  # before the listener: no transaction half-done
         self.transactions.start()
-        await self.kafka.start(self.config.host, self.config.kafka_port)
+        await self.kafka.start(self.config.listener_list())
         await self.admin.start(self.config.host, self.config.admin_port)
         await self.registry.start(self.config.host, self.config.registry_port)
         await self.catalog.start(self.config.host, self.config.catalog_port)
         self.retention.start()
         log.info(
-            "icefall broker up: kafka %s:%d, admin http://%s:%d, schema registry %s "
+            "icefall broker up: kafka %s, admin http://%s:%d, schema registry %s "
             "(authentication %s), object store %s, home %s",
-            self.config.host,
-            self.config.kafka_port,
+            ", ".join(
+                f"{x} ({x.protocol}, advertised {x.advertised_host}:{x.advertised_port})"
+                for x in self.config.listener_list()
+            ),
             self.config.host,
             self.config.admin_port,
             self.config.registry_url,

@@ -81,6 +81,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_broker_flags(up)
     up.add_argument("--demo-rate", type=float, default=20.0, help="demo records per second")
+    scram = sub.add_parser(
+        "scram-add",
+        help=(
+            "store a SCRAM user in the broker's metadata (the first user of a cluster with "
+            "SASL listeners only, as kafka-storage format --add-scram)"
+        ),
+    )
+    _add_broker_flags(scram)
+    scram.add_argument("--user", required=True)
+    scram.add_argument(
+        "--mechanism", choices=["SCRAM-SHA-256", "SCRAM-SHA-512"], default="SCRAM-SHA-512"
+    )
+    scram.add_argument("--iterations", type=int, default=4096)
+    scram.add_argument(
+        "--password", default=None, help="the password (default: read one line from stdin)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
@@ -99,13 +115,24 @@ def main(argv: list[str] | None = None) -> int:
         pass
     if args.command == "broker":
         from broker.app import serve
+        from broker.security.listeners import ListenerError
         from broker.storage.metadata import MetadataUnavailableError
 
         try:
             asyncio.run(serve(config, args.ready_file))
-        except (MetadataUnavailableError, ConfigError) as exc:
+        except (MetadataUnavailableError, ListenerError, ConfigError) as exc:
             print(f"icefall: {exc}", file=sys.stderr)
             return 2
+        return 0
+    if args.command == "scram-add":
+        from broker.security.scram import add_user
+
+        password = args.password if args.password is not None else sys.stdin.readline().rstrip("\n")
+        problem = add_user(config, args.user, args.mechanism, password, args.iterations)
+        if problem is not None:
+            print(f"icefall: {problem}", file=sys.stderr)
+            return 2
+        print(f"stored {args.mechanism} credentials of user {args.user}")
         return 0
     if args.command == "up":
         from broker.supervisor.up import run_up

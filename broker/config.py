@@ -37,9 +37,11 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 
 from broker.contracts import CatalogSpec
 from broker.external_catalogs import catalog_properties, tablebucket
+from broker.security import listeners as listener_settings
 
 CATALOG_PREFIX = "automq.table.topic.catalog."
 REGISTRY_ROLE_PREFIX = "schema.registry.authorization.role."
+LISTENER_PREFIX = "listener.name."
 CatalogType = Literal["rest", "glue", "tablebucket", "nessie"]
 NESSIE_NEEDS_URI = (
     f"{CATALOG_PREFIX}type=nessie needs {CATALOG_PREFIX}uri: Nessie's API, "
@@ -225,6 +227,64 @@ class BrokerConfig(BaseSettings):
     catalog: CatalogConfig = Field(
         default_factory=CatalogConfig, description="the Iceberg catalog of the tables"
     )
+    # Security of the Kafka listeners (broker/security), with Kafka's key names.
+    listeners: str | None = Field(
+        default=None,
+        description=(
+            "Kafka listeners NAME://host:port,... e.g. PLAINTEXT://127.0.0.1:9092,SASL_SSL://0.0.0.0:9093 "
+            "(default: one PLAINTEXT listener on host and kafka.port)"
+        ),
+    )
+    advertised_listeners: str | None = Field(
+        default=None,
+        description="what clients are told to connect to, per listener name (default: listeners)",
+    )
+    listener_security_protocol_map: str = Field(
+        default=listener_settings.DEFAULT_PROTOCOL_MAP,
+        description="listener name to PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+    )
+    ssl_keystore_type: str | None = Field(
+        default=None, description="PEM, the only type Icefall reads (unset: PEM)"
+    )
+    ssl_keystore_location: str | None = Field(
+        default=None, description="a PEM file with the private key and the certificate chain"
+    )
+    ssl_keystore_certificate_chain: str | None = Field(
+        default=None, description="the certificate chain as PEM text (with ssl.keystore.key)"
+    )
+    ssl_keystore_key: str | None = Field(
+        default=None, repr=False, description="the private key as PEM text"
+    )
+    ssl_key_password: str | None = Field(
+        default=None, repr=False, description="the password of an encrypted private key"
+    )
+    ssl_truststore_type: str | None = Field(
+        default=None, description="PEM, the only type Icefall reads (unset: PEM)"
+    )
+    ssl_truststore_location: str | None = Field(
+        default=None,
+        description="a PEM file of the CA certificates client certificates are checked against",
+    )
+    ssl_truststore_certificates: str | None = Field(
+        default=None, description="the CA certificates as PEM text"
+    )
+    ssl_client_auth: Literal["required", "requested", "none"] = Field(
+        default="none", description="ask TLS clients for a certificate: required, requested or none"
+    )
+    sasl_enabled_mechanisms: str = Field(
+        default="PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        description="SASL mechanisms offered on SASL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)",
+    )
+    connections_max_reauth_ms: int = Field(
+        default=0,
+        ge=0,
+        description="SASL sessions expire after this long unless re-authenticated (KIP-368; 0: never)",
+    )
+    per_listener: dict[str, str] = Field(
+        default_factory=dict,
+        repr=False,  # JAAS texts hold passwords
+        description="listener.name.<listener>.<key> settings, keyed without listener.name.",
+    )
     # ------------------------------------------- HTTP security (docs/security-http.md)
     registry_authentication_method: Literal["NONE", "BASIC"] = Field(
         default="NONE",
@@ -314,7 +374,38 @@ class BrokerConfig(BaseSettings):
                 f"{CATALOG_PREFIX}type=glue needs {CATALOG_PREFIX}warehouse=s3://bucket/path "
                 f"(where the tables' files go), got {self.warehouse!r}"
             )
+        from broker.security.settings import check_security
+
+        check_security(self)
         return self
+
+    def listener_list(self) -> list[listener_settings.Listener]:
+        """The Kafka listeners (``listeners``, or the one on host and kafka.port)."""
+        return listener_settings.parse_listeners(
+            self.listeners,
+            self.advertised_listeners,
+            self.listener_security_protocol_map,
+            self.host,
+            self.kafka_port,
+            self.advertised_host,
+        )
+
+    def listener_setting(self, listener: listener_settings.Listener, key: str) -> str | None:
+        """``key`` for ``listener``: its ``listener.name.<name>.key`` if set, else ``key``."""
+        prefixed = self.per_listener.get(f"{listener.name.lower()}.{key}")
+        if prefixed is not None:
+            return prefixed
+        field = FIELD_BY_KEY.get(key)
+        value = getattr(self, field) if field else None
+        return None if value is None else str(value)
+
+    @property
+    def bootstrap(self) -> str:
+        """host:port for the broker's own clients (the demo producer, /v1/cluster): the first
+        PLAINTEXT listener, else the first listener."""
+        listeners = self.listener_list()
+        chosen = next((x for x in listeners if x.protocol == "PLAINTEXT"), listeners[0])
+        return f"{chosen.advertised_host}:{chosen.advertised_port}"
 
     @property
     def advertised(self) -> str:
@@ -449,7 +540,7 @@ OBJECT_STORE_KEYS = {
 SCALAR_FIELDS = [
     name
     for name in BrokerConfig.model_fields
-    if name not in ("object_store", "catalog", "registry_roles")
+    if name not in ("object_store", "catalog", "registry_roles", "per_listener")
 ]
 
 
@@ -471,6 +562,7 @@ def known_keys() -> list[str]:
             CATALOG_PREFIX + "uri",
             CATALOG_PREFIX + "<iceberg catalog property>",
             REGISTRY_ROLE_PREFIX + "<role>",
+            LISTENER_PREFIX + "<listener>.<key>",
         ]
     )
 
@@ -492,6 +584,14 @@ def fields_from_properties(properties: Mapping[str, str], origin: str) -> dict[s
             catalog.setdefault("properties", {})[key.removeprefix(CATALOG_PREFIX)] = value
         elif key.startswith(REGISTRY_ROLE_PREFIX) and key != REGISTRY_ROLE_PREFIX:
             values.setdefault("registry_roles", {})[key.removeprefix(REGISTRY_ROLE_PREFIX)] = value
+        elif key.startswith(LISTENER_PREFIX) and key.count(".") >= 3:
+            values.setdefault("per_listener", {})[key.removeprefix(LISTENER_PREFIX)] = value
+        elif key == "sasl.jaas.config" or key.endswith(".sasl.jaas.config"):
+            raise ConfigError(
+                f"{origin}: {key} needs Kafka's listener prefix on a broker: "
+                f"{LISTENER_PREFIX}<listener>.<mechanism>.sasl.jaas.config, e.g. "
+                f"{LISTENER_PREFIX}sasl_ssl.plain.sasl.jaas.config"
+            )
         else:
             raise ConfigError(
                 f"{origin}: unknown setting {key!r}; known: {', '.join(known_keys())}"
@@ -548,6 +648,8 @@ def load_broker_config(
         raise ConfigError(f"environment: {exc}") from exc
     if overrides:
         over = fields_from_properties(overrides, "--override")
+        if "per_listener" in over and "per_listener" in layers:
+            over["per_listener"] = {**layers["per_listener"], **over["per_listener"]}
         if "catalog" in over and "catalog" in layers:  # catalog keys merge key by key
             merged = {**layers["catalog"], **over["catalog"]}
             merged["properties"] = {
@@ -620,4 +722,6 @@ def to_overrides(config: BrokerConfig) -> dict[str, str]:
         out[CATALOG_PREFIX + key] = value
     for role, permissions in config.registry_roles.items():
         out[REGISTRY_ROLE_PREFIX + role] = permissions
+    for key, value in config.per_listener.items():
+        out[LISTENER_PREFIX + key] = value
     return out

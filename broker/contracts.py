@@ -560,6 +560,20 @@ class RoundResult(Contract):
     schema_changes: list[str] = Field(default_factory=list)
     executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
     seconds: Seconds = Field(default_factory=dict)
+    # Event time (spark_jobs/rounds/event_time.py): the column (the Kafka record timestamp
+    # ``_kafka_metadata.timestamp`` unless the table is partitioned by hour/day of a timestamp
+    # column), the range of this round's rows (ms since the epoch), the table's watermark before
+    # and after (per Kafka partition in ``watermarks``), and with ``event_time_granularity``
+    # (hour/day) the starts of the windows this commit closed and the late ones it wrote into.
+    event_time_column: str = ""
+    event_time_min_ms: int | None = None
+    event_time_max_ms: int | None = None
+    event_time_granularity: str | None = None
+    watermarks: Offsets = Field(default_factory=dict)
+    watermark_before_ms: int | None = None
+    watermark_ms: int | None = None
+    closed_windows: list[int] = Field(default_factory=list)
+    late_windows: list[int] = Field(default_factory=list)
     message: str = ""
 
 

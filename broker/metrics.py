@@ -32,6 +32,7 @@ from broker.contracts import CatalogSpec
 if TYPE_CHECKING:
     from broker.cluster import Cluster
     from broker.config import BrokerConfig
+    from broker.security.stats import AuthStats
     from broker.storage.logstore import LogStore, PartitionLog
     from broker.storage.retention import RetentionStatus
 
@@ -261,8 +262,58 @@ def _retention(f: dict[str, Family], status: RetentionStatus) -> None:
         )
 
 
+# Logins on the Kafka listeners (broker/security): alert on a rising failure rate.
+SECURITY_FAMILIES = [
+    (
+        "icefall_successful_authentications_total",
+        "counter",
+        "SASL logins that succeeded (re-authentications included), per listener and mechanism",
+    ),
+    (
+        "icefall_failed_authentications_total",
+        "counter",
+        "SASL logins refused (wrong password, unknown user, mechanism not enabled)",
+    ),
+    (
+        "icefall_successful_reauthentications_total",
+        "counter",
+        "SASL re-authentications on open connections (KIP-368)",
+    ),
+    (
+        "icefall_tls_handshake_failures_total",
+        "counter",
+        "TLS handshakes that failed, and TLS attempted on a plaintext listener",
+    ),
+    (
+        "icefall_expired_sessions_total",
+        "counter",
+        "Connections closed because their SASL session expired without re-authentication",
+    ),
+]
+
+
+def _security(f: dict[str, Family], auth: AuthStats) -> None:
+    for family, counts in (
+        ("icefall_successful_authentications_total", auth.successes),
+        ("icefall_failed_authentications_total", auth.failures),
+        ("icefall_successful_reauthentications_total", auth.reauthentications),
+    ):
+        for (listener, mechanism), value in sorted(counts.items()):
+            f[family].add({"listener": listener, "mechanism": mechanism}, value)
+    for family, per_listener in (
+        ("icefall_tls_handshake_failures_total", auth.tls_failures),
+        ("icefall_expired_sessions_total", auth.expired_sessions),
+    ):
+        for listener, value in sorted(per_listener.items()):
+            f[family].add({"listener": listener}, value)
+
+
 def render_metrics(
-    cluster: Cluster, logs: LogStore, facts: dict[str, TableFacts], now_ms: int
+    cluster: Cluster,
+    logs: LogStore,
+    facts: dict[str, TableFacts],
+    now_ms: int,
+    auth: AuthStats | None = None,
 ) -> str:
     """The exposition text; synchronous, so it sees one consistent state of the log."""
     f = {
@@ -312,12 +363,15 @@ def render_metrics(
             ("icefall_table_dlq_rows", "gauge", "Rows in the table's DLQ table <table>__dlq"),
             ("icefall_table_catalog_up", "gauge", "1 when the catalog answered for this table"),
             *RETENTION_FAMILIES,
+            *SECURITY_FAMILIES,
         ]
     }
     f["icefall_segments_written_total"].add({}, logs.segments_written)
     f["icefall_flush_failures_total"].add({}, logs.flush_failures)
     f["icefall_unflushed_bytes"].add({}, logs.unflushed_bytes)
     _retention(f, logs.retention)
+    if auth is not None:
+        _security(f, auth)
     for topic in sorted(cluster.topics.values(), key=lambda t: t.name):
         for p in range(topic.partitions):
             part = logs.partitions.get((topic.name, p))
@@ -386,7 +440,11 @@ def _read_facts(
 
 
 async def scrape(
-    config: BrokerConfig, cluster: Cluster, logs: LogStore, local_catalog: Any = None
+    config: BrokerConfig,
+    cluster: Cluster,
+    logs: LogStore,
+    auth: AuthStats | None = None,
+    local_catalog: Any = None,
 ) -> str:
     """Catalog facts in a thread, then the log on the loop. ``local_catalog``: the broker's own
     catalog store, when it holds the tables (read in-process)."""
@@ -397,7 +455,7 @@ async def scrape(
         else catalog_reader(config.tables_catalog)
     )
     facts = await asyncio.to_thread(_read_facts, reader, tables)
-    return render_metrics(cluster, logs, facts, int(time.time() * 1000))
+    return render_metrics(cluster, logs, facts, int(time.time() * 1000), auth)
 
 
 def authentication_failures(failures: dict[str, int]) -> str:

@@ -26,6 +26,7 @@ ASSET_PREFIX = "icefall/"
 MAINTENANCE_ASSET_SUFFIX = "/maintenance"
 PENDING_ASSET_SUFFIX = "/pending"
 DLQ_ASSET_SUFFIX = "/dlq-reprocess"
+CLOSED_PARTITIONS_ASSET_SUFFIX = "/closed-partitions"
 # Iceberg: the DLQ table beside each table.
 DLQ_SUFFIX = "__dlq"
 # Schema registry: TopicNameStrategy, as Confluent's serializers register values.
@@ -99,6 +100,12 @@ def maintenance_asset_name(namespace: str, table: str) -> str:
 def pending_asset_name(namespace: str, table: str) -> str:
     """Where a table's size trigger reports that enough bytes wait (it schedules the commit DAG)."""
     return asset_name(namespace, table) + PENDING_ASSET_SUFFIX
+
+
+def closed_partitions_asset_name(namespace: str, table: str) -> str:
+    """Partitioned events, one per event-time partition (hour or day) of the table that closed:
+    their own asset, since an asset event with a partition key triggers partition-aware DAGs only."""
+    return asset_name(namespace, table) + CLOSED_PARTITIONS_ASSET_SUFFIX
 
 
 def dlq_asset_name(namespace: str, table: str) -> str:

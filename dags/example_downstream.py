@@ -1,25 +1,41 @@
-"""Example: a data team's DAG hung off a table topic's commits.
+"""Example: a data team's DAGs hung off a table topic's commits.
 
-Scheduled on the asset ``icefall/default/clicks`` (the demo table that
-``icefall up`` fills), it runs once per commit round that added a snapshot.
-Each triggering event's extra names the snapshot and the offsets the round
-added, so the task reads exactly the new rows of that snapshot (a time-travel
-scan pinned to the snapshot id, filtered to the round's offsets) and
-aggregates them with DuckDB. Copy it, change the asset and the query.
+Two DAGs on the demo table ``default.clicks`` that ``icefall up`` fills
+(``ICEFALL_EXAMPLE_TABLE=<namespace>.<table>`` points them at another table).
+
+``icefall_example_downstream__clicks`` is scheduled on the asset
+``icefall/default/clicks`` and runs once per commit round that added a
+snapshot. Each triggering event's extra names the snapshot and the offsets the
+round added, so the task reads exactly the new rows of that snapshot (a
+time-travel scan pinned to the snapshot id, filtered to the round's offsets)
+and aggregates them with DuckDB.
+
+``icefall_example_hourly__clicks`` runs once per closed event-time partition:
+it is scheduled with ``PartitionedAssetTimetable`` on
+``icefall/default/clicks/closed-partitions``, which gets one partitioned event
+per hour (or day) once every Kafka partition's watermark has passed its end, on
+a table partitioned by ``hour(...)``/``day(...)`` of a timestamp (set
+``automq.table.topic.partition.by=[hour(_kafka_metadata.timestamp)]`` on the
+topic). The run's ``partition_key`` is the hour's start (UTC); the task reads
+that hour's rows and counts pages with DuckDB. Copy them, change the table and
+the query.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.sdk import DAG, task
-from icefall_airflow import manifest
-from icefall_airflow.assets import table_asset
+from airflow.sdk import DAG, PartitionedAssetTimetable, task
+from icefall_airflow import event_partitions, manifest
+from icefall_airflow.assets import closed_partitions_asset, table_asset
 
 log = logging.getLogger(__name__)
-CLICKS = table_asset("default", "clicks")
+NAMESPACE, TABLE = os.environ.get("ICEFALL_EXAMPLE_TABLE", "default.clicks").split(".", 1)
+CLICKS = table_asset(NAMESPACE, TABLE)
+CLICKS_CLOSED = closed_partitions_asset(NAMESPACE, TABLE)
 
 
 def new_rows_query(extra: dict[str, Any]) -> str:
@@ -35,8 +51,8 @@ def new_rows_query(extra: dict[str, Any]) -> str:
 
 
 with DAG(
-    dag_id="icefall_example_downstream__clicks",
-    description="Example downstream DAG: page counts of each new commit to default.clicks",
+    dag_id=f"icefall_example_downstream__{TABLE}",
+    description=f"Example downstream DAG: page counts of each new commit to {NAMESPACE}.{TABLE}",
     schedule=[CLICKS],
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
@@ -52,7 +68,7 @@ with DAG(
         from icefall_airflow.tables import open_catalog
 
         catalog = BrokerClient(manifest.admin_url()).cluster().tables_catalog
-        table = open_catalog(catalog).load_table(("default", "clicks"))
+        table = open_catalog(catalog).load_table((NAMESPACE, TABLE))
         summaries = []
         for event in triggering_asset_events[CLICKS]:
             extra = event.extra
@@ -73,3 +89,58 @@ with DAG(
         return summaries
 
     page_counts_of_new_commits()  # type: ignore[call-arg]  # Airflow passes the events
+
+
+def partition_rows(table: Any, key: str, extra: dict[str, Any], columns: tuple[str, ...]) -> Any:
+    """The rows of the event-time partition ``key`` (an Arrow table), as of the snapshot that
+    closed it (the event's extra names the event-time column and the granularity)."""
+    start, end = event_partitions.window(key, str(extra["granularity"]))
+    column = str(extra["event_time_column"])
+    where = f"{column} >= '{start.isoformat()}' AND {column} < '{end.isoformat()}'"
+    top = {column.split(".")[0], *columns}
+    scan = table.scan(
+        row_filter=where, snapshot_id=int(extra["snapshot_id"]), selected_fields=tuple(top)
+    )
+    return scan.to_arrow()
+
+
+def page_counts_of_partition(table: Any, key: str, extra: dict[str, Any]) -> dict[str, int]:
+    import duckdb
+
+    con = duckdb.connect()
+    con.register("part", partition_rows(table, key, extra, ("page",)))
+    return dict(con.sql("SELECT page, count(*) FROM part GROUP BY page").fetchall())
+
+
+with DAG(
+    dag_id=f"icefall_example_hourly__{TABLE}",
+    description=f"Example downstream DAG: page counts of each closed hour of {NAMESPACE}.{TABLE}",
+    schedule=PartitionedAssetTimetable(assets=CLICKS_CLOSED),
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    tags=["icefall", "example"],
+    doc_md=__doc__,
+):
+
+    @task
+    def page_counts_of_closed_partition(
+        *, dag_run: Any, triggering_asset_events: Any
+    ) -> dict[str, Any]:
+        from icefall_airflow.broker_client import BrokerClient
+        from icefall_airflow.tables import open_catalog
+
+        key = dag_run.partition_key
+        extra = dict(triggering_asset_events[CLICKS_CLOSED][-1].extra)
+        catalog = BrokerClient(manifest.admin_url()).cluster().tables_catalog
+        table = open_catalog(catalog).load_table((NAMESPACE, TABLE))
+        counts = page_counts_of_partition(table, key, extra)
+        log.info(
+            "%s %s (closed by snapshot %s): %s",
+            extra["granularity"],
+            key,
+            extra["snapshot_id"],
+            counts,
+        )
+        return {"partition_key": key, "page_counts": counts}
+
+    page_counts_of_closed_partition()  # type: ignore[call-arg]  # Airflow passes the run and events

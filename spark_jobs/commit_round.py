@@ -51,7 +51,7 @@ from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.decode import json_values
 from spark_jobs.decode.rows import INCOMPATIBLE_SCHEMA, TABLE_SCHEMA_BEHIND, DecodeError
 from spark_jobs.decode.segments import cached_store, read_partition
-from spark_jobs.rounds import dlq, dlq_catchup, partitioning, table_setup, upsert
+from spark_jobs.rounds import dlq, dlq_catchup, event_time, partitioning, table_setup, upsert
 from spark_jobs.rounds import plan as round_plan
 from spark_jobs.rounds import tasks as round_tasks
 from spark_jobs.rounds import writers as round_writers
@@ -266,6 +266,7 @@ class CommitRound:
         self._spark: Any = spark
         self._own_spark = spark is None
         self.seconds: dict[str, float] = {}
+        self._event_time_spec = event_time.EventTimeSpec()  # set for the tasks (_run_tasks)
 
     def spark(self) -> Any:
         if self._spark is None:
@@ -347,6 +348,8 @@ class CommitRound:
             skipped_records = self._check_errors(output.report)
             if skipped_records:  # what ``dlq_catchup`` looks for after a crash between two commits
                 properties[dlq_catchup.DLQ_ROWS] = str(len(skipped_records))
+            times = self._event_times(table, found, broker_plan, plan, output.report)
+            properties.update(times.summary(self._event_time_spec))
             t1 = time.monotonic()
             self._write(rows, table, properties)
             cleanup.remove_staged()
@@ -361,7 +364,9 @@ class CommitRound:
         self._publish(heads)
         _kill_point("after_publish")
         self.seconds["commit"] = round(time.monotonic() - t1, 3)
-        return self._committed(plan, parent, snapshot, output.report, skipped_records, executor)
+        return self._committed(
+            plan, parent, snapshot, output.report, skipped_records, executor, times
+        )
 
     def _plan(self, broker_plan: TopicPlan) -> tuple[round_plan.RoundPlan, checkpoint.Checkpoint]:
         """The round's offsets: from the table's checkpoint (none yet: from the start) to the broker's cut."""
@@ -443,6 +448,35 @@ class CommitRound:
             checkpoint.TOPIC_ID: self.topic.topic_id,
         }
 
+    def _event_times(
+        self,
+        table: Any,
+        found: checkpoint.Checkpoint,
+        broker_plan: TopicPlan,
+        plan: round_plan.RoundPlan,
+        report: TaskReport,
+    ) -> event_time.Advance:
+        """The event-time state after this round, from its checkpoint snapshot's (``event_time``):
+        a partition the round commits up to the broker's high watermark is idle."""
+        parent = (  # a topic deleted and created again starts afresh, as its offsets do
+            table.metadata.snapshot_by_id(found.snapshot_id)
+            if found.snapshot_id is not None and found.belongs_to(self.topic.topic_id)
+            else None
+        )
+        state = event_time.State.from_summary(
+            checkpoint.summary_properties(parent) if parent is not None else {}
+        )
+        after = plan.offsets_after
+        idle = {
+            p.partition
+            for p in broker_plan.partitions
+            if after.get(p.partition, p.log_start_offset) >= p.high_watermark
+        }
+        partitions = [p.partition for p in broker_plan.partitions]
+        return event_time.advance(
+            state, self._event_time_spec, report.event_times, partitions, idle
+        )
+
     def _staging(self, table: Any) -> bool:
         """Whether the tasks stage their rows for a Spark write by the driver (not the table's own files)."""
         return self.staging or _v3(table)
@@ -463,6 +497,11 @@ class CommitRound:
                 relax=self.staging,
             )
         )
+        from pyiceberg.table.metadata import TableMetadataUtil
+
+        self._event_time_spec = event_time.EventTimeSpec.of(
+            self.topic.settings.partition_by, TableMetadataUtil.parse_raw(metadata_json).schema()
+        )
         spec = TaskSpec(
             self.store,
             metadata_json,
@@ -472,6 +511,7 @@ class CommitRound:
             self.registry.url,
             tuple(sorted(self.registry.known().items())),
             registry_user_info=self.registry.user_info,
+            event_time=self._event_time_spec,
         )
         round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)
         executor = "driver" if round_bytes <= self.args.in_driver_max_bytes else "spark"
@@ -592,7 +632,9 @@ class CommitRound:
         report: TaskReport,
         skipped_records: list[DecodeError],
         executor: str,
+        times: event_time.Advance,
     ) -> RoundResult:
+        spec = self._event_time_spec
         summary = checkpoint.summary_properties(snapshot)
         dlq_note = (
             f", {len(skipped_records)} records to {dlq.dlq_name(self.topic.table)}"
@@ -620,6 +662,15 @@ class CommitRound:
             executor=executor,
             seconds=self.seconds,
             message=f"committed {report.rows} rows{dlq_note}",
+            event_time_column=spec.column,
+            event_time_min_ms=report.event_times.min_ms,
+            event_time_max_ms=report.event_times.max_ms,
+            event_time_granularity=spec.granularity,
+            watermarks=times.after.watermarks,
+            watermark_before_ms=times.before.watermark,
+            watermark_ms=times.after.watermark,
+            closed_windows=times.closed,
+            late_windows=times.late,
         )
 
     def _envelope(self, schemas: list[tuple[int, str]], plan: round_plan.RoundPlan) -> str | None:

@@ -27,9 +27,12 @@ from broker.kafka.codec import Responder, field, ms
 from broker.kafka.consumer_groups import ConsumerGroupApis, ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.replica_apis import ReplicaApis
+from broker.kafka.security_apis import SecurityApis
 from broker.kafka.transactions import TransactionCoordinator
 from broker.kafka.txn_apis import TransactionApis, fenced_for
+from broker.security.listeners import Listener
 from broker.storage.logstore import LogStore, ProduceError
+from broker.storage.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     14: (0, 5),  # SyncGroup
     15: (0, 6),  # DescribeGroups
     16: (0, 5),  # ListGroups
+    17: (
+        1,
+        1,
+    ),  # SaslHandshake (v0, raw tokens without SaslAuthenticate: dropped in Kafka 4, KIP-896)
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
@@ -72,6 +79,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs
     35: (1, 4),  # DescribeLogDirs (v0 removed in Kafka 4, KIP-896)
+    36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     43: (0, 2),  # ElectLeaders
@@ -79,6 +87,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     45: (0, 0),  # AlterPartitionReassignments
     46: (0, 0),  # ListPartitionReassignments
     47: (0, 0),  # OffsetDelete
+    50: (0, 0),  # DescribeUserScramCredentials
+    51: (0, 0),  # AlterUserScramCredentials
     60: (0, 1),  # DescribeCluster
     65: (0, 0),  # DescribeTransactions
     66: (0, 1),  # ListTransactions
@@ -91,9 +101,13 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
 # librdkafka before the fix of its issue #4956 (2.0.2 in Debian's kcat, say)
 # compresses with gzip, snappy or lz4 only if the broker lists Produce v0, and
 # otherwise sends every batch uncompressed without a word.
+#
+# SaslHandshake likewise from v0 (only v1 is served): librdkafka 2.0.2 refuses SCRAM ("SASL
+# Handshake not supported by broker") unless the range it asks for, 0..1, starts where ours does.
 ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = {
     **SUPPORTED_VERSIONS,
     0: (0, SUPPORTED_VERSIONS[0][1]),
+    17: (0, SUPPORTED_VERSIONS[17][1]),
 }
 
 
@@ -109,9 +123,16 @@ def _broker_configs(config: BrokerConfig) -> dict[str, str]:
         "log.retention.ms": "604800000",
         "default.replication.factor": "1",
         "offsets.topic.replication.factor": "1",
-        "listeners": f"PLAINTEXT://{config.host}:{config.kafka_port}",
-        "advertised.listeners": f"PLAINTEXT://{config.advertised}:{config.kafka_port}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT",
+        "listeners": ",".join(str(x) for x in config.listener_list()),
+        "advertised.listeners": ",".join(
+            f"{x.name}://{x.advertised_host}:{x.advertised_port}" for x in config.listener_list()
+        ),
+        "listener.security.protocol.map": ",".join(
+            f"{x.name}:{x.protocol}" for x in config.listener_list()
+        ),
+        "sasl.enabled.mechanisms": config.sasl_enabled_mechanisms,
+        "ssl.client.auth": config.ssl_client_auth,
+        "connections.max.reauth.ms": str(config.connections_max_reauth_ms),
         "process.roles": "broker,controller",
         "log.dirs": str(config.wal_dir),
         "icefall.segment.flush.ms": str(config.segment_flush_ms),
@@ -129,12 +150,17 @@ class CloseConnection(Exception):
 class ConnectionContext:
     client_id: str
     client_host: str
+    # Who the client is: User:ANONYMOUS until TLS (a client certificate) or SASL says otherwise.
+    principal: str = "User:ANONYMOUS"
+    # The listener the connection came in on: Metadata answers with its advertised address.
+    listener: str = "PLAINTEXT"
+    sasl: Any = None  # broker.security.sasl.SaslSession on SASL listeners
 
 
 Handler = Callable[[ConnectionContext, Any, Responder], Awaitable[Any]]
 
 
-class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
+class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApis):
     def __init__(
         self,
         config: BrokerConfig,
@@ -165,6 +191,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
             14: self.sync_group,
             15: self.describe_groups,
             16: self.list_groups,
+            17: self.sasl_handshake,
             18: self.api_versions,
             19: self.create_topics,
             20: self.delete_topics,
@@ -181,6 +208,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
             21: self.delete_records,
             47: self.offset_delete,
             35: self.describe_log_dirs,
+            36: self.sasl_authenticate,
+            50: self.describe_user_scram_credentials,
+            51: self.alter_user_scram_credentials,
             43: self.elect_leaders,
             45: self.alter_partition_reassignments,
             46: self.list_partition_reassignments,
@@ -192,12 +222,19 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
             69: self.consumer_group_describe,
         }
 
-    def _broker(self) -> dict[str, Any]:
+        self.listeners: dict[str, Listener] = {x.name: x for x in config.listener_list()}
+
+    def _metadata_store(self) -> MetadataStore:
+        return self.cluster.metadata
+
+    def _broker(self, ctx: ConnectionContext) -> dict[str, Any]:
+        """This broker as the client's listener advertises it (as Kafka answers Metadata)."""
+        listener = self.listeners.get(ctx.listener) or next(iter(self.listeners.values()))
         return {
             "node_id": self.config.node_id,
             "broker_id": self.config.node_id,
-            "host": self.config.advertised,
-            "port": self.config.kafka_port,
+            "host": listener.advertised_host,
+            "port": listener.advertised_port,
             "rack": None,
         }
 
@@ -216,7 +253,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
             endpoint_type=1,
             cluster_id=self.config.cluster_id,
             controller_id=self.config.node_id,
-            brokers=[self._broker()],
+            brokers=[self._broker(ctx)],
             cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         )
 
@@ -279,7 +316,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
                 }
             )
         return R(
-            brokers=[self._broker()],
+            brokers=[self._broker(ctx)],
             cluster_id=self.config.cluster_id,
             controller_id=self.config.node_id,
             topics=topics,
@@ -967,7 +1004,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis):
             if key_type in (0, 1)  # a group, a transactional id: this broker coordinates both
             else (ErrorCode.invalid_request, f"unknown coordinator key type {key_type}")
         )
-        node = self._broker()
+        node = self._broker(ctx)
         if R.version >= 4:
             return R(
                 coordinators=[

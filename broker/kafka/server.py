@@ -4,6 +4,13 @@ Requests on one connection are handled one after another (as Kafka does), but
 a produce waiting for its fsync does not block reading the next request: the
 writer task awaits deferred responses in arrival order. Anything malformed
 closes that connection only.
+
+One server per listener (``listeners``): on SSL and SASL_SSL listeners the loop's TLS layer
+runs the handshake; a failed one (plaintext bytes on a TLS port, an unknown client
+certificate) is counted and logged once with the listener named (broker/security/tls.py
+hooks the handshake) and ends only that connection. On SASL listeners each connection has
+a ``SaslSession`` that admits only the SASL requests until the client is authenticated
+(broker/security/sasl.py).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import asyncio
 import collections
 import inspect
 import logging
+import ssl
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -25,6 +33,12 @@ from broker.kafka.handlers import (
     KafkaHandlers,
     api_versions_response,
 )
+from broker.kafka.security_apis import CloseAfterResponse
+from broker.security import settings as security_settings
+from broker.security import tls
+from broker.security.listeners import Listener
+from broker.security.sasl import SaslSession
+from broker.security.stats import AuthStats
 
 log = logging.getLogger(__name__)
 
@@ -33,28 +47,105 @@ API_VERSIONS = 18
 
 
 class KafkaServer:
-    def __init__(self, handlers: KafkaHandlers, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        handlers: KafkaHandlers,
+        max_request_bytes: int,
+        stats: AuthStats | None = None,
+    ) -> None:
         self.handlers = handlers
         self.max_request_bytes = max_request_bytes
         self.connections: set[asyncio.Task[None]] = set()
-        self.server: asyncio.Server | None = None
+        self.servers: list[asyncio.Server] = []
         self.malformed_requests = 0
+        self.stats = stats or AuthStats()
+        self.tls_contexts: dict[str, ssl.SSLContext] = {}
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, listeners: list[Listener]) -> None:
+        """Listen on every listener; TLS contexts are built first, so a bad keystore fails
+        the start (``ListenerError`` naming the key) before any port is open."""
+        for listener in listeners:
+            if listener.tls:
+                self.tls_contexts[listener.name] = tls.server_context(
+                    self.handlers.config, listener, self._tls_failed
+                )
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: _KafkaProtocol(self._serve, self.max_request_bytes), host, port, backlog=1024
-        )
+        for listener in listeners:
+            server = await loop.create_server(
+                lambda listener=listener: _KafkaProtocol(
+                    self._serve, self.max_request_bytes, listener
+                ),
+                listener.host or None,
+                listener.port,
+                backlog=1024,
+                ssl=self.tls_contexts.get(listener.name),
+                ssl_handshake_timeout=30 if listener.tls else None,
+            )
+            self.servers.append(server)
+
+    @property
+    def server(self) -> asyncio.Server | None:
+        return self.servers[0] if self.servers else None
 
     async def close(self) -> None:
-        if self.server:
-            self.server.close()
+        for server in self.servers:
+            server.close()
         for task in list(self.connections):
             task.cancel()
         if self.connections:
             await asyncio.gather(*self.connections, return_exceptions=True)
-        if self.server:
-            await self.server.wait_closed()
+        for server in self.servers:
+            await server.wait_closed()
+
+    def _tls_failed(self, listener: Listener, error: BaseException) -> None:
+        """A TLS handshake failed (plaintext bytes on a TLS port, a client certificate the
+        truststore does not vouch for, ...): counted and logged once; only that connection ends."""
+        self.stats.tls_failures[listener.name] += 1
+        log.warning(
+            "TLS handshake failed on listener %s (%s): %s; closing that connection",
+            listener.name,
+            listener.protocol,
+            error,
+        )
+
+    def _bad_size(self, listener: Listener, host: str, size: int) -> None:
+        """A size prefix out of bounds: a TLS handshake on a plaintext listener (counted with
+        the failed handshakes), or a malformed frame."""
+        self.malformed_requests += 1
+        if not listener.tls and (size >> 16) in _TLS_RECORD_STARTS:
+            self.stats.tls_failures[listener.name] += 1
+            log.warning(
+                "%s: a TLS handshake on listener %s, which is %s; closing",
+                host,
+                listener.name,
+                listener.protocol,
+            )
+            return
+        log.warning(
+            "%s: request size %d outside [8, %d]; closing", host, size, self.max_request_bytes
+        )
+
+    def _sasl_session(self, listener: Listener, host: str) -> SaslSession:
+        config = self.handlers.config
+        store = self.handlers._metadata_store()
+
+        def scram(user: str, mechanism: str) -> Any:
+            found = store.scram_credential(user, mechanism)
+            if found is None:
+                return None
+            from broker.security.scram import ScramCredential
+
+            return ScramCredential(*found)
+
+        return SaslSession(
+            listener.name,
+            host,
+            security_settings.mechanisms(config, listener),
+            security_settings.plain_users(config, listener),
+            scram,
+            security_settings.reauth_ms(config, listener),
+            self.stats,
+        )
 
     async def _serve(self, reader: _KafkaProtocol, writer: _KafkaProtocol) -> None:
         task = asyncio.current_task()
@@ -62,26 +153,38 @@ class KafkaServer:
         self.connections.add(task)
         peer = writer.get_extra_info("peername")
         host = f"/{peer[0]}" if peer else "/unknown"
+        listener = reader.listener
+        ctx = ConnectionContext(client_id="", client_host=host, listener=listener.name)
+        try:
+            if listener.tls:  # the handshake is done (the loop's TLS layer ran it)
+                ctx.principal = tls.principal_of(writer.get_extra_info("ssl_object"))
+            if listener.sasl:
+                ctx.sasl = self._sasl_session(listener, host)
+        except Exception:
+            log.exception(
+                "%s: cannot set up the connection on listener %s; closing", host, listener
+            )
+            writer.close()
+            self.connections.discard(task)
+            return
         outbox: asyncio.Queue[Any] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send(outbox, writer, host))
-        ctx = ConnectionContext(client_id="", client_host=host)
         try:
             while not sender.done():
                 frame = await reader.read_frame()
                 if isinstance(frame, int):
-                    self.malformed_requests += 1
-                    log.warning(
-                        "%s: request size %d outside [8, %d]; closing",
-                        host,
-                        frame,
-                        self.max_request_bytes,
-                    )
+                    self._bad_size(listener, host, frame)
                     break
                 item = await self._dispatch(ctx, frame, host)
                 if item is None:
                     break
+                last = isinstance(item, _Last)
+                if last:
+                    item = item.response
                 if item is not _NO_RESPONSE and not await _put(outbox, sender, item):
                     _discard(item)
+                    break
+                if last:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -112,6 +215,11 @@ class KafkaServer:
             self.malformed_requests += 1
             log.warning("%s: unknown API key %d; closing", host, api_key)
             return None
+        if ctx.sasl is not None:
+            refusal = ctx.sasl.gate(api_key, api_key_map[api_key])
+            if refusal is not None:
+                log.warning("%s: %s on listener %s; closing", host, refusal, ctx.listener)
+                return None
         if not versions[0] <= api_version <= versions[1]:
             if api_key == API_VERSIONS:
                 # Kafka's rule: answer in v0 with ErrorCode.unsupported_version and the versions we do speak.
@@ -145,12 +253,16 @@ class KafkaServer:
             return None
         if header.client_id:
             ctx.client_id = header.client_id
+        if api_key == API_VERSIONS and ctx.sasl is not None:
+            ctx.sasl.answered_api_versions()
         responder = codec.Responder(api_key, api_version)
         try:
             result = await self.handlers.by_key[api_key](ctx, request, responder)
         except CloseConnection as exc:
             log.info("%s: %s; closing", host, exc)
             return None
+        except CloseAfterResponse as last:
+            return _Last(codec.encode_response(correlation_id, last.response))
         except Exception:
             log.exception(
                 "%s: %s v%d handler failed; closing", host, api_key_map[api_key], api_version
@@ -198,6 +310,18 @@ class KafkaServer:
 
 
 _NO_RESPONSE = object()
+# The first two bytes of a TLS record carrying a handshake (0x16, then major version 3),
+# read as the high half of a Kafka size prefix.
+_TLS_RECORD_STARTS = frozenset({0x1603})
+
+
+class _Last:
+    """The last response of a connection: sent, then the connection is closed."""
+
+    def __init__(self, response: bytes) -> None:
+        self.response = response
+
+
 _SCRATCH_BYTES = 64 * 1024
 _MAX_QUEUED_FRAMES = 8
 
@@ -207,8 +331,9 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
     received into its own buffer (one copy, kernel to frame), small ones are cut
     from a scratch buffer. Also the connection's writer (write/drain/close)."""
 
-    def __init__(self, serve: Any, max_request_bytes: int) -> None:
+    def __init__(self, serve: Any, max_request_bytes: int, listener: Listener) -> None:
         self._serve = serve
+        self.listener = listener
         self._max = max_request_bytes
         self._scratch = bytearray(_SCRATCH_BYTES)
         self._scratch_len = 0
@@ -247,7 +372,8 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._wake_reader()
-        return True  # half-close: answer what was sent before the EOF, then close
+        # half-close: answer what was sent before the EOF, then close (TLS cannot half-close)
+        return not self.listener.tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True

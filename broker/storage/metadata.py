@@ -128,7 +128,21 @@ CREATE TABLE IF NOT EXISTS broker_configs (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_SCHEMA, _TRANSACTIONS, _BROKER_CONFIGS)
+# SCRAM credentials (broker/security/scram.py): salt, iterations and the two derived keys per user
+# and mechanism, never a password; managed with Describe/AlterUserScramCredentials.
+_SCRAM_CREDENTIALS = """
+CREATE TABLE IF NOT EXISTS scram_credentials (
+    user_name TEXT NOT NULL,
+    mechanism TEXT NOT NULL,
+    salt BLOB NOT NULL,
+    stored_key BLOB NOT NULL,
+    server_key BLOB NOT NULL,
+    iterations BIGINT NOT NULL,
+    PRIMARY KEY (user_name, mechanism)
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_SCHEMA, _TRANSACTIONS, _BROKER_CONFIGS, _SCRAM_CREDENTIALS)
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 
 
@@ -319,6 +333,11 @@ _UPSERT_GROUP_OFFSET = _upsert(
     "group_offsets",
     ("group_id", "topic", "partition", "committed_offset", "leader_epoch", "metadata", "commit_ms"),
     ("group_id", "topic", "partition"),
+)
+_UPSERT_SCRAM = _upsert(
+    "scram_credentials",
+    ("user_name", "mechanism", "salt", "stored_key", "server_key", "iterations"),
+    ("user_name", "mechanism"),
 )
 # 64-bit key of the Postgres advisory lock a broker holds on its metadata database.
 POSTGRES_LOCK_KEY = 0x1CEFA11
@@ -639,6 +658,43 @@ class MetadataStore:
             "DELETE FROM group_offsets WHERE group_id = ? RETURNING partition", (group_id,)
         )
         return len(rows)
+
+    # ------------------------------------------------------------ SCRAM credentials
+
+    def scram_credential(self, user: str, mechanism: str) -> tuple[bytes, bytes, bytes, int] | None:
+        """(salt, stored key, server key, iterations) of a user's credential, or None."""
+        rows = self.db.query(
+            "SELECT salt, stored_key, server_key, iterations FROM scram_credentials "
+            "WHERE user_name = ? AND mechanism = ?",
+            (user, mechanism),
+        )
+        if not rows:
+            return None
+        salt, stored_key, server_key, iterations = rows[0]
+        return bytes(salt), bytes(stored_key), bytes(server_key), int(iterations)
+
+    def scram_users(self) -> dict[str, dict[str, int]]:
+        """Per user, the iterations of each mechanism it has a credential for."""
+        out: dict[str, dict[str, int]] = {}
+        for user, mechanism, iterations in self.db.query(
+            "SELECT user_name, mechanism, iterations FROM scram_credentials ORDER BY user_name, mechanism"
+        ):
+            out.setdefault(user, {})[mechanism] = int(iterations)
+        return out
+
+    def alter_scram_credentials(
+        self,
+        deletions: Sequence[tuple[str, str]],
+        upsertions: Sequence[tuple[str, str, bytes, bytes, bytes, int]],
+    ) -> None:
+        """Delete (user, mechanism) and upsert (user, mechanism, salt, stored key, server key,
+        iterations), all in one transaction."""
+        with self.db.transaction():
+            self.db.executemany(
+                "DELETE FROM scram_credentials WHERE user_name = ? AND mechanism = ?",
+                list(deletions),
+            )
+            self.db.executemany(_UPSERT_SCRAM, list(upsertions))
 
     # ------------------------------------------------------------ counters
 

@@ -274,7 +274,7 @@ def _where_to_look(
     airflow: AirflowStack | None,
     password: str | None,
 ) -> str:
-    bootstrap = f"{config.advertised}:{config.kafka_port}"
+    bootstrap = config.bootstrap
     table = f"default.{DEMO_TOPIC}"
     if airflow is None:
         ui = "  Airflow:          not started (ICEFALL_NO_AIRFLOW)\n"
@@ -337,7 +337,7 @@ class DemoProducer(threading.Thread):
 
         producer = Producer(
             {
-                "bootstrap.servers": f"{self.config.advertised}:{self.config.kafka_port}",
+                "bootstrap.servers": self.config.bootstrap,
                 "acks": "all",
                 "enable.idempotence": True,
                 "linger.ms": 50,
@@ -399,7 +399,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
         airflow = AirflowStack(config, home, int(os.environ.get("ICEFALL_AIRFLOW_PORT", "8080")))
     try:
         _wait_ready(ready, proc)
-        bootstrap = f"{config.advertised}:{config.kafka_port}"
+        bootstrap = config.bootstrap
         _ensure_demo_topic(bootstrap)
         demo = DemoProducer(config, demo_rate, stopping)
         demo.start()

@@ -32,3 +32,10 @@ def maintenance_asset(namespace: str, table: str) -> Asset:
     """``icefall/<namespace>/<table>/maintenance``: one event per maintenance run of the table."""
     name = settings.maintenance_asset_name(namespace, table)
     return Asset(name=name, uri=name, group="icefall")
+
+
+def closed_partitions_asset(namespace: str, table: str) -> Asset:
+    """``icefall/<namespace>/<table>/closed-partitions``: one partitioned event per event-time
+    partition (hour or day) of the table that a commit closed (``event_partitions``)."""
+    name = settings.closed_partitions_asset_name(namespace, table)
+    return Asset(name=name, uri=name, group="icefall")

@@ -54,6 +54,11 @@ class CommitRoundOperator(SparkJobOperator):
         self.plan_task_id = plan_task_id
         self.admin_url = admin_url
 
+    def lineage(self, result: dict[str, Any], cluster: Any) -> Any:
+        from icefall_airflow.lineage import round_lineage
+
+        return round_lineage(result, cluster)
+
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
         from icefall_airflow import manifest
 

@@ -78,6 +78,18 @@ class DlqReprocessOperator(TableJobOperator):
     script = "dlq_reprocess.py"
     when_disabled = "nothing to reprocess into"
 
+    def __init__(self, *, namespace: str, table: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.namespace = namespace
+        self.table = table
+
+    def lineage(self, result: dict[str, Any], cluster: Any) -> Any:
+        from icefall_airflow.lineage import reprocess_lineage
+
+        if result.get("status") != "moved":
+            return None
+        return reprocess_lineage(result, cluster, self.namespace, self.table)
+
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
         admin_url = self.admin_url_or_skip()
         return self.run_job(
@@ -126,6 +138,8 @@ def build_dlq_dag(entry: manifest.TableTopic) -> DAG:
         reprocess = DlqReprocessOperator(
             task_id="reprocess",
             topic=entry.topic,
+            namespace=entry.namespace,
+            table=entry.table,
             topic_enabled=entry.enabled,
             pool=entry.pool,
             name=f"icefall-dlq-{entry.topic}",

@@ -9,7 +9,10 @@ DAGs share, so two writers never race on the table.
 
 Tasks: ``plan`` (broker end offsets for the interval, waiting until they are in
 segment objects) >> ``commit`` (spark-submit of ``commit_round.py``) >>
-``publish`` (asset event ``icefall/<namespace>/<table>``).
+``publish`` (asset event ``icefall/<namespace>/<table>``), and on tables
+partitioned by hour or day >> ``announce`` (partitioned events on
+``icefall/<namespace>/<table>/closed-partitions`` for the hours or days the
+commit closed, ``event_partitions``).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from airflow.sdk import (
 )
 
 from broker import names
-from icefall_airflow import manifest, planning, publish
-from icefall_airflow.assets import pending_asset, table_asset
+from icefall_airflow import event_partitions, manifest, planning, publish
+from icefall_airflow.assets import closed_partitions_asset, pending_asset, table_asset
 from icefall_airflow.broker_client import BrokerClient, BrokerError
 from icefall_airflow.commit_operator import CommitRoundOperator
 from icefall_airflow.lag import measure
@@ -58,7 +61,9 @@ or backfilling committed intervals commits nothing new.
 
 Manual run params: `until` = `interval` (default; a run without a logical date commits up to now),
 `now`, or `offsets` with `until_offsets` = `{{"0": 1234, ...}}` (exclusive ends); `max_records`
-caps the round. Each commit emits an event on the asset `{asset}`.
+caps the round. Each commit emits an event on the asset `{asset}` (its extra: snapshot,
+offsets, rows, event-time range); on a table partitioned by hour or day, each hour or day the
+commit closes gets a partitioned event on `{asset}/closed-partitions`.
 """
 
 
@@ -139,6 +144,22 @@ def _publish(
     yield Metadata(asset, publish.asset_extra(result, plan, lag))
 
 
+def _announce(asset: Asset, result: dict[str, Any]) -> None:
+    """One partitioned event per event-time partition the commit closed; skipped when none did."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    keys = event_partitions.closed_keys(result)
+    if not keys:
+        raise AirflowSkipException(
+            f"round {result.get('round_id')} closed no event-time partition "
+            f"(watermark {result.get('watermark_ms')})"
+        )
+    log.info("round %s closed event-time partitions %s", result.get("round_id"), keys)
+    events = get_current_context()["outlet_events"][asset]
+    events.extra.update(event_partitions.announce_extra(result))
+    events.add_partitions(keys)
+
+
 def commit_schedule(entry: manifest.TableTopic) -> Any:
     """The topic's commit interval; with ``commit.trigger.bytes``, that interval or the size trigger,
     whichever comes first (``pending_trigger``)."""
@@ -192,6 +213,13 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
             plan,  # type: ignore[arg-type]
         )
         plan >> commit >> published
+        if event_partitions.may_close_partitions(entry.settings.partition_by):
+            closed = closed_partitions_asset(entry.namespace, entry.table)
+            announced = task(task_id="announce", outlets=[closed], retries=0)(_announce)(
+                closed,
+                commit.output,  # type: ignore[arg-type]
+            )
+            published >> announced  # a skipped publish (nothing new) skips it too
     return dag
 
 

@@ -9,7 +9,8 @@ never at DAG parse time; the credentials go in spark-submit's environment, not i
 argv. Each job writes a result JSON, which the operator returns for XCom, so
 the next task does not need the same disk. When a job fails it still writes its
 result: the task then fails with the job's own message instead of spark-submit's
-bare exit code.
+bare exit code. The result also answers Airflow's OpenLineage provider
+(``get_openlineage_facets_on_complete``, ``lineage``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,27 @@ class SparkJobOperator(SparkSubmitOperator):
         kwargs.setdefault("spark_binary", "spark-submit")
         super().__init__(**kwargs)
 
+    job_result: dict[str, Any] | None = None  # the last result, for lineage
+    lineage_admin_url: str | None = None
+
+    def lineage(self, result: dict[str, Any], cluster: Any) -> Any:
+        """The job's OpenLineage datasets (``lineage.OperatorLineage``) from its result; none by default."""
+        return None
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Called by Airflow's OpenLineage provider, only when a transport is configured."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from icefall_airflow.broker_client import BrokerClient
+
+        if not self.job_result or not self.lineage_admin_url:
+            return OperatorLineage()
+        cluster = BrokerClient(self.lineage_admin_url).cluster()
+        return self.lineage(self.job_result, cluster) or OperatorLineage()
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        return self.get_openlineage_facets_on_complete(task_instance)
+
     def run_job(self, context: Any, admin_url: str, args: list[str], label: str) -> dict[str, Any]:
         """spark-submit ``script`` with ``args`` plus ``--result``; the result JSON it wrote
         (``label``: what the log lines and errors call this run)."""
@@ -128,10 +150,12 @@ class SparkJobOperator(SparkSubmitOperator):
                 **credentials.job_env(),
             }
             self._hook = None  # built from the fields set above
+            self.lineage_admin_url = admin_url
             try:
                 super().execute(context)
             except AirflowException as exc:
                 result = read_result(result_path)
+                self.job_result = result
                 if result is None:
                     raise
                 self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
@@ -141,6 +165,7 @@ class SparkJobOperator(SparkSubmitOperator):
                 raise SparkJobFailed(
                     f"{self.application} exited 0 but wrote no result to {result_path}"
                 )
+        self.job_result = result
         self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
         return result
 

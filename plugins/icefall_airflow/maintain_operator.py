@@ -53,6 +53,13 @@ class MaintenanceOperator(TableJobOperator):
         self.namespace = namespace
         self.table = table
 
+    def lineage(self, result: dict[str, Any], cluster: Any) -> Any:
+        from icefall_airflow.lineage import maintenance_lineage
+
+        if result.get("status") != "done":
+            return None
+        return maintenance_lineage(result, cluster, self.namespace, self.table)
+
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
         admin_url = self.admin_url_or_skip()
         actions = (context.get("params") or {}).get("actions")

@@ -5,7 +5,10 @@ task returned): checked against that model, then read as the dict it is, since
 XComs and asset-event extras are JSON.
 
 Data teams schedule their DAGs on ``Asset("icefall/<namespace>/<table>")``;
-each event's extra says which snapshot to read and which offsets it added. A
+each event's extra says which snapshot to read, which offsets it added (per
+partition), how many rows, and the event-time range of those rows. Tables
+partitioned by hour or day also get partitioned events when an hour or day
+closes (``event_partitions``). A
 round that committed nothing emits no event (the step is skipped), so
 downstream DAGs run once per new snapshot, never for a re-run.
 """
@@ -17,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from broker import contracts
+from icefall_airflow import event_partitions
 
 RESULT_STATUSES = contracts.ROUND_STATUSES
 
@@ -68,6 +72,26 @@ def asset_extra(
         "executor": result.get("executor"),
         "lag_records": None if lag is None else lag["records"],
         "lag_seconds": None if lag is None else lag["seconds"],
+        "offset_ranges": offset_ranges(result),
+        "event_time_column": result.get("event_time_column"),
+        "event_time_min_ms": result.get("event_time_min_ms"),
+        "event_time_max_ms": result.get("event_time_max_ms"),
+        "watermark_ms": result.get("watermark_ms"),
+        "closed_partitions": event_partitions.closed_keys(result),
+        "late_partitions": [
+            event_partitions.partition_key(int(ms)) for ms in result.get("late_windows") or []
+        ],
+    }
+
+
+def offset_ranges(result: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """``{"<partition>": {"start": first offset, "end": exclusive end}}`` of the partitions the
+    commit moved (start: where the table stood before)."""
+    before = result.get("offsets_before") or {}
+    return {
+        str(p): {"start": int(before.get(p, 0)), "end": int(end)}
+        for p, end in (result.get("offsets_after") or {}).items()
+        if int(end) > int(before.get(p, 0))
     }
 
 

@@ -21,6 +21,7 @@ from broker.names import (  # noqa: F401 -- re-exported: the plugin's modules an
     MAINTAIN_DAG_PREFIX,
     POOL_PREFIX,
     asset_name,
+    closed_partitions_asset_name,
     commit_dag_id,
     dlq_asset_name,
     dlq_dag_id,

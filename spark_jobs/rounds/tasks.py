@@ -41,6 +41,7 @@ from spark_jobs.decode.segments import (
     cached_store,
     read_ranges,
 )
+from spark_jobs.rounds.event_time import EventTimeSpec, Observed, observe
 
 MAX_ERRORS_KEPT = 100_000
 
@@ -63,6 +64,8 @@ class TaskSpec:
         tuple[int, str], ...
     ] = ()  # (id, Avro schema text): hashable, so a worker caches by spec
     verify_crc: bool = True
+    # the rows' event-time column and the table's time-partition window (``event_time``)
+    event_time: EventTimeSpec = EventTimeSpec()
     # the registry's user:password (the driver's ICEFALL_REGISTRY_USER_INFO): executors of a
     # cluster need not have it in their environment
     registry_user_info: str | None = field(default=None, repr=False)
@@ -81,6 +84,7 @@ class TaskReport:
     rows: int = 0
     errors: list[DecodeError] = field(default_factory=list)
     errors_dropped: int = 0  # past MAX_ERRORS_KEPT: counted, not kept
+    event_times: Observed = field(default_factory=Observed)
 
     def merge(self, other: TaskReport) -> TaskReport:
         for name in (
@@ -97,6 +101,7 @@ class TaskReport:
         room = MAX_ERRORS_KEPT - len(self.errors)
         self.errors.extend(other.errors[:room])
         self.errors_dropped += max(len(other.errors) - room, 0)
+        self.event_times.merge(other.event_times)
         return self
 
 
@@ -180,6 +185,8 @@ def _write(
             report.rows += rows.batch.num_rows
             report.errors.extend(rows.errors)
             if rows.batch.num_rows:
+                # the event times in the same pass as the rows (a chunk is one Kafka partition)
+                observe(spec.event_time, rows.batch, chunk.partition, report.event_times)
                 yield rows.batch
 
     data: pa.RecordBatchReader | pa.Table = pa.RecordBatchReader.from_batches(

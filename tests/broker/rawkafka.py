@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import itertools
 import socket
+import ssl
 import struct
 from dataclasses import dataclass
 from datetime import timedelta
@@ -79,11 +80,7 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _round_trip(
-    bootstrap: str, api_key: int, api_version: int, request: Any, response_type: type[Any]
-) -> Any:
-    host, port = bootstrap.rsplit(":", 1)
-    correlation_id = next(_correlation)
+def _encode(api_key: int, api_version: int, request: Any, correlation_id: int) -> bytes:
     buf = io.BytesIO()
     # a flexible version (tagged fields) has the flexible headers around it
     flexible = request.__flexible__
@@ -99,10 +96,12 @@ def _round_trip(
     )
     entity_writer(type(request))(buf, request)
     payload = buf.getvalue()
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(struct.pack(">i", len(payload)) + payload)
-        (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
-        frame = _recv_exactly(sock, size)
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _decode(frame: bytes, request: Any, response_type: type[Any], correlation_id: int) -> Any:
+    # ApiVersions answers with the v0 response header whatever its version (KIP-511)
+    flexible = request.__flexible__ and request.__api_key__ != 18
     response_header: type[ResponseHeader | FlexibleResponseHeader] = (
         FlexibleResponseHeader if flexible else ResponseHeader
     )
@@ -110,6 +109,54 @@ def _round_trip(
     assert header.correlation_id == correlation_id
     response, _ = entity_reader(response_type)(frame, used)
     return response
+
+
+def _round_trip(
+    bootstrap: str, api_key: int, api_version: int, request: Any, response_type: type[Any]
+) -> Any:
+    with Connection(bootstrap) as connection:
+        return connection.request(api_key, api_version, request, response_type)
+
+
+class Connection:
+    """One connection for several requests in turn (a SASL exchange, a session that expires),
+    optionally over TLS."""
+
+    def __init__(
+        self, bootstrap: str, timeout: float = 10, tls: ssl.SSLContext | None = None
+    ) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock = tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def request(
+        self, api_key: int, api_version: int, request: Any, response_type: type[Any]
+    ) -> Any:
+        """Send one request and read its response; ConnectionError if the broker closed."""
+        correlation_id = next(_correlation)
+        self.sock.sendall(_encode(api_key, api_version, request, correlation_id))
+        (size,) = struct.unpack(">i", _recv_exactly(self.sock, 4))
+        frame = _recv_exactly(self.sock, size)
+        return _decode(frame, request, response_type, correlation_id)
+
+    def closed_by_peer(self) -> bool:
+        """True once the broker has closed the connection (reads EOF or a reset)."""
+        try:
+            return self.sock.recv(1) == b""
+        except (ConnectionError, ssl.SSLError):
+            return True
 
 
 def fetch_raw(

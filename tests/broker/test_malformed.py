@@ -526,7 +526,7 @@ def test_request_at_max_size_is_read_not_refused(kbroker: BrokerProcess) -> None
 # ---------------------------------------------------------------- unknown APIs and versions
 
 
-@pytest.mark.parametrize("api_key", [9999, 17, -1, 36, 1000], ids=lambda k: f"key={k}")
+@pytest.mark.parametrize("api_key", [9999, 38, -1, 40, 1000], ids=lambda k: f"key={k}")
 def test_unknown_api_key_closes_connection(
     kbroker: BrokerProcess, bystander: Bystander, stored: Any, api_key: int
 ) -> None:
@@ -575,7 +575,7 @@ def test_api_versions_unsupported_version_answers_v0_error(
         listed = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
         assert listed[API_VERSIONS] == (0, 4)
         assert listed[PRODUCE][0] <= 9 <= listed[PRODUCE][1]
-        assert 17 not in listed
+        assert 38 not in listed  # CreateDelegationToken: not served
         # The connection stays open: the client retries with a version it now knows.
         retry = c.call(api_versions_request(3))
         assert retry.error_code == NONE
@@ -600,7 +600,7 @@ def test_api_versions_every_served_version_answers(kbroker: BrokerProcess, versi
     for key, (low, high) in SUPPORTED_VERSIONS.items():
         assert listed[key][1] == high and listed[key][0] <= low, key
     assert listed[FETCH] == (4, 12) and listed[API_VERSIONS] == (0, 4) and listed[PRODUCE][1] == 12
-    assert 17 not in listed
+    assert 38 not in listed
     if version >= 1:
         assert response.throttle_time == datetime.timedelta(0)
 
@@ -1162,7 +1162,9 @@ def stub_listener() -> Iterator[_InProcessListener]:
     server = KafkaServer(_StubHandlers(), MAX_REQUEST_BYTES)  # type: ignore[arg-type]
 
     async def start() -> int:
-        await server.start("127.0.0.1", 0)
+        from broker.security.listeners import Listener
+
+        await server.start([Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 0, "127.0.0.1", 0)])
         assert server.server is not None
         return int(server.server.sockets[0].getsockname()[1])
 

@@ -24,7 +24,10 @@ def test_every_dag_file_imports_without_a_manifest(
 ) -> None:
     bag = dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
-    assert set(bag.dag_ids) == {"icefall_example_downstream__clicks"}
+    assert set(bag.dag_ids) == {
+        "icefall_example_downstream__clicks",
+        "icefall_example_hourly__clicks",
+    }
 
 
 def test_every_dag_file_imports_with_table_topics(
@@ -53,6 +56,14 @@ def test_commit_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert [(a.name, a.uri) for a in outlets] == [("icefall/shop/shop_orders_v2",) * 2]
     assert set(dag.params.keys()) == {"until", "until_offsets", "max_records"}
     assert dag.params["until"] == "interval"
+
+    # partitioned by hour: the announce task emits the closed hours on their own asset
+    hourly = manifests.entry("t", configs={"automq.table.topic.partition.by": "[hour(at)]"})
+    manifests.write(tmp_path, hourly)
+    dag = dagbag(tmp_path, monkeypatch).dags["icefall_commit__t"]
+    assert [t.task_id for t in dag.topological_sort()] == ["plan", "commit", "publish", "announce"]
+    outlets = dag.task_dict["announce"].outlets
+    assert [a.name for a in outlets] == ["icefall/default/t/closed-partitions"]
 
 
 def test_factory_follows_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

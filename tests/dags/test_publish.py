@@ -74,3 +74,88 @@ def test_nothing_new_skips_the_asset_event(tmp_path: Any) -> None:
     nothing = {**COMMITTED, "status": "nothing_new", "rows": 0, "offsets_before": {"0": 10, "1": 4}}
     with pytest.raises(AirflowSkipException, match="nothing new"):
         next(_publish(entry, None, nothing, PLAN))  # type: ignore[arg-type]
+
+
+def test_event_time_in_the_extra_and_closed_partitions_as_keys() -> None:
+    from icefall_airflow import event_partitions
+
+    hour = 1_767_261_600_000  # 2026-01-01T10:00:00Z
+    result = {
+        **COMMITTED,
+        "offsets_before": {"0": 0, "1": 4},
+        "event_time_column": "at",
+        "event_time_min_ms": hour + 5,
+        "event_time_max_ms": hour + 3_600_000,
+        "event_time_granularity": "hour",
+        "watermark_ms": hour + 3_600_000,
+        "closed_windows": [hour],
+        "late_windows": [hour - 3_600_000],
+    }
+    extra = publish.asset_extra(publish.check_result(result), PLAN, None)
+    assert extra["offset_ranges"] == {"0": {"start": 0, "end": 10}}  # partition 1 did not move
+    assert (extra["event_time_min_ms"], extra["event_time_max_ms"]) == (hour + 5, hour + 3_600_000)
+    assert extra["closed_partitions"] == ["2026-01-01T10:00:00"]
+    assert extra["late_partitions"] == ["2026-01-01T09:00:00"]
+    json.dumps(extra)
+    start, end = event_partitions.window("2026-01-01T10:00:00", "day")
+    assert (start.isoformat(), end.isoformat()) == (
+        "2026-01-01T10:00:00+00:00",
+        "2026-01-02T10:00:00+00:00",
+    )
+    assert event_partitions.may_close_partitions("[day(at), bucket(id, 4)]")
+    assert not event_partitions.may_close_partitions("[month(at)]")
+    assert event_partitions.closed_keys({**result, "status": "nothing_new"}) == []
+    with pytest.raises(ValueError, match="granularity"):
+        event_partitions.window("2026-01-01T10:00:00", "week")
+
+
+def test_lineage_of_a_round_names_topic_and_table_as_openlineage_does() -> None:
+    from icefall_airflow import lineage
+    from openlineage.client.serde import Serde
+
+    from broker.contracts import ClusterInfo
+
+    cluster = ClusterInfo(
+        cluster_id="c",
+        bootstrap="127.0.0.1:9092,127.0.0.1:9093",
+        registry_url="http://127.0.0.1:8081",
+        catalog_url="http://127.0.0.1:1/catalog",  # nothing listens: tables named by the catalog
+        object_store="file:///tmp/x",
+    )
+    result = {**COMMITTED, "dlq_rows": 2}
+    found = lineage.round_lineage(result, cluster)
+    [topic] = [json.loads(Serde.to_json(d)) for d in found.inputs]
+    assert (topic["namespace"], topic["name"]) == ("kafka://127.0.0.1:9092", "clicks")
+    assert topic["inputFacets"]["inputStatistics"]["rowCount"] == 14
+    table, dlq = (json.loads(Serde.to_json(d)) for d in found.outputs)
+    assert (table["namespace"], table["name"]) == ("http://127.0.0.1:1/catalog", "default.clicks")
+    assert table["facets"]["version"]["datasetVersion"] == "42"
+    assert table["outputFacets"]["outputStatistics"]["rowCount"] == 14
+    assert dlq["name"] == "default.clicks__dlq"
+    assert dlq["outputFacets"]["outputStatistics"]["rowCount"] == 2
+    assert lineage.location_name("s3://lake/wh/default/clicks") == (
+        "s3://lake",
+        "wh/default/clicks",
+    )
+    assert lineage.location_name("/data/wh/default/clicks") == ("file", "/data/wh/default/clicks")
+
+    moved = {
+        "status": "moved",
+        "topic": "clicks",
+        "moved": 3,
+        "snapshot_id": 7,
+        "dlq_snapshot_id": 8,
+    }
+    found = lineage.reprocess_lineage(moved, cluster, "default", "clicks")
+    assert [d.name for d in found.inputs] == ["default.clicks__dlq"]
+    assert [(d.name, d.facets["version"].datasetVersion) for d in found.outputs] == [
+        ("default.clicks", "7"),
+        ("default.clicks__dlq", "8"),
+    ]
+    assert found.outputs[0].outputFacets["outputStatistics"].rowCount == 3
+    done = {"status": "done", "topic": "clicks", "snapshot_id_before": 1, "snapshot_id": 2}
+    found = lineage.maintenance_lineage(done, cluster, "default", "clicks")
+    assert [d.facets["version"].datasetVersion for d in [*found.inputs, *found.outputs]] == [
+        "1",
+        "2",
+    ]

@@ -3,6 +3,11 @@
 rounds; a re-run of round 1 is a no-op; dropping and recreating the table and
 re-running both intervals (what a backfill does) rebuilds it from the segments.
 
+The table is partitioned by the hour of the record timestamp, and the records carry
+timestamps in three hours (10:00, 11:00, 12:00 UTC), one hour per round: an hour is
+announced once, by a partitioned event on ``.../closed-partitions``, when a later round's
+rows pass it, and Airflow queues the example hourly DAG for that partition key.
+
 The broker's registry requires basic auth and its catalog OAuth2: the rounds, the
 plugin and the status view take their credentials from the Airflow connections
 ``icefall_registry`` and ``icefall_catalog``, and no secret reaches an asset event.
@@ -11,6 +16,10 @@ plugin and the status view take their credentials from the Airflow connections
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from datetime import UTC, datetime
@@ -25,7 +34,7 @@ airflow_env.configure()
 
 from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
 from tests.http_security_support import PASSWORDS, SECRETS, airflow_connections, secured_args
-from tests.support import BrokerProcess, wait_for
+from tests.support import BrokerProcess, free_port, wait_for
 
 TOPIC = "orders"
 SCHEMA = json.dumps(
@@ -37,6 +46,15 @@ SCHEMA = json.dumps(
     }
 )
 ASSET = "icefall/shop/orders"
+CLOSED = "icefall/shop/orders/closed-partitions"
+HOURLY_DAG = "icefall_example_hourly__orders"
+TEN = int(datetime(2026, 1, 1, 10, tzinfo=UTC).timestamp() * 1000)
+
+
+def record_time(i: int) -> int:
+    """Record i's timestamp: records 0-49 in hour 10, 50-79 in hour 11, from 80 in hour 12."""
+    hour = 0 if i < 50 else 1 if i < 80 else 2
+    return TEN + hour * 3_600_000 + i * 1000
 
 
 @pytest.fixture
@@ -65,6 +83,7 @@ def produce(broker: BrokerProcess, first: int, count: int) -> None:
             key=str(i).encode(),
             value=serialize({"id": i, "item": f"item-{i}"}, context),
             partition=i % 2,
+            timestamp=record_time(i),
         )
     assert producer.flush(10) == 0
 
@@ -77,22 +96,69 @@ def cut_after_now() -> datetime:
 
 
 def asset_events() -> list[dict[str, Any]]:
+    return [extra for extra, _ in events_of(ASSET)]
+
+
+def events_of(asset: str) -> list[tuple[dict[str, Any], str | None]]:
+    """(extra, partition key) of the asset's events, oldest first."""
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     with create_session() as session:
-        rows = (
-            session.execute(
-                select(AssetEvent.extra)
-                .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-                .where(AssetModel.name == ASSET)
-                .order_by(AssetEvent.id)
+        rows = session.execute(
+            select(AssetEvent.extra, AssetEvent.partition_key)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetModel.name == asset)
+            .order_by(AssetEvent.id)
+        ).all()
+        return [(dict(extra), key) for extra, key in rows]
+
+
+def closed_keys() -> list[str | None]:
+    return [key for _, key in events_of(CLOSED)]
+
+
+def scheduled_partition_runs(dag_id: str) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The scheduler's step that turns queued partitions into DAG runs (no scheduler process
+    here): the runs of ``dag_id`` it made, as (partition key, extras of the events they consume)."""
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    runner = SchedulerJobRunner(job=Job())
+    with create_session() as session:
+        runner._create_dagruns_for_partitioned_asset_dags(session)
+    with create_session() as session:
+        runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)).all()
+        return [(r.partition_key, [dict(e.extra) for e in r.consumed_asset_events]) for r in runs]
+
+
+def unpause(dag_id: str) -> None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=False))
+
+
+def queued_partitions(dag_id: str) -> list[str]:
+    """The partition keys Airflow queued runs of ``dag_id`` for (its AssetPartitionDagRun rows)."""
+    from airflow.models.asset import AssetPartitionDagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return list(
+            session.scalars(
+                select(AssetPartitionDagRun.partition_key)
+                .where(AssetPartitionDagRun.target_dag_id == dag_id)
+                .order_by(AssetPartitionDagRun.id)
             )
-            .scalars()
-            .all()
         )
-        return [dict(extra) for extra in rows]
 
 
 def table_ids(catalog: Any) -> list[int]:
@@ -120,6 +186,7 @@ def test_two_rounds_rerun_and_rebuild(
         "automq.table.topic.enable": "true",
         "automq.table.topic.namespace": "shop",
         "automq.table.topic.commit.interval.ms": "30000",
+        "automq.table.topic.partition.by": "[hour(_kafka_metadata.timestamp)]",
     }
     for future in admin.create_topics([NewTopic(TOPIC, 2, 1, config=config)]).values():
         future.result(10)
@@ -130,6 +197,7 @@ def test_two_rounds_rerun_and_rebuild(
     for name in (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV):  # unset now, unset after
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
+    monkeypatch.setenv("ICEFALL_EXAMPLE_TABLE", "shop.orders")  # the example DAGs on this table
 
     from airflow.dag_processing.dagbag import DagBag
 
@@ -144,21 +212,48 @@ def test_two_rounds_rerun_and_rebuild(
     cut2 = cut_after_now()
     produce(broker, 80, 5)  # after cut 2: left for a later round
 
-    assert run_round(dag, cut1)["publish"] == "success"
+    states = run_round(dag, cut1)
+    assert (states["publish"], states["announce"]) == ("success", "skipped")  # hour 10 is open
     assert table_ids(catalog) == list(range(50))
     events = asset_events()
     assert len(events) == 1 and events[0]["rows"] == 50
     assert events[0]["offsets_after"] == {"0": 25, "1": 25}
+    assert events[0]["offset_ranges"] == {
+        "0": {"start": 0, "end": 25},
+        "1": {"start": 0, "end": 25},
+    }
+    assert events[0]["event_time_column"] == "_kafka_metadata.timestamp"
+    assert (events[0]["event_time_min_ms"], events[0]["event_time_max_ms"]) == (
+        record_time(0),
+        record_time(49),
+    )
+    assert events[0]["closed_partitions"] == [] and closed_keys() == []
     assert (
         events[0]["snapshot_id"]
         == catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id
     )
     assert events[0]["lag_records"] == 35  # 30 + 5 produced after the cut
 
-    assert run_round(dag, cut2)["publish"] == "success"
+    unpause(HOURLY_DAG)  # Airflow queues runs of unpaused DAGs only
+    states = run_round(dag, cut2)
+    assert (states["publish"], states["announce"]) == ("success", "success")
     assert table_ids(catalog) == list(range(80))
     events = asset_events()
     assert len(events) == 2 and events[1]["rows"] == 30
+    # both partitions' rows are past 11:00: hour 10 closed, once; hour 11 stays open
+    assert events[1]["closed_partitions"] == ["2026-01-01T10:00:00"]
+    assert closed_keys() == ["2026-01-01T10:00:00"]
+    [(announced, _)] = events_of(CLOSED)
+    assert announced["snapshot_id"] == events[1]["snapshot_id"]
+    assert queued_partitions(HOURLY_DAG) == ["2026-01-01T10:00:00"]
+    assert scheduled_partition_runs(HOURLY_DAG) == [("2026-01-01T10:00:00", [announced])]
+    from tests.support import REPO
+
+    example = load_example(REPO / "dags" / "example_downstream.py")
+    hour = example.partition_rows(
+        catalog.load_table(("shop", "orders")), "2026-01-01T10:00:00", announced, ("id",)
+    )
+    assert sorted(hour.column("id").to_pylist()) == list(range(50))
     assert events[1]["offsets_before"] == {"0": 25, "1": 25} and events[1]["offsets_after"] == {
         "0": 40,
         "1": 40,
@@ -166,8 +261,9 @@ def test_two_rounds_rerun_and_rebuild(
     snapshot_after_two = catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id
 
     # Re-running round 1: nothing new, no asset event, the table unchanged.
-    assert run_round(dag, cut1)["publish"] == "skipped"
-    assert len(asset_events()) == 2
+    states = run_round(dag, cut1)
+    assert (states["publish"], states["announce"]) == ("skipped", "skipped")
+    assert len(asset_events()) == 2 and len(closed_keys()) == 1
     assert (
         catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id == snapshot_after_two
     )
@@ -201,3 +297,89 @@ def test_two_rounds_rerun_and_rebuild(
     assert str(run.state) == "success" and run.logical_date is None
     assert table_ids(catalog) == list(range(85))
     assert asset_events()[-1]["offsets_after"] == {"0": 43, "1": 42}
+    # the rebuilt table announced hour 10 again; the rows of hour 12 close hour 11 (both
+    # partitions are caught up: the watermark is their largest)
+    assert closed_keys() == ["2026-01-01T10:00:00"] * 2 + ["2026-01-01T11:00:00"]
+
+    # OpenLineage: a round run by `airflow dags test` with the provider's HTTP transport reports
+    # the topic in and the table out, with the rows and the snapshot, to a local receiver.
+    produce(broker, 85, 4)
+    with LineageReceiver() as receiver:
+        env = {
+            **os.environ,
+            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "http", "url": receiver.url}),
+        }
+        subprocess.run(
+            [str(Path(sys.executable).parent / "airflow"), "dags", "test", dag.dag_id],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=300,
+        )
+        complete = wait_for(
+            lambda: receiver.complete(f"{dag.dag_id}.commit"), 30, what="the COMPLETE event"
+        )
+    snapshot = catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id
+    assert asset_events()[-1]["snapshot_id"] == snapshot and table_ids(catalog) == list(range(89))
+    [topic] = complete["inputs"]
+    assert (topic["namespace"], topic["name"]) == (f"kafka://{broker.bootstrap}", TOPIC)
+    [output] = complete["outputs"]
+    assert output["facets"]["version"]["datasetVersion"] == str(snapshot)
+    assert output["outputFacets"]["outputStatistics"]["rowCount"] == 4
+    [link] = output["facets"]["symlinks"]["identifiers"]
+    assert (link["name"], link["type"]) == ("shop.orders", "TABLE")
+    assert output["name"].endswith("orders")  # by location: file:/.../shop/orders...
+
+
+class LineageReceiver:
+    """A local OpenLineage HTTP endpoint: records every event POSTed to it."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.events: list[dict[str, Any]] = []
+        events = self.events
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                events.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> LineageReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def complete(self, job: str) -> dict[str, Any] | None:
+        return next(
+            (
+                e
+                for e in self.events
+                if e.get("eventType") == "COMPLETE" and e.get("job", {}).get("name") == job
+            ),
+            None,
+        )
+
+
+def load_example(path: Path) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("example_downstream", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -80,12 +80,14 @@ class AvroProducer:
         *,
         key: Any = None,
         headers: list[tuple[str, str | bytes | None]] | None = None,
+        partition: int | None = None,
     ) -> None:
         def delivered(err: Any, msg: Any) -> None:
             assert err is None, err
             self.acked.append((msg.partition(), msg.offset()))
 
         ctx = SerializationContext(self.topic, MessageField.VALUE)
+        where: dict[str, Any] = {} if partition is None else {"partition": partition}
         for value in values:
             k = key(value) if callable(key) else key
             self.producer.produce(
@@ -94,6 +96,7 @@ class AvroProducer:
                 key=k,
                 headers=headers,
                 on_delivery=delivered,
+                **where,
             )
         assert self.producer.flush(30) == 0
 

@@ -3,12 +3,15 @@ partitioned data files, and changing the config evolves the spec at the next rou
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from spark_jobs.rounds import partitioning
+from broker import checkpoint
+from broker.topic_configs import PARTITION_BY
+from spark_jobs.rounds import event_time, partitioning
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
@@ -99,3 +102,71 @@ def test_rows_are_written_partitioned_and_the_spec_evolves(
     tbl = table(round_broker, topic)
     assert [f.name for f in tbl.spec().fields] == ["at_hour"] and tbl.spec().spec_id > 0
     assert table_offsets(round_broker, topic) == sorted(producer.acked)
+
+
+def _hour(h: int, minute: int = 0) -> datetime:
+    return datetime(2026, 1, 1, h, minute, tzinfo=UTC)
+
+
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def test_event_time_range_watermark_and_closed_hours(
+    spark: Any, round_broker: BrokerProcess
+) -> None:
+    """Partitioned by ``hour(at)``: each round reports its rows' range of ``at``, and an hour closes
+    once, in the round whose rows move every partition's watermark past its end; a late row is
+    written and reported, its hour not closed again; the state rides in the snapshot summary."""
+    topic = new_topic(round_broker, partitions=2, configs={PARTITION_BY: "[hour(at)]"})
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    in_driver = ("--in-driver-max-bytes", str(1 << 20))
+
+    def send(partition: int, *times: datetime) -> None:
+        producer.send([{**clicks(0, 1)[0], "at": at} for at in times], partition=partition)
+
+    send(0, _hour(10, 5), _hour(11, 10))
+    send(1, _hour(10, 20))
+    first = run_round(spark, round_broker, topic, *in_driver)
+    assert first.status == "committed" and first.rows == 3, first.message
+    assert (first.event_time_column, first.event_time_granularity) == ("at", "hour")
+    assert (first.event_time_min_ms, first.event_time_max_ms) == (
+        _ms(_hour(10, 5)),
+        _ms(_hour(11, 10)),
+    )
+    assert first.watermarks == {0: _ms(_hour(11, 10)), 1: _ms(_hour(10, 20))}
+    # both partitions are caught up (idle): the watermark is the largest
+    assert (first.watermark_before_ms, first.watermark_ms) == (None, _ms(_hour(11, 10)))
+    assert first.closed_windows == [_ms(_hour(10))] and first.late_windows == []
+    summary = checkpoint.summary_properties(table(round_broker, topic).current_snapshot())
+    assert summary[event_time.CLOSED] == f"[{_ms(_hour(10))}]"
+    assert summary[event_time.OPEN] == f"[{_ms(_hour(11))}]"
+
+    assert run_round(spark, round_broker, topic, *in_driver).status == "nothing_new"
+
+    send(1, _hour(11, 30))
+    send(0, _hour(10, 40))  # late: hour 10 is closed
+    second = run_round(spark, round_broker, topic, *in_driver)
+    assert second.watermark_ms == _ms(_hour(11, 30)) and second.closed_windows == []
+    assert second.late_windows == [_ms(_hour(10))]
+
+    send(0, _hour(12, 1))
+    third = run_round(spark, round_broker, topic, *in_driver)
+    assert third.closed_windows == [_ms(_hour(11))], third
+    assert third.watermark_before_ms == _ms(_hour(11, 30))
+    assert table(round_broker, topic).scan().to_arrow().num_rows == 6
+
+
+def test_the_watermark_waits_for_partitions_that_are_behind() -> None:
+    spec = event_time.EventTimeSpec("at", "hour")
+    seen = event_time.Observed({0: (_ms(_hour(10)), _ms(_hour(11, 5)))}, {_ms(_hour(10))})
+    # partition 1 is behind (not idle) and has committed nothing: no watermark yet
+    step = event_time.advance(event_time.State(), spec, seen, [0, 1], idle={0})
+    assert step.after.watermark is None and step.closed == []
+    assert step.after.open_windows == (_ms(_hour(10)),)
+    later = event_time.Observed({1: (_ms(_hour(10, 30)), _ms(_hour(10, 30)))}, {_ms(_hour(10))})
+    step = event_time.advance(step.after, spec, later, [0, 1], idle=set())
+    assert step.after.watermark == _ms(_hour(10, 30)) and step.closed == []
+    assert event_time.State.from_summary(step.summary(spec)) == step.after
+    caught_up = event_time.advance(step.after, spec, event_time.Observed(), [0, 1], idle={1})
+    assert caught_up.after.watermark == _ms(_hour(11, 5)) and caught_up.closed == [_ms(_hour(10))]

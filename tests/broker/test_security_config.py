@@ -1,0 +1,204 @@
+"""The listener and security settings refused at load time with the key named (no broker
+started): unknown protocols, names missing from the protocol map, shared ports, TLS
+listeners without a certificate, unknown SASL mechanisms and JAAS text Kafka would refuse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.config import ConfigError, load_broker_config
+from broker.security import settings, tls
+from broker.security.listeners import ListenerError
+from tests.tls_certs import make_pki
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"listeners": "PLAINTEXT:/127.0.0.1:9092"},
+            "listeners: 'PLAINTEXT:/127.0.0.1:9092' is not NAME://host:port",
+        ),
+        (
+            {"listeners": "EXTERNAL://:9093"},
+            "listeners: listener name EXTERNAL is not in listener.security.protocol.map",
+        ),
+        (
+            {"listeners": "A://:9093", "listener.security.protocol.map": "A:TLS"},
+            "listener.security.protocol.map: unknown security protocol 'TLS' for A",
+        ),
+        ({"listeners": "PLAINTEXT://:9092,SASL_PLAINTEXT://:9092"}, "both use port 9092"),
+        (
+            {"listeners": "PLAINTEXT://:9092,PLAINTEXT://:9093"},
+            "listener name PLAINTEXT appears twice",
+        ),
+        ({"advertised.listeners": "PLAINTEXT://h:1"}, "advertised.listeners: needs listeners"),
+        (
+            {"listeners": "PLAINTEXT://:9092", "advertised.listeners": "SSL://h:1"},
+            "advertised.listeners: SSL is not one of the listeners",
+        ),
+        (
+            {"listeners": "SSL://:9093"},
+            "ssl.keystore.location: listener SSL (SSL) needs a certificate",
+        ),
+        (
+            {"listeners": "SASL_PLAINTEXT://:9093", "sasl.enabled.mechanisms": "GSSAPI,PLAIN"},
+            "sasl.enabled.mechanisms: GSSAPI not supported on listener SASL_PLAINTEXT",
+        ),
+        (
+            {"listeners": "PLAINTEXT://:9092", "listener.name.other.ssl.client.auth": "required"},
+            "no listener named OTHER",
+        ),
+        (
+            {"listeners": "PLAINTEXT://:9092", "listener.name.plaintext.num.partitions": "3"},
+            "cannot be set per listener",
+        ),
+        ({"ssl.client.auth": "always"}, "ssl.client.auth"),
+        (
+            {"listeners": "SSL://:9093", "ssl.keystore.location": "/x", "ssl.keystore.type": "JKS"},
+            "Icefall reads PEM files only",
+        ),
+        ({"sasl.jaas.config": "x"}, "needs Kafka's listener prefix"),
+        (
+            {
+                "listeners": "SASL_SSL://:9093",
+                "ssl.keystore.location": "/x",
+                "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                ),
+            },
+            "PLAIN takes org.apache.kafka.common.security.plain.PlainLoginModule",
+        ),
+        (
+            {
+                "listeners": "SASL_SSL://:9093",
+                "ssl.keystore.location": "/x",
+                "listener.name.sasl_ssl.plain.sasl.jaas.config": "PlainLoginModule required user_a",
+            },
+            "expected LoginModule",
+        ),
+    ],
+)
+def test_bad_listener_settings_name_their_key(overrides: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_broker_config(overrides=overrides)
+    assert message in str(refused.value)
+
+
+def test_listeners_advertised_and_per_listener_settings() -> None:
+    config = load_broker_config(
+        overrides={
+            "listeners": "INTERNAL://127.0.0.1:9092,EXTERNAL://0.0.0.0:9093",
+            "advertised.listeners": "EXTERNAL://kafka.example.com:19093",
+            "listener.security.protocol.map": "INTERNAL:PLAINTEXT,EXTERNAL:SASL_PLAINTEXT",
+            "listener.name.external.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.external.connections.max.reauth.ms": "60000",
+            "listener.name.external.plain.sasl.jaas.config": (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required\n"
+                '  username="admin" password="x" user_alice="a;b \\"c\\"" user_bob=bob-pw;'
+            ),
+        }
+    )
+    internal, external = config.listener_list()
+    assert (internal.protocol, internal.advertised_host, internal.advertised_port) == (
+        "PLAINTEXT",
+        "127.0.0.1",
+        9092,
+    )
+    assert (external.protocol, external.advertised_host, external.advertised_port) == (
+        "SASL_PLAINTEXT",
+        "kafka.example.com",
+        19093,
+    )
+    assert settings.mechanisms(config, external) == ["PLAIN"]
+    assert settings.mechanisms(config, internal) == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    assert settings.plain_users(config, external) == {"alice": 'a;b "c"', "bob": "bob-pw"}
+    assert (settings.reauth_ms(config, external), settings.reauth_ms(config, internal)) == (
+        60000,
+        0,
+    )
+    assert config.bootstrap == "127.0.0.1:9092"
+    # unset listeners: the one plaintext listener on host and kafka.port, as always
+    [default] = load_broker_config(flags={"kafka_port": 9999}).listener_list()
+    assert (default.name, default.protocol, default.port) == ("PLAINTEXT", "PLAINTEXT", 9999)
+
+
+def test_tls_contexts_from_pem_files_and_text(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    text = load_broker_config(
+        overrides={
+            "listeners": "SSL://127.0.0.1:9093",
+            "ssl.keystore.certificate.chain": pki.server_chain.read_text(),
+            "ssl.keystore.key": pki.server_key_encrypted.read_text(),
+            "ssl.key.password": pki.server_key_password,
+            "ssl.truststore.certificates": pki.ca.read_text(),
+            "ssl.client.auth": "required",
+        }
+    )
+    assert "server-key-secret" not in repr(text)
+    [listener] = text.listener_list()
+    assert tls.server_context(text, listener).verify_mode.name == "CERT_REQUIRED"
+    wrong = text.model_copy(update={"ssl_key_password": "not-it"})
+    with pytest.raises(ListenerError, match="ssl.keystore.certificate.chain of listener SSL"):
+        tls.server_context(wrong, listener)
+    missing = load_broker_config(
+        overrides={"listeners": "SSL://:9093", "ssl.keystore.location": str(tmp_path / "nope.pem")}
+    )
+    with pytest.raises(ListenerError, match="ssl.keystore.location of listener SSL: No such file"):
+        tls.server_context(missing, missing.listener_list()[0])
+    no_trust = load_broker_config(
+        overrides={
+            "listeners": "SSL://:9093",
+            "ssl.keystore.location": str(pki.server),
+            "ssl.client.auth": "required",
+        }
+    )
+    with pytest.raises(ListenerError, match="needs ssl.truststore.location"):
+        tls.server_context(no_trust, no_trust.listener_list()[0])
+
+
+PASSWORD = "ann-has-a-long-password"
+
+
+def test_scram_add_stores_keys_not_the_password(tmp_path: Path) -> None:
+    from broker import cli
+    from broker.security import scram
+    from broker.storage.metadata import MetadataStore
+
+    home = ["--home", str(tmp_path)]
+    assert (
+        cli.main(
+            [
+                "scram-add",
+                *home,
+                "--user",
+                "ann",
+                "--mechanism",
+                "SCRAM-SHA-256",
+                "--password",
+                PASSWORD,
+                "--iterations",
+                "8192",
+            ]
+        )
+        == 0
+    )
+    assert (
+        cli.main(
+            ["scram-add", *home, "--user", "ann", "--password", PASSWORD, "--iterations", "100"]
+        )
+        == 2
+    )
+    store = MetadataStore(tmp_path / "metadata.sqlite")
+    try:
+        found = store.scram_credential("ann", "SCRAM-SHA-256")
+        assert found is not None and store.scram_users() == {"ann": {"SCRAM-SHA-256": 8192}}
+    finally:
+        store.close()
+    salt, stored_key, server_key, iterations = found
+    assert scram.from_password(
+        "SCRAM-SHA-256", PASSWORD, iterations, salt
+    ) == scram.ScramCredential(salt, stored_key, server_key, 8192)
+    assert PASSWORD.encode() not in (tmp_path / "metadata.sqlite").read_bytes()
