@@ -16,8 +16,16 @@ PASSWORDS.update(nobody="nobody-pw-3b9f", producer="producer-pw-6e0c")
 CLIENT_SECRETS = {"etl": "etl-secret-a41f9", "duck": "duck-secret-c7e02"}
 AWS_SECRET = "aws-secret-key-e93b1f"
 SSL_KEY_PASSWORD = "tls-key-pw-2a8d"
-# Every secret this module sets: none may leave the broker. (Extend with SASL/SSL passwords.)
-SECRETS = [SIGNING_KEY, AWS_SECRET, SSL_KEY_PASSWORD, *PASSWORDS.values(), *CLIENT_SECRETS.values()]
+JAAS_SECRET = "jaas-plain-pw-94d0"  # a SASL PLAIN user's password in a listener's JAAS text
+# Every secret a secured broker is given: none may leave it. Extend when a setting holds a new one.
+SECRETS = [
+    SIGNING_KEY,
+    AWS_SECRET,
+    SSL_KEY_PASSWORD,
+    JAAS_SECRET,
+    *PASSWORDS.values(),
+    *CLIENT_SECRETS.values(),
+]
 
 AVRO = json.dumps({"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]})
 
@@ -55,10 +63,28 @@ def write_security_files(directory: Path) -> Path:
     return properties
 
 
-def secured_broker(root: Path) -> BrokerProcess:
-    """Started; the caller stops it. ``AWS_*`` credentials in its environment (never shown)."""
+def secured_broker(root: Path, kafka_listeners: bool = False) -> BrokerProcess:
+    """Started; the caller stops it. ``AWS_*`` credentials in its environment (never shown).
+    ``kafka_listeners``: also a SASL_PLAINTEXT listener (a PLAIN password in its JAAS text) and
+    an SSL one (an encrypted key and its password) beside the PLAINTEXT one."""
     args, env = secured_args(root)
-    return BrokerProcess(root / "home", [*args, "--segment-flush-ms", "100"], env).start()
+    broker = BrokerProcess(root / "home", [*args, "--segment-flush-ms", "100"], env)
+    if kafka_listeners:
+        from tests.support import free_port
+        from tests.tls_certs import make_certs
+
+        certs = make_certs(root / "certs", SSL_KEY_PASSWORD)
+        with open(args[1], "a") as properties:
+            properties.write(
+                f"listeners=PLAINTEXT://127.0.0.1:{broker.kafka_port},"
+                f"SASL_PLAINTEXT://127.0.0.1:{free_port()},SSL://127.0.0.1:{free_port()}\n"
+                f"ssl.keystore.location={certs.keystore}\n"
+                f"ssl.key.password={SSL_KEY_PASSWORD}\n"
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'user_kafka="{JAAS_SECRET}";\n'
+            )
+    return broker.start()
 
 
 def secured_args(root: Path) -> tuple[list[str], dict[str, str]]:

@@ -52,7 +52,7 @@ ICEBERG_SCHEMA = IcebergSchema(
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    broker = secured_broker(tmp_path_factory.mktemp("http-security"))
+    broker = secured_broker(tmp_path_factory.mktemp("http-security"), kafka_listeners=True)
     try:
         yield broker
     finally:
@@ -294,6 +294,8 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
     answers["manifest"] = (secured.home / "table_topics.json").read_text()
     assert topic in answers["manifest"] and topic in answers["/v1/table-topics"]
     answers["broker log"] = secured.log_text()
+    # the Kafka listeners holding a JAAS password and an encrypted key's password are up
+    assert "(SASL_PLAINTEXT," in answers["broker log"] and "(SSL," in answers["broker log"]
     for where, text in answers.items():
         for secret in [*SECRETS, "a-wrong-secret-is-not-logged-either"]:
             assert secret not in text, f"{where} shows a secret"
