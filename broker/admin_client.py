@@ -39,15 +39,24 @@ BrokerRequestError = BrokerError  # the Spark jobs' name for it
 
 
 def http_json(
-    url: str, method: str = "GET", body: Any = None, timeout: float = DEFAULT_TIMEOUT_S
+    url: str,
+    method: str = "GET",
+    body: Any = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    headers: dict[str, str] | None = None,
 ) -> Any:
-    """One JSON request; BrokerError for an HTTP error (with the start of its body) or no answer."""
+    """One JSON request; BrokerError for an HTTP error (with the start of its body) or no answer.
+    ``headers``: extra ones (``Authorization``), never part of an error message."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
         url,
         data=data,
         method=method,
-        headers={"Content-Type": "application/json", "Accept": "application/json"},
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            **(headers or {}),
+        },
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -89,9 +89,14 @@ parse_offsets = contracts.PendingRequest.parse_offsets
 
 
 class AdminApi(HttpService):
+    # the broker's own catalog store when it holds the tables: /metrics reads it in-process
+    local_catalog: Any = None
+
     def __init__(
         self, config: BrokerConfig, cluster: Cluster, logs: LogStore, auth: AuthStats | None = None
     ) -> None:
+        # the HTTP services that require credentials, by name: their failed logins on /metrics
+        self.http_auth: dict[str, Any] = {}
         self.config = config
         self.cluster = cluster
         self.logs = logs
@@ -148,7 +153,7 @@ class AdminApi(HttpService):
                 warehouse=self.config.catalog_warehouse
                 if self.config.catalog.builtin
                 else self.config.warehouse,
-                catalog=self.config.tables_catalog,
+                catalog=self.config.tables_catalog.without_secrets(),
             )
         )
 
@@ -338,5 +343,10 @@ class AdminApi(HttpService):
         """Prometheus text format: the log per partition, and lag per table topic (broker.metrics)."""
         from broker import metrics
 
-        text = await metrics.scrape(self.config, self.cluster, self.logs, self.auth)
+        text = await metrics.scrape(
+            self.config, self.cluster, self.logs, self.auth, self.local_catalog
+        )
+        text += metrics.authentication_failures(
+            {service: auth.failures for service, auth in self.http_auth.items()}
+        )
         return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})

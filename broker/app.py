@@ -20,6 +20,7 @@ from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate
+from broker.http_security import setup as http_setup
 from broker.kafka.consumer_groups import ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.handlers import KafkaHandlers
@@ -70,6 +71,7 @@ class Broker:
                 self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
             )
         )
+        registry_auth = http_setup.registry_auth(config, self.schemas)
         self.handlers.gate = DataQualityGate(self.schemas)
         self.catalog = open_catalog(config)
         spec = config.tables_catalog
@@ -83,7 +85,16 @@ class Broker:
                 if spec.builtin
                 else f"{spec.type} {spec.uri or spec.warehouse or ''}".strip(),
             ),
+            auth=registry_auth,
         )
+        self.registry.ssl_context = http_setup.registry_tls(config)
+        if config.catalog.builtin:  # read in-process: no HTTP, no token (catalog OAuth2)
+            self.admin.local_catalog = self.catalog.store
+        self.admin.http_auth = {
+            name: auth
+            for name, auth in (("schema-registry", registry_auth), ("catalog", self.catalog.auth))
+            if auth is not None
+        }
         self.retention = Retention(
             self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms
         )
@@ -128,23 +139,23 @@ class Broker:
         await self.catalog.start(self.config.host, self.config.catalog_port)
         self.retention.start()
         log.info(
-            "icefall broker up: kafka %s, admin http://%s:%d, schema registry http://%s:%d, "
-            "object store %s, home %s",
+            "icefall broker up: kafka %s, admin http://%s:%d, schema registry %s "
+            "(authentication %s), object store %s, home %s",
             ", ".join(
                 f"{x} ({x.protocol}, advertised {x.advertised_host}:{x.advertised_port})"
                 for x in self.config.listener_list()
             ),
             self.config.host,
             self.config.admin_port,
-            self.config.host,
-            self.config.registry_port,
+            self.config.registry_url,
+            self.config.registry_authentication_method,
             self.store.describe(),
             self.config.home,
         )
         log.info(
-            "iceberg REST catalog http://%s:%d, warehouse %s",
-            self.config.host,
-            self.config.catalog_port,
+            "iceberg REST catalog %s (authentication %s), warehouse %s",
+            self.config.catalog_url,
+            self.config.catalog_authentication_method,
             self.config.catalog_warehouse,
         )
 

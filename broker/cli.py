@@ -10,6 +10,7 @@ from pathlib import Path
 
 from broker.config import (
     SCALAR_FIELDS,
+    SECRET_FIELDS,
     BrokerConfig,
     ConfigError,
     load_broker_config,
@@ -19,7 +20,7 @@ from broker.config import (
 
 
 def _broker_config(args: argparse.Namespace) -> BrokerConfig:
-    flags = {name: getattr(args, name) for name in SCALAR_FIELDS}
+    flags = {name: getattr(args, name) for name in SCALAR_FIELDS if name not in SECRET_FIELDS}
     flags["object_store"] = args.object_store
     return load_broker_config(
         Path(args.config) if args.config else None, parse_overrides(args.override), flags
@@ -44,6 +45,8 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
         help="set one property (any key of the config file), e.g. segment.flush.ms=100",
     )
     for name in SCALAR_FIELDS:
+        if name in SECRET_FIELDS:  # argv shows in ps: secrets come from the file or ICEFALL_*
+            continue
         field = BrokerConfig.model_fields[name]
         flag = "--" + name.replace("_", "-")
         default = field.get_default(call_default_factory=False)
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             asyncio.run(serve(config, args.ready_file))
-        except (MetadataUnavailableError, ListenerError) as exc:
+        except (MetadataUnavailableError, ListenerError, ConfigError) as exc:
             print(f"icefall: {exc}", file=sys.stderr)
             return 2
         return 0

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from broker.contracts import CatalogSpec
@@ -32,6 +40,7 @@ from broker.external_catalogs import catalog_properties, tablebucket
 from broker.security import listeners as listener_settings
 
 CATALOG_PREFIX = "automq.table.topic.catalog."
+REGISTRY_ROLE_PREFIX = "schema.registry.authorization.role."
 LISTENER_PREFIX = "listener.name."
 CatalogType = Literal["rest", "glue", "tablebucket", "nessie"]
 NESSIE_NEEDS_URI = (
@@ -291,6 +300,57 @@ class BrokerConfig(BaseSettings):
         default=False,
         description="with the authorizer on, allow what no ACL allows or denies",
     )
+    # ------------------------------------------- HTTP security (docs/security-http.md)
+    registry_authentication_method: Literal["NONE", "BASIC"] = Field(
+        default="NONE",
+        description="NONE, or BASIC: HTTP basic auth on the schema registry (users file)",
+    )
+    registry_users_file: Path | None = Field(
+        default=None,
+        description=(
+            "the registry's users, Jetty PropertyFileLoginModule lines 'user: password,role,...' "
+            "(password plain, MD5:<hex> or CRYPT:<crypt>)"
+        ),
+    )
+    registry_roles: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "role -> permissions, e.g. 'read:*,write:orders-*' or 'admin' "
+            "(none: every authenticated user may do everything)"
+        ),
+    )
+    registry_ssl_keystore_location: Path | None = Field(
+        default=None,
+        description="TLS on the registry: a PEM file with the private key and certificate chain",
+    )
+    registry_ssl_key_password: SecretStr | None = Field(
+        default=None, description="the password of the registry's PEM private key, if encrypted"
+    )
+    catalog_authentication_method: Literal["NONE", "OAUTH2"] = Field(
+        default="NONE",
+        description="NONE, or OAUTH2: client credentials at /v1/oauth/tokens, bearer tokens",
+    )
+    catalog_clients_file: Path | None = Field(
+        default=None,
+        description="the catalog's OAuth2 clients, lines 'client_id: secret' (as the users file)",
+    )
+    catalog_token_signing_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "HMAC key signing the catalog's tokens (default: made once, kept in HOME/catalog-token.key; "
+            "brokers sharing a catalog database need the same one)"
+        ),
+    )
+    catalog_token_lifetime_ms: int = Field(
+        default=3_600_000, ge=1000, description="how long a catalog access token is valid"
+    )
+    catalog_ssl_keystore_location: Path | None = Field(
+        default=None,
+        description="TLS on the catalog: a PEM file with the private key and certificate chain",
+    )
+    catalog_ssl_key_password: SecretStr | None = Field(
+        default=None, description="the password of the catalog's PEM private key, if encrypted"
+    )
 
     @field_validator("object_store", mode="before")
     @classmethod
@@ -334,6 +394,15 @@ class BrokerConfig(BaseSettings):
         rather than in every round."""
         if self.catalog.type == "nessie" and not self.catalog.uri:
             raise ValueError(NESSIE_NEEDS_URI)
+        if self.registry_authentication_method == "BASIC" and self.registry_users_file is None:
+            raise ValueError(
+                "schema.registry.authentication.method=BASIC needs "
+                "schema.registry.authentication.users.file"
+            )
+        if self.catalog_authentication_method == "OAUTH2" and self.catalog_clients_file is None:
+            raise ValueError(
+                "catalog.authentication.method=OAUTH2 needs catalog.oauth2.clients.file"
+            )
         if self.catalog.type == "tablebucket":  # AWS S3 Tables: the warehouse is the bucket's ARN
             tablebucket.region_of(self.warehouse)
         if self.catalog.type == "glue" and not (self.warehouse or "").startswith("s3"):
@@ -418,7 +487,8 @@ class BrokerConfig(BaseSettings):
     @property
     def catalog_url(self) -> str:
         """The broker's own REST catalog (served whatever catalog holds the tables)."""
-        return f"http://{self.advertised}:{self.catalog_port}"
+        scheme = "https" if self.catalog_ssl_keystore_location else "http"
+        return f"{scheme}://{self.advertised}:{self.catalog_port}"
 
     @property
     def tables_catalog(self) -> CatalogSpec:
@@ -437,7 +507,8 @@ class BrokerConfig(BaseSettings):
 
     @property
     def registry_url(self) -> str:
-        return f"http://{self.advertised}:{self.registry_port}"
+        scheme = "https" if self.registry_ssl_keystore_location else "http"
+        return f"{scheme}://{self.advertised}:{self.registry_port}"
 
 
 def object_store_from_env(
@@ -484,7 +555,19 @@ KAFKA_NAMES = {
     "transaction_max_timeout_ms": "transaction.max.timeout.ms",
     "transaction_cleanup_interval_ms": "transaction.abort.timed.out.transaction.cleanup.interval.ms",
     "warehouse": CATALOG_PREFIX + "warehouse",
+    # the HTTP services' security, in the spirit of Confluent's registry keys
+    "registry_authentication_method": "schema.registry.authentication.method",
+    "registry_users_file": "schema.registry.authentication.users.file",
+    "registry_ssl_keystore_location": "schema.registry.ssl.keystore.location",
+    "registry_ssl_key_password": "schema.registry.ssl.key.password",
+    "catalog_clients_file": "catalog.oauth2.clients.file",
+    "catalog_token_signing_key": "catalog.oauth2.token.signing.key",
+    "catalog_token_lifetime_ms": "catalog.oauth2.token.lifetime.ms",
 }
+# Settings never put on a command line (argv shows in ps): the config file or ICEFALL_* only.
+SECRET_FIELDS = frozenset(
+    name for name, f in BrokerConfig.model_fields.items() if f.annotation == SecretStr | None
+)
 OBJECT_STORE_KEYS = {
     "object.store": "url",
     "object.store.endpoint": "endpoint_url",
@@ -493,7 +576,7 @@ OBJECT_STORE_KEYS = {
 SCALAR_FIELDS = [
     name
     for name in BrokerConfig.model_fields
-    if name not in ("object_store", "catalog", "per_listener")
+    if name not in ("object_store", "catalog", "registry_roles", "per_listener")
 ]
 
 
@@ -514,6 +597,7 @@ def known_keys() -> list[str]:
             CATALOG_PREFIX + "type",
             CATALOG_PREFIX + "uri",
             CATALOG_PREFIX + "<iceberg catalog property>",
+            REGISTRY_ROLE_PREFIX + "<role>",
             LISTENER_PREFIX + "<listener>.<key>",
         ]
     )
@@ -534,6 +618,8 @@ def fields_from_properties(properties: Mapping[str, str], origin: str) -> dict[s
             catalog[key.removeprefix(CATALOG_PREFIX)] = value
         elif key.startswith(CATALOG_PREFIX) and key != CATALOG_PREFIX:
             catalog.setdefault("properties", {})[key.removeprefix(CATALOG_PREFIX)] = value
+        elif key.startswith(REGISTRY_ROLE_PREFIX) and key != REGISTRY_ROLE_PREFIX:
+            values.setdefault("registry_roles", {})[key.removeprefix(REGISTRY_ROLE_PREFIX)] = value
         elif key.startswith(LISTENER_PREFIX) and key.count(".") >= 3:
             values.setdefault("per_listener", {})[key.removeprefix(LISTENER_PREFIX)] = value
         elif key == "sasl.jaas.config" or key.endswith(".sasl.jaas.config"):
@@ -607,6 +693,8 @@ def load_broker_config(
                 **over["catalog"].get("properties", {}),
             }
             over["catalog"] = merged
+        if "registry_roles" in over and "registry_roles" in layers:
+            over["registry_roles"] = {**layers["registry_roles"], **over["registry_roles"]}
         layers.update(over)
     layers.update({k: v for k, v in (flags or {}).items() if v is not None})
     try:
@@ -625,6 +713,8 @@ def _explain(exc: ValidationError) -> str:
             key = CATALOG_PREFIX + ".".join(loc[1:])
         elif field == "object_store":
             key = "object.store"
+        elif field == "registry_roles" and len(loc) > 1:
+            key = REGISTRY_ROLE_PREFIX + loc[1]
         elif field in BrokerConfig.model_fields:
             key = property_key(field)
         else:
@@ -635,11 +725,25 @@ def _explain(exc: ValidationError) -> str:
     return "bad configuration:\n  " + "\n  ".join(lines)
 
 
+def secret_env(config: BrokerConfig) -> dict[str, str]:
+    """The secret settings of ``config`` as ``ICEFALL_*`` variables: how another process
+    (``icefall up``'s broker) gets them without a command line showing them."""
+    out: dict[str, str] = {}
+    for name in sorted(SECRET_FIELDS):
+        value = getattr(config, name)
+        if value is not None:
+            out[f"ICEFALL_{name.upper()}"] = value.get_secret_value()
+    return out
+
+
 def to_overrides(config: BrokerConfig) -> dict[str, str]:
-    """Every setting of ``config`` as property keys (credentials stay in the environment),
-    so another process (``icefall up``'s broker) gets exactly this model."""
+    """Every setting of ``config`` as property keys (credentials stay in the environment, and
+    secret settings in the config file or ``ICEFALL_*``: never on a command line), so another
+    process (``icefall up``'s broker) gets exactly this model."""
     out: dict[str, str] = {}
     for name in SCALAR_FIELDS:
+        if name in SECRET_FIELDS:
+            continue
         value = getattr(config, name)
         if value is not None:
             out[property_key(name)] = str(value).lower() if isinstance(value, bool) else str(value)
@@ -652,6 +756,8 @@ def to_overrides(config: BrokerConfig) -> dict[str, str]:
         out[CATALOG_PREFIX + "uri"] = config.catalog.uri
     for key, value in config.catalog.properties.items():
         out[CATALOG_PREFIX + key] = value
+    for role, permissions in config.registry_roles.items():
+        out[REGISTRY_ROLE_PREFIX + role] = permissions
     for key, value in config.per_listener.items():
         out[LISTENER_PREFIX + key] = value
     return out

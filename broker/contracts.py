@@ -269,7 +269,15 @@ class CatalogSpec(Contract):
                 "uri": self.uri,
             }
         uri = {"uri": self.uri} if self.uri else {}
-        return {**self.properties, **extra, "type": self.type, **uri}
+        return {**self.properties, **extra, "type": self.type, **uri, **self._credential()}
+
+    def _credential(self) -> dict[str, str]:
+        """The OAuth2 client credentials of this process's environment for a REST catalog
+        (``ICEFALL_CATALOG_CREDENTIAL``, filled from an Airflow connection): never part of the
+        spec itself, so never in ``/v1/cluster`` or a result."""
+        from broker.http_security.client import catalog_credential_properties
+
+        return catalog_credential_properties(self.type, self.uri, self.properties)
 
     def spark_properties(self) -> dict[str, str]:
         """``spark.sql.catalog.<name>.<key>`` settings of a ``SparkCatalog`` for it."""
@@ -277,7 +285,15 @@ class CatalogSpec(Contract):
             return tablebucket.spark_properties(self.warehouse or "", self.properties)
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
         uri = {"uri": self.uri} if self.uri else {}
-        return {**self.properties, **extra, "type": self.type, **uri}
+        return {**self.properties, **extra, "type": self.type, **uri, **self._credential()}
+
+    def without_secrets(self) -> CatalogSpec:
+        """This spec with no secret catalog property (``credential``, ``token``, keys, passwords):
+        what ``/v1/cluster`` may serve. Jobs take those from their environment."""
+        from broker.external_catalogs.catalog_properties import is_secret
+
+        kept = {k: v for k, v in self.properties.items() if not is_secret(k)}
+        return self.model_copy(update={"properties": kept})
 
 
 class ClusterInfo(Contract):

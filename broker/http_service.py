@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 
 from aiohttp import web
 
@@ -14,11 +15,12 @@ class HttpService:
     app: web.Application
     runner: web.AppRunner | None = None
     access_log: logging.Logger | None = None  # None: no access log lines
+    ssl_context: ssl.SSLContext | None = None  # set: serve HTTPS (broker/http_security/tls.py)
 
     async def start(self, host: str, port: int) -> None:
         self.runner = web.AppRunner(self.app, access_log=self.access_log)
         await self.runner.setup()
-        await web.TCPSite(self.runner, host, port).start()
+        await web.TCPSite(self.runner, host, port, ssl_context=self.ssl_context).start()
 
     async def close(self) -> None:
         if self.runner:

@@ -95,14 +95,24 @@ class CatalogReader:
     """Reads checkpoints and row counts through the tables' catalog (pyiceberg's client): the
     broker's own REST catalog, or the one ``automq.table.topic.catalog.*`` names."""
 
-    def __init__(self, spec: CatalogSpec) -> None:
+    def __init__(self, spec: CatalogSpec, local: Any = None) -> None:
+        """``local``: the broker's own catalog store, read in-process (no HTTP, so no token
+        when the catalog requires OAuth2)."""
         self.spec = spec
+        self.local = local
         self._catalog: Any = None
 
     def _load(self, namespace: str, table: str) -> Any | None:
         from pyiceberg.catalog import load_catalog
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
+        if self.local is not None:
+            from broker.catalog.store import sql_identifier
+
+            try:
+                return self.local.sql.load_table(sql_identifier((namespace, table)))
+            except (NoSuchTableError, NoSuchNamespaceError):
+                return None
         if self._catalog is None:
             self._catalog = load_catalog("icefall-metrics", **self.spec.pyiceberg_properties())
         try:
@@ -461,9 +471,34 @@ def _read_facts(
 
 
 async def scrape(
-    config: BrokerConfig, cluster: Cluster, logs: LogStore, auth: AuthStats | None = None
+    config: BrokerConfig,
+    cluster: Cluster,
+    logs: LogStore,
+    auth: AuthStats | None = None,
+    local_catalog: Any = None,
 ) -> str:
-    """Catalog facts in a thread, then the log on the loop."""
+    """Catalog facts in a thread, then the log on the loop. ``local_catalog``: the broker's own
+    catalog store, when it holds the tables (read in-process)."""
     tables = [(t.name, *_ident(t)) for t in _table_topics(cluster)]
-    facts = await asyncio.to_thread(_read_facts, catalog_reader(config.tables_catalog), tables)
+    reader = (
+        CatalogReader(config.tables_catalog, local_catalog)
+        if local_catalog is not None
+        else catalog_reader(config.tables_catalog)
+    )
+    facts = await asyncio.to_thread(_read_facts, reader, tables)
     return render_metrics(cluster, logs, facts, int(time.time() * 1000), auth)
+
+
+def authentication_failures(failures: dict[str, int]) -> str:
+    """``icefall_http_authentication_failures_total`` per HTTP service that requires credentials
+    (wrong or missing passwords, secrets and tokens); empty when none does."""
+    if not failures:
+        return ""
+    family = Family(
+        "icefall_http_authentication_failures_total",
+        "counter",
+        "Requests refused for missing or wrong credentials, per HTTP service",
+    )
+    for service, count in sorted(failures.items()):
+        family.add({"service": service}, count)
+    return family.render() + "\n"

@@ -15,6 +15,7 @@ from typing import Any
 
 from broker.admin_client import DEFAULT_TIMEOUT_S, AdminClient, BrokerRequestError, http_json
 from broker.contracts import TableTopic
+from broker.http_security import client as client_auth
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -27,18 +28,29 @@ __all__ = [
 
 
 class RegistryClient:
-    """Schema lookups by id and by subject, cached (schemas under an id never change)."""
+    """Schema lookups by id and by subject, cached (schemas under an id never change).
+    ``user_info`` (``user:password``, default ``$ICEFALL_REGISTRY_USER_INFO``): HTTP basic auth
+    for a registry that requires it."""
 
-    def __init__(self, registry_url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, registry_url: str, timeout: float = DEFAULT_TIMEOUT_S, user_info: str | None = None
+    ) -> None:
         self.url = registry_url.rstrip("/")
         self.timeout = timeout
+        self.user_info = user_info or client_auth.registry_user_info()
+        self._headers = client_auth.basic_auth_header(self.user_info)
         self._by_id: dict[int, dict[str, Any]] = {}
+
+    def __repr__(self) -> str:  # never the password
+        return f"RegistryClient({self.url!r})"
 
     def schema(self, schema_id: int) -> dict[str, Any]:
         """``{"schema": text, "schemaType": ...}`` of an id."""
         found = self._by_id.get(schema_id)
         if found is None:
-            found = http_json(f"{self.url}/schemas/ids/{schema_id}", timeout=self.timeout)
+            found = http_json(
+                f"{self.url}/schemas/ids/{schema_id}", timeout=self.timeout, headers=self._headers
+            )
             assert isinstance(found, dict)
             self._by_id[schema_id] = found
         return found
@@ -55,7 +67,11 @@ class RegistryClient:
         """(id, Avro schema text) of every version of ``subject``, oldest first; [] for an unknown subject."""
         quoted = urllib.parse.quote(subject, safe="")
         try:
-            versions = http_json(f"{self.url}/subjects/{quoted}/versions", timeout=self.timeout)
+            versions = http_json(
+                f"{self.url}/subjects/{quoted}/versions",
+                timeout=self.timeout,
+                headers=self._headers,
+            )
         except BrokerRequestError as exc:
             if exc.status == 404:
                 return []
@@ -63,7 +79,9 @@ class RegistryClient:
         out = []
         for version in sorted(versions):
             entry = http_json(
-                f"{self.url}/subjects/{quoted}/versions/{version}", timeout=self.timeout
+                f"{self.url}/subjects/{quoted}/versions/{version}",
+                timeout=self.timeout,
+                headers=self._headers,
             )
             if entry.get("schemaType", "AVRO") != "AVRO":
                 continue

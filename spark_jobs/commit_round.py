@@ -147,9 +147,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---------------------------------------------------------------- Spark
 
 
-def spark_session(app_name: str, master: str | None) -> Any:
+REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|credential"
+
+
+def spark_session(app_name: str, master: str | None, conf: dict[str, str] | None = None) -> Any:
     """Under spark-submit the master and jars come from spark-submit; started
-    from Python, we launch local Spark here with the Iceberg jar."""
+    from Python, we launch local Spark here with the Iceberg jar (and ``conf``, e.g. the driver's
+    JVM options: a truststore for a catalog on TLS)."""
     from pyspark.sql import SparkSession
 
     from spark_jobs.jars import iceberg_jars
@@ -163,6 +167,8 @@ def spark_session(app_name: str, master: str | None) -> Any:
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.ui.enabled", "false")
         )
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
     elif master:
         builder = builder.master(master)
     session = (
@@ -171,6 +177,8 @@ def spark_session(app_name: str, master: str | None) -> Any:
             "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         )
         .config("spark.sql.session.timeZone", "UTC")
+        # Spark's default redaction, plus the catalog's OAuth2 ``credential`` property
+        .config("spark.redaction.regex", REDACTION_REGEX)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
@@ -502,6 +510,7 @@ class CommitRound:
             "string" if self.json else self.options.value_type,
             self.registry.url,
             tuple(sorted(self.registry.known().items())),
+            registry_user_info=self.registry.user_info,
             event_time=self._event_time_spec,
         )
         round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)

@@ -442,6 +442,7 @@ def _stage(
         job.options.value_type,
         job.registry.url,
         tuple(sorted(job.registry.known().items())),
+        registry_user_info=job.registry.user_info,
     )
     ranges = job.ranges(windows)
     if extra or sum(r.byte_end - r.byte_start for r in ranges) <= job.args.in_driver_max_bytes:

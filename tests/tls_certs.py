@@ -122,3 +122,57 @@ def make_pki(folder: Path) -> Pki:
         stranger_cert=folder / "stranger.pem",
         stranger_key=folder / "stranger.key",
     )
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    """What the HTTP services' TLS tests use (tests/broker/test_http_security.py)."""
+
+    ca: Path  # the CA certificate (clients trust it)
+    keystore: Path  # the server's private key, encrypted with key_password, and its chain
+    key_password: str
+
+
+def make_certs(folder: Path, key_password: str) -> CertFiles:
+    """``make_pki``'s CA and server certificate, the key encrypted with ``key_password`` in one
+    PEM file with the chain (a ``...ssl.keystore.location`` with ``...ssl.key.password``)."""
+    pki = make_pki(folder)
+    key = serialization.load_pem_private_key(
+        pki.server_key_encrypted.read_bytes(), pki.server_key_password.encode()
+    )
+    encrypted = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(key_password.encode()),
+    )
+    keystore = folder / "server-keystore-encrypted.pem"
+    keystore.write_bytes(encrypted + pki.server_chain.read_bytes())
+    return CertFiles(pki.ca, keystore, key_password)
+
+
+def pkcs12_truststore(ca: Path, path: Path, password: str) -> Path:
+    """A PKCS12 truststore holding ``ca``, made with the JDK's ``keytool`` (what a JVM's
+    ``javax.net.ssl.trustStore`` takes)."""
+    import subprocess
+
+    subprocess.run(
+        [
+            "keytool",
+            "-importcert",
+            "-noprompt",
+            "-alias",
+            "icefall-test-ca",
+            "-file",
+            str(ca),
+            "-keystore",
+            str(path),
+            "-storetype",
+            "PKCS12",
+            "-storepass",
+            password,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return path

@@ -56,6 +56,13 @@ def open_catalog(config: BrokerConfig) -> CatalogApi:
         config.catalog_warehouse,
         {**client, **aws_io_credentials()} if client else {},
     )
-    return CatalogApi(
-        store, client_config=client, table_config={**client, **vended_credentials(config)}
+    from broker.http_security import setup
+
+    api = CatalogApi(
+        store,
+        client_config=client,
+        table_config={**client, **vended_credentials(config)},
+        auth=setup.catalog_auth(config),
     )
+    api.ssl_context = setup.catalog_tls(config)
+    return api

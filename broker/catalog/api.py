@@ -54,6 +54,7 @@ from broker.catalog.models import (
     read_body,
 )
 from broker.catalog.store import CatalogStore, Identifier, LoadedTable
+from broker.http_security.oauth import CatalogAuth
 from broker.http_service import HttpService
 
 log = logging.getLogger(__name__)
@@ -183,20 +184,24 @@ class CatalogApi(HttpService):
         workers: int = 4,
         client_config: dict[str, str] | None = None,
         table_config: dict[str, str] | None = None,
+        auth: CatalogAuth | None = None,
     ) -> None:
         """``client_config``: the FileIO settings every client gets (``/v1/config`` defaults);
         ``table_config``: what each load-table result's ``config`` carries (the same, plus
-        credentials when the broker vends them)."""
+        credentials when the broker vends them); ``auth``: OAuth2 tokens required on every
+        route (None: open, the default)."""
         self.store = store
+        self.auth = auth
         self.client_config = client_config or {}
         self.table_config = table_config if table_config is not None else self.client_config
         self.locks = TableLocks()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="iceberg-catalog")
-        self.app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
+        middlewares = [error_middleware, *([auth.middleware] if auth else [])]
+        self.app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
         self.app.add_routes(
             [
                 web.get("/v1/config", self.get_config),
-                web.post("/v1/oauth/tokens", self.oauth_tokens),
+                web.post("/v1/oauth/tokens", auth.token_endpoint if auth else self.oauth_tokens),
                 web.get("/v1/namespaces", self.list_namespaces),
                 web.post("/v1/namespaces", self.create_namespace),
                 web.get(NS, self.load_namespace, allow_head=False),

@@ -15,6 +15,7 @@ tags, other clouds' FileIOs) are accepted by prefix.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 # Catalog-level properties of pyiceberg's and Iceberg Java's catalogs (REST, Glue, Nessie, S3 Tables).
@@ -183,3 +184,13 @@ def unknown_property_problem(keys: Iterable[str], setting_prefix: str) -> str | 
         + ", ".join(problems)
         + "; no Iceberg catalog or FileIO reads it (the known ones: docs/operations.md)"
     )
+
+
+SECRET_KEYS = frozenset({"credential", "token"})
+_SECRET = re.compile(r"secret|password|session-token|private-key|\.key$")
+
+
+def is_secret(key: str) -> bool:
+    """A catalog property holding a secret (OAuth2 credential or token, keys, passwords):
+    never served by the admin API (docs/security-http.md)."""
+    return key in SECRET_KEYS or bool(_SECRET.search(key))

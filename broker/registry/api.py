@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.http_security.registry_auth import RegistryAuth, readable
 from broker.http_service import HttpService
 from broker.registry import api_errors as errors
 from broker.registry.api_errors import RegistryError
@@ -219,10 +220,17 @@ async def _answer(request: web.Request, handler: Handler, acceptable: bool) -> w
 
 
 class RegistryApi(HttpService):
-    def __init__(self, store: SchemaStore, table_check: TableCheck | None = None) -> None:
+    def __init__(
+        self,
+        store: SchemaStore,
+        table_check: TableCheck | None = None,
+        auth: RegistryAuth | None = None,
+    ) -> None:
+        """``auth``: basic auth and roles on every request (None: open, the default)."""
         self.store = store
         self.table_check = table_check  # a table topic's value schemas against its Iceberg table
-        self.app = web.Application(middlewares=[error_middleware], client_max_size=16 * 1024 * 1024)
+        middlewares = [error_middleware, *([auth.middleware] if auth else [])]
+        self.app = web.Application(middlewares=middlewares, client_max_size=16 * 1024 * 1024)
         s = "{subject:[^/]+}"  # any character but '/', '{' and '}' included (URL-encoded or not)
         self.app.add_routes(
             [
@@ -327,7 +335,7 @@ class RegistryApi(HttpService):
         subjects = self.store.list_subjects(
             _flag(request, "deleted"), deleted_only, request.query.get("subjectPrefix", "")
         )
-        return reply(_page(request, subjects))
+        return reply(_page(request, readable(request, subjects)))
 
     async def list_versions(self, request: web.Request) -> web.Response:
         deleted_only = _flag(request, "deletedOnly") or _flag(request, "deleted_only")
@@ -409,7 +417,7 @@ class RegistryApi(HttpService):
         prefix = request.query.get("subjectPrefix", "")
         deleted, latest_only = _flag(request, "deleted"), _flag(request, "latestOnly")
         out = []
-        for subject in self.store.list_subjects(deleted, False, prefix):
+        for subject in readable(request, self.store.list_subjects(deleted, False, prefix)):
             versions = self.store.subjects[subject].included(deleted)
             for sv in versions[-1:] if latest_only else versions:
                 out.append(self._version_json(sv, request.query.get("format")))
@@ -436,14 +444,23 @@ class RegistryApi(HttpService):
         versions = self.store.versions_of_id(
             self._schema_id(request), _flag(request, "deleted"), request.query.get("subject")
         )
-        return reply(_page(request, sorted({sv.subject for sv in versions})))
+        subjects = readable(request, sorted({sv.subject for sv in versions}))
+        return reply(_page(request, subjects))
 
     async def versions_of_id(self, request: web.Request) -> web.Response:
         versions = self.store.versions_of_id(
             self._schema_id(request), _flag(request, "deleted"), request.query.get("subject")
         )
+        shown = set(readable(request, {sv.subject for sv in versions}))
         return reply(
-            _page(request, [{"subject": sv.subject, "version": sv.version} for sv in versions])
+            _page(
+                request,
+                [
+                    {"subject": sv.subject, "version": sv.version}
+                    for sv in versions
+                    if sv.subject in shown
+                ],
+            )
         )
 
     async def _compatibility(self, request: web.Request, version: int | None) -> web.Response:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from broker import names, topic_configs
-from broker.config import BrokerConfig, to_overrides
+from broker.config import BrokerConfig, secret_env, to_overrides
 
 DEMO_TOPIC = "clicks"
 REPO = Path(__file__).resolve().parents[2]
@@ -377,7 +377,7 @@ def _start_broker(config: BrokerConfig, home: Path, ready: Path) -> subprocess.P
     return subprocess.Popen(
         broker_command(config, home, ready),
         start_new_session=True,
-        env={**os.environ, "ICEFALL_HOME": str(home)},
+        env={**os.environ, **secret_env(config), "ICEFALL_HOME": str(home)},
     )
 
 

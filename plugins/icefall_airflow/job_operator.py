@@ -3,12 +3,14 @@
 The commit round, maintenance and the DLQ reprocess are all the same kind of
 step: a SparkSubmitOperator on the connection ``spark_default`` (``local[*]``
 when that connection does not exist, instead of the provider's YARN default),
-with the Iceberg jar and this venv's Python looked up when the task runs, never
-at DAG parse time. Each job writes a result JSON, which the operator returns for
-XCom, so the next task does not need the same disk. When a job fails it still
-writes its result: the task then fails with the job's own message instead of
-spark-submit's bare exit code. The result also answers Airflow's OpenLineage
-provider (``get_openlineage_facets_on_complete``, ``lineage``).
+with the Iceberg jar, this venv's Python and the registry's and catalog's
+credentials (Airflow connections, ``credentials``) looked up when the task runs,
+never at DAG parse time; the credentials go in spark-submit's environment, not its
+argv. Each job writes a result JSON, which the operator returns for XCom, so
+the next task does not need the same disk. When a job fails it still writes its
+result: the task then fails with the job's own message instead of spark-submit's
+bare exit code. The result also answers Airflow's OpenLineage provider
+(``get_openlineage_facets_on_complete``, ``lineage``).
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ class SparkJobOperator(SparkSubmitOperator):
         (``label``: what the log lines and errors call this run)."""
         from airflow.exceptions import AirflowException
 
+        from icefall_airflow import credentials
         from spark_jobs.jars import iceberg_jars
 
         ensure_spark_connection(self._conn_id)
@@ -143,6 +146,8 @@ class SparkJobOperator(SparkSubmitOperator):
                 "ICEFALL_ADMIN_URL": admin_url,
                 **jvm,
                 **(self.env_vars or {}),
+                # from the icefall_registry / icefall_catalog connections, now (not at parse time)
+                **credentials.job_env(),
             }
             self._hook = None  # built from the fields set above
             self.lineage_admin_url = admin_url

@@ -33,6 +33,9 @@ def open_catalog(catalog: str | CatalogSpec) -> Any:
     (``ClusterInfo.tables_catalog``: the built-in catalog or the one the catalog keys name)."""
     from pyiceberg.catalog import load_catalog
 
+    from icefall_airflow import credentials
+
+    credentials.export()  # the icefall_catalog connection's client credentials, if defined
     spec = CatalogSpec.rest(catalog) if isinstance(catalog, str) else catalog
     return load_catalog("icefall", **spec.pyiceberg_properties())
 

@@ -66,6 +66,9 @@ class TaskSpec:
     verify_crc: bool = True
     # the rows' event-time column and the table's time-partition window (``event_time``)
     event_time: EventTimeSpec = EventTimeSpec()
+    # the registry's user:password (the driver's ICEFALL_REGISTRY_USER_INFO): executors of a
+    # cluster need not have it in their environment
+    registry_user_info: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -138,7 +141,7 @@ def _converter(spec: TaskSpec) -> RowConverter:
     """One converter per spec per Python worker (workers are reused across tasks): decode plans stay compiled."""
     from spark_jobs.broker_client import RegistryClient
 
-    registry = RegistryClient(spec.registry_url)
+    registry = RegistryClient(spec.registry_url, user_info=spec.registry_user_info)
     schemas = dict(spec.schemas)
 
     def lookup(schema_id: int) -> str:

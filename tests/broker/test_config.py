@@ -153,7 +153,9 @@ def test_the_cli_reports_a_bad_config_and_exits_2(tmp_path: Path) -> None:
     assert "automq.table.topic.catalog.type" in done.stderr and "hive" in done.stderr
 
 
-def test_icefall_up_hands_the_broker_every_setting(tmp_path: Path) -> None:
+def test_icefall_up_hands_the_broker_every_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every field of the model set away from its default on ``icefall up``'s command line
     comes out the same in the broker's own parse of the command ``icefall up`` runs."""
     flags = [
@@ -215,6 +217,22 @@ def test_icefall_up_hands_the_broker_every_setting(tmp_path: Path) -> None:
         "s3://lake/seg",
         "--override",
         "automq.table.topic.catalog.s3.path-style-access=true",
+        "--registry-authentication-method",
+        "BASIC",
+        "--registry-users-file",
+        "/etc/icefall/users",
+        "--registry-ssl-keystore-location",
+        "/etc/icefall/registry.pem",
+        "--catalog-authentication-method",
+        "OAUTH2",
+        "--catalog-clients-file",
+        "/etc/icefall/clients",
+        "--catalog-token-lifetime-ms",
+        "60000",
+        "--catalog-ssl-keystore-location",
+        "/etc/icefall/catalog.pem",
+        "--override",
+        "schema.registry.authorization.role.readers=read:*",
         "--listeners",
         "PLAINTEXT://127.0.0.1:9300,SASL_PLAINTEXT://127.0.0.1:9301",
         "--advertised-listeners",
@@ -247,8 +265,12 @@ def test_icefall_up_hands_the_broker_every_setting(tmp_path: Path) -> None:
         "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config="
         "org.apache.kafka.common.security.scram.ScramLoginModule required;",
     ]
+    # secrets have no flag and never go on the broker's command line: its environment has them
+    secrets = {name: f"secret-{name}" for name in config.SECRET_FIELDS}
+    for name, value in secrets.items():
+        monkeypatch.setenv(f"ICEFALL_{name.upper()}", value)
     given = parse(flags)
-    defaults = BrokerConfig()
+    defaults = BrokerConfig.model_construct()  # the model's defaults, not the environment's
     changed = {
         name
         for name in BrokerConfig.model_fields
@@ -258,6 +280,11 @@ def test_icefall_up_hands_the_broker_every_setting(tmp_path: Path) -> None:
 
     argv = broker_command(given, given.home, tmp_path / "ready")
     assert argv[1:4] == ["-m", "broker.cli", "broker"]
+    assert not any(secret in arg for secret in secrets.values() for arg in argv)
+    for name in config.SECRET_FIELDS:  # the broker's environment, as _start_broker gives it
+        monkeypatch.delenv(f"ICEFALL_{name.upper()}")
+    for name, value in config.secret_env(given).items():
+        monkeypatch.setenv(name, value)
     started = parse(argv[6:])  # after --ready-file FILE
     assert started.model_dump() == given.model_dump()
     assert to_overrides(started) == to_overrides(given)

@@ -183,3 +183,38 @@ def test_topic_names_are_quoted_whole() -> None:
     assert contracts.PlanRequest().query() == {} and contracts.PlanRequest(
         until_append_ms=9
     ).query() == {"until_append_ms": "9"}
+
+
+def test_catalog_secrets_come_from_the_environment_never_from_the_spec(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``/v1/cluster`` serves the spec without secret properties; a job's own
+    ``ICEFALL_CATALOG_CREDENTIAL`` becomes the REST catalog's ``credential`` (and token URI)."""
+    from broker.http_security.client import CATALOG_CREDENTIAL_ENV
+
+    external = contracts.CatalogSpec(
+        uri="https://polaris:8181/api/catalog",
+        properties={
+            "credential": "id:secret",
+            "token": "t0k3n",
+            "rest.secret-access-key": "k",
+            "client.session-token": "s",
+            "token-refresh-enabled": "true",
+            "s3.endpoint": "http://minio:9000",
+        },
+        builtin=False,
+    )
+    assert external.without_secrets().properties == {
+        "token-refresh-enabled": "true",
+        "s3.endpoint": "http://minio:9000",
+    }
+    monkeypatch.delenv(CATALOG_CREDENTIAL_ENV, raising=False)
+    builtin = contracts.CatalogSpec.rest("http://broker:8181")
+    assert "credential" not in builtin.pyiceberg_properties()
+    monkeypatch.setenv(CATALOG_CREDENTIAL_ENV, "etl:s3cr3t")
+    for properties in (builtin.pyiceberg_properties(), builtin.spark_properties()):
+        assert properties["credential"] == "etl:s3cr3t"
+        assert properties["oauth2-server-uri"] == "http://broker:8181/v1/oauth/tokens"
+    assert "s3cr3t" not in builtin.model_dump_json()
+    # a catalog whose own properties authenticate it keeps them
+    assert external.pyiceberg_properties()["credential"] == "id:secret"

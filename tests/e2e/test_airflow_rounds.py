@@ -7,6 +7,10 @@ The table is partitioned by the hour of the record timestamp, and the records ca
 timestamps in three hours (10:00, 11:00, 12:00 UTC), one hour per round: an hour is
 announced once, by a partitioned event on ``.../closed-partitions``, when a later round's
 rows pass it, and Airflow queues the example hourly DAG for that partition key.
+
+The broker's registry requires basic auth and its catalog OAuth2: the rounds, the
+plugin and the status view take their credentials from the Airflow connections
+``icefall_registry`` and ``icefall_catalog``, and no secret reaches an asset event.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from tests.dags import airflow_env
 
 airflow_env.configure()
 
+from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
+from tests.http_security_support import PASSWORDS, SECRETS, airflow_connections, secured_args
 from tests.support import BrokerProcess, free_port, wait_for
 
 TOPIC = "orders"
@@ -51,13 +57,24 @@ def record_time(i: int) -> int:
     return TEN + hour * 3_600_000 + i * 1000
 
 
+@pytest.fixture
+def broker(broker_factory: Any, tmp_path: Path) -> BrokerProcess:
+    """A broker whose registry and catalog require credentials."""
+    args, env = secured_args(tmp_path / "security")
+    started: BrokerProcess = broker_factory([*args, "--segment-flush-ms", "200"], env)
+    return started
+
+
 def produce(broker: BrokerProcess, first: int, count: int) -> None:
     from confluent_kafka import Producer
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    serialize = AvroSerializer(SchemaRegistryClient({"url": broker.registry_url}), SCHEMA)
+    registry = SchemaRegistryClient(
+        {"url": broker.registry_url, "basic.auth.user.info": f"writer:{PASSWORDS['writer']}"}
+    )
+    serialize = AvroSerializer(registry, SCHEMA)
     context = SerializationContext(TOPIC, MessageField.VALUE)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
     for i in range(first, first + count):
@@ -175,6 +192,11 @@ def test_two_rounds_rerun_and_rebuild(
         future.result(10)
     monkeypatch.setenv("ICEFALL_HOME", str(broker.home))
     monkeypatch.setenv("ICEFALL_ADMIN_URL", broker.admin_url)
+    for name, value in airflow_connections().items():
+        monkeypatch.setenv(name, value)
+    for name in (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV):  # unset now, unset after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("ICEFALL_EXAMPLE_TABLE", "shop.orders")  # the example DAGs on this table
 
     from airflow.dag_processing.dagbag import DagBag
@@ -285,6 +307,8 @@ def test_two_rounds_rerun_and_rebuild(
     assert f"icefall_table_lag_records{labels} 5\n" in metrics
     assert f"icefall_table_rows{labels} 80\n" in metrics
     assert f'icefall_table_committed_offset{labels[:-1]},partition="1"}} 40\n' in metrics
+    events_text = json.dumps(asset_events())
+    assert all(secret not in events_text for secret in SECRETS)
 
     # Drop and recreate the table, re-run both intervals: rebuilt from the retained segments.
     catalog.drop_table(("shop", "orders"))

@@ -56,10 +56,18 @@ def new_topic(
 class AvroProducer:
     """The Confluent serializer (registers the schema under ``<topic>-value``) and a librdkafka producer."""
 
-    def __init__(self, broker: BrokerProcess, topic: str, schema: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        broker: BrokerProcess,
+        topic: str,
+        schema: Mapping[str, Any],
+        user_info: str | None = None,
+    ) -> None:
+        """``user_info``: ``user:password`` for a registry that requires basic auth."""
         self.topic = topic
+        auth = {"basic.auth.user.info": user_info} if user_info else {}
         self.serializer = AvroSerializer(
-            SchemaRegistryClient({"url": broker.registry_url}), json.dumps(schema)
+            SchemaRegistryClient({"url": broker.registry_url, **auth}), json.dumps(schema)
         )
         self.producer = Producer(
             {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "enable.idempotence": True}

@@ -7,14 +7,26 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from broker import checkpoint
 from broker.catalog import duckdb_local
+from broker.contracts import CatalogSpec
+from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
 from spark_jobs import commit_round
 from spark_jobs.broker_client import http_json
+from tests.http_security_support import (
+    CLIENT_SECRETS,
+    PASSWORDS,
+    SECRETS,
+    secured_args,
+    secured_broker,
+)
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
@@ -27,8 +39,37 @@ from tests.spark_jobs.round_support import (
     table_offsets,
 )
 from tests.support import BrokerProcess, present
+from tests.tls_certs import CertFiles, make_certs, pkcs12_truststore
 
 AT = 1_700_000_000_000
+TRUST_PASSWORD = "trust-pw"
+
+
+@pytest.fixture(scope="module")
+def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[CertFiles, Path]:
+    """A CA and server certificate, and a PKCS12 truststore of the CA made with keytool."""
+    root = tmp_path_factory.mktemp("tls")
+    certs = make_certs(root, "key-pw")
+    return certs, pkcs12_truststore(certs.ca, root / "trust.p12", TRUST_PASSWORD)
+
+
+@pytest.fixture(scope="module")
+def spark(tls_certs: tuple[CertFiles, Path]) -> Iterator[Any]:
+    """This module's session trusts the test CA, as a job's driver does with
+    ``-Djavax.net.ssl.trustStore`` in ``SPARK_SUBMIT_OPTS``."""
+    store = tls_certs[1]
+    options = (
+        f"-Djavax.net.ssl.trustStore={store} -Djavax.net.ssl.trustStorePassword={TRUST_PASSWORD} "
+        "-Djavax.net.ssl.trustStoreType=PKCS12"
+    )
+    session = commit_round.spark_session(
+        "icefall-round-tests", "local[2]", {"spark.driver.extraJavaOptions": options}
+    )
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    try:
+        yield session
+    finally:
+        session.stop()
 
 
 def clicks(start: int, n: int, **extra: Any) -> list[dict[str, Any]]:
@@ -345,3 +386,78 @@ def test_in_driver_max_bytes_must_not_be_negative(round_broker: BrokerProcess) -
 
     with pytest.raises(SystemExit):
         commit_round.parse_args(["--topic", "t", "--in-driver-max-bytes", "-1"])
+
+
+def test_a_round_authenticates_with_the_credentials_in_its_environment(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registry basic auth and catalog OAuth2 on: the round takes both from its environment (what
+    the Airflow operator fills from the connections), Spark SQL reads the table with the client
+    credentials, and neither the result JSON nor the broker's log shows a secret."""
+    broker = secured_broker(tmp_path / "secured")
+    try:
+        topic = new_topic(broker, partitions=2, prefix="sec")
+        producer = AvroProducer(broker, topic, CLICK_V1, f"producer:{PASSWORDS['producer']}")
+        producer.send(clicks(0, 40))
+
+        code, refused = commit_round.run(round_args(broker, topic), spark)
+        assert code != 0 and refused.status == "failed"
+        assert "NotAuthorizedException" in (refused.message or "")
+        assert "needs a bearer token" in (refused.message or "")
+
+        monkeypatch.setenv(REGISTRY_USER_INFO_ENV, f"alice:{PASSWORDS['alice']}")
+        monkeypatch.setenv(CATALOG_CREDENTIAL_ENV, f"etl:{CLIENT_SECRETS['etl']}")
+        result_path = tmp_path / "round.json"
+        code, result = commit_round.run(round_args(broker, topic, result_path), spark)
+        assert code == 0, result.message
+        assert result.status == "committed" and result.rows == 40
+
+        name = commit_round.use_catalog(spark, CatalogSpec.rest(broker.catalog_url))
+        rows = spark.sql(f"SELECT id FROM {name}.default.{topic}").collect()
+        assert sorted(r["id"] for r in rows) == list(range(40))
+
+        written = result_path.read_text()
+        for secret in SECRETS:
+            assert secret not in written and secret not in (refused.message or "")
+    finally:
+        broker.stop()
+    for secret in SECRETS:
+        assert secret not in broker.log_text()
+
+
+def test_spark_reaches_a_tls_catalog_through_a_truststore(
+    spark: Any,
+    tls_certs: tuple[CertFiles, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The catalog on TLS (a CA made here) with OAuth2: Spark's JVM trusts it through the PKCS12
+    truststore of this module's session, pyiceberg through the CA file, and Spark SQL reads what
+    pyiceberg wrote."""
+    import pyarrow as pa
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    from spark_jobs.rounds.table_setup import catalog_for
+
+    certs = tls_certs[0]
+    args, env = secured_args(tmp_path / "tls")
+    with open(args[1], "a") as properties:
+        properties.write(
+            f"catalog.ssl.keystore.location={certs.keystore}\ncatalog.ssl.key.password=key-pw\n"
+        )
+    broker = BrokerProcess(tmp_path / "tls" / "home", args, env).start()
+    try:
+        url = broker.catalog_url.replace("http:", "https:")
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certs.ca))
+        monkeypatch.setenv(CATALOG_CREDENTIAL_ENV, f"etl:{CLIENT_SECRETS['etl']}")
+        written = catalog_for(CatalogSpec.rest(url))
+        written.create_namespace("tls_ns")
+        schema = Schema(NestedField(1, "id", LongType(), required=True))
+        created = written.create_table("tls_ns.t", schema)
+        created.append(pa.Table.from_pylist([{"id": 1}, {"id": 2}], schema=schema.as_arrow()))
+
+        name = commit_round.use_catalog(spark, CatalogSpec.rest(url))
+        assert spark.sql(f"SELECT count(*) AS n FROM {name}.tls_ns.t").first()["n"] == 2
+    finally:
+        broker.stop()

@@ -1,0 +1,312 @@
+"""Authentication and TLS on the schema registry and the Iceberg REST catalog, with real clients:
+Confluent's ``SchemaRegistryClient`` (``basic.auth.user.info``), pyiceberg (``credential``) and
+DuckDB (an Iceberg secret with client credentials); per-subject roles; wrong passwords, wrong
+secrets, expired, malformed and foreign tokens; TLS with a CA made here. And no secret in the
+manifest, any admin API answer or the broker's log.
+
+One secured broker for the module (plus one on TLS); tests keep apart by subjects and namespaces.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import jwt
+import pyarrow as pa
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from pyiceberg.catalog import load_catalog
+from pyiceberg.exceptions import OAuthError
+from pyiceberg.schema import Schema as IcebergSchema
+from pyiceberg.types import LongType, NestedField, StringType
+
+from broker.catalog import duckdb_local
+from tests.http_security_support import (
+    AVRO,
+    CLIENT_SECRETS,
+    PASSWORDS,
+    SECRETS,
+    SIGNING_KEY,
+    SSL_KEY_PASSWORD,
+    secured_broker,
+)
+from tests.support import BrokerProcess
+from tests.tls_certs import make_certs
+
+ICEBERG_SCHEMA = IcebergSchema(
+    NestedField(1, "id", LongType(), required=True), NestedField(2, "name", StringType())
+)
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    broker = secured_broker(tmp_path_factory.mktemp("http-security"), kafka_listeners=True)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def registry(broker: BrokerProcess, user: str | None, **extra: str) -> SchemaRegistryClient:
+    conf = {"url": broker.registry_url, **extra}
+    if user is not None:
+        conf["basic.auth.user.info"] = f"{user}:{PASSWORDS.get(user, 'wrong')}"
+    return SchemaRegistryClient(conf)
+
+
+def raw(url: str, user_info: str | None = None, **kwargs: Any) -> tuple[int, Any, Any]:
+    """(status, JSON body, headers) of a GET (``Authorization`` from ``user_info`` or ``headers``)."""
+    headers = dict(kwargs.pop("headers", {}))
+    if user_info:
+        headers["Authorization"] = "Basic " + base64.b64encode(user_info.encode()).decode()
+    request = urllib.request.Request(url, headers=headers, **kwargs)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null"), response.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null"), exc.headers
+
+
+def test_registry_basic_auth_and_subject_roles(secured: BrokerProcess) -> None:
+    url = secured.registry_url
+    status, body, headers = raw(url + "/subjects")
+    assert (status, body["error_code"]) == (401, 40101)
+    assert headers["WWW-Authenticate"].startswith("Basic realm=")
+    status, body, _ = raw(url + "/subjects", "alice:not-her-password")
+    assert (status, body["error_code"]) == (401, 40101)
+    assert "wrong user name or password" in body["message"]
+    with pytest.raises(SchemaRegistryError) as anonymous:
+        registry(secured, None).get_subjects()
+    assert anonymous.value.http_status_code == 401
+
+    # a writer of orders-*: registers there (and reads it), nowhere else, no admin calls
+    writer = registry(secured, "writer")
+    orders_id = writer.register_schema("orders-value", Schema(AVRO, "AVRO"))
+    assert writer.get_latest_version("orders-value").schema_id == orders_id
+    with pytest.raises(SchemaRegistryError) as elsewhere:
+        writer.register_schema("payments-value", Schema(AVRO, "AVRO"))
+    assert (elsewhere.value.http_status_code, elsewhere.value.error_code) == (403, 40301)
+    assert "writer" in elsewhere.value.error_message
+    assert "payments-value" in elsewhere.value.error_message
+    with pytest.raises(SchemaRegistryError) as config_change:
+        writer.set_compatibility(level="NONE")
+    assert config_change.value.error_code == 40301
+
+    # an admin may do everything; a reader (password stored MD5-hashed) reads every subject
+    ops = registry(secured, "ops")
+    ops.register_schema("payments-value", Schema(AVRO, "AVRO"))
+    assert ops.set_compatibility("payments-value", "FORWARD")["compatibility"] == "FORWARD"  # type: ignore[index]
+    alice = registry(secured, "alice")
+    assert {"orders-value", "payments-value"} <= set(alice.get_subjects())
+    assert json.loads(alice.get_schema(orders_id).schema_str or "") == json.loads(AVRO)
+    with pytest.raises(SchemaRegistryError) as read_only:
+        alice.register_schema("orders-value", Schema(AVRO, "AVRO"))
+    assert read_only.value.error_code == 40301
+    with pytest.raises(SchemaRegistryError) as delete:
+        writer.delete_subject("orders-value")
+    assert delete.value.error_code == 40301
+
+    # a user without roles sees no subject and may not read a schema by id
+    nobody = f"nobody:{PASSWORDS['nobody']}"
+    assert raw(url + "/subjects", nobody)[:2] == (200, [])
+    status, body, _ = raw(f"{url}/schemas/ids/{orders_id}", nobody)
+    assert (status, body["error_code"]) == (403, 40301)
+    status, body, _ = raw(f"{url}/subjects/orders-value/versions/latest", nobody)
+    assert (status, body["error_code"]) == (403, 40301)
+
+
+def token(broker: BrokerProcess, client: str, secret: str) -> tuple[int, dict[str, Any]]:
+    form = f"grant_type=client_credentials&client_id={client}&client_secret={secret}&scope=catalog"
+    status, body, _ = raw(
+        broker.catalog_url + "/v1/oauth/tokens",
+        data=form.encode(),
+        method="POST",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    return status, body
+
+
+def test_catalog_tokens_and_refusals(secured: BrokerProcess) -> None:
+    status, answer = token(secured, "etl", CLIENT_SECRETS["etl"])
+    assert status == 200
+    assert answer["token_type"] == "bearer" and answer["expires_in"] == 3600
+    assert answer["issued_token_type"] == "urn:ietf:params:oauth:token-type:access_token"
+    bearer = {"Authorization": f"Bearer {answer['access_token']}"}
+    assert raw(secured.catalog_url + "/v1/config", headers=bearer)[0] == 200
+
+    status, answer = token(secured, "etl", "not-the-secret")
+    assert (status, answer["error"]) == (401, "invalid_client")
+
+    def refused(headers: dict[str, str]) -> str:
+        status, body, response_headers = raw(
+            secured.catalog_url + "/v1/namespaces", headers=headers
+        )
+        assert status == 401, body
+        assert body["error"]["type"] == "NotAuthorizedException" and body["error"]["code"] == 401
+        assert response_headers["WWW-Authenticate"].startswith("Bearer")
+        message: str = body["error"]["message"]
+        return message
+
+    assert "needs a bearer token" in refused({})
+    assert "invalid token" in refused({"Authorization": "Bearer not.a.jwt"})
+    now = int(time.time())
+    claims = {"iss": "icefall-catalog", "sub": "etl", "iat": now - 7200, "exp": now - 3600}
+    expired = jwt.encode(claims, SIGNING_KEY, algorithm="HS256")
+    assert "expired" in refused({"Authorization": f"Bearer {expired}"})
+    foreign = jwt.encode({**claims, "exp": now + 3600}, "another-key" * 4, algorithm="HS256")
+    assert "invalid token" in refused({"Authorization": f"Bearer {foreign}"})
+    status, _, _ = raw(secured.catalog_url + "/v1/namespaces", method="HEAD")
+    assert status == 401
+
+    # Iceberg Java's refresh: a token exchange of the current token
+    _, answer = token(secured, "etl", CLIENT_SECRETS["etl"])
+    form = (
+        "grant_type=urn:ietf:params:oauth:grant-type:token-exchange&scope=catalog"
+        f"&subject_token={answer['access_token']}"
+        "&subject_token_type=urn:ietf:params:oauth:token-type:access_token"
+    )
+    status, refreshed, _ = raw(
+        secured.catalog_url + "/v1/oauth/tokens",
+        data=form.encode(),
+        method="POST",
+        headers={"Content-Type": "application/x-www-form-urlencoded", **bearer},
+    )
+    assert status == 200 and refreshed["access_token"] != answer["access_token"]
+
+
+def test_pyiceberg_and_duckdb_with_client_credentials(secured: BrokerProcess) -> None:
+    tokens = {"oauth2-server-uri": secured.catalog_url + "/v1/oauth/tokens"}
+    with pytest.raises(OAuthError, match="invalid_client: unknown client or wrong client secret"):
+        load_catalog("bad", type="rest", uri=secured.catalog_url, credential="etl:wrong", **tokens)
+    catalog = load_catalog(
+        "etl",
+        type="rest",
+        uri=secured.catalog_url,
+        credential=f"etl:{CLIENT_SECRETS['etl']}",
+        **tokens,
+    )
+    namespace = f"ns_{uuid.uuid4().hex[:8]}"
+    catalog.create_namespace(namespace)
+    table = catalog.create_table(f"{namespace}.people", ICEBERG_SCHEMA)
+    table.append(
+        pa.Table.from_pylist(
+            [{"id": i, "name": f"n{i}"} for i in range(3)], schema=ICEBERG_SCHEMA.as_arrow()
+        )
+    )
+
+    con = duckdb_local.connect()
+    con.execute(
+        "CREATE SECRET icefall_oauth (TYPE iceberg, "
+        f"CLIENT_ID 'duck', CLIENT_SECRET '{CLIENT_SECRETS['duck']}', "
+        f"OAUTH2_SERVER_URI '{secured.catalog_url}/v1/oauth/tokens')"
+    )
+    con.execute(
+        f"ATTACH '' AS lake (TYPE iceberg, SECRET icefall_oauth, ENDPOINT '{secured.catalog_url}')"
+    )
+    assert con.execute(f"SELECT count(*) FROM lake.{namespace}.people").fetchone() == (3,)
+
+    with pytest.raises(duckdb.Error, match="401.*invalid_client - unknown client"):
+        duckdb_local.connect().execute(
+            "CREATE SECRET wrong_oauth (TYPE iceberg, CLIENT_ID 'duck', CLIENT_SECRET 'nope', "
+            f"OAUTH2_SERVER_URI '{secured.catalog_url}/v1/oauth/tokens')"
+        )
+
+
+def test_tls_on_registry_and_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    certs = make_certs(tmp_path / "certs", SSL_KEY_PASSWORD)
+    properties = tmp_path / "tls.properties"
+    properties.write_text(
+        f"schema.registry.ssl.keystore.location={certs.keystore}\n"
+        f"schema.registry.ssl.key.password={SSL_KEY_PASSWORD}\n"
+        f"catalog.ssl.keystore.location={certs.keystore}\n"
+        f"catalog.ssl.key.password={SSL_KEY_PASSWORD}\n"
+    )
+    broker = BrokerProcess(tmp_path / "home", ["--config", str(properties)]).start()
+    try:
+        registry_url = broker.registry_url.replace("http:", "https:")
+        catalog_url = broker.catalog_url.replace("http:", "https:")
+        assert broker.admin("/v1/cluster")["registry_url"].startswith("https://")
+        assert broker.admin("/v1/cluster")["catalog_url"].startswith("https://")
+        client = SchemaRegistryClient({"url": registry_url, "ssl.ca.location": str(certs.ca)})
+        assert client.register_schema("tls-value", Schema(AVRO, "AVRO")) >= 1
+        # requests lets REQUESTS_CA_BUNDLE (set on this machine) win over pyiceberg's ssl.cabundle
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certs.ca))
+        cabundle: Any = {"cabundle": str(certs.ca)}  # pyiceberg's nested "ssl" property
+        catalog = load_catalog("tls", type="rest", uri=catalog_url, ssl=cabundle)
+        catalog.create_namespace("over_tls")
+        assert ("over_tls",) in catalog.list_namespaces()
+
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(catalog_url + "/v1/config", timeout=10)  # not trusting the CA
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(broker.registry_url + "/subjects", timeout=10)  # plain HTTP
+        trusting = ssl.create_default_context(cafile=str(certs.ca))
+        with urllib.request.urlopen(registry_url + "/subjects", timeout=10, context=trusting) as r:
+            assert json.loads(r.read()) == ["tls-value"]
+        # still serving after the bad handshakes
+        assert ("over_tls",) in catalog.list_namespaces()
+    finally:
+        broker.stop()
+    assert SSL_KEY_PASSWORD not in broker.log_text()
+
+
+def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) -> None:
+    topic = f"leak_{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": secured.bootstrap})
+    config = {"automq.table.topic.enable": "true"}
+    for future in admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
+        future.result(15)
+    token(secured, "etl", "a-wrong-secret-is-not-logged-either")
+    raw(secured.registry_url + "/subjects", "writer:" + PASSWORDS["alice"])  # a wrong password
+
+    def answer(path: str) -> str:
+        try:
+            with urllib.request.urlopen(secured.admin_url + path, timeout=10) as response:
+                return str(response.read().decode())
+        except urllib.error.HTTPError as exc:  # an error answer must not show one either
+            return f"HTTP {exc.code}: {exc.read().decode()}"
+
+    answers = {
+        path: answer(path)
+        for path in (
+            "/healthz",
+            "/v1/cluster",
+            "/v1/table-topics",
+            "/v1/retention",
+            "/metrics",
+            f"/v1/topics/{topic}/offsets",
+            f"/v1/topics/{topic}/plan",
+            f"/v1/topics/{topic}/pending",
+        )
+    }
+    answers["manifest"] = (secured.home / "table_topics.json").read_text()
+    assert topic in answers["manifest"] and topic in answers["/v1/table-topics"]
+    answers["broker log"] = secured.log_text()
+    # the Kafka listeners holding a JAAS password and an encrypted key's password are up
+    assert "(SASL_PLAINTEXT," in answers["broker log"] and "(SSL," in answers["broker log"]
+    for where, text in answers.items():
+        for secret in [*SECRETS, "a-wrong-secret-is-not-logged-either"]:
+            assert secret not in text, f"{where} shows a secret"
+    cluster = json.loads(answers["/v1/cluster"])
+    assert cluster["catalog_url"] == secured.catalog_url
+    # the refusals of this module are counted (the two above among them)
+    failures = dict(
+        line.rsplit(" ", 1)
+        for line in answers["/metrics"].splitlines()
+        if line.startswith("icefall_http_authentication_failures_total{")
+    )
+    assert int(failures['icefall_http_authentication_failures_total{service="catalog"}']) >= 1
+    registry_failures = 'icefall_http_authentication_failures_total{service="schema-registry"}'
+    assert int(failures[registry_failures]) >= 1
