@@ -8,7 +8,11 @@ connection is closed while a good client goes on working."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import re
+import secrets
 import shutil
 import ssl
 import subprocess
@@ -130,6 +134,46 @@ def _scram(user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> dict[s
     return {"sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password}
 
 
+def _scram_exchange(
+    raw: rawkafka.Connection, user: str, password: str, repeat_client_nonce: bool
+) -> Any:
+    """A raw SCRAM-SHA-512 login (RFC 5802); the answer to the client-final message. With
+    ``repeat_client_nonce`` that message is librdkafka's before 2.6.1: ``r=`` is the client
+    nonce followed by the whole server nonce (which already begins with it), the proof right
+    for the message as sent."""
+    handshake = raw.request(
+        17, 1, SaslHandshakeRequest(mechanism="SCRAM-SHA-512"), SaslHandshakeResponse
+    )
+    assert handshake.error_code == 0
+    client_nonce = secrets.token_urlsafe(24)
+    first_bare = f"n={user},r={client_nonce}"
+    server_first = raw.request(
+        36,
+        2,
+        SaslAuthenticateRequest(auth_bytes=f"n,,{first_bare}".encode()),
+        SaslAuthenticateResponse,
+    )
+    assert server_first.error_code == 0, server_first.error_message
+    server_text = server_first.auth_bytes.decode()
+    attrs = dict(part.split("=", 1) for part in server_text.split(","))
+    assert attrs["r"].startswith(client_nonce) and len(attrs["r"]) > len(client_nonce)
+    nonce = client_nonce + attrs["r"] if repeat_client_nonce else attrs["r"]
+    without_proof = f"c=biws,r={nonce}"
+    salted = hashlib.pbkdf2_hmac(
+        "sha512", password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
+    )
+    client_key = hmac.new(salted, b"Client Key", "sha512").digest()
+    auth_message = f"{first_bare},{server_text},{without_proof}".encode()
+    signature = hmac.new(hashlib.sha512(client_key).digest(), auth_message, "sha512").digest()
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
+    return raw.request(
+        36,
+        2,
+        SaslAuthenticateRequest(auth_bytes=f"{without_proof},p={proof.decode()}".encode()),
+        SaslAuthenticateResponse,
+    )
+
+
 def round_trip(address: str, conf: dict[str, Any], topic: str, n: int = 5) -> list[str]:
     """Produce n records with confluent-kafka, then consume them back; the values read."""
     base = {"bootstrap.servers": address, **conf}
@@ -238,8 +282,22 @@ def test_scram_over_sasl_ssl_with_every_client(secured: SecuredBroker) -> None:
     assert read == ["kp-0", "kp-1", "kp-2"]
     consumer.close()
 
-    # kcat: Debian's build (librdkafka 2.0.2) sends the client nonce twice in its final SCRAM
-    # message, which RFC 5802 (and Kafka's server) refuse; so kcat logs in with PLAIN here.
+    # librdkafka before 2.6.1 (Debian's kcat 1.7.1 has 2.0.2) sends its own nonce twice in the
+    # final SCRAM message; Apache Kafka 4.1.1 refuses that, and so does Icefall (docs/security.md).
+    # The same exchange with a correct proof, once with the nonce repeated, once without:
+    for repeat in (False, True):
+        with rawkafka.Connection(address, tls=context) as raw:
+            answer = _scram_exchange(raw, "alice", "alice-secret", repeat_client_nonce=repeat)
+            if not repeat:
+                assert answer.error_code == 0 and answer.auth_bytes.startswith(b"v="), answer
+                continue
+            assert answer.error_code == 58  # SASL_AUTHENTICATION_FAILED, Kafka's message:
+            assert answer.error_message == (
+                "Authentication failed during authentication due to invalid credentials with "
+                "SASL mechanism SCRAM-SHA-512"
+            )
+            wait_for(raw.closed_by_peer, 10, what="the connection closed after the failure")
+    # so kcat logs in with PLAIN here
     kcat = shutil.which("kcat")
     if kcat is not None:
         kcat_conf = [
