@@ -754,6 +754,15 @@ def _explain(exc: ValidationError) -> str:
     return "bad configuration:\n  " + "\n  ".join(lines)
 
 
+# Database URLs that may carry a password (postgresql://user:password@host/db): with one, they
+# travel as secrets do.
+URL_FIELDS = ("catalog_uri", "metadata_uri")
+
+
+def _url_with_password(value: object) -> bool:
+    return isinstance(value, str) and bool(urlparse(value).password)
+
+
 def secret_env(config: BrokerConfig) -> dict[str, str]:
     """The secret settings of ``config`` as ``ICEFALL_*`` variables: how another process
     (``icefall up``'s broker) gets them without a command line showing them (the secret
@@ -763,6 +772,9 @@ def secret_env(config: BrokerConfig) -> dict[str, str]:
         value = getattr(config, name)
         if value is not None:
             out[f"ICEFALL_{name.upper()}"] = value.get_secret_value()
+    for name in URL_FIELDS:
+        if _url_with_password(value := getattr(config, name)):
+            out[f"ICEFALL_{name.upper()}"] = value
     if config.per_listener_secrets:
         secrets = {k: v.get_secret_value() for k, v in config.per_listener_secrets.items()}
         out["ICEFALL_PER_LISTENER_SECRETS"] = json.dumps(secrets)
@@ -771,13 +783,14 @@ def secret_env(config: BrokerConfig) -> dict[str, str]:
 
 def to_overrides(config: BrokerConfig) -> dict[str, str]:
     """Every setting of ``config`` as property keys (credentials stay in the environment, and
-    secret settings in the config file or ``ICEFALL_*``: never on a command line), so another
+    secret settings, database URLs with a password among them, in the config file or
+    ``ICEFALL_*`` (``secret_env``): never on a command line), so another
     process (``icefall up``'s broker) gets exactly this model."""
     out: dict[str, str] = {}
     for name in SCALAR_FIELDS:
-        if name in SECRET_FIELDS:
-            continue
         value = getattr(config, name)
+        if name in SECRET_FIELDS or (name in URL_FIELDS and _url_with_password(value)):
+            continue
         if value is not None:
             out[property_key(name)] = str(value).lower() if isinstance(value, bool) else str(value)
     if config.object_store is not None:

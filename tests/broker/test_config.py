@@ -274,6 +274,7 @@ def test_icefall_up_hands_the_broker_every_setting(
     listener_secret = {"sasl_plaintext.ssl.key.password": "lkp"}  # listener.name.<this>
     monkeypatch.setenv("ICEFALL_PER_LISTENER_SECRETS", json.dumps(listener_secret))
     secrets["listener key password"] = "lkp"
+    secrets["metadata database password"] = "u:p@"  # of --metadata-uri
     given = parse(flags)
     defaults = BrokerConfig.model_construct()  # the model's defaults, not the environment's
     changed = {
@@ -292,6 +293,7 @@ def test_icefall_up_hands_the_broker_every_setting(
     }
     for name in [*config.SECRET_FIELDS, "per_listener_secrets"]:  # as _start_broker gives it
         monkeypatch.delenv(f"ICEFALL_{name.upper()}")
+    assert "ICEFALL_METADATA_URI" in config.secret_env(given)
     for name, value in config.secret_env(given).items():
         monkeypatch.setenv(name, value)
     started = parse(argv[6:])  # after --ready-file FILE
