@@ -359,6 +359,21 @@ class BrokerConfig(BaseSettings):
         default=None, description="the password of the catalog's PEM private key, if encrypted"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _listener_secrets_apart(cls, data: Any) -> Any:
+        """Secret listener settings given as ``per_listener`` (``ICEFALL_PER_LISTENER``, code)
+        are kept with the secrets all the same."""
+        given = data.get("per_listener") if isinstance(data, dict) else None
+        if isinstance(given, dict) and any(is_secret_listener_key(k) for k in given):
+            secrets = {k: v for k, v in given.items() if is_secret_listener_key(k)}
+            data = {
+                **data,
+                "per_listener": {k: v for k, v in given.items() if k not in secrets},
+                "per_listener_secrets": {**data.get("per_listener_secrets", {}), **secrets},
+            }
+        return data
+
     @field_validator("object_store", mode="before")
     @classmethod
     def _object_store_url(cls, value: Any) -> Any:
