@@ -18,6 +18,7 @@ its name, like a bad value: a typo must not silently mean the default.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -252,11 +253,11 @@ class BrokerConfig(BaseSettings):
     ssl_keystore_certificate_chain: str | None = Field(
         default=None, description="the certificate chain as PEM text (with ssl.keystore.key)"
     )
-    ssl_keystore_key: str | None = Field(
-        default=None, repr=False, description="the private key as PEM text"
+    ssl_keystore_key: SecretStr | None = Field(
+        default=None, description="the private key as PEM text"
     )
-    ssl_key_password: str | None = Field(
-        default=None, repr=False, description="the password of an encrypted private key"
+    ssl_key_password: SecretStr | None = Field(
+        default=None, description="the password of an encrypted private key"
     )
     ssl_truststore_type: str | None = Field(
         default=None, description="PEM, the only type Icefall reads (unset: PEM)"
@@ -282,8 +283,14 @@ class BrokerConfig(BaseSettings):
     )
     per_listener: dict[str, str] = Field(
         default_factory=dict,
-        repr=False,  # JAAS texts hold passwords
         description="listener.name.<listener>.<key> settings, keyed without listener.name.",
+    )
+    per_listener_secrets: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description=(
+            "the secret listener.name.<listener>.<key> settings (JAAS texts, keys and their "
+            "passwords), keyed without listener.name."
+        ),
     )
     authorizer_class_name: str = Field(
         default="",
@@ -351,6 +358,21 @@ class BrokerConfig(BaseSettings):
     catalog_ssl_key_password: SecretStr | None = Field(
         default=None, description="the password of the catalog's PEM private key, if encrypted"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _listener_secrets_apart(cls, data: Any) -> Any:
+        """Secret listener settings given as ``per_listener`` (``ICEFALL_PER_LISTENER``, code)
+        are kept with the secrets all the same."""
+        given = data.get("per_listener") if isinstance(data, dict) else None
+        if isinstance(given, dict) and any(is_secret_listener_key(k) for k in given):
+            secrets = {k: v for k, v in given.items() if is_secret_listener_key(k)}
+            data = {
+                **data,
+                "per_listener": {k: v for k, v in given.items() if k not in secrets},
+                "per_listener_secrets": {**data.get("per_listener_secrets", {}), **secrets},
+            }
+        return data
 
     @field_validator("object_store", mode="before")
     @classmethod
@@ -427,20 +449,33 @@ class BrokerConfig(BaseSettings):
         )
 
     def listener_setting(self, listener: listener_settings.Listener, key: str) -> str | None:
-        """``key`` for ``listener``: its ``listener.name.<name>.key`` if set, else ``key``."""
-        prefixed = self.per_listener.get(f"{listener.name.lower()}.{key}")
+        """``key`` for ``listener``: its ``listener.name.<name>.key`` if set, else ``key``
+        (a secret one in clear: for the code that uses it, never to be logged)."""
+        prefixed = self.prefixed_settings().get(f"{listener.name.lower()}.{key}")
         if prefixed is not None:
             return prefixed
         field = FIELD_BY_KEY.get(key)
         value = getattr(self, field) if field else None
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
         return None if value is None else str(value)
+
+    def prefixed_settings(self) -> dict[str, str]:
+        """Every ``listener.name.*`` setting, secret ones in clear, keyed without the prefix."""
+        secrets = {k: v.get_secret_value() for k, v in self.per_listener_secrets.items()}
+        return {**self.per_listener, **secrets}
+
+    @property
+    def client_listener(self) -> listener_settings.Listener:
+        """The listener of the broker's own clients (the demo producer, /v1/cluster): the first
+        PLAINTEXT listener, else the first listener."""
+        listeners = self.listener_list()
+        return next((x for x in listeners if x.protocol == "PLAINTEXT"), listeners[0])
 
     @property
     def bootstrap(self) -> str:
-        """host:port for the broker's own clients (the demo producer, /v1/cluster): the first
-        PLAINTEXT listener, else the first listener."""
-        listeners = self.listener_list()
-        chosen = next((x for x in listeners if x.protocol == "PLAINTEXT"), listeners[0])
+        """host:port of ``client_listener``."""
+        chosen = self.client_listener
         return f"{chosen.advertised_host}:{chosen.advertised_port}"
 
     @property
@@ -576,8 +611,16 @@ OBJECT_STORE_KEYS = {
 SCALAR_FIELDS = [
     name
     for name in BrokerConfig.model_fields
-    if name not in ("object_store", "catalog", "registry_roles", "per_listener")
+    if name
+    not in ("object_store", "catalog", "registry_roles", "per_listener", "per_listener_secrets")
 ]
+# Listener settings that Kafka types PASSWORD (secret): listener.name.<l>.<key> with these keys.
+SECRET_LISTENER_KEYS = ("ssl.key.password", "ssl.keystore.key", "sasl.jaas.config")
+
+
+def is_secret_listener_key(key: str) -> bool:
+    """``key`` (``<listener>.<key>``, without ``listener.name.``) holds a secret."""
+    return key.endswith(SECRET_LISTENER_KEYS)
 
 
 def property_key(field: str) -> str:
@@ -621,7 +664,9 @@ def fields_from_properties(properties: Mapping[str, str], origin: str) -> dict[s
         elif key.startswith(REGISTRY_ROLE_PREFIX) and key != REGISTRY_ROLE_PREFIX:
             values.setdefault("registry_roles", {})[key.removeprefix(REGISTRY_ROLE_PREFIX)] = value
         elif key.startswith(LISTENER_PREFIX) and key.count(".") >= 3:
-            values.setdefault("per_listener", {})[key.removeprefix(LISTENER_PREFIX)] = value
+            short = key.removeprefix(LISTENER_PREFIX)
+            field = "per_listener_secrets" if is_secret_listener_key(short) else "per_listener"
+            values.setdefault(field, {})[short] = value
         elif key == "sasl.jaas.config" or key.endswith(".sasl.jaas.config"):
             raise ConfigError(
                 f"{origin}: {key} needs Kafka's listener prefix on a broker: "
@@ -684,8 +729,9 @@ def load_broker_config(
         raise ConfigError(f"environment: {exc}") from exc
     if overrides:
         over = fields_from_properties(overrides, "--override")
-        if "per_listener" in over and "per_listener" in layers:
-            over["per_listener"] = {**layers["per_listener"], **over["per_listener"]}
+        for merged_by_key in ("per_listener", "per_listener_secrets", "registry_roles"):
+            if merged_by_key in over and merged_by_key in layers:
+                over[merged_by_key] = {**layers[merged_by_key], **over[merged_by_key]}
         if "catalog" in over and "catalog" in layers:  # catalog keys merge key by key
             merged = {**layers["catalog"], **over["catalog"]}
             merged["properties"] = {
@@ -693,8 +739,6 @@ def load_broker_config(
                 **over["catalog"].get("properties", {}),
             }
             over["catalog"] = merged
-        if "registry_roles" in over and "registry_roles" in layers:
-            over["registry_roles"] = {**layers["registry_roles"], **over["registry_roles"]}
         layers.update(over)
     layers.update({k: v for k, v in (flags or {}).items() if v is not None})
     try:
@@ -725,26 +769,43 @@ def _explain(exc: ValidationError) -> str:
     return "bad configuration:\n  " + "\n  ".join(lines)
 
 
+# Database URLs that may carry a password (postgresql://user:password@host/db): with one, they
+# travel as secrets do.
+URL_FIELDS = ("catalog_uri", "metadata_uri")
+
+
+def _url_with_password(value: object) -> bool:
+    return isinstance(value, str) and bool(urlparse(value).password)
+
+
 def secret_env(config: BrokerConfig) -> dict[str, str]:
     """The secret settings of ``config`` as ``ICEFALL_*`` variables: how another process
-    (``icefall up``'s broker) gets them without a command line showing them."""
+    (``icefall up``'s broker) gets them without a command line showing them (the secret
+    listener settings as one JSON object, as pydantic-settings reads a dict field)."""
     out: dict[str, str] = {}
     for name in sorted(SECRET_FIELDS):
         value = getattr(config, name)
         if value is not None:
             out[f"ICEFALL_{name.upper()}"] = value.get_secret_value()
+    for name in URL_FIELDS:
+        if _url_with_password(value := getattr(config, name)):
+            out[f"ICEFALL_{name.upper()}"] = value
+    if config.per_listener_secrets:
+        secrets = {k: v.get_secret_value() for k, v in config.per_listener_secrets.items()}
+        out["ICEFALL_PER_LISTENER_SECRETS"] = json.dumps(secrets)
     return out
 
 
 def to_overrides(config: BrokerConfig) -> dict[str, str]:
     """Every setting of ``config`` as property keys (credentials stay in the environment, and
-    secret settings in the config file or ``ICEFALL_*``: never on a command line), so another
+    secret settings, database URLs with a password among them, in the config file or
+    ``ICEFALL_*`` (``secret_env``): never on a command line), so another
     process (``icefall up``'s broker) gets exactly this model."""
     out: dict[str, str] = {}
     for name in SCALAR_FIELDS:
-        if name in SECRET_FIELDS:
-            continue
         value = getattr(config, name)
+        if name in SECRET_FIELDS or (name in URL_FIELDS and _url_with_password(value)):
+            continue
         if value is not None:
             out[property_key(name)] = str(value).lower() if isinstance(value, bool) else str(value)
     if config.object_store is not None:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shlex
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ import pytest
 import yaml
 
 from broker import cli
+from broker.config import BrokerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
@@ -33,6 +37,8 @@ LOCAL = {"localhost", "127.0.0.1", "0.0.0.0"}
 REQUIRED = {
     "postgres",
     "minio",
+    "certs-init",
+    "kafka-users-init",
     "broker",
     "airflow-init",
     "airflow-apiserver",
@@ -166,6 +172,32 @@ def _broker_args(services: dict[str, dict[str, Any]]) -> argparse.Namespace:
     return args
 
 
+def _config_targets(service: dict[str, Any]) -> dict[str, str]:
+    """Where each compose config is mounted in ``service``: target path -> config name."""
+    return {c["target"]: c["source"] for c in service.get("configs") or []}
+
+
+@pytest.fixture(scope="module")
+def broker_config(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], tmp_path_factory: Any
+) -> BrokerConfig:
+    """The broker's configuration as the real loader reads it in its container: its command,
+    its server.properties (a compose config, written here where the command names it), its
+    environment."""
+    args = _broker_args(services)
+    mounted = _config_targets(services["broker"])
+    assert args.config in mounted, f"the broker's --config {args.config} is no mounted config"
+    properties = tmp_path_factory.mktemp("broker") / "server.properties"
+    properties.write_text(_config_text(compose, mounted[args.config]))
+    args.config = str(properties)
+    with pytest.MonkeyPatch.context() as env:
+        for key in [k for k in os.environ if k.startswith(("ICEFALL_", "AWS_"))]:
+            env.delenv(key)
+        for key, value in _env(services["broker"]).items():
+            env.setenv(key, value)
+        return cli._broker_config(args)
+
+
 # ---------------------------------------------------------------- services and dependencies
 
 
@@ -239,8 +271,8 @@ def test_host_ports_do_not_collide_and_the_readme_lists_them(
         for host, _ in _published(service):
             assert host not in owners, f"host port {host} published by {owners[host]} and {name}"
             owners[host] = name
-    assert {p: owners.get(p) for p in (9092, 8090, 8081, 8181)} == dict.fromkeys(
-        (9092, 8090, 8081, 8181), "broker"
+    assert {p: owners.get(p) for p in (9093, 8090, 8081, 8181)} == dict.fromkeys(
+        (9093, 8090, 8081, 8181), "broker"
     )
     assert owners.get(8080) == "airflow-apiserver" and owners.get(9000) == "minio"
     readme = (REPO / "README.md").read_text()
@@ -252,17 +284,26 @@ def test_host_ports_do_not_collide_and_the_readme_lists_them(
         )
 
 
-def test_broker_ports_match_the_cli_defaults(services: dict[str, dict[str, Any]]) -> None:
-    args = _broker_args(services)
-    config = cli._broker_config(args)
+def test_broker_ports_match_its_configuration(
+    services: dict[str, dict[str, Any]], broker_config: BrokerConfig
+) -> None:
     published = {c: h for h, c in _published(services["broker"])}
-    for port in (config.kafka_port, config.admin_port, config.registry_port, config.catalog_port):
+    for port in (broker_config.admin_port, broker_config.registry_port, broker_config.catalog_port):
         assert published.get(port) == port, f"broker port {port} is not published as itself"
+    for listener in broker_config.listener_list():
+        if listener.advertised_host == "broker":  # the compose network's listener
+            assert listener.port in _listens(services["broker"]), listener
+        else:  # for clients outside: published as itself
+            assert published.get(listener.port) == listener.advertised_port, listener
+    # the admin API has no login: reachable from the host's loopback only
+    admin = [str(p) for p in services["broker"]["ports"] if str(p).endswith(":8090")]
+    assert admin == ["127.0.0.1:8090:8090"]
 
 
 def test_named_volumes_are_declared_used_and_shared_where_needed(
     compose: dict[str, Any],
     services: dict[str, dict[str, Any]],
+    broker_config: BrokerConfig,
 ) -> None:
     declared = set(compose.get("volumes") or {})
     used: set[str] = set()
@@ -278,7 +319,7 @@ def test_named_volumes_are_declared_used_and_shared_where_needed(
             mounts.setdefault(name, {})[source] = target + (":" + mode[0] if mode else "")
     assert declared == used, f"declared but unused volumes: {declared - used}"
 
-    broker_home = _broker_args(services).home
+    broker_home = str(broker_config.home)
     assert mounts["broker"]["broker-home"] == broker_home, (
         "the broker's --home must be on its volume"
     )
@@ -359,6 +400,7 @@ def test_databases_and_credentials_in_connection_strings_exist(
 def test_s3_settings_agree_between_minio_the_broker_and_spark(
     compose: dict[str, Any],
     services: dict[str, dict[str, Any]],
+    broker_config: BrokerConfig,
 ) -> None:
     minio = _env(services["minio"])
     for name in ("broker", "minio-init", "spark-worker", "airflow-scheduler"):
@@ -367,10 +409,9 @@ def test_s3_settings_agree_between_minio_the_broker_and_spark(
         assert env["AWS_SECRET_ACCESS_KEY"] == minio["MINIO_ROOT_PASSWORD"], name
         assert env["AWS_ENDPOINT_URL"] == "http://minio:9000", name
     assert len(minio["MINIO_ROOT_PASSWORD"]) >= 8  # MinIO refuses shorter ones
-    args = _broker_args(services)
     bucket = _env(services["minio-init"])["ICEFALL_BUCKET"]
-    assert urlparse(args.object_store).netloc == bucket
-    assert urlparse(args.warehouse).netloc == bucket
+    assert urlparse(broker_config.store.url).netloc == bucket
+    assert urlparse(broker_config.catalog_warehouse).netloc == bucket
     defaults = _spark_defaults(compose)
     for catalog in ("icefall", "icefall_round"):
         assert defaults[f"spark.sql.catalog.{catalog}.s3.endpoint"] == "http://minio:9000"
@@ -404,14 +445,8 @@ def test_airflow_components_share_one_configuration(services: dict[str, dict[str
 # ---------------------------------------------------------------- the broker command
 
 
-def test_the_broker_command_is_one_the_cli_accepts(
-    services: dict[str, dict[str, Any]],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    args = _broker_args(services)
-    for key, value in _env(services["broker"]).items():
-        monkeypatch.setenv(key, value)
-    config = cli._broker_config(args)
+def test_the_broker_command_is_one_the_cli_accepts(broker_config: BrokerConfig) -> None:
+    config = broker_config
     assert config.host == "0.0.0.0" and config.advertised == "broker"
     assert config.store.is_s3 and config.store.endpoint_url == "http://minio:9000"
     assert config.catalog_db_uri.startswith("postgresql+psycopg2://")
@@ -493,3 +528,136 @@ def test_the_image_is_built_from_this_repository_with_the_pinned_constraints(
     assert len(images) == 1, f"one Icefall image, got {images}"
     for name in ["broker", "spark-worker", "minio-init", *AIRFLOW_COMMANDS]:
         assert services[name]["image"] in images, f"{name} must run the Icefall image"
+
+
+# ---------------------------------------------------------------- security
+
+
+def _handshake(server: ssl.SSLContext, client: ssl.SSLContext, host: str) -> None:
+    """A TLS handshake between the two contexts in memory (the client checks ``host``)."""
+    pipes = [ssl.MemoryBIO() for _ in range(4)]
+    server_side = server.wrap_bio(pipes[0], pipes[1], server_side=True)
+    client_side = client.wrap_bio(pipes[2], pipes[3], server_hostname=host)
+    for _ in range(10):
+        done = 0
+        for side, out, into in (
+            (client_side, pipes[3], pipes[0]),
+            (server_side, pipes[1], pipes[2]),
+        ):
+            try:
+                side.do_handshake()
+                done += 1
+            except ssl.SSLWantReadError:
+                pass
+            into.write(out.read())
+        if done == 2:
+            return
+    raise AssertionError(f"the TLS handshake for {host} did not finish")
+
+
+def test_the_stack_runs_secured(
+    compose: dict[str, Any],
+    services: dict[str, dict[str, Any]],
+    broker_config: BrokerConfig,
+    tmp_path: Path,
+) -> None:
+    from broker.http_security.registry_auth import parse_role
+    from broker.http_security.users import authenticate, load_users
+    from broker.kafka.authorizer import parse_super_users
+    from broker.security import dev_certs, settings, tls
+
+    config = broker_config
+    broker = services["broker"]
+    # Kafka: every listener authenticates (SCRAM); the one for clients outside is SASL_SSL
+    listeners = config.listener_list()
+    assert {x.protocol for x in listeners} == {"SASL_PLAINTEXT", "SASL_SSL"}
+    [outside] = [x for x in listeners if x.advertised_host != "broker"]
+    assert outside.protocol == "SASL_SSL"
+    for listener in listeners:
+        assert settings.mechanisms(config, listener) == ["SCRAM-SHA-512"]
+    # ACLs on, nothing allowed that no ACL allows, and a super user to grant them
+    assert config.authorizer_class_name and not config.allow_everyone_if_no_acl_found
+    supers = parse_super_users(config.super_users)
+    assert "User:admin" in supers
+
+    # the first SCRAM user: the super user, stored before the broker starts, password on stdin
+    deps = _depends_on(broker)
+    assert deps["certs-init"] == deps["kafka-users-init"] == "service_completed_successfully"
+    users_init = services["kafka-users-init"]
+    assert _config_targets(users_init) == _config_targets(broker)
+    assert _env(users_init)["ICEFALL_METADATA_URI"] == config.metadata_uri
+    script = _command(users_init)[-1] if users_init["command"][0] == "sh" else ""
+    scram = shlex.split(script.split("|", 1)[1].split(";")[0])
+    assert scram[:4] == ["icefall", "scram-add", "--config", _broker_args(services).config]
+    assert f"User:{scram[scram.index('--user') + 1]}" in supers
+    assert scram[scram.index("--mechanism") + 1] == "SCRAM-SHA-512"
+    assert "--password" not in scram and '"$KAFKA_ADMIN_PASSWORD"' in script.split("|")[0]
+    assert _env(users_init)["KAFKA_ADMIN_PASSWORD"]
+
+    # TLS: certs-init makes the keystore the broker reads, into the volume both mount
+    keystore = Path(str(config.ssl_keystore_location))
+    mounts = {
+        name: {
+            str(v).split(":")[0]: str(v).split(":")[1] for v in services[name].get("volumes", [])
+        }
+        for name in ("certs-init", "broker")
+    }
+    [volume] = [v for v, target in mounts["broker"].items() if target == str(keystore.parent)]
+    made = _command(services["certs-init"])
+    assert made[:3] == ["python", "-m", "broker.security.dev_certs"]
+    assert made[3] == mounts["certs-init"][volume] == str(keystore.parent)
+    assert keystore.name == dev_certs.KEYSTORE_FILE
+    # run it here, and shake hands with the certificate as a client trusting its CA would
+    assert dev_certs.main([str(tmp_path), *made[4:]]) == 0
+    here = config.model_copy(update={"ssl_keystore_location": str(tmp_path / keystore.name)})
+    server = tls.server_context(here, outside)
+    client = ssl.create_default_context(cafile=str(tmp_path / dev_certs.CA_FILE))
+    for listener in listeners:
+        _handshake(server, client, listener.advertised_host)
+
+    # the registry (basic auth, roles) and the catalog (OAuth2): their files are mounted configs
+    mounted = _config_targets(broker)
+    assert config.registry_authentication_method == "BASIC"
+    assert config.catalog_authentication_method == "OAUTH2"
+    files: dict[str, Any] = {}
+    for what, path in (
+        ("registry", config.registry_users_file),
+        ("catalog", config.catalog_clients_file),
+    ):
+        assert str(path) in mounted, f"the {what}'s file {path} is not mounted in the broker"
+        local = tmp_path / f"{what}.properties"
+        local.write_text(_config_text(compose, mounted[str(path)]))
+        files[what] = load_users(local)
+    roles = {
+        role: parse_role(role, text, "schema.registry.authorization.role.")
+        for role, text in config.registry_roles.items()
+    }
+    for user in files["registry"].values():
+        assert user.roles and set(user.roles) <= set(roles), user.name
+
+    # Airflow: the connections the rounds log in with are users of those files; a login
+    for name in AIRFLOW_COMMANDS:
+        env = _env(services[name])
+        assert env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "false") != "true"
+        assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"]
+        for conn, what in (("ICEFALL_REGISTRY", "registry"), ("ICEFALL_CATALOG", "catalog")):
+            connection = json.loads(env[f"AIRFLOW_CONN_{conn}"])
+            user = authenticate(files[what], connection["login"], connection["password"])
+            assert user is not None, f"{name}: {conn} does not log in to the {what}"
+    rounds = files["registry"][json.loads(env["AIRFLOW_CONN_ICEFALL_REGISTRY"])["login"]]
+    assert any(g for role in rounds.roles for g in roles[role]), "the rounds' user reads nothing"
+
+    # no secret on any command line (ps shows it): every password of the stack's environments
+    secrets = {
+        v
+        for s in services.values()
+        for k, v in _env(s).items()
+        if re.search(r"PASSWORD|SECRET|_URI$", k) and v
+    }
+    secrets |= {urlparse(u).password or "" for u in secrets if "://" in u}
+    # not Postgres's development default, "icefall": every image name has it
+    secrets = {s for s in secrets if len(s) >= 8}
+    assert len(secrets) >= 6
+    for name, service in services.items():
+        argv = " ".join(_command(service))
+        assert not [s for s in secrets if s in argv], f"{name}'s command shows a secret"

@@ -20,7 +20,7 @@ from kio.schema.errors import ErrorCode
 
 from broker import broker_configs, topic_configs
 from broker.cluster import Cluster, TopicError
-from broker.config import BrokerConfig
+from broker.config import LISTENER_PREFIX, SECRET_FIELDS, BrokerConfig, property_key
 from broker.gate import DataQualityGate, GateRejection, gate_applies
 from broker.kafka import records
 from broker.kafka.acl_apis import (
@@ -52,6 +52,7 @@ SOURCE_DYNAMIC_BROKER = 2
 SOURCE_DYNAMIC_DEFAULT_BROKER = 3
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
+CONFIG_TYPE_PASSWORD = 9  # DescribeConfigs' ConfigType of a secret
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 
 # The versions served: kio's range, capped where a newer version switches to
@@ -1055,6 +1056,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             _config_entry(name, value, SOURCE_STATIC_BROKER, read_only=True, synonyms=synonyms)
             for name, value in _broker_configs(self.config).items()
         ]
+        # Kafka's PASSWORD-typed configs: named, never shown (value null, is_sensitive)
+        entries += [
+            _config_entry(name, None, SOURCE_STATIC_BROKER, read_only=True, synonyms=synonyms)
+            for name in _sensitive_broker_configs(self.config)
+        ]
         for name, key in broker_configs.KEYS.items():
             layers = [
                 (own.get(name), SOURCE_DYNAMIC_BROKER),
@@ -1636,16 +1642,26 @@ def _keyless_in_compacted(cleanup_policy: str, records_bytes: bytes) -> GateReje
     return None
 
 
+def _sensitive_broker_configs(config: BrokerConfig) -> list[str]:
+    """The secret settings ``config`` has, by property key: described as Kafka describes its
+    PASSWORD configs, with no value."""
+    names = [property_key(name) for name in sorted(SECRET_FIELDS) if getattr(config, name)]
+    return names + sorted(LISTENER_PREFIX + key for key in config.per_listener_secrets)
+
+
 def _config_entry(
-    name: str, value: str, source: int, *, read_only: bool, synonyms: bool, type_: int = 2
+    name: str, value: str | None, source: int, *, read_only: bool, synonyms: bool, type_: int = 2
 ) -> dict[str, Any]:
+    """One DescribeConfigs entry; ``value`` None is a sensitive one (Kafka's PASSWORD type)."""
+    if value is None:
+        type_ = CONFIG_TYPE_PASSWORD
     return {
         "name": name,
         "value": value,
         "read_only": read_only,
         "is_default": source == SOURCE_DEFAULT,
         "config_source": source,
-        "is_sensitive": False,
+        "is_sensitive": value is None,
         "synonyms": [{"name": name, "value": value, "source": source}] if synonyms else [],
         "config_type": type_,
         "documentation": None,

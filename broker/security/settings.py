@@ -38,7 +38,8 @@ def parse_jaas(key: str, text: str) -> Jaas:
     while pos < len(text):
         match = _JAAS_TOKEN.match(text, pos)
         if match is None or match.end() == pos:
-            raise ListenerError(f"{key}: cannot read the JAAS text at {text[pos : pos + 20]!r}")
+            # the position, not the text: it holds passwords
+            raise ListenerError(f"{key}: cannot read the JAAS text at character {pos + 1}")
         quoted, word, equals, semi = match.groups()
         if quoted is not None:
             tokens.append(("value", re.sub(r"\\(.)", r"\1", quoted)))
@@ -78,7 +79,7 @@ def mechanisms(config: BrokerConfig, listener: Listener) -> list[str]:
 
 def jaas(config: BrokerConfig, listener: Listener, mechanism: str) -> Jaas | None:
     key = f"{listener.name.lower()}.{mechanism.lower()}.sasl.jaas.config"
-    text = config.per_listener.get(key)
+    text = config.prefixed_settings().get(key)
     return None if text is None else parse_jaas("listener.name." + key, text)
 
 
@@ -97,11 +98,12 @@ def reauth_ms(config: BrokerConfig, listener: Listener) -> int:
 def check_security(config: BrokerConfig) -> None:
     """Every listener setting readable; raises ``ValueError`` starting with the key at fault."""
     listeners = config.listener_list()
-    check_per_listener({"listener.name." + k: v for k, v in config.per_listener.items()}, listeners)
+    prefixed = config.prefixed_settings()
+    check_per_listener({"listener.name." + k: v for k, v in prefixed.items()}, listeners)
     for listener in listeners:
         prefix = (
             listener.prefix
-            if any(k.startswith(listener.name.lower() + ".") for k in config.per_listener)
+            if any(k.startswith(listener.name.lower() + ".") for k in prefixed)
             else ""
         )
         reauth = config.listener_setting(listener, "connections.max.reauth.ms") or "0"

@@ -8,7 +8,10 @@ LocalExecutor's workers and the spark-submit JVMs they run go too).
 
 ``ICEFALL_AIRFLOW_PORT`` (default 8080) moves the Airflow UI;
 ``ICEFALL_NO_AIRFLOW=1`` runs without Airflow; ``ICEFALL_DEMO_COMMIT_INTERVAL_MS``
-sets the demo topic's commit interval (default 60000).
+sets the demo topic's commit interval (default 60000). On a secured broker the demo's
+clients log in with ``ICEFALL_REGISTRY_USER_INFO`` (the registry) and
+``ICEFALL_DEMO_KAFKA_USER_INFO`` (a SASL listener, when there is no PLAINTEXT one); secret
+settings reach the broker in its environment, never its command line (``ps`` shows that).
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from typing import Any
 
 from broker import names, topic_configs
 from broker.config import BrokerConfig, secret_env, to_overrides
+from broker.http_security.client import registry_user_info
 
 DEMO_TOPIC = "clicks"
+DEMO_KAFKA_USER_INFO_ENV = "ICEFALL_DEMO_KAFKA_USER_INFO"
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 SYNC_PENDING = 3  # icefall_airflow.sync: a DAG to pause is not parsed yet
@@ -47,10 +52,54 @@ def _wait_ready(ready: Path, proc: subprocess.Popen[bytes], timeout: float = 60)
         time.sleep(0.1)
 
 
-def _ensure_demo_topic(bootstrap: str) -> None:
+def demo_kafka_config(config: BrokerConfig) -> dict[str, str | int | float | bool]:
+    """confluent-kafka settings of the demo's clients for the listener ``bootstrap`` names: the
+    loopback PLAINTEXT one when there is one; else TLS trusting ``SSL_CERT_FILE`` (else the
+    system's CAs) and, on a SASL listener, the login ``ICEFALL_DEMO_KAFKA_USER_INFO=user:password``
+    (PLAIN for a user of the listener's PLAIN JAAS text, else the strongest SCRAM enabled)."""
+    from broker.security import settings
+
+    listener = config.client_listener
+    out: dict[str, str | int | float | bool] = {
+        "bootstrap.servers": config.bootstrap,
+        "security.protocol": listener.protocol,
+    }
+    if listener.tls and os.environ.get("SSL_CERT_FILE"):
+        out["ssl.ca.location"] = os.environ["SSL_CERT_FILE"]
+    if listener.sasl:
+        user, sep, password = os.environ.get(DEMO_KAFKA_USER_INFO_ENV, "").partition(":")
+        if not sep or not user:
+            raise SystemExit(
+                f"icefall: the demo's Kafka listener {listener.name} is {listener.protocol}: "
+                f"set {DEMO_KAFKA_USER_INFO_ENV}=user:password (a SCRAM user, or a PLAIN user of "
+                f"{listener.prefix}plain.sasl.jaas.config), or add a PLAINTEXT listener on loopback"
+            )
+        enabled = settings.mechanisms(config, listener)
+        if "PLAIN" in enabled and user in settings.plain_users(config, listener):
+            mechanism = "PLAIN"
+        else:
+            scram = [m for m in ("SCRAM-SHA-512", "SCRAM-SHA-256") if m in enabled]
+            mechanism = (scram or enabled)[0]
+        out.update({"sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password})
+    return out
+
+
+def demo_registry_config(config: BrokerConfig) -> dict[str, str]:
+    """Confluent ``SchemaRegistryClient`` settings for the broker's registry: basic auth from
+    ``ICEFALL_REGISTRY_USER_INFO`` (the variable Icefall's jobs read), TLS trusting
+    ``SSL_CERT_FILE``."""
+    out = {"url": config.registry_url}
+    if user_info := registry_user_info():
+        out["basic.auth.user.info"] = user_info
+    if config.registry_url.startswith("https:") and os.environ.get("SSL_CERT_FILE"):
+        out["ssl.ca.location"] = os.environ["SSL_CERT_FILE"]
+    return out
+
+
+def _ensure_demo_topic(kafka: dict[str, str | int | float | bool]) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(kafka)
     if DEMO_TOPIC in admin.list_topics(timeout=10).topics:
         return
     interval = os.environ.get("ICEFALL_DEMO_COMMIT_INTERVAL_MS", "60000")
@@ -73,14 +122,14 @@ DEMO_SCHEMA = json.dumps(
 )
 
 
-def _demo_serializer(registry_url: str) -> Callable[[dict[str, object]], bytes]:
+def _demo_serializer(registry: dict[str, str]) -> Callable[[dict[str, object]], bytes]:
     """Confluent's Avro serializer against the built-in registry (it registers
     ``clicks-value`` on first use), so the demo passes the data quality gate."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    serializer = AvroSerializer(SchemaRegistryClient({"url": registry_url}), DEMO_SCHEMA)
+    serializer = AvroSerializer(SchemaRegistryClient(registry), DEMO_SCHEMA)
     context = SerializationContext(DEMO_TOPIC, MessageField.VALUE)
 
     def serialize(event: dict[str, object]) -> bytes:
@@ -337,13 +386,13 @@ class DemoProducer(threading.Thread):
 
         producer = Producer(
             {
-                "bootstrap.servers": self.config.bootstrap,
+                **demo_kafka_config(self.config),
                 "acks": "all",
                 "enable.idempotence": True,
                 "linger.ms": 50,
             }
         )
-        serialize = _demo_serializer(self.config.registry_url)
+        serialize = _demo_serializer(demo_registry_config(self.config))
         pages = ["/", "/pricing", "/docs", "/blog", "/signup"]
         next_at = time.monotonic()
         while not self.stopping.is_set():
@@ -399,8 +448,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
         airflow = AirflowStack(config, home, int(os.environ.get("ICEFALL_AIRFLOW_PORT", "8080")))
     try:
         _wait_ready(ready, proc)
-        bootstrap = config.bootstrap
-        _ensure_demo_topic(bootstrap)
+        _ensure_demo_topic(demo_kafka_config(config))
         demo = DemoProducer(config, demo_rate, stopping)
         demo.start()
         password = None

@@ -4,6 +4,7 @@ the broker it starts every setting it was given."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -245,10 +246,6 @@ def test_icefall_up_hands_the_broker_every_setting(
         "/etc/icefall/broker.pem",
         "--ssl-keystore-certificate-chain",
         "-----BEGIN CERTIFICATE-----",
-        "--ssl-keystore-key",
-        "-----BEGIN PRIVATE KEY-----",
-        "--ssl-key-password",
-        "key-secret",
         "--ssl-truststore-type",
         "PEM",
         "--ssl-truststore-location",
@@ -262,13 +259,22 @@ def test_icefall_up_hands_the_broker_every_setting(
         "--connections-max-reauth-ms",
         "60000",
         "--override",
-        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config="
-        "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512",
+        # the user's own command line may carry a listener secret: the broker's must not
+        "--override",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+        'org.apache.kafka.common.security.plain.PlainLoginModule required user_kafka="jaas-pw";',
     ]
     # secrets have no flag and never go on the broker's command line: its environment has them
     secrets = {name: f"secret-{name}" for name in config.SECRET_FIELDS}
+    assert {"ssl_key_password", "ssl_keystore_key"} <= set(secrets)
     for name, value in secrets.items():
         monkeypatch.setenv(f"ICEFALL_{name.upper()}", value)
+    secrets["listener"] = "jaas-pw"
+    listener_secret = {"sasl_plaintext.ssl.key.password": "lkp"}  # listener.name.<this>
+    monkeypatch.setenv("ICEFALL_PER_LISTENER_SECRETS", json.dumps(listener_secret))
+    secrets["listener key password"] = "lkp"
+    secrets["metadata database password"] = "u:p@"  # of --metadata-uri
     given = parse(flags)
     defaults = BrokerConfig.model_construct()  # the model's defaults, not the environment's
     changed = {
@@ -280,9 +286,14 @@ def test_icefall_up_hands_the_broker_every_setting(
 
     argv = broker_command(given, given.home, tmp_path / "ready")
     assert argv[1:4] == ["-m", "broker.cli", "broker"]
-    assert not any(secret in arg for secret in secrets.values() for arg in argv)
-    for name in config.SECRET_FIELDS:  # the broker's environment, as _start_broker gives it
+    assert not any(secret in arg for secret in secrets.values() for arg in argv), argv
+    assert set(given.per_listener_secrets) == {
+        "sasl_plaintext.plain.sasl.jaas.config",
+        "sasl_plaintext.ssl.key.password",
+    }
+    for name in [*config.SECRET_FIELDS, "per_listener_secrets"]:  # as _start_broker gives it
         monkeypatch.delenv(f"ICEFALL_{name.upper()}")
+    assert "ICEFALL_METADATA_URI" in config.secret_env(given)
     for name, value in config.secret_env(given).items():
         monkeypatch.setenv(name, value)
     started = parse(argv[6:])  # after --ready-file FILE

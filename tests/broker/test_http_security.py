@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +25,7 @@ import duckdb
 import jwt
 import pyarrow as pa
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from pyiceberg.catalog import load_catalog
@@ -36,13 +37,14 @@ from broker.catalog import duckdb_local
 from tests.http_security_support import (
     AVRO,
     CLIENT_SECRETS,
+    JAAS_SECRET,
     PASSWORDS,
     SECRETS,
     SIGNING_KEY,
     SSL_KEY_PASSWORD,
     secured_broker,
 )
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, wait_for
 from tests.tls_certs import make_certs
 
 ICEBERG_SCHEMA = IcebergSchema(
@@ -292,6 +294,17 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
         )
     }
     answers["manifest"] = (secured.home / "table_topics.json").read_text()
+    # DescribeConfigs of the broker names its secrets as Kafka does: no value, is_sensitive
+    [described] = admin.describe_configs([ConfigResource(ConfigResource.Type.BROKER, "0")]).values()
+    entries = described.result(15)
+    sensitive = {name for name, entry in entries.items() if entry.is_sensitive}
+    assert sensitive == {
+        "ssl.key.password",
+        "catalog.oauth2.token.signing.key",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config",
+    }
+    assert all(entries[name].value is None for name in sensitive)
+    answers["DescribeConfigs"] = repr({n: (e.value, e.synonyms) for n, e in entries.items()})
     assert topic in answers["manifest"] and topic in answers["/v1/table-topics"]
     answers["broker log"] = secured.log_text()
     # the Kafka listeners holding a JAAS password and an encrypted key's password are up
@@ -310,3 +323,60 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
     assert int(failures['icefall_http_authentication_failures_total{service="catalog"}']) >= 1
     registry_failures = 'icefall_http_authentication_failures_total{service="schema-registry"}'
     assert int(failures[registry_failures]) >= 1
+
+
+def test_icefall_ups_demo_logs_in_to_the_registry_and_a_sasl_listener(
+    secured: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``icefall up``'s demo clients (topic, serializer, producer) against a secured broker whose
+    only listener they are given is SASL: the logins come from the environment."""
+    from confluent_kafka import Consumer
+
+    from broker.config import load_broker_config
+    from broker.supervisor import up
+
+    properties = Path(secured.extra_args[secured.extra_args.index("--config") + 1])
+    [sasl] = [x for x in load_broker_config(properties).listener_list() if x.sasl]
+    config = load_broker_config(
+        properties,
+        overrides={"listeners": str(sasl), "registry.port": str(secured.registry_port)},
+    )
+    with pytest.raises(SystemExit, match="set ICEFALL_DEMO_KAFKA_USER_INFO=user:password"):
+        up.demo_kafka_config(config)
+    monkeypatch.setenv("ICEFALL_DEMO_KAFKA_USER_INFO", f"kafka:{JAAS_SECRET}")
+    kafka = up.demo_kafka_config(config)
+    assert (kafka["security.protocol"], kafka["sasl.mechanism"]) == ("SASL_PLAINTEXT", "PLAIN")
+    up._ensure_demo_topic(kafka)
+    event = {"user_id": 1, "page": "/", "ts": 0}
+    with pytest.raises(SchemaRegistryError) as anonymous:  # the registry wants a login
+        up._demo_serializer(up.demo_registry_config(config))(event)
+    assert anonymous.value.http_status_code == 401
+    monkeypatch.setenv("ICEFALL_REGISTRY_USER_INFO", f"ops:{PASSWORDS['ops']}")
+
+    stopping = threading.Event()
+    demo = up.DemoProducer(config, 200.0, stopping)
+    demo.start()
+    try:
+        wait_for(lambda: demo.sent >= 5 or demo.error is not None, 30, what="demo records sent")
+    finally:
+        stopping.set()
+        demo.join(30)
+    assert demo.error is None and demo.sent >= 5
+    consumer = Consumer(
+        {
+            "bootstrap.servers": secured.bootstrap,
+            "group.id": "demo-check",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.subscribe([up.DEMO_TOPIC])
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < demo.sent and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None and message.error() is None:
+                got += 1
+        assert got == demo.sent  # acknowledged, every one
+    finally:
+        consumer.close()

@@ -4,11 +4,12 @@ listeners without a certificate, unknown SASL mechanisms and JAAS text Kafka wou
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from broker.config import ConfigError, load_broker_config
+from broker.config import ConfigError, load_broker_config, to_overrides
 from broker.security import settings, tls
 from broker.security.listeners import ListenerError
 from tests.tls_certs import make_pki
@@ -202,3 +203,33 @@ def test_scram_add_stores_keys_not_the_password(tmp_path: Path) -> None:
         "SCRAM-SHA-256", PASSWORD, iterations, salt
     ) == scram.ScramCredential(salt, stored_key, server_key, 8192)
     assert PASSWORD.encode() not in (tmp_path / "metadata.sqlite").read_bytes()
+
+
+def test_listener_secrets_are_kept_apart_however_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JAAS text or key password given per listener is a secret whether it comes from a file,
+    ``--override`` or ``ICEFALL_PER_LISTENER``: never in ``to_overrides`` (argv) or a repr."""
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_a="pw-1f3c";'
+    monkeypatch.setenv(
+        "ICEFALL_PER_LISTENER",
+        json.dumps(
+            {
+                "sasl_plaintext.plain.sasl.jaas.config": jaas,
+                "sasl_plaintext.ssl.client.auth": "none",
+            }
+        ),
+    )
+    config = load_broker_config(
+        overrides={
+            "listeners": "SASL_PLAINTEXT://127.0.0.1:9094",
+            "listener.name.sasl_plaintext.ssl.key.password": "pw-8e2d",
+        }
+    )
+    assert set(config.per_listener_secrets) == {
+        "sasl_plaintext.plain.sasl.jaas.config",
+        "sasl_plaintext.ssl.key.password",
+    }
+    assert config.per_listener == {"sasl_plaintext.ssl.client.auth": "none"}
+    [listener] = config.listener_list()
+    assert settings.plain_users(config, listener) == {"a": "pw-1f3c"}
+    shown = repr(config) + json.dumps(to_overrides(config)) + str(config.model_dump())
+    assert "pw-1f3c" not in shown and "pw-8e2d" not in shown
