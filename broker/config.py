@@ -378,6 +378,18 @@ class BrokerConfig(BaseSettings):
         parse_super_users(value)
         return value.strip()
 
+    @field_validator("catalog_token_signing_key")
+    @classmethod
+    def _long_signing_key(cls, value: SecretStr | None) -> SecretStr | None:
+        from broker.http_security.oauth import MIN_KEY_BYTES
+
+        if value is not None and len(value.get_secret_value().encode()) < MIN_KEY_BYTES:
+            raise ValueError(
+                f"catalog.oauth2.token.signing.key must be at least {MIN_KEY_BYTES} bytes "
+                f"(an HMAC-SHA256 key), got {len(value.get_secret_value().encode())}"
+            )
+        return value
+
     @field_validator("metadata_uri")
     @classmethod
     def _postgres_uri(cls, value: str | None) -> str | None:
@@ -703,6 +715,11 @@ def load_broker_config(
         raise ConfigError(_explain(exc)) from exc
 
 
+def _secret_field(field: str) -> bool:
+    info = BrokerConfig.model_fields.get(field)
+    return info is not None and "SecretStr" in str(info.annotation)
+
+
 def _explain(exc: ValidationError) -> str:
     """pydantic's errors with each field named by its property key."""
     lines = []
@@ -719,9 +736,12 @@ def _explain(exc: ValidationError) -> str:
             key = property_key(field)
         else:
             key = "settings"
-        lines.append(
-            f"{key}: {error['msg']} (got {error.get('input')!r})" if field else f"{error['msg']}"
-        )
+        if not field:
+            lines.append(f"{error['msg']}")
+        elif _secret_field(field):  # a secret is named, never echoed (it reaches logs and CI)
+            lines.append(f"{key}: {error['msg']}")
+        else:
+            lines.append(f"{key}: {error['msg']} (got {error.get('input')!r})")
     return "bad configuration:\n  " + "\n  ".join(lines)
 
 

@@ -310,3 +310,27 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
     assert int(failures['icefall_http_authentication_failures_total{service="catalog"}']) >= 1
     registry_failures = 'icefall_http_authentication_failures_total{service="schema-registry"}'
     assert int(failures[registry_failures]) >= 1
+
+
+def test_the_token_signing_key_is_never_short_or_empty(tmp_path: Path) -> None:
+    """A configured key under 32 bytes is refused at start (without echoing it); a key file left
+    empty by a crash is made again rather than signing tokens with b"" (anyone could forge
+    those); the file is written whole, under a temporary name first."""
+    from broker.config import ConfigError, load_broker_config
+    from broker.http_security.oauth import KEY_FILE, signing_key
+
+    with pytest.raises(ConfigError) as refused:
+        load_broker_config(overrides={"catalog.oauth2.token.signing.key": "short-key"})
+    assert "at least 32 bytes" in str(refused.value) and "short-key" not in str(refused.value)
+    with pytest.raises(ValueError, match="at least 32 bytes"):
+        signing_key("", tmp_path)
+    (tmp_path / KEY_FILE).write_bytes(b"")  # what a crash between create and write left
+    made = signing_key(None, tmp_path)
+    assert len(made) == 64 and (tmp_path / KEY_FILE).read_bytes().strip() == made
+    assert signing_key(None, tmp_path) == made  # kept from now on
+    assert signing_key(SIGNING_KEY, tmp_path) == SIGNING_KEY.encode()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert len(signing_key(None, fresh)) == 64
+    assert [p.name for p in fresh.iterdir()] == [KEY_FILE]  # no temporary file left behind
+    assert (fresh / KEY_FILE).stat().st_mode & 0o077 == 0
