@@ -134,7 +134,7 @@ class Broker:
         await self.transactions.recover()  # before the listener: no transaction half-done
         self.transactions.start()
         await self.kafka.start(self.config.listener_list())
-        await self.admin.start(self.config.host, self.config.admin_port)
+        await self.admin.start(self.config.admin_host, self.config.admin_port)
         await self.registry.start(self.config.host, self.config.registry_port)
         await self.catalog.start(self.config.host, self.config.catalog_port)
         self.retention.start()
@@ -145,7 +145,7 @@ class Broker:
                 f"{x} ({x.protocol}, advertised {x.advertised_host}:{x.advertised_port})"
                 for x in self.config.listener_list()
             ),
-            self.config.host,
+            self.config.admin_host,
             self.config.admin_port,
             self.config.registry_url,
             self.config.registry_authentication_method,

@@ -133,6 +133,13 @@ class BrokerConfig(BaseSettings):
     registry_port: int = Field(default=8081, description="schema registry")
     catalog_port: int = Field(default=8181, description="Iceberg REST catalog")
     admin_port: int = Field(default=8090, description="admin HTTP API and Prometheus /metrics")
+    admin_host: str = Field(
+        default="127.0.0.1",
+        description=(
+            "listen address of the admin HTTP API, which has no authentication: loopback unless "
+            "its network is trusted (0.0.0.0 where Airflow or Spark run on other hosts)"
+        ),
+    )
     node_id: int = Field(default=0, description="this broker's id in Metadata")
     cluster_id: str = Field(
         default="icefall-local-cluster", description="the cluster id clients see"
@@ -482,7 +489,15 @@ class BrokerConfig(BaseSettings):
 
     @property
     def admin_url(self) -> str:
-        return f"http://{self.advertised}:{self.admin_port}"
+        """Where this host's Airflow and jobs reach the admin API: on loopback when it listens
+        there only, the advertised host when it listens on every address, else its own address."""
+        if self.admin_host in ("0.0.0.0", "::", ""):
+            host = self.advertised
+        elif _loopback(self.admin_host):
+            host = "127.0.0.1"
+        else:
+            host = self.admin_host
+        return f"http://{host}:{self.admin_port}"
 
     @property
     def catalog_db_uri(self) -> str:
@@ -713,6 +728,17 @@ def load_broker_config(
         return BrokerConfig(**layers)
     except ValidationError as exc:
         raise ConfigError(_explain(exc)) from exc
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _secret_field(field: str) -> bool:
