@@ -299,6 +299,9 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
     for where, text in answers.items():
         for secret in [*SECRETS, "a-wrong-secret-is-not-logged-either"]:
             assert secret not in text, f"{where} shows a secret"
+    # the admin API reads the OAuth2-protected built-in catalog in-process: it needs no token
+    pending = json.loads(answers[f"/v1/topics/{topic}/pending"])
+    assert pending["partitions"][0]["records"] == 0, pending
     cluster = json.loads(answers["/v1/cluster"])
     assert cluster["catalog_url"] == secured.catalog_url
     # the refusals of this module are counted (the two above among them)
