@@ -86,7 +86,7 @@ def _admin_password(output: str) -> str:
 
 def _token(base: str, output: str) -> str:
     """A JWT of the admin user that ``icefall up`` printed the password of (``POST /auth/token``)."""
-    body = {"username": "admin", "password": _admin_password(output)}
+    body: dict[str, object] = {"username": "admin", "password": _admin_password(output)}
     return str(_api(base, "/auth/token", body=body)["access_token"])
 
 
