@@ -390,6 +390,8 @@ class BrokerConfig(BaseSettings):
     def _long_signing_key(cls, value: SecretStr | None) -> SecretStr | None:
         from broker.http_security.oauth import MIN_KEY_BYTES
 
+        if value is not None and not value.get_secret_value():
+            return None  # empty: unset (the key kept in HOME)
         if value is not None and len(value.get_secret_value().encode()) < MIN_KEY_BYTES:
             raise ValueError(
                 f"catalog.oauth2.token.signing.key must be at least {MIN_KEY_BYTES} bytes "

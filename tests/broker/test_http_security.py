@@ -325,6 +325,8 @@ def test_the_token_signing_key_is_never_short_or_empty(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as refused:
         load_broker_config(overrides={"catalog.oauth2.token.signing.key": "short-key"})
     assert "at least 32 bytes" in str(refused.value) and "short-key" not in str(refused.value)
+    unset = load_broker_config(overrides={"catalog.oauth2.token.signing.key": ""})
+    assert unset.catalog_token_signing_key is None  # empty: the key kept in HOME
     with pytest.raises(ValueError, match="at least 32 bytes"):
         signing_key("", tmp_path)
     (tmp_path / KEY_FILE).write_bytes(b"")  # what a crash between create and write left
