@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -24,6 +24,9 @@ from broker.config import BrokerConfig
 from broker.http_service import HttpService
 from broker.security.stats import AuthStats
 from broker.storage.logstore import LogStore, PartitionLog
+
+if TYPE_CHECKING:
+    from broker.metrics import CatalogReader
 
 
 def _answer(model: contracts.Contract, status: int = 200) -> web.Response:
@@ -89,8 +92,8 @@ parse_offsets = contracts.PendingRequest.parse_offsets
 
 
 class AdminApi(HttpService):
-    # the broker's own catalog store when it holds the tables: /metrics reads it in-process
-    local_catalog: Any = None
+    # the broker's reader of the tables' catalog (Broker.tables); unset: one through pyiceberg
+    tables: CatalogReader | None = None
 
     def __init__(
         self, config: BrokerConfig, cluster: Cluster, logs: LogStore, auth: AuthStats | None = None
@@ -296,7 +299,7 @@ class AdminApi(HttpService):
             namespace = topic_configs.TableSettings(topic.configs).namespace
             try:
                 checkpoint = await asyncio.to_thread(
-                    metrics.catalog_reader(self.config.tables_catalog).checkpoint,
+                    self.reader().checkpoint,
                     namespace,
                     names.table_name(topic.name),
                 )
@@ -339,13 +342,16 @@ class AdminApi(HttpService):
         written = await self.logs.flush()
         return _answer(contracts.FlushAnswer(bytes_written=written))
 
+    def reader(self) -> CatalogReader:
+        from broker import metrics
+
+        return self.tables or metrics.catalog_reader(self.config.tables_catalog)
+
     async def metrics(self, request: web.Request) -> web.Response:
         """Prometheus text format: the log per partition, and lag per table topic (broker.metrics)."""
         from broker import metrics
 
-        text = await metrics.scrape(
-            self.config, self.cluster, self.logs, self.auth, self.local_catalog
-        )
+        text = await metrics.scrape(self.config, self.cluster, self.logs, self.auth, self.reader())
         text += metrics.authentication_failures(
             {service: auth.failures for service, auth in self.http_auth.items()}
         )

@@ -9,14 +9,12 @@ import logging
 import os
 import signal
 
-from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
 from broker import metrics
 from broker.admin_http import AdminApi
 from broker.catalog import open_catalog
-from broker.catalog.store import sql_identifier
-from broker.checkpoint import NO_CHECKPOINT, Checkpoint, read_checkpoint
+from broker.checkpoint import Checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.gate import DataQualityGate
@@ -75,6 +73,14 @@ class Broker:
         self.handlers.gate = DataQualityGate(self.schemas)
         self.catalog = open_catalog(config)
         spec = config.tables_catalog
+        # One reader of the tables' catalog for the registry's table check, retention, the
+        # admin API's pending offsets and /metrics: the built-in catalog read in-process (no
+        # HTTP, so no token when it requires OAuth2), an external one through pyiceberg.
+        self.tables = (
+            metrics.CatalogReader(spec, self.catalog.store)
+            if config.catalog.builtin
+            else metrics.catalog_reader(spec)
+        )
         self.registry = RegistryApi(
             self.schemas,
             TableCheck(
@@ -88,8 +94,7 @@ class Broker:
             auth=registry_auth,
         )
         self.registry.ssl_context = http_setup.registry_tls(config)
-        if config.catalog.builtin:  # read in-process: no HTTP, no token (catalog OAuth2)
-            self.admin.local_catalog = self.catalog.store
+        self.admin.tables = self.tables
         self.admin.http_auth = {
             name: auth
             for name, auth in (("schema-registry", registry_auth), ("catalog", self.catalog.auth))
@@ -101,28 +106,14 @@ class Broker:
 
     def load_table(self, namespace: str, table: str) -> Table | None:
         """A table topic's table (pyiceberg), None when it does not exist yet (blocking: the
-        registry's table check calls it from a thread); the built-in catalog is read directly."""
-        if not self.config.catalog.builtin:
-            loaded: Table | None = metrics.catalog_reader(self.config.tables_catalog).table(
-                namespace, table
-            )
-            return loaded
-        try:
-            return self.catalog.store.sql.load_table(sql_identifier((namespace, table)))
-        except (NoSuchTableError, NoSuchNamespaceError):
-            return None
+        registry's table check calls it from a thread)."""
+        loaded: Table | None = self.tables.table(namespace, table)
+        return loaded
 
     def table_checkpoint(self, namespace: str, table: str) -> Checkpoint:
-        """The offsets a table topic's table holds, from the tables' catalog (the broker's own,
-        read directly, or the external one) (blocking: retention calls it from a thread).
+        """The offsets a table topic's table holds (blocking: retention calls it from a thread).
         No table yet: nothing committed."""
-        if not self.config.catalog.builtin:
-            return metrics.catalog_reader(self.config.tables_catalog).checkpoint(namespace, table)
-        try:
-            loaded = self.catalog.store.load_table((namespace, table))
-        except NoSuchTableError:
-            return NO_CHECKPOINT
-        return read_checkpoint(loaded.metadata)
+        return self.tables.checkpoint(namespace, table)
 
     async def start(self) -> None:
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
@@ -134,7 +125,7 @@ class Broker:
         await self.transactions.recover()  # before the listener: no transaction half-done
         self.transactions.start()
         await self.kafka.start(self.config.listener_list())
-        await self.admin.start(self.config.host, self.config.admin_port)
+        await self.admin.start(self.config.admin_host, self.config.admin_port)
         await self.registry.start(self.config.host, self.config.registry_port)
         await self.catalog.start(self.config.host, self.config.catalog_port)
         self.retention.start()
@@ -145,7 +136,7 @@ class Broker:
                 f"{x} ({x.protocol}, advertised {x.advertised_host}:{x.advertised_port})"
                 for x in self.config.listener_list()
             ),
-            self.config.host,
+            self.config.admin_host,
             self.config.admin_port,
             self.config.registry_url,
             self.config.registry_authentication_method,

@@ -134,6 +134,13 @@ class BrokerConfig(BaseSettings):
     registry_port: int = Field(default=8081, description="schema registry")
     catalog_port: int = Field(default=8181, description="Iceberg REST catalog")
     admin_port: int = Field(default=8090, description="admin HTTP API and Prometheus /metrics")
+    admin_host: str = Field(
+        default="127.0.0.1",
+        description=(
+            "listen address of the admin HTTP API, which has no authentication: loopback unless "
+            "its network is trusted (0.0.0.0 where Airflow or Spark run on other hosts)"
+        ),
+    )
     node_id: int = Field(default=0, description="this broker's id in Metadata")
     cluster_id: str = Field(
         default="icefall-local-cluster", description="the cluster id clients see"
@@ -400,6 +407,20 @@ class BrokerConfig(BaseSettings):
         parse_super_users(value)
         return value.strip()
 
+    @field_validator("catalog_token_signing_key")
+    @classmethod
+    def _long_signing_key(cls, value: SecretStr | None) -> SecretStr | None:
+        from broker.http_security.oauth import MIN_KEY_BYTES
+
+        if value is not None and not value.get_secret_value():
+            return None  # empty: unset (the key kept in HOME)
+        if value is not None and len(value.get_secret_value().encode()) < MIN_KEY_BYTES:
+            raise ValueError(
+                f"catalog.oauth2.token.signing.key must be at least {MIN_KEY_BYTES} bytes "
+                f"(an HMAC-SHA256 key), got {len(value.get_secret_value().encode())}"
+            )
+        return value
+
     @field_validator("metadata_uri")
     @classmethod
     def _postgres_uri(cls, value: str | None) -> str | None:
@@ -505,7 +526,15 @@ class BrokerConfig(BaseSettings):
 
     @property
     def admin_url(self) -> str:
-        return f"http://{self.advertised}:{self.admin_port}"
+        """Where this host's Airflow and jobs reach the admin API: on loopback when it listens
+        there only, the advertised host when it listens on every address, else its own address."""
+        if self.admin_host in ("0.0.0.0", "::", ""):
+            host = self.advertised
+        elif _loopback(self.admin_host):
+            host = "127.0.0.1"
+        else:
+            host = self.admin_host
+        return f"http://{host}:{self.admin_port}"
 
     @property
     def catalog_db_uri(self) -> str:
@@ -747,6 +776,22 @@ def load_broker_config(
         raise ConfigError(_explain(exc)) from exc
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _secret_field(field: str) -> bool:
+    info = BrokerConfig.model_fields.get(field)
+    return info is not None and "SecretStr" in str(info.annotation)
+
+
 def _explain(exc: ValidationError) -> str:
     """pydantic's errors with each field named by its property key."""
     lines = []
@@ -763,9 +808,12 @@ def _explain(exc: ValidationError) -> str:
             key = property_key(field)
         else:
             key = "settings"
-        lines.append(
-            f"{key}: {error['msg']} (got {error.get('input')!r})" if field else f"{error['msg']}"
-        )
+        if not field:
+            lines.append(f"{error['msg']}")
+        elif _secret_field(field):  # a secret is named, never echoed (it reaches logs and CI)
+            lines.append(f"{key}: {error['msg']}")
+        else:
+            lines.append(f"{key}: {error['msg']} (got {error.get('input')!r})")
     return "bad configuration:\n  " + "\n  ".join(lines)
 
 

@@ -255,9 +255,10 @@ class CatalogSpec(Contract):
         """The broker's own catalog at ``uri`` (or a job's ``--catalog-url``)."""
         return cls(uri=uri)
 
-    def pyiceberg_properties(self) -> dict[str, str]:
+    def pyiceberg_properties(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """``load_catalog(name, **these)``. pyiceberg has no S3 Tables or Nessie catalog: those
-        are Icefall's (broker/external_catalogs/)."""
+        are Icefall's (broker/external_catalogs/). ``env``: where the REST catalog's credentials
+        come from (this process's environment unless given)."""
         if self.type == tablebucket.TYPE:  # AWS S3 Tables: warehouse is the table bucket's ARN
             return tablebucket.pyiceberg_properties(self.warehouse or "", self.properties)
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}
@@ -269,15 +270,15 @@ class CatalogSpec(Contract):
                 "uri": self.uri,
             }
         uri = {"uri": self.uri} if self.uri else {}
-        return {**self.properties, **extra, "type": self.type, **uri, **self._credential()}
+        return {**self.properties, **extra, "type": self.type, **uri, **self._credential(env)}
 
-    def _credential(self) -> dict[str, str]:
-        """The OAuth2 client credentials of this process's environment for a REST catalog
-        (``ICEFALL_CATALOG_CREDENTIAL``, filled from an Airflow connection): never part of the
-        spec itself, so never in ``/v1/cluster`` or a result."""
+    def _credential(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The OAuth2 client credentials or bearer token for a REST catalog
+        (``ICEFALL_CATALOG_CREDENTIAL``, ``ICEFALL_CATALOG_TOKEN``, filled from an Airflow
+        connection): never part of the spec itself, so never in ``/v1/cluster`` or a result."""
         from broker.http_security.client import catalog_credential_properties
 
-        return catalog_credential_properties(self.type, self.uri, self.properties)
+        return catalog_credential_properties(self.type, self.uri, self.properties, env)
 
     def spark_properties(self) -> dict[str, str]:
         """``spark.sql.catalog.<name>.<key>`` settings of a ``SparkCatalog`` for it."""

@@ -475,16 +475,12 @@ async def scrape(
     cluster: Cluster,
     logs: LogStore,
     auth: AuthStats | None = None,
-    local_catalog: Any = None,
+    reader: CatalogReader | None = None,
 ) -> str:
-    """Catalog facts in a thread, then the log on the loop. ``local_catalog``: the broker's own
-    catalog store, when it holds the tables (read in-process)."""
+    """Catalog facts in a thread, then the log on the loop. ``reader``: the broker's reader of
+    the tables' catalog (default: one through pyiceberg)."""
     tables = [(t.name, *_ident(t)) for t in _table_topics(cluster)]
-    reader = (
-        CatalogReader(config.tables_catalog, local_catalog)
-        if local_catalog is not None
-        else catalog_reader(config.tables_catalog)
-    )
+    reader = reader or catalog_reader(config.tables_catalog)
     facts = await asyncio.to_thread(_read_facts, reader, tables)
     return render_metrics(cluster, logs, facts, int(time.time() * 1000), auth)
 

@@ -568,6 +568,10 @@ def test_the_stack_runs_secured(
 
     config = broker_config
     broker = services["broker"]
+    # Airflow and Spark reach the admin API at http://broker:8090: it listens beyond loopback
+    # inside the network, and the host publishes it on its own loopback only.
+    assert config.admin_host == "0.0.0.0"
+    assert f"127.0.0.1:{config.admin_port}:{config.admin_port}" in broker["ports"]
     # Kafka: every listener authenticates (SCRAM); the one for clients outside is SASL_SSL
     listeners = config.listener_list()
     assert {x.protocol for x in listeners} == {"SASL_PLAINTEXT", "SASL_SSL"}

@@ -186,11 +186,16 @@ def unknown_property_problem(keys: Iterable[str], setting_prefix: str) -> str | 
     )
 
 
-SECRET_KEYS = frozenset({"credential", "token"})
-_SECRET = re.compile(r"secret|password|session-token|private-key|\.key$")
+# A property is secret when its name says it holds one: matched by pattern rather than listed,
+# since the open families (``header.Authorization``, ``adls.sas-token.<account>``,
+# ``gcs.oauth2.token``, ``authentication.token``, ...) have members no list can name ahead.
+_SECRET = re.compile(r"token|key|secret|password|credential|authorization|sas", re.IGNORECASE)
+# ... except settings named after a secret that are no secret: flags, durations, identifiers,
+# class names and endpoints (``token-refresh-enabled``, ``client.access-key-id``, ...).
+_NOT_SECRET = re.compile(r"(-enabled|-in-ms|-id|-impl|-provider|-endpoint|-uri|-url)$")
 
 
 def is_secret(key: str) -> bool:
-    """A catalog property holding a secret (OAuth2 credential or token, keys, passwords):
-    never served by the admin API (docs/security-http.md)."""
-    return key in SECRET_KEYS or bool(_SECRET.search(key))
+    """A catalog property holding a secret (OAuth2 credential or token, keys, passwords, SAS
+    tokens, an Authorization header): never served by the admin API (docs/security-http.md)."""
+    return bool(_SECRET.search(key)) and not _NOT_SECRET.search(key)

@@ -7,7 +7,9 @@ the Airflow operators fill from Airflow connections at task run time
 * ``ICEFALL_REGISTRY_USER_INFO=user:password``: HTTP basic auth on the schema registry (what
   Confluent's clients call ``basic.auth.user.info``);
 * ``ICEFALL_CATALOG_CREDENTIAL=client_id:client_secret``: the Iceberg REST catalog's OAuth2
-  client credentials (the ``credential`` catalog property of pyiceberg and Spark).
+  client credentials (the ``credential`` catalog property of pyiceberg and Spark);
+* ``ICEFALL_CATALOG_TOKEN=<token>``: a static bearer token for an external REST catalog that
+  takes one (the ``token`` catalog property), which ``/v1/cluster`` never serves either.
 
 TLS trust is the platform's: ``SSL_CERT_FILE`` (Python's ``urllib``), ``REQUESTS_CA_BUNDLE``
 (pyiceberg) and the JVM's ``javax.net.ssl.trustStore`` (Spark).
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Mapping
 
 REGISTRY_USER_INFO_ENV = "ICEFALL_REGISTRY_USER_INFO"
 CATALOG_CREDENTIAL_ENV = "ICEFALL_CATALOG_CREDENTIAL"
+CATALOG_TOKEN_ENV = "ICEFALL_CATALOG_TOKEN"
 TOKEN_PATH = "/v1/oauth/tokens"
 
 
@@ -36,16 +40,21 @@ def basic_auth_header(user_info: str | None) -> dict[str, str]:
 
 
 def catalog_credential_properties(
-    catalog_type: str, uri: str, given: dict[str, str]
+    catalog_type: str, uri: str, given: dict[str, str], env: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """Iceberg catalog properties carrying ``ICEFALL_CATALOG_CREDENTIAL`` for a REST catalog
-    (nothing when unset, or when the catalog's own properties already authenticate it). The
-    token endpoint is named (``oauth2-server-uri``: ``<uri>/v1/oauth/tokens`` unless given), as
-    Iceberg asks clients to."""
-    credential = os.environ.get(CATALOG_CREDENTIAL_ENV)
-    if not credential or catalog_type != "rest" or "credential" in given or "token" in given:
+    """Iceberg catalog properties carrying ``ICEFALL_CATALOG_CREDENTIAL`` and
+    ``ICEFALL_CATALOG_TOKEN`` of ``env`` (this process's environment unless given) for a REST
+    catalog (nothing when unset, or when the catalog's own properties already authenticate it).
+    The token endpoint is named (``oauth2-server-uri``: ``<uri>/v1/oauth/tokens`` unless given),
+    as Iceberg asks clients to."""
+    env = os.environ if env is None else env
+    if catalog_type != "rest" or "credential" in given or "token" in given:
         return {}
-    out = {"credential": credential}
-    if "oauth2-server-uri" not in given and uri:
-        out["oauth2-server-uri"] = uri.rstrip("/") + TOKEN_PATH
+    out = {}
+    if token := env.get(CATALOG_TOKEN_ENV):
+        out["token"] = token
+    if credential := env.get(CATALOG_CREDENTIAL_ENV):
+        out["credential"] = credential
+        if "oauth2-server-uri" not in given and uri:
+            out["oauth2-server-uri"] = uri.rstrip("/") + TOKEN_PATH
     return out

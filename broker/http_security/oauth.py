@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import logging
 import os
 import secrets
@@ -46,20 +47,45 @@ ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"
 KEY_FILE = "catalog-token.key"
 
 
+MIN_KEY_BYTES = 32  # HS256's key should be at least as long as its hash (RFC 7518 3.2)
+
+
 def signing_key(configured: str | None, home: Path) -> bytes:
     """The configured key, else the one kept in ``HOME/catalog-token.key`` (made on first use,
-    readable by the broker's user only)."""
-    if configured:
-        return configured.encode()
+    readable by the broker's user only).
+
+    The file appears whole or not at all (written to a temporary name, then linked into place):
+    a crash mid-write must never leave an empty key, under which anyone could sign tokens. A
+    file too short to be one of ours (a crash of an older broker, a hand edit) is made again."""
+    if configured is not None:
+        key = configured.encode()
+        if len(key) < MIN_KEY_BYTES:
+            raise ValueError(
+                f"catalog.oauth2.token.signing.key must be at least {MIN_KEY_BYTES} bytes, "
+                f"got {len(key)}"
+            )
+        return key
     path = home / KEY_FILE
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_bytes().strip()
+        key = path.read_bytes().strip()
+    except FileNotFoundError:
+        key = b""
+    if len(key) >= MIN_KEY_BYTES:
+        return key
+    tmp = home / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(secrets.token_hex(32))
         fh.flush()
         os.fsync(fh.fileno())
+    try:
+        if path.exists():
+            os.replace(tmp, path)  # the short one is no key: replace it
+        else:
+            with contextlib.suppress(FileExistsError):  # another broker sharing HOME won
+                os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path.read_bytes().strip()
 
 

@@ -3,13 +3,17 @@ task runs (never at DAG parse time):
 
 * ``icefall_registry``: login and password of the schema registry's HTTP basic auth;
 * ``icefall_catalog``: login = OAuth2 client id, password = client secret of the Iceberg REST
-  catalog.
+  catalog; or, for an external REST catalog that takes a static bearer token, the token in the
+  extra (``{"token": "..."}``) or as the password of a connection without a login.
 
 A missing connection means that service is open (the default). Airflow masks a connection's
 password in task logs once it is read; the joined ``user:password`` forms are masked here too.
 They reach a Spark job through spark-submit's environment (``job_env``), never its argv (which
 ``ps`` and the task log show), and the jobs never write them into a result or a log line
-(``broker/http_security/client.py`` reads them there).
+(``broker/http_security/client.py`` reads them there). Code in this process (pyiceberg in a
+task, the status view in the long-lived API server) gets them as an argument, looked up anew
+each time: this process's environment is never changed, so a rotated secret takes effect at
+the next lookup.
 """
 
 from __future__ import annotations
@@ -17,56 +21,84 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
+from broker.http_security.client import (
+    CATALOG_CREDENTIAL_ENV,
+    CATALOG_TOKEN_ENV,
+    REGISTRY_USER_INFO_ENV,
+)
 
 REGISTRY_CONN_ID = "icefall_registry"
 CATALOG_CONN_ID = "icefall_catalog"
 
 
-def _login_password(conn_id: str) -> str | None:
-    """``login:password`` of a connection, or None when it is not defined (or has no login)."""
-    connection: Any
+def _connection(conn_id: str) -> Any | None:
+    """The Airflow connection ``conn_id``, or None when it is not defined."""
     try:
         from airflow.sdk import Connection
 
-        connection = Connection.get(conn_id)
+        return Connection.get(conn_id)
     except Exception:  # noqa: BLE001 -- outside a task (the API server's view): the metadata DB
         try:
             from airflow.models.connection import Connection as StoredConnection
 
-            connection = StoredConnection.get_connection_from_secrets(conn_id)
+            return StoredConnection.get_connection_from_secrets(conn_id)
         except Exception:  # noqa: BLE001 -- not defined anywhere: the service is open
             return None
-    if not connection.login:
-        return None
-    joined = f"{connection.login}:{connection.password or ''}"
+
+
+def _mask(*values: str) -> None:
     try:
         from airflow.sdk.log import mask_secret
 
-        if connection.password:
-            mask_secret(connection.password)
-        mask_secret(joined)
+        for value in values:
+            mask_secret(value)
     except ImportError:  # pragma: no cover -- an Airflow without the SDK's masker
         pass
+
+
+def _login_password(connection: Any | None) -> str | None:
+    """``login:password`` of a connection, or None when it is not defined (or has no login)."""
+    if connection is None or not connection.login:
+        return None
+    joined = f"{connection.login}:{connection.password or ''}"
+    _mask(*([connection.password] if connection.password else []), joined)
     return joined
+
+
+def _token(connection: Any | None) -> str | None:
+    """A static bearer token: the extra's ``token``, or the password of a connection without a
+    login."""
+    if connection is None:
+        return None
+    try:
+        extra = connection.extra_dejson
+    except Exception:  # noqa: BLE001 -- an extra that is not JSON holds no token
+        extra = {}
+    token = extra.get("token") if isinstance(extra, dict) else None
+    if not token and not connection.login:
+        token = connection.password
+    if token:
+        _mask(str(token))
+    return str(token) if token else None
 
 
 def job_env() -> dict[str, str]:
     """The environment variables carrying the connections' credentials to a Spark job (those
-    already in this process's environment win: a deployment may set them there)."""
+    already in this process's environment win: a deployment may set them there). Looked up
+    anew at each call."""
     out: dict[str, str] = {}
-    for var, conn_id in (
-        (REGISTRY_USER_INFO_ENV, REGISTRY_CONN_ID),
-        (CATALOG_CREDENTIAL_ENV, CATALOG_CONN_ID),
-    ):
-        value = os.environ.get(var) or _login_password(conn_id)
+    wanted = {
+        REGISTRY_USER_INFO_ENV: os.environ.get(REGISTRY_USER_INFO_ENV),
+        CATALOG_CREDENTIAL_ENV: os.environ.get(CATALOG_CREDENTIAL_ENV),
+        CATALOG_TOKEN_ENV: os.environ.get(CATALOG_TOKEN_ENV),
+    }
+    if not wanted[REGISTRY_USER_INFO_ENV]:
+        wanted[REGISTRY_USER_INFO_ENV] = _login_password(_connection(REGISTRY_CONN_ID))
+    if not (wanted[CATALOG_CREDENTIAL_ENV] and wanted[CATALOG_TOKEN_ENV]):
+        catalog = _connection(CATALOG_CONN_ID)
+        wanted[CATALOG_CREDENTIAL_ENV] = wanted[CATALOG_CREDENTIAL_ENV] or _login_password(catalog)
+        wanted[CATALOG_TOKEN_ENV] = wanted[CATALOG_TOKEN_ENV] or _token(catalog)
+    for var, value in wanted.items():
         if value:
             out[var] = value
     return out
-
-
-def export() -> None:
-    """Put the credentials into this process's environment, for code here that opens the
-    catalog or registry itself (pyiceberg in a task, the status view)."""
-    for var, value in job_env().items():
-        os.environ.setdefault(var, value)

@@ -10,7 +10,7 @@ DAGs share, so two writers never race on the table.
 Tasks: ``plan`` (broker end offsets for the interval, waiting until they are in
 segment objects) >> ``commit`` (spark-submit of ``commit_round.py``) >>
 ``publish`` (asset event ``icefall/<namespace>/<table>``), and on tables
-partitioned by hour or day >> ``announce`` (partitioned events on
+partitioned by hour or day ``commit`` >> ``announce`` (partitioned events on
 ``icefall/<namespace>/<table>/closed-partitions`` for the hours or days the
 commit closed, ``event_partitions``). A topic with a freshness SLA
 gets a deadline alert on each run (``freshness``).
@@ -149,7 +149,7 @@ def _announce(asset: Asset, result: dict[str, Any]) -> None:
     """One partitioned event per event-time partition the commit closed; skipped when none did."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    keys = event_partitions.closed_keys(result)
+    keys = event_partitions.closed_keys(publish.check_result(result))
     if not keys:
         raise AirflowSkipException(
             f"round {result.get('round_id')} closed no event-time partition "
@@ -217,11 +217,15 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
         plan >> commit >> published
         if event_partitions.may_close_partitions(entry.settings.partition_by):
             closed = closed_partitions_asset(entry.namespace, entry.table)
-            announced = task(task_id="announce", outlets=[closed], retries=0)(_announce)(
+            # Downstream of the commit only, with retries: the closure is already in the
+            # snapshot, so a failed publish or a passing API error must not lose the hours it
+            # closed (the next round would not close them again). A failed attempt emits
+            # nothing, so a retry announces each key once; a round that committed nothing new
+            # closed nothing and skips it.
+            task(task_id="announce", outlets=[closed])(_announce)(
                 closed,
                 commit.output,  # type: ignore[arg-type]
             )
-            published >> announced  # a skipped publish (nothing new) skips it too
     return dag
 
 

@@ -32,6 +32,8 @@ import asyncio
 import json
 import logging
 import os
+import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import timedelta
 from typing import Any
@@ -102,6 +104,14 @@ def _post(url: str, body: dict[str, Any]) -> int:
         return int(response.status)
 
 
+def _why(exc: OSError) -> str:
+    """Why a webhook call failed, without the URL: the HTTP status, else the socket's reason."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code}"
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return f"{type(reason).__name__}: {getattr(reason, 'strerror', None) or reason}"
+
+
 async def freshness_deadline_missed(
     topic: str,
     namespace: str,
@@ -119,5 +129,11 @@ async def freshness_deadline_missed(
             status = await asyncio.to_thread(_post, url, event)
             log.info("freshness alert for %s posted to the webhook: HTTP %d", topic, status)
         except OSError as exc:  # the alert is logged either way; a webhook down must not hide it
-            log.warning("freshness alert for %s: webhook %s failed: %s", topic, url, exc)
+            # the host only: a webhook URL's path often is its secret (Slack, Teams)
+            log.warning(
+                "freshness alert for %s: webhook on %s failed: %s",
+                topic,
+                urllib.parse.urlsplit(url).hostname,
+                _why(exc),
+            )
     return event

@@ -35,9 +35,10 @@ def open_catalog(catalog: str | CatalogSpec) -> Any:
 
     from icefall_airflow import credentials
 
-    credentials.export()  # the icefall_catalog connection's client credentials, if defined
     spec = CatalogSpec.rest(catalog) if isinstance(catalog, str) else catalog
-    return load_catalog("icefall", **spec.pyiceberg_properties())
+    # the icefall_catalog connection's credentials as they are now (a rotated secret counts at
+    # once), handed over: the long-lived API server's environment is never changed
+    return load_catalog("icefall", **spec.pyiceberg_properties(env=credentials.job_env()))
 
 
 def _load(catalog: Any, namespace: str, table: str) -> Any | None:

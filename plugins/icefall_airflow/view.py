@@ -30,8 +30,14 @@ from broker.topic_configs import ENABLE
 from icefall_airflow import auth, charts, history, status
 from spark_jobs.maintain import summary as maintenance_summary
 
+# No /docs, /redoc or /openapi.json: FastAPI serves those without the routes' dependencies, so
+# they would describe the view to anyone who reaches the API server without a login.
 app = FastAPI(
-    title="Icefall table topics", description="Kafka topic -> Iceberg table commit status"
+    title="Icefall table topics",
+    description="Kafka topic -> Iceberg table commit status",
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
 )
 app.add_exception_handler(StarletteHTTPException, auth.not_logged_in)
 

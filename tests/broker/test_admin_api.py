@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -142,3 +144,34 @@ def test_pending_counts_what_waits_past_the_committed_offsets(broker: BrokerProc
             assert exc.code == 400 and "JSON object of offsets" in json.loads(exc.read())["message"]
         else:
             raise AssertionError(f"from={bad} should be refused")
+
+
+def test_the_admin_api_listens_on_loopback_even_when_the_services_do_not(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The admin API has no authentication: with ``host=0.0.0.0`` (the registry and catalog on
+    every address) it still answers on loopback only, unless ``admin.host`` says otherwise; the
+    URL handed to Airflow and the jobs follows where it listens."""
+    from broker.config import BrokerConfig
+
+    assert BrokerConfig(host="0.0.0.0", advertised_host="b").admin_url.startswith(
+        "http://127.0.0.1:"
+    )
+    assert BrokerConfig(admin_host="0.0.0.0", advertised_host="b").admin_url.startswith("http://b:")
+    assert BrokerConfig(admin_host="10.1.2.3").admin_url.startswith("http://10.1.2.3:")
+
+    def answers(host: str, port: int) -> bool:
+        try:
+            with socket.create_connection((host, port), timeout=5):
+                return True
+        except ConnectionRefusedError:
+            return False
+
+    broker = BrokerProcess(tmp_path_factory.mktemp("admin-host"), ["--host", "0.0.0.0"]).start()
+    try:
+        other = "127.0.0.2"  # another address of this host: reached by a bind to 0.0.0.0 only
+        assert answers(other, broker.registry_port) and answers(other, broker.catalog_port)
+        assert not answers(other, broker.admin_port)
+        assert broker.admin("/healthz")["status"] == "ok"  # on 127.0.0.1
+    finally:
+        broker.stop()

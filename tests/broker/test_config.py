@@ -174,6 +174,8 @@ def test_icefall_up_hands_the_broker_every_setting(
         "18181",
         "--admin-port",
         "18090",
+        "--admin-host",
+        "0.0.0.0",
         "--node-id",
         "7",
         "--cluster-id",

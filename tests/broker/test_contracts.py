@@ -201,12 +201,24 @@ def test_catalog_secrets_come_from_the_environment_never_from_the_spec(
             "client.session-token": "s",
             "token-refresh-enabled": "true",
             "s3.endpoint": "http://minio:9000",
+            "header.Authorization": "Bearer b34r3r",
+            "header.X-Api-Key": "k3y",
+            "gcs.oauth2.token": "g",
+            "adls.sas-token.account": "sas",
+            "adls.account-key": "ak",
+            "authentication.token": "nessie",
+            "s3.access-key-id": "AKIA",
+            "client.credentials-provider": "com.example.Provider",
+            "oauth2-server-uri": "https://idp/token",
         },
         builtin=False,
     )
     assert external.without_secrets().properties == {
         "token-refresh-enabled": "true",
         "s3.endpoint": "http://minio:9000",
+        "s3.access-key-id": "AKIA",
+        "client.credentials-provider": "com.example.Provider",
+        "oauth2-server-uri": "https://idp/token",
     }
     monkeypatch.delenv(CATALOG_CREDENTIAL_ENV, raising=False)
     builtin = contracts.CatalogSpec.rest("http://broker:8181")

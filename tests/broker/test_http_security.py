@@ -312,6 +312,9 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
     for where, text in answers.items():
         for secret in [*SECRETS, "a-wrong-secret-is-not-logged-either"]:
             assert secret not in text, f"{where} shows a secret"
+    # the admin API reads the OAuth2-protected built-in catalog in-process: it needs no token
+    pending = json.loads(answers[f"/v1/topics/{topic}/pending"])
+    assert pending["partitions"][0]["records"] == 0, pending
     cluster = json.loads(answers["/v1/cluster"])
     assert cluster["catalog_url"] == secured.catalog_url
     # the refusals of this module are counted (the two above among them)
@@ -380,3 +383,29 @@ def test_icefall_ups_demo_logs_in_to_the_registry_and_a_sasl_listener(
         assert got == demo.sent  # acknowledged, every one
     finally:
         consumer.close()
+
+
+def test_the_token_signing_key_is_never_short_or_empty(tmp_path: Path) -> None:
+    """A configured key under 32 bytes is refused at start (without echoing it); a key file left
+    empty by a crash is made again rather than signing tokens with b"" (anyone could forge
+    those); the file is written whole, under a temporary name first."""
+    from broker.config import ConfigError, load_broker_config
+    from broker.http_security.oauth import KEY_FILE, signing_key
+
+    with pytest.raises(ConfigError) as refused:
+        load_broker_config(overrides={"catalog.oauth2.token.signing.key": "short-key"})
+    assert "at least 32 bytes" in str(refused.value) and "short-key" not in str(refused.value)
+    unset = load_broker_config(overrides={"catalog.oauth2.token.signing.key": ""})
+    assert unset.catalog_token_signing_key is None  # empty: the key kept in HOME
+    with pytest.raises(ValueError, match="at least 32 bytes"):
+        signing_key("", tmp_path)
+    (tmp_path / KEY_FILE).write_bytes(b"")  # what a crash between create and write left
+    made = signing_key(None, tmp_path)
+    assert len(made) == 64 and (tmp_path / KEY_FILE).read_bytes().strip() == made
+    assert signing_key(None, tmp_path) == made  # kept from now on
+    assert signing_key(SIGNING_KEY, tmp_path) == SIGNING_KEY.encode()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert len(signing_key(None, fresh)) == 64
+    assert [p.name for p in fresh.iterdir()] == [KEY_FILE]  # no temporary file left behind
+    assert (fresh / KEY_FILE).stat().st_mode & 0o077 == 0

@@ -58,7 +58,7 @@ def migrate_db() -> Path:
     return home
 
 
-def auth_headers(role: str = "admin") -> dict[str, str]:
+def auth_headers(role: str | None = "admin") -> dict[str, str]:
     """An ``Authorization`` header with a JWT of Airflow's own auth manager (the Simple one the tests
     configure), as the API server issues at login: for calling the plugin's app in-process."""
     migrate_db()  # the auth manager looks every token up in the revoked_token table

@@ -11,6 +11,7 @@ killed at exit.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -115,11 +116,15 @@ class Browser:
         return path
 
     def close(self) -> None:
-        if self.ws is not None:
-            self.ws.close()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        """Kill chromium's whole process group (its renderers and helpers outlive the main
+        process), whatever state the DevTools socket is in."""
+        try:
+            if self.ws is not None:
+                self.ws.close()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
 
     def __enter__(self) -> Browser:
         return self

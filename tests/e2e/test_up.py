@@ -77,13 +77,22 @@ def _api(
         return json.loads(response.read())
 
 
-def backfill_of_a_committed_interval_is_a_no_op(base: str, output: str) -> None:
-    """What the UI's Backfill does (REST API, scheduler): a committed interval commits nothing again."""
+def _admin_password(output: str) -> str:
+    """The password of Airflow's admin user, as ``icefall up`` printed it."""
     password = re.search(r"login admin / (\S+)\)", output)
     assert password, output
-    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})[
-        "access_token"
-    ]
+    return password.group(1)
+
+
+def _token(base: str, output: str) -> str:
+    """A JWT of the admin user that ``icefall up`` printed the password of (``POST /auth/token``)."""
+    body: dict[str, object] = {"username": "admin", "password": _admin_password(output)}
+    return str(_api(base, "/auth/token", body=body)["access_token"])
+
+
+def backfill_of_a_committed_interval_is_a_no_op(base: str, output: str) -> None:
+    """What the UI's Backfill does (REST API, scheduler): a committed interval commits nothing again."""
+    token = _token(base, output)
     dag = "/api/v2/dags/icefall_commit__clicks"
 
     def committed_run() -> Any:
@@ -146,11 +155,7 @@ def disabling_pauses_the_dag_and_enabling_resumes_it(
     """A Kafka admin client turns the table-topic flag off: `icefall up` pauses the commit DAG; on again: unpaused."""
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-    password = re.search(r"login admin / (\S+)\)", output)
-    assert password, output
-    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})[
-        "access_token"
-    ]
+    token = _token(base, output)
     admin = AdminClient({"bootstrap.servers": bootstrap})
 
     def set_enable(value: str) -> None:
@@ -185,11 +190,7 @@ def a_size_trigger_commits_before_the_interval(base: str, output: str, bootstrap
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    password = re.search(r"login admin / (\S+)\)", output)
-    assert password, output
-    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})[
-        "access_token"
-    ]
+    token = _token(base, output)
     config = {
         "automq.table.topic.enable": "true",
         "automq.table.topic.convert.value.type": "raw",
@@ -263,14 +264,6 @@ def a_size_trigger_commits_before_the_interval(base: str, output: str, bootstrap
     assert {ti["task_id"]: ti["state"] for ti in tis}["publish"] == "success"
 
 
-def _token(base: str, output: str) -> str:
-    """A JWT of the admin user that ``icefall up`` printed the password of (``POST /auth/token``)."""
-    password = re.search(r"login admin / (\S+)\)", output)
-    assert password, output
-    body = {"username": "admin", "password": password.group(1)}
-    return str(_api(base, "/auth/token", body=body)["access_token"])
-
-
 def the_view_behind_login_in_a_browser(base: str, output: str, tmp_path: Path) -> None:
     """Chromium opens the Table topics view logged out: Airflow's login page; the user signs in
     there and is brought back to the view, with the demo table's charts; a bar of the commit chart
@@ -281,9 +274,12 @@ def the_view_behind_login_in_a_browser(base: str, output: str, tmp_path: Path) -
         _get_json(f"{base}/icefall/api/tables")
     assert refused.value.code == 401
     if CHROMIUM is None:
-        pytest.skip("Debian's chromium is not installed (make system-deps)")
-    password = re.search(r"login admin / (\S+)\)", output)
-    assert password, output
+        # only this part needs the browser: the checks after it still run. Under CI a missing
+        # chromium is an error (make system-deps installs it), not a silent pass.
+        assert not os.environ.get("CI"), "Debian's chromium is not installed (make system-deps)"
+        print("the view in chromium: not checked, chromium is not installed (make system-deps)")
+        return
+    password = _admin_password(output)
     started = time.monotonic()
     with Browser(tmp_path / "chromium-profile") as browser:
         browser.goto(f"{base}/icefall/")
@@ -296,7 +292,7 @@ def the_view_behind_login_in_a_browser(base: str, output: str, tmp_path: Path) -
             what="Airflow's login page",
         )
         browser.type_into("input[name=username]", "admin")
-        browser.type_into("input[name=password]", password.group(1))
+        browser.type_into("input[name=password]", password)
         browser.evaluate("document.querySelector('button[type=submit]').click()")
         wait_for(
             lambda: (
@@ -378,11 +374,7 @@ def a_held_back_round_misses_the_freshness_deadline(
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    password = re.search(r"login admin / (\S+)\)", output)
-    assert password, output
-    token = _api(base, "/auth/token", body={"username": "admin", "password": password.group(1)})[
-        "access_token"
-    ]
+    token = _token(base, output)
     # Before the topic exists: the sync keeps an existing pool as it is, so no round gets a slot.
     _api(base, "/api/v2/pools", token, {"name": "icefall_table__late", "slots": 0})
     config = {

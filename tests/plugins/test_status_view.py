@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import urllib.parse
 import urllib.request
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -84,7 +85,28 @@ def test_endpoint_reports_lag_in_records_and_seconds(
     assert page.text.count('<svg class="chart"') == 4 and "no commits" in page.text
     found = client.get("/api/tables/page-views/history").json()
     assert found["commits"] == [] and [p["records"] for p in found["lag"]] == [30]
+    a_user_who_may_not_read_the_dags_sees_no_table(app, answer)
     lag_at_a_past_time_is_derived_from_append_times(broker)
+
+
+def a_user_who_may_not_read_the_dags_sees_no_table(app: Any, everything: dict[str, Any]) -> None:
+    """Airflow's auth manager refuses a user without a role every DAG: the view leaves out their
+    table topics, says how many it left out, and answers 404 for one of them. No API docs are
+    served to anyone (FastAPI's would skip the login)."""
+    from fastapi.testclient import TestClient
+
+    assert everything["hidden_tables"] == 0
+    nobody = TestClient(app, headers=auth_headers(role=None))
+    answer = nobody.get("/api/tables").json()
+    assert answer["tables"] == [] and answer["hidden_tables"] == len(everything["tables"]) >= 1
+    for path in ("/api/tables/page-views", "/api/tables/page-views/history"):
+        assert nobody.get(path).status_code == 404
+    page = nobody.get("/").text
+    assert (
+        "page-views" not in page and f"{len(everything['tables'])} table topic(s) not shown" in page
+    )
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert TestClient(app).get(path).status_code == 404
 
 
 def test_the_view_needs_airflows_login(monkeypatch: pytest.MonkeyPatch) -> None:
