@@ -38,7 +38,8 @@ def parse_jaas(key: str, text: str) -> Jaas:
     while pos < len(text):
         match = _JAAS_TOKEN.match(text, pos)
         if match is None or match.end() == pos:
-            raise ListenerError(f"{key}: cannot read the JAAS text at {text[pos : pos + 20]!r}")
+            # the position only: the text around it may be a password
+            raise ListenerError(f"{key}: cannot read the JAAS text at character {pos}")
         quoted, word, equals, semi = match.groups()
         if quoted is not None:
             tokens.append(("value", re.sub(r"\\(.)", r"\1", quoted)))
