@@ -435,14 +435,30 @@ def test_plain_over_sasl_plaintext_and_wrong_passwords(secured: SecuredBroker) -
         assert answer.error_message == "Authentication failed: Invalid username or password"
         wait_for(raw.closed_by_peer, 10, what="the connection closed after the failure")
         # a mechanism the listener does not offer
-    with rawkafka.Connection(address) as raw:
-        refused = raw.request(
-            17, 1, SaslHandshakeRequest(mechanism="GSSAPI"), SaslHandshakeResponse
+    # (a name Kafka does not define is counted as "other": clients choose it, /metrics' labels
+    # stay bounded)
+    other = secured.metric(
+        "icefall_failed_authentications_total", listener="SASL_PLAINTEXT", mechanism="other"
+    )
+    made_up = f"X-{uuid.uuid4().hex}"
+    for mechanism in ("GSSAPI", made_up):
+        with rawkafka.Connection(address) as raw:
+            refused = raw.request(
+                17, 1, SaslHandshakeRequest(mechanism=mechanism), SaslHandshakeResponse
+            )
+            assert refused.error_code == 33 and list(refused.mechanisms) == ["PLAIN"]
+            wait_for(
+                raw.closed_by_peer,
+                10,
+                what="the connection closed after UNSUPPORTED_SASL_MECHANISM",
+            )
+    assert (
+        secured.metric(
+            "icefall_failed_authentications_total", listener="SASL_PLAINTEXT", mechanism="other"
         )
-        assert refused.error_code == 33 and list(refused.mechanisms) == ["PLAIN"]
-        wait_for(
-            raw.closed_by_peer, 10, what="the connection closed after UNSUPPORTED_SASL_MECHANISM"
-        )
+        == other + 2
+    )
+    assert made_up not in secured.metrics()
     # the good client still works after all that
     assert round_trip(address, good, "plain-b") == expected("plain-b")
 
@@ -573,11 +589,8 @@ def test_reauthentication(secured: SecuredBroker) -> None:
     # One that re-authenticates on the same connection goes on.
     with rawkafka.Connection(address) as raw:
         _login(raw, "carol", "carol-secret")
-        first = time.monotonic()
-        # Kafka takes a re-authentication begun at least a second after the last one began
-        wait_for(
-            lambda: time.monotonic() - first > 1.0, 5, what="Kafka's re-authentication interval"
-        )
+        # the first re-authentication may begin at once (Kafka's interval of a second is
+        # between re-authentications)
         assert _login(raw, "carol", "carol-secret") == REAUTH_MS
         assert _metadata(raw).brokers
     # The Java client re-authenticates on its own (KIP-368): a consumer polling for longer than
