@@ -361,6 +361,26 @@ class Authorizer:
                 allowed = True
         return allowed or (self.allow_if_no_acl and not has_acls)
 
+    def authorize_literal(
+        self,
+        principal: str,
+        host: str,
+        operation: Operation,
+        resource_type: ResourceType,
+        name: str,
+    ) -> bool:
+        """``authorize``, stricter for a sensitive resource: besides a super user, only an ALLOW
+        on this very name counts (not a ``*`` or prefixed one, not allow.everyone.if.no.acl.found);
+        any DENY that applies still refuses."""
+        if principal in self.super_users:
+            return True
+        if not self.authorize(principal, host, operation, resource_type, name):
+            return False
+        return any(
+            _result(acl, principal, host, operation) is Permission.ALLOW
+            for acl in self._literal.get((resource_type, name), ())
+        )
+
     def authorized_operations(
         self, principal: str, host: str, resource_type: ResourceType, name: str
     ) -> int:

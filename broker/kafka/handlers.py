@@ -447,7 +447,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         last_seq = 0
         for td in req.topic_data:
             writable = self.topic_allowed(ctx, R, td.name)
-            topic = self.cluster.topics.get(td.name) if writable else None
+            internal = self.internal_write_refusal(ctx, td.name, "append to")
+            topic = self.cluster.topics.get(td.name) if writable and not internal else None
             partitions = []
             for pd in td.partition_data:
                 entry: dict[str, Any] = {
@@ -469,6 +470,10 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     entry.update(
                         error_code=ErrorCode.topic_authorization_failed,
                         error_message=denied_message(ResourceType.TOPIC, td.name),
+                    )
+                elif internal is not None:
+                    entry.update(
+                        error_code=ErrorCode.invalid_topic_exception, error_message=internal
                     )
                 elif topic is None or part is None:
                     entry.update(
@@ -926,6 +931,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         ErrorCode.topic_authorization_failed,
                         denied_message(ResourceType.TOPIC, name),
                     )
+                internal = self.internal_write_refusal(ctx, name, "delete")
+                if internal is not None:
+                    raise TopicError(ErrorCode.invalid_topic_exception, internal)
                 topic = await self.cluster.delete_topic(name)
                 entry["topic_id"] = topic.topic_id
             except TopicError as exc:
@@ -1528,12 +1536,18 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         for t in req.topics:
             partitions = []
             deletable = self.topic_allowed(ctx, R, t.name)
+            internal = self.internal_write_refusal(ctx, t.name, "delete records of")
             for p in t.partitions:
                 part = self._partition(t.name, p.partition_index)
                 topic = self.cluster.topics.get(t.name)
                 result = {"partition_index": p.partition_index, "low_watermark": -1}
                 if not deletable:
                     result["error_code"] = ErrorCode.topic_authorization_failed
+                    partitions.append(result)
+                    continue
+                if internal is not None:
+                    log.info("delete records refused: %s", internal)
+                    result["error_code"] = ErrorCode.invalid_topic_exception
                     partitions.append(result)
                     continue
                 if part is None or topic is None:
