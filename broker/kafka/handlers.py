@@ -406,24 +406,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         acks = req.acks
         if acks not in (0, 1, -1):
             return R(
-                responses=[
-                    {
-                        "name": td.name,
-                        "partition_responses": [
-                            {
-                                "index": pd.index,
-                                "error_code": ErrorCode.invalid_required_acks,
-                                "base_offset": -1,
-                                "log_append_time": None,
-                                "log_start_offset": -1,
-                                "record_errors": [],
-                                "error_message": f"acks must be 0, 1 or -1 (all), got {acks}",
-                            }
-                            for pd in td.partition_data
-                        ],
-                    }
-                    for td in req.topic_data
-                ]
+                responses=_produce_refused(
+                    req,
+                    ErrorCode.invalid_required_acks,
+                    f"acks must be 0, 1 or -1 (all), got {acks}",
+                )
             )
         if req.transactional_id is not None and not self.allowed(
             ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
@@ -432,17 +419,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             message = denied_message(ResourceType.TRANSACTIONAL_ID, req.transactional_id)
             if acks == 0:
                 raise CloseConnection(f"acks=0 produce refused: {message}")
-            return R(
-                responses=[
-                    {
-                        "name": td.name,
-                        "partition_responses": [
-                            _produce_error(pd.index, code, message) for pd in td.partition_data
-                        ],
-                    }
-                    for td in req.topic_data
-                ]
-            )
+            return R(responses=_produce_refused(req, code, message))
         results: list[tuple[str, list[dict[str, Any]]]] = []
         last_seq = 0
         for td in req.topic_data:
@@ -1612,6 +1589,19 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 self.cluster.metadata.delete_partition_offsets, req.group_id, deleted
             )
         return R(error_code=ErrorCode.none, throttle_time=0, topics=topics)
+
+
+def _produce_refused(req: Any, code: int, message: str) -> list[dict[str, Any]]:
+    """Produce's responses when the whole request is refused: every partition gets the error."""
+    return [
+        {
+            "name": td.name,
+            "partition_responses": [
+                _produce_error(pd.index, code, message) for pd in td.partition_data
+            ],
+        }
+        for td in req.topic_data
+    ]
 
 
 def _produce_error(index: int, code: int, message: str) -> dict[str, Any]:

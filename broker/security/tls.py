@@ -31,6 +31,14 @@ _CLIENT_AUTH = {
 }
 
 
+def new_server_context() -> ssl.SSLContext:
+    """A server context, TLS 1.2 or newer: the one place the Kafka listeners and the HTTP
+    services (broker/http_security/tls.py) get theirs, so their TLS floor cannot drift apart."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
 def server_context(
     config: BrokerConfig,
     listener: Listener,
@@ -43,8 +51,7 @@ def server_context(
     def setting(key: str) -> str | None:
         return config.listener_setting(listener, key)
 
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context = new_server_context()
     password = setting("ssl.key.password")
     location = setting("ssl.keystore.location")
     try:
