@@ -312,7 +312,7 @@ class BrokerConfig(BaseSettings):
     )
     allow_everyone_if_no_acl_found: bool = Field(
         default=False,
-        description="with the authorizer on, allow what no ACL allows or denies",
+        description="with the authorizer on, allow actions on resources that have no ACL at all",
     )
     # ------------------------------------------- HTTP security (docs/security-http.md)
     registry_authentication_method: Literal["NONE", "BASIC"] = Field(

@@ -21,8 +21,6 @@ clients then fetch a new token. Token endpoint errors are the spec's ``OAuthErro
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import logging
 import os
@@ -34,7 +32,7 @@ from pathlib import Path
 import jwt
 from aiohttp import web
 
-from broker.http_security.users import User, authenticate
+from broker.http_security.users import User, authenticate, basic_credentials
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +159,8 @@ class CatalogAuth:
         scope = str(form.get("scope") or "catalog")
         if grant == CLIENT_CREDENTIALS:
             client_id, secret = str(form.get("client_id", "")), str(form.get("client_secret", ""))
-            basic = _basic_client(request.headers.get("Authorization"))
-            if basic is not None and not client_id:
+            basic = basic_credentials(request.headers.get("Authorization"))
+            if not isinstance(basic, str) and not client_id:
                 client_id, secret = basic
             if not client_id or not secret:
                 self.failures += 1
@@ -211,16 +209,3 @@ class CatalogAuth:
             self.failures += 1
             return not_authorized(request, f"Not authorized: invalid token ({exc})")
         return await handler(request)
-
-
-def _basic_client(header: str | None) -> tuple[str, str] | None:
-    scheme, _, encoded = (header or "").partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        client, sep, secret = (
-            base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
-        )
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    return (client, secret) if sep else None

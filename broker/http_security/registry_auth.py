@@ -22,8 +22,6 @@ the permission. The broker's own reads (the produce-time gate) are in-process: n
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ from typing import Literal
 
 from aiohttp import web
 
-from broker.http_security.users import User, authenticate
+from broker.http_security.users import User, authenticate, basic_credentials
 from broker.registry.store import SchemaStore
 
 log = logging.getLogger(__name__)
@@ -159,16 +157,10 @@ class RegistryAuth:
             return (
                 "Unauthorized: this registry needs HTTP basic authentication (basic.auth.user.info)"
             )
-        scheme, _, encoded = header.partition(" ")
-        if scheme.lower() != "basic":
-            return f"Unauthorized: {scheme or 'this'} authentication is not accepted, only Basic"
-        try:
-            name, sep, password = (
-                base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
-            )
-        except (binascii.Error, UnicodeDecodeError):
-            return "Unauthorized: the Basic credentials are not base64 of user:password"
-        user = authenticate(self.users, name, password) if sep else None
+        credentials = basic_credentials(header)
+        if isinstance(credentials, str):
+            return f"Unauthorized: {credentials}"
+        user = authenticate(self.users, *credentials)
         if user is None:
             return "Unauthorized: wrong user name or password"
         return self.principal(user)

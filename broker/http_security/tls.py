@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
+from broker.security.tls import new_server_context
+
 
 class TlsConfigError(ValueError):
     """The PEM file cannot be used; the message names the key and file."""
@@ -16,8 +18,7 @@ class TlsConfigError(ValueError):
 
 def server_context(keystore: Path, password: SecretStr | None, key: str) -> ssl.SSLContext:
     """A server context (TLS 1.2 or newer) on the key and chain in ``keystore``."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context = new_server_context()
     try:
         context.load_cert_chain(
             str(keystore), password=password.get_secret_value() if password else None

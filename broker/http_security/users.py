@@ -12,6 +12,8 @@ takes them: ``MD5:<hex md5>`` or ``CRYPT:<unix crypt>``; anything else is the pa
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 from dataclasses import dataclass, field
@@ -71,3 +73,20 @@ def authenticate(users: dict[str, User], name: str, password: str) -> User | Non
         hmac.compare_digest(password.encode(), b"\0" * len(password.encode()))
         return None
     return user if user.check(password) else None
+
+
+def basic_credentials(header: str | None) -> tuple[str, str] | str:
+    """(user, password) of an ``Authorization: Basic <base64 of user:password>`` header (the
+    registry's login, the token endpoint's client authentication), or why it holds none."""
+    scheme, _, encoded = (header or "").partition(" ")
+    if scheme.lower() != "basic":
+        return f"{scheme or 'no'} authentication is not accepted, only Basic"
+    try:
+        user, sep, password = (
+            base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+        )
+    except (binascii.Error, UnicodeDecodeError):
+        sep = ""
+    if not sep:
+        return "the Basic credentials are not base64 of user:password"
+    return user, password

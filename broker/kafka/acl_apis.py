@@ -19,6 +19,13 @@ saying which Kafka rule it follows.
 
 The broker's own work never comes through here: the commit round's admin HTTP API, retention
 and the registry's ``_schemas`` writes call the log store directly.
+
+``_schemas`` is the schema registry's state: a record appended there is served by the registry,
+so over the Kafka listener it would bypass the registry's authentication, roles and checks.
+Produce, DeleteRecords and DeleteTopics on it are refused (INVALID_TOPIC_EXCEPTION, as Kafka
+refuses appends to its internal topics) unless the principal is a super user of the authorizer
+(restoring a backup is an administrator's work); with an authorizer, reading it (Fetch) takes a
+super user or an ALLOW on the literal name ``_schemas`` (a ``*`` or prefixed ACL is not enough).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ log = logging.getLogger(__name__)
 Op = Operation
 RT = ResourceType
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+SCHEMAS_TOPIC = "_schemas"  # broker/registry/store.py's TOPIC
 
 DENIED_CODE = {
     RT.TOPIC: ErrorCode.topic_authorization_failed,
@@ -200,7 +208,25 @@ class AclApis:
         )
 
     def topic_allowed(self, ctx: Any, R: Responder, topic: str) -> bool:
-        return self.allowed(ctx, TOPIC_OPERATION[R.api_key], RT.TOPIC, topic)
+        operation = TOPIC_OPERATION[R.api_key]
+        a = self.authorizer
+        if topic == SCHEMAS_TOPIC and operation == Op.READ and a is not None:
+            return a.authorize_literal(ctx.principal, client_ip(ctx), operation, RT.TOPIC, topic)
+        return self.allowed(ctx, operation, RT.TOPIC, topic)
+
+    def internal_write_refusal(self, ctx: Any, topic: str, what: str) -> str | None:
+        """Why a write to ``topic`` (Produce, DeleteRecords, DeleteTopics: ``what``) over the
+        Kafka listener is refused with INVALID_TOPIC_EXCEPTION (None: it is not); see the
+        module docstring."""
+        if topic != SCHEMAS_TOPIC:
+            return None
+        a = self.authorizer
+        if a is not None and ctx.principal in a.super_users:
+            return None
+        return (
+            f"Cannot {what} internal topic {topic}: it holds the schema registry's state, "
+            "written through the registry's HTTP API (or by a super user)"
+        )
 
     def group_allowed(self, ctx: Any, R: Responder, group: str) -> bool:
         return self.allowed(ctx, GROUP_OPERATION[R.api_key], RT.GROUP, group)

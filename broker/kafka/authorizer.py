@@ -12,9 +12,10 @@ The rules, Kafka's (``org.apache.kafka.metadata.authorizer.StandardAuthorizerDat
 * a DENY for the operation (or ALL) wins over any ALLOW; an ALLOW for the operation, for ALL,
   or one that implies it (READ, WRITE, DELETE, ALTER imply DESCRIBE; ALTER_CONFIGS implies
   DESCRIBE_CONFIGS; only ALLOW ACLs imply) allows;
-* nothing applies: ``allow.everyone.if.no.acl.found`` decides (default: denied). As in the
-  StandardAuthorizer this is "no ACL matched this principal, host and operation", not "the
-  resource has no ACLs at all" (the ZooKeeper-era AclAuthorizer's reading).
+* no ACL allows: denied, except that ``allow.everyone.if.no.acl.found`` allows when no ACL
+  applies to the resource at all, for any principal, host or operation (the StandardAuthorizer's
+  ``hasResourceAcls``: once a resource has an ACL, its ACLs are enforced whatever the setting,
+  so ``ALLOW User:bob READ t`` keeps everyone else out of ``t``).
 
 Describe/DeleteAcls filters match bindings as Kafka's ``AclBindingFilter.matches`` does,
 including the pattern filters ANY (any pattern type, the name exactly) and MATCH (every
@@ -350,14 +351,35 @@ class Authorizer:
         resource?"""
         if principal in self.super_users:
             return True
-        allowed = False
+        allowed = has_acls = False
         for acl in self._applicable(resource_type, name):
+            has_acls = True
             result = _result(acl, principal, host, operation)
             if result is Permission.DENY:
                 return False
             if result is Permission.ALLOW:
                 allowed = True
-        return allowed or self.allow_if_no_acl
+        return allowed or (self.allow_if_no_acl and not has_acls)
+
+    def authorize_literal(
+        self,
+        principal: str,
+        host: str,
+        operation: Operation,
+        resource_type: ResourceType,
+        name: str,
+    ) -> bool:
+        """``authorize``, stricter for a sensitive resource: besides a super user, only an ALLOW
+        on this very name counts (not a ``*`` or prefixed one, not allow.everyone.if.no.acl.found);
+        any DENY that applies still refuses."""
+        if principal in self.super_users:
+            return True
+        if not self.authorize(principal, host, operation, resource_type, name):
+            return False
+        return any(
+            _result(acl, principal, host, operation) is Permission.ALLOW
+            for acl in self._literal.get((resource_type, name), ())
+        )
 
     def authorized_operations(
         self, principal: str, host: str, resource_type: ResourceType, name: str

@@ -407,24 +407,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         acks = req.acks
         if acks not in (0, 1, -1):
             return R(
-                responses=[
-                    {
-                        "name": td.name,
-                        "partition_responses": [
-                            {
-                                "index": pd.index,
-                                "error_code": ErrorCode.invalid_required_acks,
-                                "base_offset": -1,
-                                "log_append_time": None,
-                                "log_start_offset": -1,
-                                "record_errors": [],
-                                "error_message": f"acks must be 0, 1 or -1 (all), got {acks}",
-                            }
-                            for pd in td.partition_data
-                        ],
-                    }
-                    for td in req.topic_data
-                ]
+                responses=_produce_refused(
+                    req,
+                    ErrorCode.invalid_required_acks,
+                    f"acks must be 0, 1 or -1 (all), got {acks}",
+                )
             )
         if req.transactional_id is not None and not self.allowed(
             ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
@@ -433,22 +420,13 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             message = denied_message(ResourceType.TRANSACTIONAL_ID, req.transactional_id)
             if acks == 0:
                 raise CloseConnection(f"acks=0 produce refused: {message}")
-            return R(
-                responses=[
-                    {
-                        "name": td.name,
-                        "partition_responses": [
-                            _produce_error(pd.index, code, message) for pd in td.partition_data
-                        ],
-                    }
-                    for td in req.topic_data
-                ]
-            )
+            return R(responses=_produce_refused(req, code, message))
         results: list[tuple[str, list[dict[str, Any]]]] = []
         last_seq = 0
         for td in req.topic_data:
             writable = self.topic_allowed(ctx, R, td.name)
-            topic = self.cluster.topics.get(td.name) if writable else None
+            internal = self.internal_write_refusal(ctx, td.name, "append to")
+            topic = self.cluster.topics.get(td.name) if writable and not internal else None
             partitions = []
             for pd in td.partition_data:
                 entry: dict[str, Any] = {
@@ -470,6 +448,10 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     entry.update(
                         error_code=ErrorCode.topic_authorization_failed,
                         error_message=denied_message(ResourceType.TOPIC, td.name),
+                    )
+                elif internal is not None:
+                    entry.update(
+                        error_code=ErrorCode.invalid_topic_exception, error_message=internal
                     )
                 elif topic is None or part is None:
                     entry.update(
@@ -927,6 +909,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         ErrorCode.topic_authorization_failed,
                         denied_message(ResourceType.TOPIC, name),
                     )
+                internal = self.internal_write_refusal(ctx, name, "delete")
+                if internal is not None:
+                    raise TopicError(ErrorCode.invalid_topic_exception, internal)
                 topic = await self.cluster.delete_topic(name)
                 entry["topic_id"] = topic.topic_id
             except TopicError as exc:
@@ -1534,12 +1519,18 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         for t in req.topics:
             partitions = []
             deletable = self.topic_allowed(ctx, R, t.name)
+            internal = self.internal_write_refusal(ctx, t.name, "delete records of")
             for p in t.partitions:
                 part = self._partition(t.name, p.partition_index)
                 topic = self.cluster.topics.get(t.name)
                 result = {"partition_index": p.partition_index, "low_watermark": -1}
                 if not deletable:
                     result["error_code"] = ErrorCode.topic_authorization_failed
+                    partitions.append(result)
+                    continue
+                if internal is not None:
+                    log.info("delete records refused: %s", internal)
+                    result["error_code"] = ErrorCode.invalid_topic_exception
                     partitions.append(result)
                     continue
                 if part is None or topic is None:
@@ -1604,6 +1595,19 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 self.cluster.metadata.delete_partition_offsets, req.group_id, deleted
             )
         return R(error_code=ErrorCode.none, throttle_time=0, topics=topics)
+
+
+def _produce_refused(req: Any, code: int, message: str) -> list[dict[str, Any]]:
+    """Produce's responses when the whole request is refused: every partition gets the error."""
+    return [
+        {
+            "name": td.name,
+            "partition_responses": [
+                _produce_error(pd.index, code, message) for pd in td.partition_data
+            ],
+        }
+        for td in req.topic_data
+    ]
 
 
 def _produce_error(index: int, code: int, message: str) -> dict[str, Any]:

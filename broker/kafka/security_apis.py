@@ -6,6 +6,7 @@ as Kafka's KRaft controller does (one result per user; a user's changes all or n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -41,7 +42,11 @@ class SecurityApis:
         return response
 
     async def sasl_authenticate(self, ctx: Any, req: Any, R: Responder) -> Any:
-        outcome = ctx.sasl.authenticate(bytes(req.auth_bytes), R) if ctx.sasl is not None else None
+        outcome = None
+        if ctx.sasl is not None:
+            token = bytes(req.auth_bytes)
+            await ctx.sasl.look_up_credential(token)  # the store is read off the event loop
+            outcome = ctx.sasl.authenticate(token, R)
         if outcome is None:
             return R(
                 error_code=ErrorCode.illegal_sasl_state,
@@ -57,7 +62,7 @@ class SecurityApis:
         return response
 
     async def describe_user_scram_credentials(self, ctx: Any, req: Any, R: Responder) -> Any:
-        known = self._metadata_store().scram_users()
+        known = await asyncio.to_thread(self._metadata_store().scram_users)
         wanted = [u.name for u in req.users] if req.users else sorted(known)
         results = []
         for name in dict.fromkeys(wanted):
@@ -89,7 +94,7 @@ class SecurityApis:
 
     async def alter_user_scram_credentials(self, ctx: Any, req: Any, R: Responder) -> Any:
         store = self._metadata_store()
-        existing = store.scram_users()
+        existing = await asyncio.to_thread(store.scram_users)
         changes: dict[str, list[tuple[str, Any]]] = {}
         for deletion in req.deletions:
             changes.setdefault(deletion.name, []).append(("delete", deletion))
@@ -124,7 +129,7 @@ class SecurityApis:
                         credential.iterations,
                     )
                 )
-            store.alter_scram_credentials(deletions, upsertions)
+            await asyncio.to_thread(store.alter_scram_credentials, deletions, upsertions)
             log.info(
                 "SCRAM credentials of user %r: %s (by %s)",
                 user,

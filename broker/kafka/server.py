@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
 API_VERSIONS = 18
+# SaslHandshake, SaslAuthenticate, DescribeUserScramCredentials, AlterUserScramCredentials:
+# their bodies may carry a password or a salted password, never dumped into the log
+CREDENTIAL_APIS = frozenset({17, 36, 50, 51})
 
 
 class KafkaServer:
@@ -248,7 +251,9 @@ class KafkaServer:
                 api_key_map[api_key],
                 api_version,
                 exc,
-                frame[:64].hex(),
+                # a credential API's body may hold a password or salted password: its fixed
+                # header (key, version, correlation id) only
+                frame[:8].hex() if api_key in CREDENTIAL_APIS else frame[:64].hex(),
             )
             return None
         if header.client_id:

@@ -22,6 +22,7 @@ SCRAM-SHA-256/512 run scramp's server over the credentials in the metadata store
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -31,6 +32,7 @@ from typing import Any
 import scramp
 from kio.schema.errors import ErrorCode
 
+from broker.security.listeners import MECHANISMS
 from broker.security.scram import ScramCredential
 from broker.security.stats import AuthStats
 
@@ -98,10 +100,15 @@ class _Scram:
         self.reauth = reauth
         self.user = ""
         self.found = False
+        # (user, credential) read off the event loop before the first step (look_up_credential)
+        self.prefetched: tuple[str, ScramCredential | None] | None = None
 
         def auth_info(user: str) -> tuple[bytes, bytes, bytes, int] | None:
             self.user = user
-            credential = lookup(user, mechanism)
+            if self.prefetched is not None and self.prefetched[0] == user:
+                credential = self.prefetched[1]
+            else:  # a name read otherwise than scramp reads it: looked up here, on the loop
+                credential = lookup(user, mechanism)
             self.found = credential is not None
             if credential is None:
                 return None
@@ -114,6 +121,19 @@ class _Scram:
 
         self.server = scramp.ScramMechanism(mechanism).make_server(auth_info)
         self.first = True
+
+    def user_named(self, token: bytes) -> str | None:
+        """The user a client-first message names (``gs2-header,n=user,r=nonce``, RFC 5802's
+        ``=2C``/``=3D`` escapes undone), None for any other message or none readable."""
+        if not self.first:
+            return None
+        try:
+            parts = token.decode("utf-8").split(",")
+        except UnicodeDecodeError:
+            return None
+        if len(parts) < 4 or not parts[2].startswith("n="):
+            return None
+        return parts[2][2:].replace("=2C", ",").replace("=3D", "=")
 
     def step(self, token: bytes) -> tuple[bytes, str | None]:
         try:
@@ -160,7 +180,7 @@ class SaslSession:
         self.mechanism: str | None = None
         self.principal: str | None = None
         self.expires_at: float | None = None
-        self.last_reauth_start = 0.0
+        self.last_reauth_start: float | None = None  # the first re-authentication may start at once
         self.reauthenticating = False
         self.bad_reauth_mechanism: str | None = None
         self._exchange: _Plain | _Scram | None = None
@@ -198,12 +218,17 @@ class SaslSession:
         the caller answers ILLEGAL_SASL_STATE."""
         now = time.monotonic()
         if self.state == "complete":
-            if self.expires_at is None or now - self.last_reauth_start < MIN_REAUTH_INTERVAL_S:
+            if self.expires_at is None or (
+                self.last_reauth_start is not None
+                and now - self.last_reauth_start < MIN_REAUTH_INTERVAL_S
+            ):
                 return None
             self.reauthenticating = True
             self.last_reauth_start = now
         if mechanism not in self.mechanisms:
-            self.stats.failure(self.listener, mechanism)
+            # the client names the mechanism: a name Kafka does not define is counted as
+            # "other", so unauthenticated clients cannot grow /metrics' label set
+            self.stats.failure(self.listener, mechanism if mechanism in MECHANISMS else "other")
             log.info(
                 "%s: SASL mechanism %r is not enabled on listener %s (enabled: %s); closing",
                 self.host,
@@ -228,6 +253,19 @@ class SaslSession:
         )
         self.state = "authenticate"
         return respond(error_code=ErrorCode.none, mechanisms=self.mechanisms), False
+
+    async def look_up_credential(self, token: bytes) -> None:
+        """Before ``authenticate`` with a SCRAM client-first message: read the named user's
+        credential in a worker thread (with the metadata store on Postgres a lookup is a network
+        round trip, which on the event loop would stall every connection) and hand it to the
+        exchange. Anything else: nothing to do."""
+        exchange = self._exchange
+        if self.state != "authenticate" or not isinstance(exchange, _Scram):
+            return
+        user = exchange.user_named(token)
+        if user is not None:
+            credential = await asyncio.to_thread(self.scram, user, exchange.mechanism)
+            exchange.prefetched = (user, credential)
 
     def authenticate(self, token: bytes, respond: Any) -> tuple[Any, bool] | None:
         """(response, close after it), or None outside an exchange (ILLEGAL_SASL_STATE)."""

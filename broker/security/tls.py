@@ -3,7 +3,8 @@ a keystore file holding the private key and the certificate chain
 (``ssl.keystore.location``), or both as text (``ssl.keystore.certificate.chain`` and
 ``ssl.keystore.key``), the key possibly encrypted (``ssl.key.password``); a truststore of
 CA certificates (``ssl.truststore.location`` or ``ssl.truststore.certificates``) against
-which client certificates are checked when ``ssl.client.auth`` asks for one.
+which client certificates are checked when ``ssl.client.auth`` asks for one (on SASL_SSL only
+its ``listener.name.<l>.`` form: see ``client_auth``).
 
 The principal of a TLS client is Kafka's default: ``User:`` and the subject of its
 certificate in RFC 2253 form (``User:CN=alice,O=Example``), or ``User:ANONYMOUS`` without one.
@@ -30,6 +31,14 @@ _CLIENT_AUTH = {
 }
 
 
+def new_server_context() -> ssl.SSLContext:
+    """A server context, TLS 1.2 or newer: the one place the Kafka listeners and the HTTP
+    services (broker/http_security/tls.py) get theirs, so their TLS floor cannot drift apart."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
 def server_context(
     config: BrokerConfig,
     listener: Listener,
@@ -42,8 +51,7 @@ def server_context(
     def setting(key: str) -> str | None:
         return config.listener_setting(listener, key)
 
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context = new_server_context()
     password = setting("ssl.key.password")
     location = setting("ssl.keystore.location")
     try:
@@ -68,7 +76,7 @@ def server_context(
             context.load_verify_locations(cadata=certificates)
     except (ssl.SSLError, OSError, ValueError) as exc:
         raise ListenerError(f"{key} of listener {listener.name}: {_why(exc)}") from exc
-    auth = setting("ssl.client.auth") or "none"
+    auth = client_auth(config, listener)
     if auth != "none" and not (truststore or certificates):
         raise ListenerError(
             f"ssl.client.auth={auth} on listener {listener.name} needs ssl.truststore.location "
@@ -78,6 +86,17 @@ def server_context(
     if on_failure is not None:
         context.sslobject_class = _reporting(listener, on_failure)
     return context
+
+
+def client_auth(config: BrokerConfig, listener: Listener) -> str:
+    """The listener's ``ssl.client.auth``. On SASL_SSL only the prefixed
+    ``listener.name.<l>.ssl.client.auth`` counts, as in Kafka (KIP-684): the broker-wide key,
+    meant for SSL listeners, would otherwise demand certificates of SASL clients too."""
+    if listener.protocol == "SASL_SSL":
+        value = config.per_listener.get(f"{listener.name.lower()}.ssl.client.auth")
+    else:
+        value = config.listener_setting(listener, "ssl.client.auth")
+    return value or "none"
 
 
 def _reporting(

@@ -188,6 +188,15 @@ def fetch_raw(
     return bytes(part.records or b"")
 
 
+def fetch_error(bootstrap: str, topic: str, partition: int = 0) -> int:
+    """The error code a Fetch v4 of one partition from offset 0 answers (0: none)."""
+    try:
+        fetch_raw(bootstrap, topic, partition, max_bytes=1024)
+    except AssertionError as refused:
+        return int(str(refused).rsplit(" ", 1)[1])
+    return 0
+
+
 def fetch_partitions(
     bootstrap: str, topic: str, partitions: list[int], max_bytes: int, partition_max_bytes: int
 ) -> dict[int, bytes]:

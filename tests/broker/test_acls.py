@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -154,6 +161,30 @@ def produce(bootstrap: str, topic: str, **conf: Any) -> KafkaError | None:
     producer.flush(15)
     assert len(reports) == 1, "no delivery report"
     return reports[0]
+
+
+def assert_schemas_guarded(broker: BrokerProcess, admin: AdminClient) -> None:
+    """Produce, DeleteRecords and DeleteTopics on _schemas: INVALID_TOPIC_EXCEPTION, as Kafka
+    answers appends to its internal topics."""
+    import json
+    import urllib.request
+
+    from broker.kafka.records import encode_batch
+
+    register = urllib.request.Request(  # creates _schemas, if not there yet
+        broker.registry_url + "/subjects/guard-value/versions",
+        data=json.dumps({"schema": '"string"'}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(register, timeout=10) as answer:
+        assert answer.status == 200
+    bootstrap = broker.bootstrap
+    batch = encode_batch([(b'{"keytype":"NOOP","magic":0}', None)], 0)
+    assert rawkafka.produce_raw(bootstrap, "_schemas", 0, batch)[0] == KafkaError.TOPIC_EXCEPTION
+    code = error_of(admin.delete_topics(["_schemas"])["_schemas"])
+    assert code == KafkaError.TOPIC_EXCEPTION
+    deleted = admin.delete_records([TopicPartition("_schemas", 0, 0)])
+    assert error_of(deleted[TopicPartition("_schemas", 0, 0)]) == KafkaError.TOPIC_EXCEPTION
 
 
 def test_kafka_acls_tool_adds_lists_and_removes_and_a_super_user_bypasses_acls(
@@ -388,10 +419,23 @@ def test_allow_everyone_if_no_acl_found_and_no_authorizer(acl_broker: AclBroker)
     assert present(produce(acl_broker.bootstrap, "everyone-but")).code() == (
         KafkaError.TOPIC_AUTHORIZATION_FAILED
     )
+    # ... and no other principal's READ either: a resource with an ACL has its ACLs enforced
+    assert rawkafka.fetch_error(acl_broker.bootstrap, "everyone-but") == (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED
+    )
+    # the registry's _schemas: no Kafka client but a super user writes or deletes it, and
+    # reading it takes a literal ACL (allow.everyone.if.no.acl.found is not enough)
+    assert_schemas_guarded(present(acl_broker.process), admin)
+    assert rawkafka.fetch_error(acl_broker.bootstrap, "_schemas") == (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED
+    )
+    create_acls(admin, acl(ResourceType.TOPIC, "_schemas", AclOperation.READ))
+    assert rawkafka.fetch_error(acl_broker.bootstrap, "_schemas") == KafkaError.NO_ERROR
     # no authorizer: everything allowed, the ACL APIs answer SECURITY_DISABLED, as Kafka
     acl_broker.start()
     admin = acl_broker.admin()
     assert produce(acl_broker.bootstrap, "everyone-but") is None
+    assert_schemas_guarded(present(acl_broker.process), admin)
     binding = acl(ResourceType.TOPIC, "t", AclOperation.READ)
     assert error_of(admin.create_acls([binding])[binding]) == KafkaError.SECURITY_DISABLED
     # (librdkafka drops DescribeAcls' error code: asked here with a one-request client)

@@ -91,11 +91,15 @@ def test_principal_and_host_wildcards_super_users_and_the_default() -> None:
     assert not may(a, Op.READ, "h") and may(a, Op.READ, "h", host="10.0.0.9")
     assert may(a, Op.READ, "d", "User:admin") and may(a, Op.DELETE, "none", "User:admin")
     assert not may(a, Op.READ, "d") and not may(a, Op.READ, "none")
-    # allow.everyone.if.no.acl.found: StandardAuthorizer's reading, "no ACL matched"
+    # allow.everyone.if.no.acl.found: only a resource without any ACL (StandardAuthorizer's
+    # hasResourceAcls); once it has one, for anyone, its ACLs are enforced
     b = Authorizer(allow_if_no_acl=True, acls=[binding("t", Op.READ, principal=BOB)])
-    assert may(b, Op.READ, "t") and may(b, Op.WRITE, "t", BOB)
+    assert may(b, Op.READ, "t", BOB) and not may(b, Op.READ, "t") and not may(b, Op.WRITE, "t", BOB)
+    assert may(b, Op.READ, "other") and may(b, Op.WRITE, "other", BOB)
     c = Authorizer(allow_if_no_acl=True, acls=[binding("t", Op.READ, Permission.DENY)])
-    assert not may(c, Op.READ, "t") and may(c, Op.WRITE, "t")
+    assert not may(c, Op.READ, "t") and not may(c, Op.WRITE, "t")
+    d = Authorizer(allow_if_no_acl=True, acls=[binding("pay-", Op.READ, pattern=PT.PREFIXED)])
+    assert not may(d, Op.WRITE, "pay-eu") and may(d, Op.WRITE, "other")
 
 
 def test_authorized_operations_bits_and_authorize_any() -> None:

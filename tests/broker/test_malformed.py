@@ -1258,3 +1258,26 @@ def test_null_for_a_non_nullable_array_is_a_malformed_request(
         5,
         what="the request to be logged as malformed",
     )
+
+
+def test_malformed_credential_request_is_logged_without_its_body(kbroker: BrokerProcess) -> None:
+    """A SaslAuthenticate that fails to parse is logged with its header only: its body may be
+    a PLAIN password (also AlterUserScramCredentials' salted password)."""
+    secret = uuid.uuid4().hex.encode()
+    correlation_id = random.randrange(1 << 30)
+    # v1: auth_bytes claims 1000 bytes, 32 follow
+    payload = header_only(36, 1, correlation_id) + struct.pack(">i", 1000) + secret
+    assert not parses(payload)
+    with Conn(kbroker) as c:
+        c.send(frame(payload))
+        c.expect_closed()
+    header = struct.pack(">hhi", 36, 1, correlation_id).hex()
+    wait_for(
+        lambda: any(
+            "malformed sasl_authenticate v1" in line and header in line
+            for line in kbroker.log_text().splitlines()
+        ),
+        5,
+        what="the request to be logged as malformed",
+    )
+    assert secret.hex() not in kbroker.log_text()

@@ -88,6 +88,21 @@ def test_bad_listener_settings_name_their_key(overrides: dict[str, str], message
     assert message in str(refused.value)
 
 
+def test_unreadable_jaas_text_is_reported_by_position_not_quoted() -> None:
+    """The text after the unreadable point is typically a password: never echoed."""
+    with pytest.raises(ConfigError) as refused:
+        load_broker_config(
+            overrides={
+                "listeners": "SASL_PLAINTEXT://:9093",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+                    'PlainLoginModule required user_a="s3cret-pw;'
+                ),
+            }
+        )
+    assert "cannot read the JAAS text at character 33" in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+
+
 def test_listeners_advertised_and_per_listener_settings() -> None:
     config = load_broker_config(
         overrides={
@@ -158,6 +173,20 @@ def test_tls_contexts_from_pem_files_and_text(tmp_path: Path) -> None:
     )
     with pytest.raises(ListenerError, match="needs ssl.truststore.location"):
         tls.server_context(no_trust, no_trust.listener_list()[0])
+    # SASL_SSL honours only the prefixed ssl.client.auth (KIP-684), SSL the broker-wide one too
+    both = {
+        "listeners": "SSL://127.0.0.1:9093,SASL_SSL://127.0.0.1:9094",
+        "ssl.keystore.location": str(pki.server),
+        "ssl.truststore.location": str(pki.ca),
+        "ssl.client.auth": "required",
+    }
+    config = load_broker_config(overrides=both)
+    modes = [tls.server_context(config, x).verify_mode.name for x in config.listener_list()]
+    assert modes == ["CERT_REQUIRED", "CERT_NONE"]
+    config = load_broker_config(
+        overrides={**both, "listener.name.sasl_ssl.ssl.client.auth": "requested"}
+    )
+    assert tls.server_context(config, config.listener_list()[1]).verify_mode.name == "CERT_OPTIONAL"
 
 
 PASSWORD = "ann-has-a-long-password"
@@ -233,3 +262,47 @@ def test_listener_secrets_are_kept_apart_however_given(monkeypatch: pytest.Monke
     assert settings.plain_users(config, listener) == {"a": "pw-1f3c"}
     shown = repr(config) + json.dumps(to_overrides(config)) + str(config.model_dump())
     assert "pw-1f3c" not in shown and "pw-8e2d" not in shown
+
+
+def test_scram_credential_is_read_off_the_event_loop() -> None:
+    """SaslAuthenticate reads the SCRAM credential in a worker thread (a metadata store on
+    Postgres would otherwise stall every connection), once, for the user the client-first
+    message names (RFC 5802 escapes undone), and the exchange completes with it."""
+    import asyncio
+    import threading
+
+    import scramp
+
+    from broker.security import scram
+    from broker.security.sasl import SaslSession
+    from broker.security.stats import AuthStats
+
+    user = "ann,=x"
+    credential = scram.from_password("SCRAM-SHA-256", PASSWORD, 4096)
+    lookups: list[tuple[str, bool]] = []
+
+    def lookup(name: str, mechanism: str) -> scram.ScramCredential | None:
+        lookups.append((name, threading.current_thread() is threading.main_thread()))
+        return credential if (name, mechanism) == (user, "SCRAM-SHA-256") else None
+
+    def respond(**fields: object) -> dict[str, object]:
+        return fields
+
+    session = SaslSession("L", "/h", ["SCRAM-SHA-256"], {}, lookup, 0, AuthStats())
+
+    async def exchange() -> None:
+        assert session.handshake("SCRAM-SHA-256", respond) is not None
+        client = scramp.ScramClient(["SCRAM-SHA-256"], user, PASSWORD)
+        for message in (client.get_client_first, client.get_client_final):
+            token = message().encode()
+            await session.look_up_credential(token)
+            outcome = session.authenticate(token, respond)
+            assert outcome is not None
+            answer, close = outcome
+            assert not close, answer
+            if session.state != "complete":
+                client.set_server_first(bytes(answer["auth_bytes"]).decode())
+
+    asyncio.run(exchange())
+    assert session.principal == f"User:{user}"
+    assert lookups == [(user, False)]

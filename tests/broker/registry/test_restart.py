@@ -254,8 +254,16 @@ def _produce_raw(bootstrap: str, items: list[tuple[dict[str, Any], dict[str, Any
 def test_records_another_writer_appends_are_read_live(tmp_path: Path) -> None:
     """No restart: the registry tails ``_schemas``, so what another instance writes there
     (here a raw producer in Confluent's record format) is served within moments, and the
-    registry's own next id follows the ids it read."""
-    broker = BrokerProcess(tmp_path / "home", ["--segment-flush-ms", "200"]).start()
+    registry's own next id follows the ids it read. Over the Kafka listener only a super
+    user may write _schemas (tests/broker/test_acls.py checks the refusal)."""
+    broker = BrokerProcess(
+        tmp_path / "home",
+        [
+            "--segment-flush-ms", "200",
+            "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "--override", "super.users=User:ANONYMOUS",
+        ],
+    ).start()  # fmt: skip
     try:
         base = broker.registry_url
         client = SchemaRegistryClient({"url": base})
