@@ -99,7 +99,7 @@ def test_unreadable_jaas_text_is_reported_by_position_not_quoted() -> None:
                 ),
             }
         )
-    assert "cannot read the JAAS text at character 33" in str(refused.value)
+    assert "cannot read the JAAS text at character 34" in str(refused.value)
     assert "s3cret" not in str(refused.value)
 
 
