@@ -27,7 +27,8 @@ snapshot that added it minus its produce time (p50/p99/max). The start-up of eac
 its CPU seconds: a short run favours the long-lived sides less than a long one would.
 
 The last line prints the ratios: Icefall / sink records per CPU-second, and each side's p99.
-``--quick``: small and short (all three sides), about a minute and a half on two cores.
+``--quick``: 1,000 records/s for 8 s per side, 4 s interval (all three sides): the three JVM
+starts and the rounds' own dominate, about 1.5-2.5 minutes on two busy cores.
 
     .venv/bin/python bench/vs_connect.py            # 10,000 records/s for 90 s per side, 20 s interval
     .venv/bin/python bench/vs_connect.py --quick
@@ -680,7 +681,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
     if args.quick:
-        args.rate, args.seconds, args.interval_s = 1000, 12, 5
+        args.rate, args.seconds, args.interval_s = 1000, 8, 4
+        args.drain_s = 30.0 if args.drain_s is None else args.drain_s
     if args.drain_s is None:
         args.drain_s = 3 * args.interval_s + 30
     for jars, target in ((CONNECT_JARS, "bench-vs-connect"), (SPARK_AVRO_JARS, "bench-vs-connect")):
