@@ -15,12 +15,15 @@ NESSIE_JARS := $(VENV)/share/icefall/test-jars/nessie
 KAFKA_JARS := $(VENV)/share/icefall/test-jars/kafka
 # Spark Structured Streaming's Kafka source, for the test that reads a topic with it (tests/jvm).
 SPARK_KAFKA_JARS := $(VENV)/share/icefall/test-jars/spark-kafka
+# The Apache Iceberg Kafka Connect sink in a Kafka Connect worker, and spark-avro, for bench/vs_connect.py (bench/jvm).
+BENCH_CONNECT_JARS := $(VENV)/share/icefall/bench-jars/connect
+BENCH_SPARK_AVRO_JARS := $(VENV)/share/icefall/bench-jars/spark-avro
 # The C extensions (built in place by the editable install).
 EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jobs/_kafka_records.c
 # What the linters look at.
 LINT_PATHS := broker spark_jobs dags plugins tests bench
 
-.PHONY: setup system-deps run test test-unit docs bench bench-vs-kafka lint lint-code format-check format clean
+.PHONY: setup system-deps run test test-unit docs bench bench-vs-kafka bench-vs-connect lint lint-code format-check format clean
 
 setup: $(VENV)/.installed $(VENV)/.extensions $(JARS)/.pinned
 
@@ -111,6 +114,24 @@ bench: setup
 # The broker beside Apache Kafka 4.1 (its Maven Central jars), Kafka's perf tools as the client.
 bench-vs-kafka: setup $(KAFKA_JARS)/.pinned
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/vs_kafka.py $(BENCH_ARGS)
+
+$(BENCH_CONNECT_JARS)/.pinned: bench/jvm/connect/pom.xml bench/jvm/connect/jars.sha256 $(JARS)/.pinned
+	rm -rf $(BENCH_CONNECT_JARS) && mkdir -p $(BENCH_CONNECT_JARS)
+	mvn -q -B -f bench/jvm/connect/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	  -DoutputDirectory=$(CURDIR)/$(BENCH_CONNECT_JARS)
+	cd $(BENCH_CONNECT_JARS) && sha256sum --strict --quiet -c $(CURDIR)/bench/jvm/connect/jars.sha256
+	touch $@
+
+$(BENCH_SPARK_AVRO_JARS)/.pinned: bench/jvm/spark-avro/pom.xml bench/jvm/spark-avro/jars.sha256 $(JARS)/.pinned
+	rm -rf $(BENCH_SPARK_AVRO_JARS) && mkdir -p $(BENCH_SPARK_AVRO_JARS)
+	mvn -q -B -f bench/jvm/spark-avro/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/$(BENCH_SPARK_AVRO_JARS)
+	cd $(BENCH_SPARK_AVRO_JARS) && sha256sum --strict --quiet -c $(CURDIR)/bench/jvm/spark-avro/jars.sha256
+	touch $@
+
+# Commit rounds beside the Iceberg Kafka Connect sink and Spark Structured Streaming (BENCH_ARGS=--quick: a short run).
+bench-vs-connect: setup $(SPARK_KAFKA_JARS)/.pinned $(BENCH_CONNECT_JARS)/.pinned $(BENCH_SPARK_AVRO_JARS)/.pinned
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/vs_connect.py $(BENCH_ARGS)
 
 # ruff's rules, mypy (its files and settings: pyproject.toml), then the formatting.
 lint: lint-code format-check

@@ -1,0 +1,725 @@
+"""Commit rounds beside the Apache Iceberg Kafka Connect sink and Spark Structured Streaming, in
+one run on this machine (issue 17, part 2).
+
+One Icefall broker (a temporary home) serves the topics and its built-in REST catalog takes
+the tables. Three sides run one after another (not at once: two cores), each for the same
+``--seconds`` while a producer thread sends the same 16-field records (bench/commit_round.py's
+generator) at ``--rate`` records/s, each carrying its produce time in ``event_time``:
+
+a) Icefall: ``spark_jobs.commit_round`` once per ``--interval-s`` (a new JVM each time, as a
+   scheduled round runs), on a table topic of Confluent-framed Avro values;
+b) the Apache Iceberg Kafka Connect sink (``iceberg-kafka-connect`` 1.10.1, the Iceberg of the
+   pinned Spark runtime) in a standalone Kafka Connect 4.1.1 worker,
+   ``iceberg.control.commit.interval-ms`` = the interval. Maven Central has no Confluent Avro
+   converter (io.confluent lives on packages.confluent.io), so this side reads the same records
+   as schemaless JSON (Kafka Connect's JsonConverter) from a topic of its own: its decode cost
+   is JSON's, and its values are ~1.4x the Avro bytes;
+c) a Spark Structured Streaming query (``spark-sql-kafka-0-10`` source, ``from_avro`` of
+   spark-avro after the 5-byte Confluent header, Iceberg sink, processing-time trigger = the
+   interval) on a plain topic of the same Avro values.
+
+After the producer stops, each side gets up to ``--drain-s`` to make every record visible
+(bounded lag: the side kept up if it did). Recorded per side: records/s and MiB/s ingested (value
+bytes of that side's topic), the CPU seconds of that side's processes (the JVMs and Python
+processes it started, sampled from /proc; the broker's are listed apart), records and GiB per
+CPU-second, files per commit, and freshness: for each row, the commit time of the Iceberg
+snapshot that added it minus its produce time (p50/p99/max). The start-up of each JVM is in
+its CPU seconds: a short run favours the long-lived sides less than a long one would.
+
+The last line prints the ratios: Icefall / sink records per CPU-second, and each side's p99.
+``--quick``: 1,000 records/s for 8 s per side, 4 s interval (all three sides): the three JVM
+starts and the rounds' own dominate, about 1.5-2.5 minutes on two busy cores.
+
+    .venv/bin/python bench/vs_connect.py            # 10,000 records/s for 90 s per side, 20 s interval
+    .venv/bin/python bench/vs_connect.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    MIB,
+    REPO,
+    BrokerProcess,
+    CpuByProcess,
+    become_subreaper,
+    machine,
+    pid_cpu_seconds,
+    stop_processes,
+)
+from bench.commit_round import (
+    POOL,
+    SCHEMA,
+    _tails,
+    _zigzag_varint,
+    create_table_topic,
+    register_schema,
+    round_command,
+    round_env,
+    warm_bytecode,
+)
+from spark_jobs.jars import iceberg_jars
+from tests.support import free_port
+
+GIB = 1024 * MIB
+SHARE = Path(sys.prefix) / "share" / "icefall"
+# where `make bench-vs-connect` copies the jars of bench/jvm (ICEFALL_BENCH_JARS: elsewhere)
+BENCH_JARS = Path(os.environ.get("ICEFALL_BENCH_JARS", SHARE / "bench-jars"))
+CONNECT_JARS = BENCH_JARS / "connect"
+SPARK_AVRO_JARS = BENCH_JARS / "spark-avro"
+SPARK_KAFKA_JARS = SHARE / "test-jars" / "spark-kafka"
+NAMESPACE = "vs"
+
+
+@dataclass
+class Side:
+    """One side's figures."""
+
+    name: str
+    records: int
+    visible: int
+    caught_up_s: float | None  # after the producer stopped; None: not within --drain-s
+    records_s: float
+    mib_s: float
+    cpu_s: float
+    broker_cpu_s: float
+    records_per_cpu_s: float
+    cpu_s_per_gib: float
+    commits: int
+    files_per_commit: float
+    p50_s: float
+    p99_s: float
+    max_s: float
+
+
+# ------------------------------------------------------------------ the records
+
+
+class Producer(threading.Thread):
+    """``rate`` records/s for ``seconds``, in 20 ms steps; ``event_time`` = the produce time."""
+
+    def __init__(self, bootstrap: str, topic: str, encode: Callable[[int, int], bytes]) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.encode = bootstrap, topic, encode
+        self.sent = self.value_bytes = 0
+        self.produced_ms: list[int] = []
+        self.failures: list[object] = []
+        self.rate = 0.0
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        from confluent_kafka import Producer as KafkaProducer
+
+        def delivered(err: object, msg: object) -> None:
+            if err is not None:
+                self.failures.append(err)
+
+        producer = KafkaProducer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "acks": "all",
+                "linger.ms": 5,
+                "compression.type": "lz4",
+                "on_delivery": delivered,
+            }
+        )
+        t0 = time.monotonic()
+        while (elapsed := time.monotonic() - t0) < self.seconds:
+            due = int(elapsed * self.rate) + 1
+            now_ms = int(time.time() * 1000)
+            while self.sent < due:
+                value, key = self.encode(self.sent, now_ms)
+                producer.produce(self.topic, value, key)
+                self.produced_ms.append(now_ms)
+                self.value_bytes += len(value)
+                self.sent += 1
+            producer.poll(0)
+            time.sleep(0.02)
+        assert producer.flush(60) == 0, "producer did not drain"
+        assert not self.failures, self.failures[:3]
+
+
+def avro_encoder(schema_id: int) -> Callable[[int, int], tuple[bytes, bytes]]:
+    tails, keys = _tails(POOL)
+    header = b"\x00" + struct.pack(">I", schema_id)
+
+    def encode(i: int, now_ms: int) -> tuple[bytes, bytes]:
+        return header + _zigzag_varint(i) + _zigzag_varint(now_ms) + tails[i % POOL], keys[i % POOL]
+
+    return encode
+
+
+def json_encoder() -> Callable[[int, int], tuple[bytes, bytes]]:
+    """The same records as schemaless JSON (what Kafka Connect's JsonConverter reads)."""
+    from fastavro import parse_schema, schemaless_reader
+
+    tails, keys = _tails(POOL)
+    tail_schema = parse_schema({**SCHEMA, "name": "Tail", "fields": SCHEMA["fields"][2:]})
+    rows = [
+        schemaless_reader(io.BytesIO(t), tail_schema, tail_schema, return_record_name=False)
+        for t in tails
+    ]
+    for row in rows:  # timestamp-millis as epoch millis, as the Avro holds them
+        row["received_at"] = int(row["received_at"].timestamp() * 1000)
+    suffixes = [json.dumps(r)[1:].encode() for r in rows]
+
+    def encode(i: int, now_ms: int) -> tuple[bytes, bytes]:
+        return b'{"id": %d, "event_time": %d, ' % (i, now_ms) + suffixes[i % POOL], keys[i % POOL]
+
+    return encode
+
+
+def iceberg_schema() -> Any:
+    """The 16 fields as an Iceberg schema (all optional: Spark's from_avro columns are nullable)."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import (
+        BooleanType,
+        DoubleType,
+        IntegerType,
+        LongType,
+        NestedField,
+        StringType,
+        TimestamptzType,
+    )
+
+    def iceberg_type(avro: Any) -> Any:
+        if isinstance(avro, list):
+            return iceberg_type(next(t for t in avro if t != "null"))
+        if isinstance(avro, dict):
+            return TimestamptzType()
+        return {
+            "long": LongType(),
+            "int": IntegerType(),
+            "string": StringType(),
+            "double": DoubleType(),
+            "boolean": BooleanType(),
+        }[avro]
+
+    return Schema(
+        *(
+            NestedField(i + 1, f["name"], iceberg_type(f["type"]), required=False)
+            for i, f in enumerate(SCHEMA["fields"])
+        )
+    )
+
+
+# ------------------------------------------------------------------ reading the tables back
+
+
+def committed(catalog: Any, identifier: tuple[str, str]) -> int:
+    """Rows in the table's current snapshot (0 before the first commit)."""
+    try:
+        snapshot = catalog.load_table(identifier).current_snapshot()
+    except Exception:  # noqa: BLE001 - not created before the first commit
+        return 0
+    if snapshot is None or snapshot.summary is None:
+        return 0
+    return int(snapshot.summary.additional_properties.get("total-records", 0))
+
+
+def freshness(catalog: Any, identifier: tuple[str, str]) -> tuple[dict[int, float], int, int]:
+    """Each row's id -> commit time (ms) of the snapshot that added it; commits; data files."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = catalog.load_table(identifier)
+    if table.current_snapshot() is None:
+        return {}, 0, 0
+    commit_ms = {s.snapshot_id: s.timestamp_ms for s in table.snapshots()}
+    entries = table.inspect.entries().to_pylist()
+    seen: dict[int, float] = {}
+    adding: set[int] = set()
+    for entry in entries:
+        path = entry["data_file"]["file_path"]
+        adding.add(entry["snapshot_id"])
+        with table.io.new_input(path).open() as f:
+            ids = pc.cast(pq.read_table(f, columns=["id"]).column("id"), "int64").to_pylist()
+        at = commit_ms[entry["snapshot_id"]]
+        for i in ids:
+            seen[i] = min(at, seen.get(i, at))
+    return seen, len(adding), len(entries)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+# ------------------------------------------------------------------ the sides
+
+
+@contextlib.contextmanager
+def process(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[Any]:
+    """A side's long-lived process, its CPU sampled; stopped (tree and all) on the way out."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    cpu = CpuByProcess(lambda cmdline: "side")
+    cpu.start(proc.pid)
+    try:
+        yield proc, cpu
+    finally:
+        stop_processes({proc.pid}, timeout=20)
+        cpu.stop()
+
+
+def connect_side(
+    broker: BrokerProcess, topic: str, interval_s: float, folder: Path
+) -> contextlib.AbstractContextManager[Any]:
+    worker = folder / "worker.properties"
+    worker.write_text(
+        "\n".join(
+            [
+                f"bootstrap.servers={broker.bootstrap}",
+                "key.converter=org.apache.kafka.connect.storage.StringConverter",
+                "value.converter=org.apache.kafka.connect.json.JsonConverter",
+                "value.converter.schemas.enable=false",
+                f"offset.storage.file.filename={folder / 'offsets'}",
+                f"listeners=http://127.0.0.1:{(rest := free_port())}",
+                "plugin.discovery=only_scan",
+                # the worker polls at most this long for records before it calls the sink's put(),
+                # which is where the sink reads its control topic: with the default (60 s) an idle
+                # source topic would hold a commit's START_COMMIT for up to a minute
+                "offset.flush.interval.ms=1000",
+            ]
+        )
+        + "\n"
+    )
+    sink = folder / "sink.properties"
+    sink.write_text(
+        "\n".join(
+            [
+                "name=iceberg-sink",
+                "connector.class=org.apache.iceberg.connect.IcebergSinkConnector",
+                "tasks.max=1",
+                f"topics={topic}",
+                f"iceberg.tables={NAMESPACE}.sink",
+                "iceberg.catalog.type=rest",
+                f"iceberg.catalog.uri={broker.catalog_url}",
+                f"iceberg.control.commit.interval-ms={int(interval_s * 1000)}",
+                "iceberg.control.topic=control-iceberg",
+                "consumer.override.auto.offset.reset=earliest",
+            ]
+        )
+        + "\n"
+    )
+    cmd = [
+        "java",
+        "-Xmx1g",
+        "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+        "-Dorg.slf4j.simpleLogger.showDateTime=true",
+        "-cp",
+        f"{CONNECT_JARS}/*",
+        "org.apache.kafka.connect.cli.ConnectStandalone",
+        str(worker),
+        str(sink),
+    ]
+    folder.joinpath("rest-port").write_text(str(rest))
+    return process(cmd, folder / "connect.log")
+
+
+def connect_status(folder: Path) -> dict[str, Any]:
+    port = folder.joinpath("rest-port").read_text()
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/connectors/iceberg-sink/status", timeout=5
+        ) as r:
+            return dict(json.load(r))
+    except (OSError, ValueError):
+        return {}
+
+
+def connect_running(folder: Path) -> bool:
+    """The sink's task runs and its consumer has its partitions."""
+    tasks = connect_status(folder).get("tasks", [])
+    log = (folder / "connect.log").read_bytes()
+    return (
+        bool(tasks)
+        and tasks[0].get("state") == "RUNNING"
+        and b"Adding newly assigned partitions" in log
+    )
+
+
+def connect_failure(folder: Path) -> str | None:
+    """The connector's or its task's trace when Kafka Connect reports it FAILED."""
+    status = connect_status(folder)
+    for part in [status.get("connector", {}), *status.get("tasks", [])]:
+        if part.get("state") == "FAILED":
+            return str(part.get("trace", part))
+    return None
+
+
+STREAMING = textwrap.dedent(
+    """
+    import os, sys, time
+    from pyspark.sql import SparkSession
+    from pyspark.sql.avro.functions import from_avro
+
+    bootstrap, topic, table, catalog, checkpoint, jars, interval, schema, stop = sys.argv[1:10]
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.jars", jars)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        .config("spark.sql.catalog.bench", "org.apache.iceberg.spark.SparkCatalog")
+        .config("spark.sql.catalog.bench.type", "rest")
+        .config("spark.sql.catalog.bench.uri", catalog)
+        .getOrCreate()
+    )
+    source = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    rows = source.select(from_avro(source.value.substr(6, 1 << 30), schema).alias("v")).select("v.*")
+    query = (
+        rows.writeStream.format("iceberg")
+        .outputMode("append")
+        .trigger(processingTime=f"{interval} seconds")
+        .option("checkpointLocation", checkpoint)
+        .toTable(f"bench.{table}")
+    )
+    print("vs-connect: query started", flush=True)
+    while not os.path.exists(stop):
+        if query.exception() is not None:
+            raise query.exception()
+        time.sleep(0.2)
+    query.stop()
+    spark.stop()
+    """
+)
+
+
+def streaming_side(
+    broker: BrokerProcess, topic: str, interval_s: float, folder: Path
+) -> contextlib.AbstractContextManager[Any]:
+    jars = ",".join(
+        [
+            *iceberg_jars(),
+            *map(str, sorted(SPARK_KAFKA_JARS.glob("*.jar"))),
+            *map(str, sorted(SPARK_AVRO_JARS.glob("*.jar"))),
+        ]
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        STREAMING,
+        broker.bootstrap,
+        topic,
+        f"{NAMESPACE}.streaming",
+        broker.catalog_url,
+        str(folder / "checkpoint"),
+        jars,
+        f"{interval_s:g}",
+        json.dumps(SCHEMA),
+        str(folder / "stop"),
+    ]
+    return process(cmd, folder / "streaming.log", env=round_env())
+
+
+class Rounds(threading.Thread):
+    """``spark_jobs.commit_round`` every ``interval_s`` (or right after the last one, when a round
+    takes longer), until stopped; the CPU of every round's processes summed."""
+
+    def __init__(self, broker: BrokerProcess, topic: str, interval_s: float, folder: Path) -> None:
+        super().__init__(daemon=True)
+        self.broker, self.topic, self.interval_s, self.folder = broker, topic, interval_s, folder
+        self.stop = threading.Event()
+        self.cpu_s = 0.0
+        self.rounds = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            result = self.folder / f"round-{self.rounds}.json"
+            log = self.folder / f"round-{self.rounds}.log"
+            cmd = round_command(self.broker, self.topic, result, 2)
+            cpu = CpuByProcess(lambda cmdline: "round")
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(
+                    cmd, cwd=REPO, env=round_env(), stdout=out, stderr=subprocess.STDOUT
+                )
+                cpu.start(proc.pid)
+                code = proc.wait(3600)
+            stop_processes({proc.pid}, timeout=5)
+            self.cpu_s += sum(cpu.stop().values())
+            self.rounds += 1
+            if code != 0:
+                self.error = log.read_text(errors="replace")[-3000:]
+                return
+            self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join()
+
+
+# ------------------------------------------------------------------ one side's run
+
+
+def measure_side(
+    name: str,
+    broker: BrokerProcess,
+    producer: Producer,
+    identifier: tuple[str, str],
+    args: argparse.Namespace,
+    cpu_s: Callable[[], float],
+    failed: Callable[[], str | None],
+    finish: Callable[[], None] = lambda: None,
+    ready: Callable[[], bool] = lambda: True,
+) -> Side:
+    """Once the side is ``ready`` (a long-lived JVM started and subscribed: its start-up is not
+    counted), produce for ``--seconds``, wait until every record is visible (or ``--drain-s``),
+    then read the figures back from the table."""
+    catalog = load_catalog(broker)
+    assert broker.proc is not None
+    deadline = time.monotonic() + 120
+    while not ready():
+        if (error := failed()) is not None:
+            raise RuntimeError(f"{name} failed:\n{error}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} not ready within 120 s")
+        time.sleep(0.5)
+    cpu0 = cpu_s()
+    broker0 = pid_cpu_seconds(broker.proc.pid)
+    producer.rate, producer.seconds = args.rate, args.seconds
+    producer.start()
+    producer.join()
+    stopped = time.monotonic()
+    caught_up: float | None = None
+    deadline = stopped + args.drain_s
+    while time.monotonic() < deadline:
+        if (error := failed()) is not None:
+            raise RuntimeError(f"{name} failed:\n{error}")
+        if committed(catalog, identifier) >= producer.sent:
+            caught_up = time.monotonic() - stopped
+            break
+        time.sleep(0.5)
+    finish()
+    spent = cpu_s() - cpu0
+    broker_cpu = pid_cpu_seconds(broker.proc.pid) - broker0
+    seen, commits, files = freshness(catalog, identifier)
+    lag = [(seen[i] - ms) / 1000 for i, ms in enumerate(producer.produced_ms) if i in seen]
+    wall = args.seconds + (caught_up if caught_up is not None else args.drain_s)
+    gib = producer.value_bytes / GIB * len(lag) / max(1, producer.sent)
+    print(
+        f"[{name}] {len(seen)}/{producer.sent} visible, {commits} commits, CPU {spent:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return Side(
+        name=name,
+        records=producer.sent,
+        visible=len(lag),
+        caught_up_s=None if caught_up is None else round(caught_up, 1),
+        records_s=round(len(lag) / wall),
+        mib_s=round(producer.value_bytes / MIB / wall, 2),
+        cpu_s=round(spent, 1),
+        broker_cpu_s=round(broker_cpu, 1),
+        records_per_cpu_s=round(len(lag) / spent) if spent else 0,
+        cpu_s_per_gib=round(spent / gib, 1) if gib else 0.0,
+        commits=commits,
+        files_per_commit=round(files / commits, 1) if commits else 0.0,
+        p50_s=round(percentile(lag, 0.5), 2) if lag else -1,
+        p99_s=round(percentile(lag, 0.99), 2) if lag else -1,
+        max_s=round(max(lag), 2) if lag else -1,
+    )
+
+
+def load_catalog(broker: BrokerProcess) -> Any:
+    from pyiceberg.catalog import load_catalog as _load
+
+    return _load("bench", type="rest", uri=broker.catalog_url)
+
+
+def run(args: argparse.Namespace, folder: Path) -> list[Side]:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    broker = BrokerProcess(folder / "home").start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        plain = [NewTopic(t, args.partitions, 1) for t in ("sink-json", "streaming-avro")]
+        plain.append(NewTopic("control-iceberg", 1, 1))
+        for future in admin.create_topics(plain).values():
+            future.result(15)
+        create_table_topic(broker.bootstrap, "rounds", args.partitions)
+        schema_id = register_schema(broker.registry_url, "rounds-value")
+        catalog = load_catalog(broker)
+        catalog.create_namespace_if_not_exists(NAMESPACE)
+        for table in ("sink", "streaming"):
+            catalog.create_table((NAMESPACE, table), iceberg_schema())
+        sides: list[Side] = []
+        if "rounds" in args.sides:
+            print("[Icefall rounds]", file=sys.stderr, flush=True)
+            warm_bytecode()
+            (folder / "rounds").mkdir()
+            rounds = Rounds(broker, "rounds", args.interval_s, folder / "rounds")
+            rounds.start()
+            try:
+                sides.append(
+                    measure_side(
+                        "Icefall commit rounds",
+                        broker,
+                        Producer(broker.bootstrap, "rounds", avro_encoder(schema_id)),
+                        ("default", "rounds"),
+                        args,
+                        lambda: rounds.cpu_s,
+                        lambda: rounds.error,
+                        finish=rounds.finish,  # a round under way counts whole
+                    )
+                )
+            finally:
+                rounds.finish()
+        if "sink" in args.sides:
+            print("[Iceberg Kafka Connect sink]", file=sys.stderr, flush=True)
+            where = folder / "connect"
+            where.mkdir()
+            with connect_side(broker, "sink-json", args.interval_s, where) as (_, cpu):
+                sides.append(
+                    measure_side(
+                        "Iceberg Kafka Connect sink (JSON)",
+                        broker,
+                        Producer(broker.bootstrap, "sink-json", json_encoder()),
+                        (NAMESPACE, "sink"),
+                        args,
+                        lambda: _cpu_now(cpu),
+                        lambda: connect_failure(where),
+                        ready=lambda: connect_running(where),
+                    )
+                )
+        if "streaming" in args.sides:
+            print("[Spark Structured Streaming]", file=sys.stderr, flush=True)
+            there = folder / "streaming"
+            there.mkdir()
+            with streaming_side(broker, "streaming-avro", args.interval_s, there) as (proc, cpu):
+                sides.append(
+                    measure_side(
+                        "Spark Structured Streaming",
+                        broker,
+                        Producer(broker.bootstrap, "streaming-avro", avro_encoder(schema_id)),
+                        (NAMESPACE, "streaming"),
+                        args,
+                        lambda: _cpu_now(cpu),
+                        lambda: _exited(proc, there / "streaming.log"),
+                        ready=lambda: (
+                            b"vs-connect: query started" in (there / "streaming.log").read_bytes()
+                        ),
+                    )
+                )
+                (there / "stop").touch()
+        return sides
+    finally:
+        broker.stop()
+
+
+def _cpu_now(cpu: CpuByProcess) -> float:
+    cpu.sample()
+    return sum(c for _, c in cpu.last.values())
+
+
+def _exited(proc: subprocess.Popen[bytes], log: Path) -> str | None:
+    if proc.poll() is None:
+        return None
+    return f"exit code {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
+
+
+def markdown(sides: list[Side]) -> str:
+    head = (
+        "| side | records/s | MiB/s | caught up after stop (s) | CPU s | records per CPU-s | "
+        "CPU s/GiB | commits | files/commit | freshness p50 / p99 / max (s) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [
+        f"| {s.name} | {s.records_s} | {s.mib_s} | {s.caught_up_s} | {s.cpu_s} | "
+        f"{s.records_per_cpu_s} | {s.cpu_s_per_gib} | {s.commits} | {s.files_per_commit} | "
+        f"{s.p50_s} / {s.p99_s} / {s.max_s} |"
+        for s in sides
+    ]
+    return "\n".join([head, *rows])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=10_000, help="records per second")
+    parser.add_argument("--seconds", type=float, default=90, help="produce time per side")
+    parser.add_argument("--interval-s", type=float, default=20, help="the commit interval")
+    parser.add_argument("--drain-s", type=float, default=None, help="default: 3 intervals + 30 s")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="small and short: about a minute")
+    parser.add_argument(
+        "--sides",
+        default="rounds,sink,streaming",
+        help="which sides run (comma-separated; the ratios need all three)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args()
+    if args.quick:
+        args.rate, args.seconds, args.interval_s = 1000, 8, 4
+        args.drain_s = 30.0 if args.drain_s is None else args.drain_s
+    if args.drain_s is None:
+        args.drain_s = 3 * args.interval_s + 30
+    for jars, target in ((CONNECT_JARS, "bench-vs-connect"), (SPARK_AVRO_JARS, "bench-vs-connect")):
+        if not (jars / ".pinned").exists():
+            sys.exit(f"no jars in {jars}: run `make {target}`")
+    become_subreaper()
+    folder = Path(tempfile.mkdtemp(prefix="vs-connect-"))
+    try:
+        sides = run(args, folder)
+    finally:
+        if args.keep:
+            print(f"kept {folder}", file=sys.stderr)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    print(
+        json.dumps(
+            {
+                "date": str(date.today()),
+                "machine": machine(),
+                "loadavg": os.getloadavg(),
+                "command": " ".join(["bench/vs_connect.py", *sys.argv[1:]]),
+                "args": vars(args),
+            }
+        )
+    )
+    for side in sides:
+        print(json.dumps(asdict(side)))
+    print(markdown(sides))
+    if len(sides) != 3:
+        return
+    icefall, sink, streaming = sides
+    print(
+        f"ratio Icefall / Connect sink records per CPU-s: "
+        f"{icefall.records_per_cpu_s / max(1, sink.records_per_cpu_s):.2f}; "
+        f"p99 freshness s: Icefall {icefall.p99_s}, sink {sink.p99_s}, streaming {streaming.p99_s}"
+    )
+
+
+if __name__ == "__main__":
+    main()
