@@ -162,7 +162,9 @@ def check_s3_location(
 
     bucket = urlparse(url).netloc
     where = endpoint_url or "AWS"
-    client = boto3.client(
+    # A session of its own: boto3's default session keeps the credentials it found first, and
+    # this check is about the ones the process has now.
+    client = boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint_url,
         region_name=region or "us-east-1",

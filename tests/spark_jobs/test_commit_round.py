@@ -27,6 +27,7 @@ from tests.http_security_support import (
     secured_args,
     secured_broker,
 )
+from tests.spark_jobs.conftest import stop_spark_jvm
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
@@ -62,6 +63,9 @@ def spark(tls_certs: tuple[CertFiles, Path]) -> Iterator[Any]:
         f"-Djavax.net.ssl.trustStore={store} -Djavax.net.ssl.trustStorePassword={TRUST_PASSWORD} "
         "-Djavax.net.ssl.trustStoreType=PKCS12"
     )
+    # JVM options take effect only in a JVM started with them: a driver JVM an earlier module of
+    # this process started (with the default truststore) goes first.
+    stop_spark_jvm()
     session = commit_round.spark_session(
         "icefall-round-tests", "local[2]", {"spark.driver.extraJavaOptions": options}
     )
