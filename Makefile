@@ -5,6 +5,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
+# `make test` runs the suite on this many pytest-xdist workers, a test file per worker at a time
+# (most of the suite waits on JVMs, Airflow's scheduler and servers, so two overlap well on two
+# cores); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 
 JARS := $(VENV)/share/icefall/jars
 # Apache Iceberg's own REST catalog server, for the tests of an external catalog (tests/jvm).
@@ -69,7 +73,7 @@ run: setup
 
 test: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned $(KAFKA_JARS)/.pinned \
       $(SPARK_KAFKA_JARS)/.pinned
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 $(REST_FIXTURE_JARS)/.pinned: tests/jvm/iceberg-rest-fixture/pom.xml tests/jvm/iceberg-rest-fixture/jars.sha256 $(JARS)/.pinned
 	rm -rf $(REST_FIXTURE_JARS) && mkdir -p $(REST_FIXTURE_JARS)

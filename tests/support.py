@@ -32,8 +32,25 @@ def _ephemeral_range() -> tuple[int, int]:
 
 
 _EPHEMERAL = _ephemeral_range()
+
+
+def _port_range() -> tuple[int, int]:
+    """The ports below the ephemeral range this process hands out: all of them, or under
+    pytest-xdist (``make test`` runs two workers) worker N's share, so two workers never pick
+    the same port for servers they are about to start."""
+    low, high = 10_000, max(11_000, _EPHEMERAL[0])
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count < 2:
+        return low, high
+    share = (high - low) // count
+    start = low + int(worker[2:]) % count * share
+    return start, start + share
+
+
+_PORTS = _port_range()
 _handed_out: set[int] = set()
-_next_port = random.Random(os.getpid()).randrange(10_000, 30_000)
+_next_port = random.Random(os.getpid()).randrange(*_PORTS)
 
 
 def free_port() -> int:
@@ -45,8 +62,7 @@ def free_port() -> int:
     are never auto-assigned, and each is handed out once per process.
     """
     global _next_port
-    low = 10_000
-    high = max(low + 1000, _EPHEMERAL[0])
+    low, high = _PORTS
     for _ in range(high - low):
         port = _next_port
         _next_port = low + (_next_port + 1 - low) % (high - low)
