@@ -191,6 +191,19 @@ def _row(acl: AclBinding) -> tuple[int, str, int, str, str, int, int]:
     )
 
 
+def _wire_filter(wire: Any) -> AclFilter:
+    """The filter of a DescribeAcls request or of one DeleteAcls filter (the same fields)."""
+    return AclFilter.of(
+        wire.resource_type_filter,
+        wire.resource_name_filter,
+        wire.pattern_type_filter,
+        wire.principal_filter,
+        wire.host_filter,
+        wire.operation,
+        wire.permission_type,
+    )
+
+
 class AclApis:
     """Mixed into KafkaHandlers: the authorizer seam and the three ACL APIs."""
 
@@ -314,15 +327,7 @@ class AclApis:
         if self.authorizer is None:
             return R.error(ErrorCode.security_disabled, "No Authorizer is configured on the broker")
         try:
-            where = AclFilter.of(
-                req.resource_type_filter,
-                req.resource_name_filter,
-                req.pattern_type_filter,
-                req.principal_filter,
-                req.host_filter,
-                req.operation,
-                req.permission_type,
-            )
+            where = _wire_filter(req)
         except AclError as exc:
             return R.error(ErrorCode.invalid_request, str(exc))
         by_resource: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
@@ -362,15 +367,7 @@ class AclApis:
         doomed: dict[AclBinding, None] = {}
         for f in req.filters:
             try:
-                where = AclFilter.of(
-                    f.resource_type_filter,
-                    f.resource_name_filter,
-                    f.pattern_type_filter,
-                    f.principal_filter,
-                    f.host_filter,
-                    f.operation,
-                    f.permission_type,
-                )
+                where = _wire_filter(f)
             except AclError as exc:
                 results.append(
                     {

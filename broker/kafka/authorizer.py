@@ -35,6 +35,7 @@ WILDCARD = "*"
 WILDCARD_PRINCIPAL = "User:*"
 ANONYMOUS = "User:ANONYMOUS"
 E = TypeVar("E", bound=IntEnum)
+S = TypeVar("S", str, str | None)  # a binding's names are set; a filter's may be None
 
 # authorizer.class.name values that select the built-in authorizer (Kafka's KRaft one, and the
 # ZooKeeper-era one that older server.properties name).
@@ -154,13 +155,9 @@ class AclBinding:
     ) -> AclBinding:
         """From the wire's codes; a code Kafka does not define is an AclError."""
         return cls(
-            _enum(ResourceType, resource_type, "resource type"),
-            resource_name,
-            _enum(PatternType, pattern_type, "pattern type"),
-            principal,
-            host,
-            _enum(Operation, operation, "operation"),
-            _enum(Permission, permission, "permission type"),
+            *_decoded(
+                resource_type, resource_name, pattern_type, principal, host, operation, permission
+            )
         )
 
     def validate(self) -> None:
@@ -217,13 +214,9 @@ class AclFilter:
         permission: int,
     ) -> AclFilter:
         made = cls(
-            _enum(ResourceType, resource_type, "resource type"),
-            resource_name,
-            _enum(PatternType, pattern_type, "pattern type"),
-            principal,
-            host,
-            _enum(Operation, operation, "operation"),
-            _enum(Permission, permission, "permission type"),
+            *_decoded(
+                resource_type, resource_name, pattern_type, principal, host, operation, permission
+            )
         )
         if made.pattern_type == PatternType.UNKNOWN or made.resource_type == ResourceType.UNKNOWN:
             raise AclError("Unknown patternFilter.")
@@ -256,6 +249,28 @@ class AclFilter:
         if self.operation not in (Op.ANY, acl.operation):
             return False
         return self.permission in (Permission.ANY, acl.permission)
+
+
+def _decoded(
+    resource_type: int,
+    resource_name: S,
+    pattern_type: int,
+    principal: S,
+    host: S,
+    operation: int,
+    permission: int,
+) -> tuple[ResourceType, S, PatternType, S, S, Operation, Permission]:
+    """A binding's or a filter's fields (same order) from the wire's codes; a code Kafka
+    does not define is an AclError."""
+    return (
+        _enum(ResourceType, resource_type, "resource type"),
+        resource_name,
+        _enum(PatternType, pattern_type, "pattern type"),
+        principal,
+        host,
+        _enum(Operation, operation, "operation"),
+        _enum(Permission, permission, "permission type"),
+    )
 
 
 def _enum(kind: type[E], code: int, what: str) -> E:

@@ -119,16 +119,7 @@ class SecurityApis:
                 credential = scram.from_salted_password(
                     mechanism, bytes(op.salt), bytes(op.salted_password), int(op.iterations)
                 )
-                upsertions.append(
-                    (
-                        user,
-                        mechanism,
-                        credential.salt,
-                        credential.stored_key,
-                        credential.server_key,
-                        credential.iterations,
-                    )
-                )
+                upsertions.append(credential.row(user, mechanism))
             await asyncio.to_thread(store.alter_scram_credentials, deletions, upsertions)
             log.info(
                 "SCRAM credentials of user %r: %s (by %s)",

@@ -36,6 +36,10 @@ class ScramCredential:
     server_key: bytes
     iterations: int
 
+    def row(self, user: str, mechanism: str) -> tuple[str, str, bytes, bytes, bytes, int]:
+        """The metadata store's upsertion for this credential of ``user`` under ``mechanism``."""
+        return (user, mechanism, self.salt, self.stored_key, self.server_key, self.iterations)
+
 
 def from_salted_password(
     mechanism: str, salt: bytes, salted_password: bytes, iterations: int
@@ -99,19 +103,7 @@ def add_user(
     except MetadataUnavailableError as exc:
         return f"{exc} (with the broker running, use kafka-configs --alter --entity-type users)"
     try:
-        store.alter_scram_credentials(
-            [],
-            [
-                (
-                    user,
-                    mechanism,
-                    credential.salt,
-                    credential.stored_key,
-                    credential.server_key,
-                    credential.iterations,
-                )
-            ],
-        )
+        store.alter_scram_credentials([], [credential.row(user, mechanism)])
     finally:
         store.close()
     return None

@@ -77,7 +77,7 @@ def table_locations(catalog: CatalogSpec, identifiers: list[tuple[str, str]]) ->
 def table_dataset(
     catalog: CatalogSpec,
     identifier: tuple[str, str],
-    location: str | None,
+    locations: Mapping[str, str],
     *,
     output: bool,
     snapshot_id: int | None = None,
@@ -85,7 +85,8 @@ def table_dataset(
     size: int | None = None,
     files: int | None = None,
 ) -> Any:
-    """An Iceberg table as an OpenLineage input or output dataset."""
+    """An Iceberg table as an OpenLineage input or output dataset, named by its location
+    when ``locations`` (``table_locations``) has it, else by the catalog."""
     from openlineage.client.event_v2 import InputDataset, OutputDataset
     from openlineage.client.facet_v2 import (
         catalog_dataset,
@@ -95,6 +96,7 @@ def table_dataset(
     )
 
     full_name = ".".join(identifier)
+    location = locations.get(full_name)
     catalog_ns = catalog_namespace(catalog)
     namespace, name = location_name(location) if location else (catalog_ns, full_name)
     facets: dict[str, Any] = {
@@ -160,7 +162,7 @@ def round_lineage(result: Mapping[str, Any], cluster: ClusterInfo) -> Any:
         table_dataset(
             catalog,
             (namespace, table),
-            locations.get(f"{namespace}.{table}"),
+            locations,
             output=True,
             snapshot_id=result.get("snapshot_id"),
             rows=int(result.get("rows") or 0) if committed else 0,
@@ -172,7 +174,7 @@ def round_lineage(result: Mapping[str, Any], cluster: ClusterInfo) -> Any:
             table_dataset(
                 catalog,
                 (namespace, dlq),
-                locations.get(f"{namespace}.{dlq}"),
+                locations,
                 output=True,
                 rows=int(result["dlq_rows"]),
             )
@@ -195,16 +197,12 @@ def reprocess_lineage(
     locations = table_locations(catalog, [(namespace, table), (namespace, dlq)])
     moved = int(result.get("moved") or 0)
     return _lineage(
-        [
-            table_dataset(
-                catalog, (namespace, dlq), locations.get(f"{namespace}.{dlq}"), output=False
-            )
-        ],
+        [table_dataset(catalog, (namespace, dlq), locations, output=False)],
         [
             table_dataset(
                 catalog,
                 (namespace, table),
-                locations.get(f"{namespace}.{table}"),
+                locations,
                 output=True,
                 snapshot_id=result.get("snapshot_id"),
                 rows=moved,
@@ -212,7 +210,7 @@ def reprocess_lineage(
             table_dataset(
                 catalog,
                 (namespace, dlq),
-                locations.get(f"{namespace}.{dlq}"),
+                locations,
                 output=True,
                 snapshot_id=result.get("dlq_snapshot_id"),
             ),
@@ -225,14 +223,14 @@ def maintenance_lineage(
 ) -> Any:
     """Maintenance: the table in (as it was) and out (its snapshot after; no rows added)."""
     catalog = cluster.tables_catalog
-    location = table_locations(catalog, [(namespace, table)]).get(f"{namespace}.{table}")
     identifier = (namespace, table)
+    locations = table_locations(catalog, [identifier])
     return _lineage(
         [
             table_dataset(
                 catalog,
                 identifier,
-                location,
+                locations,
                 output=False,
                 snapshot_id=result.get("snapshot_id_before"),
             )
@@ -241,7 +239,7 @@ def maintenance_lineage(
             table_dataset(
                 catalog,
                 identifier,
-                location,
+                locations,
                 output=True,
                 snapshot_id=result.get("snapshot_id"),
             )

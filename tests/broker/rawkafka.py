@@ -20,6 +20,7 @@ import itertools
 import socket
 import ssl
 import struct
+import typing
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -131,7 +132,7 @@ class Connection:
         sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.sock = tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
 
-    def __enter__(self) -> Connection:
+    def __enter__(self) -> typing.Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -143,14 +144,18 @@ class Connection:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
+    def recv_exact(self, n: int) -> bytes:
+        """Exactly ``n`` bytes; ConnectionError if the broker closes before."""
+        return _recv_exactly(self.sock, n)
+
     def request(
         self, api_key: int, api_version: int, request: Any, response_type: type[Any]
     ) -> Any:
         """Send one request and read its response; ConnectionError if the broker closed."""
         correlation_id = next(_correlation)
         self.sock.sendall(_encode(api_key, api_version, request, correlation_id))
-        (size,) = struct.unpack(">i", _recv_exactly(self.sock, 4))
-        frame = _recv_exactly(self.sock, size)
+        (size,) = struct.unpack(">i", self.recv_exact(4))
+        frame = self.recv_exact(size)
         return _decode(frame, request, response_type, correlation_id)
 
     def closed_by_peer(self) -> bool:

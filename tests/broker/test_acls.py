@@ -121,18 +121,7 @@ def create_acls(admin: AdminClient, *bindings: AclBinding) -> None:
 
 
 def described(admin: AdminClient, where: AclBindingFilter) -> set[tuple[Any, ...]]:
-    return {
-        (
-            b.restype,
-            b.name,
-            b.resource_pattern_type,
-            b.principal,
-            b.host,
-            b.operation,
-            b.permission_type,
-        )
-        for b in admin.describe_acls(where).result(10)
-    }
+    return {key(b) for b in admin.describe_acls(where).result(10)}
 
 
 def key(b: AclBinding) -> tuple[Any, ...]:

@@ -42,6 +42,7 @@ from kio.records.writers import write_batch
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
+from tests.broker import rawkafka
 from tests.support import BrokerProcess, present, wait_for
 
 MAX_REQUEST_BYTES = 100 * 1024 * 1024  # the broker's default socket.request.max.bytes
@@ -141,34 +142,12 @@ def parses(request_payload: bytes) -> bool:
     return _nulls_allowed(request)
 
 
-class Conn:
-    """One raw TCP connection to the Kafka listener."""
+class Conn(rawkafka.Connection):
+    """One raw TCP connection to the Kafka listener (rawkafka's, without Nagle's delay)."""
 
     def __init__(self, broker: BrokerProcess, timeout: float = IO_TIMEOUT) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=timeout)
+        super().__init__(f"127.0.0.1:{broker.kafka_port}", timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def __enter__(self) -> typing.Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def recv_exact(self, n: int) -> bytes:
-        chunks = []
-        while n:
-            chunk = self.sock.recv(min(n, 1 << 20))
-            if not chunk:
-                raise EOFError("broker closed the connection")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
 
     def recv_frame(self) -> bytes:
         (size,) = struct.unpack(">i", self.recv_exact(4))

@@ -534,43 +534,35 @@ def test_bad_bytes_close_only_their_connection(secured: SecuredBroker) -> None:
     context = ssl.create_default_context(cafile=str(pki.ca))
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
         rawkafka.Connection(secured.address("PLAINTEXT"), timeout=5, tls=context)
+
+    def closed_unanswered(
+        listener: str, request: Any, response: type[Any], closed: type[OSError] = ConnectionError
+    ) -> None:
+        """The broker closes a raw connection to ``listener`` instead of answering ``request``."""
+        with rawkafka.Connection(secured.address(listener)) as raw, pytest.raises(closed):
+            raw.request(request.__api_key__, request.__version__, request, response)
+
     # Plaintext Kafka bytes on the TLS port
-    with (
-        rawkafka.Connection(secured.address("SSL")) as raw,
-        pytest.raises((ConnectionError, OSError)),
-    ):
-        raw.request(
-            18,
-            3,
-            ApiVersionsRequest(client_software_name="raw", client_software_version="1"),
-            ApiVersionsResponse,
-        )
+    closed_unanswered(
+        "SSL",
+        ApiVersionsRequest(client_software_name="raw", client_software_version="1"),
+        ApiVersionsResponse,
+        closed=OSError,
+    )
     # A request other than ApiVersions/SaslHandshake before authenticating: closed unanswered
-    with (
-        rawkafka.Connection(secured.address("SASL_PLAINTEXT")) as raw,
-        pytest.raises(ConnectionError),
-    ):
-        raw.request(
-            3,
-            12,
-            MetadataRequest(
-                topics=None,
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            ),
-            MetadataResponse,
-        )
+    closed_unanswered(
+        "SASL_PLAINTEXT",
+        MetadataRequest(
+            topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+        ),
+        MetadataResponse,
+    )
     # SaslAuthenticate before SaslHandshake: closed too
-    with (
-        rawkafka.Connection(secured.address("SASL_PLAINTEXT")) as raw,
-        pytest.raises(ConnectionError),
-    ):
-        raw.request(
-            36,
-            2,
-            SaslAuthenticateRequest(auth_bytes=b"\0bob\0bob-secret"),
-            SaslAuthenticateResponse,
-        )
+    closed_unanswered(
+        "SASL_PLAINTEXT",
+        SaslAuthenticateRequest(auth_bytes=b"\0bob\0bob-secret"),
+        SaslAuthenticateResponse,
+    )
     # ApiVersions at a version not served is answered in v0, and the client may retry it
     # before the handshake (a second ApiVersions after a served one closes the connection)
     from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
