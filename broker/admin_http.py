@@ -26,6 +26,7 @@ from broker.security.stats import AuthStats
 from broker.storage.logstore import LogStore, PartitionLog
 
 if TYPE_CHECKING:
+    from broker.membership import Membership
     from broker.metrics import CatalogReader
 
 
@@ -94,6 +95,8 @@ parse_offsets = contracts.PendingRequest.parse_offsets
 class AdminApi(HttpService):
     # the broker's reader of the tables' catalog (Broker.tables); unset: one through pyiceberg
     tables: CatalogReader | None = None
+    # cluster mode: the membership loop (the assignment routes); None: one broker alone
+    membership: Membership | None = None
 
     def __init__(
         self, config: BrokerConfig, cluster: Cluster, logs: LogStore, auth: AuthStats | None = None
@@ -117,6 +120,8 @@ class AdminApi(HttpService):
                 web.post("/v1/flush", self.flush),
                 web.get("/metrics", self.metrics),
                 web.get("/v1/retention", self.retention),
+                web.get("/v1/cluster/assignment", self.assignment),
+                web.post("/v1/cluster/assignment", self.move),
             ]
         )
 
@@ -158,6 +163,32 @@ class AdminApi(HttpService):
                 else self.config.warehouse,
                 catalog=self.config.tables_catalog.without_secrets(),
             )
+        )
+
+    async def assignment(self, request: web.Request) -> web.Response:
+        """The live brokers and each partition's leader and lease epoch (cluster mode)."""
+        if self.membership is None:
+            return _error(404, "not a cluster: this broker keeps its metadata in SQLite, alone")
+        return web.json_response(self.membership.assignment().model_dump(mode="json"))
+
+    async def move(self, request: web.Request) -> web.Response:
+        """Move a partition to a broker (``assignment.Move``): its preferred node is set; the
+        leader hands it over on its next heartbeat and the broker named takes it."""
+        from pydantic import ValidationError
+
+        from broker.assignment import Move
+
+        if self.membership is None:
+            return _error(404, "not a cluster: this broker keeps its metadata in SQLite, alone")
+        try:
+            move = Move.model_validate_json(await request.read())
+        except ValidationError as exc:
+            return _error(400, f"a move is {{topic, partition, node_id}}: {exc}")
+        problem = await self.membership.move(move.topic, move.partition, move.node_id)
+        if problem is not None:
+            return _error(400, problem)
+        return web.json_response(
+            {"topic": move.topic, "partition": move.partition, "preferred": move.node_id}
         )
 
     async def table_topics(self, request: web.Request) -> web.Response:

@@ -25,6 +25,8 @@ from broker.kafka.handlers import KafkaHandlers
 from broker.kafka.internal_topics import InternalTopic
 from broker.kafka.server import KafkaServer
 from broker.kafka.transactions import TransactionCoordinator
+from broker.membership import Membership
+from broker.ownership import Ownership, local_member
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
 from broker.registry.table_check import TableCheck
@@ -58,12 +60,32 @@ class Broker:
             config.transaction_max_timeout_ms,
             config.transaction_cleanup_interval_ms,
         )
+        self.ownership = Ownership(local_member(config), clustered=config.clustered)
         self.handlers = KafkaHandlers(
-            config, self.cluster, self.logs, self.groups, self.transactions, self.consumer_groups
+            config,
+            self.cluster,
+            self.logs,
+            self.groups,
+            self.transactions,
+            self.consumer_groups,
+            self.ownership,
         )
+        # cluster mode (Postgres metadata): leases, heartbeats, who leads what
+        self.membership: Membership | None = None
+        if config.clustered:
+            self.membership = Membership(
+                config,
+                self.metadata,
+                self.logs,
+                self.cluster,
+                self.ownership,
+                on_refresh=self.handlers.reload_acls,
+            )
+            self.cluster.changed = self.membership.nudge
         self.auth_stats = AuthStats()
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes, self.auth_stats)
         self.admin = AdminApi(config, self.cluster, self.logs, self.auth_stats)
+        self.admin.membership = self.membership
         self.schemas = registry_store.SchemaStore(
             InternalTopic(
                 self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
@@ -116,8 +138,12 @@ class Broker:
         return self.tables.checkpoint(namespace, table)
 
     async def start(self) -> None:
+        if self.membership is not None:  # first: a live broker with this node id stops us here
+            await self.membership.register()
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
         self.cluster.write_manifest()
+        if self.membership is not None:  # lead this broker's share before serving
+            await self.membership.start()
         await self.schemas.load()  # before the listener: the produce gate needs every schema id
         self.schemas.start_tailing()  # records other writers append to _schemas
         self.groups.start()
@@ -151,6 +177,10 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        if self.membership is not None:
+            # hand the partitions over while the listener still answers (NOT_LEADER_OR_FOLLOWER:
+            # clients ask Metadata again and go to the new leaders), then leave the cluster
+            await self.membership.handover()
         for name, close in [
             ("segment retention", self.retention.close),
             ("catalog", self.catalog.close),
@@ -165,6 +195,8 @@ class Broker:
         ]:
             log.debug("stopping the %s", name)
             await close()
+        if self.membership is not None:
+            await self.membership.deregister()
         self.metadata.close()
         log.info("icefall broker stopped")
 

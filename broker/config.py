@@ -142,6 +142,21 @@ class BrokerConfig(BaseSettings):
         ),
     )
     node_id: int = Field(default=0, description="this broker's id in Metadata")
+    # Cluster mode (metadata.uri is Postgres): each broker holds leases on the partitions it
+    # leads; a lease not renewed for broker.lease.ms lapses and another broker takes it.
+    broker_lease_ms: int = Field(
+        default=6000,
+        ge=100,
+        description="cluster mode: a partition lease lasts this long unless renewed",
+    )
+    broker_heartbeat_interval_ms: int = Field(
+        default=1000,
+        ge=10,
+        description="cluster mode: renew leases and rebalance partitions this often",
+    )
+    broker_rack: str | None = Field(
+        default=None, description="this broker's rack in Metadata (Kafka's broker.rack)"
+    )
     cluster_id: str = Field(
         default="icefall-local-cluster", description="the cluster id clients see"
     )
@@ -215,7 +230,8 @@ class BrokerConfig(BaseSettings):
         default=None,
         description=(
             "the broker's metadata in Postgres, postgresql://user:password@host:port/database "
-            "(default SQLite in HOME/metadata.sqlite; one broker per database)"
+            "(default SQLite in HOME/metadata.sqlite, one broker); with Postgres, brokers "
+            "sharing the database and the object store form a cluster"
         ),
     )
     warehouse: str | None = Field(
@@ -515,6 +531,12 @@ class BrokerConfig(BaseSettings):
     def metadata_target(self) -> Path | str:
         """Where the metadata store lives: the Postgres URI, else the SQLite file."""
         return self.metadata_uri or self.metadata_db
+
+    @property
+    def clustered(self) -> bool:
+        """Cluster mode: the metadata is in Postgres, so brokers sharing it (and the object
+        store) form one cluster (broker/membership.py)."""
+        return self.metadata_uri is not None
 
     @property
     def wal_dir(self) -> Path:
