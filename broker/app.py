@@ -8,6 +8,8 @@ import asyncio
 import logging
 import os
 import signal
+import uuid
+from typing import Any
 
 from pyiceberg.table import Table
 
@@ -31,6 +33,7 @@ from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
 from broker.registry.table_check import TableCheck
 from broker.security.stats import AuthStats
+from broker.storage.leases import Leases
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import MetadataStore
 from broker.storage.objectstore import open_object_store
@@ -44,6 +47,16 @@ class Broker:
         self.config = config
         config.home.mkdir(parents=True, exist_ok=True)
         self.metadata = MetadataStore(config.metadata_target)
+        # Cluster mode (Postgres metadata): this broker's membership, refused at once when a
+        # live broker already has its node id.
+        self.leases: Leases | None = None
+        if self.metadata.db.postgres:
+            self.leases = Leases(self.metadata, config.node_id, config.broker_lease_ms)
+            try:
+                self.leases.register(uuid.uuid4().hex, endpoints(config), config.broker_rack)
+            except BaseException:
+                self.metadata.close()
+                raise
         self.store = open_object_store(config.store)
         self.logs = LogStore(config, self.metadata, self.store)
         self.cluster = Cluster(config, self.metadata, self.logs)
@@ -72,13 +85,14 @@ class Broker:
         )
         # cluster mode (Postgres metadata): leases, heartbeats, who leads what
         self.membership: Membership | None = None
-        if config.clustered:
+        if self.leases is not None:
             self.membership = Membership(
                 config,
                 self.metadata,
                 self.logs,
                 self.cluster,
                 self.ownership,
+                self.leases,
                 on_refresh=self.handlers.reload_acls,
             )
             self.cluster.changed = self.membership.nudge
@@ -138,8 +152,6 @@ class Broker:
         return self.tables.checkpoint(namespace, table)
 
     async def start(self) -> None:
-        if self.membership is not None:  # first: a live broker with this node id stops us here
-            await self.membership.register()
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
         self.cluster.write_manifest()
         if self.membership is not None:  # lead this broker's share before serving
@@ -199,6 +211,16 @@ class Broker:
             await self.membership.deregister()
         self.metadata.close()
         log.info("icefall broker stopped")
+
+
+def endpoints(config: BrokerConfig) -> dict[str, Any]:
+    """What this broker tells the cluster about itself: each listener's advertised
+    [host, port] by listener name, and the URLs of its HTTP services."""
+    out: dict[str, Any] = {
+        x.name: [x.advertised_host, x.advertised_port] for x in config.listener_list()
+    }
+    out.update(admin=config.admin_url, registry=config.registry_url, catalog=config.catalog_url)
+    return out
 
 
 def _log_tasks() -> None:

@@ -52,7 +52,9 @@ class Move(_Model):
 
 
 def get_assignment(admin_url: str, timeout: float = 10.0) -> Assignment:
-    with urllib.request.urlopen(admin_url.rstrip("/") + "/v1/cluster/assignment", timeout=timeout) as resp:
+    with urllib.request.urlopen(
+        admin_url.rstrip("/") + "/v1/cluster/assignment", timeout=timeout
+    ) as resp:
         return Assignment.model_validate(json.loads(resp.read()))
 
 
@@ -78,7 +80,9 @@ def render(assignment: Assignment) -> str:
     lines.append(f"{'BROKER':>6}  {'RACK':<10} ENDPOINTS")
     for b in assignment.brokers:
         kafka = ", ".join(
-            f"{name}={v[0]}:{v[1]}" for name, v in sorted(b.endpoints.items()) if isinstance(v, list)
+            f"{name}={v[0]}:{v[1]}"
+            for name, v in sorted(b.endpoints.items())
+            if isinstance(v, list)
         )
         lines.append(f"{b.node_id:>6}  {b.rack or '-':<10} {kafka}")
     lines.append("")

@@ -171,7 +171,9 @@ def _cluster_command(args: argparse.Namespace) -> int:
 
     try:
         if args.cluster_command == "move":
-            post_move(args.admin_url, Move(topic=args.topic, partition=args.partition, node_id=args.to))
+            post_move(
+                args.admin_url, Move(topic=args.topic, partition=args.partition, node_id=args.to)
+            )
             target = "no preferred broker" if args.to is None else f"broker {args.to}"
             print(f"{args.topic}-{args.partition} moves to {target} within a heartbeat")
             return 0

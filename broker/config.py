@@ -142,20 +142,22 @@ class BrokerConfig(BaseSettings):
         ),
     )
     node_id: int = Field(default=0, description="this broker's id in Metadata")
-    # Cluster mode (metadata.uri is Postgres): each broker holds leases on the partitions it
-    # leads; a lease not renewed for broker.lease.ms lapses and another broker takes it.
+    broker_rack: str | None = Field(
+        default=None, description="this broker's rack in Metadata (cluster mode)"
+    )
     broker_lease_ms: int = Field(
         default=6000,
-        ge=100,
-        description="cluster mode: a partition lease lasts this long unless renewed",
+        gt=0,
+        description=(
+            "cluster mode (Postgres metadata): how long a broker's partition leases and "
+            "membership last without a heartbeat; a broker that could not renew stops accepting "
+            "produce this long after its last renewal began, and another broker takes over"
+        ),
     )
     broker_heartbeat_interval_ms: int = Field(
         default=1000,
-        ge=10,
-        description="cluster mode: renew leases and rebalance partitions this often",
-    )
-    broker_rack: str | None = Field(
-        default=None, description="this broker's rack in Metadata (Kafka's broker.rack)"
+        gt=0,
+        description="cluster mode: how often a broker renews its membership and leases",
     )
     cluster_id: str = Field(
         default="icefall-local-cluster", description="the cluster id clients see"

@@ -40,7 +40,6 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from broker.assignment import Assignment, BrokerEntry, PartitionEntry
 from broker.cluster import Cluster
@@ -96,6 +95,7 @@ class Membership:
         logs: LogStore,
         cluster: Cluster,
         ownership: Ownership,
+        leases: Leases,
         on_refresh: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
@@ -104,8 +104,10 @@ class Membership:
         self.cluster = cluster
         self.ownership = ownership
         self.on_refresh = on_refresh  # ACLs and other caches the handlers keep
-        self.leases = Leases(metadata, config.node_id, config.broker_lease_ms)
-        self.incarnation = uuid.uuid4().hex
+        # registered already (Broker.__init__: a live broker with this node id refuses the
+        # start before anything else opens)
+        self.leases = leases
+        self.incarnation = leases.incarnation or uuid.uuid4().hex
         self.me: Member = local_member(config)
         self.interval = config.broker_heartbeat_interval_ms / 1000
         self.lease_s = config.broker_lease_ms / 1000
@@ -115,7 +117,7 @@ class Membership:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._tick_lock = asyncio.Lock()
-        self.registered = False
+        self.registered = leases.incarnation is not None
         self.failures = 0  # heartbeats that failed (Postgres unreachable)
         self.moves = 0  # partitions taken or given up
 
@@ -190,7 +192,9 @@ class Membership:
                 await asyncio.to_thread(self.leases.release, parts)
                 log.info("released %d partition leases", len(parts))
             except Exception as exc:  # noqa: BLE001 - they expire by themselves
-                log.warning("could not release the leases (they expire in %.1fs): %s", self.lease_s, exc)
+                log.warning(
+                    "could not release the leases (they expire in %.1fs): %s", self.lease_s, exc
+                )
 
     async def deregister(self) -> None:
         """Clean shutdown, second half: this broker leaves ``cluster_brokers``."""
@@ -262,9 +266,7 @@ class Membership:
             for tp, x in leases.items()
             if x.node_id in live and x.node_id != self.config.node_id and not _expired(x)
         }
-        self.ownership.update(
-            live.values(), leaders, self.held, getattr(self, "_deadline", 0.0)
-        )
+        self.ownership.update(live.values(), leaders, self.held, getattr(self, "_deadline", 0.0))
 
     def _universe(self) -> dict[TopicPartition, bool]:
         """Every partition the brokers share out -> has a log (False: a coordinator slot)."""
@@ -294,36 +296,35 @@ class Membership:
         by_topic: dict[str, list[TopicPartition]] = {}
         for tp in universe:
             by_topic.setdefault(tp[0], []).append(tp)
-        for topic, parts in sorted(by_topic.items()):
+        for _topic, parts in sorted(by_topic.items()):
             parts.sort()
             # pinned partitions are the operator's: left out of the fair share
-            free_to_share = [
-                tp for tp in parts if _preferred(leases.get(tp)) not in live or tp in self.held
+            shared = [
+                tp for tp in parts if tp in self.held or _preferred(leases.get(tp)) not in live
             ]
-            holders = {
-                tp: (me if tp in self.held else x.node_id)
-                for tp in free_to_share
-                if (x := leases.get(tp)) is not None or tp in self.held
-                if tp in self.held or (x is not None and x.node_id in live and not _expired(x))
-            }
-            plan = share_plan(free_to_share, holders, live)
+            holders: dict[TopicPartition, int] = {}
+            for tp in shared:
+                lease = leases.get(tp)
+                if tp in self.held:
+                    holders[tp] = me
+                elif lease is not None and lease.node_id in live and lease.held:
+                    holders[tp] = lease.node_id
+            plan = share_plan(shared, holders, live)
             surplus = plan.get(me, 0)
             if surplus:
-                mine = sorted(tp for tp in free_to_share if tp in self.held)
+                mine = sorted(tp for tp in shared if tp in self.held)
                 await self._give_up(mine[-surplus:], "rebalancing")
                 continue
-            ceiling = math.ceil(len(free_to_share) / max(1, len(live)))
-            room = ceiling - sum(1 for tp in free_to_share if tp in self.held)
-            wanted = [tp for tp in parts if _preferred(leases.get(tp)) == me and tp not in self.held]
+            ceiling = math.ceil(len(shared) / max(1, len(live)))
+            room = ceiling - sum(1 for tp in shared if tp in self.held)
+            wanted = [
+                tp for tp in parts if _preferred(leases.get(tp)) == me and tp not in self.held
+            ]
             if room > 0:
                 start = live.index(me) * len(parts) // len(live) if me in live else 0
                 ring = parts[start:] + parts[:start]
                 candidates = [
-                    tp
-                    for tp in ring
-                    if tp not in self.held
-                    and tp in free_to_share
-                    and (tp not in holders or holders[tp] == me)
+                    tp for tp in ring if tp not in self.held and tp in shared and tp not in holders
                 ]
                 candidates.sort(key=lambda tp: leases.get(tp) is not None)  # never owned first
                 wanted += candidates[:room]
@@ -423,7 +424,7 @@ def _preferred(lease: Lease | None) -> int | None:
 
 
 def _expired(lease: Lease) -> bool:
-    return bool(getattr(lease, "expired", False))
+    return not lease.held
 
 
 def _names(parts: Iterable[TopicPartition]) -> str:

@@ -507,14 +507,14 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         error_code=ErrorCode.invalid_topic_exception, error_message=internal
                     )
                 elif topic is None or part is None:
-                    code = self._absent(td.name, pd.index)
+                    absent = self._absent(td.name, pd.index)
                     entry.update(
-                        error_code=code,
+                        error_code=absent,
                         error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}"
-                        if code == ErrorCode.unknown_topic_or_partition
+                        if absent == ErrorCode.unknown_topic_or_partition
                         else f"This broker does not lead {td.name}-{pd.index}",
                     )
-                    if code == ErrorCode.not_leader_or_follower:
+                    if absent == ErrorCode.not_leader_or_follower:
                         entry["current_leader"] = self._leader_hint(td.name, pd.index)
                 elif pd.records is None:
                     entry.update(
