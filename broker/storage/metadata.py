@@ -656,6 +656,37 @@ class MetadataStore:
             out.setdefault((t, p), []).append((pid, first, last))
         return out
 
+    def load_partition(
+        self, topic: str, partition: int
+    ) -> tuple[list[Chunk], int, dict[int, dict[str, object]], list[tuple[int, int, int]]]:
+        """One partition as its new leader loads it (cluster mode), in one transaction: its
+        chunks, log start offset, producer states by producer id, and aborted transactions
+        (producer id, first offset, marker offset) in marker order."""
+        key = (topic, partition)
+        with self.db.transaction():
+            chunks = self.chunks(topic, partition)
+            start = self.db.query(
+                "SELECT log_start_offset FROM partition_state WHERE topic = ? AND partition = ?",
+                key,
+            )
+            states = {
+                int(pid): json.loads(state)
+                for pid, state in self.db.query(
+                    "SELECT producer_id, state FROM producer_state "
+                    "WHERE topic = ? AND partition = ?",
+                    key,
+                )
+            }
+            aborted = [
+                (int(pid), int(first), int(last))
+                for pid, first, last in self.db.query(
+                    "SELECT producer_id, first_offset, last_offset FROM aborted_txns "
+                    "WHERE topic = ? AND partition = ? ORDER BY last_offset",
+                    key,
+                )
+            ]
+        return chunks, int(start[0][0]) if start else 0, states, aborted
+
     def drop_chunks_before(self, topic: str, partition: int, offset: int) -> list[str]:
         """Segment retention: forget the partition's chunks below ``offset`` and make
         ``offset`` its log start, in one transaction; returns the object keys that no
