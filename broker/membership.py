@@ -252,9 +252,7 @@ class Membership:
         self._publish()
 
     def _set_deadline(self, deadline: float) -> None:
-        setter = getattr(self.logs, "set_lease_deadline", None)
-        if setter is not None:
-            setter(deadline)
+        self.logs.set_lease_deadline(deadline)
         self._deadline = deadline
 
     def _publish(self) -> None:
