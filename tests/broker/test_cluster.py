@@ -38,12 +38,16 @@ log = logging.getLogger(__name__)
 TOPIC = "orders"
 PARTITIONS = 6
 NOT_LEADER_OR_FOLLOWER = 6
+# what a produce may get while Postgres is unreachable: NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT,
+# KAFKA_STORAGE_ERROR (all retriable: a producer retries them)
+RETRIABLE = {NOT_LEADER_OR_FOLLOWER, 7, 56}
 
 
 class Cluster:
-    def __init__(self, root: Path, uri: str) -> None:
+    def __init__(self, root: Path, postgres: PostgresServer) -> None:
         self.root = root
-        self.uri = uri
+        self.postgres = postgres
+        self.uri = ""
         self.objects = root / "objects"
         self.objects.mkdir()
         self.brokers: dict[int, ClusterBrokerProcess] = {}
@@ -74,7 +78,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     postgres = PostgresServer().start()
-    started = Cluster(tmp_path_factory.mktemp("cluster"), "")
+    started = Cluster(tmp_path_factory.mktemp("cluster"), postgres)
     try:
         started.uri = postgres.create_database("cluster")
         for node_id in (1, 2, 3):
@@ -357,3 +361,52 @@ def test_a_broker_back_and_a_new_one_take_partitions_and_sigterm_hands_over(
         "9",
     )
     assert refused.returncode == 2 and "broker 9 is not live" in refused.stderr
+
+
+def _raw_leader(cluster: Cluster) -> ClusterBrokerProcess | None:
+    """The broker leading raw-0, as the first live broker's Metadata says."""
+    node = leaders(cluster.live()[0].bootstrap, "raw")[1][0]
+    return cluster.brokers.get(node) if node > 0 else None
+
+
+def _raw_produce(cluster: Cluster) -> int:
+    """The error code of one record produced to raw-0 at its leader (-1: no leader)."""
+    leader = _raw_leader(cluster)
+    if leader is None:
+        return -1
+    batch = records.encode_batch([(b"k", b"v")], int(time.time() * 1000))
+    return produce_raw(leader.bootstrap, "raw", 0, batch)[0]
+
+
+def test_postgres_unreachable_refuses_writes_retriably_and_they_resume(cluster: Cluster) -> None:
+    wait_for(lambda: settled(cluster, {1, 2, 3}), 30, 0.2, "a settled cluster")
+    assert _raw_produce(cluster) == 0
+    producer = TimedProducer(
+        cluster.bootstrap,
+        TOPIC,
+        "pg",
+        conf={"enable.idempotence": True, "message.timeout.ms": 120000},
+        rate=300,
+    )
+    producer.start()
+    try:
+        wait_for(lambda: producer.acked_count >= 200, 60, 0.1, "200 acknowledged records")
+        cluster.postgres.pause()
+        try:
+            refused = wait_for(
+                lambda: next((c for c in [_raw_produce(cluster)] if c in RETRIABLE), None),
+                30,
+                0.2,
+                "a retriable refusal while Postgres is down",
+            )
+            log.warning("produce while Postgres is down: error code %d", refused)
+        finally:
+            cluster.postgres.resume()
+        wait_for(lambda: _raw_produce(cluster) == 0, 60, 0.3, "produce accepted again")
+        acked = producer.acked_count
+        wait_for(lambda: producer.acked_count >= acked + 200, 60, 0.1, "producing goes on")
+    finally:
+        cluster.producers.append(producer)
+        producer.stop()
+    assert producer.failed == [], producer.failed[:5]
+    check_log(cluster)
