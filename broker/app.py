@@ -112,6 +112,7 @@ class Broker:
                 self.ownership, config.client_listener.name, self._partition_exists
             )
             self.cluster.changed = self.membership.nudge
+            self.handlers.mover = self.membership.move  # AlterPartitionReassignments
         self.auth_stats = AuthStats()
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes, self.auth_stats)
         self.admin = AdminApi(config, self.cluster, self.logs, self.auth_stats)

@@ -299,6 +299,13 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
     def _partition(self, topic: str, partition: int) -> Any:
         return self.logs.partitions.get((topic, partition))
 
+    def _exists(self, topic: str, partition: int) -> bool:
+        """The partition exists (led here or, in cluster mode, by any broker)."""
+        if (topic, partition) in self.logs.partitions:
+            return True
+        known = self.cluster.topics.get(topic)
+        return self.ownership.clustered and known is not None and 0 <= partition < known.partitions
+
     def _absent(self, topic: str, partition: int) -> int:
         """Why a partition is not in this broker's logs: another broker leads it (cluster mode:
         NOT_LEADER_OR_FOLLOWER, the client asks Metadata again), or it does not exist."""
@@ -1418,7 +1425,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             readable = error != ErrorCode.none or self.topic_allowed(ctx, R, t.name)
             for p in t.partitions:
                 code = error if readable else ErrorCode.topic_authorization_failed
-                if code == ErrorCode.none and self._partition(t.name, p.partition_index) is None:
+                if code == ErrorCode.none and not self._exists(t.name, p.partition_index):
                     code = ErrorCode.unknown_topic_or_partition
                 if code == ErrorCode.none:
                     to_store.append(

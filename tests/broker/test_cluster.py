@@ -12,6 +12,7 @@ brokers is the expensive part.
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -299,10 +300,10 @@ class GroupConsumer:
                 assert value is not None
                 self.values.append(value.decode())
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop consuming (the consumer stays open: its committed offsets can be asked)."""
         self._stop.set()
         self.thread.join(30)
-        self.consumer.close()
 
 
 def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> None:
@@ -347,8 +348,15 @@ def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> 
             0.2,
             "the group consumed every acknowledged record",
         )
+        group.halt()
+        # its offsets were committed at the group's coordinator, whichever broker leads each
+        committed = group.consumer.committed(
+            [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=10
+        )
+        assert all(tp.offset > 0 for tp in committed), committed
     finally:
-        group.stop()
+        group.halt()
+        group.consumer.close()
 
 
 def check_log(cluster: Cluster) -> None:
@@ -428,6 +436,28 @@ def test_a_broker_back_and_a_new_one_take_partitions_and_sigterm_hands_over(
         "9",
     )
     assert refused.returncode == 2 and "broker 9 is not live" in refused.stderr
+
+    # Kafka's own kafka-reassign-partitions: one replica, on broker 1, moves the leadership
+    plan = cluster.root / "reassign.json"
+    plan.write_text(
+        json.dumps(
+            {"version": 1, "partitions": [{"topic": TOPIC, "partition": 1, "replicas": [1]}]}
+        )
+    )
+    kafka_tool(
+        "kafka-reassign-partitions",
+        "--bootstrap-server",
+        cluster.brokers[2].bootstrap,
+        "--reassignment-json-file",
+        str(plan),
+        "--execute",
+    )
+    wait_for(
+        lambda: (s := settled(cluster, {1, 2, 3})) is not None and s[1] == 1,
+        30,
+        0.2,
+        "partition 1 led by broker 1",
+    )
 
 
 def _raw_leader(cluster: Cluster) -> ClusterBrokerProcess | None:
