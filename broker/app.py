@@ -29,7 +29,13 @@ from broker.kafka.peer import MarkerSender
 from broker.kafka.server import KafkaServer
 from broker.kafka.transactions import TransactionCoordinator
 from broker.membership import Membership
-from broker.ownership import KEY_TRANSACTION, TXN_SLOTS_TOPIC, Ownership, local_member
+from broker.ownership import (
+    GROUP_SLOTS_TOPIC,
+    KEY_TRANSACTION,
+    Ownership,
+    coordinator_slot,
+    local_member,
+)
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
 from broker.registry.table_check import TableCheck
@@ -163,9 +169,17 @@ class Broker:
 
     async def _coordinator_slot(self, topic: str, slot: int, taken: bool) -> None:
         """Cluster mode: a ``__transaction_state`` slot taken (its transactional ids read fresh
-        from Postgres, its decided transactions completed) or given up. Group slots need
-        nothing: groups rebuild themselves as their members rejoin."""
-        if topic != TXN_SLOTS_TOPIC:
+        from Postgres, its decided transactions completed) or given up. A group slot given up
+        drops its groups here (they rebuild themselves as their members rejoin at the new
+        coordinator; their committed offsets are in Postgres)."""
+        if topic == GROUP_SLOTS_TOPIC:
+            if not taken:
+                for group_id in [g for g in self.groups.groups if coordinator_slot(g) == slot]:
+                    self.groups.unload(group_id)
+                for group_id in [
+                    g for g in self.consumer_groups.groups if coordinator_slot(g) == slot
+                ]:
+                    self.consumer_groups.groups.pop(group_id, None)
             return
         if taken:
             await self.transactions.take_slot(slot)
