@@ -25,7 +25,12 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+)
 
 from broker.kafka import records
 from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, verify_log
@@ -164,6 +169,28 @@ def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster
     ).stdout
     for p, node in by_partition.items():
         assert f"Partition: {p}\tLeader: {node}\t" in described, described
+
+    # DescribeCluster from every broker: the live brokers, the lowest id the controller
+    for b in cluster.live():
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})  # kept: the future needs it
+        described_cluster = admin.describe_cluster().result(10)
+        assert sorted(n.id for n in described_cluster.nodes) == [1, 2, 3]
+        assert described_cluster.controller.id == 1
+
+    # a topic config changed through one broker is seen through another within a heartbeat
+    resource = ConfigResource(ConfigResource.Type.TOPIC, TOPIC)
+    change = ConfigEntry("retention.ms", "86400000", incremental_operation=AlterConfigOpType.SET)
+    resource.add_incremental_config(change)
+    admin2 = AdminClient({"bootstrap.servers": cluster.brokers[2].bootstrap})
+    admin2.incremental_alter_configs([resource])[resource].result(10)
+    admin3 = AdminClient({"bootstrap.servers": cluster.brokers[3].bootstrap})
+
+    def seen_on_3() -> bool:
+        asked = ConfigResource(ConfigResource.Type.TOPIC, TOPIC)
+        configs = admin3.describe_configs([asked])[asked].result(10)
+        return configs["retention.ms"].value == "86400000"
+
+    wait_for(seen_on_3, 10, 0.1, "broker 3 to see the config set through broker 2")
 
     # icefall cluster: the brokers and each partition's leader and epoch, from any broker
     shown = icefall("cluster", "--admin-url", other.admin_url)
