@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -304,32 +304,49 @@ class _Database:
     ``INSERT ... ON CONFLICT ... DO UPDATE``, ``RETURNING``); Postgres gets ``%s``.
     A lock makes a transaction and every single statement exclusive on the shared
     connection: the event loop and ``to_thread`` workers both use the store.
+
+    ``reconnect`` (Postgres): a broker outlives an outage of its database. The call that
+    finds the connection dead fails (the caller retries: a heartbeat, a flush); the next
+    one, outside a transaction, opens a new connection.
     """
 
-    def __init__(self, connection: Any, *, postgres: bool) -> None:
+    def __init__(
+        self, connection: Any, *, postgres: bool, reconnect: Callable[[], Any] | None = None
+    ) -> None:
         self.connection = connection
         self.postgres = postgres
+        self._reconnect = reconnect
+        self._depth = 0  # transactions open on this connection (by the lock's holder)
         self._lock = threading.RLock()
 
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self.postgres else sql
 
+    def _live(self) -> Any:
+        """The connection, a new one if it broke (never inside a transaction: a statement of
+        it must not run outside it on another connection)."""
+        if (
+            self._reconnect is not None
+            and self._depth == 0
+            and (self.connection.closed or self.connection.broken)
+        ):
+            self.connection = self._reconnect()
+        return self.connection
+
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return [
-                tuple(row) for row in self.connection.execute(self._sql(sql), params).fetchall()
-            ]
+            return [tuple(row) for row in self._live().execute(self._sql(sql), params).fetchall()]
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         with self._lock:
-            self.connection.execute(self._sql(sql), params)
+            self._live().execute(self._sql(sql), params)
 
     def executemany(self, sql: str, rows: list[Sequence[Any]]) -> None:
         if not rows:
             return
         with self._lock:
             if self.postgres:
-                with self.connection.cursor() as cursor:
+                with self._live().cursor() as cursor:
                     cursor.executemany(self._sql(sql), rows)
             else:
                 self.connection.executemany(sql, rows)
@@ -339,8 +356,12 @@ class _Database:
         """All or nothing; SQLite takes its write lock at the start (``BEGIN IMMEDIATE``)."""
         with self._lock:
             if self.postgres:
-                with self.connection.transaction():
-                    yield
+                with self._live().transaction():
+                    self._depth += 1
+                    try:
+                        yield
+                    finally:
+                        self._depth -= 1
             else:
                 with self.connection:
                     self.connection.execute("BEGIN IMMEDIATE")
@@ -348,6 +369,7 @@ class _Database:
 
     def close(self) -> None:
         with self._lock:
+            self._reconnect = None
             self.connection.close()
 
 
@@ -428,12 +450,27 @@ def _open_postgres(uri: str) -> _Database:
     there (``Leases.register``)."""
     import psycopg
 
-    try:
-        connection = psycopg.connect(uri, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        raise MetadataUnavailableError(
-            f"cannot connect to the metadata database {_redact(uri)}: {exc}"
-        ) from exc
+    def connect() -> Any:
+        try:
+            # keepalives and tcp_user_timeout: a database cut off (no answer, not refused) fails
+            # a call within seconds instead of the kernel's minutes; the flush and the heartbeat
+            # retry, and the lease rules keep it safe meanwhile
+            return psycopg.connect(
+                uri,
+                autocommit=True,
+                connect_timeout=10,
+                keepalives=1,
+                keepalives_idle=5,
+                keepalives_interval=2,
+                keepalives_count=3,
+                tcp_user_timeout=10_000,
+            )
+        except psycopg.Error as exc:
+            raise MetadataUnavailableError(
+                f"cannot connect to the metadata database {_redact(uri)}: {exc}"
+            ) from exc
+
+    connection = connect()
     try:
         connection.execute("SELECT pg_advisory_lock(%s)", (POSTGRES_MIGRATION_LOCK_KEY,))
         try:
@@ -443,7 +480,7 @@ def _open_postgres(uri: str) -> _Database:
     except BaseException:
         connection.close()
         raise
-    return _Database(connection, postgres=True)
+    return _Database(connection, postgres=True, reconnect=connect)
 
 
 def _redact(uri: str) -> str:

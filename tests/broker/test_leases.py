@@ -380,3 +380,19 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
             meta_b.close()
 
     asyncio.run(scenario())
+
+
+def test_a_store_outlives_its_connection(stores: list[MetadataStore]) -> None:
+    """The database restarted or the connection cut: the call that finds it dead fails (a
+    heartbeat or a flush retries), the next one reconnects; a lease taken before is there."""
+    import psycopg
+
+    store, other = stores[0], stores[1]
+    leases = _member(store, 1)
+    assert leases.acquire("t", 0) == 1
+    [(pid,)] = store.db.query("SELECT pg_backend_pid()")
+    other.db.query("SELECT pg_terminate_backend(?)", (pid,))
+    with pytest.raises(psycopg.OperationalError):
+        leases.heartbeat()
+    assert leases.heartbeat() == {("t", 0): 1}
+    assert store.db.query("SELECT pg_backend_pid()") != [(pid,)]
