@@ -32,7 +32,13 @@ from kio.schema.errors import ErrorCode
 from broker.config import BrokerConfig
 from broker.kafka import records
 from broker.storage.acks import IndexAcks
-from broker.storage.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
+from broker.storage.metadata import (
+    BatchRef,
+    Chunk,
+    FencedError,
+    MetadataStore,
+    pack_batch_index,
+)
 from broker.storage.objectstore import ObjectStore
 from broker.storage.retention import RetentionStatus
 from broker.storage.wal import WalEntry, WriteAheadLog, read_entries
@@ -397,9 +403,17 @@ class LogStore:
             if count == 0:
                 return []
             new_start = part.chunks[count - 1].end_offset
-            keys = await asyncio.to_thread(
-                self.metadata.drop_chunks_before, part.topic, part.partition, new_start
-            )
+            try:
+                keys = await asyncio.to_thread(
+                    self.metadata.drop_chunks_before,
+                    part.topic,
+                    part.partition,
+                    new_start,
+                    self._fence(part),
+                )
+            except FencedError:
+                self._unload(part, "fenced: another broker took its lease over")
+                return []
             del part.chunks[:count]
             del part.chunk_bases[:count]
             part.log_start_offset = max(part.log_start_offset, new_start)
@@ -423,9 +437,20 @@ class LogStore:
             if offset <= part.log_start_offset:
                 return part.log_start_offset
             count = bisect.bisect_right([c.end_offset for c in part.chunks], offset)
-            keys = await asyncio.to_thread(
-                self.metadata.drop_chunks_before, part.topic, part.partition, offset
-            )
+            try:
+                keys = await asyncio.to_thread(
+                    self.metadata.drop_chunks_before,
+                    part.topic,
+                    part.partition,
+                    offset,
+                    self._fence(part),
+                )
+            except FencedError:
+                self._unload(part, "fenced: another broker took its lease over")
+                raise ProduceError(
+                    ErrorCode.not_leader_or_follower,
+                    f"{part.topic}-{part.partition} is no longer led by this broker",
+                ) from None
             del part.chunks[:count]
             del part.chunk_bases[:count]
             part.log_start_offset = offset
@@ -496,6 +521,10 @@ class LogStore:
             part = self.partitions.get((topic, partition))
             if part is not None:
                 self._unload(part, reason)
+
+    def _fence(self, part: PartitionLog) -> tuple[int, int] | None:
+        """What an index change of ``part`` is fenced by: (node id, epoch) in cluster mode."""
+        return None if self.node_id is None else (self.node_id, part.epoch)
 
     def _unload(self, part: PartitionLog, reason: str) -> None:
         key = (part.topic, part.partition)

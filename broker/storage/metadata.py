@@ -429,6 +429,10 @@ class MetadataInUseError(MetadataUnavailableError):
     """Another broker already uses this database in a way this one cannot share (its node id)."""
 
 
+class FencedError(RuntimeError):
+    """Cluster mode: this broker no longer holds the partition's lease at its epoch."""
+
+
 class SchemaTooNewError(MetadataUnavailableError):
     """The database was migrated by a newer broker than this one."""
 
@@ -724,13 +728,21 @@ class MetadataStore:
             ]
         return chunks, int(start[0][0]) if start else 0, states, aborted
 
-    def drop_chunks_before(self, topic: str, partition: int, offset: int) -> list[str]:
+    def drop_chunks_before(
+        self, topic: str, partition: int, offset: int, fence: tuple[int, int] | None = None
+    ) -> list[str]:
         """Segment retention: forget the partition's chunks below ``offset`` and make
         ``offset`` its log start, in one transaction; returns the object keys that no
         chunk refers to any more. The caller deletes those objects only after this
-        commits, so the index never points at a deleted object, whatever crashes when."""
+        commits, so the index never points at a deleted object, whatever crashes when.
+        ``fence`` (cluster mode): (node id, lease epoch) this broker leads the partition
+        at; ``FencedError`` and nothing changed when it no longer does (``add_chunks``)."""
         where = "topic = ? AND partition = ? AND end_offset <= ?"
         with self.db.transaction():
+            if fence is not None and not self._held_leases(
+                fence[0], {(topic, partition): fence[1]}, {(topic, partition)}
+            ):
+                raise FencedError(f"{topic}-{partition}: lease epoch {fence[1]} lost")
             keys = [
                 k
                 for (k,) in self.db.query(

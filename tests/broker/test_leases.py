@@ -23,6 +23,7 @@ from broker.storage.metadata import (
     MIGRATIONS,
     BatchRef,
     Chunk,
+    FencedError,
     MetadataStore,
     pack_batch_index,
 )
@@ -230,6 +231,13 @@ def test_the_index_commit_fences_partitions_whose_lease_was_lost(
     )
     assert [c.object_key for c in store.chunks("t", 1)] == ["segments/c.seg"]
     assert store.object_keys() == {"segments/a.seg", "segments/c.seg"}  # b.seg: for the sweep
+
+    # retention and DeleteRecords are fenced the same way
+    with pytest.raises(FencedError):
+        store.drop_chunks_before("t", 1, 1, fence=(1, 1))
+    assert [c.object_key for c in store.chunks("t", 1)] == ["segments/c.seg"]
+    assert store.drop_chunks_before("t", 1, 1, fence=(2, 2)) == ["segments/c.seg"]
+    assert store.log_start_offsets()[("t", 1)] == 1
 
 
 def test_changes_the_other_brokers_must_see_bump_the_state_version(
