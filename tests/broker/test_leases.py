@@ -404,3 +404,38 @@ def test_a_store_outlives_its_connection(stores: list[MetadataStore]) -> None:
         leases.heartbeat()
     assert leases.heartbeat() == {("t", 0): 1}
     assert store.db.query("SELECT pg_backend_pid()") != [(pid,)]
+
+
+def test_producers_waiting_when_the_lease_lapses_are_told_to_go_elsewhere(
+    uri: str, tmp_path: Path
+) -> None:
+    """Flushes keep failing (here the object store refuses every segment: a file stands where
+    its directory should be) until the local lease deadline passes: the waiting producer gets
+    NOT_LEADER_OR_FOLLOWER then (its batch was never indexed), not an endless wait."""
+
+    async def scenario() -> None:
+        meta = MetadataStore(uri)
+        root = tmp_path / "objects"
+        objects = LocalObjectStore(root)
+        (root / "segments").write_bytes(b"")
+        logs = LogStore(
+            BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000), meta, objects, node_id=1
+        )
+        try:
+            meta.create_topic("t", 1, {})
+            leases = _member(meta, 1)
+            await logs.open({})
+            part = await logs.load_partition("t", 0, leases.acquire("t", 0) or 0)
+            logs.set_lease_deadline(time.monotonic() + 0.5)
+            refused = await asyncio.wait_for(
+                _refused(logs.append_and_wait(part, records.encode_batch([(None, b"v")], 1))), 10
+            )
+            assert refused.code == ErrorCode.not_leader_or_follower
+            assert "lapsed" in refused.message
+            assert logs.flush_failures >= 1 and logs.partitions == {}
+            assert meta.chunks("t", 0) == [] and logs.unflushed_bytes == 0
+        finally:
+            await logs.close()
+            meta.close()
+
+    asyncio.run(scenario())
