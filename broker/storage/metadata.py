@@ -304,34 +304,25 @@ class _Database:
     ``INSERT ... ON CONFLICT ... DO UPDATE``, ``RETURNING``); Postgres gets ``%s``.
     A lock makes a transaction and every single statement exclusive on the shared
     connection: the event loop and ``to_thread`` workers both use the store.
-
-    ``reconnect`` (Postgres): a broker outlives an outage of its database. The call that
-    finds the connection dead fails (the caller retries: a heartbeat, a flush); the next
-    one, outside a transaction, opens a new connection.
     """
 
-    def __init__(
-        self, connection: Any, *, postgres: bool, reconnect: Callable[[], Any] | None = None
-    ) -> None:
+    def __init__(self, connection: Any, *, postgres: bool) -> None:
         self.connection = connection
         self.postgres = postgres
-        self._reconnect = reconnect
-        self._depth = 0  # transactions open on this connection (by the lock's holder)
         self._lock = threading.RLock()
+        # Postgres: a new connection after the old one broke (the server restarted, the
+        # network failed), so a cluster member resumes when the database is back
+        self.reconnect: Callable[[], Any] | None = None
+
+    def _live(self) -> Any:
+        """The connection, a new one first when the last broke (the call that found it
+        broken failed; this one tries again)."""
+        if self.reconnect is not None and (self.connection.closed or self.connection.broken):
+            self.connection = self.reconnect()
+        return self.connection
 
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self.postgres else sql
-
-    def _live(self) -> Any:
-        """The connection, a new one if it broke (never inside a transaction: a statement of
-        it must not run outside it on another connection)."""
-        if (
-            self._reconnect is not None
-            and self._depth == 0
-            and (self.connection.closed or self.connection.broken)
-        ):
-            self.connection = self._reconnect()
-        return self.connection
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -357,11 +348,7 @@ class _Database:
         with self._lock:
             if self.postgres:
                 with self._live().transaction():
-                    self._depth += 1
-                    try:
-                        yield
-                    finally:
-                        self._depth -= 1
+                    yield
             else:
                 with self.connection:
                     self.connection.execute("BEGIN IMMEDIATE")
@@ -369,7 +356,7 @@ class _Database:
 
     def close(self) -> None:
         with self._lock:
-            self._reconnect = None
+            self.reconnect = None  # closed for good
             self.connection.close()
 
 
@@ -446,6 +433,17 @@ def _open_sqlite(path: Path) -> _Database:
     return _Database(connection, postgres=False)
 
 
+# A database cut off (no answer, rather than refused) fails a call within seconds instead of
+# the kernel's minutes: the flush and the heartbeat retry, and the lease rules keep it safe.
+_KEEPALIVES = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+
+
 def _open_postgres(uri: str) -> _Database:
     """Autocommit connection, schema migrated under an advisory lock (several brokers of a
     cluster may start at once against a fresh database; the lock is released right after).
@@ -453,28 +451,16 @@ def _open_postgres(uri: str) -> _Database:
     (``broker/storage/leases.py``), and a second live broker with the same node id is refused
     there (``Leases.register``)."""
     import psycopg
+    from psycopg.conninfo import make_conninfo
 
-    def connect() -> Any:
-        try:
-            # keepalives and tcp_user_timeout: a database cut off (no answer, not refused) fails
-            # a call within seconds instead of the kernel's minutes; the flush and the heartbeat
-            # retry, and the lease rules keep it safe meanwhile
-            return psycopg.connect(
-                uri,
-                autocommit=True,
-                connect_timeout=10,
-                keepalives=1,
-                keepalives_idle=5,
-                keepalives_interval=2,
-                keepalives_count=3,
-                tcp_user_timeout=10_000,
-            )
-        except psycopg.Error as exc:
-            raise MetadataUnavailableError(
-                f"cannot connect to the metadata database {_redact(uri)}: {exc}"
-            ) from exc
-
-    connection = connect()
+    shown = _redact(uri)
+    uri = make_conninfo(uri, **_KEEPALIVES)  # for the reconnects too
+    try:
+        connection = psycopg.connect(uri, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise MetadataUnavailableError(
+            f"cannot connect to the metadata database {shown}: {exc}"
+        ) from exc
     try:
         connection.execute("SELECT pg_advisory_lock(%s)", (POSTGRES_MIGRATION_LOCK_KEY,))
         try:
@@ -484,7 +470,9 @@ def _open_postgres(uri: str) -> _Database:
     except BaseException:
         connection.close()
         raise
-    return _Database(connection, postgres=True, reconnect=connect)
+    db = _Database(connection, postgres=True)
+    db.reconnect = lambda: psycopg.connect(uri, autocommit=True, connect_timeout=5)
+    return db
 
 
 def _redact(uri: str) -> str:
