@@ -218,6 +218,9 @@ def test_the_index_commit_fences_partitions_whose_lease_was_lost(
     assert [store.chunks("t", p) for p in (1, 2, 3)] == [[], [], []]
     assert set(store.producer_states()) == {("t", 0, 1000)}
     assert set(store.aborted_transactions()) == {("t", 0)}
+    chunks, start, states, aborted = stores[1].load_partition("t", 0)  # as a new leader would
+    assert ([c.object_key for c in chunks], start) == (["segments/a.seg"], 0)
+    assert (states, aborted) == ({1000: {"epoch": 0, "recent": [[0, 0, 0]]}}, [(1000, 0, 0)])
 
     # a stale epoch of a lease held again by the same node is fenced as well
     assert one.acquire("t", 0) == 2
@@ -329,6 +332,7 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
                 *(a.append_and_wait(a_parts[0], _idempotent(b"v%d" % i, pid, i)) for i in range(3))
             )
             assert sorted(bases) == [0, 1, 2] and a_parts[0].high_watermark == 3
+            assert await a.delete_records(a_parts[0], 1) == 1  # the log start moves too
             assert (
                 await a.append_and_wait(a_parts[1], records.encode_batch([(None, b"x0")], 1)) == 0
             )
@@ -342,8 +346,8 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
             assert epoch == 2
             part = await b.load_partition("t", 0, epoch)
             b.set_lease_deadline(time.monotonic() + LEASE_MS / 1000)
-            assert (part.next_offset, part.high_watermark) == (3, 3)
-            assert await _values(b, part) == [b"v0", b"v1", b"v2"]
+            assert (part.log_start_offset, part.next_offset, part.high_watermark) == (1, 3, 3)
+            assert await _values(b, part) == [b"v1", b"v2"]
             # the producer's retry of v2 (its ack lost) is a duplicate on B too; v3 goes on
             assert await b.append_and_wait(part, _idempotent(b"v2", pid, 2)) == 2
             assert await b.append_and_wait(part, _idempotent(b"v3", pid, 3)) == 3
@@ -366,7 +370,7 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
             state = ProducerState.from_json(meta_b.load_partition("t", 0)[2][pid])
             assert state.last_sequence == 3  # B's v3; nothing of A's v3, v4
             again = await b.load_partition("t", 0, epoch)  # the same epoch: the same log
-            assert again is part and await _values(b, part) == [b"v0", b"v1", b"v2", b"v3"]
+            assert again is part and await _values(b, part) == [b"v1", b"v2", b"v3"]
 
             # the local rule: past its lease deadline a broker refuses before trying
             epoch_a = leases_a.acquire("t", 1)
