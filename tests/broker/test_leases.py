@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
+from broker.checkpoint import Checkpoint
+from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.kafka import records
 from broker.storage.leases import Leases, NodeIdInUseError
@@ -28,6 +30,7 @@ from broker.storage.metadata import (
     pack_batch_index,
 )
 from broker.storage.objectstore import LocalObjectStore
+from broker.storage.retention import Retention
 from tests.postgres import PostgresServer
 from tests.support import wait_for
 
@@ -292,6 +295,10 @@ async def _refused(call: Awaitable[object]) -> ProduceError:
     raise AssertionError("the produce was acknowledged")
 
 
+def _no_tables(namespace: str, table: str) -> Checkpoint:
+    raise AssertionError("no table topics here")
+
+
 async def _values(logs: LogStore, part: PartitionLog) -> list[bytes | None]:
     data = await logs.read(part, part.log_start_offset, 1 << 20)
     return [r.value for _, b in records.iter_batches(data) for r in records.decode_batch(b)[1]]
@@ -371,6 +378,18 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
             assert state.last_sequence == 3  # B's v3; nothing of A's v3, v4
             again = await b.load_partition("t", 0, epoch)  # the same epoch: the same log
             assert again is part and await _values(b, part) == [b"v1", b"v2", b"v3"]
+
+            # B's orphan sweep leaves an object another broker just put (its index commit
+            # may still be on its way) and deletes an old one no chunk refers to
+            fresh = f"segments/{int(time.time() * 1000):013d}-inflight.seg"
+            old = "segments/0000000000001-orphan.seg"
+            for key in (fresh, old):
+                objects.put(key, b"x")
+            retention = Retention(Cluster(config_b, meta_b, b), b, _no_tables, 600_000)
+            await retention._sweep_orphans()
+            listed = set(objects.list("segments/"))
+            assert fresh in listed and old not in listed
+            assert {c.object_key for c in meta_b.chunks("t", 0)} <= listed
 
             # the local rule: past its lease deadline a broker refuses before trying
             epoch_a = leases_a.acquire("t", 1)
