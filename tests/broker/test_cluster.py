@@ -142,11 +142,13 @@ def icefall(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster) -> None:
     create_topic(cluster.brokers[1].bootstrap, TOPIC, PARTITIONS)
-    by_partition = wait_for(
-        lambda: settled(cluster, {1, 2, 3}), 30, 0.2, "three brokers leading every partition"
-    )
+
     # spread: the fair share of 6 partitions over 3 brokers is 2 each
-    assert sorted(by_partition.values()) == [1, 1, 2, 2, 3, 3], by_partition
+    def spread() -> dict[int, int] | None:
+        found = settled(cluster, {1, 2, 3})
+        return found if found and sorted(found.values()) == [1, 1, 2, 2, 3, 3] else None
+
+    by_partition = wait_for(spread, 30, 0.2, "three brokers leading two partitions each")
 
     # a produce sent to a broker that does not lead the partition: NOT_LEADER_OR_FOLLOWER
     create_topic(cluster.brokers[1].bootstrap, "raw", 1)
