@@ -391,6 +391,8 @@ def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> 
 def check_log(cluster: Cluster) -> None:
     """Read back from the cluster: every acknowledged record at its offset, 0 lost, 0 twice,
     offsets contiguous, each producer's records in order in every partition."""
+    live = {b.node_id for b in cluster.live()}
+    wait_for(lambda: settled(cluster, live), 30, 0.2, "every partition led before reading")
     got = read_partitions(cluster.bootstrap, TOPIC, PARTITIONS, timeout=60)
     verify_log(got, cluster.producers)
     for p, entries in got.items():
