@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -23,10 +23,17 @@ from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.http_service import HttpService
 from broker.security.stats import AuthStats
+from broker.storage import index_view
 from broker.storage.logstore import LogStore, PartitionLog
 
 if TYPE_CHECKING:
     from broker.metrics import CatalogReader
+
+
+class LiveBrokers(Protocol):
+    """What ``GET /v1/cluster`` needs of ``broker.storage.leases.Leases`` (cluster mode)."""
+
+    def live_brokers(self) -> list[Any]: ...
 
 
 def _answer(model: contracts.Contract, status: int = 200) -> web.Response:
@@ -89,11 +96,17 @@ def ranges_for(part: PartitionLog, start: int, end: int) -> list[contracts.Objec
 
 
 parse_offsets = contracts.PendingRequest.parse_offsets
+CLUSTER_FLUSH_NOTE = (
+    "cluster mode: nothing to flush, every acknowledged batch is already in a segment object "
+    "and the index"
+)
 
 
 class AdminApi(HttpService):
     # the broker's reader of the tables' catalog (Broker.tables); unset: one through pyiceberg
     tables: CatalogReader | None = None
+    # cluster mode: the live brokers, from the leases' table (Broker sets it)
+    members: LiveBrokers | None = None
 
     def __init__(
         self, config: BrokerConfig, cluster: Cluster, logs: LogStore, auth: AuthStats | None = None
@@ -157,7 +170,28 @@ class AdminApi(HttpService):
                 if self.config.catalog.builtin
                 else self.config.warehouse,
                 catalog=self.config.tables_catalog.without_secrets(),
+                node_id=self.config.node_id,
+                brokers=await self._members(),
             )
+        )
+
+    async def _members(self) -> list[contracts.ClusterMember]:
+        """The live brokers, from Postgres (cluster mode; one broker: none)."""
+        if self.members is None:
+            return []
+        live = await asyncio.to_thread(self.members.live_brokers)
+        return sorted(
+            (
+                contracts.ClusterMember(
+                    node_id=b.node_id,
+                    endpoints=json.loads(b.endpoints)
+                    if isinstance(b.endpoints, str)
+                    else dict(b.endpoints),
+                    rack=b.rack,
+                )
+                for b in live
+            ),
+            key=lambda m: m.node_id,
         )
 
     async def table_topics(self, request: web.Request) -> web.Response:
@@ -176,11 +210,33 @@ class AdminApi(HttpService):
             )
         return topic
 
+    @property
+    def clustered(self) -> bool:
+        """Cluster mode (metadata in Postgres): this broker's log holds only what it leads."""
+        return self.config.metadata_uri is not None
+
+    async def _partitions(self, topic: Any) -> dict[int, PartitionLog]:
+        """Every partition of ``topic``: this broker's log of those it leads, the segment
+        index's view (``broker.storage.index_view``) of the others in cluster mode, where
+        the index holds every acknowledged batch. One broker: its log (a partition being
+        created is left out)."""
+        found = {
+            p: part
+            for p in range(topic.partitions)
+            if (part := self.logs.partitions.get((topic.name, p))) is not None
+        }
+        missing = [p for p in range(topic.partitions) if p not in found]
+        if missing and self.clustered:
+            found.update(await asyncio.to_thread(self._views, topic.name, missing))
+        return dict(sorted(found.items()))
+
+    def _views(self, topic: str, partitions: list[int]) -> dict[int, PartitionLog]:
+        return {p: index_view.partition_view(self.logs.metadata, topic, p) for p in partitions}
+
     async def offsets(self, request: web.Request) -> web.Response:
         topic = self._topic(request)
         partitions = []
-        for p in range(topic.partitions):
-            part = self.logs.partitions[(topic.name, p)]
+        for p, part in (await self._partitions(topic)).items():
             partitions.append(
                 contracts.PartitionOffsets(
                     partition=p,
@@ -217,8 +273,7 @@ class AdminApi(HttpService):
         except ValueError:
             return _error(400, f"until_append_ms must be an integer, got {until!r}")
         partitions = []
-        for p in range(topic.partitions):
-            part = self.logs.partitions[(topic.name, p)]
+        for p, part in (await self._partitions(topic)).items():
             # never past an open transaction: what is below the LSO is decided for good
             lso = part.last_stable_offset
             if asked.until_append_ms is None:
@@ -254,7 +309,11 @@ class AdminApi(HttpService):
         except (KeyError, ValueError):
             return _error(400, "need integer partition, start and end")
         partition, start, end = asked.partition, asked.start, asked.end
+        if not 0 <= partition < topic.partitions:
+            return _error(404, f"partition {partition} of {topic.name} does not exist")
         part = self.logs.partitions.get((topic.name, partition))
+        if part is None and self.clustered:
+            part = (await asyncio.to_thread(self._views, topic.name, [partition]))[partition]
         if part is None:
             return _error(404, f"partition {partition} of {topic.name} does not exist")
         if start < part.log_start_offset:
@@ -311,10 +370,7 @@ class AdminApi(HttpService):
                 )
         committed = retention.committed_offsets(checkpoint, str(topic.topic_id))
         partitions = []
-        for p in range(topic.partitions):
-            part = self.logs.partitions.get((topic.name, p))
-            if part is None:  # a partition being created
-                continue
+        for p, part in (await self._partitions(topic)).items():
             start = max(
                 contracts.lag_start(committed.get(p), part.log_start_offset), since.get(p, 0)
             )
@@ -339,6 +395,9 @@ class AdminApi(HttpService):
         )
 
     async def flush(self, request: web.Request) -> web.Response:
+        if self.clustered:
+            # acks wait for the segment object and the index: nothing acknowledged is unflushed
+            return _answer(contracts.FlushAnswer(bytes_written=0, note=CLUSTER_FLUSH_NOTE))
         written = await self.logs.flush()
         return _answer(contracts.FlushAnswer(bytes_written=written))
 
@@ -353,6 +412,7 @@ class AdminApi(HttpService):
 
         text = await metrics.scrape(self.config, self.cluster, self.logs, self.auth, self.reader())
         text += metrics.authentication_failures(
-            {service: auth.failures for service, auth in self.http_auth.items()}
+            {service: auth.failures for service, auth in self.http_auth.items()},
+            self.config.node_id if self.clustered else None,
         )
         return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})
