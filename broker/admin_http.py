@@ -27,6 +27,7 @@ from broker.storage import index_view
 from broker.storage.logstore import LogStore, PartitionLog
 
 if TYPE_CHECKING:
+    from broker.membership import Membership
     from broker.metrics import CatalogReader
 
 
@@ -107,6 +108,8 @@ class AdminApi(HttpService):
     tables: CatalogReader | None = None
     # cluster mode: the live brokers, from the leases' table (Broker sets it)
     members: LiveBrokers | None = None
+    # cluster mode: the membership loop (the assignment routes); None: one broker alone
+    membership: Membership | None = None
 
     def __init__(
         self, config: BrokerConfig, cluster: Cluster, logs: LogStore, auth: AuthStats | None = None
@@ -130,6 +133,8 @@ class AdminApi(HttpService):
                 web.post("/v1/flush", self.flush),
                 web.get("/metrics", self.metrics),
                 web.get("/v1/retention", self.retention),
+                web.get("/v1/cluster/assignment", self.assignment),
+                web.post("/v1/cluster/assignment", self.move),
             ]
         )
 
@@ -192,6 +197,32 @@ class AdminApi(HttpService):
                 for b in live
             ),
             key=lambda m: m.node_id,
+        )
+
+    async def assignment(self, request: web.Request) -> web.Response:
+        """The live brokers and each partition's leader and lease epoch (cluster mode)."""
+        if self.membership is None:
+            return _error(404, "not a cluster: this broker keeps its metadata in SQLite, alone")
+        return web.json_response(self.membership.assignment().model_dump(mode="json"))
+
+    async def move(self, request: web.Request) -> web.Response:
+        """Move a partition to a broker (``assignment.Move``): its preferred node is set; the
+        leader hands it over on its next heartbeat and the broker named takes it."""
+        from pydantic import ValidationError
+
+        from broker.assignment import Move
+
+        if self.membership is None:
+            return _error(404, "not a cluster: this broker keeps its metadata in SQLite, alone")
+        try:
+            move = Move.model_validate_json(await request.read())
+        except ValidationError as exc:
+            return _error(400, f"a move is {{topic, partition, node_id}}: {exc}")
+        problem = await self.membership.move(move.topic, move.partition, move.node_id)
+        if problem is not None:
+            return _error(400, problem)
+        return web.json_response(
+            {"topic": move.topic, "partition": move.partition, "preferred": move.node_id}
         )
 
     async def table_topics(self, request: web.Request) -> web.Response:

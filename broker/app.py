@@ -8,6 +8,8 @@ import asyncio
 import logging
 import os
 import signal
+import uuid
+from typing import Any
 
 from pyiceberg.table import Table
 
@@ -25,10 +27,14 @@ from broker.kafka.handlers import KafkaHandlers
 from broker.kafka.internal_topics import InternalTopic
 from broker.kafka.server import KafkaServer
 from broker.kafka.transactions import TransactionCoordinator
+from broker.membership import Membership
+from broker.ownership import Ownership, local_member
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
+from broker.registry.forward import Forwarder
 from broker.registry.table_check import TableCheck
 from broker.security.stats import AuthStats
+from broker.storage.leases import Leases
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import MetadataStore
 from broker.storage.objectstore import open_object_store
@@ -42,6 +48,16 @@ class Broker:
         self.config = config
         config.home.mkdir(parents=True, exist_ok=True)
         self.metadata = MetadataStore(config.metadata_target)
+        # Cluster mode (Postgres metadata): this broker's membership, refused at once when a
+        # live broker already has its node id.
+        self.leases: Leases | None = None
+        if self.metadata.db.postgres:
+            self.leases = Leases(self.metadata, config.node_id, config.broker_lease_ms)
+            try:
+                self.leases.register(uuid.uuid4().hex, endpoints(config), config.broker_rack)
+            except BaseException:
+                self.metadata.close()
+                raise
         self.store = open_object_store(config.store)
         self.logs = LogStore(config, self.metadata, self.store)
         self.cluster = Cluster(config, self.metadata, self.logs)
@@ -58,17 +74,38 @@ class Broker:
             config.transaction_max_timeout_ms,
             config.transaction_cleanup_interval_ms,
         )
+        self.ownership = Ownership(local_member(config), clustered=config.clustered)
         self.handlers = KafkaHandlers(
-            config, self.cluster, self.logs, self.groups, self.transactions, self.consumer_groups
+            config,
+            self.cluster,
+            self.logs,
+            self.groups,
+            self.transactions,
+            self.consumer_groups,
+            self.ownership,
         )
+        # cluster mode (Postgres metadata): leases, heartbeats, who leads what
+        self.membership: Membership | None = None
+        if self.leases is not None:
+            self.membership = Membership(
+                config,
+                self.metadata,
+                self.logs,
+                self.cluster,
+                self.ownership,
+                self.leases,
+                on_refresh=self.handlers.reload_acls,
+            )
+            self.cluster.changed = self.membership.nudge
         self.auth_stats = AuthStats()
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes, self.auth_stats)
         self.admin = AdminApi(config, self.cluster, self.logs, self.auth_stats)
-        self.schemas = registry_store.SchemaStore(
-            InternalTopic(
-                self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
-            )
+        self.admin.membership = self.membership
+        self.admin.members = self.leases  # GET /v1/cluster lists the live brokers
+        self.schemas_topic = InternalTopic(
+            self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
         )
+        self.schemas = registry_store.SchemaStore(self.schemas_topic)
         registry_auth = http_setup.registry_auth(config, self.schemas)
         self.handlers.gate = DataQualityGate(self.schemas)
         self.catalog = open_catalog(config)
@@ -92,6 +129,16 @@ class Broker:
                 else f"{spec.type} {spec.uri or spec.warehouse or ''}".strip(),
             ),
             auth=registry_auth,
+            # cluster mode: one writer, the leader of _schemas-0; the others forward writes
+            forward=Forwarder(
+                self.schemas_topic,
+                self.leases,
+                config.node_id,
+                self.schemas.sync,
+                wait_s=config.broker_lease_ms / 1000 + 2,
+            )
+            if self.leases is not None
+            else None,
         )
         self.registry.ssl_context = http_setup.registry_tls(config)
         self.admin.tables = self.tables
@@ -118,6 +165,10 @@ class Broker:
     async def start(self) -> None:
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
         self.cluster.write_manifest()
+        if self.membership is not None:  # lead this broker's share before serving
+            # the registry's topic exists from the start: its partition's lease elects the writer
+            await self.schemas_topic.ensure_in_cluster()
+            await self.membership.start()
         await self.schemas.load()  # before the listener: the produce gate needs every schema id
         self.schemas.start_tailing()  # records other writers append to _schemas
         self.groups.start()
@@ -151,6 +202,10 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        if self.membership is not None:
+            # hand the partitions over while the listener still answers (NOT_LEADER_OR_FOLLOWER:
+            # clients ask Metadata again and go to the new leaders), then leave the cluster
+            await self.membership.handover()
         for name, close in [
             ("segment retention", self.retention.close),
             ("catalog", self.catalog.close),
@@ -165,8 +220,20 @@ class Broker:
         ]:
             log.debug("stopping the %s", name)
             await close()
+        if self.membership is not None:
+            await self.membership.deregister()
         self.metadata.close()
         log.info("icefall broker stopped")
+
+
+def endpoints(config: BrokerConfig) -> dict[str, Any]:
+    """What this broker tells the cluster about itself: each listener's advertised
+    [host, port] by listener name, and the URLs of its HTTP services."""
+    out: dict[str, Any] = {
+        x.name: [x.advertised_host, x.advertised_port] for x in config.listener_list()
+    }
+    out.update(admin=config.admin_url, registry=config.registry_url, catalog=config.catalog_url)
+    return out
 
 
 def _log_tasks() -> None:

@@ -97,7 +97,28 @@ def main(argv: list[str] | None = None) -> int:
     scram.add_argument(
         "--password", default=None, help="the password (default: read one line from stdin)"
     )
+    cluster = sub.add_parser(
+        "cluster",
+        help="show the cluster's brokers and partition leaders (cluster mode), or move a partition",
+    )
+    cluster.add_argument(
+        "--admin-url",
+        default="http://127.0.0.1:8090",
+        help="any broker's admin API (default http://127.0.0.1:8090)",
+    )
+    cluster.add_argument("--json", action="store_true", help="print the admin API's JSON")
+    cluster_sub = cluster.add_subparsers(dest="cluster_command")
+    move = cluster_sub.add_parser(
+        "move", help="move a partition's leadership to a broker (no data is copied)"
+    )
+    move.add_argument("--topic", required=True)
+    move.add_argument("--partition", type=int, required=True)
+    move.add_argument(
+        "--to", type=int, default=None, help="the broker's node id (omit: drop the preference)"
+    )
     args = parser.parse_args(argv)
+    if args.command == "cluster":
+        return _cluster_command(args)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -116,11 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "broker":
         from broker.app import serve
         from broker.security.listeners import ListenerError
+        from broker.storage.leases import NodeIdInUseError
         from broker.storage.metadata import MetadataUnavailableError
 
         try:
             asyncio.run(serve(config, args.ready_file))
-        except (MetadataUnavailableError, ListenerError, ConfigError) as exc:
+        except (MetadataUnavailableError, NodeIdInUseError, ListenerError, ConfigError) as exc:
             print(f"icefall: {exc}", file=sys.stderr)
             return 2
         return 0
@@ -139,6 +161,31 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_up(config, args.demo_rate)
     return 2
+
+
+def _cluster_command(args: argparse.Namespace) -> int:
+    """``icefall cluster``: the assignment any broker's admin API serves; ``move``: change it."""
+    import urllib.error
+
+    from broker.assignment import Move, get_assignment, post_move, render
+
+    try:
+        if args.cluster_command == "move":
+            post_move(
+                args.admin_url, Move(topic=args.topic, partition=args.partition, node_id=args.to)
+            )
+            target = "no preferred broker" if args.to is None else f"broker {args.to}"
+            print(f"{args.topic}-{args.partition} moves to {target} within a heartbeat")
+            return 0
+        assignment = get_assignment(args.admin_url)
+    except ValueError as exc:
+        print(f"icefall: {exc}", file=sys.stderr)
+        return 2
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"icefall: cannot reach the admin API at {args.admin_url}: {exc}", file=sys.stderr)
+        return 2
+    print(assignment.model_dump_json(indent=2) if args.json else render(assignment))
+    return 0
 
 
 if __name__ == "__main__":

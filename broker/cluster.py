@@ -13,6 +13,7 @@ import asyncio
 import logging
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
@@ -67,6 +68,10 @@ class Cluster:
         self.topics_by_id = {t.topic_id: t for t in self.topics.values()}
         self.broker_configs = metadata.broker_configs()
         self._changes = asyncio.Lock()
+        # Cluster mode: a broker's log store holds only the partitions it leads, which the
+        # membership loop (broker/membership.py) loads; a change here wakes it (``changed``).
+        self.clustered = config.clustered
+        self.changed: Callable[[], None] = lambda: None
 
     def write_manifest(self) -> None:
         records = [
@@ -108,12 +113,14 @@ class Cluster:
             record = await asyncio.to_thread(self.metadata.create_topic, name, partitions, valid)
             chunks = await asyncio.to_thread(self._stored_chunks, name, range(partitions))
             topic = Topic(record.name, record.topic_id, record.partitions, dict(record.configs))
-            for p in range(partitions):
-                self.logs.add_partition(name, p, chunks=chunks[p])
+            if not self.clustered:
+                for p in range(partitions):
+                    self.logs.add_partition(name, p, chunks=chunks[p])
             self.topics[name] = topic
             self.topics_by_id[topic.topic_id] = topic
             self.write_manifest()
             log.info("created topic %s with %d partitions", name, partitions)
+            self.changed()
             return topic
 
     async def delete_topic(self, name: str) -> Topic:
@@ -155,11 +162,13 @@ class Cluster:
                 return
             await asyncio.to_thread(self.metadata.add_partitions, name, count)
             added = range(topic.partitions, count)
-            chunks = await asyncio.to_thread(self._stored_chunks, name, added)
-            for p in added:
-                self.logs.add_partition(name, p, chunks=chunks[p])
+            if not self.clustered:
+                chunks = await asyncio.to_thread(self._stored_chunks, name, added)
+                for p in added:
+                    self.logs.add_partition(name, p, chunks=chunks[p])
             topic.partitions = count
             self.write_manifest()
+            self.changed()
 
     async def set_configs(self, name: str, configs: dict[str, str], validate_only: bool) -> None:
         async with self._changes:
@@ -192,6 +201,36 @@ class Cluster:
                 return
             await asyncio.to_thread(self.metadata.set_broker_configs, scope, valid)
             self.broker_configs[scope] = valid
+
+    async def refresh(self) -> None:
+        """Cluster mode: take what other brokers changed (topics, their configs and partition
+        counts, broker configs) from Postgres. A topic deleted elsewhere is dropped here too
+        (the membership loop then releases its leases)."""
+        async with self._changes:
+            records = await asyncio.to_thread(self.metadata.topics)
+            configs = await asyncio.to_thread(self.metadata.broker_configs)
+            stored = {r.name: r for r in records}
+            for name in [n for n in self.topics if n not in stored]:
+                gone = self.topics.pop(name)
+                self.topics_by_id.pop(gone.topic_id, None)
+                async with self.logs.index_lock:
+                    self.logs.drop_topic(name)
+                log.info("topic %s was deleted by another broker", name)
+            for name, r in stored.items():
+                topic = self.topics.get(name)
+                if topic is None or topic.topic_id != r.topic_id:
+                    if topic is not None:  # deleted and created again elsewhere
+                        self.topics_by_id.pop(topic.topic_id, None)
+                        async with self.logs.index_lock:
+                            self.logs.drop_topic(name)
+                    topic = Topic(r.name, r.topic_id, r.partitions, dict(r.configs))
+                    self.topics[name] = topic
+                    self.topics_by_id[topic.topic_id] = topic
+                    log.info("topic %s was created by another broker", name)
+                topic.partitions = r.partitions
+                topic.configs = dict(r.configs)
+            self.broker_configs = configs
+            self.write_manifest()
 
     def _stored_chunks(self, name: str, partitions: range) -> dict[int, list[Chunk]]:
         """The index's chunks of new partitions (blocking: called in a thread)."""

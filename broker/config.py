@@ -142,6 +142,23 @@ class BrokerConfig(BaseSettings):
         ),
     )
     node_id: int = Field(default=0, description="this broker's id in Metadata")
+    broker_rack: str | None = Field(
+        default=None, description="this broker's rack in Metadata (cluster mode)"
+    )
+    broker_lease_ms: int = Field(
+        default=6000,
+        gt=0,
+        description=(
+            "cluster mode (Postgres metadata): how long a broker's partition leases and "
+            "membership last without a heartbeat; a broker that could not renew stops accepting "
+            "produce this long after its last renewal began, and another broker takes over"
+        ),
+    )
+    broker_heartbeat_interval_ms: int = Field(
+        default=1000,
+        gt=0,
+        description="cluster mode: how often a broker renews its membership and leases",
+    )
     cluster_id: str = Field(
         default="icefall-local-cluster", description="the cluster id clients see"
     )
@@ -215,7 +232,8 @@ class BrokerConfig(BaseSettings):
         default=None,
         description=(
             "the broker's metadata in Postgres, postgresql://user:password@host:port/database "
-            "(default SQLite in HOME/metadata.sqlite; one broker per database)"
+            "(default SQLite in HOME/metadata.sqlite, one broker); with Postgres, brokers "
+            "sharing the database and the object store form a cluster"
         ),
     )
     warehouse: str | None = Field(
@@ -515,6 +533,12 @@ class BrokerConfig(BaseSettings):
     def metadata_target(self) -> Path | str:
         """Where the metadata store lives: the Postgres URI, else the SQLite file."""
         return self.metadata_uri or self.metadata_db
+
+    @property
+    def clustered(self) -> bool:
+        """Cluster mode: the metadata is in Postgres, so brokers sharing it (and the object
+        store) form one cluster (broker/membership.py)."""
+        return self.metadata_uri is not None
 
     @property
     def wal_dir(self) -> Path:

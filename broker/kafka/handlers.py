@@ -35,9 +35,11 @@ from broker.kafka.codec import Responder, field, ms
 from broker.kafka.consumer_groups import ConsumerGroupApis, ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.replica_apis import ReplicaApis
+from broker.kafka.routing import route
 from broker.kafka.security_apis import SecurityApis
 from broker.kafka.transactions import TransactionCoordinator
 from broker.kafka.txn_apis import TransactionApis, fenced_for
+from broker.ownership import KEY_GROUP, KEY_TRANSACTION, Ownership, local_member
 from broker.security.listeners import Listener
 from broker.storage.logstore import LogStore, ProduceError
 from broker.storage.metadata import MetadataStore
@@ -184,8 +186,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         groups: GroupCoordinator,
         transactions: TransactionCoordinator,
         consumer_groups: ConsumerGroupCoordinator | None = None,
+        ownership: Ownership | None = None,
     ) -> None:
         self.config = config
+        # who leads what (cluster mode: refreshed by broker/membership.py every heartbeat)
+        self.ownership = ownership or Ownership(local_member(config))
         self.cluster = cluster
         self.logs = logs
         self.groups = groups
@@ -242,8 +247,17 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         }
         # the one place requests refused as a whole are refused (acl_apis.REQUEST_CHECKS)
         self.by_key = {key: self.guarded(key, handler) for key, handler in self.by_key.items()}
+        # cluster mode: group and transaction APIs only at the key's coordinator (routing.py)
+        self.by_key = {
+            key: route(self.ownership, key, handler) for key, handler in self.by_key.items()
+        }
 
         self.listeners: dict[str, Listener] = {x.name: x for x in config.listener_list()}
+
+    def reload_acls(self) -> None:
+        """Cluster mode: the ACLs again from Postgres (another broker changed them)."""
+        if self.authorizer is not None:
+            self.authorizer = open_authorizer(self.config, self.cluster.metadata)
 
     def _metadata_store(self) -> MetadataStore:
         return self.cluster.metadata
@@ -256,11 +270,45 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             "broker_id": self.config.node_id,
             "host": listener.advertised_host,
             "port": listener.advertised_port,
-            "rack": None,
+            "rack": self.config.broker_rack,
         }
+
+    def _brokers(self, ctx: ConnectionContext) -> list[dict[str, Any]]:
+        """Every live broker on the listener the request came in on (a broker without that
+        listener is left out, as Kafka leaves out brokers without the listener's name)."""
+        listener = self._broker(ctx)
+        found = [listener]
+        for member in self.ownership.live():
+            if member.node_id == self.config.node_id:
+                continue
+            address = member.address(ctx.listener)
+            if address is not None:
+                found.append(
+                    {
+                        "node_id": member.node_id,
+                        "broker_id": member.node_id,
+                        "host": address[0],
+                        "port": address[1],
+                        "rack": member.rack,
+                    }
+                )
+        return sorted(found, key=lambda b: int(b["node_id"]))
 
     def _partition(self, topic: str, partition: int) -> Any:
         return self.logs.partitions.get((topic, partition))
+
+    def _absent(self, topic: str, partition: int) -> int:
+        """Why a partition is not in this broker's logs: another broker leads it (cluster mode:
+        NOT_LEADER_OR_FOLLOWER, the client asks Metadata again), or it does not exist."""
+        known = self.cluster.topics.get(topic)
+        if self.ownership.clustered and known is not None and 0 <= partition < known.partitions:
+            return ErrorCode.not_leader_or_follower
+        return ErrorCode.unknown_topic_or_partition
+
+    def _leader_hint(self, topic: str, partition: int) -> dict[str, int]:
+        """Produce v10+ / Fetch v12+'s ``current_leader`` (KIP-951): the leader as last read."""
+        found = self.ownership.leader(topic, partition)
+        return {"leader_id": found[0] if found else -1, "leader_epoch": found[1] if found else -1}
 
     # ------------------------------------------------------------ versions / cluster
 
@@ -275,8 +323,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             error_message=None,
             endpoint_type=1,
             cluster_id=self.config.cluster_id,
-            controller_id=self.config.node_id,
-            brokers=[self._broker(ctx)],
+            controller_id=self.ownership.controller_id,
+            brokers=self._brokers(ctx),
             cluster_authorized_operations=self._cluster_operations(
                 ctx, field(req, "include_cluster_authorized_operations", False)
             ),
@@ -352,7 +400,6 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     self._metadata_error(name, topic_id, ErrorCode.unknown_topic_or_partition)
                 )
                 continue
-            node = self.config.node_id
             topics.append(
                 {
                     "error_code": ErrorCode.none,
@@ -360,16 +407,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     "topic_id": topic.topic_id,
                     "is_internal": topic.is_internal,
                     "partitions": [
-                        {
-                            "error_code": ErrorCode.none,
-                            "partition_index": p,
-                            "leader_id": node,
-                            "leader_epoch": 0,
-                            "replica_nodes": [node],
-                            "isr_nodes": [node],
-                            "offline_replicas": [],
-                        }
-                        for p in range(topic.partitions)
+                        self._metadata_partition(topic.name, p) for p in range(topic.partitions)
                     ],
                     "topic_authorized_operations": self.authorized_operations(
                         ctx, ResourceType.TOPIC, topic.name
@@ -379,14 +417,29 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 }
             )
         return R(
-            brokers=[self._broker(ctx)],
+            brokers=self._brokers(ctx),
             cluster_id=self.config.cluster_id,
-            controller_id=self.config.node_id,
+            controller_id=self.ownership.controller_id,
             topics=topics,
             cluster_authorized_operations=self._cluster_operations(
                 ctx, field(req, "include_cluster_authorized_operations", False)
             ),
         )
+
+    def _metadata_partition(self, topic: str, partition: int) -> dict[str, Any]:
+        """A partition in Metadata: its leader and lease epoch (one replica: the leader);
+        LEADER_NOT_AVAILABLE while no live broker holds its lease (cluster mode)."""
+        found = self.ownership.leader(topic, partition)
+        leader, epoch = found if found else (-1, -1)
+        return {
+            "error_code": ErrorCode.none if found else ErrorCode.leader_not_available,
+            "partition_index": partition,
+            "leader_id": leader,
+            "leader_epoch": epoch,
+            "replica_nodes": [leader] if found else [],
+            "isr_nodes": [leader] if found else [],
+            "offline_replicas": [],
+        }
 
     @staticmethod
     def _metadata_error(name: str | None, topic_id: Any, code: int) -> dict[str, Any]:
@@ -454,10 +507,15 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         error_code=ErrorCode.invalid_topic_exception, error_message=internal
                     )
                 elif topic is None or part is None:
+                    absent = self._absent(td.name, pd.index)
                     entry.update(
-                        error_code=ErrorCode.unknown_topic_or_partition,
-                        error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}",
+                        error_code=absent,
+                        error_message=f"This server does not host this topic-partition: {td.name}-{pd.index}"
+                        if absent == ErrorCode.unknown_topic_or_partition
+                        else f"This broker does not lead {td.name}-{pd.index}",
                     )
+                    if absent == ErrorCode.not_leader_or_follower:
+                        entry["current_leader"] = self._leader_hint(td.name, pd.index)
                 elif pd.records is None:
                     entry.update(
                         error_code=ErrorCode.invalid_record,
@@ -596,7 +654,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         entry["error_code"] = ErrorCode.topic_authorization_failed
                         errors = True
                     elif part is None:
-                        entry["error_code"] = ErrorCode.unknown_topic_or_partition
+                        entry["error_code"] = self._absent(ft.topic, fp.partition)
+                        if entry["error_code"] == ErrorCode.not_leader_or_follower:
+                            entry["current_leader"] = self._leader_hint(ft.topic, fp.partition)
                         errors = True
                     else:
                         hw = part.high_watermark
@@ -656,12 +716,14 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     "error_code": ErrorCode.none,
                     "timestamp": -1,
                     "offset": -1,
-                    "leader_epoch": 0,
+                    "leader_epoch": self.ownership.leader_epoch(t.name, p.partition_index)
+                    if part is not None
+                    else -1,
                 }
                 if not describable:
                     entry["error_code"] = ErrorCode.topic_authorization_failed
                 elif part is None:
-                    entry["error_code"] = ErrorCode.unknown_topic_or_partition
+                    entry["error_code"] = self._absent(t.name, p.partition_index)
                 elif p.timestamp == -1:  # latest (read_committed: the last stable offset)
                     entry["offset"] = (
                         part.last_stable_offset
@@ -709,7 +771,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     partitions.append(
                         {
                             "partition_index": p.partition_index,
-                            "error_code": ErrorCode.unknown_topic_or_partition
+                            "error_code": self._absent(t.name, p.partition_index)
                             if describable
                             else ErrorCode.topic_authorization_failed,
                             "old_style_offsets": [],
@@ -746,7 +808,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 if part is None or not describable:
                     partitions.append(
                         {
-                            "error_code": ErrorCode.unknown_topic_or_partition
+                            "error_code": self._absent(t.topic, p.partition)
                             if describable
                             else ErrorCode.topic_authorization_failed,
                             "partition": p.partition,
@@ -757,7 +819,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         {
                             "error_code": ErrorCode.none,
                             "partition": p.partition,
-                            "leader_epoch": 0,
+                            "leader_epoch": self.ownership.leader_epoch(t.topic, p.partition),
                             "end_offset": part.high_watermark,
                         }
                     )
@@ -1171,20 +1233,26 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             if key_type in (0, 1)  # a group, a transactional id: this broker coordinates both
             else (ErrorCode.invalid_request, f"unknown coordinator key type {key_type}")
         )
-        node = self._broker(ctx)
+        here = self._broker(ctx)
 
         def answer(key: str) -> dict[str, Any]:
             code, text = error, message
+            node: dict[str, Any] | None = here
             if code == ErrorCode.none:  # DESCRIBE on the group or the transactional id
                 kind = ResourceType.GROUP if key_type == 0 else ResourceType.TRANSACTIONAL_ID
                 if not self.allowed(ctx, Operation.DESCRIBE, kind, key):
                     code, text = DENIED_CODE[kind], denied_message(kind, key)
-            found = code == ErrorCode.none
+                elif self.ownership.clustered:  # the leader of the key's coordinator slot
+                    node = self._coordinator_node(ctx, key_type, key)
+                    if node is None:
+                        code = ErrorCode.coordinator_not_available
+                        text = "no live broker holds the coordinator slot yet"
+            found = code == ErrorCode.none and node is not None
             return {
                 "key": key,
-                "node_id": node["node_id"] if found else -1,
-                "host": node["host"] if found else "",
-                "port": node["port"] if found else -1,
+                "node_id": node["node_id"] if node and found else -1,
+                "host": node["host"] if node and found else "",
+                "port": node["port"] if node and found else -1,
                 "error_code": code,
                 "error_message": text,
             }
@@ -1194,6 +1262,20 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         single = answer(req.key)
         del single["key"]
         return R(**single)
+
+    def _coordinator_node(
+        self, ctx: ConnectionContext, key_type: int, key: str
+    ) -> dict[str, Any] | None:
+        """The coordinator of a group (0) or transactional id (1) on the request's listener."""
+        member = self.ownership.coordinator(KEY_GROUP if key_type == 0 else KEY_TRANSACTION, key)
+        if member is None:
+            return None
+        if member.node_id == self.config.node_id:
+            return self._broker(ctx)
+        address = member.address(ctx.listener)
+        if address is None:
+            return None
+        return {"node_id": member.node_id, "host": address[0], "port": address[1]}
 
     async def join_group(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         session_ms = ms(req.session_timeout)
@@ -1534,7 +1616,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     partitions.append(result)
                     continue
                 if part is None or topic is None:
-                    result["error_code"] = ErrorCode.unknown_topic_or_partition
+                    result["error_code"] = self._absent(t.name, p.partition_index)
                     partitions.append(result)
                     continue
                 if "delete" not in topic.config("cleanup.policy").split(","):

@@ -40,6 +40,18 @@ class InternalTopic:
         if self.name not in self.cluster.topics:
             await self.cluster.create_topic(self.name, 1, self.configs)
 
+    async def ensure_in_cluster(self) -> None:
+        """Cluster mode, at start: the topic exists (created by whichever broker starts first;
+        one that loses the race to create it takes the winner's from Postgres)."""
+        if self.name in self.cluster.topics:
+            return
+        try:
+            await self.cluster.create_topic(self.name, 1, self.configs)
+        except Exception as exc:  # another broker created it first: read it
+            await self.cluster.refresh()
+            if self.name not in self.cluster.topics:
+                raise RuntimeError(f"cannot create {self.name}: {exc}") from exc
+
     @property
     def clustered(self) -> bool:
         return self.cluster.config.metadata_uri is not None

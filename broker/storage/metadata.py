@@ -157,7 +157,44 @@ CREATE TABLE IF NOT EXISTS acls (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_SCHEMA, _TRANSACTIONS, _BROKER_CONFIGS, _SCRAM_CREDENTIALS, _ACLS)
+# The cluster (issue 16, Postgres; SQLite gets the tables too, unused, so both databases keep one
+# migration list): the live brokers and each partition's lease. Times are the database's
+# clock only (``clock_timestamp()``), never a broker's. A lease's epoch only grows: every change
+# of owner bumps it, and the index commit of a flush checks it (``add_chunks(fence=...)``).
+# node_id -1: never owned (a row made by ``set_preferred``); preferred_node: the owner an
+# operator asked for (``icefall cluster move``). The cluster state version is the counters row
+# ``cluster_state_version``: every change of topics, configs, ACLs or SCRAM credentials bumps
+# it in its own transaction, so the other brokers know when to read them again.
+_CLUSTER = """
+CREATE TABLE IF NOT EXISTS cluster_brokers (
+    node_id INTEGER PRIMARY KEY,
+    incarnation TEXT NOT NULL,
+    endpoints TEXT NOT NULL,
+    rack TEXT,
+    started_at TIMESTAMPTZ NOT NULL,
+    heartbeat_at TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE IF NOT EXISTS partition_leases (
+    topic TEXT NOT NULL,
+    partition BIGINT NOT NULL,
+    node_id INTEGER NOT NULL,
+    epoch BIGINT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL,
+    preferred_node INTEGER,
+    PRIMARY KEY (topic, partition)
+);
+CREATE INDEX IF NOT EXISTS partition_leases_by_node ON partition_leases (node_id);
+INSERT INTO counters (name, value) VALUES ('cluster_state_version', 0) ON CONFLICT DO NOTHING;
+"""
+
+MIGRATIONS: tuple[str, ...] = (
+    _SCHEMA,
+    _TRANSACTIONS,
+    _BROKER_CONFIGS,
+    _SCRAM_CREDENTIALS,
+    _ACLS,
+    _CLUSTER,
+)
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 
 
@@ -357,9 +394,9 @@ _UPSERT_SCRAM = _upsert(
 _ACL_COLUMNS = (
     "resource_type, resource_name, pattern_type, principal, host, operation, permission_type"
 )
-# 64-bit key of the Postgres advisory lock a broker holds on its metadata database.
-POSTGRES_LOCK_KEY = 0x1CEFA11
-POSTGRES_LOCK_WAIT_S = 5.0
+# 64-bit key of the Postgres advisory lock a broker holds while it migrates the schema: brokers
+# of a cluster starting at once against a fresh database would otherwise race on CREATE TABLE.
+POSTGRES_MIGRATION_LOCK_KEY = 0x1CEFA11
 
 
 class MetadataUnavailableError(RuntimeError):
@@ -367,7 +404,7 @@ class MetadataUnavailableError(RuntimeError):
 
 
 class MetadataInUseError(MetadataUnavailableError):
-    """Another broker already keeps its metadata in this database."""
+    """Another broker already uses this database in a way this one cannot share (its node id)."""
 
 
 class SchemaTooNewError(MetadataUnavailableError):
@@ -383,26 +420,12 @@ def _open_sqlite(path: Path) -> _Database:
     return _Database(connection, postgres=False)
 
 
-def _take_lock(connection: Any, wait_s: float) -> bool:
-    """The advisory lock, waiting ``wait_s`` for it: the session of a broker that just stopped
-    (or was killed) releases it when its backend notices the closed connection, a moment later."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        locked = connection.execute(
-            "SELECT pg_try_advisory_lock(%s)", (POSTGRES_LOCK_KEY,)
-        ).fetchone()
-        if locked and locked[0]:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
-
-
-def _open_postgres(uri: str, lock_wait_s: float) -> _Database:
-    """Autocommit connection, schema created if missing, and an advisory lock held for the
-    connection's life: the broker keeps each partition's state (next offset, producer
-    sequences) in memory, so a second broker on the same database would hand out the same
-    offsets; it is refused instead."""
+def _open_postgres(uri: str) -> _Database:
+    """Autocommit connection, schema migrated under an advisory lock (several brokers of a
+    cluster may start at once against a fresh database; the lock is released right after).
+    Several brokers share the database: who leads which partition is in ``partition_leases``
+    (``broker/storage/leases.py``), and a second live broker with the same node id is refused
+    there (``Leases.register``)."""
     import psycopg
 
     try:
@@ -412,11 +435,11 @@ def _open_postgres(uri: str, lock_wait_s: float) -> _Database:
             f"cannot connect to the metadata database {_redact(uri)}: {exc}"
         ) from exc
     try:
-        if not _take_lock(connection, lock_wait_s):
-            raise MetadataInUseError(
-                f"another broker holds the metadata database {_redact(uri)}: one broker per metadata database"
-            )
-        migrate(connection, postgres=True)
+        connection.execute("SELECT pg_advisory_lock(%s)", (POSTGRES_MIGRATION_LOCK_KEY,))
+        try:
+            migrate(connection, postgres=True)
+        finally:
+            connection.execute("SELECT pg_advisory_unlock(%s)", (POSTGRES_MIGRATION_LOCK_KEY,))
     except BaseException:
         connection.close()
         raise
@@ -441,13 +464,13 @@ def is_postgres_uri(uri: str) -> bool:
 class MetadataStore:
     """The broker's metadata; every method is one short transaction.
 
-    ``target``: a SQLite file path (the default, ``HOME/metadata.sqlite``) or a
-    ``postgresql://`` URI (one broker per database; see ``_open_postgres``).
+    ``target``: a SQLite file path (the default, ``HOME/metadata.sqlite``: one broker) or a
+    ``postgresql://`` URI (a cluster: several brokers share it; see ``_open_postgres``).
     """
 
-    def __init__(self, target: Path | str, lock_wait_s: float = POSTGRES_LOCK_WAIT_S) -> None:
+    def __init__(self, target: Path | str) -> None:
         if isinstance(target, str) and is_postgres_uri(target):
-            self.db = _open_postgres(target, lock_wait_s)
+            self.db = _open_postgres(target)
         else:
             self.db = _open_sqlite(Path(target))
 
@@ -478,10 +501,13 @@ class MetadataStore:
                 "INSERT INTO topic_configs VALUES (?, ?, ?)",
                 [(name, k, v) for k, v in configs.items()],
             )
+            self._bump_state_version()
         return TopicRecord(name, topic_id, partitions, dict(configs))
 
     def add_partitions(self, name: str, partitions: int) -> None:
-        self.db.execute("UPDATE topics SET partitions = ? WHERE name = ?", (partitions, name))
+        with self.db.transaction():
+            self.db.execute("UPDATE topics SET partitions = ? WHERE name = ?", (partitions, name))
+            self._bump_state_version()
 
     def delete_topic(self, name: str) -> list[str]:
         """Forget a topic; returns the object keys no other chunk refers to any more."""
@@ -502,6 +528,7 @@ class MetadataStore:
                 self.db.execute(f"DELETE FROM {table} WHERE topic = ?", (name,))
             self.db.execute("DELETE FROM group_offsets WHERE topic = ?", (name,))
             self.db.execute("DELETE FROM topics WHERE name = ?", (name,))
+            self._bump_state_version()
             unreferenced = [
                 k
                 for k in keys
@@ -516,6 +543,7 @@ class MetadataStore:
                 "INSERT INTO topic_configs VALUES (?, ?, ?)",
                 [(name, k, v) for k, v in configs.items()],
             )
+            self._bump_state_version()
 
     # ------------------------------------------------------------ segment index
 
@@ -524,10 +552,33 @@ class MetadataStore:
         chunks: list[Chunk],
         producer_states: dict[tuple[str, int, int], dict[str, object]],
         aborted: Sequence[tuple[str, int, int, int, int]] = (),
-    ) -> None:
+        fence: tuple[int, dict[tuple[str, int], int]] | None = None,
+    ) -> set[tuple[str, int]]:
         """Index chunks, with the producer states and the aborted transactions (topic, partition,
-        producer id, first offset, marker offset) whose markers they hold, in one transaction."""
+        producer id, first offset, marker offset) whose markers they hold, in one transaction.
+
+        ``fence`` (cluster mode, Postgres): (this node id, the lease epoch it holds per
+        partition). In the same transaction each written partition's lease row is locked
+        (``FOR UPDATE``, so an ``acquire`` waits for this commit or this check sees it) and a
+        partition whose row is not (this node, that epoch, unexpired by the database's clock)
+        is fenced: nothing of it is written. Returns the fenced partitions. So a broker that
+        lost a lease (paused, cut off, or just slow) never makes data visible after the new
+        owner loaded the partition; its segment object is garbage for the orphan sweep."""
         with self.db.transaction():
+            fenced: set[tuple[str, int]] = set()
+            if fence is not None:
+                written = (
+                    {(c.topic, c.partition) for c in chunks}
+                    | {(t, p) for t, p, _ in producer_states}
+                    | {(a[0], a[1]) for a in aborted}
+                )
+                fenced = written - self._held_leases(fence[0], fence[1], written)
+                if fenced:
+                    chunks = [c for c in chunks if (c.topic, c.partition) not in fenced]
+                    producer_states = {
+                        k: v for k, v in producer_states.items() if (k[0], k[1]) not in fenced
+                    }
+                    aborted = [a for a in aborted if (a[0], a[1]) not in fenced]
             self.db.executemany(
                 "INSERT INTO aborted_txns VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (topic, partition, last_offset) DO NOTHING",
@@ -555,6 +606,27 @@ class MetadataStore:
                 _UPSERT_PRODUCER,
                 [(t, p, pid, json.dumps(state)) for (t, p, pid), state in producer_states.items()],
             )
+        return fenced
+
+    def _held_leases(
+        self, node_id: int, epochs: dict[tuple[str, int], int], wanted: set[tuple[str, int]]
+    ) -> set[tuple[str, int]]:
+        """Of ``wanted``, the partitions whose lease this node holds at the given epoch, the rows
+        locked until the transaction ends (Postgres only: leases are a cluster's)."""
+        if not wanted:
+            return set()
+        if not self.db.postgres:
+            raise ValueError("fencing needs the cluster's leases: Postgres metadata")
+        ordered = sorted(wanted)  # one lock order for every broker
+        rows = self.db.query(
+            "SELECT l.topic, l.partition, l.epoch FROM partition_leases l "
+            "JOIN unnest(?::text[], ?::bigint[]) AS w(topic, partition) "
+            "ON l.topic = w.topic AND l.partition = w.partition "
+            "WHERE l.node_id = ? AND l.expires_at > clock_timestamp() "
+            "ORDER BY l.topic, l.partition FOR UPDATE OF l",
+            ([t for t, _ in ordered], [p for _, p in ordered], node_id),
+        )
+        return {(t, p) for t, p, epoch in rows if epochs.get((t, p)) == epoch}
 
     def chunks(self, topic: str, partition: int) -> list[Chunk]:
         return [
@@ -662,6 +734,7 @@ class MetadataStore:
                 "INSERT INTO broker_configs (scope, name, value) VALUES (?, ?, ?)",
                 [(scope, name, value) for name, value in configs.items()],
             )
+            self._bump_state_version()
 
     # ------------------------------------------------------------ ACLs
 
@@ -683,6 +756,7 @@ class MetadataStore:
                 "ON CONFLICT DO NOTHING",
                 list(rows),
             )
+            self._bump_state_version()
 
     def delete_acls(self, rows: Sequence[tuple[int, str, int, str, str, int, int]]) -> None:
         with self.db.transaction():
@@ -692,6 +766,7 @@ class MetadataStore:
                 "permission_type = ?",
                 list(rows),
             )
+            self._bump_state_version()
 
     def delete_partition_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
         """OffsetDelete: the group's committed offsets of these partitions."""
@@ -743,8 +818,23 @@ class MetadataStore:
                 list(deletions),
             )
             self.db.executemany(_UPSERT_SCRAM, list(upsertions))
+            self._bump_state_version()
 
     # ------------------------------------------------------------ counters
+
+    def state_version(self) -> int:
+        """The cluster state version: it changes whenever topics, topic or broker configs, ACLs
+        or SCRAM credentials do (through any broker sharing the database), so a broker reads
+        them again only when it moved."""
+        rows = self.db.query("SELECT value FROM counters WHERE name = 'cluster_state_version'")
+        return int(rows[0][0]) if rows else 0
+
+    def _bump_state_version(self) -> None:
+        """Inside the transaction of a change the other brokers must see."""
+        self.db.execute(
+            "INSERT INTO counters (name, value) VALUES ('cluster_state_version', 1) "
+            "ON CONFLICT (name) DO UPDATE SET value = counters.value + 1"
+        )
 
     def next_producer_id(self) -> int:
         """1000, 1001, ...: one atomic statement, so even two writers never get the same id."""

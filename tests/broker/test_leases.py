@@ -1,0 +1,256 @@
+"""Cluster membership and partition leases in a real Postgres (issue 16): a node id is one live
+broker's, leases are taken only when free and every change of owner bumps the epoch, an
+operator's preferred node is respected, and the index commit of a flush fences a broker that
+lost a lease (its chunks, producer states and aborted transactions never reach the index)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from broker.storage.leases import Leases, NodeIdInUseError
+from broker.storage.metadata import (
+    MIGRATIONS,
+    BatchRef,
+    Chunk,
+    MetadataStore,
+    pack_batch_index,
+)
+from tests.postgres import PostgresServer
+from tests.support import wait_for
+
+LEASE_MS = 6000
+SHORT_MS = 300  # a lease made to lapse within a test
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def uri(postgres: PostgresServer) -> str:
+    return postgres.create_database(f"leases_{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def stores(uri: str) -> Iterator[list[MetadataStore]]:
+    """Three brokers' metadata stores on one fresh database, opened at once (their migrations
+    race: the advisory lock around ``migrate`` must make that safe)."""
+    opened: list[MetadataStore] = []
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            store = MetadataStore(uri)
+            opened.append(store)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    try:
+        assert not errors, errors
+        assert len(opened) == 3
+        yield opened
+    finally:
+        for store in opened:
+            store.close()
+
+
+def _member(store: MetadataStore, node_id: int, lease_ms: int = LEASE_MS) -> Leases:
+    leases = Leases(store, node_id, lease_ms)
+    leases.register(uuid.uuid4().hex, {"PLAINTEXT": ["127.0.0.1", 9000 + node_id]}, "r1")
+    return leases
+
+
+def test_a_node_id_is_one_live_brokers(stores: list[MetadataStore]) -> None:
+    [(version,)] = stores[0].db.query("SELECT version FROM schema_version")
+    assert version == len(MIGRATIONS)
+    one = _member(stores[0], 1)
+    with pytest.raises(NodeIdInUseError, match="node id 1 is in use: another live broker"):
+        _member(stores[1], 1)
+    two = _member(stores[1], 2)  # another id is welcome
+    live = one.live_brokers()
+    assert [(b.node_id, b.endpoints, b.rack) for b in live] == [
+        (1, {"PLAINTEXT": ["127.0.0.1", 9001]}, "r1"),
+        (2, {"PLAINTEXT": ["127.0.0.1", 9002]}, "r1"),
+    ]
+    assert all(0 <= b.heartbeat_age_ms < LEASE_MS for b in live)
+    assert one.incarnation is not None
+    one.register(one.incarnation, {}, None)  # the same incarnation again: fine
+
+    # a clean shutdown frees the id at once
+    one.deregister()
+    assert [b.node_id for b in two.live_brokers()] == [2]
+    again = _member(stores[2], 1)
+
+    # a broker that stops heartbeating loses its id after a lease
+    quiet = Leases(stores[0], 3, SHORT_MS)
+    quiet.register("old", {}, None)
+    successor = Leases(stores[1], 3, SHORT_MS)
+    wait_for(
+        lambda: _registered(successor, "new"), timeout=10, what="the lapsed node id taken over"
+    )
+    with pytest.raises(NodeIdInUseError, match="taken over by another broker"):
+        quiet.heartbeat()
+    assert successor.heartbeat() == {}
+    assert {b.node_id for b in again.live_brokers()} == {1, 2, 3}
+
+
+def _registered(leases: Leases, incarnation: str) -> bool:
+    try:
+        leases.register(incarnation, {}, None)
+    except NodeIdInUseError:
+        return False
+    return True
+
+
+def test_leases_are_taken_when_free_and_every_new_owner_bumps_the_epoch(
+    stores: list[MetadataStore],
+) -> None:
+    short = _member(stores[0], 1, SHORT_MS)
+    two = _member(stores[1], 2)
+    assert short.acquire("t", 0) == 1
+    assert two.acquire("t", 0) is None  # held
+    assert short.acquire("t", 0) == 2  # taken again by its holder: a new epoch all the same
+    assert short.heartbeat() == {("t", 0): 2}
+    [lease] = two.leases()
+    assert (lease.topic, lease.partition, lease.node_id, lease.epoch) == ("t", 0, 1, 2)
+    assert lease.held and 0 < lease.remaining_ms <= SHORT_MS
+
+    # not renewed: it lapses and the other broker takes it, with a new epoch
+    assert wait_for(lambda: two.acquire("t", 0), timeout=10, what="the lapsed lease") == 3
+    assert short.heartbeat() == {}  # no longer its to renew
+    assert short.acquire("t", 0) is None
+    assert two.heartbeat() == {("t", 0): 3}
+
+    # released: free at once, epoch unchanged until the next owner takes it
+    two.release([("t", 0)])
+    [lease] = short.leases()
+    assert (lease.node_id, lease.epoch, lease.held) == (2, 3, False)
+    assert two.heartbeat() == {}
+    assert short.acquire("t", 0) == 4
+
+    # coordinator slots are lease rows like any partition
+    assert two.acquire("__consumer_offsets", 7) == 1
+    assert two.heartbeat() == {("__consumer_offsets", 7): 1}
+
+
+def test_a_preferred_node_gets_the_partition(stores: list[MetadataStore]) -> None:
+    one = _member(stores[0], 1)
+    two = _member(stores[1], 2)
+    one.set_preferred("t", 0, 2)  # before anyone held it: a row that was never held
+    [lease] = one.leases()
+    assert (lease.node_id, lease.epoch, lease.held, lease.preferred_node) == (-1, 0, False, 2)
+    assert one.acquire("t", 0) is None  # node 2 is live: it is 2's
+    assert two.acquire("t", 0) == 1
+
+    # moved while held: the holder keeps it until it releases (after a flush)
+    assert one.acquire("t", 1) == 1
+    one.set_preferred("t", 1, 2)
+    assert one.heartbeat() == {("t", 1): 1}
+    assert two.acquire("t", 1) is None
+    one.release([("t", 1)])
+    assert one.acquire("t", 1) is None
+    assert two.acquire("t", 1) == 2
+
+    # a preferred node that is not live does not keep a free partition from the others
+    one.set_preferred("t", 2, 9)
+    assert one.acquire("t", 2) == 1
+    two.deregister()
+    two.release([("t", 0)])  # (a deregistered broker's leases: released or lapsed)
+    assert one.acquire("t", 0) == 2
+    one.set_preferred("t", 0, None)
+    assert {(x.partition, x.preferred_node) for x in one.leases()} == {(0, None), (1, 2), (2, 9)}
+
+
+def _chunk(topic: str, partition: int, base: int, key: str) -> Chunk:
+    refs = [BatchRef(base, 0, 100, 1_000, 1_000)]
+    return Chunk(
+        topic, partition, base, base + 1, key, 0, 100, 1_000, 1_000, pack_batch_index(refs)
+    )
+
+
+def test_the_index_commit_fences_partitions_whose_lease_was_lost(
+    stores: list[MetadataStore],
+) -> None:
+    store = stores[0]
+    store.create_topic("t", 4, {})
+    one = _member(store, 1)
+    two = _member(stores[1], 2)
+    epochs = {("t", p): one.acquire("t", p) or 0 for p in range(3)}
+    assert epochs == {("t", 0): 1, ("t", 1): 1, ("t", 2): 1}
+    one.release([("t", 1)])
+    assert two.acquire("t", 1) == 2  # a new owner: node 1 is fenced on t-1
+    one.release([("t", 2)])  # released, nobody took it: fenced too (expired)
+
+    def write(key: str, fence_epochs: dict[tuple[str, int], int]) -> set[tuple[str, int]]:
+        return store.add_chunks(
+            [_chunk("t", p, 0, key) for p in range(4)],
+            {("t", p, 1000): {"epoch": 0, "recent": [[0, 0, 0]]} for p in range(4)},
+            [("t", p, 1000, 0, 0) for p in range(4)],
+            fence=(1, fence_epochs),
+        )
+
+    # t-3: never leased, and not among the epochs this node claims
+    assert write("segments/a.seg", epochs) == {("t", 1), ("t", 2), ("t", 3)}
+    assert [c.object_key for c in store.chunks("t", 0)] == ["segments/a.seg"]
+    assert [store.chunks("t", p) for p in (1, 2, 3)] == [[], [], []]
+    assert set(store.producer_states()) == {("t", 0, 1000)}
+    assert set(store.aborted_transactions()) == {("t", 0)}
+
+    # a stale epoch of a lease held again by the same node is fenced as well
+    assert one.acquire("t", 0) == 2
+    assert store.add_chunks([_chunk("t", 0, 1, "segments/b.seg")], {}, (), (1, epochs)) == {
+        ("t", 0)
+    }
+    assert [c.object_key for c in store.chunks("t", 0)] == ["segments/a.seg"]
+    # the new owner of t-1 writes it
+    assert (
+        store.add_chunks([_chunk("t", 1, 0, "segments/c.seg")], {}, (), (2, {("t", 1): 2})) == set()
+    )
+    assert [c.object_key for c in store.chunks("t", 1)] == ["segments/c.seg"]
+    assert store.object_keys() == {"segments/a.seg", "segments/c.seg"}  # b.seg: for the sweep
+
+
+def test_changes_the_other_brokers_must_see_bump_the_state_version(
+    stores: list[MetadataStore],
+) -> None:
+    store, other = stores[0], stores[1]
+    seen = [other.state_version()]
+
+    def changed() -> None:
+        seen.append(other.state_version())
+        assert seen[-1] > seen[-2]
+
+    store.create_topic("t", 1, {})
+    changed()
+    store.add_partitions("t", 2)
+    changed()
+    store.set_configs("t", {"retention.ms": "1"})
+    changed()
+    store.set_broker_configs("", {"log.retention.ms": "1"})
+    changed()
+    acl = (2, "t", 3, "User:a", "*", 3, 3)
+    store.add_acls([acl])
+    changed()
+    store.delete_acls([acl])
+    changed()
+    store.alter_scram_credentials([], [("u", "SCRAM-SHA-256", b"s", b"k", b"v", 4096)])
+    changed()
+    store.delete_topic("t")
+    changed()
+    store.commit_offsets("g", [("t", 0, 1, 0, None)])  # not cluster state
+    store.add_chunks([_chunk("x", 0, 0, "k")], {})
+    assert other.state_version() == seen[-1]
