@@ -108,6 +108,8 @@ class Broker:
         self.schemas = registry_store.SchemaStore(self.schemas_topic)
         registry_auth = http_setup.registry_auth(config, self.schemas)
         self.handlers.gate = DataQualityGate(self.schemas)
+        if self.leases is not None:  # an id registered through another broker: catch up first
+            self.handlers.gate.refresh = self.schemas.sync
         self.catalog = open_catalog(config)
         spec = config.tables_catalog
         # One reader of the tables' catalog for the registry's table check, retention, the
