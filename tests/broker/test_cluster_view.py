@@ -31,6 +31,9 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from broker.admin_client import AdminClient
+from broker.storage import index_view
+from broker.storage.logstore import ProducerState
+from broker.storage.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
 from tests.broker.catalog.helpers import SCHEMA, Http
 from tests.postgres import PostgresServer
 from tests.support import BrokerProcess, wait_for
@@ -68,9 +71,19 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cluster")
-    postgres = PostgresServer().start()
     brokers: dict[int, BrokerProcess] = {}
     try:
         metadata = postgres.create_database("icefall")
@@ -107,7 +120,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         for b in brokers.values():
             b.stop()
-        postgres.stop()
 
 
 def _get(url: str) -> Any:
@@ -125,6 +137,53 @@ def _status(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def test_the_index_view_of_a_partition_is_what_its_leader_indexed(
+    postgres: PostgresServer,
+) -> None:
+    """The seam, in-process: chunks, log start, aborted and open transactions, as committed."""
+    metadata = MetadataStore(postgres.create_database("view"))
+    try:
+        metadata.create_topic("t", 2, {})
+        refs = [BatchRef(10, 0, 100, 1_000, 900), BatchRef(15, 100, 50, 1_005, 950)]
+        chunks = [
+            Chunk("t", 1, 10, 20, "segments/a.seg", 0, 150, 1_000, 1_005, pack_batch_index(refs)),
+            Chunk(
+                "t",
+                1,
+                20,
+                30,
+                "segments/b.seg",
+                64,
+                96,
+                1_010,
+                1_010,
+                pack_batch_index([BatchRef(20, 0, 32, 1_010, 990)]),
+            ),
+        ]
+        open_txn = ProducerState(3, [(0, 4, 20)], txn_first_offset=20)
+        metadata.add_chunks(
+            chunks,
+            {
+                ("t", 1, 7): open_txn.to_json(),
+                ("t", 1, 8): ProducerState(1, [(0, 9, 10)]).to_json(),
+            },
+            [("t", 1, 9, 12, 14)],
+        )
+        metadata.drop_chunks_before("t", 1, 5)  # nothing below 5: only the log start moves
+        view = index_view.partition_view(metadata, "t", 1)
+        assert view.chunks == chunks and view.log_start_offset == 5
+        assert view.high_watermark == view.flushed_offset == view.next_offset == 30
+        assert view.last_stable_offset == 20  # producer 7's transaction is still open
+        assert view.aborted_between(0, 30) == [(9, 12, 14)]
+        assert view.producers[8].last_sequence == 9 and not view.tail
+        assert index_view.end_offset(metadata, "t", 1) == 30
+        empty = index_view.partition_view(metadata, "t", 0)
+        assert empty.high_watermark == empty.log_start_offset == 0 and not empty.chunks
+        assert index_view.end_offset(metadata, "t", 0) == 0
+    finally:
+        metadata.close()
 
 
 def test_the_admin_api_answers_for_every_partition_on_every_broker(cluster: Cluster) -> None:
