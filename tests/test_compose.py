@@ -451,7 +451,10 @@ def test_airflow_components_share_one_configuration(services: dict[str, dict[str
     # the plugin comes by its entry point (icefall_airflow is installed): a plugins folder holding
     # it too would register it twice
     assert "AIRFLOW__CORE__PLUGINS_FOLDER" not in first
-    assert urlparse(first["ICEFALL_ADMIN_URL"]).hostname == "broker"
+    # the admin APIs of the brokers, the first one's first (AdminClient asks the next when one
+    # does not answer)
+    admin = [urlparse(u) for u in first["ICEFALL_ADMIN_URL"].split(",")]
+    assert [u.hostname for u in admin] == ["broker", "broker-2", "broker-3"]
 
 
 # ---------------------------------------------------------------- the broker command

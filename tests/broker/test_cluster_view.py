@@ -36,7 +36,7 @@ from broker.storage.logstore import ProducerState
 from broker.storage.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
 from tests.broker.catalog.helpers import SCHEMA, Http
 from tests.postgres import PostgresServer
-from tests.support import BrokerProcess, wait_for
+from tests.support import BrokerProcess, free_port, wait_for
 
 LEASE_MS = 3000
 NODES = (1, 2, 3)
@@ -236,6 +236,10 @@ def test_the_admin_api_answers_for_every_partition_on_every_broker(cluster: Clus
             assert other.ranges(topic, p, 0, RECORDS) == ranges, (node, p)
             assert next(x for x in other.offsets(topic).partitions if x.partition == p) == offsets
             assert next(x for x in other.pending(topic).partitions if x.partition == p) == pending
+    # a client given every broker's admin API goes on when the first one does not answer
+    down = f"http://127.0.0.1:{free_port()}"
+    several = AdminClient(",".join([down, *(b.admin_url for b in brokers.values())]))
+    assert several.cluster().node_id in brokers and several.url != down
     # the ranges name the segment objects every broker (and a round's executors) reads
     assert all(r.object_key for r in ranges.ranges) and ranges.ranges[0].first_offset == 0
     assert len(set(leaders.values())) > 1, f"one broker leads everything: {leaders}"
