@@ -59,7 +59,13 @@ class Broker:
                 self.metadata.close()
                 raise
         self.store = open_object_store(config.store)
-        self.logs = LogStore(config, self.metadata, self.store)
+        # cluster mode: no local WAL, only the partitions this broker leads (broker/membership.py)
+        self.logs = LogStore(
+            config,
+            self.metadata,
+            self.store,
+            node_id=config.node_id if self.leases is not None else None,
+        )
         self.cluster = Cluster(config, self.metadata, self.logs)
         self.groups = GroupCoordinator(config.group_initial_rebalance_delay_ms)
         self.consumer_groups = ConsumerGroupCoordinator(

@@ -45,7 +45,7 @@ from broker.assignment import Assignment, BrokerEntry, PartitionEntry
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.ownership import Member, Ownership, coordinator_slots, local_member
-from broker.storage.leases import Lease, Leases
+from broker.storage.leases import Lease, Leases, NodeIdInUseError
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import MetadataStore
 
@@ -162,15 +162,23 @@ class Membership:
                 if self.failures:
                     log.info("cluster heartbeat works again after %d failures", self.failures)
                 self.failures = 0
+            except NodeIdInUseError as exc:  # another broker took the node id over
+                log.error("%s: giving up every partition", exc)
+                async with self._tick_lock:
+                    for tp in sorted(self.held):
+                        await self._unload(tp, "the node id was taken over")
+                    self.held.clear()
+                    self._publish()
             except Exception as exc:  # noqa: BLE001 - Postgres unreachable: retried, leases lapse
                 self.failures += 1
-                log.warning(
-                    "cluster heartbeat failed (%d in a row; leases lapse %.1fs after the last "
-                    "renew): %s",
-                    self.failures,
-                    self.lease_s,
-                    exc,
-                )
+                if self.failures == 1 or self.failures % 100 == 0:
+                    log.warning(
+                        "cluster heartbeat failed (%d in a row; leases lapse %.1fs after the "
+                        "last renew): %s",
+                        self.failures,
+                        self.lease_s,
+                        exc,
+                    )
 
     async def handover(self) -> None:
         """Clean shutdown, first half: no more heartbeats; flush, unload and release every
@@ -219,11 +227,12 @@ class Membership:
         started = time.monotonic()
         renewed: dict[TopicPartition, int] = dict(await asyncio.to_thread(self.leases.heartbeat))
         deadline = started + self.lease_s
-        for tp, epoch in list(self.held.items()):
-            if renewed.get(tp) != epoch:
-                log.warning("lost the lease of %s-%d (epoch %d)", tp[0], tp[1], epoch)
-                await self._unload(tp, "lease lost")
-                del self.held[tp]
+        lost = [tp for tp, epoch in self.held.items() if renewed.get(tp) != epoch]
+        for tp in lost:
+            await self._unload(tp, "lease lost")
+            del self.held[tp]
+        if lost:
+            log.warning("lost the leases of %d partitions: %s", len(lost), _names(sorted(lost)))
         self._set_deadline(deadline)
         version = await asyncio.to_thread(self.metadata.state_version)
         if version != self.state_version:
@@ -252,9 +261,7 @@ class Membership:
         self._publish()
 
     def _set_deadline(self, deadline: float) -> None:
-        setter = getattr(self.logs, "set_lease_deadline", None)
-        if setter is not None:
-            setter(deadline)
+        self.logs.set_lease_deadline(deadline)
         self._deadline = deadline
 
     def _publish(self) -> None:

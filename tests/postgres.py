@@ -90,6 +90,26 @@ class PostgresServer:
         path = self.root / "postgres.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def pause(self) -> None:
+        """Stop the server, keeping its data (``resume`` starts it again on the same port):
+        the database unreachable for a while."""
+        self._run(_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def resume(self) -> None:
+        self._run(
+            _binary("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "postgres.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        )
+
     def stop(self) -> None:
         if self.started:
             subprocess.run(

@@ -222,3 +222,43 @@ class BrokerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+class ClusterBrokerProcess(BrokerProcess):
+    """``icefall broker`` as one member of a cluster: its own node id and ports, the Postgres
+    metadata database and the object store every member shares. Short leases and heartbeats
+    by default, so a test sees a failover in a few seconds."""
+
+    def __init__(
+        self,
+        home: Path,
+        node_id: int,
+        metadata_uri: str,
+        object_store: str,
+        lease_ms: int = 3000,
+        heartbeat_ms: int = 300,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            home,
+            [
+                "--node-id",
+                str(node_id),
+                "--metadata-uri",
+                metadata_uri,
+                "--object-store",
+                object_store,
+                "--broker-lease-ms",
+                str(lease_ms),
+                "--broker-heartbeat-interval-ms",
+                str(heartbeat_ms),
+                *(extra_args or []),
+            ],
+            env,
+        )
+        self.node_id = node_id
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None

@@ -41,7 +41,7 @@ from broker.kafka.transactions import TransactionCoordinator
 from broker.kafka.txn_apis import TransactionApis, fenced_for
 from broker.ownership import KEY_GROUP, KEY_TRANSACTION, Ownership, local_member
 from broker.security.listeners import Listener
-from broker.storage.logstore import LogStore, ProduceError
+from broker.storage.logstore import LogStore, PartitionLog, ProduceError
 from broker.storage.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
@@ -476,6 +476,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             return R(responses=_produce_refused(req, code, message))
         results: list[tuple[str, list[dict[str, Any]]]] = []
         last_seq = 0
+        appended: list[tuple[dict[str, Any], PartitionLog, int]] = []  # entry, log, end offset
         for td in req.topic_data:
             writable = self.topic_allowed(ctx, R, td.name)
             internal = self.internal_write_refusal(ctx, td.name, "append to")
@@ -563,6 +564,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                             ),
                         )
                         last_seq = max(last_seq, seq)
+                        appended.append((entry, part, part.next_offset))
                         entry.update(base_offset=base, log_start_offset=part.log_start_offset)
                     except ProduceError as exc:
                         log.info("produce to %s-%d refused: %s", td.name, pd.index, exc.message)
@@ -573,6 +575,11 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         async def respond() -> Any:
             try:
                 await self.logs.wal.wait_durable(last_seq)
+                for entry, part, end in appended:  # cluster mode: its lease may be lost since
+                    if (unacked := self.logs.ack_error(part, end)) is not None:
+                        entry.update(
+                            error_code=unacked.code, error_message=unacked.message, base_offset=-1
+                        )
             except OSError as exc:
                 for _, partitions in results:
                     for entry in partitions:

@@ -80,9 +80,9 @@ class InternalTopic:
                 f"this broker does not lead {self.name}-0 (the leader appends; it moved away)"
             )
         batch = records.encode_batch([(key, value)], int(time.time() * 1000))
-        base, seq = await self.logs.append(await self.partition(), batch, 2**31 - 1)
-        await self.logs.wal.wait_durable(seq)
-        return base
+        # acknowledged: in the WAL, or (cluster mode) in a segment object and the index; a
+        # ProduceError when the partition moved away before that
+        return await self.logs.append_and_wait(await self.partition(), batch)
 
     async def refresh(self) -> None:
         """Cluster mode, not the leader: read the index's view now (``end_offset`` then tells

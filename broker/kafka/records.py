@@ -458,9 +458,11 @@ def encode_batch(
     entries: list[tuple[bytes | None, bytes | None]],
     timestamp_ms: int,
     headers: list[list[tuple[str, bytes | None]]] | None = None,
+    producer: tuple[int, int, int] = (-1, -1, -1),
 ) -> bytes:
     """An uncompressed v2 batch (base offset 0) of (key, value) records: what the
-    broker writes into its own topics (``_schemas``) and what tests produce raw."""
+    broker writes into its own topics (``_schemas``) and what tests produce raw.
+    ``producer``: (producer id, epoch, base sequence) of an idempotent producer's batch."""
     if not entries:
         raise ValueError("a record batch needs at least one record")
     body = bytearray()
@@ -475,7 +477,7 @@ def encode_batch(
             record += _bytes_or_null(hkey.encode()) + _bytes_or_null(hvalue)
         body += _zigzag_varint(len(record)) + record
     after_crc = struct.pack(
-        ">hiqqqhii", 0, len(entries) - 1, timestamp_ms, timestamp_ms, -1, -1, -1, len(entries)
+        ">hiqqqhii", 0, len(entries) - 1, timestamp_ms, timestamp_ms, *producer, len(entries)
     ) + bytes(body)
     batch_length = 4 + 1 + 4 + len(after_crc)  # leader epoch, magic, crc, rest
     return (

@@ -15,13 +15,12 @@ refused for the keys not coordinated here and served for the others.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from broker.kafka.codec import Responder, _entity_type, _fields, error_response, field
+from broker.kafka.codec import Responder, _entity_type, error_response, field
 from broker.ownership import KEY_GROUP, KEY_TRANSACTION, Ownership
 
 Handler = Callable[[Any, Any, Responder], Awaitable[Any]]
@@ -105,9 +104,8 @@ def _per_partition(api_key: int, req: Any, R: Responder, code: int) -> Any:
 
 def _refused_entries(R: Responder, list_field: str, key_field: str, keys: list[str]) -> list[Any]:
     """One response entry per key, every error code NOT_COORDINATOR (Kafka's forError)."""
-    entity: Any = next(
-        _entity_type(typing.cast(Any, f))[1] for f in _fields(R.schema) if f.name == list_field
-    )
+    fields: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(R.schema)
+    entity: Any = next(_entity_type(f)[1] for f in fields if f.name == list_field)
     message = "This broker is not the coordinator; ask FindCoordinator"
     return [
         dataclasses.replace(

@@ -14,9 +14,11 @@ Reads are answered by every broker from its own store, which tails ``_schemas`` 
 index (``broker.kafka.internal_topics``). After forwarding a write, a broker catches up
 before it answers, so a client reading from the broker it wrote through sees its write.
 
-A write finds no writer while the lease is between owners (at most a lease, ``broker.lease.ms``):
-it waits that long, then gets Confluent's 50004 (unknown leader); a writer that cannot be
-reached gets 50003 (forwarding failed). A forwarded request never travels on: a broker that
+A write finds no writer while the lease is between owners (at most a lease, ``broker.lease.ms``),
+or a writer that does not take connections (killed: its lease has not lapsed yet): it looks
+again until a lease and a bit have passed, then gets Confluent's 50004 (unknown leader) or
+50003 (forwarding failed). A request the writer got but did not answer is not sent again
+(it may have been applied): 50003 at once. A forwarded request never travels on: a broker that
 is no longer the writer answers 50004 and the forwarding broker looks again.
 """
 
@@ -124,10 +126,23 @@ class Forwarder:
                 )
             writer = await asyncio.to_thread(writer_url, self.leadership, self.topic.name)
             if writer is not None and writer[0] != self.node_id:
-                answer = await self._forward(request, body, *writer)
+                unreachable: aiohttp.ClientConnectorError | None = None
+                try:
+                    answer = await self._forward(request, body, *writer)
+                except aiohttp.ClientConnectorError as exc:
+                    # it never got the request: a writer just killed, whose lease lapses soon
+                    answer, unreachable = None, exc
                 if answer is not None:
                     return answer
                 problem = f"broker {writer[0]} ({writer[1]}) is no longer the writer"
+                if unreachable is not None:
+                    problem = f"broker {writer[0]} ({writer[1]}) does not answer: {unreachable}"
+                    if time.monotonic() >= deadline:
+                        raise RegistryError(
+                            500,
+                            FORWARDING_FAILED,
+                            f"Error while forwarding the request to the leader: {problem}",
+                        )
             if time.monotonic() >= deadline:
                 raise RegistryError(500, UNKNOWN_LEADER, f"Unknown leader: {problem}")
             await asyncio.sleep(RETRY_S)  # the lease is between owners: look again
@@ -147,7 +162,9 @@ class Forwarder:
             ):
                 raw = await response.read()
                 status, content_type = response.status, response.content_type
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except aiohttp.ClientConnectorError:
+            raise  # not sent: the caller looks for the writer again
+        except (aiohttp.ClientError, TimeoutError) as exc:  # sent, maybe applied: not again
             raise RegistryError(
                 500,
                 FORWARDING_FAILED,

@@ -5,6 +5,13 @@ rewritten), appended to the WAL, and becomes visible to consumers once the
 WAL has fsync'd it (the high watermark). Every ``segment_flush_ms`` or
 ``segment_flush_bytes`` the tails of all partitions go into one segment object
 and the segment index; the closed WAL files are then deleted.
+
+Cluster mode (``node_id`` given: Postgres metadata, issue 16) has no WAL: a batch is
+acknowledged, and visible, once a flush has put it in a segment object and committed its
+chunk to the index (``broker/storage/acks.py``); flushes are group commits that start as soon
+as a producer waits. This broker holds only the partitions it leads (``load_partition``, at
+the lease's epoch) and every index commit is fenced by those epochs: a partition whose lease
+was lost is unloaded and its waiting producers get NOT_LEADER_OR_FOLLOWER.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.config import BrokerConfig
 from broker.kafka import records
+from broker.storage.acks import IndexAcks
 from broker.storage.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
 from broker.storage.objectstore import ObjectStore
 from broker.storage.retention import RetentionStatus
@@ -103,6 +111,9 @@ class PartitionLog:
         # the aborted ones, (producer id, first offset, marker offset) in marker order
         self.ongoing: dict[int, int] = {}
         self.aborted: list[tuple[int, int, int]] = []
+        # cluster mode: the lease epoch it was loaded at, and why it was unloaded (if it was)
+        self.epoch = -1
+        self.unloaded: str | None = None
 
     @property
     def last_stable_offset(self) -> int:
@@ -219,18 +230,38 @@ class PartitionLog:
 
 
 class LogStore:
-    def __init__(self, config: BrokerConfig, metadata: MetadataStore, store: ObjectStore) -> None:
+    """The partition logs. ``node_id`` (cluster mode, Postgres metadata): this broker's id in
+    the leases; the logs then hold only the partitions it leads, loaded by the membership loop
+    (``load_partition`` / ``unload_partition``), and it feeds ``set_lease_deadline``."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        metadata: MetadataStore,
+        store: ObjectStore,
+        node_id: int | None = None,
+    ) -> None:
         self.config = config
         self.metadata = metadata
         self.store = store
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
-        self.wal = WriteAheadLog(config.wal_dir, fsync=config.wal_fsync)
+        self._flush_needed = asyncio.Event()
+        self.node_id = node_id
+        self.cluster = node_id is not None
+        # cluster mode: the lease epoch of each partition this broker leads (the index
+        # commit's fence), and the monotonic time after which it accepts no produce
+        self.epochs: dict[tuple[str, int], int] = {}
+        self.lease_deadline = 0.0
+        self.wal: WriteAheadLog | IndexAcks = (
+            IndexAcks(self._flush_needed.set)
+            if self.cluster
+            else WriteAheadLog(config.wal_dir, fsync=config.wal_fsync)
+        )
         self.unflushed_bytes = 0
         self.max_unflushed_bytes = config.max_unflushed_bytes or max(
             256 * 1024 * 1024, 8 * config.segment_flush_bytes
         )
         self.produces_held = 0  # produce requests that had to wait for room (object store behind)
-        self._flush_needed = asyncio.Event()
         self._flush_done = asyncio.Event()
         self._data_arrived = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -252,7 +283,13 @@ class LogStore:
     # ------------------------------------------------------------ lifecycle
 
     async def open(self, topics: dict[str, int]) -> None:
-        """Load the segment index, replay the WAL, flush what it held."""
+        """Load the segment index, replay the WAL, flush what it held. Cluster mode: nothing
+        to load or replay (partitions come with their leases: ``load_partition``)."""
+        if isinstance(self.wal, WriteAheadLog):
+            await self._open_local(self.wal, topics)
+        self._flusher = asyncio.create_task(self._flush_loop(), name="segment-flusher")
+
+    async def _open_local(self, wal: WriteAheadLog, topics: dict[str, int]) -> None:
         log_starts = self.metadata.log_start_offsets()
         for topic, partitions in topics.items():
             for p in range(partitions):
@@ -265,8 +302,8 @@ class LogStore:
         for (topic, p), part in self.partitions.items():
             part.load_transactions(aborted.get((topic, p), []))
         replayed = 0
-        old_files = self.wal.files()
-        old_files.remove(self.wal.current_file)
+        old_files = wal.files()
+        old_files.remove(wal.current_file)
         for path in old_files:
             for entry in read_entries(path):
                 part = self.partitions.get((entry.topic, entry.partition))
@@ -297,7 +334,7 @@ class LogStore:
                 replayed += 1
         if replayed:
             log.info("replayed %d batches from %d WAL files", replayed, len(old_files))
-        self.wal.start()
+        wal.start()
         try:
             await self.flush()
         except Exception as exc:  # noqa: BLE001 - any object store error; the WAL keeps the data
@@ -312,7 +349,6 @@ class LogStore:
         else:
             for path in old_files:
                 path.unlink(missing_ok=True)
-        self._flusher = asyncio.create_task(self._flush_loop(), name="segment-flusher")
 
     async def close(self) -> None:
         if self._flusher:
@@ -323,7 +359,10 @@ class LogStore:
             await self.flush()
         except Exception as exc:  # noqa: BLE001 - the WAL still has it
             log.warning("final flush failed (data stays in the WAL): %s", exc)
-        await self.wal.close()
+        if isinstance(self.wal, WriteAheadLog):
+            await self.wal.close()
+        else:  # nothing unacknowledged may wait forever
+            await self._unload_all("the broker is shutting down")
 
     def add_partition(
         self,
@@ -412,6 +451,91 @@ class LogStore:
         for key in [k for k in self.partitions if k[0] == topic]:
             part = self.partitions.pop(key)
             self.unflushed_bytes -= sum(len(b.data) for b in part.tail)
+            if isinstance(self.wal, IndexAcks):
+                part.unloaded = "the topic was deleted"
+                self.epochs.pop(key, None)
+                self.wal.dropped([key])
+
+    # ------------------------------------------------------------ cluster mode: leadership
+
+    def set_lease_deadline(self, deadline: float) -> None:
+        """The membership loop, after each successful heartbeat: ``time.monotonic()`` at the
+        start of that renewal + ``broker.lease.ms``. Past it this broker accepts no produce
+        (NOT_LEADER_OR_FOLLOWER): its leases may have lapsed and another broker may lead."""
+        self.lease_deadline = deadline
+
+    async def load_partition(self, topic: str, partition: int, epoch: int) -> PartitionLog:
+        """Lead a partition at the lease ``epoch`` just acquired: its chunks, log start,
+        producer states and aborted transactions from the index (every acknowledged batch is
+        there; nothing to replay). Loaded at an older epoch: that log is unloaded first."""
+        key = (topic, partition)
+        current = self.partitions.get(key)
+        if current is not None and current.epoch == epoch:
+            return current
+        chunks, start, states, aborted = await asyncio.to_thread(
+            self.metadata.load_partition, topic, partition
+        )
+        part = PartitionLog(topic, partition, chunks, start)
+        part.epoch = epoch
+        part.producers = {pid: ProducerState.from_json(state) for pid, state in states.items()}
+        part.load_transactions(aborted)
+        async with self.index_lock:
+            current = self.partitions.get(key)
+            if current is not None:
+                self._unload(current, f"loaded again at lease epoch {epoch}")
+            self.partitions[key] = part
+            self.epochs[key] = epoch
+        return part
+
+    async def unload_partition(self, topic: str, partition: int, reason: str) -> None:
+        """Stop leading a partition (released, lapsed, or fenced). Under the index lock, so a
+        flush's index commit has it entirely or not at all; its unacknowledged batches are
+        dropped and their producers get NOT_LEADER_OR_FOLLOWER. Release the lease after a
+        flush (``flush()``) to hand everything over."""
+        async with self.index_lock:
+            part = self.partitions.get((topic, partition))
+            if part is not None:
+                self._unload(part, reason)
+
+    def _unload(self, part: PartitionLog, reason: str) -> None:
+        key = (part.topic, part.partition)
+        if self.partitions.get(key) is part:
+            del self.partitions[key]
+            self.epochs.pop(key, None)
+        part.unloaded = reason
+        self.unflushed_bytes -= sum(len(b.data) for b in part.tail)
+        part.tail.clear()
+        if isinstance(self.wal, IndexAcks):
+            self.wal.dropped([key])
+        log.info("%s-%d unloaded: %s", part.topic, part.partition, reason)
+
+    async def _unload_all(self, reason: str, only_unacked: bool = False) -> None:
+        async with self.index_lock:
+            for part in list(self.partitions.values()):
+                if not only_unacked or part.high_watermark < part.next_offset:
+                    self._unload(part, reason)
+
+    def ack_error(self, part: PartitionLog, end_offset: int) -> ProduceError | None:
+        """After ``wal.wait_durable``: why the records appended to ``part`` up to
+        ``end_offset`` (its ``next_offset`` after the append) are not acknowledged, or None.
+        Only cluster mode refuses here: its partition was unloaded before they were indexed."""
+        if not self.cluster or part.high_watermark >= end_offset:
+            return None
+        return ProduceError(
+            ErrorCode.not_leader_or_follower,
+            f"{part.topic}-{part.partition} is no longer led by this broker "
+            f"({part.unloaded or 'unloaded'}); nothing of this produce was written",
+        )
+
+    async def append_and_wait(self, part: PartitionLog, records_bytes: bytes) -> int:
+        """Append and wait until acknowledged (both modes); the base offset. For the broker's
+        own writers (internal topics) and tests; raises ProduceError."""
+        base, seq = await self.append(part, records_bytes, 2**31 - 1)
+        end = part.next_offset
+        await self.wal.wait_durable(seq)
+        if (error := self.ack_error(part, end)) is not None:
+            raise error
+        return base
 
     # ------------------------------------------------------------ produce
 
@@ -453,6 +577,8 @@ class LogStore:
             await self._wait_for_room()
         if recheck is not None:
             recheck()
+        if self.cluster:
+            self._check_leading(part)
         now = int(time.time() * 1000)
         first_base = -1
         seq = 0
@@ -494,6 +620,19 @@ class LogStore:
             WalEntry(part.topic, part.partition, now, tail.data),
             functools.partial(self._on_durable, part, tail.end_offset),
         )
+
+    def _check_leading(self, part: PartitionLog) -> None:
+        if part.unloaded is not None:
+            raise ProduceError(
+                ErrorCode.not_leader_or_follower,
+                f"{part.topic}-{part.partition} is no longer led by this broker ({part.unloaded})",
+            )
+        if time.monotonic() >= self.lease_deadline:
+            raise ProduceError(
+                ErrorCode.not_leader_or_follower,
+                f"{part.topic}-{part.partition}: this broker could not renew its leases in time "
+                "(metadata database unreachable?); another broker may lead it",
+            )
 
     async def _wait_for_room(self) -> None:
         deadline = time.monotonic() + 30
@@ -661,20 +800,34 @@ class LogStore:
             except Exception as exc:  # noqa: BLE001 - retried; the WAL keeps the data
                 self.flush_failures += 1
                 log.error(
-                    "segment flush failed, retrying in %.1fs (data is safe in the WAL): %s",
+                    "segment flush failed, retrying in %.1fs (%s): %s",
                     backoff,
+                    "nothing in it was acknowledged" if self.cluster else "data is safe in the WAL",
                     exc,
                 )
+                if self.cluster and time.monotonic() >= self.lease_deadline:
+                    # Its leases may belong to others by now: the waiting producers get
+                    # NOT_LEADER_OR_FOLLOWER (and retry with the new leader) instead of
+                    # waiting for an index this broker may no longer write.
+                    await self._unload_all("its lease lapsed before a flush could index it", True)
                 await _wait_event(self._flush_needed, backoff)
                 backoff = min(backoff * 2, 30.0)
 
     async def flush(self) -> int:
         """Write every partition's tail into one segment object. Returns bytes written."""
         async with self._flush_lock:
-            closed, snapshot = await self.wal.roll(self._snapshot)
+            if isinstance(self.wal, IndexAcks):  # cluster mode: no WAL to roll
+                closed: list[Path] = []
+                covered = self.wal.take()
+                snapshot = self._snapshot()
+            else:
+                closed, snapshot = await self.wal.roll(self._snapshot)
+                covered = -1
             if not snapshot:
                 for path in closed:
                     path.unlink(missing_ok=True)
+                if isinstance(self.wal, IndexAcks):
+                    self.wal.indexed(covered)
                 return 0
             key = f"segments/{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}.seg"
             parts: list[records.Buffer] = []
@@ -712,6 +865,8 @@ class LogStore:
             await asyncio.get_running_loop().run_in_executor(None, self.store.put, key, data)
             async with self.index_lock:
                 await self._index_segment(key, data, closed, snapshot, chunks)
+                if isinstance(self.wal, IndexAcks):
+                    self.wal.indexed(covered)
             return len(data)
 
     async def _index_segment(
@@ -747,14 +902,36 @@ class LogStore:
             for a in part.aborted_between(chunk.base_offset, chunk.end_offset)
             if a[2] < chunk.end_offset
         ]
-        await asyncio.to_thread(
-            self.metadata.add_chunks, [c for _, c, _ in chunks], producer_states, aborted
-        )
+        if not self.cluster:
+            await asyncio.to_thread(
+                self.metadata.add_chunks, [c for _, c, _ in chunks], producer_states, aborted
+            )
+        else:
+            assert self.node_id is not None
+            fence = (
+                self.node_id,
+                {k: e for k, e in self.epochs.items() if id(self.partitions[k]) in live},
+            )
+            fenced = await asyncio.to_thread(
+                self.metadata.add_chunks,
+                [c for _, c, _ in chunks],
+                producer_states,
+                aborted,
+                fence,
+            )
+            for part, _, _ in snapshot:
+                if (part.topic, part.partition) in fenced:
+                    self._unload(part, "fenced: another broker took its lease over")
+            chunks = [c for c in chunks if (c[1].topic, c[1].partition) not in fenced]
         for part, chunk, count in chunks:
             part.chunks.append(chunk)
             part.chunk_bases.append(chunk.base_offset)
             del part.tail[:count]
             self.unflushed_bytes -= chunk.byte_end - chunk.byte_start
+            if self.cluster:  # acknowledged now: in the object store and the index
+                part.high_watermark = max(part.high_watermark, chunk.end_offset)
+        if self.cluster and chunks:
+            self._data_arrived.set()
         for part, _, states in snapshot:  # saved, unless they changed since the roll
             for pid, state in states.items():
                 if pid in part.producers and part.producers[pid].to_json() == state:

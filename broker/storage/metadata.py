@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -310,26 +310,34 @@ class _Database:
         self.connection = connection
         self.postgres = postgres
         self._lock = threading.RLock()
+        # Postgres: a new connection after the old one broke (the server restarted, the
+        # network failed), so a cluster member resumes when the database is back
+        self.reconnect: Callable[[], Any] | None = None
+
+    def _live(self) -> Any:
+        """The connection, a new one first when the last broke (the call that found it
+        broken failed; this one tries again)."""
+        if self.reconnect is not None and (self.connection.closed or self.connection.broken):
+            self.connection = self.reconnect()
+        return self.connection
 
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self.postgres else sql
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return [
-                tuple(row) for row in self.connection.execute(self._sql(sql), params).fetchall()
-            ]
+            return [tuple(row) for row in self._live().execute(self._sql(sql), params).fetchall()]
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         with self._lock:
-            self.connection.execute(self._sql(sql), params)
+            self._live().execute(self._sql(sql), params)
 
     def executemany(self, sql: str, rows: list[Sequence[Any]]) -> None:
         if not rows:
             return
         with self._lock:
             if self.postgres:
-                with self.connection.cursor() as cursor:
+                with self._live().cursor() as cursor:
                     cursor.executemany(self._sql(sql), rows)
             else:
                 self.connection.executemany(sql, rows)
@@ -339,7 +347,7 @@ class _Database:
         """All or nothing; SQLite takes its write lock at the start (``BEGIN IMMEDIATE``)."""
         with self._lock:
             if self.postgres:
-                with self.connection.transaction():
+                with self._live().transaction():
                     yield
             else:
                 with self.connection:
@@ -443,7 +451,9 @@ def _open_postgres(uri: str) -> _Database:
     except BaseException:
         connection.close()
         raise
-    return _Database(connection, postgres=True)
+    db = _Database(connection, postgres=True)
+    db.reconnect = lambda: psycopg.connect(uri, autocommit=True, connect_timeout=5)
+    return db
 
 
 def _redact(uri: str) -> str:
@@ -655,6 +665,37 @@ class MetadataStore:
         ):
             out.setdefault((t, p), []).append((pid, first, last))
         return out
+
+    def load_partition(
+        self, topic: str, partition: int
+    ) -> tuple[list[Chunk], int, dict[int, dict[str, object]], list[tuple[int, int, int]]]:
+        """One partition as its new leader loads it (cluster mode), in one transaction: its
+        chunks, log start offset, producer states by producer id, and aborted transactions
+        (producer id, first offset, marker offset) in marker order."""
+        key = (topic, partition)
+        with self.db.transaction():
+            chunks = self.chunks(topic, partition)
+            start = self.db.query(
+                "SELECT log_start_offset FROM partition_state WHERE topic = ? AND partition = ?",
+                key,
+            )
+            states = {
+                int(pid): json.loads(state)
+                for pid, state in self.db.query(
+                    "SELECT producer_id, state FROM producer_state "
+                    "WHERE topic = ? AND partition = ?",
+                    key,
+                )
+            }
+            aborted = [
+                (int(pid), int(first), int(last))
+                for pid, first, last in self.db.query(
+                    "SELECT producer_id, first_offset, last_offset FROM aborted_txns "
+                    "WHERE topic = ? AND partition = ? ORDER BY last_offset",
+                    key,
+                )
+            ]
+        return chunks, int(start[0][0]) if start else 0, states, aborted
 
     def drop_chunks_before(self, topic: str, partition: int, offset: int) -> list[str]:
         """Segment retention: forget the partition's chunks below ``offset`` and make

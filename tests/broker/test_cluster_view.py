@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient as KafkaAdmin
 from confluent_kafka.admin import NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -36,7 +36,7 @@ from broker.storage.logstore import ProducerState
 from broker.storage.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
 from tests.broker.catalog.helpers import SCHEMA, Http
 from tests.postgres import PostgresServer
-from tests.support import BrokerProcess, free_port, wait_for
+from tests.support import BrokerProcess, ClusterBrokerProcess, free_port, wait_for
 
 LEASE_MS = 3000
 NODES = (1, 2, 3)
@@ -45,7 +45,7 @@ RECORDS = 40  # per partition
 
 
 class Cluster:
-    def __init__(self, brokers: dict[int, BrokerProcess]) -> None:
+    def __init__(self, brokers: dict[int, ClusterBrokerProcess]) -> None:
         self.brokers = brokers
 
     def live(self) -> dict[int, BrokerProcess]:
@@ -84,27 +84,25 @@ def cluster(
     postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cluster")
-    brokers: dict[int, BrokerProcess] = {}
+    brokers: dict[int, ClusterBrokerProcess] = {}
     try:
         metadata = postgres.create_database("icefall")
         catalog = postgres.create_database("catalog").replace(
             "postgresql://", "postgresql+psycopg://"
         )
-        shared = [
-            "--metadata-uri",
-            metadata,
-            "--object-store",
-            str(root / "objects"),
-            "--catalog-uri",
-            catalog,
-            "--warehouse",
-            str(root / "warehouse"),
-            "--broker-lease-ms",
-            str(LEASE_MS),
-            "--broker-heartbeat-interval-ms",
-            "200",
-        ]
-        brokers = {n: BrokerProcess(root / f"b{n}", [*shared, "--node-id", str(n)]) for n in NODES}
+        shared = ["--catalog-uri", catalog, "--warehouse", str(root / "warehouse")]
+        brokers = {
+            n: ClusterBrokerProcess(
+                root / f"b{n}",
+                n,
+                metadata,
+                str(root / "objects"),
+                lease_ms=LEASE_MS,
+                heartbeat_ms=200,
+                extra_args=shared,
+            )
+            for n in NODES
+        }
         with ThreadPoolExecutor(len(NODES)) as pool:  # together: they race to create _schemas
             list(pool.map(lambda b: b.start(60), brokers.values()))
         view = Cluster(brokers)
@@ -188,9 +186,8 @@ def test_the_index_view_of_a_partition_is_what_its_leader_indexed(
 
 def test_the_admin_api_answers_for_every_partition_on_every_broker(cluster: Cluster) -> None:
     topic = "whole-view"
-    KafkaAdmin({"bootstrap.servers": cluster.bootstrap}).create_topics(
-        [NewTopic(topic, PARTITIONS)]
-    )[topic].result(30)
+    admin = KafkaAdmin({"bootstrap.servers": cluster.bootstrap})  # kept: its futures need it
+    admin.create_topics([NewTopic(topic, PARTITIONS)])[topic].result(30)
     leaders = wait_for(lambda: cluster.settled(topic, PARTITIONS), 30, what="leaders")
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 5})
     for i in range(RECORDS):
@@ -289,18 +286,27 @@ def test_the_registry_answers_on_every_broker_with_one_writer(cluster: Cluster) 
     versions = _get(f"{brokers[writer].registry_url}/subjects/{topic}-value/versions")
     assert versions == [1]
 
+    admin = KafkaAdmin({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 1)])[topic].result(30)
+    wait_for(lambda: cluster.settled(topic, 1), 30, what=f"a leader of {topic}")
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    failed: list[Any] = []
+
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            failed.append(error)
+
     for data in encoded:
-        producer.produce(topic, value=data)
-    assert producer.flush(30) == 0
+        producer.produce(topic, value=data, on_delivery=delivered)
+    assert producer.flush(30) == 0 and not failed, failed
     consumer = Consumer(
         {
             "bootstrap.servers": cluster.bootstrap,
             "group.id": f"g-{uuid.uuid4().hex[:6]}",
-            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
         }
     )
-    consumer.subscribe([topic])
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     got: list[bytes] = []
     deserialize = AvroDeserializer(SchemaRegistryClient({"url": brokers[other].registry_url}))
 

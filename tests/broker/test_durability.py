@@ -22,6 +22,7 @@ from broker.kafka import records
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import MetadataStore
 from broker.storage.objectstore import LocalObjectStore
+from broker.storage.wal import WriteAheadLog
 from tests.broker.clients import (
     ContinuousProducer,
     create_topic,
@@ -244,6 +245,12 @@ class _Gate:
         return None if self.dead else self.call(*args)
 
 
+def _wal(logs: LogStore) -> WriteAheadLog:
+    """The log store's WAL (one broker on SQLite: not cluster mode)."""
+    assert isinstance(logs.wal, WriteAheadLog)
+    return logs.wal
+
+
 async def _open(home: Path, topics: dict[str, int]) -> LogStore:
     config = BrokerConfig(home=home, segment_flush_ms=600_000)
     logs = LogStore(config, MetadataStore(config.metadata_db), LocalObjectStore(home / "objects"))
@@ -281,7 +288,7 @@ def _abandon(logs: LogStore, *gates: _Gate) -> None:
     for gate in gates:
         gate.dead = True
         gate.release.set()
-    for task in (logs._flusher, logs.wal._writer):
+    for task in (logs._flusher, _wal(logs)._writer):
         if task is not None:
             task.cancel()
 
@@ -300,8 +307,8 @@ def test_crash_after_a_flush_does_not_turn_a_lost_batch_into_a_duplicate(tmp_pat
         logs.store.put = put  # type: ignore[method-assign, assignment]
         flush = asyncio.create_task(logs.flush())
         await _until(put.entered.is_set, "the segment put")  # the WAL has rolled
-        write = _Gate(logs.wal._write_sync)
-        logs.wal._write_sync = write  # type: ignore[method-assign, assignment]
+        write = _Gate(_wal(logs)._write_sync)
+        _wal(logs)._write_sync = write  # type: ignore[method-assign, assignment]
         await _append(logs, "t", _batch(b"v1", 1000, 1), durable=False)
         await _until(write.entered.is_set, "the WAL write of v1")
         put.release.set()
@@ -324,8 +331,8 @@ def test_crash_after_a_flush_does_not_turn_a_lost_batch_into_a_duplicate(tmp_pat
 def test_a_retried_batch_is_acknowledged_only_when_the_original_is_durable(tmp_path: Path) -> None:
     async def scenario() -> None:
         logs = await _open(tmp_path / "home", {"t": 1})
-        write = _Gate(logs.wal._write_sync)
-        logs.wal._write_sync = write  # type: ignore[method-assign, assignment]
+        write = _Gate(_wal(logs)._write_sync)
+        _wal(logs)._write_sync = write  # type: ignore[method-assign, assignment]
         try:
             _, first = await _append(logs, "t", _batch(b"v0", 1000, 0), durable=False)
             base, retry = await _append(logs, "t", _batch(b"v0", 1000, 0), durable=False)
@@ -341,15 +348,15 @@ def test_a_retried_batch_is_acknowledged_only_when_the_original_is_durable(tmp_p
 def test_close_while_the_flusher_writes_the_wal_does_not_hang(tmp_path: Path) -> None:
     async def scenario() -> None:
         logs = await _open(tmp_path / "home", {"t": 1})
-        write = _Gate(logs.wal._write_sync)
-        logs.wal._write_sync = write  # type: ignore[method-assign, assignment]
+        write = _Gate(_wal(logs)._write_sync)
+        _wal(logs)._write_sync = write  # type: ignore[method-assign, assignment]
         # the flusher's roll, not the WAL writer, takes the next append to disk
-        await logs.wal._write_lock.acquire()
+        await _wal(logs)._write_lock.acquire()
         logs._flush_needed.set()
         # holding the flush lock, the flusher is already waiting for the WAL (its only suspension point)
         await _until(logs._flush_lock.locked, "the flusher to wait for the WAL")
         await _append(logs, "t", _batch(b"v0"), durable=False)
-        logs.wal._write_lock.release()
+        _wal(logs)._write_lock.release()
         await _until(write.entered.is_set, "the roll's WAL write")
         closing = asyncio.create_task(logs.close())
         await asyncio.sleep(0)  # let close() run up to where it waits

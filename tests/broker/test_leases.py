@@ -5,13 +5,20 @@ lost a lease (its chunks, producer states and aborted transactions never reach t
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
 
 import pytest
+from kio.schema.errors import ErrorCode
 
+from broker.config import BrokerConfig
+from broker.kafka import records
 from broker.storage.leases import Leases, NodeIdInUseError
+from broker.storage.logstore import LogStore, PartitionLog, ProduceError, ProducerState
 from broker.storage.metadata import (
     MIGRATIONS,
     BatchRef,
@@ -19,6 +26,7 @@ from broker.storage.metadata import (
     MetadataStore,
     pack_batch_index,
 )
+from broker.storage.objectstore import LocalObjectStore
 from tests.postgres import PostgresServer
 from tests.support import wait_for
 
@@ -254,3 +262,121 @@ def test_changes_the_other_brokers_must_see_bump_the_state_version(
     store.commit_offsets("g", [("t", 0, 1, 0, None)])  # not cluster state
     store.add_chunks([_chunk("x", 0, 0, "k")], {})
     assert other.state_version() == seen[-1]
+
+
+# ---------------------------------------------------------------- the log store in cluster mode
+
+
+def _idempotent(value: bytes, producer_id: int, sequence: int) -> bytes:
+    return records.encode_batch(
+        [(None, value)], 1_700_000_000_000, producer=(producer_id, 0, sequence)
+    )
+
+
+async def _refused(call: Awaitable[object]) -> ProduceError:
+    try:
+        await call
+    except ProduceError as exc:
+        return exc
+    raise AssertionError("the produce was acknowledged")
+
+
+async def _values(logs: LogStore, part: PartitionLog) -> list[bytes | None]:
+    data = await logs.read(part, part.log_start_offset, 1 << 20)
+    return [r.value for _, b in records.iter_batches(data) for r in records.decode_batch(b)[1]]
+
+
+def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_one(
+    uri: str, tmp_path: Path
+) -> None:
+    """Two brokers' log stores on one Postgres database and one object-store directory. A
+    leads t-0 and t-1 (a short lease it does not renew, as if paused) and acknowledges
+    idempotent batches; one more is accepted but never acknowledged. B takes t-0 over: it
+    loads exactly the acknowledged batches, the next offset and the producer's sequences (a
+    retried duplicate is recognised). A's next flush is fenced on t-0 (a new owner) and on t-1
+    (expired, no new owner): refused with NOT_LEADER_OR_FOLLOWER, nothing of it indexed."""
+
+    async def scenario() -> None:
+        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
+        objects = LocalObjectStore(tmp_path / "objects")  # every broker reaches it
+        # no timer flushes: acknowledging must not wait for one
+        config_a = BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000)
+        config_b = BrokerConfig(home=tmp_path / "b", segment_flush_ms=600_000)
+        a = LogStore(config_a, meta_a, objects, node_id=1)
+        b = LogStore(config_b, meta_b, objects, node_id=2)
+        try:
+            meta_a.create_topic("t", 2, {})
+            leases_a, leases_b = Leases(meta_a, 1, SHORT_MS), Leases(meta_b, 2, LEASE_MS)
+            leases_a.register("a", {}, None)
+            leases_b.register("b", {}, None)
+            await a.open({})
+            await b.open({})
+            a_parts = [
+                await a.load_partition("t", p, leases_a.acquire("t", p) or 0) for p in (0, 1)
+            ]
+            assert a.epochs == {("t", 0): 1, ("t", 1): 1}
+            a.set_lease_deadline(time.monotonic() + 600)  # A's clock says it still leads
+            pid = meta_a.next_producer_id()
+            bases = await asyncio.gather(
+                *(a.append_and_wait(a_parts[0], _idempotent(b"v%d" % i, pid, i)) for i in range(3))
+            )
+            assert sorted(bases) == [0, 1, 2] and a_parts[0].high_watermark == 3
+            assert (
+                await a.append_and_wait(a_parts[1], records.encode_batch([(None, b"x0")], 1)) == 0
+            )
+            await a.append(a_parts[0], _idempotent(b"v3", pid, 3), 1 << 20)  # never acknowledged
+            assert a_parts[0].next_offset == 4 and a_parts[0].high_watermark == 3
+            assert not config_a.wal_dir.exists()  # no local WAL in cluster mode
+
+            epoch = await asyncio.to_thread(
+                wait_for, lambda: leases_b.acquire("t", 0), 10, 0.05, "A's lapsed lease"
+            )
+            assert epoch == 2
+            part = await b.load_partition("t", 0, epoch)
+            b.set_lease_deadline(time.monotonic() + LEASE_MS / 1000)
+            assert (part.next_offset, part.high_watermark) == (3, 3)
+            assert await _values(b, part) == [b"v0", b"v1", b"v2"]
+            # the producer's retry of v2 (its ack lost) is a duplicate on B too; v3 goes on
+            assert await b.append_and_wait(part, _idempotent(b"v2", pid, 2)) == 2
+            assert await b.append_and_wait(part, _idempotent(b"v3", pid, 3)) == 3
+            assert part.next_offset == 4
+
+            # A, still running, tries to make v3 (and v4) and x1 visible: fenced
+            written = a.segments_written
+            errors = await asyncio.gather(
+                _refused(a.append_and_wait(a_parts[0], _idempotent(b"v4", pid, 4))),
+                _refused(a.append_and_wait(a_parts[1], records.encode_batch([(None, b"x1")], 1))),
+            )
+            assert [e.code for e in errors] == [ErrorCode.not_leader_or_follower] * 2
+            assert "fenced" in errors[0].message
+            assert a.segments_written == written + 1  # written, then found fenced
+            assert a.partitions == {} and a.epochs == {}
+            refused = await _refused(a.append_and_wait(a_parts[0], _idempotent(b"v5", pid, 5)))
+            assert refused.code == ErrorCode.not_leader_or_follower
+            assert [(c.base_offset, c.end_offset) for c in meta_b.chunks("t", 0)][-1] == (3, 4)
+            assert [c.end_offset for c in meta_b.chunks("t", 1)] == [1]
+            state = ProducerState.from_json(meta_b.load_partition("t", 0)[2][pid])
+            assert state.last_sequence == 3  # B's v3; nothing of A's v3, v4
+            again = await b.load_partition("t", 0, epoch)  # the same epoch: the same log
+            assert again is part and await _values(b, part) == [b"v0", b"v1", b"v2", b"v3"]
+
+            # the local rule: past its lease deadline a broker refuses before trying
+            epoch_a = leases_a.acquire("t", 1)
+            assert epoch_a == 2
+            mine = await a.load_partition("t", 1, epoch_a)
+            assert await _values(a, mine) == [b"x0"]
+            a.set_lease_deadline(time.monotonic() - 0.001)
+            written = a.segments_written
+            refused = await _refused(
+                a.append_and_wait(mine, records.encode_batch([(None, b"x2")], 1))
+            )
+            assert refused.code == ErrorCode.not_leader_or_follower
+            assert "could not renew its leases" in refused.message
+            assert a.segments_written == written and mine.next_offset == 1
+        finally:
+            for logs in (a, b):
+                await logs.close()
+            meta_a.close()
+            meta_b.close()
+
+    asyncio.run(scenario())

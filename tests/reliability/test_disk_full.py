@@ -21,7 +21,7 @@ import pytest
 
 from broker.storage.logstore import ProduceError
 from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, stop_all
-from tests.broker.test_durability import _append, _batch, _open
+from tests.broker.test_durability import _append, _batch, _open, _wal
 from tests.reliability.crash_load import analyse
 from tests.support import BrokerProcess, wait_for
 
@@ -35,7 +35,7 @@ def test_a_failed_wal_write_refuses_later_produces_without_taking_offsets(tmp_pa
             def disk_full(fd: int, buffers: object) -> None:
                 raise OSError(errno.ENOSPC, "No space left on device")
 
-            logs.wal._write_sync = disk_full  # type: ignore[method-assign]
+            _wal(logs)._write_sync = disk_full  # type: ignore[method-assign]
             with pytest.raises(OSError, match="No space"):
                 await _append(logs, "t", _batch(b"v1"))
             part = logs.partitions[("t", 0)]

@@ -1,0 +1,412 @@
+"""A cluster of three (then four) ``icefall broker`` processes sharing a real Postgres and one
+object-store directory (issue 16): Metadata and DescribeCluster from every broker, routing
+(NOT_LEADER_OR_FOLLOWER from a broker that does not lead), Kafka's own ``kafka-topics``,
+``kill -9`` of a broker under acks=all idempotent producers and a consumer group (nothing
+acknowledged lost, nothing twice, order kept), a broker coming back and a fourth joining
+(leadership moves, no data copied), a clean SIGTERM hand-over, ``icefall cluster`` and its
+move, the same node id refused.
+
+One module-scoped cluster, the tests in order (each leaves it as the next expects): starting
+brokers is the expensive part.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError
+from confluent_kafka.admin import AdminClient
+
+from broker.kafka import records
+from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, verify_log
+from tests.broker.rawkafka import produce_raw
+from tests.kafka_tools import kafka_tool
+from tests.postgres import PostgresServer
+from tests.support import REPO, ClusterBrokerProcess, wait_for
+
+log = logging.getLogger(__name__)
+
+TOPIC = "orders"
+PARTITIONS = 6
+NOT_LEADER_OR_FOLLOWER = 6
+# what a produce may get while Postgres is unreachable: NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT,
+# KAFKA_STORAGE_ERROR (all retriable: a producer retries them)
+RETRIABLE = {NOT_LEADER_OR_FOLLOWER, 7, 56}
+
+
+class Cluster:
+    def __init__(self, root: Path, postgres: PostgresServer) -> None:
+        self.root = root
+        self.postgres = postgres
+        self.uri = ""
+        self.objects = root / "objects"
+        self.objects.mkdir()
+        self.brokers: dict[int, ClusterBrokerProcess] = {}
+        self.producers: list[ContinuousProducer] = []  # every one that wrote to TOPIC
+
+    def broker(self, node_id: int) -> ClusterBrokerProcess:
+        if node_id not in self.brokers:
+            self.brokers[node_id] = ClusterBrokerProcess(
+                self.root / f"node{node_id}", node_id, self.uri, str(self.objects)
+            )
+        return self.brokers[node_id]
+
+    def live(self) -> list[ClusterBrokerProcess]:
+        return [b for _, b in sorted(self.brokers.items()) if b.running]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.live())
+
+    def stop(self) -> None:
+        for b in self.brokers.values():
+            try:
+                b.stop()
+            except Exception:  # the next one is stopped still
+                log.exception("stopping broker %d", b.node_id)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    postgres = PostgresServer().start()
+    started = Cluster(tmp_path_factory.mktemp("cluster"), postgres)
+    try:
+        started.uri = postgres.create_database("cluster")
+        for node_id in (1, 2, 3):
+            started.broker(node_id).start()
+        yield started
+    finally:
+        started.stop()
+        postgres.stop()
+
+
+def leaders(bootstrap: str, topic: str = TOPIC) -> tuple[set[int], dict[int, int]]:
+    """(broker ids, partition -> leader) from one broker's Metadata."""
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    found = md.topics[topic]
+    assert found.error is None, found.error
+    return set(md.brokers), {p: found.partitions[p].leader for p in found.partitions}
+
+
+def settled(
+    cluster: Cluster, expected: set[int], leading: frozenset[int] = frozenset()
+) -> dict[int, int] | None:
+    """partition -> leader when every live broker answers the same: ``expected`` brokers,
+    every partition led by one of them (and some by each broker of ``leading``)."""
+    seen = []
+    for b in cluster.live():
+        ids, by_partition = leaders(b.bootstrap)
+        if ids != expected or len(by_partition) != PARTITIONS:
+            return None
+        if not set(by_partition.values()) <= expected:
+            return None
+        seen.append(by_partition)
+    if not all(s == seen[0] for s in seen) or not leading <= set(seen[0].values()):
+        return None
+    return seen[0]
+
+
+def icefall(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "broker.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster) -> None:
+    create_topic(cluster.brokers[1].bootstrap, TOPIC, PARTITIONS)
+    by_partition = wait_for(
+        lambda: settled(cluster, {1, 2, 3}), 30, 0.2, "three brokers leading every partition"
+    )
+    # spread: the fair share of 6 partitions over 3 brokers is 2 each
+    assert sorted(by_partition.values()) == [1, 1, 2, 2, 3, 3], by_partition
+
+    # a produce sent to a broker that does not lead the partition: NOT_LEADER_OR_FOLLOWER
+    create_topic(cluster.brokers[1].bootstrap, "raw", 1)
+    leader = wait_for(
+        lambda: next(
+            (n for n in [leaders(cluster.brokers[1].bootstrap, "raw")[1][0]] if n > 0), None
+        ),
+        30,
+        0.2,
+        "raw-0's leader",
+    )
+    batch = records.encode_batch([(b"k", b"v")], int(time.time() * 1000))
+    other = next(b for b in cluster.live() if b.node_id != leader)
+    assert produce_raw(other.bootstrap, "raw", 0, batch)[0] == NOT_LEADER_OR_FOLLOWER
+    assert produce_raw(cluster.brokers[leader].bootstrap, "raw", 0, batch) == (0, 0)
+
+    # DescribeCluster through Kafka's own tools: three brokers, the lowest id the controller
+    described = kafka_tool(
+        "kafka-topics", "--bootstrap-server", other.bootstrap, "--describe", "--topic", TOPIC
+    ).stdout
+    for p, node in by_partition.items():
+        assert f"Partition: {p}\tLeader: {node}\t" in described, described
+
+    # icefall cluster: the brokers and each partition's leader and epoch, from any broker
+    shown = icefall("cluster", "--admin-url", other.admin_url)
+    assert shown.returncode == 0, shown.stderr
+    assert "controller 1" in shown.stdout
+    for p, node in by_partition.items():
+        assert any(
+            line.split()[:3] == [TOPIC, str(p), str(node)] for line in shown.stdout.splitlines()
+        ), shown.stdout
+
+
+def test_the_same_node_id_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    twin = ClusterBrokerProcess(tmp_path / "twin", 2, cluster.uri, str(cluster.objects))
+    with pytest.raises(RuntimeError) as refused:
+        twin.start()
+    assert twin.proc is not None and twin.proc.returncode == 2
+    assert "node id 2 is in use" in str(refused.value)
+
+
+class TimedProducer(ContinuousProducer):
+    """A ContinuousProducer that also notes when each partition last had a delivery fail
+    and first succeeded after a moment (``mark``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.marked_at: float | None = None
+        self.first_after: dict[int, float] = {}
+        self.errors: list[str] = []
+
+    def mark(self) -> None:
+        self.marked_at = time.monotonic()
+        self.first_after = {}
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        super()._on_delivery(err, msg)
+        if err is not None:
+            self.errors.append(str(err))
+        elif self.marked_at is not None and msg.partition() not in self.first_after:
+            self.first_after[msg.partition()] = time.monotonic() - self.marked_at
+
+
+class GroupConsumer:
+    """A consumer group member in a thread, noting every value it gets."""
+
+    def __init__(self, bootstrap: str, group: str) -> None:
+        self.values: list[str] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+                "auto.commit.interval.ms": 200,
+                "session.timeout.ms": 10000,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> GroupConsumer:
+        self.consumer.subscribe([TOPIC])
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for msg in self.consumer.consume(500, 0.2):
+                error, value = msg.error(), msg.value()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        self.errors.append(str(error))
+                    continue
+                assert value is not None
+                self.values.append(value.decode())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(30)
+        self.consumer.close()
+
+
+def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> None:
+    before = wait_for(lambda: settled(cluster, {1, 2, 3}), 30, 0.2, "a settled cluster")
+    producer = TimedProducer(
+        cluster.bootstrap, TOPIC, "kill", conf={"enable.idempotence": True}, rate=500
+    )
+    producer.start()
+    group = GroupConsumer(cluster.bootstrap, f"g-{uuid.uuid4().hex[:6]}").start()
+    try:
+        wait_for(lambda: producer.acked_count >= 500, 60, 0.1, "500 acknowledged records")
+        victim = cluster.brokers[2]
+        moved = sorted(p for p, node in before.items() if node == victim.node_id)
+        producer.mark()
+        victim.kill9()
+        after = wait_for(lambda: settled(cluster, {1, 3}), 30, 0.2, "leaders after the kill")
+        assert all(after[p] in (1, 3) for p in moved)
+        wait_for(
+            lambda: all(p in producer.first_after for p in moved),
+            60,
+            0.1,
+            "a successful produce on every moved partition",
+        )
+        log.warning(
+            "kill -9 of broker 2 to the first acknowledged produce, per moved partition: %s",
+            {p: f"{producer.first_after[p]:.2f}s" for p in moved},
+        )
+        acked_after_kill = producer.acked_count
+        wait_for(
+            lambda: producer.acked_count >= acked_after_kill + 300, 60, 0.1, "producing goes on"
+        )
+    finally:
+        cluster.producers.append(producer)
+        producer.stop()
+    assert producer.failed == [], producer.failed[:5]  # the idempotent producer retried them all
+    check_log(cluster)
+    # the consumer group goes on: it gets every acknowledged record (at least once)
+    try:
+        wait_for(
+            lambda: set(producer.acked) <= set(group.values),
+            60,
+            0.2,
+            "the group consumed every acknowledged record",
+        )
+    finally:
+        group.stop()
+
+
+def check_log(cluster: Cluster) -> None:
+    """Read back from the cluster: every acknowledged record at its offset, 0 lost, 0 twice,
+    offsets contiguous, each producer's records in order in every partition."""
+    got = read_partitions(cluster.bootstrap, TOPIC, PARTITIONS, timeout=60)
+    verify_log(got, cluster.producers)
+    for p, entries in got.items():
+        by_producer: dict[str, list[int]] = {}
+        for _, v in entries:
+            assert v is not None
+            name, _, n = v.decode().rpartition("-")
+            by_producer.setdefault(name, []).append(int(n))
+        for name, ns in by_producer.items():
+            assert ns == sorted(ns), f"partition {p}: {name}'s records out of order"
+
+
+def test_a_broker_back_and_a_new_one_take_partitions_and_sigterm_hands_over(
+    cluster: Cluster,
+) -> None:
+    cluster.brokers[2].start()
+    cluster.broker(4).start()
+    by_partition = wait_for(
+        lambda: settled(cluster, {1, 2, 3, 4}, leading=frozenset({2, 4})),
+        60,
+        0.2,
+        "brokers 2 (back) and 4 (new) leading partitions",
+    )
+    assert max(list(by_partition.values()).count(n) for n in (1, 2, 3, 4)) <= 2
+
+    producer = TimedProducer(
+        cluster.bootstrap, TOPIC, "term", conf={"enable.idempotence": True}, rate=500
+    )
+    producer.start()
+    try:
+        wait_for(lambda: producer.acked_count >= 300, 60, 0.1, "300 acknowledged records")
+        assert cluster.brokers[4].stop() == 0
+        wait_for(lambda: settled(cluster, {1, 2, 3}), 30, 0.2, "broker 4's partitions taken over")
+        acked = producer.acked_count
+        wait_for(lambda: producer.acked_count >= acked + 300, 60, 0.1, "producing goes on")
+    finally:
+        cluster.producers.append(producer)
+        producer.stop()
+    assert producer.failed == [], producer.failed[:5]  # retriable errors only: all retried
+    check_log(cluster)
+
+    # icefall cluster move: leadership of partition 0 to broker 3 (no data copied)
+    moved = icefall(
+        "cluster",
+        "--admin-url",
+        cluster.brokers[1].admin_url,
+        "move",
+        "--topic",
+        TOPIC,
+        "--partition",
+        "0",
+        "--to",
+        "3",
+    )
+    assert moved.returncode == 0, moved.stderr
+    wait_for(
+        lambda: (s := settled(cluster, {1, 2, 3})) and s[0] == 3,
+        30,
+        0.2,
+        "partition 0 led by broker 3",
+    )
+    refused = icefall(
+        "cluster",
+        "--admin-url",
+        cluster.brokers[1].admin_url,
+        "move",
+        "--topic",
+        TOPIC,
+        "--partition",
+        "0",
+        "--to",
+        "9",
+    )
+    assert refused.returncode == 2 and "broker 9 is not live" in refused.stderr
+
+
+def _raw_leader(cluster: Cluster) -> ClusterBrokerProcess | None:
+    """The broker leading raw-0, as the first live broker's Metadata says."""
+    node = leaders(cluster.live()[0].bootstrap, "raw")[1][0]
+    return cluster.brokers.get(node) if node > 0 else None
+
+
+def _raw_produce(cluster: Cluster) -> int:
+    """The error code of one record produced to raw-0 at its leader (-1: no leader)."""
+    leader = _raw_leader(cluster)
+    if leader is None:
+        return -1
+    batch = records.encode_batch([(b"k", b"v")], int(time.time() * 1000))
+    return produce_raw(leader.bootstrap, "raw", 0, batch)[0]
+
+
+def test_postgres_unreachable_refuses_writes_retriably_and_they_resume(cluster: Cluster) -> None:
+    wait_for(lambda: settled(cluster, {1, 2, 3}), 30, 0.2, "a settled cluster")
+    assert _raw_produce(cluster) == 0
+    producer = TimedProducer(
+        cluster.bootstrap,
+        TOPIC,
+        "pg",
+        conf={"enable.idempotence": True, "message.timeout.ms": 120000},
+        rate=300,
+    )
+    producer.start()
+    try:
+        wait_for(lambda: producer.acked_count >= 200, 60, 0.1, "200 acknowledged records")
+        cluster.postgres.pause()
+        try:
+            refused = wait_for(
+                lambda: next((c for c in [_raw_produce(cluster)] if c in RETRIABLE), None),
+                30,
+                0.2,
+                "a retriable refusal while Postgres is down",
+            )
+            log.warning("produce while Postgres is down: error code %d", refused)
+        finally:
+            cluster.postgres.resume()
+        wait_for(lambda: _raw_produce(cluster) == 0, 60, 0.3, "produce accepted again")
+        acked = producer.acked_count
+        wait_for(lambda: producer.acked_count >= acked + 200, 60, 0.1, "producing goes on")
+    finally:
+        cluster.producers.append(producer)
+        producer.stop()
+    assert producer.failed == [], producer.failed[:5]
+    check_log(cluster)
