@@ -261,6 +261,13 @@ class AdminApi(HttpService):
             found.update(await asyncio.to_thread(self._views, topic.name, missing))
         return dict(sorted(found.items()))
 
+    def _view_between(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> tuple[PartitionLog, int]:
+        """The index's view with only the chunks holding [start, end), and the indexed end."""
+        view = index_view.partition_view(self.logs.metadata, topic, partition, (start, end))
+        return view, index_view.end_offset(self.logs.metadata, topic, partition)
+
     def _views(self, topic: str, partitions: list[int]) -> dict[int, PartitionLog]:
         return {p: index_view.partition_view(self.logs.metadata, topic, p) for p in partitions}
 
@@ -343,16 +350,19 @@ class AdminApi(HttpService):
         if not 0 <= partition < topic.partitions:
             return _error(404, f"partition {partition} of {topic.name} does not exist")
         part = self.logs.partitions.get((topic.name, partition))
-        if part is None and self.clustered:
-            part = (await asyncio.to_thread(self._views, topic.name, [partition]))[partition]
+        flushed = part.flushed_offset if part is not None else 0
+        if part is None and self.clustered:  # only the chunks holding [start, end)
+            part, flushed = await asyncio.to_thread(
+                self._view_between, topic.name, partition, start, end
+            )
         if part is None:
             return _error(404, f"partition {partition} of {topic.name} does not exist")
         if start < part.log_start_offset:
             return _error(416, f"offset {start} is before the log start {part.log_start_offset}")
-        if end > part.flushed_offset:
+        if end > flushed:
             return _error(
                 409,
-                f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})",
+                f"offsets up to {end} are not all in segment objects yet (flushed to {flushed})",
             )
         return _answer(
             contracts.TopicRanges(

@@ -24,10 +24,14 @@ from typing import Any
 from broker.storage.logstore import PartitionLog, ProducerState
 from broker.storage.metadata import Chunk, MetadataStore, _chunk
 
-_CHUNKS = (
+_COLUMNS = (
     "SELECT topic, partition, base_offset, end_offset, object_key, byte_start, byte_end, "
     "min_append_ms, max_append_ms, batch_index FROM chunks "
-    "WHERE topic = ? AND partition = ? ORDER BY base_offset"
+)
+_CHUNKS = _COLUMNS + "WHERE topic = ? AND partition = ? ORDER BY base_offset"
+_CHUNKS_BETWEEN = (
+    _COLUMNS + "WHERE topic = ? AND partition = ? AND end_offset > ? AND base_offset < ? "
+    "ORDER BY base_offset"
 )
 _LOG_START = "SELECT log_start_offset FROM partition_state WHERE topic = ? AND partition = ?"
 _ABORTED = (
@@ -38,17 +42,21 @@ _PRODUCERS = "SELECT producer_id, state FROM producer_state WHERE topic = ? AND 
 _END = "SELECT max(end_offset) FROM chunks WHERE topic = ? AND partition = ?"
 
 
-def partition_view(metadata: MetadataStore, topic: str, partition: int) -> PartitionLog:
-    """The partition as the index holds it: every acknowledged batch (in cluster mode)."""
+def partition_view(
+    metadata: MetadataStore, topic: str, partition: int, between: tuple[int, int] | None = None
+) -> PartitionLog:
+    """The partition as the index holds it: every acknowledged batch (in cluster mode).
+    ``between`` (start, end): only the chunks holding offsets in [start, end), what the byte
+    ranges of those offsets need (a partition of many small segments has many chunks)."""
     db = metadata.db
     key = (topic, partition)
     if db.postgres:
         # one snapshot: the chunks and the producer states committed with them agree
         with db.transaction():
             db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            rows = _read(metadata, key)
+            rows = _read(metadata, key, between)
     else:
-        rows = _read(metadata, key)
+        rows = _read(metadata, key, between)
     chunks, log_start, aborted, producers = rows
     part = PartitionLog(topic, partition, chunks, log_start)
     for pid, state in producers:
@@ -58,10 +66,17 @@ def partition_view(metadata: MetadataStore, topic: str, partition: int) -> Parti
 
 
 def _read(
-    metadata: MetadataStore, key: tuple[str, int]
+    metadata: MetadataStore, key: tuple[str, int], between: tuple[int, int] | None
 ) -> tuple[list[Chunk], int, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     db = metadata.db
-    chunks = [_chunk(row) for row in db.query(_CHUNKS, key)]
+    chunks = [
+        _chunk(row)
+        for row in (
+            db.query(_CHUNKS, key)
+            if between is None
+            else db.query(_CHUNKS_BETWEEN, (*key, *between))
+        )
+    ]
     start = db.query(_LOG_START, key)
     log_start = int(start[0][0]) if start else 0
     return chunks, log_start, db.query(_ABORTED, key), db.query(_PRODUCERS, key)

@@ -177,6 +177,8 @@ def test_the_index_view_of_a_partition_is_what_its_leader_indexed(
         assert view.aborted_between(0, 30) == [(9, 12, 14)]
         assert view.producers[8].last_sequence == 9 and not view.tail
         assert index_view.end_offset(metadata, "t", 1) == 30
+        assert index_view.partition_view(metadata, "t", 1, (20, 25)).chunks == chunks[1:]
+        assert index_view.partition_view(metadata, "t", 1, (12, 21)).chunks == chunks
         empty = index_view.partition_view(metadata, "t", 0)
         assert empty.high_watermark == empty.log_start_offset == 0 and not empty.chunks
         assert index_view.end_offset(metadata, "t", 0) == 0
@@ -231,6 +233,8 @@ def test_the_admin_api_answers_for_every_partition_on_every_broker(cluster: Clus
             later = other.plan(topic, 2**62)  # until far ahead: every appended batch
             assert next(x for x in later.partitions if x.partition == p).end_offset == RECORDS
             assert other.ranges(topic, p, 0, RECORDS) == ranges, (node, p)
+            for start, end in ((RECORDS // 3, RECORDS // 2), (RECORDS, RECORDS)):  # a part, none
+                assert other.ranges(topic, p, start, end) == own.ranges(topic, p, start, end)
             assert next(x for x in other.offsets(topic).partitions if x.partition == p) == offsets
             assert next(x for x in other.pending(topic).partitions if x.partition == p) == pending
     # a client given every broker's admin API goes on when the first one does not answer
