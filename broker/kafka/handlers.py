@@ -1691,6 +1691,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 try:
                     result["low_watermark"] = await self.logs.delete_records(part, offset)
                     result["error_code"] = ErrorCode.none
+                except ProduceError as exc:  # cluster mode: its lease was lost meanwhile
+                    result["error_code"] = exc.code
                 except Exception as exc:  # noqa: BLE001 - the flush or the index write failed: retriable
                     log.warning("delete records of %s-%d: %s", t.name, p.partition_index, exc)
                     result["error_code"] = ErrorCode.kafka_storage_error
