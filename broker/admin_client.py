@@ -74,17 +74,44 @@ def topic_path(topic: str) -> str:
 
 
 class AdminClient:
+    """``admin_url``: one broker's admin API, or several, comma-separated (a cluster: any
+    broker answers for every partition). A request goes to the one that answered last and,
+    when it does not answer at all, to the next; an HTTP error is an answer and is raised."""
+
     def __init__(self, admin_url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.url = admin_url.rstrip("/")
+        self.urls = [u.strip().rstrip("/") for u in admin_url.split(",") if u.strip()]
+        if not self.urls:
+            raise ValueError("no admin API URL")
         self.timeout = timeout
 
     @property
+    def url(self) -> str:
+        """The admin API asked first (the one that answered last)."""
+        return self.urls[0]
+
+    @property
     def admin_url(self) -> str:
-        return self.url
+        return ",".join(self.urls)
+
+    def _request(self, path: str, method: str = "GET", body: Any = None) -> Any:
+        failures = []
+        for url in list(self.urls):
+            try:
+                answer = http_json(url + path, method=method, body=body, timeout=self.timeout)
+            except BrokerError as exc:
+                if exc.status is not None or len(self.urls) == 1:
+                    raise
+                failures.append(str(exc))
+                continue
+            if url != self.urls[0]:
+                self.urls.remove(url)
+                self.urls.insert(0, url)
+            return answer
+        raise BrokerError("no admin API answered: " + "; ".join(failures))
 
     def get(self, path: str, **query: Any) -> Any:
         qs = ("?" + urllib.parse.urlencode(query)) if query else ""
-        return http_json(self.url + path + qs, timeout=self.timeout)
+        return self._request(path + qs)
 
     def health(self) -> contracts.Health:
         return contracts.Health.model_validate(self.get("/healthz"))
@@ -140,5 +167,5 @@ class AdminClient:
         return contracts.Pending.model_validate(self.get(topic_path(topic) + "/pending", **query))
 
     def flush(self) -> contracts.FlushAnswer:
-        answer = http_json(self.url + "/v1/flush", method="POST", body={}, timeout=self.timeout)
+        answer = self._request("/v1/flush", method="POST", body={})
         return contracts.FlushAnswer.model_validate(answer)

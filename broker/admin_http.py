@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -23,11 +23,18 @@ from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.http_service import HttpService
 from broker.security.stats import AuthStats
+from broker.storage import index_view
 from broker.storage.logstore import LogStore, PartitionLog
 
 if TYPE_CHECKING:
     from broker.membership import Membership
     from broker.metrics import CatalogReader
+
+
+class LiveBrokers(Protocol):
+    """What ``GET /v1/cluster`` needs of ``broker.storage.leases.Leases`` (cluster mode)."""
+
+    def live_brokers(self) -> list[Any]: ...
 
 
 def _answer(model: contracts.Contract, status: int = 200) -> web.Response:
@@ -90,11 +97,17 @@ def ranges_for(part: PartitionLog, start: int, end: int) -> list[contracts.Objec
 
 
 parse_offsets = contracts.PendingRequest.parse_offsets
+CLUSTER_FLUSH_NOTE = (
+    "cluster mode: nothing to flush, every acknowledged batch is already in a segment object "
+    "and the index"
+)
 
 
 class AdminApi(HttpService):
     # the broker's reader of the tables' catalog (Broker.tables); unset: one through pyiceberg
     tables: CatalogReader | None = None
+    # cluster mode: the live brokers, from the leases' table (Broker sets it)
+    members: LiveBrokers | None = None
     # cluster mode: the membership loop (the assignment routes); None: one broker alone
     membership: Membership | None = None
 
@@ -162,7 +175,28 @@ class AdminApi(HttpService):
                 if self.config.catalog.builtin
                 else self.config.warehouse,
                 catalog=self.config.tables_catalog.without_secrets(),
+                node_id=self.config.node_id,
+                brokers=await self._members(),
             )
+        )
+
+    async def _members(self) -> list[contracts.ClusterMember]:
+        """The live brokers, from Postgres (cluster mode; one broker: none)."""
+        if self.members is None:
+            return []
+        live = await asyncio.to_thread(self.members.live_brokers)
+        return sorted(
+            (
+                contracts.ClusterMember(
+                    node_id=b.node_id,
+                    endpoints=json.loads(b.endpoints)
+                    if isinstance(b.endpoints, str)
+                    else dict(b.endpoints),
+                    rack=b.rack,
+                )
+                for b in live
+            ),
+            key=lambda m: m.node_id,
         )
 
     async def assignment(self, request: web.Request) -> web.Response:
@@ -207,11 +241,40 @@ class AdminApi(HttpService):
             )
         return topic
 
+    @property
+    def clustered(self) -> bool:
+        """Cluster mode (metadata in Postgres): this broker's log holds only what it leads."""
+        return self.config.metadata_uri is not None
+
+    async def _partitions(self, topic: Any) -> dict[int, PartitionLog]:
+        """Every partition of ``topic``: this broker's log of those it leads, the segment
+        index's view (``broker.storage.index_view``) of the others in cluster mode, where
+        the index holds every acknowledged batch. One broker: its log (a partition being
+        created is left out)."""
+        found = {
+            p: part
+            for p in range(topic.partitions)
+            if (part := self.logs.partitions.get((topic.name, p))) is not None
+        }
+        missing = [p for p in range(topic.partitions) if p not in found]
+        if missing and self.clustered:
+            found.update(await asyncio.to_thread(self._views, topic.name, missing))
+        return dict(sorted(found.items()))
+
+    def _view_between(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> tuple[PartitionLog, int]:
+        """The index's view with only the chunks holding [start, end), and the indexed end."""
+        view = index_view.partition_view(self.logs.metadata, topic, partition, (start, end))
+        return view, index_view.end_offset(self.logs.metadata, topic, partition)
+
+    def _views(self, topic: str, partitions: list[int]) -> dict[int, PartitionLog]:
+        return {p: index_view.partition_view(self.logs.metadata, topic, p) for p in partitions}
+
     async def offsets(self, request: web.Request) -> web.Response:
         topic = self._topic(request)
         partitions = []
-        for p in range(topic.partitions):
-            part = self.logs.partitions[(topic.name, p)]
+        for p, part in (await self._partitions(topic)).items():
             partitions.append(
                 contracts.PartitionOffsets(
                     partition=p,
@@ -248,8 +311,7 @@ class AdminApi(HttpService):
         except ValueError:
             return _error(400, f"until_append_ms must be an integer, got {until!r}")
         partitions = []
-        for p in range(topic.partitions):
-            part = self.logs.partitions[(topic.name, p)]
+        for p, part in (await self._partitions(topic)).items():
             # never past an open transaction: what is below the LSO is decided for good
             lso = part.last_stable_offset
             if asked.until_append_ms is None:
@@ -285,15 +347,22 @@ class AdminApi(HttpService):
         except (KeyError, ValueError):
             return _error(400, "need integer partition, start and end")
         partition, start, end = asked.partition, asked.start, asked.end
+        if not 0 <= partition < topic.partitions:
+            return _error(404, f"partition {partition} of {topic.name} does not exist")
         part = self.logs.partitions.get((topic.name, partition))
+        flushed = part.flushed_offset if part is not None else 0
+        if part is None and self.clustered:  # only the chunks holding [start, end)
+            part, flushed = await asyncio.to_thread(
+                self._view_between, topic.name, partition, start, end
+            )
         if part is None:
             return _error(404, f"partition {partition} of {topic.name} does not exist")
         if start < part.log_start_offset:
             return _error(416, f"offset {start} is before the log start {part.log_start_offset}")
-        if end > part.flushed_offset:
+        if end > flushed:
             return _error(
                 409,
-                f"offsets up to {end} are not all in segment objects yet (flushed to {part.flushed_offset})",
+                f"offsets up to {end} are not all in segment objects yet (flushed to {flushed})",
             )
         return _answer(
             contracts.TopicRanges(
@@ -342,10 +411,7 @@ class AdminApi(HttpService):
                 )
         committed = retention.committed_offsets(checkpoint, str(topic.topic_id))
         partitions = []
-        for p in range(topic.partitions):
-            part = self.logs.partitions.get((topic.name, p))
-            if part is None:  # a partition being created
-                continue
+        for p, part in (await self._partitions(topic)).items():
             start = max(
                 contracts.lag_start(committed.get(p), part.log_start_offset), since.get(p, 0)
             )
@@ -370,6 +436,9 @@ class AdminApi(HttpService):
         )
 
     async def flush(self, request: web.Request) -> web.Response:
+        if self.clustered:
+            # acks wait for the segment object and the index: nothing acknowledged is unflushed
+            return _answer(contracts.FlushAnswer(bytes_written=0, note=CLUSTER_FLUSH_NOTE))
         written = await self.logs.flush()
         return _answer(contracts.FlushAnswer(bytes_written=written))
 
@@ -384,6 +453,7 @@ class AdminApi(HttpService):
 
         text = await metrics.scrape(self.config, self.cluster, self.logs, self.auth, self.reader())
         text += metrics.authentication_failures(
-            {service: auth.failures for service, auth in self.http_auth.items()}
+            {service: auth.failures for service, auth in self.http_auth.items()},
+            self.config.node_id if self.clustered else None,
         )
         return web.Response(text=text, headers={"Content-Type": metrics.CONTENT_TYPE})

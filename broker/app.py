@@ -38,6 +38,7 @@ from broker.ownership import (
 )
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
+from broker.registry.forward import Forwarder
 from broker.registry.table_check import TableCheck
 from broker.security.stats import AuthStats
 from broker.storage.leases import Leases
@@ -123,13 +124,15 @@ class Broker:
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes, self.auth_stats)
         self.admin = AdminApi(config, self.cluster, self.logs, self.auth_stats)
         self.admin.membership = self.membership
-        self.schemas = registry_store.SchemaStore(
-            InternalTopic(
-                self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
-            )
+        self.admin.members = self.leases  # GET /v1/cluster lists the live brokers
+        self.schemas_topic = InternalTopic(
+            self.cluster, self.logs, registry_store.TOPIC, registry_store.TOPIC_CONFIGS
         )
+        self.schemas = registry_store.SchemaStore(self.schemas_topic)
         registry_auth = http_setup.registry_auth(config, self.schemas)
         self.handlers.gate = DataQualityGate(self.schemas)
+        if self.leases is not None:  # an id registered through another broker: catch up first
+            self.handlers.gate.refresh = self.schemas.sync
         self.catalog = open_catalog(config)
         spec = config.tables_catalog
         # One reader of the tables' catalog for the registry's table check, retention, the
@@ -151,6 +154,16 @@ class Broker:
                 else f"{spec.type} {spec.uri or spec.warehouse or ''}".strip(),
             ),
             auth=registry_auth,
+            # cluster mode: one writer, the leader of _schemas-0; the others forward writes
+            forward=Forwarder(
+                self.schemas_topic,
+                self.leases,
+                config.node_id,
+                self.schemas.sync,
+                wait_s=config.broker_lease_ms / 1000 + 2,
+            )
+            if self.leases is not None
+            else None,
         )
         self.registry.ssl_context = http_setup.registry_tls(config)
         self.admin.tables = self.tables
@@ -201,6 +214,8 @@ class Broker:
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
         self.cluster.write_manifest()
         if self.membership is not None:  # lead this broker's share before serving
+            # the registry's topic exists from the start: its partition's lease elects the writer
+            await self.schemas_topic.ensure_in_cluster()
             await self.membership.start()
         await self.schemas.load()  # before the listener: the produce gate needs every schema id
         self.schemas.start_tailing()  # records other writers append to _schemas

@@ -297,8 +297,19 @@ class CatalogSpec(Contract):
         return self.model_copy(update={"properties": kept})
 
 
+class ClusterMember(Contract):
+    """A live broker of the cluster (cluster mode): its id, where it listens (listener name ->
+    [host, port], and the "admin", "registry" and "catalog" URLs), its rack."""
+
+    node_id: int
+    endpoints: dict[str, Any] = Field(default_factory=dict)
+    rack: str | None = None
+
+
 class ClusterInfo(Contract):
-    """``GET /v1/cluster``: where the other services are. Never any credentials."""
+    """``GET /v1/cluster``: where the other services are. Never any credentials.
+    ``node_id``: the broker that answered; ``brokers``: the live ones (cluster mode; one
+    broker lists none)."""
 
     cluster_id: str
     bootstrap: str
@@ -308,6 +319,8 @@ class ClusterInfo(Contract):
     object_store_endpoint: str | None = None
     warehouse: str | None = None
     catalog: CatalogSpec | None = None  # None from a broker older than the catalog keys
+    node_id: int | None = None  # None from a broker older than clusters
+    brokers: list[ClusterMember] = Field(default_factory=list)
 
     @property
     def tables_catalog(self) -> CatalogSpec:
@@ -413,6 +426,7 @@ class FlushAnswer(Contract):
     """``POST /v1/flush``."""
 
     bytes_written: int
+    note: str | None = None  # why nothing was written (cluster mode: acks wait for the index)
 
 
 class RetentionBlocked(Contract):

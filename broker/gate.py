@@ -14,6 +14,7 @@ import importlib
 import io
 import logging
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -75,6 +76,10 @@ class DataQualityGate:
     def __init__(self, schemas: SchemaLookup, use_extension: bool = True) -> None:
         global _fallback_logged
         self.schemas = schemas
+        # cluster mode: catch the registry up with _schemas (a schema registered through
+        # another broker a moment ago); set by the broker
+        self.refresh: Callable[[], Awaitable[None]] | None = None
+        self._missed = False  # the last check met a schema id the registry does not know
         self._ext = _gate if use_extension else None
         # schema id -> (the registered schema, its parsed form, the program): a program
         # is valid while the registry serves the same objects for the id
@@ -92,6 +97,17 @@ class DataQualityGate:
         if self._ext is not None:
             return self._check_c(self._ext, records_bytes)
         return self._check_python(records_bytes)
+
+    async def check_caught_up(self, records_bytes: records.Buffer) -> GateRejection | None:
+        """``check``; when a record names a schema id this broker's registry has not read yet
+        (cluster mode: registered through another broker within the last poll), once more
+        after the registry caught up with ``_schemas``."""
+        self._missed = False
+        rejection = self.check(records_bytes)
+        if rejection is None or not self._missed or self.refresh is None:
+            return rejection
+        await self.refresh()
+        return self.check(records_bytes)
 
     def _check_c(self, ext: ModuleType, records_bytes: records.Buffer) -> GateRejection | None:
         if not _well_formed(ext, records_bytes):
@@ -121,6 +137,7 @@ class DataQualityGate:
         KeyError if the registry does not know the id."""
         schema = self.schemas.schema_by_id(schema_id)
         if schema is None:
+            self._missed = True
             raise KeyError(schema_id)
         cached = self._programs.get(schema_id)
         if cached is not None and cached[0] is schema and cached[1] is schema.parsed:
@@ -169,6 +186,7 @@ class DataQualityGate:
         (schema_id,) = struct.unpack_from(">I", value, 1)
         schema = self.schemas.schema_by_id(schema_id)
         if schema is None:
+            self._missed = True
             return f"names schema id {schema_id}, which the registry does not know"
         if schema.schema_type == "AVRO":
             return _avro_problem(value, schema.parsed, schema_id)

@@ -63,9 +63,11 @@ class Family:
     def add(self, labels: dict[str, str], value: float) -> None:
         self.samples.append((labels, value))
 
-    def render(self) -> str:
+    def render(self, common: dict[str, str] | None = None) -> str:
+        """The family's lines; ``common`` labels go on every sample (cluster mode: the node id)."""
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        for labels, value in self.samples:
+        for own, value in self.samples:
+            labels = {**(common or {}), **own}
             text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
             lines.append(
                 f"{self.name}{{{text}}} {_number(value)}"
@@ -323,8 +325,12 @@ def render_metrics(
     facts: dict[str, TableFacts],
     now_ms: int,
     auth: AuthStats | None = None,
+    node_id: int | None = None,
 ) -> str:
-    """The exposition text; synchronous, so it sees one consistent state of the log."""
+    """The exposition text; synchronous, so it sees one consistent state of the log.
+    ``node_id`` (cluster mode): a ``node_id`` label on every sample. Each broker reports the
+    partitions it leads (and the table lag over them), so Prometheus scrapes every broker
+    and sums (or, for seconds, takes the max) across ``node_id``."""
     f = {
         name: Family(name, kind, text)
         for name, kind, text in [
@@ -461,7 +467,8 @@ def render_metrics(
             f["icefall_table_rows"].add(labels, got.rows)
         if got.dlq_rows is not None:
             f["icefall_table_dlq_rows"].add(labels, got.dlq_rows)
-    return "\n".join(family.render() for family in f.values()) + "\n"
+    common = {"node_id": str(node_id)} if node_id is not None else None
+    return "\n".join(family.render(common) for family in f.values()) + "\n"
 
 
 def _read_facts(
@@ -482,10 +489,11 @@ async def scrape(
     tables = [(t.name, *_ident(t)) for t in _table_topics(cluster)]
     reader = reader or catalog_reader(config.tables_catalog)
     facts = await asyncio.to_thread(_read_facts, reader, tables)
-    return render_metrics(cluster, logs, facts, int(time.time() * 1000), auth)
+    node_id = config.node_id if config.metadata_uri is not None else None
+    return render_metrics(cluster, logs, facts, int(time.time() * 1000), auth, node_id)
 
 
-def authentication_failures(failures: dict[str, int]) -> str:
+def authentication_failures(failures: dict[str, int], node_id: int | None = None) -> str:
     """``icefall_http_authentication_failures_total`` per HTTP service that requires credentials
     (wrong or missing passwords, secrets and tokens); empty when none does."""
     if not failures:
@@ -497,4 +505,4 @@ def authentication_failures(failures: dict[str, int]) -> str:
     )
     for service, count in sorted(failures.items()):
         family.add({"service": service}, count)
-    return family.render() + "\n"
+    return family.render({"node_id": str(node_id)} if node_id is not None else None) + "\n"

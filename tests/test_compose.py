@@ -162,8 +162,8 @@ def _constraint(name: str) -> str:
     return match.group(1)
 
 
-def _broker_args(services: dict[str, dict[str, Any]]) -> argparse.Namespace:
-    command = _command(services["broker"])
+def _broker_args(services: dict[str, dict[str, Any]], name: str = "broker") -> argparse.Namespace:
+    command = _command(services[name])
     assert command[:2] == ["icefall", "broker"], command
     parser = argparse.ArgumentParser(prog="icefall broker", exit_on_error=False)
     cli._add_broker_flags(parser)
@@ -177,25 +177,37 @@ def _config_targets(service: dict[str, Any]) -> dict[str, str]:
     return {c["target"]: c["source"] for c in service.get("configs") or []}
 
 
-@pytest.fixture(scope="module")
-def broker_config(
-    compose: dict[str, Any], services: dict[str, dict[str, Any]], tmp_path_factory: Any
+def _load_config(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], name: str, directory: Path
 ) -> BrokerConfig:
-    """The broker's configuration as the real loader reads it in its container: its command,
+    """A broker's configuration as the real loader reads it in its container: its command,
     its server.properties (a compose config, written here where the command names it), its
     environment."""
-    args = _broker_args(services)
-    mounted = _config_targets(services["broker"])
-    assert args.config in mounted, f"the broker's --config {args.config} is no mounted config"
-    properties = tmp_path_factory.mktemp("broker") / "server.properties"
+    args = _broker_args(services, name)
+    mounted = _config_targets(services[name])
+    assert args.config in mounted, f"{name}'s --config {args.config} is no mounted config"
+    properties = directory / "server.properties"
     properties.write_text(_config_text(compose, mounted[args.config]))
     args.config = str(properties)
     with pytest.MonkeyPatch.context() as env:
         for key in [k for k in os.environ if k.startswith(("ICEFALL_", "AWS_"))]:
             env.delenv(key)
-        for key, value in _env(services["broker"]).items():
+        for key, value in _env(services[name]).items():
             env.setenv(key, value)
         return cli._broker_config(args)
+
+
+def _brokers(services: dict[str, dict[str, Any]]) -> list[str]:
+    """The services that run ``icefall broker``."""
+    return sorted(n for n, s in services.items() if _command(s)[:2] == ["icefall", "broker"])
+
+
+@pytest.fixture(scope="module")
+def broker_config(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], tmp_path_factory: Any
+) -> BrokerConfig:
+    """Broker 1's configuration (``broker``: the one Airflow asks)."""
+    return _load_config(compose, services, "broker", tmp_path_factory.mktemp("broker"))
 
 
 # ---------------------------------------------------------------- services and dependencies
@@ -439,7 +451,10 @@ def test_airflow_components_share_one_configuration(services: dict[str, dict[str
     # the plugin comes by its entry point (icefall_airflow is installed): a plugins folder holding
     # it too would register it twice
     assert "AIRFLOW__CORE__PLUGINS_FOLDER" not in first
-    assert urlparse(first["ICEFALL_ADMIN_URL"]).hostname == "broker"
+    # the admin APIs of the brokers, the first one's first (AdminClient asks the next when one
+    # does not answer)
+    admin = [urlparse(u) for u in first["ICEFALL_ADMIN_URL"].split(",")]
+    assert [u.hostname for u in admin] == ["broker", "broker-2", "broker-3"]
 
 
 # ---------------------------------------------------------------- the broker command
@@ -455,6 +470,49 @@ def test_the_broker_command_is_one_the_cli_accepts(broker_config: BrokerConfig) 
     assert config.metadata_target == config.metadata_uri
     assert config.catalog_warehouse.startswith("s3://")
     assert config.retention_check_interval_ms > 0
+
+
+def test_three_brokers_form_one_cluster(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], tmp_path_factory: Any
+) -> None:
+    """Three brokers, node ids 1..3, one metadata database (cluster mode: Postgres), one object
+    store and one catalog; each advertises its own name and publishes its own host ports."""
+    names = _brokers(services)
+    assert names == ["broker", "broker-2", "broker-3"]
+    configs = {n: _load_config(compose, services, n, tmp_path_factory.mktemp(n)) for n in names}
+    assert sorted(c.node_id for c in configs.values()) == [1, 2, 3]
+    first = configs["broker"]
+    assert first.metadata_uri is not None and first.metadata_uri.startswith("postgresql://")
+    hosts = _hostnames(services)
+    homes: set[str] = set()
+    for name, config in configs.items():
+        service = services[name]
+        # shared: the metadata (so they are one cluster), the segments, the catalog and its key
+        assert config.metadata_uri == first.metadata_uri, name
+        assert config.store.url == first.store.url and config.store.is_s3, name
+        assert config.store.endpoint_url == first.store.endpoint_url, name
+        assert config.catalog_db_uri == first.catalog_db_uri, name
+        assert config.catalog_warehouse == first.catalog_warehouse, name
+        key = config.catalog_token_signing_key
+        assert key is not None and first.catalog_token_signing_key is not None
+        assert key.get_secret_value() == first.catalog_token_signing_key.get_secret_value(), name
+        # its own: the name others reach it by, and the ports the host reaches it on
+        assert hosts[config.advertised] == name, f"{name} advertises {config.advertised}"
+        published = {c: h for h, c in _published(service)}
+        for listener in config.listener_list():
+            if listener.advertised_host == config.advertised:
+                assert listener.port in _listens(service), (name, listener)
+            else:
+                assert published.get(listener.port) == listener.advertised_port, (name, listener)
+        for port in (config.admin_port, config.registry_port, config.catalog_port):
+            assert port in published, f"{name}: port {port} is not published"
+        volume = next(
+            str(v).split(":")[0] for v in service["volumes"] if ":/var/lib/icefall" in str(v)
+        )
+        homes.add(volume)
+        assert _depends_on(service) == _depends_on(services["broker"]), name
+        assert "healthcheck" in service, name
+    assert len(homes) == 3, "each broker has a home of its own"
 
 
 # ---------------------------------------------------------------- Spark and the image

@@ -18,6 +18,7 @@ to, since levels neither start nor end with ".".
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
@@ -37,7 +38,7 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from sqlalchemy import ColumnElement, event, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
 from broker import iceberg_json
@@ -94,6 +95,22 @@ class _SqlCatalog(SqlCatalog):
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
         iceberg_json.write_metadata(metadata, io, metadata_path)
+
+    def create_tables(self) -> None:
+        """The catalog's tables, made by whichever broker sharing the database gets there first:
+        brokers of a cluster start together, and the ones that lose the race to ``CREATE TABLE``
+        (a duplicate key or relation error) find the winner's tables when they look again
+        (``create_all`` skips tables that exist)."""
+        for attempt in range(1, 6):
+            try:
+                super().create_tables()
+            except (IntegrityError, ProgrammingError, OperationalError) as exc:
+                if attempt == 5:
+                    raise
+                log.info("catalog tables being made by another broker (%s); looking again", exc)
+                time.sleep(0.1 * attempt)
+            else:
+                return
 
 
 class CatalogStore:

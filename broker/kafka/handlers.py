@@ -536,7 +536,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 elif refusal is not None:
                     entry.update(error_code=refusal[0], error_message=refusal[1])
                 elif (
-                    rejection := self._gate_rejection(topic.configs, pd.records)
+                    rejection := await self._gate_rejection(topic.configs, pd.records)
                     or _keyless_in_compacted(topic.config("cleanup.policy"), pd.records)
                 ) is not None:
                     log.info(
@@ -677,12 +677,12 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         if refusal is not None:
             raise ProduceError(refusal[0], refusal[1] or "transaction ended")
 
-    def _gate_rejection(
+    async def _gate_rejection(
         self, configs: dict[str, str], records_bytes: bytes
     ) -> GateRejection | None:
         if self.gate is None or not gate_applies(configs):
             return None
-        return self.gate.check(records_bytes)
+        return await self.gate.check_caught_up(records_bytes)
 
     async def fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         deadline = time.monotonic() + ms(req.max_wait) / 1000

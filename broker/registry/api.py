@@ -21,6 +21,7 @@ from broker.http_service import HttpService
 from broker.registry import api_errors as errors
 from broker.registry.api_errors import RegistryError
 from broker.registry.errors import InvalidSchemaError
+from broker.registry.forward import Forwarder
 from broker.registry.schemas import (
     SCHEMA_TYPES,
     Reference,
@@ -225,11 +226,18 @@ class RegistryApi(HttpService):
         store: SchemaStore,
         table_check: TableCheck | None = None,
         auth: RegistryAuth | None = None,
+        forward: Forwarder | None = None,
     ) -> None:
-        """``auth``: basic auth and roles on every request (None: open, the default)."""
+        """``auth``: basic auth and roles on every request (None: open, the default).
+        ``forward`` (cluster mode): writes go to the registry's one writer, after the
+        caller's credentials and role were checked here."""
         self.store = store
         self.table_check = table_check  # a table topic's value schemas against its Iceberg table
-        middlewares = [error_middleware, *([auth.middleware] if auth else [])]
+        middlewares = [
+            error_middleware,
+            *([auth.middleware] if auth else []),
+            *([forward.middleware] if forward else []),
+        ]
         self.app = web.Application(middlewares=middlewares, client_max_size=16 * 1024 * 1024)
         s = "{subject:[^/]+}"  # any character but '/', '{' and '}' included (URL-encoded or not)
         self.app.add_routes(

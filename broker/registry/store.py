@@ -207,6 +207,13 @@ class SchemaStore:
                 self.next_offset,
             )
 
+    async def sync(self) -> None:
+        """Catch up with everything acknowledged in the log now (after a write another broker
+        made for this one: ``broker.registry.forward``)."""
+        await self.topic.refresh()
+        async with self._lock:
+            await self._catch_up()
+
     @contextlib.asynccontextmanager
     async def _writing(self) -> AsyncIterator[None]:
         """The write lock, with the state caught up with the log first."""
