@@ -125,6 +125,12 @@ class SparkCluster:
         return daemon
 
     def start(self, timeout: float = 120.0) -> SparkCluster:
+        """Launch the daemons and wait until every worker is ALIVE."""
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> SparkCluster:
+        """Start the master and the workers, without waiting for them (``wait_ready``): a test
+        can start its other servers meanwhile."""
         try:
             self._start(
                 "master",
@@ -158,6 +164,13 @@ class SparkCluster:
                         str(work),
                     ],
                 )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> SparkCluster:
+        try:
             wait_for(
                 self._all_alive, timeout, interval=0.25, what=f"{self.worker_count} ALIVE workers"
             )

@@ -6,7 +6,8 @@ when that connection does not exist, instead of the provider's YARN default),
 with the Iceberg jar, this venv's Python and the registry's and catalog's
 credentials (Airflow connections, ``credentials``) looked up when the task runs,
 never at DAG parse time; the credentials go in spark-submit's environment, not its
-argv. Each job writes a result JSON, which the operator returns for XCom, so
+argv. On a cluster (any master but ``local``) the job also ships the project's code
+to the executors (``--py-files``, ``py_files``). Each job writes a result JSON, which the operator returns for XCom, so
 the next task does not need the same disk. When a job fails it still writes its
 result: the task then fails with the job's own message instead of spark-submit's
 bare exit code. The result also answers Airflow's OpenLineage provider

@@ -49,12 +49,18 @@ LOCAL_SPARK = json.dumps({"conn_type": "spark", "host": "local[*]"})
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    started = SparkCluster(root=tmp_path_factory.mktemp("spark-cluster")).start()
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    started = SparkCluster(root=tmp_path_factory.mktemp("spark-cluster")).launch()
     try:
         yield started
     finally:
         started.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(launched: SparkCluster, broker: BrokerProcess) -> SparkCluster:
+    """The cluster, up: its JVMs start while the broker does."""
+    return launched.wait_ready()
 
 
 @pytest.fixture(scope="module")
@@ -235,13 +241,16 @@ def test_an_executor_killed_mid_round_breaks_nothing(
     proc = submit(broker, round_args, tmp_path / "killed.json")
 
     def busy_executor() -> int | None:
-        """An executor JVM whose Python workers have started: a round's task is running there."""
-        assert proc.poll() is None, "the round ended before any task ran on an executor"
+        """An executor JVM whose Python workers have started: a round's task is running there
+        (-1: the round ended before any did)."""
+        if proc.poll() is not None:
+            return -1
         return next(
             (pid for pid in cluster.executor_pids() if cluster.python_workers_of(pid)), None
         )
 
     victim = wait_for(busy_executor, 180, interval=0.02, what="a task of the round on an executor")
+    assert victim != -1, "the round ended before any task ran on an executor"
     os.kill(victim, signal.SIGKILL)
     first, output = finish(proc, tmp_path / "killed.json")
     print({"executor_killed": victim, "round": first["status"], "message": first.get("message")})
