@@ -233,6 +233,10 @@ class SparkCluster:
             if _ppid(pid) == executor_pid and "pyspark.daemon" in _cmdline(pid)
         ]
 
+    @staticmethod
+    def cmdline(pid: int) -> str:
+        return _cmdline(pid)
+
     def stop(self) -> None:
         for daemon in reversed(self.daemons):  # workers (and their executors) first
             daemon.stop()

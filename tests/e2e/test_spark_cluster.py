@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -66,13 +67,16 @@ def cluster(launched: SparkCluster, broker: BrokerProcess) -> SparkCluster:
 @pytest.fixture(scope="module")
 def env() -> Iterator[pytest.MonkeyPatch]:
     """This process's (the driver's) environment: S3 credentials only (the endpoint comes from
-    the broker), rounds always on Spark's task path (they are small)."""
+    the broker), rounds always on Spark's task path (they are small), Spark on loopback."""
     with pytest.MonkeyPatch.context() as mp:
         for name, value in MOTO_CREDENTIALS.items():
             mp.setenv(name, value)
         for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             mp.delenv(name, raising=False)
         mp.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", "0")
+        # the driver on loopback too: Spark would take the first interface's address when the
+        # hostname resolves to 127.0.0.1, and the executors would call it there
+        mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
         yield mp
 
 
@@ -251,6 +255,10 @@ def test_an_executor_killed_mid_round_breaks_nothing(
 
     victim = wait_for(busy_executor, 180, interval=0.02, what="a task of the round on an executor")
     assert victim != -1, "the round ended before any task ran on an executor"
+    driver = re.search(
+        r"--driver-url spark://CoarseGrainedScheduler@([^:]+):", cluster.cmdline(victim)
+    )
+    assert driver and driver.group(1) in ("127.0.0.1", "localhost"), cluster.cmdline(victim)
     os.kill(victim, signal.SIGKILL)
     first, output = finish(proc, tmp_path / "killed.json")
     print({"executor_killed": victim, "round": first["status"], "message": first.get("message")})
