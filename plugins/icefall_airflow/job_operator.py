@@ -6,7 +6,8 @@ when that connection does not exist, instead of the provider's YARN default),
 with the Iceberg jar, this venv's Python and the registry's and catalog's
 credentials (Airflow connections, ``credentials``) looked up when the task runs,
 never at DAG parse time; the credentials go in spark-submit's environment, not its
-argv. Each job writes a result JSON, which the operator returns for XCom, so
+argv. On a cluster (any master but ``local``) the job also ships the project's code
+to the executors (``--py-files``, ``py_files``). Each job writes a result JSON, which the operator returns for XCom, so
 the next task does not need the same disk. When a job fails it still writes its
 result: the task then fails with the job's own message instead of spark-submit's
 bare exit code. The result also answers Airflow's OpenLineage provider
@@ -119,37 +120,48 @@ class SparkJobOperator(SparkSubmitOperator):
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
         return self.get_openlineage_facets_on_complete(task_instance)
 
+    def prepare(self, admin_url: str, args: list[str], result_path: str) -> None:
+        """Set what spark-submit gets for ``script`` with ``args`` plus ``--result result_path``:
+        the application, the jars, the project's code for a cluster's executors
+        (``py_files``), the driver's environment. ``run_job`` submits it; tests build the same
+        command line from it."""
+        from icefall_airflow import credentials
+        from icefall_airflow.py_files import py_files_for
+        from spark_jobs.jars import iceberg_jars
+
+        ensure_spark_connection(self._conn_id)
+        self.application = self.application or job_script(self.script)
+        self.jars = self.jars or ",".join(iceberg_jars())
+        self.application_args = [*args, "--result", result_path]
+        # the connection's master decides whether executors need the code shipped
+        self._hook = None
+        self.py_files = self.py_files or py_files_for(self._get_hook()._connection["master"])
+        python = sys.executable
+        jvm = (
+            {"SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", self.driver_jvm_opts)}
+            if self.driver_jvm_opts
+            else {}
+        )
+        self.env_vars = {
+            "PYSPARK_PYTHON": python,
+            "PYSPARK_DRIVER_PYTHON": python,
+            "PATH": os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
+            "ICEFALL_ADMIN_URL": admin_url,
+            **jvm,
+            **(self.env_vars or {}),
+            # from the icefall_registry / icefall_catalog connections, now (not at parse time)
+            **credentials.job_env(),
+        }
+        self._hook = None  # built from the fields set above
+
     def run_job(self, context: Any, admin_url: str, args: list[str], label: str) -> dict[str, Any]:
         """spark-submit ``script`` with ``args`` plus ``--result``; the result JSON it wrote
         (``label``: what the log lines and errors call this run)."""
         from airflow.exceptions import AirflowException
 
-        from icefall_airflow import credentials
-        from spark_jobs.jars import iceberg_jars
-
-        ensure_spark_connection(self._conn_id)
         with tempfile.TemporaryDirectory(prefix="icefall-job-") as tmp:
             result_path = os.path.join(tmp, "result.json")
-            self.application = self.application or job_script(self.script)
-            self.jars = self.jars or ",".join(iceberg_jars())
-            self.application_args = [*args, "--result", result_path]
-            python = sys.executable
-            jvm = (
-                {"SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", self.driver_jvm_opts)}
-                if self.driver_jvm_opts
-                else {}
-            )
-            self.env_vars = {
-                "PYSPARK_PYTHON": python,
-                "PYSPARK_DRIVER_PYTHON": python,
-                "PATH": os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
-                "ICEFALL_ADMIN_URL": admin_url,
-                **jvm,
-                **(self.env_vars or {}),
-                # from the icefall_registry / icefall_catalog connections, now (not at parse time)
-                **credentials.job_env(),
-            }
-            self._hook = None  # built from the fields set above
+            self.prepare(admin_url, args, result_path)
             self.lineage_admin_url = admin_url
             try:
                 super().execute(context)
