@@ -87,7 +87,7 @@ class CommitRoundOperator(SparkJobOperator):
         """The round in the warm driver: its result JSON, or ``SparkJobFailed`` with its message."""
         from icefall_airflow import credentials
 
-        self.log.info("%s: in the warm driver at %s", label, warm.url)
+        self.log.info("%s: asking the warm driver at %s", label, warm.url)
         code, result = warm.run_round(args, credentials.job_env(), self.log)
         self.job_result, self.lineage_admin_url = result, admin_url
         self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
