@@ -6,13 +6,16 @@ reach the driver in the request, from the Airflow connections).
 The driver dies right after a round's publish, before its reply (``ICEFALL_ROUND_KILL_AT``: an
 ``os._exit``, what kill -9 does at the worst moment); the supervisor restarts it, the task asks
 the restarted driver again and the table holds each record once. The next round commits in the
-restarted driver; a round that fails there fails its task with the round's message; with the driver stopped the task
-falls back to spark-submit.
+restarted driver; so does the round after a kill -9 of the driver's process group between
+rounds. A request without the token, or whose arguments are no round, gets a 401/400 with the
+reason; a round that fails in the driver fails its task with the round's message; with the
+driver stopped the task falls back to spark-submit.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -41,7 +44,7 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
     airflow_env.migrate_db()
     from confluent_kafka.admin import AdminClient, NewTopic
     from icefall_airflow.tables import open_catalog
-    from icefall_airflow.warm_driver import WarmDriverClient
+    from icefall_airflow.warm_driver import WarmDriverClient, WarmDriverUnreachable
 
     from broker.supervisor.warm_driver import WarmDriverProcess
 
@@ -87,6 +90,17 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
     client = WarmDriverClient.from_connection()
     assert client is not None
     driver.wait_healthy()
+    # a request without the token, or that is no round, gets a precise error
+    bad = WarmDriverClient(client.url, "wrong")
+    with pytest.raises(WarmDriverUnreachable, match="401"):
+        bad.health()
+    for args, env, reason in (
+        (["--topic", TOPIC, "--master", "local[1]"], {}, "sets --master itself"),
+        (["--topic", TOPIC], {"PATH": "/tmp"}, "env may only set"),
+        (["--until-now"], {}, "not commit_round arguments"),
+    ):
+        with pytest.raises(RuntimeError, match=f"answered 400: .*{reason}"):
+            client.run_round(args, env, None)
 
     # round 1: the driver dies after publishing; the task asks the restarted one again
     produce(broker, 0, 50)
@@ -100,6 +114,16 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
     run_round(dag, cut_after_now())
     assert table_ids(catalog) == list(range(80))
     assert client.health()["rounds"] == 2 and driver.restarts == 1
+
+    # kill -9 between rounds: restarted, and the next round commits there
+    assert driver.proc is not None
+    os.killpg(driver.proc.pid, signal.SIGKILL)
+    wait_for(lambda: driver.restarts == 2, 30, what="the supervisor's restart")
+    driver.wait_healthy()
+    produce(broker, 80, 10)
+    run_round(dag, cut_after_now())
+    assert table_ids(catalog) == list(range(90))
+    assert client.health()["rounds"] == 1
 
     # a round failing in the driver fails its task with the round's message
     from icefall_airflow.commit_operator import CommitRoundOperator
@@ -115,7 +139,7 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
     stop_supervising.set()
     supervisor.join(5)
     driver.stop()
-    produce(broker, 80, 5)
+    produce(broker, 90, 5)
     run_round(dag, cut_after_now())
-    assert table_ids(catalog) == list(range(85))
+    assert table_ids(catalog) == list(range(95))
     wait_for(lambda: driver.proc is not None and driver.proc.poll() is not None, 10)
