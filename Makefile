@@ -27,7 +27,7 @@ EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jo
 # What the linters look at.
 LINT_PATHS := broker spark_jobs dags plugins tests bench
 
-.PHONY: setup system-deps run test test-unit docs bench bench-vs-kafka bench-vs-connect lint lint-code format-check format clean
+.PHONY: setup system-deps run test test-unit docs bench bench-vs-kafka bench-vs-connect bench-sustained lint lint-code format-check format clean
 
 setup: $(VENV)/.installed $(VENV)/.extensions $(JARS)/.pinned
 
@@ -136,6 +136,10 @@ $(BENCH_SPARK_AVRO_JARS)/.pinned: bench/jvm/spark-avro/pom.xml bench/jvm/spark-a
 # Commit rounds beside the Iceberg Kafka Connect sink and Spark Structured Streaming (BENCH_ARGS=--quick: a short run).
 bench-vs-connect: setup $(SPARK_KAFKA_JARS)/.pinned $(BENCH_CONNECT_JARS)/.pinned $(BENCH_SPARK_AVRO_JARS)/.pinned
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/vs_connect.py $(BENCH_ARGS)
+
+# Sustained ingest under `icefall up`, warm round driver vs spark-submit per round (BENCH_ARGS=--quick: a short run).
+bench-sustained: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/sustained.py $(BENCH_ARGS)
 
 # ruff's rules, mypy (its files and settings: pyproject.toml), then the formatting.
 lint: lint-code format-check

@@ -6,6 +6,10 @@ its own process group, creates the demo table topic ``clicks`` and runs a demo
 producer until Ctrl-C, then stops every process group it started (so the
 LocalExecutor's workers and the spark-submit JVMs they run go too).
 
+With Airflow it also starts the warm round driver (``warm_driver``: one long-lived Spark
+driver that runs the commit rounds Airflow asks for, instead of a JVM start per round),
+restarts it when it exits, and stops it last.
+
 ``ICEFALL_AIRFLOW_PORT`` (default 8080) moves the Airflow UI;
 ``ICEFALL_NO_AIRFLOW=1`` runs without Airflow; ``ICEFALL_DEMO_COMMIT_INTERVAL_MS``
 sets the demo topic's commit interval (default 60000). On a secured broker the demo's
@@ -33,6 +37,7 @@ from typing import Any
 from broker import names, topic_configs
 from broker.config import BrokerConfig, secret_env, to_overrides
 from broker.http_security.client import registry_user_info
+from broker.supervisor import warm_driver
 
 DEMO_TOPIC = "clicks"
 DEMO_KAFKA_USER_INFO_ENV = "ICEFALL_DEMO_KAFKA_USER_INFO"
@@ -183,6 +188,11 @@ class AirflowStack:
             "ICEFALL_HOME": str(home),
             "ICEFALL_ADMIN_URL": config.admin_url,
         }
+        # the warm round driver: its JVM starts with Airflow, its connection is in Airflow's env
+        self.warm: warm_driver.WarmDriverProcess | None = None
+        if warm_driver.enabled():
+            self.warm = warm_driver.WarmDriverProcess(dict(self.env), self.home / "logs")
+            self.env.update(self.warm.airflow_connection())
 
     def _log(self, name: str) -> Any:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
@@ -207,6 +217,8 @@ class AirflowStack:
             )
 
     def start(self) -> None:
+        if self.warm is not None:
+            self.warm.start()
         for name in AIRFLOW_COMPONENTS:
             self._start(name)
 
@@ -250,6 +262,9 @@ class AirflowStack:
         return None
 
     def check(self) -> None:
+        """Exit when a component exited; a warm driver that exited is restarted instead."""
+        if self.warm is not None:
+            self.warm.check()
         for name, proc in self.procs.items():
             if proc.poll() is not None:
                 raise SystemExit(
@@ -297,6 +312,8 @@ class AirflowStack:
             _stop(proc, 15)
         if "api-server" in self.procs:
             _stop(self.procs["api-server"], 15)
+        if self.warm is not None:
+            self.warm.stop()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -338,6 +355,11 @@ def _where_to_look(
             f"  Commit DAG:       {airflow.url}/dags/{names.commit_dag_id(DEMO_TOPIC)}\n"
             f"  Table topics:     {airflow.url}/plugin/icefall-table-topics\n"
             f"  Airflow logs:     {airflow.home / 'logs'}\n"
+        )
+        ui += (
+            f"  Round driver:     warm, {airflow.warm.url} (log {airflow.warm.log_path})\n"
+            if airflow.warm is not None
+            else "  Round driver:     spark-submit per round (ICEFALL_NO_WARM_DRIVER)\n"
         )
     return (
         f"\nIcefall is up.\n"

@@ -1,8 +1,12 @@
-"""The commit step: ``spark_jobs/commit_round.py`` through spark-submit.
+"""The commit step: ``spark_jobs/commit_round.py`` through spark-submit, or a warm driver.
 
 A ``SparkJobOperator`` (``job_operator``) whose arguments come from the plan
 task's XCom (``broker.contracts.RoundPlan``); the round's result JSON
-(``broker.contracts.RoundResult``) goes to XCom for the publish step.
+(``broker.contracts.RoundResult``) goes to XCom for the publish step. When the
+connection ``icefall_warm_driver`` is defined (``icefall up`` defines it) the round runs
+in that long-lived driver instead (``warm_driver``: no JVM start per round), with the same
+arguments and result; a driver that cannot be reached makes the task log why and run
+spark-submit.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker import contracts
-from icefall_airflow.job_operator import SparkJobOperator, job_script
+from icefall_airflow.job_operator import SparkJobFailed, SparkJobOperator, job_script
+from icefall_airflow.warm_driver import WarmDriverClient, WarmDriverUnreachable
 
 # The spark-submit JVM (the driver, in client mode) of a round mostly waits: the rows are
 # decoded and written in Python. C1-only JIT halves its start-up CPU (about 1 s of a small
@@ -66,9 +71,26 @@ class CommitRoundOperator(SparkJobOperator):
         if not plan:
             raise RuntimeError(f"no plan in XCom of task {self.plan_task_id}")
         admin_url = self.admin_url or manifest.admin_url()
-        return self.run_job(
-            context,
-            admin_url,
-            commit_round_args(plan, admin_url),
-            f"commit round {plan['round_id']} of {plan['topic']}",
-        )
+        args = commit_round_args(plan, admin_url)
+        label = f"commit round {plan['round_id']} of {plan['topic']}"
+        warm = WarmDriverClient.from_connection()
+        if warm is not None:
+            try:
+                return self.run_warm(warm, admin_url, args, label)
+            except WarmDriverUnreachable as exc:
+                self.log.warning("%s; running %s with spark-submit instead", exc, label)
+        return self.run_job(context, admin_url, args, label)
+
+    def run_warm(
+        self, warm: WarmDriverClient, admin_url: str, args: list[str], label: str
+    ) -> dict[str, Any]:
+        """The round in the warm driver: its result JSON, or ``SparkJobFailed`` with its message."""
+        from icefall_airflow import credentials
+
+        self.log.info("%s: asking the warm driver at %s", label, warm.url)
+        code, result = warm.run_round(args, credentials.job_env(), self.log)
+        self.job_result, self.lineage_admin_url = result, admin_url
+        self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
+        if code != 0:
+            raise SparkJobFailed(f"{label} failed: {result.get('message')}")
+        return result

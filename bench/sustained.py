@@ -1,0 +1,405 @@
+"""Sustained ingest under ``icefall up`` (issue 17, part 3): the highest produce rate at which
+lag stays bounded with rounds every ``--interval-s``, broker, Airflow and rounds on this machine.
+
+Each side starts ``icefall up`` (a temporary home, free ports, the demo producer at 1 record/s),
+creates a 4-partition table topic with ``commit.interval.ms`` = the interval (its commit DAG
+runs a round per interval, one at a time) and produces bench/commit_round.py's 16-field Avro
+values (~500 B, Confluent wire format, lz4, acks=all) with confluent-kafka at a fixed rate
+from this process. Every 5 s it samples the lag: records acknowledged by the broker minus the
+rows of the table's current snapshot. The sides:
+
+a) ``warm``: the warm round driver ``icefall up`` starts (one long-lived Spark driver that the
+   commit task asks for each round);
+b) ``spark-submit``: ``ICEFALL_NO_WARM_DRIVER=1``, a spark-submit (a JVM start) per round, the
+   commit task's default elsewhere: the baseline.
+
+The search: after a warm-up (the first round commits), the rate steps up through ``--rates``
+(MiB/s of values), each step held ``--step-s``; a step is bounded when the lag does not grow
+over its second half (least-squares slope x half the step below half a round's records, and
+the last sample below three rounds' records). The first unbounded step ends the side. The
+figure is the highest bounded rate / 2 cores, in MiB/s per core; the CPU seconds per kind of
+process (broker, Airflow, warm driver and its JVM, spark-submit rounds, Spark's Python
+workers, the producer) say what bounds it.
+
+    .venv/bin/python bench/sustained.py --quick     # warm side, 20 s rounds, 60 s at 4 MiB/s
+    .venv/bin/python bench/sustained.py             # both sides, 60 s rounds, 600 s steps
+
+The last line prints the figure (``--quick``: the warm side's rate per core and whether its lag
+stayed bounded; full: both sides' MiB/s per core and their ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import MIB, REPO, CpuByProcess, become_subreaper, machine, stop_processes
+from bench.commit_round import register_schema
+from bench.vs_connect import avro_encoder, committed
+from tests.support import free_port, wait_for
+
+TOPIC = "sustained"
+PARTITIONS = 4
+CORES = 2
+SAMPLE_S = 5.0
+
+
+@dataclass
+class Step:
+    rate_mib_s: float
+    seconds: float
+    records: int = 0
+    mib: float = 0.0
+    achieved_mib_s: float = 0.0  # what the producer sent (it may fall short of the rate)
+    growth_records: float = 0.0  # lag growth over the step's second half (least squares)
+    lag_end: int = 0
+    lag_max: int = 0
+    bounded: bool = False
+    cpu_s: dict[str, float] = field(default_factory=dict)  # per kind of process, this step
+
+
+@dataclass
+class SideResult:
+    name: str
+    steps: list[Step] = field(default_factory=list)
+    rounds: int = 0
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def best(self) -> float:
+        bounded = [min(s.rate_mib_s, s.achieved_mib_s) for s in self.steps if s.bounded]
+        return max(bounded) if bounded else 0.0
+
+
+class Producer(threading.Thread):
+    """Avro values at ``rate`` MiB/s (changeable), in 10 ms steps, until stopped."""
+
+    def __init__(self, bootstrap: str, schema_id: int) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap = bootstrap
+        self.encode = avro_encoder(schema_id)
+        self.rate_mib_s = 0.0
+        self.sent = self.acked = self.value_bytes = 0
+        self.failures: list[object] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import Producer as KafkaProducer
+
+        def delivered(err: object, msg: object) -> None:
+            if err is not None:
+                self.failures.append(err)
+            else:
+                self.acked += 1
+
+        producer = KafkaProducer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "acks": "all",
+                "linger.ms": 20,
+                "batch.size": 1_000_000,
+                "compression.type": "lz4",
+                "queue.buffering.max.kbytes": 1_048_576,
+                "on_delivery": delivered,
+            }
+        )
+        budget, last = 0.0, time.monotonic()
+        while not self.stop.is_set():
+            now = time.monotonic()
+            budget += (now - last) * self.rate_mib_s * MIB
+            last = now
+            while budget > 0:
+                value, key = self.encode(self.sent, int(time.time() * 1000))
+                try:
+                    producer.produce(TOPIC, value, key)
+                except BufferError:
+                    producer.poll(0.05)
+                    continue
+                budget -= len(value)
+                self.value_bytes += len(value)
+                self.sent += 1
+            producer.poll(0)
+            time.sleep(0.01)
+        producer.flush(60)
+
+
+def _classify(cmdline: str) -> str:
+    if "broker.cli broker" in cmdline:
+        return "broker"
+    if "commit_round.py" in cmdline:
+        return "spark-submit rounds"
+    if "spark_jobs.warm_driver" in cmdline:
+        return "warm driver (Python)"
+    if "pyspark-shell" in cmdline:
+        return "warm driver (JVM)"
+    if "pyspark" in cmdline and "daemon" in cmdline:
+        return "Spark Python workers"
+    if "airflow" in cmdline:
+        return "Airflow"
+    if "broker.cli up" in cmdline:
+        return "icefall up (demo producer)"
+    return "other"
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def icefall_up(home: Path, warm: bool) -> Any:
+    """``icefall up`` on free ports; yields (process, bootstrap, registry URL, catalog URL)."""
+    kafka, admin, registry, catalog, airflow = (free_port() for _ in range(5))
+    env = {
+        **os.environ,
+        "ICEFALL_AIRFLOW_PORT": str(airflow),
+        "ICEFALL_DEMO_COMMIT_INTERVAL_MS": "600000",  # the demo topic stays out of the way
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+    if not warm:
+        env["ICEFALL_NO_WARM_DRIVER"] = "1"
+    command = [sys.executable, "-m", "broker.cli", "up", "--home", str(home), "--demo-rate", "1"]
+    for flag, port in (
+        ("kafka", kafka),
+        ("admin", admin),
+        ("registry", registry),
+        ("catalog", catalog),
+    ):
+        command += [f"--{flag}-port", str(port)]
+    with open(home.parent / f"{home.name}.out", "wb") as out:
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        wait_for(
+            lambda: _airflow_up(airflow) or proc.poll() is not None, 300, what="icefall up ready"
+        )
+        if proc.poll() is not None:
+            raise RuntimeError(f"icefall up exited {proc.returncode}; see {out.name}")
+        if warm:
+            ready = home / "airflow" / "logs" / "warm-driver.ready"
+            wait_for(ready.exists, 180, what="the warm driver")
+        yield (
+            proc,
+            f"127.0.0.1:{kafka}",
+            f"http://127.0.0.1:{registry}",
+            f"http://127.0.0.1:{catalog}",
+        )
+    finally:
+        proc.send_signal(2)  # Ctrl-C: icefall up stops everything it started
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            stop_processes({proc.pid})
+
+
+def _airflow_up(port: int) -> bool:
+    try:
+        return bool(_get(f"http://127.0.0.1:{port}/api/v2/monitor/health"))
+    except OSError:
+        return False
+
+
+def _create_topic(bootstrap: str, interval_s: float) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    config = {
+        "automq.table.topic.enable": "true",
+        "automq.table.topic.commit.interval.ms": str(int(interval_s * 1000)),
+        "max.message.bytes": str(2 * MIB),
+    }
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1, config=config)]).values():
+        future.result(15)
+
+
+def _growth(samples: list[tuple[float, int]]) -> float:
+    """Least-squares slope of lag over time x the samples' span: how much the lag grew."""
+    if len(samples) < 2:
+        return 0.0
+    n = len(samples)
+    mt = sum(t for t, _ in samples) / n
+    ml = sum(lag for _, lag in samples) / n
+    var = sum((t - mt) ** 2 for t, _ in samples)
+    slope = sum((t - mt) * (lag - ml) for t, lag in samples) / var if var else 0.0
+    return slope * (samples[-1][0] - samples[0][0])
+
+
+def run_side(args: argparse.Namespace, name: str, folder: Path) -> SideResult:
+    side = SideResult(name)
+    home = folder / name
+    warm = name == "warm"
+    print(f"[{name}] starting icefall up ...", flush=True)
+    with icefall_up(home, warm) as (proc, bootstrap, registry, catalog_url):
+        from pyiceberg.catalog import load_catalog
+
+        cpu = CpuByProcess(_classify, interval=1.0)
+        cpu.start(proc.pid)
+        _create_topic(bootstrap, args.interval_s)
+        schema_id = register_schema(registry, f"{TOPIC}-value")
+        catalog = load_catalog("bench", type="rest", uri=catalog_url)
+        identifier = ("default", TOPIC)
+        producer = Producer(bootstrap, schema_id)
+        producer.rate_mib_s = 0.2
+        producer.start()
+        cpu_self0 = time.process_time()
+        try:
+            # warm-up: the DAG is parsed and a first round commits
+            wait_for(lambda: committed(catalog, identifier) > 0, 300, what="the first round")
+            print(f"[{name}] first round committed; stepping the rate", flush=True)
+            for rate in args.rates:
+                step = Step(rate, args.step_s)
+                producer.rate_mib_s = rate
+                t0, sent0, bytes0 = time.monotonic(), producer.sent, producer.value_bytes
+                cpu_before = _cpu_now(cpu, cpu_self0)
+                samples: list[tuple[float, int]] = []
+                while (elapsed := time.monotonic() - t0) < args.step_s:
+                    if producer.failures:
+                        raise RuntimeError(f"produce failed: {producer.failures[:3]}")
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"icefall up exited {proc.returncode}")
+                    lag = producer.acked - committed(catalog, identifier)
+                    samples.append((elapsed, lag))
+                    time.sleep(SAMPLE_S)
+                step.records = producer.sent - sent0
+                step.mib = round((producer.value_bytes - bytes0) / MIB, 1)
+                step.achieved_mib_s = round(step.mib / args.step_s, 2)
+                cpu_after = _cpu_now(cpu, cpu_self0)
+                step.cpu_s = {
+                    k: round(v - cpu_before.get(k, 0.0), 1)
+                    for k, v in sorted(cpu_after.items(), key=lambda kv: -kv[1])
+                    if v - cpu_before.get(k, 0.0) >= 0.1
+                }
+                half = [s for s in samples if s[0] >= args.step_s / 2]
+                round_records = step.records / args.step_s * args.interval_s
+                step.growth_records = round(_growth(half))
+                step.lag_end, step.lag_max = samples[-1][1], max(lag for _, lag in samples)
+                step.bounded = (
+                    step.growth_records < 0.5 * round_records and step.lag_end < 3 * round_records
+                )
+                side.steps.append(step)
+                print(f"[{name}] {json.dumps(asdict(step))}", flush=True)
+                if not step.bounded:
+                    break
+        except Exception as exc:  # noqa: BLE001 -- reported in the result, the other side runs
+            side.error = f"{type(exc).__name__}: {exc}"
+            print(f"[{name}] failed: {side.error}", flush=True)
+        finally:
+            producer.stop.set()
+            producer.join(90)
+            side.cpu_s = cpu.stop()
+            side.cpu_s["producer (bench)"] = round(time.process_time() - cpu_self0, 1)
+            side.rounds = _rounds(home)
+    return side
+
+
+def _cpu_now(cpu: CpuByProcess, self0: float) -> dict[str, float]:
+    """CPU seconds so far per kind of process (dead ones at their last sample), the producer's too."""
+    cpu.sample()
+    out: dict[str, float] = {}
+    for kind, seconds in list(cpu.last.values()):
+        out[kind] = out.get(kind, 0.0) + seconds
+    out["producer (bench)"] = time.process_time() - self0
+    return out
+
+
+def _rounds(home: Path) -> int:
+    """Commit rounds that ran (the commit tasks' log directories)."""
+    logs = home / "airflow" / "logs"
+    return sum(1 for _ in logs.glob(f"dag_id=icefall_commit__{TOPIC}/run_id=*/task_id=commit"))
+
+
+def markdown(sides: list[SideResult], args: argparse.Namespace, load: tuple[float, ...]) -> str:
+    m = machine()
+    lines = [
+        f"{date.today()} · {m['nproc']} cores, {m['cpu']}, {m['mem_gib']} GiB · load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start",
+        "",
+        "| side | rate MiB/s | sent MiB/s | s | records | lag growth (2nd half) | lag at end "
+        "| max lag | bounded | CPU s (top 4) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for side in sides:
+        for s in side.steps:
+            lines.append(
+                f"| {side.name} | {s.rate_mib_s:g} | {s.achieved_mib_s:g} | {s.seconds:g} | {s.records} | "
+                f"{s.growth_records} | {s.lag_end} | {s.lag_max} | {'yes' if s.bounded else 'no'} | "
+                + ", ".join(f"{k} {v:g}" for k, v in list(s.cpu_s.items())[:4])
+                + " |"
+            )
+    lines.append("")
+    for side in sides:
+        cpu = ", ".join(f"{k} {v:g}" for k, v in sorted(side.cpu_s.items(), key=lambda kv: -kv[1]))
+        lines.append(
+            f"- {side.name}: best bounded {side.best:g} MiB/s = **{side.best / CORES:g} MiB/s per core**; "
+            f"{side.rounds} rounds; CPU s of the whole side (start-up included): {cpu}"
+            + (f"; error: {side.error}" if side.error else "")
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rates", default="5,10,15,20,25,30,40,50", help="MiB/s steps")
+    parser.add_argument("--step-s", type=float, default=600.0)
+    parser.add_argument("--interval-s", type=float, default=60.0)
+    parser.add_argument("--sides", default="warm,spark-submit")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args()
+    if args.quick:
+        args.rates, args.step_s, args.interval_s, args.sides = "4", 60.0, 20.0, "warm"
+    args.rates = [float(r) for r in args.rates.split(",")]
+    become_subreaper()
+    load = os.getloadavg()
+    folder = Path(tempfile.mkdtemp(prefix="icefall-sustained-"))
+    print(f"working in {folder}; load average {load}", flush=True)
+    sides = [run_side(args, name, folder) for name in args.sides.split(",")]
+    print()
+    print(
+        "Command: `.venv/bin/python bench/sustained.py "
+        + " ".join(a for a in sys.argv[1:])
+        + f"` (interval {args.interval_s:g} s, steps of {args.step_s:g} s)"
+    )
+    print(markdown(sides, args, load))
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    if args.quick:
+        [side] = sides
+        step = side.steps[-1] if side.steps else None
+        bounded = "bounded" if step and step.bounded else "NOT bounded"
+        print(
+            f"quick: warm driver, {args.rates[0]:g} MiB/s = {args.rates[0] / CORES:g} MiB/s per core, "
+            f"{args.interval_s:g} s rounds: lag {bounded}"
+            + (f" (growth {step.growth_records} records over the 2nd half)" if step else "")
+        )
+    else:
+        figures = {s.name: s.best / CORES for s in sides}
+        base = figures.get("spark-submit") or 0.0
+        ratio = f"{figures.get('warm', 0.0) / base:.2f}x" if base else "n/a"
+        print(
+            "sustained MiB/s per core at bounded lag: "
+            + ", ".join(f"{k} {v:g}" for k, v in figures.items())
+            + f"; warm / spark-submit {ratio}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The commit task's way to a warm round driver (``spark_jobs/warm_driver.py``), when one is configured.
+
+The Airflow connection ``icefall_warm_driver`` (``icefall up`` defines it as
+``AIRFLOW_CONN_ICEFALL_WARM_DRIVER``: host and port of the driver, the password its token)
+turns it on; without it the commit task runs spark-submit as before. The round's arguments
+are the ones spark-submit would get, and the credentials go in the request body (as they go
+in spark-submit's environment, never its argv).
+
+Only a driver that cannot be reached makes the task fall back to spark-submit
+(``WarmDriverUnreachable``): a driver that dies during a round (kill -9, a crash) is waited
+for (its supervisor restarts it) and the round is asked for again, once; a round re-run with
+the same round id commits each record once (``commit_round``), so neither path can write a
+record twice.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+WARM_DRIVER_CONN_ID = "icefall_warm_driver"
+ROUND_TIMEOUT_S = 1800.0  # the commit task's execution_timeout
+RESTART_WAIT_S = 120.0  # a restarted driver's JVM starts in 10-30 s on two busy cores
+
+
+class WarmDriverUnreachable(RuntimeError):
+    """No warm driver answers at the configured address; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class WarmDriverClient:
+    url: str
+    token: str
+
+    @classmethod
+    def from_connection(cls, conn_id: str = WARM_DRIVER_CONN_ID) -> WarmDriverClient | None:
+        """The client for the connection, None when it is not defined (use spark-submit)."""
+        from icefall_airflow.credentials import _connection, _mask
+
+        connection = _connection(conn_id)
+        if connection is None or not connection.host:
+            return None
+        token = connection.password or ""
+        _mask(token)
+        return cls(f"http://{connection.host}:{connection.port or 80}", token)
+
+    def _call(self, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+        request = urllib.request.Request(
+            self.url + path,
+            method="GET" if body is None else "POST",
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            raise RuntimeError(f"warm driver at {self.url} answered {exc.code}: {detail}") from exc
+
+    def health(self, timeout: float = 5.0) -> dict[str, Any]:
+        from spark_jobs.warm_driver import HEALTH_PATH
+
+        try:
+            answer: dict[str, Any] = self._call(HEALTH_PATH, None, timeout)
+        except (OSError, http.client.HTTPException, RuntimeError) as exc:
+            raise WarmDriverUnreachable(f"no warm driver answers at {self.url}: {exc}") from exc
+        return answer
+
+    def wait_healthy(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.health()
+            except WarmDriverUnreachable:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(1.0)
+            else:
+                return True
+
+    def run_round(
+        self, args: list[str], env: dict[str, str], log: Any
+    ) -> tuple[int, dict[str, Any]]:
+        """The round's exit code and result JSON; ``WarmDriverUnreachable`` when no driver answers
+        (before the round, or after it died during the round and did not come back)."""
+        from spark_jobs.warm_driver import ROUNDS_PATH, WarmRoundReply
+
+        self.health()
+        body = {"args": args, "env": env}
+        for attempt in (1, 2):
+            try:
+                answer = self._call(ROUNDS_PATH, body, ROUND_TIMEOUT_S)
+            except (OSError, http.client.HTTPException) as exc:
+                if attempt == 2:
+                    raise WarmDriverUnreachable(
+                        f"the warm driver at {self.url} died during the round twice: {exc}"
+                    ) from exc
+                log.warning(
+                    "the warm driver at %s died during the round (%s); waiting up to %.0f s for "
+                    "it to restart, then asking again (a re-run round commits each record once)",
+                    self.url,
+                    exc,
+                    RESTART_WAIT_S,
+                )
+                if not self.wait_healthy(RESTART_WAIT_S):
+                    raise WarmDriverUnreachable(
+                        f"the warm driver at {self.url} died during the round and did not come "
+                        f"back within {RESTART_WAIT_S:.0f} s"
+                    ) from exc
+            else:
+                reply = WarmRoundReply.model_validate(answer)
+                return reply.exit_code, reply.result
+        raise AssertionError("unreachable")

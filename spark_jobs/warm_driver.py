@@ -1,0 +1,259 @@
+"""A warm round driver: one long-lived SparkSession that runs commit rounds on request.
+
+A round through spark-submit starts a JVM (and, for a large round, a SparkContext and its
+Python workers) each time: seconds of CPU on every round, which on two shared cores bounds the
+rate a table topic can sustain. This process starts Spark once (the same jars and settings as a
+round started from Python, ``commit_round.spark_session``) and runs each requested round with
+``commit_round.run(argv, spark=session)``: the same code path, the same result JSON and the
+same exactly-once publish (the round's offsets go in the round's Iceberg commit) as
+``spark-submit spark_jobs/commit_round.py``.
+
+Transport: HTTP on loopback only, every request carrying ``Authorization: Bearer <token>`` with
+the token from ``ICEFALL_WARM_DRIVER_TOKEN`` (required). Spark Connect is not an option: the
+round uses the SparkContext and the JVM gateway (``run_tasks``, Glue's credentials), which a
+Spark Connect client has not got.
+
+* ``GET /v1/health`` -> ``{"status": "ok", "rounds": <rounds run>}`` (also checks the JVM);
+* ``POST /v1/commit-rounds`` with a ``WarmRoundRequest`` (the round's command-line arguments,
+  as the Airflow task builds them for spark-submit, and the credentials environment
+  ``icefall_airflow.credentials.job_env`` gives spark-submit) -> a ``WarmRoundReply`` (the
+  exit code spark-submit would have, the result JSON). A bad request gets 400 with the reason.
+
+Rounds of one table topic run one at a time (a second waits for the first); rounds of
+different topics run at once. The credentials are applied to this process's environment for
+the round (the round reads them there, as under spark-submit); a round whose credentials
+differ from those of rounds running now waits for them to finish. A round that finds the JVM
+gone exits this process (code 3) so that its supervisor (``icefall up``) starts a fresh one.
+
+    ICEFALL_WARM_DRIVER_TOKEN=... python -m spark_jobs.warm_driver --port 8094 --ready-file /tmp/ready
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from broker.http_security.client import (
+    CATALOG_CREDENTIAL_ENV,
+    CATALOG_TOKEN_ENV,
+    REGISTRY_USER_INFO_ENV,
+)
+
+log = logging.getLogger("icefall.warm_driver")
+TOKEN_ENV = "ICEFALL_WARM_DRIVER_TOKEN"
+ROUNDS_PATH = "/v1/commit-rounds"
+HEALTH_PATH = "/v1/health"
+MAX_BODY = 1 << 20
+JVM_GONE_EXIT = 3
+# The only variables a request may set: what ``credentials.job_env`` gives spark-submit.
+CREDENTIAL_ENV = (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV, CATALOG_TOKEN_ENV)
+# Flags that would change the process, not the round: the driver's session is the one to use.
+REFUSED_FLAGS = ("--result", "--master", "--log-level")
+
+
+class WarmRoundRequest(BaseModel):
+    """One round: ``spark_jobs/commit_round.py``'s arguments and the credentials' environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    args: list[str]
+    env: dict[str, str] = {}
+
+
+class WarmRoundReply(BaseModel):
+    """The round's exit code (0 committed / nothing new, 1 failed) and its result JSON."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    exit_code: int
+    result: dict[str, Any]
+
+
+class BadRequest(ValueError):
+    """The request cannot be a round; the message says why."""
+
+
+class CredentialGate:
+    """Rounds run with the credentials of their request in this process's environment; rounds
+    with other credentials than those applied wait until the running ones are done."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._applied: dict[str, str] | None = None
+        self._started_with = {k: os.environ[k] for k in CREDENTIAL_ENV if k in os.environ}
+
+    @contextmanager
+    def credentials(self, env: dict[str, str]) -> Iterator[None]:
+        wanted = {**self._started_with, **env}
+        with self._cond:
+            while self._running and wanted != self._applied:
+                self._cond.wait()
+            if wanted != self._applied:
+                for key in CREDENTIAL_ENV:
+                    if key in wanted:
+                        os.environ[key] = wanted[key]
+                    else:
+                        os.environ.pop(key, None)
+                self._applied = wanted
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+
+class WarmDriver:
+    """The session, the per-topic locks and the count of rounds run."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self.rounds = 0
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self._gate = CredentialGate()
+
+    def _topic_lock(self, topic: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(topic, threading.Lock())
+
+    def jvm_alive(self) -> bool:
+        try:
+            return not self.spark.sparkContext._jsc.sc().isStopped()
+        except Exception:  # noqa: BLE001 -- the gateway is gone: the JVM died
+            return False
+
+    def run_round(self, request: WarmRoundRequest) -> WarmRoundReply:
+        from spark_jobs import commit_round
+
+        if bad := [a for a in request.args if a.split("=", 1)[0] in REFUSED_FLAGS]:
+            raise BadRequest(f"the warm driver sets {', '.join(bad)} itself; leave it out")
+        if unknown := sorted(set(request.env) - set(CREDENTIAL_ENV)):
+            raise BadRequest(f"env may only set {', '.join(CREDENTIAL_ENV)}, not {unknown}")
+        try:
+            args = commit_round.parse_args(request.args)
+        except SystemExit as exc:  # argparse printed the reason on stderr
+            raise BadRequest(
+                f"not commit_round arguments: {request.args} (exit {exc.code})"
+            ) from exc
+        with self._topic_lock(args.topic), self._gate.credentials(request.env):
+            code, result = commit_round.run(request.args, spark=self.spark)
+            with self._guard:
+                self.rounds += 1
+        if code != 0 and not self.jvm_alive():
+            log.error(
+                "the Spark JVM is gone; exiting for a fresh start (round: %s)", result.message
+            )
+            self._reply_then_exit()
+        return WarmRoundReply(exit_code=code, result=result.to_json())
+
+    def _reply_then_exit(self) -> None:
+        """Exit shortly after this round's reply is sent (its task sees the failure first)."""
+        threading.Timer(1.0, os._exit, args=(JVM_GONE_EXIT,)).start()
+
+
+def handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorized(self) -> bool:
+            given = self.headers.get("Authorization", "")
+            if secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return True
+            self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+            return False
+
+        def do_GET(self) -> None:
+            if not self._authorized():
+                return
+            if self.path != HEALTH_PATH:
+                self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
+            elif not driver.jvm_alive():
+                self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the Spark JVM is gone"})
+            else:
+                self._send(HTTPStatus.OK, {"status": "ok", "rounds": driver.rounds})
+
+        def do_POST(self) -> None:
+            if not self._authorized():
+                return
+            if self.path != ROUNDS_PATH:
+                self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+                if not 0 < length <= MAX_BODY:
+                    raise BadRequest(f"a request body of 1 to {MAX_BODY} bytes, not {length}")
+                request = WarmRoundRequest.model_validate_json(self.rfile.read(length))
+                reply = driver.run_round(request)
+            except (BadRequest, ValidationError, ValueError) as exc:
+                self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+                return
+            self._send(HTTPStatus.OK, reply.model_dump(mode="json"))
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s " + format, self.address_string(), *args)
+
+    return Handler
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="warm_driver", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, required=True, help="loopback port to listen on")
+    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument("--ready-file", type=Path, help="written once the port is open")
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        print(f"warm_driver: set {TOKEN_ENV} (the token every request must carry)", file=sys.stderr)
+        return 2
+    from spark_jobs.commit_round import spark_session
+
+    spark = spark_session("icefall-warm-round-driver", args.master)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(WarmDriver(spark), token))
+    server.daemon_threads = True
+    if args.ready_file is not None:
+        args.ready_file.write_text(f"{os.getpid()}\n")
+    log.info("warm round driver on 127.0.0.1:%d (Spark %s)", args.port, spark.version)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Airflow's commit task through the warm round driver (``spark_jobs/warm_driver.py``), as
+``icefall up`` supervises it (``broker.supervisor.warm_driver``): ``dag.test()`` runs plan ->
+commit -> publish against a real broker whose registry and catalog require credentials (they
+reach the driver in the request, from the Airflow connections).
+
+The driver dies right after a round's publish, before its reply (``ICEFALL_ROUND_KILL_AT``: an
+``os._exit``, what kill -9 does at the worst moment); the supervisor restarts it, the task asks
+the restarted driver again and the table holds each record once. The next round commits in the
+restarted driver; so does the round after a kill -9 of the driver's process group between
+rounds. A request without the token, or whose arguments are no round, gets a 401/400 with the
+reason; a round that fails in the driver fails its task with the round's message; with the
+driver stopped the task falls back to spark-submit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.dags import airflow_env
+
+airflow_env.configure()
+
+from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
+from tests.e2e.test_airflow_rounds import TOPIC, cut_after_now, produce, run_round, table_ids
+from tests.e2e.test_airflow_rounds import broker as broker  # the secured broker
+from tests.http_security_support import airflow_connections
+from tests.support import BrokerProcess, free_port, wait_for
+
+KILL_ENV = "ICEFALL_ROUND_KILL_AT"
+
+
+@pytest.mark.timeout(600)
+def test_warm_driver_rounds_survive_its_crash_and_fall_back(
+    broker: BrokerProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    airflow_env.migrate_db()
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from icefall_airflow.tables import open_catalog
+    from icefall_airflow.warm_driver import WarmDriverClient, WarmDriverUnreachable
+
+    from broker.supervisor.warm_driver import WarmDriverProcess
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    config = {
+        "automq.table.topic.enable": "true",
+        "automq.table.topic.namespace": "shop",
+        "automq.table.topic.commit.interval.ms": "30000",
+    }
+    for future in admin.create_topics([NewTopic(TOPIC, 2, 1, config=config)]).values():
+        future.result(10)
+    monkeypatch.setenv("ICEFALL_HOME", str(broker.home))
+    monkeypatch.setenv("ICEFALL_ADMIN_URL", broker.admin_url)
+    for name, value in airflow_connections().items():
+        monkeypatch.setenv(name, value)
+    for name in (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV):  # the driver has none either
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+    driver = WarmDriverProcess({**os.environ, KILL_ENV: "after_publish"}, tmp_path, free_port())
+    request.addfinalizer(driver.stop)
+    for name, value in driver.airflow_connection().items():
+        monkeypatch.setenv(name, value)
+    driver.start()
+    stop_supervising = threading.Event()
+
+    def supervise() -> None:  # what icefall up's loop does, once a second
+        while not stop_supervising.wait(0.5):
+            if driver.proc is not None and driver.proc.poll() is not None:
+                driver.env.pop(KILL_ENV, None)  # the restarted driver lives
+            driver.check()
+
+    supervisor = threading.Thread(target=supervise, daemon=True)
+    supervisor.start()
+    request.addfinalizer(stop_supervising.set)
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(Path(airflow_env.REPO) / "dags"))
+    assert bag.import_errors == {}
+    dag = bag.dags[f"icefall_commit__{TOPIC}"]
+    catalog = open_catalog(broker.catalog_url)
+    client = WarmDriverClient.from_connection()
+    assert client is not None
+    driver.wait_healthy()
+    # a request without the token, or that is no round, gets a precise error
+    bad = WarmDriverClient(client.url, "wrong")
+    with pytest.raises(WarmDriverUnreachable, match="401"):
+        bad.health()
+    for args, env, reason in (
+        (["--topic", TOPIC, "--master", "local[1]"], {}, "sets --master itself"),
+        (["--topic", TOPIC], {"PATH": "/tmp"}, "env may only set"),
+        (["--until-now"], {}, "not commit_round arguments"),
+    ):
+        with pytest.raises(RuntimeError, match=f"answered 400: .*{reason}"):
+            client.run_round(args, env, None)
+
+    # round 1: the driver dies after publishing; the task asks the restarted one again
+    produce(broker, 0, 50)
+    run_round(dag, cut_after_now())
+    assert driver.restarts == 1
+    assert table_ids(catalog) == list(range(50))  # each record once
+    assert client.health()["rounds"] == 1  # the re-asked round ran in the restarted driver
+
+    # round 2: the restarted driver commits the next records
+    produce(broker, 50, 30)
+    run_round(dag, cut_after_now())
+    assert table_ids(catalog) == list(range(80))
+    assert client.health()["rounds"] == 2 and driver.restarts == 1
+
+    # kill -9 between rounds: restarted, and the next round commits there
+    assert driver.proc is not None
+    os.killpg(driver.proc.pid, signal.SIGKILL)
+    wait_for(lambda: driver.restarts == 2, 30, what="the supervisor's restart")
+    driver.wait_healthy()
+    produce(broker, 80, 10)
+    run_round(dag, cut_after_now())
+    assert table_ids(catalog) == list(range(90))
+    assert client.health()["rounds"] == 1
+
+    # a round failing in the driver fails its task with the round's message
+    from icefall_airflow.commit_operator import CommitRoundOperator
+    from icefall_airflow.job_operator import SparkJobFailed
+
+    task = CommitRoundOperator(task_id="commit", plan_task_id="plan")
+    args = ["--topic", "nosuch", "--admin-url", broker.admin_url]
+    with pytest.raises(SparkJobFailed, match="commit round r of nosuch failed: .*nosuch"):
+        task.run_warm(client, broker.admin_url, args, "commit round r of nosuch")
+    assert task.job_result is not None and task.job_result["status"] == "failed"
+
+    # no driver: the task logs why and runs the round with spark-submit
+    stop_supervising.set()
+    supervisor.join(5)
+    driver.stop()
+    produce(broker, 90, 5)
+    run_round(dag, cut_after_now())
+    assert table_ids(catalog) == list(range(95))
+    wait_for(lambda: driver.proc is not None and driver.proc.poll() is not None, 10)
