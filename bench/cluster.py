@@ -20,13 +20,16 @@ records over ``--partitions`` partitions, started together once every partition 
 Reported: MiB/s and records/s from the first send to the last ack, p50/p99 ack latency
 (librdkafka's per-message latency, produce() to delivery report), broker CPU seconds per GiB
 acknowledged (all broker processes of the side), Postgres CPU seconds per GiB (cluster sides).
+At full speed the ack latency is mostly time in the client's queue; so each side also runs a
+paced load (``--rate`` records/s in all, for ``--paced-seconds``) below every side's
+throughput, whose p50/p99 is the latency of the acks themselves.
 
 Postgres is a fresh server from ``tests/postgres.py`` (fsync off: it measures the broker's
 path, not Postgres's disk); the object store is a local directory, or moto's S3 server with
 ``--s3``. Everything shares this machine's cores with the clients.
 
     .venv/bin/python bench/cluster.py --quick      # about a minute; the last line is a ratio
-    .venv/bin/python bench/cluster.py [--records 1000000] [--producers 4] [--partitions 12] [--s3]
+    .venv/bin/python bench/cluster.py [--records 1000000] [--producers 4] [--partitions 12] [--rate 10000] [--s3]
 """
 
 from __future__ import annotations
@@ -61,11 +64,13 @@ def producer_process(
     topic: str,
     count: int,
     record_bytes: int,
+    rate: float,
     ready: Any,
     go: Any,
     results: Any,
 ) -> None:
-    """One client process: connect, wait for ``go``, produce ``count`` records, report."""
+    """One client process: connect, wait for ``go``, produce ``count`` records (at ``rate``
+    records/s, or as fast as the client queue takes them when 0), report."""
     from confluent_kafka import Producer
 
     latencies: list[float] = []
@@ -94,7 +99,12 @@ def producer_process(
     go.wait()
     value = os.urandom(record_bytes)
     start = time.monotonic()
+    interval = 1 / rate if rate else 0.0
     for i in range(count):
+        if interval:
+            due = start + i * interval
+            while (ahead := due - time.monotonic()) > 0:
+                producer.poll(ahead)  # serves delivery reports while it waits
         while True:
             try:
                 producer.produce(topic, value)
@@ -161,7 +171,11 @@ def _tree_cpu(root: int) -> float:
     return sum(pid_cpu_seconds(pid) for pid in _tree({root}, _parents()))
 
 
-def run_load(side: Side, args: argparse.Namespace) -> dict[str, Any]:
+def run_load(
+    side: Side, args: argparse.Namespace, records: int, rate: float = 0.0
+) -> dict[str, Any]:
+    """``records`` over ``args.producers`` processes, each at ``rate / producers`` records/s
+    (0: as fast as it can) to a fresh topic of ``args.partitions`` partitions."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = f"load-{uuid.uuid4().hex[:8]}"
@@ -171,11 +185,20 @@ def run_load(side: Side, args: argparse.Namespace) -> dict[str, Any]:
     led = wait_spread(side, topic, args.partitions)
     ctx = multiprocessing.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    per = args.records // args.producers
+    per = records // args.producers
     procs = [
         ctx.Process(
             target=producer_process,
-            args=(side.bootstrap, topic, per, args.record_bytes, ready, go, results),
+            args=(
+                side.bootstrap,
+                topic,
+                per,
+                args.record_bytes,
+                rate / args.producers,
+                ready,
+                go,
+                results,
+            ),
         )
         for _ in range(args.producers)
     ]
@@ -273,6 +296,10 @@ def main() -> None:
     parser.add_argument("--record-bytes", type=int, default=1024)
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument(
+        "--rate", type=float, default=10_000, help="records/s of all producers in the paced run"
+    )
+    parser.add_argument("--paced-seconds", type=float, default=15)
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--s3", action="store_true", help="object store on moto's S3 server")
     parser.add_argument("--lease-ms", type=int, default=6000)
@@ -280,6 +307,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.records = min(args.records, 100_000)
+        args.paced_seconds = min(args.paced_seconds, 3)
         args.sides = "cluster-1,cluster-2" if args.sides == ",".join(SIDES) else args.sides
     sides = args.sides.split(",")
     assert set(sides) <= set(SIDES), sides
@@ -293,7 +321,9 @@ def main() -> None:
         "producers": args.producers,
         "partitions": args.partitions,
         "object_store": "s3 (moto)" if args.s3 else "local directory",
+        "paced_rate": args.rate,
         "results": [],
+        "paced": [],
     }
     with tempfile.TemporaryDirectory(prefix="icefall-cluster-bench-", dir=Path.home()) as tmp:
         work = Path(tmp)
@@ -313,9 +343,12 @@ def main() -> None:
                     moto.client().create_bucket(Bucket=bucket)
                     store, env = f"s3://{bucket}/{name}", moto.env()
                 with start_side(name, work, postgres, store, env, args) as side:
-                    result = run_load(side, args)
-                print(json.dumps(result), flush=True)
+                    result = run_load(side, args, args.records)
+                    print(json.dumps(result), flush=True)
+                    paced = run_load(side, args, int(args.rate * args.paced_seconds), args.rate)
+                    print(json.dumps({"paced": paced}), flush=True)
                 summary["results"].append(result)
+                summary["paced"].append(paced)
         finally:
             if moto is not None:
                 moto.stop()
@@ -334,6 +367,15 @@ def main() -> None:
             f"| {r['p99_ms']} | {r['broker_cpu_s_per_gib']} | "
             f"{r['postgres_cpu_s_per_gib'] if r['postgres_cpu_s_per_gib'] is not None else '—'} "
             f"| {r['loadavg_1m'][0]}-{r['loadavg_1m'][1]} |"
+        )
+    print()
+    print(f"Paced at {args.rate:,.0f} records/s ({args.paced_seconds:g} s):")
+    print("| side | brokers | records/s reached | p50 ms | p99 ms | broker CPU-s/GiB |")
+    print("|---|---|---|---|---|---|")
+    for r in summary["paced"]:
+        print(
+            f"| {r['side']} | {r['brokers']} | {r['records_s']:,} | {r['p50_ms']} | "
+            f"{r['p99_ms']} | {r['broker_cpu_s_per_gib']} |"
         )
     if "cluster-1" in by and "cluster-2" in by:
         ratio = by["cluster-2"]["mib_s"] / by["cluster-1"]["mib_s"]

@@ -127,6 +127,7 @@ class ClusterTrial:
     seed: int
     victim: int
     partitions: int
+    topic: str = ""
     moved: list[int] = field(default_factory=list)
     kill_after_s: float = 0.0  # load running before the kill, after the first acks
     failover_s: dict[int, float] = field(default_factory=dict)
@@ -193,10 +194,10 @@ def run_cluster_trial(
     started = time.monotonic()
     nodes = sorted(brokers)
     victim_id = rng.choice(nodes)
-    trial = ClusterTrial(seed, victim_id, partitions)
+    topic = f"kills-{uuid.uuid4().hex[:8]}"
+    trial = ClusterTrial(seed, victim_id, partitions, topic)
     everyone = list(brokers.values())
     bootstrap = ",".join(b.bootstrap for b in everyone)
-    topic = f"kills-{uuid.uuid4().hex[:8]}"
     create_topic(everyone[0].bootstrap, topic, partitions)
     wait_for(lambda: settled(everyone, topic, partitions), timeout_s, 0.2, "a spread topic")
     producers = [
