@@ -25,10 +25,17 @@ from broker.kafka.consumer_groups import ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.handlers import KafkaHandlers
 from broker.kafka.internal_topics import InternalTopic
+from broker.kafka.peer import MarkerSender
 from broker.kafka.server import KafkaServer
 from broker.kafka.transactions import TransactionCoordinator
 from broker.membership import Membership
-from broker.ownership import Ownership, local_member
+from broker.ownership import (
+    GROUP_SLOTS_TOPIC,
+    KEY_TRANSACTION,
+    Ownership,
+    coordinator_slot,
+    local_member,
+)
 from broker.registry import store as registry_store
 from broker.registry.api import RegistryApi
 from broker.registry.table_check import TableCheck
@@ -100,8 +107,18 @@ class Broker:
                 self.ownership,
                 self.leases,
                 on_refresh=self.handlers.reload_acls,
+                on_slot=self._coordinator_slot,
+            )
+            # transactions across brokers: coordinated by the slot's leader, markers to leaders
+            self.transactions.coordinates = lambda tid: self.ownership.coordinates(
+                KEY_TRANSACTION, tid
+            )
+            self.transactions.partition_exists = self._partition_exists
+            self.transactions.remote_markers = MarkerSender(
+                self.ownership, config.client_listener.name, self._partition_exists
             )
             self.cluster.changed = self.membership.nudge
+            self.handlers.mover = self.membership.move  # AlterPartitionReassignments
         self.auth_stats = AuthStats()
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes, self.auth_stats)
         self.admin = AdminApi(config, self.cluster, self.logs, self.auth_stats)
@@ -146,6 +163,29 @@ class Broker:
             self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms
         )
 
+    def _partition_exists(self, tp: tuple[str, int]) -> bool:
+        topic = self.cluster.topics.get(tp[0])
+        return topic is not None and 0 <= tp[1] < topic.partitions
+
+    async def _coordinator_slot(self, topic: str, slot: int, taken: bool) -> None:
+        """Cluster mode: a ``__transaction_state`` slot taken (its transactional ids read fresh
+        from Postgres, its decided transactions completed) or given up. A group slot given up
+        drops its groups here (they rebuild themselves as their members rejoin at the new
+        coordinator; their committed offsets are in Postgres)."""
+        if topic == GROUP_SLOTS_TOPIC:
+            if not taken:
+                for group_id in [g for g in self.groups.groups if coordinator_slot(g) == slot]:
+                    self.groups.unload(group_id)
+                for group_id in [
+                    g for g in self.consumer_groups.groups if coordinator_slot(g) == slot
+                ]:
+                    self.consumer_groups.groups.pop(group_id, None)
+            return
+        if taken:
+            await self.transactions.take_slot(slot)
+        else:
+            self.transactions.drop_slot(slot)
+
     def load_table(self, namespace: str, table: str) -> Table | None:
         """A table topic's table (pyiceberg), None when it does not exist yet (blocking: the
         registry's table check calls it from a thread)."""
@@ -166,7 +206,8 @@ class Broker:
         self.schemas.start_tailing()  # records other writers append to _schemas
         self.groups.start()
         self.consumer_groups.start()
-        await self.transactions.recover()  # before the listener: no transaction half-done
+        if self.membership is None:  # cluster mode: per slot, as the membership takes them
+            await self.transactions.recover()  # before the listener: no transaction half-done
         self.transactions.start()
         await self.kafka.start(self.config.listener_list())
         await self.admin.start(self.config.admin_host, self.config.admin_port)

@@ -39,7 +39,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from broker.assignment import Assignment, BrokerEntry, PartitionEntry
 from broker.cluster import Cluster
@@ -52,6 +52,8 @@ from broker.storage.metadata import MetadataStore
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+# (slot topic, slot, taken): the transaction coordinator reloads or drops that slot's ids
+SlotHook = Callable[[str, int, bool], Awaitable[None]]
 
 
 def share_plan(
@@ -97,6 +99,7 @@ class Membership:
         ownership: Ownership,
         leases: Leases,
         on_refresh: Callable[[], None] | None = None,
+        on_slot: SlotHook | None = None,
     ) -> None:
         self.config = config
         self.metadata = metadata
@@ -104,6 +107,7 @@ class Membership:
         self.cluster = cluster
         self.ownership = ownership
         self.on_refresh = on_refresh  # ACLs and other caches the handlers keep
+        self.on_slot = on_slot  # a coordinator slot taken (True) or given up (False)
         # registered already (Broker.__init__: a live broker with this node id refuses the
         # start before anything else opens)
         self.leases = leases
@@ -357,6 +361,11 @@ class Membership:
                 return False
         self.held[tp] = epoch
         self.moves += 1
+        if tp[0] not in self.cluster.topics and self.on_slot is not None:
+            try:
+                await self.on_slot(tp[0], tp[1], True)
+            except Exception:  # the slot is held; its transactions complete on a retry
+                log.exception("taking over coordinator slot %s-%d", *tp)
         return True
 
     async def _give_up(self, parts: Iterable[TopicPartition], why: str) -> None:
@@ -382,6 +391,8 @@ class Membership:
     async def _unload(self, tp: TopicPartition, reason: str) -> None:
         if (tp[0], tp[1]) in self.logs.partitions:
             await self.logs.unload_partition(tp[0], tp[1], reason)
+        elif tp[0] not in self.cluster.topics and self.on_slot is not None:
+            await self.on_slot(tp[0], tp[1], False)
 
     def assignment(self) -> Assignment:
         """What ``GET /v1/cluster/assignment`` shows: the live brokers, every partition of every

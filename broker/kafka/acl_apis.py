@@ -112,6 +112,7 @@ REQUEST_CHECKS: dict[int, tuple[Check, ...]] = {
     14: (Check(Op.READ, RT.GROUP, _group),),  # SyncGroup
     25: (Check(Op.WRITE, RT.TRANSACTIONAL_ID, _txn), Check(Op.READ, RT.GROUP, _group)),
     26: (Check(Op.WRITE, RT.TRANSACTIONAL_ID, _txn),),  # EndTxn
+    27: (Check(Op.CLUSTER_ACTION, RT.CLUSTER, _cluster),),  # WriteTxnMarkers (brokers')
     29: (Check(Op.DESCRIBE, RT.CLUSTER, _cluster),),  # DescribeAcls
     35: (Check(Op.DESCRIBE, RT.CLUSTER, _cluster),),  # DescribeLogDirs
     43: (Check(Op.ALTER, RT.CLUSTER, _cluster),),  # ElectLeaders

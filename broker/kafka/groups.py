@@ -623,6 +623,21 @@ class GroupCoordinator:
                         )
                         self._remove_member(group, member.member_id)
 
+    def unload(self, group_id: str) -> None:
+        """Cluster mode: another broker coordinates this group now. Its members waiting here
+        are told NOT_COORDINATOR (they find the new coordinator and rejoin there), and no
+        stale copy stays behind should the group come back later."""
+        group = self.groups.pop(group_id, None)
+        if group is None:
+            return
+        if group.rebalance_task:
+            group.rebalance_task.cancel()
+        for member in group.members.values():
+            if member.join_future and not member.join_future.done():
+                member.join_future.set_result(JoinResult(ErrorCode.not_coordinator))
+            if member.sync_future and not member.sync_future.done():
+                member.sync_future.set_result((ErrorCode.not_coordinator, b""))
+
     def delete(self, group_id: str) -> int:
         group = self.groups.get(group_id)
         if group is not None and group.members:

@@ -86,6 +86,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     24: (0, 4),  # AddPartitionsToTxn (v4+ batched, as brokers send it)
     25: (0, 3),  # AddOffsetsToTxn
     26: (0, 3),  # EndTxn (v5 needs transaction.version 2, KIP-890)
+    27: (1, 1),  # WriteTxnMarkers (cluster mode: from the transaction's coordinator)
     28: (0, 3),  # TxnOffsetCommit
     29: (1, 3),  # DescribeAcls (v0 removed in Kafka 4, KIP-896)
     30: (1, 3),  # CreateAcls
@@ -221,6 +222,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             24: self.add_partitions_to_txn,
             25: self.add_offsets_to_txn,
             26: self.end_txn,
+            27: self.write_txn_markers,
             28: self.txn_offset_commit,
             29: self.describe_acls,
             30: self.create_acls,
@@ -296,6 +298,13 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
 
     def _partition(self, topic: str, partition: int) -> Any:
         return self.logs.partitions.get((topic, partition))
+
+    def _exists(self, topic: str, partition: int) -> bool:
+        """The partition exists (led here or, in cluster mode, by any broker)."""
+        if (topic, partition) in self.logs.partitions:
+            return True
+        known = self.cluster.topics.get(topic)
+        return self.ownership.clustered and known is not None and 0 <= partition < known.partitions
 
     def _absent(self, topic: str, partition: int) -> int:
         """Why a partition is not in this broker's logs: another broker leads it (cluster mode:
@@ -474,6 +483,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             if acks == 0:
                 raise CloseConnection(f"acks=0 produce refused: {message}")
             return R(responses=_produce_refused(req, code, message))
+        if req.transactional_id is not None:  # cluster mode: coordinated elsewhere?
+            await self.transactions.refresh_foreign(req.transactional_id)
         results: list[tuple[str, list[dict[str, Any]]]] = []
         last_seq = 0
         appended: list[tuple[dict[str, Any], PartitionLog, int]] = []  # entry, log, end offset
@@ -599,6 +610,45 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 raise CloseConnection(f"acks=0 produce refused: {failed[0]['error_message']}")
             return None
         return respond()
+
+    async def write_txn_markers(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
+        """WriteTxnMarkers (cluster mode): the coordinator of a transaction asks the leader of
+        each of its partitions to write the commit or abort marker, as Kafka's coordinator
+        does; answered once the markers are acknowledged (in the object store and the index)."""
+        seq = -1
+        written: list[tuple[dict[str, Any], Any, int]] = []
+        markers = []
+        for m in req.markers:
+            topics = []
+            for t in m.topics:
+                partitions = []
+                for p in t.partition_indexes:
+                    entry: dict[str, Any] = {"partition_index": p, "error_code": ErrorCode.none}
+                    part = self._partition(t.name, p)
+                    if part is None:
+                        entry["error_code"] = self._absent(t.name, p)
+                    else:
+                        seq = max(
+                            seq,
+                            self.logs.append_marker(
+                                part, m.producer_id, m.producer_epoch, m.transaction_result
+                            ),
+                        )
+                        written.append((entry, part, part.next_offset))
+                    partitions.append(entry)
+                topics.append({"name": t.name, "partitions": partitions})
+            markers.append({"producer_id": m.producer_id, "topics": topics})
+        try:
+            if seq >= 0:
+                await self.logs.wal.wait_durable(seq)
+            for entry, part, end in written:
+                if (error := self.logs.ack_error(part, end)) is not None:
+                    entry["error_code"] = error.code
+        except OSError as exc:
+            log.warning("write txn markers: %s", exc)
+            for entry, _, _ in written:
+                entry["error_code"] = ErrorCode.kafka_storage_error
+        return R(markers=markers)
 
     def _transactional_refusal(
         self, transactional_id: str | None, topic: str, partition: int, data: bytes | None
@@ -1375,7 +1425,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             readable = error != ErrorCode.none or self.topic_allowed(ctx, R, t.name)
             for p in t.partitions:
                 code = error if readable else ErrorCode.topic_authorization_failed
-                if code == ErrorCode.none and self._partition(t.name, p.partition_index) is None:
+                if code == ErrorCode.none and not self._exists(t.name, p.partition_index):
                     code = ErrorCode.unknown_topic_or_partition
                 if code == ErrorCode.none:
                     to_store.append(
@@ -1641,6 +1691,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 try:
                     result["low_watermark"] = await self.logs.delete_records(part, offset)
                     result["error_code"] = ErrorCode.none
+                except ProduceError as exc:  # cluster mode: its lease was lost meanwhile
+                    result["error_code"] = exc.code
                 except Exception as exc:  # noqa: BLE001 - the flush or the index write failed: retriable
                     log.warning("delete records of %s-%d: %s", t.name, p.partition_index, exc)
                     result["error_code"] = ErrorCode.kafka_storage_error

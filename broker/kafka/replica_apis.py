@@ -6,12 +6,17 @@ on this broker. So there is never a reassignment in progress, the one replica is
 preferred leader, and the one "log dir" is the broker's WAL directory. Admin tools
 (``kafka-reassign-partitions``, ``kafka-leader-election``, ``kafka-log-dirs``) and clients
 that call these APIs get the answers Kafka would give them instead of a closed connection.
+
+In a cluster (Postgres metadata) a partition still has one replica, its leader, and
+AlterPartitionReassignments to one live broker moves the leadership there (``mover``: the
+membership's move, as ``icefall cluster move``); no data is copied.
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +43,14 @@ def _wal_and_usage(config: BrokerConfig) -> tuple[Path, Any]:
 class ReplicaApis:
     config: BrokerConfig
     logs: LogStore
+    # cluster mode (broker/membership.py's move): a partition's leadership to a live broker;
+    # None when done, else why not
+    mover: Callable[[str, int, int | None], Awaitable[str | None]] | None = None
 
     def _topic_partitions(self, topic: str) -> list[int]:
+        known = getattr(self, "cluster", None)
+        if self.mover is not None and known is not None and topic in known.topics:
+            return list(range(known.topics[topic].partitions))  # cluster mode: led anywhere
         return sorted(p for (t, p) in self.logs.partitions if t == topic)
 
     async def list_partition_reassignments(self, ctx: Any, req: Any, R: Responder) -> Any:
@@ -61,6 +72,11 @@ class ReplicaApis:
                 elif p.replicas is None:
                     code = ErrorCode.no_reassignment_in_progress
                     message = "there is no reassignment in progress to cancel"
+                elif self.mover is not None and len(p.replicas) == 1:
+                    # cluster mode: one replica, the leader; moving it moves leadership only
+                    problem = await self.mover(topic.name, p.partition_index, int(p.replicas[0]))
+                    if problem is not None:
+                        code, message = ErrorCode.invalid_replica_assignment, problem
                 elif list(p.replicas) != [self.config.node_id]:
                     code = ErrorCode.invalid_replica_assignment
                     message = (

@@ -11,6 +11,13 @@ transaction. A broker restarted after kill -9 completes every decided transactio
 before it serves (``recover``); open ones stay open until their producer ends them or
 ``transaction.timeout.ms`` runs out, when the coordinator aborts them with a bumped
 epoch, as Kafka does.
+
+In a cluster (Postgres metadata) each broker coordinates the transactional ids of the
+``__transaction_state`` slots it holds (``take_slot`` reads their records fresh from Postgres
+and completes the decided ones, as a restart would); markers for partitions other brokers
+lead go to them as WriteTxnMarkers (``remote_markers``), and a leader or group coordinator
+that is not the transaction's coordinator checks a transactional produce or TxnOffsetCommit
+against the record the coordinator saved in Postgres (``refresh_foreign``).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from kio.schema.errors import ErrorCode
 
@@ -37,6 +44,10 @@ from broker.storage.txn_metadata import (
 )
 
 log = logging.getLogger(__name__)
+
+# cluster mode: (producer id, epoch, commit, partitions led elsewhere) -> the markers written
+# there (broker.kafka.peer.MarkerSender); raises TimeoutError when a leader cannot be reached
+RemoteMarkers = Callable[[int, int, bool, list[tuple[str, int]]], Awaitable[None]]
 
 MAX_EPOCH = 32767 - 1  # Short.MAX_VALUE - 1: past it, a new producer id (KIP-360)
 
@@ -59,6 +70,15 @@ class TransactionCoordinator:
         self.max_timeout_ms = max_timeout_ms
         self.cleanup_interval_ms = cleanup_interval_ms
         self.txns: dict[str, TxnRecord] = {}
+        # Cluster mode (set by the app): which transactional ids this broker coordinates (the
+        # leader of their __transaction_state slot), whether a partition exists anywhere in the
+        # cluster, and how markers reach partitions other brokers lead (WriteTxnMarkers).
+        self.coordinates: Callable[[str], bool] = lambda transactional_id: True
+        self.partition_exists: Callable[[tuple[str, int]], bool] | None = None
+        self.remote_markers: RemoteMarkers | None = None
+        # records of transactions coordinated elsewhere, read fresh from Postgres for a
+        # transactional produce or TxnOffsetCommit this broker serves as leader / group coordinator
+        self.foreign: dict[str, TxnRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._expirer: asyncio.Task[None] | None = None
         self.timed_out = 0  # transactions the coordinator aborted on their timeout
@@ -82,6 +102,52 @@ class TransactionCoordinator:
                 )
                 await self._write_markers_and_complete(record, commit)
 
+    async def take_slot(self, slot: int) -> None:
+        """Cluster mode: this broker now coordinates the transactional ids of a
+        ``__transaction_state`` slot. Their records are read again from Postgres (the previous
+        coordinator changed them), and the transactions decided but not completed there are
+        completed here (as ``recover`` does after a restart)."""
+        from broker.ownership import coordinator_slot
+
+        records = [
+            r
+            for r in await asyncio.to_thread(self.store.load)
+            if coordinator_slot(r.transactional_id) == slot
+        ]
+        for record in records:
+            self.txns[record.transactional_id] = record
+        for record in records:
+            if record.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                async with self._lock(record.transactional_id):
+                    if record.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                        await self._write_markers_and_complete(
+                            record, record.state == PREPARE_COMMIT
+                        )
+
+    def drop_slot(self, slot: int) -> None:
+        """Cluster mode: another broker coordinates this slot's transactional ids now."""
+        from broker.ownership import coordinator_slot
+
+        for tid in [t for t in self.txns if coordinator_slot(t) == slot]:
+            del self.txns[tid]
+
+    async def refresh_foreign(self, transactional_id: str) -> None:
+        """Cluster mode, before a transactional produce or TxnOffsetCommit on a broker that
+        does not coordinate ``transactional_id``: its record as the coordinator last saved it
+        (the coordinator saves before it answers AddPartitionsToTxn / AddOffsetsToTxn)."""
+        if self.coordinates(transactional_id):
+            return
+        found = await asyncio.to_thread(self.store.load, transactional_id)
+        if found:
+            self.foreign[transactional_id] = found[0]
+        else:
+            self.foreign.pop(transactional_id, None)
+
+    def _record(self, transactional_id: str) -> TxnRecord | None:
+        if self.coordinates(transactional_id):
+            return self.txns.get(transactional_id)
+        return self.foreign.get(transactional_id)
+
     def start(self) -> None:
         self._expirer = asyncio.create_task(self._expire_loop(), name="transaction-timeouts")
 
@@ -102,9 +168,15 @@ class TransactionCoordinator:
         """Open transactions in a partition that no transaction of the coordinator covers (a
         batch that got in as its transaction ended) would hold the partition's LSO forever:
         they get an abort marker, as ``kafka-transactions.sh abort`` would write."""
+        # cluster mode: transactions coordinated elsewhere cover partitions led here too
+        known = (
+            list(self.txns.values())
+            if self.partition_exists is None
+            else await asyncio.to_thread(self.store.load)
+        )
         covered = {
             (r.producer_id, tp)
-            for r in self.txns.values()
+            for r in known
             if r.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
             for tp in r.partitions
         }
@@ -176,7 +248,7 @@ class TransactionCoordinator:
         record.producer_epoch = min(record.producer_epoch + 1, MAX_EPOCH)
 
     def _check(self, transactional_id: str, producer_id: int, producer_epoch: int) -> int:
-        record = self.txns.get(transactional_id)
+        record = self._record(transactional_id)
         if record is None or record.producer_id != producer_id:
             return ErrorCode.invalid_producer_id_mapping
         if producer_epoch != record.producer_epoch:
@@ -203,7 +275,8 @@ class TransactionCoordinator:
         """The error of each partition (all the same unless some are unknown)."""
         async with self._lock(transactional_id):
             error = self._check(transactional_id, producer_id, producer_epoch)
-            unknown = [tp for tp in partitions if tp not in self.logs.partitions]
+            exists = self.partition_exists or (lambda tp: tp in self.logs.partitions)
+            unknown = [tp for tp in partitions if not exists(tp)]
             if error == ErrorCode.none and unknown:
                 return {
                     tp: ErrorCode.unknown_topic_or_partition
@@ -254,7 +327,8 @@ class TransactionCoordinator:
             error = self._check(transactional_id, producer_id, producer_epoch)
             if error != ErrorCode.none:
                 return error
-            record = self.txns[transactional_id]
+            record = self._record(transactional_id)
+            assert record is not None  # _check found it
             if record.state != ONGOING or group_id not in record.groups:
                 return ErrorCode.invalid_txn_state  # AddOffsetsToTxn first
             if offsets:
@@ -287,11 +361,16 @@ class TransactionCoordinator:
 
     async def _write_markers_and_complete(self, record: TxnRecord, commit: bool) -> int:
         seq = 0
+        elsewhere = []  # cluster mode: partitions other brokers lead
         try:
             for topic, partition in sorted(record.partitions):
                 part = self.logs.partitions.get((topic, partition))
-                if part is None:  # deleted since: nothing to mark
-                    continue
+                if part is None:
+                    if self.partition_exists is not None and self.partition_exists(
+                        (topic, partition)
+                    ):
+                        elsewhere.append((topic, partition))
+                    continue  # else deleted since: nothing to mark
                 seq = max(
                     seq,
                     self.logs.append_marker(
@@ -299,7 +378,14 @@ class TransactionCoordinator:
                     ),
                 )
             await self.logs.wal.wait_durable(seq)
-        except OSError as exc:  # the WAL failed: the decision stays, a restart completes it
+            if elsewhere:
+                assert self.remote_markers is not None
+                await self.remote_markers(
+                    record.producer_id, record.producer_epoch, commit, elsewhere
+                )
+        except (OSError, TimeoutError) as exc:
+            # the WAL or a leader failed: the decision stays; a restart (or the next coordinator
+            # of the slot) completes it
             log.error("transaction %s: writing markers failed: %s", record.transactional_id, exc)
             return ErrorCode.kafka_storage_error
         record.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
@@ -320,7 +406,7 @@ class TransactionCoordinator:
     ) -> tuple[int, str | None]:
         """A transactional produce must come from the current epoch, into a partition of the
         open transaction (KIP-890's verification: a batch no marker would end is refused)."""
-        record = self.txns.get(transactional_id)
+        record = self._record(transactional_id)
         if record is None or record.producer_id != producer_id:
             return (
                 ErrorCode.invalid_producer_id_mapping,

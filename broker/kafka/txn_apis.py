@@ -144,6 +144,7 @@ class TransactionApis(AclApis):
     async def txn_offset_commit(self, ctx: Any, req: Any, R: Responder) -> Any:
         """WRITE on the transactional id, READ on the group (each refusal for every partition)
         and READ on each topic (TOPIC_AUTHORIZATION_FAILED for its partitions), as Kafka."""
+        await self.transactions.refresh_foreign(req.transactional_id)  # cluster mode
         refusal = None
         if not self.allowed(
             ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id

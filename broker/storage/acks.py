@@ -74,6 +74,3 @@ class IndexAcks:
         for seq in [s for s, key in self._unresolved.items() if key in gone]:
             del self._unresolved[seq]
         self._resolved.set()
-
-    def pending(self, key: tuple[str, int]) -> bool:
-        return key in self._unresolved.values()

@@ -32,7 +32,13 @@ from kio.schema.errors import ErrorCode
 from broker.config import BrokerConfig
 from broker.kafka import records
 from broker.storage.acks import IndexAcks
-from broker.storage.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
+from broker.storage.metadata import (
+    BatchRef,
+    Chunk,
+    FencedError,
+    MetadataStore,
+    pack_batch_index,
+)
 from broker.storage.objectstore import ObjectStore
 from broker.storage.retention import RetentionStatus
 from broker.storage.wal import WalEntry, WriteAheadLog, read_entries
@@ -40,6 +46,7 @@ from broker.storage.wal import WalEntry, WriteAheadLog, read_entries
 log = logging.getLogger(__name__)
 
 MAX_RECENT_PRODUCER_BATCHES = 5
+_FENCED = "fenced: its lease expired or another broker took it over"
 ATTR_LOG_APPEND_TIME = 0x08
 
 
@@ -358,7 +365,11 @@ class LogStore:
         try:
             await self.flush()
         except Exception as exc:  # noqa: BLE001 - the WAL still has it
-            log.warning("final flush failed (data stays in the WAL): %s", exc)
+            log.warning(
+                "final flush failed (%s): %s",
+                "its producers were not acknowledged" if self.cluster else "data stays in the WAL",
+                exc,
+            )
         if isinstance(self.wal, WriteAheadLog):
             await self.wal.close()
         else:  # nothing unacknowledged may wait forever
@@ -397,9 +408,17 @@ class LogStore:
             if count == 0:
                 return []
             new_start = part.chunks[count - 1].end_offset
-            keys = await asyncio.to_thread(
-                self.metadata.drop_chunks_before, part.topic, part.partition, new_start
-            )
+            try:
+                keys = await asyncio.to_thread(
+                    self.metadata.drop_chunks_before,
+                    part.topic,
+                    part.partition,
+                    new_start,
+                    self._fence(part),
+                )
+            except FencedError:
+                self._unload(part, _FENCED)
+                return []
             del part.chunks[:count]
             del part.chunk_bases[:count]
             part.log_start_offset = max(part.log_start_offset, new_start)
@@ -423,9 +442,20 @@ class LogStore:
             if offset <= part.log_start_offset:
                 return part.log_start_offset
             count = bisect.bisect_right([c.end_offset for c in part.chunks], offset)
-            keys = await asyncio.to_thread(
-                self.metadata.drop_chunks_before, part.topic, part.partition, offset
-            )
+            try:
+                keys = await asyncio.to_thread(
+                    self.metadata.drop_chunks_before,
+                    part.topic,
+                    part.partition,
+                    offset,
+                    self._fence(part),
+                )
+            except FencedError:
+                self._unload(part, _FENCED)
+                raise ProduceError(
+                    ErrorCode.not_leader_or_follower,
+                    f"{part.topic}-{part.partition} is no longer led by this broker",
+                ) from None
             del part.chunks[:count]
             del part.chunk_bases[:count]
             part.log_start_offset = offset
@@ -496,6 +526,10 @@ class LogStore:
             part = self.partitions.get((topic, partition))
             if part is not None:
                 self._unload(part, reason)
+
+    def _fence(self, part: PartitionLog) -> tuple[int, int] | None:
+        """What an index change of ``part`` is fenced by: (node id, epoch) in cluster mode."""
+        return None if self.node_id is None else (self.node_id, part.epoch)
 
     def _unload(self, part: PartitionLog, reason: str) -> None:
         key = (part.topic, part.partition)
@@ -788,7 +822,9 @@ class LogStore:
         stop. It is never cancelled: a flush cut off inside the WAL roll would leave
         durability callbacks unrun (and close() waiting for them)."""
         interval = self.config.segment_flush_ms / 1000
-        backoff = interval
+        # cluster mode: producers wait for the flush itself, so a failed one is retried soon
+        first_backoff = min(interval, 0.2) if self.cluster else interval
+        backoff = first_backoff
         while not self._closing:
             await _wait_event(self._flush_needed, interval)
             self._flush_needed.clear()
@@ -796,22 +832,30 @@ class LogStore:
                 return
             try:
                 await self.flush()
-                backoff = interval
+                backoff = first_backoff
             except Exception as exc:  # noqa: BLE001 - retried; the WAL keeps the data
                 self.flush_failures += 1
+                retry = backoff
+                if self.cluster:
+                    if time.monotonic() >= self.lease_deadline:
+                        # Its leases may belong to others by now: the waiting producers get
+                        # NOT_LEADER_OR_FOLLOWER (and retry with the new leader) instead of
+                        # waiting for an index this broker may no longer write.
+                        await self._unload_all(
+                            "its lease lapsed before a flush could index it", True
+                        )
+                    else:  # try again by the deadline at the latest
+                        retry = min(backoff, self.lease_deadline - time.monotonic() + 0.01)
                 log.error(
                     "segment flush failed, retrying in %.1fs (%s): %s",
-                    backoff,
+                    retry,
                     "nothing in it was acknowledged" if self.cluster else "data is safe in the WAL",
                     exc,
                 )
-                if self.cluster and time.monotonic() >= self.lease_deadline:
-                    # Its leases may belong to others by now: the waiting producers get
-                    # NOT_LEADER_OR_FOLLOWER (and retry with the new leader) instead of
-                    # waiting for an index this broker may no longer write.
-                    await self._unload_all("its lease lapsed before a flush could index it", True)
-                await _wait_event(self._flush_needed, backoff)
+                await _wait_event(self._flush_needed, retry)
                 backoff = min(backoff * 2, 30.0)
+                if self.cluster:  # the retry is now, not after another interval
+                    self._flush_needed.set()
 
     async def flush(self) -> int:
         """Write every partition's tail into one segment object. Returns bytes written."""
@@ -921,7 +965,7 @@ class LogStore:
             )
             for part, _, _ in snapshot:
                 if (part.topic, part.partition) in fenced:
-                    self._unload(part, "fenced: another broker took its lease over")
+                    self._unload(part, _FENCED)
             chunks = [c for c in chunks if (c[1].topic, c[1].partition) not in fenced]
         for part, chunk, count in chunks:
             part.chunks.append(chunk)

@@ -356,6 +356,7 @@ class _Database:
 
     def close(self) -> None:
         with self._lock:
+            self.reconnect = None  # closed for good
             self.connection.close()
 
 
@@ -415,6 +416,10 @@ class MetadataInUseError(MetadataUnavailableError):
     """Another broker already uses this database in a way this one cannot share (its node id)."""
 
 
+class FencedError(RuntimeError):
+    """Cluster mode: this broker no longer holds the partition's lease at its epoch."""
+
+
 class SchemaTooNewError(MetadataUnavailableError):
     """The database was migrated by a newer broker than this one."""
 
@@ -428,6 +433,17 @@ def _open_sqlite(path: Path) -> _Database:
     return _Database(connection, postgres=False)
 
 
+# A database cut off (no answer, rather than refused) fails a call within seconds instead of
+# the kernel's minutes: the flush and the heartbeat retry, and the lease rules keep it safe.
+_KEEPALIVES = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+
+
 def _open_postgres(uri: str) -> _Database:
     """Autocommit connection, schema migrated under an advisory lock (several brokers of a
     cluster may start at once against a fresh database; the lock is released right after).
@@ -435,12 +451,15 @@ def _open_postgres(uri: str) -> _Database:
     (``broker/storage/leases.py``), and a second live broker with the same node id is refused
     there (``Leases.register``)."""
     import psycopg
+    from psycopg.conninfo import make_conninfo
 
+    shown = _redact(uri)
+    uri = make_conninfo(uri, **_KEEPALIVES)  # for the reconnects too
     try:
         connection = psycopg.connect(uri, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
         raise MetadataUnavailableError(
-            f"cannot connect to the metadata database {_redact(uri)}: {exc}"
+            f"cannot connect to the metadata database {shown}: {exc}"
         ) from exc
     try:
         connection.execute("SELECT pg_advisory_lock(%s)", (POSTGRES_MIGRATION_LOCK_KEY,))
@@ -697,13 +716,21 @@ class MetadataStore:
             ]
         return chunks, int(start[0][0]) if start else 0, states, aborted
 
-    def drop_chunks_before(self, topic: str, partition: int, offset: int) -> list[str]:
+    def drop_chunks_before(
+        self, topic: str, partition: int, offset: int, fence: tuple[int, int] | None = None
+    ) -> list[str]:
         """Segment retention: forget the partition's chunks below ``offset`` and make
         ``offset`` its log start, in one transaction; returns the object keys that no
         chunk refers to any more. The caller deletes those objects only after this
-        commits, so the index never points at a deleted object, whatever crashes when."""
+        commits, so the index never points at a deleted object, whatever crashes when.
+        ``fence`` (cluster mode): (node id, lease epoch) this broker leads the partition
+        at; ``FencedError`` and nothing changed when it no longer does (``add_chunks``)."""
         where = "topic = ? AND partition = ? AND end_offset <= ?"
         with self.db.transaction():
+            if fence is not None and not self._held_leases(
+                fence[0], {(topic, partition): fence[1]}, {(topic, partition)}
+            ):
+                raise FencedError(f"{topic}-{partition}: lease epoch {fence[1]} lost")
             keys = [
                 k
                 for (k,) in self.db.query(

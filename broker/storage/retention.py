@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SEGMENT_PREFIX = "segments/"
+# Cluster mode: another broker's segment object is put before its index commit, and this
+# broker's flush lock does not cover that gap, so the sweep leaves objects younger than this
+# (by the time in their key, the writer's clock: minutes cover any skew and any commit).
+CLUSTER_ORPHAN_GRACE_MS = 10 * 60 * 1000
 WARN_EVERY_S = 600.0
 
 # (namespace, table name) -> the table's checkpoint; raises when the catalog cannot answer
@@ -390,6 +394,9 @@ class Retention:
         """Delete segment objects no chunk refers to: left by a crash between a retention
         commit and its deletes, or by a flush whose index write failed after its put."""
         listed = await asyncio.to_thread(self.logs.store.list, SEGMENT_PREFIX)
+        if self.logs.cluster:
+            oldest = int(time.time() * 1000) - CLUSTER_ORPHAN_GRACE_MS
+            listed = [k for k in listed if segment_written_ms(k) < oldest]
         unreferenced = await self.logs.unreferenced_objects(listed)
         released = set(self.logs.released_objects)  # DeleteRecords' since _take_released
         orphans = [k for k in unreferenced if k not in self.pending and k not in released]
@@ -409,3 +416,10 @@ class Retention:
             )
             return False
         return True
+
+
+def segment_written_ms(key: str) -> int:
+    """When a segment object was written, from its key (``segments/<ms>-<id>.seg``, see
+    ``LogStore.flush``); 0 for a key not in that form (swept as any old orphan)."""
+    stamp = key.removeprefix(SEGMENT_PREFIX).split("-", 1)[0]
+    return int(stamp) if stamp.isdigit() else 0

@@ -90,7 +90,14 @@ class TransactionStore:
     def __init__(self, metadata: MetadataStore) -> None:
         self.db = metadata.db
 
-    def load(self) -> list[TxnRecord]:
+    def load(self, transactional_id: str | None = None) -> list[TxnRecord]:
+        """Every transactional id's record, or the one named (cluster mode: a broker that
+        is not its coordinator reads it fresh, ``TransactionCoordinator.refresh_foreign``)."""
+        where, params = (
+            (" WHERE transactional_id = ?", (transactional_id,))
+            if transactional_id is not None
+            else ("", ())
+        )
         return [
             TxnRecord(
                 tid,
@@ -104,7 +111,8 @@ class TransactionStore:
             )
             for tid, pid, epoch, state, timeout, start, parts, groups in self.db.query(
                 "SELECT transactional_id, producer_id, producer_epoch, state, timeout_ms, "
-                "start_ms, partitions, groups FROM transactions"
+                "start_ms, partitions, groups FROM transactions" + where,
+                params,
             )
         ]
 

@@ -12,6 +12,7 @@ brokers is the expensive part.
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -23,8 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+)
 
 from broker.kafka import records
 from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, verify_log
@@ -97,6 +103,14 @@ def leaders(bootstrap: str, topic: str = TOPIC) -> tuple[set[int], dict[int, int
     return set(md.brokers), {p: found.partitions[p].leader for p in found.partitions}
 
 
+def settled_topic(cluster: Cluster, topic: str, expected: set[int]) -> dict[int, int] | None:
+    """partition -> leader of ``topic`` when the first live broker sees every one led."""
+    ids, by_partition = leaders(cluster.live()[0].bootstrap, topic)
+    if ids != expected or not set(by_partition.values()) <= expected:
+        return None
+    return by_partition
+
+
 def settled(
     cluster: Cluster, expected: set[int], leading: frozenset[int] = frozenset()
 ) -> dict[int, int] | None:
@@ -156,6 +170,28 @@ def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster
     for p, node in by_partition.items():
         assert f"Partition: {p}\tLeader: {node}\t" in described, described
 
+    # DescribeCluster from every broker: the live brokers, the lowest id the controller
+    for b in cluster.live():
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})  # kept: the future needs it
+        described_cluster = admin.describe_cluster().result(10)
+        assert sorted(n.id for n in described_cluster.nodes) == [1, 2, 3]
+        assert described_cluster.controller.id == 1
+
+    # a topic config changed through one broker is seen through another within a heartbeat
+    resource = ConfigResource(ConfigResource.Type.TOPIC, TOPIC)
+    change = ConfigEntry("retention.ms", "86400000", incremental_operation=AlterConfigOpType.SET)
+    resource.add_incremental_config(change)
+    admin2 = AdminClient({"bootstrap.servers": cluster.brokers[2].bootstrap})
+    admin2.incremental_alter_configs([resource])[resource].result(10)
+    admin3 = AdminClient({"bootstrap.servers": cluster.brokers[3].bootstrap})
+
+    def seen_on_3() -> bool:
+        asked = ConfigResource(ConfigResource.Type.TOPIC, TOPIC)
+        configs = admin3.describe_configs([asked])[asked].result(10)
+        return configs["retention.ms"].value == "86400000"
+
+    wait_for(seen_on_3, 10, 0.1, "broker 3 to see the config set through broker 2")
+
     # icefall cluster: the brokers and each partition's leader and epoch, from any broker
     shown = icefall("cluster", "--admin-url", other.admin_url)
     assert shown.returncode == 0, shown.stderr
@@ -172,6 +208,65 @@ def test_the_same_node_id_is_refused(cluster: Cluster, tmp_path: Path) -> None:
         twin.start()
     assert twin.proc is not None and twin.proc.returncode == 2
     assert "node id 2 is in use" in str(refused.value)
+
+
+def test_a_transaction_over_partitions_of_every_broker_commits_and_aborts(
+    cluster: Cluster,
+) -> None:
+    """The coordinator (the leader of the transactional id's slot) writes the markers into
+    the partitions it leads and sends WriteTxnMarkers to the leaders of the others."""
+    create_topic(cluster.brokers[1].bootstrap, "txn", PARTITIONS)
+    by_partition = wait_for(
+        lambda: settled_topic(cluster, "txn", {1, 2, 3}), 30, 0.2, "txn's leaders"
+    )
+    assert set(by_partition.values()) == {1, 2, 3}
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "transactional.id": f"tx-{uuid.uuid4().hex[:6]}",
+            "transaction.timeout.ms": 60000,
+        }
+    )
+    producer.init_transactions(30)
+    for outcome in ("commit", "abort", "commit"):
+        producer.begin_transaction()
+        for p in range(PARTITIONS):
+            producer.produce("txn", value=f"{outcome}-{p}".encode(), partition=p)
+        if outcome == "commit":
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"txn-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition("txn", p, 0) for p in range(PARTITIONS)])
+    got: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
+    ended: set[int] = set()
+
+    def all_read() -> bool:
+        for msg in consumer.consume(100, 0.2):
+            error, partition, value = msg.error(), msg.partition(), msg.value()
+            assert partition is not None
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    ended.add(partition)
+                    continue
+                raise AssertionError(str(error))
+            assert value is not None
+            got[partition].append(value.decode())
+        return ended == set(range(PARTITIONS))
+
+    try:
+        wait_for(all_read, 60, 0, "every txn partition read to its end")
+    finally:
+        consumer.close()
+    assert got == {p: [f"commit-{p}", f"commit-{p}"] for p in range(PARTITIONS)}, got
 
 
 class TimedProducer(ContinuousProducer):
@@ -232,10 +327,10 @@ class GroupConsumer:
                 assert value is not None
                 self.values.append(value.decode())
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop consuming (the consumer stays open: its committed offsets can be asked)."""
         self._stop.set()
         self.thread.join(30)
-        self.consumer.close()
 
 
 def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> None:
@@ -280,8 +375,15 @@ def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> 
             0.2,
             "the group consumed every acknowledged record",
         )
+        group.halt()
+        # its offsets were committed at the group's coordinator, whichever broker leads each
+        committed = group.consumer.committed(
+            [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=10
+        )
+        assert all(tp.offset > 0 for tp in committed), committed
     finally:
-        group.stop()
+        group.halt()
+        group.consumer.close()
 
 
 def check_log(cluster: Cluster) -> None:
@@ -361,6 +463,28 @@ def test_a_broker_back_and_a_new_one_take_partitions_and_sigterm_hands_over(
         "9",
     )
     assert refused.returncode == 2 and "broker 9 is not live" in refused.stderr
+
+    # Kafka's own kafka-reassign-partitions: one replica, on broker 1, moves the leadership
+    plan = cluster.root / "reassign.json"
+    plan.write_text(
+        json.dumps(
+            {"version": 1, "partitions": [{"topic": TOPIC, "partition": 1, "replicas": [1]}]}
+        )
+    )
+    kafka_tool(
+        "kafka-reassign-partitions",
+        "--bootstrap-server",
+        cluster.brokers[2].bootstrap,
+        "--reassignment-json-file",
+        str(plan),
+        "--execute",
+    )
+    wait_for(
+        lambda: (s := settled(cluster, {1, 2, 3})) is not None and s[1] == 1,
+        30,
+        0.2,
+        "partition 1 led by broker 1",
+    )
 
 
 def _raw_leader(cluster: Cluster) -> ClusterBrokerProcess | None:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
+from broker.checkpoint import Checkpoint
+from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.kafka import records
 from broker.storage.leases import Leases, NodeIdInUseError
@@ -23,10 +25,12 @@ from broker.storage.metadata import (
     MIGRATIONS,
     BatchRef,
     Chunk,
+    FencedError,
     MetadataStore,
     pack_batch_index,
 )
 from broker.storage.objectstore import LocalObjectStore
+from broker.storage.retention import Retention
 from tests.postgres import PostgresServer
 from tests.support import wait_for
 
@@ -217,6 +221,9 @@ def test_the_index_commit_fences_partitions_whose_lease_was_lost(
     assert [store.chunks("t", p) for p in (1, 2, 3)] == [[], [], []]
     assert set(store.producer_states()) == {("t", 0, 1000)}
     assert set(store.aborted_transactions()) == {("t", 0)}
+    chunks, start, states, aborted = stores[1].load_partition("t", 0)  # as a new leader would
+    assert ([c.object_key for c in chunks], start) == (["segments/a.seg"], 0)
+    assert (states, aborted) == ({1000: {"epoch": 0, "recent": [[0, 0, 0]]}}, [(1000, 0, 0)])
 
     # a stale epoch of a lease held again by the same node is fenced as well
     assert one.acquire("t", 0) == 2
@@ -230,6 +237,13 @@ def test_the_index_commit_fences_partitions_whose_lease_was_lost(
     )
     assert [c.object_key for c in store.chunks("t", 1)] == ["segments/c.seg"]
     assert store.object_keys() == {"segments/a.seg", "segments/c.seg"}  # b.seg: for the sweep
+
+    # retention and DeleteRecords are fenced the same way
+    with pytest.raises(FencedError):
+        store.drop_chunks_before("t", 1, 1, fence=(1, 1))
+    assert [c.object_key for c in store.chunks("t", 1)] == ["segments/c.seg"]
+    assert store.drop_chunks_before("t", 1, 1, fence=(2, 2)) == ["segments/c.seg"]
+    assert store.log_start_offsets()[("t", 1)] == 1
 
 
 def test_changes_the_other_brokers_must_see_bump_the_state_version(
@@ -281,6 +295,10 @@ async def _refused(call: Awaitable[object]) -> ProduceError:
     raise AssertionError("the produce was acknowledged")
 
 
+def _no_tables(namespace: str, table: str) -> Checkpoint:
+    raise AssertionError("no table topics here")
+
+
 async def _values(logs: LogStore, part: PartitionLog) -> list[bytes | None]:
     data = await logs.read(part, part.log_start_offset, 1 << 20)
     return [r.value for _, b in records.iter_batches(data) for r in records.decode_batch(b)[1]]
@@ -321,6 +339,7 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
                 *(a.append_and_wait(a_parts[0], _idempotent(b"v%d" % i, pid, i)) for i in range(3))
             )
             assert sorted(bases) == [0, 1, 2] and a_parts[0].high_watermark == 3
+            assert await a.delete_records(a_parts[0], 1) == 1  # the log start moves too
             assert (
                 await a.append_and_wait(a_parts[1], records.encode_batch([(None, b"x0")], 1)) == 0
             )
@@ -334,8 +353,8 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
             assert epoch == 2
             part = await b.load_partition("t", 0, epoch)
             b.set_lease_deadline(time.monotonic() + LEASE_MS / 1000)
-            assert (part.next_offset, part.high_watermark) == (3, 3)
-            assert await _values(b, part) == [b"v0", b"v1", b"v2"]
+            assert (part.log_start_offset, part.next_offset, part.high_watermark) == (1, 3, 3)
+            assert await _values(b, part) == [b"v1", b"v2"]
             # the producer's retry of v2 (its ack lost) is a duplicate on B too; v3 goes on
             assert await b.append_and_wait(part, _idempotent(b"v2", pid, 2)) == 2
             assert await b.append_and_wait(part, _idempotent(b"v3", pid, 3)) == 3
@@ -358,7 +377,19 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
             state = ProducerState.from_json(meta_b.load_partition("t", 0)[2][pid])
             assert state.last_sequence == 3  # B's v3; nothing of A's v3, v4
             again = await b.load_partition("t", 0, epoch)  # the same epoch: the same log
-            assert again is part and await _values(b, part) == [b"v0", b"v1", b"v2", b"v3"]
+            assert again is part and await _values(b, part) == [b"v1", b"v2", b"v3"]
+
+            # B's orphan sweep leaves an object another broker just put (its index commit
+            # may still be on its way) and deletes an old one no chunk refers to
+            fresh = f"segments/{int(time.time() * 1000):013d}-inflight.seg"
+            old = "segments/0000000000001-orphan.seg"
+            for key in (fresh, old):
+                objects.put(key, b"x")
+            retention = Retention(Cluster(config_b, meta_b, b), b, _no_tables, 600_000)
+            await retention._sweep_orphans()
+            listed = set(objects.list("segments/"))
+            assert fresh in listed and old not in listed
+            assert {c.object_key for c in meta_b.chunks("t", 0)} <= listed
 
             # the local rule: past its lease deadline a broker refuses before trying
             epoch_a = leases_a.acquire("t", 1)
@@ -378,5 +409,56 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
                 await logs.close()
             meta_a.close()
             meta_b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_store_outlives_its_connection(stores: list[MetadataStore]) -> None:
+    """The database restarted or the connection cut: the call that finds it dead fails (a
+    heartbeat or a flush retries), the next one reconnects; a lease taken before is there."""
+    import psycopg
+
+    store, other = stores[0], stores[1]
+    leases = _member(store, 1)
+    assert leases.acquire("t", 0) == 1
+    [(pid,)] = store.db.query("SELECT pg_backend_pid()")
+    other.db.query("SELECT pg_terminate_backend(?)", (pid,))
+    with pytest.raises(psycopg.OperationalError):
+        leases.heartbeat()
+    assert leases.heartbeat() == {("t", 0): 1}
+    assert store.db.query("SELECT pg_backend_pid()") != [(pid,)]
+
+
+def test_producers_waiting_when_the_lease_lapses_are_told_to_go_elsewhere(
+    uri: str, tmp_path: Path
+) -> None:
+    """Flushes keep failing (here the object store refuses every segment: a file stands where
+    its directory should be) until the local lease deadline passes: the waiting producer gets
+    NOT_LEADER_OR_FOLLOWER then (its batch was never indexed), not an endless wait."""
+
+    async def scenario() -> None:
+        meta = MetadataStore(uri)
+        root = tmp_path / "objects"
+        objects = LocalObjectStore(root)
+        (root / "segments").write_bytes(b"")
+        logs = LogStore(
+            BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000), meta, objects, node_id=1
+        )
+        try:
+            meta.create_topic("t", 1, {})
+            leases = _member(meta, 1)
+            await logs.open({})
+            part = await logs.load_partition("t", 0, leases.acquire("t", 0) or 0)
+            logs.set_lease_deadline(time.monotonic() + 0.5)
+            refused = await asyncio.wait_for(
+                _refused(logs.append_and_wait(part, records.encode_batch([(None, b"v")], 1))), 10
+            )
+            assert refused.code == ErrorCode.not_leader_or_follower
+            assert "lapsed" in refused.message
+            assert logs.flush_failures >= 1 and logs.partitions == {}
+            assert meta.chunks("t", 0) == [] and logs.unflushed_bytes == 0
+        finally:
+            await logs.close()
+            meta.close()
 
     asyncio.run(scenario())

@@ -199,7 +199,8 @@ def test_a_broker_on_postgres_keeps_topics_data_and_group_offsets_across_a_resta
     import psycopg
 
     uri = _database(postgres)
-    args = ["--metadata-uri", uri, "--segment-flush-ms", "100"]
+    # a lease longer than the test: the first broker stays live without relying on heartbeats
+    args = ["--metadata-uri", uri, "--segment-flush-ms", "100", "--broker-lease-ms", "120000"]
     broker = broker_factory(args)
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for future in admin.create_topics([NewTopic("events", 1, 1)]).values():
