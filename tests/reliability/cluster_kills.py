@@ -17,8 +17,9 @@ Measured per trial:
   earlier, so this is an upper bound by about one flush.
 - ``metadata_s``: kill to every surviving broker's Metadata naming a live leader for every
   moved partition.
-- ``restart_s``: the kill to the killed broker serving again (it can register again only once
-  its previous incarnation's heartbeat is older than the lease).
+- ``restart_s``: the kill to the killed broker serving again; its start begins once the
+  failover above was seen (it can register again only once its previous incarnation's
+  heartbeat is older than the lease).
 - ``group_s``: kill to the group having consumed, on every partition, a record produced after
   the kill (its coordinator may have been the killed broker: a rebalance at a new one).
   ``group_missing``: acknowledged records the group never delivered (at least once: 0 expected).
