@@ -9,12 +9,17 @@ wide     1,000 partitions read by 200 concurrent consumers: the broker's RSS vs
          its own 1-partition baseline in the same run; then a commit round over
          the 1,000-partition topic vs one over a 1-partition topic with the same
          records (same run).
+cluster  a 3-broker cluster (Postgres, one shared object-store directory): ``--runs``
+         trials, each a SIGKILL of one random broker at a random moment under acks=all
+         load and its restart (tests/reliability/cluster_kills.py); failover times
+         (kill to the first acknowledged produce on each moved partition), acknowledged-
+         and-lost, duplicates, order violations, consumer group progress.
 rounds   ``--round-trials`` commit rounds (separate processes, Spark local[2])
          SIGKILLed at a random moment in 0..1.3 x a round's duration, each
          followed by a complete round; the table is compared with the topic
          after every trial (missing and duplicate rows).
 
-    .venv/bin/python bench/reliability.py [--only crash,wide,rounds] [--runs 5] [--kills 5]
+    .venv/bin/python bench/reliability.py [--only crash,wide,rounds,cluster] [--runs 5] [--kills 5]
                                           [--round-trials 10] [--seed 1]
 
 Prints one JSON line per run and a summary JSON at the end.
@@ -28,7 +33,7 @@ import json
 import sys
 import tempfile
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import machine
 from tests.broker.test_s3_object_store import TcpProxy
 from tests.conftest import MotoS3
+from tests.postgres import PostgresServer
+from tests.reliability.cluster_kills import ClusterTrial, run_cluster_trial
 from tests.reliability.crash_load import CrashRun, run_crashes
 from tests.reliability.resources import run_wide
 from tests.reliability.rounds import complete_round, kill_round_at_random
 from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, table_offsets
 from tests.spark_jobs.test_commit_round import clicks
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, ClusterBrokerProcess
 
 
 def crash_runs(args: argparse.Namespace, work: Path) -> list[CrashRun]:
@@ -116,6 +123,82 @@ def summarise_crashes(runs: list[CrashRun]) -> dict[str, Any]:
     return out
 
 
+def cluster_trials(args: argparse.Namespace, work: Path) -> list[ClusterTrial]:
+    """``args.runs`` kill -9 trials on one 3-broker cluster (a fresh topic per trial)."""
+    postgres = PostgresServer().start()
+    brokers: dict[int, ClusterBrokerProcess] = {}
+    trials: list[ClusterTrial] = []
+    try:
+        uri = postgres.create_database("kills")
+        objects = work / "cluster-objects"
+        objects.mkdir()
+        for node_id in (1, 2, 3):
+            brokers[node_id] = ClusterBrokerProcess(
+                work / f"cluster-node{node_id}",
+                node_id,
+                uri,
+                str(objects),
+                lease_ms=args.lease_ms,
+                heartbeat_ms=args.heartbeat_ms,
+            )
+            brokers[node_id].start()
+        for i in range(args.runs):
+            trial = run_cluster_trial(brokers, seed=args.seed * 1000 + i)
+            print(json.dumps({"cluster_trial": trial.as_dict()}), flush=True)
+            trials.append(trial)
+    finally:
+        for b in brokers.values():
+            try:
+                b.stop()
+            except Exception as exc:  # noqa: BLE001 - the others are stopped still
+                print(f"stopping broker {b.node_id}: {exc!r}", file=sys.stderr)
+        postgres.stop()
+    return trials
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else None
+
+
+def summarise_cluster(trials: list[ClusterTrial], args: argparse.Namespace) -> dict[str, Any]:
+    failovers = [s for t in trials for s in t.failover_s.values()]
+    worst = [max(t.failover_s.values()) for t in trials if t.failover_s]
+    kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for t in trials:
+        for name, o in t.producers.items():
+            for key in (
+                "produced",
+                "acked",
+                "failed",
+                "acked_lost",
+                "acked_misplaced",
+                "duplicates",
+                "order_violations",
+                "unknown",
+            ):
+                kinds[name][key] += getattr(o, key)
+    groups = [t.group_s for t in trials if t.group_s is not None]
+    return {
+        "trials": len(trials),
+        "lease_ms": args.lease_ms,
+        "heartbeat_ms": args.heartbeat_ms,
+        "victims": dict(sorted(Counter(t.victim for t in trials).items())),
+        "moved_partitions": len(failovers),
+        "failover_s_p50": _quantile(failovers, 0.5),
+        "failover_s_max": max(failovers) if failovers else None,
+        "failover_s_worst_per_trial": sorted(worst),
+        "metadata_s_p50": _quantile([t.metadata_s for t in trials], 0.5),
+        "metadata_s_max": max((t.metadata_s for t in trials), default=None),
+        "restart_s_p50": _quantile([t.restart_s for t in trials], 0.5),
+        "group_s_p50": _quantile(groups, 0.5),
+        "group_s_max": max(groups) if groups else None,
+        "group_stalled_trials": sum(t.group_s is None for t in trials),
+        "group_missing": sum(t.group_missing for t in trials),
+        "producers": {k: dict(v) for k, v in kinds.items()},
+    }
+
+
 def round_kills(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import random
 
@@ -184,8 +267,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", default="crash,wide,rounds")
-    parser.add_argument("--runs", type=int, default=5, help="crash runs per backend")
+    parser.add_argument("--only", default="crash,wide,rounds,cluster")
+    parser.add_argument(
+        "--runs", type=int, default=5, help="crash runs per backend; cluster: kill trials"
+    )
+    parser.add_argument("--lease-ms", type=int, default=6000, help="cluster: broker.lease.ms")
+    parser.add_argument(
+        "--heartbeat-ms", type=int, default=1000, help="cluster: broker.heartbeat.interval.ms"
+    )
     parser.add_argument("--kills", type=int, default=5, help="kills per crash run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--partitions", type=int, default=1000)
@@ -197,7 +286,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
-    assert only <= {"crash", "wide", "rounds"}, only
+    assert only <= {"crash", "wide", "rounds", "cluster"}, only
     summary: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
@@ -225,6 +314,8 @@ def main() -> None:
             summary["wide_round"] = wide_round(work, args.partitions, args.round_records)
         if "rounds" in only:
             summary["rounds"] = round_kills(args, work)
+        if "cluster" in only:
+            summary["cluster"] = summarise_cluster(cluster_trials(args, work), args)
     print(json.dumps(summary, indent=2))
 
 

@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +123,7 @@ class ContinuousProducer:
         assert len(self.acked) + len(self.failed) == self.produced
 
 
-def stop_all(producers: list[ContinuousProducer]) -> None:
+def stop_all(producers: Sequence[ContinuousProducer]) -> None:
     """Stop every producer, even when one of them fails; re-raise the first failure."""
     first: BaseException | None = None
     for producer in producers:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tests.broker.clients import ContinuousProducer, Log, create_topic, read_partitions, stop_all
 from tests.support import BrokerProcess, wait_for
@@ -76,7 +76,7 @@ class CrashRun:
         return asdict(self)
 
 
-def analyse(log: Log, producers: list[ContinuousProducer]) -> dict[str, ProducerOutcome]:
+def analyse(log: Log, producers: Sequence[ContinuousProducer]) -> dict[str, ProducerOutcome]:
     """Compare the log read back with each producer's delivery reports."""
     by_name = {p.name: p for p in producers}
     outcomes = {
@@ -218,7 +218,15 @@ def run_crashes(
     return run
 
 
-def assert_guarantees(run: CrashRun) -> None:
+class Outcomes(Protocol):
+    """A run or trial with per-producer outcomes: a ``CrashRun``, a ``cluster_kills.ClusterTrial``."""
+
+    producers: dict[str, ProducerOutcome]
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+def assert_guarantees(run: Outcomes) -> None:
     """What Kafka promises each producer; ``retry``'s duplicates and reordering are allowed."""
     for name, o in run.producers.items():
         assert o.acked > 0, f"{name}: nothing acknowledged at all"

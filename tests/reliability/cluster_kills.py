@@ -1,0 +1,286 @@
+"""``kill -9`` of one broker of a 3-broker cluster under acks=all load (issue 16 item 2), shared by
+tests/reliability/test_cluster_kill.py (one trial) and ``bench/reliability.py --only cluster``.
+
+One trial: a fresh topic spread over the three brokers; the three producers of
+``crash_load`` (no retries, retries, idempotent) and a consumer group run; at a random moment
+(seeded ``random.Random``) a random broker gets SIGKILL; its leases lapse, the two others take
+its partitions; once a record produced after the kill was acknowledged on every moved
+partition the broker is started again (same node id, same home), takes its share back (a
+clean hand-over under load), the producers go on, and everything is read back from offset 0
+and checked with ``crash_load.analyse``.
+
+Measured per trial:
+
+- ``failover_s``: per moved partition, kill to the first acknowledgement of a record
+  *produced after the kill* (by any producer). The dead broker cannot acknowledge it, so it is
+  the new leader's; a record produced before the kill and retried may be acknowledged a little
+  earlier, so this is an upper bound by about one flush.
+- ``metadata_s``: kill to every surviving broker's Metadata naming a live leader for every
+  moved partition.
+- ``restart_s``: the kill to the killed broker serving again; its start begins once the
+  failover above was seen (it can register again only once its previous incarnation's
+  heartbeat is older than the lease).
+- ``group_s``: kill to the group having consumed, on every partition, a record produced after
+  the kill (its coordinator may have been the killed broker: a rebalance at a new one).
+  ``group_missing``: acknowledged records the group never delivered (at least once: 0 expected).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError
+from confluent_kafka.admin import AdminClient
+
+from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, stop_all
+from tests.reliability.crash_load import PRODUCER_CONFS, ProducerOutcome, analyse
+from tests.support import ClusterBrokerProcess, wait_for
+
+
+class TimedProducer(ContinuousProducer):
+    """A ContinuousProducer that notes, per partition, when a record produced after ``mark``
+    was first acknowledged (seconds after the mark)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.marked_at: float | None = None
+        self.first_after: dict[int, float] = {}
+
+    def mark(self, at: float) -> None:
+        self.first_after = {}
+        self.marked_at = at
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        super()._on_delivery(err, msg)
+        if err is None and self.marked_at is not None:
+            now = time.monotonic()
+            produced_at = now - msg.latency()
+            if produced_at >= self.marked_at and msg.partition() not in self.first_after:
+                self.first_after[msg.partition()] = now - self.marked_at
+
+
+class GroupReader:
+    """One consumer group member in a thread: every value it got, and per partition when it
+    first got a value that ``is_new`` (produced after the kill)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.values: set[str] = set()
+        self.errors: list[str] = []
+        self.is_new: Callable[[str], bool] | None = None
+        self.since: float = 0.0
+        self.first_new: dict[int, float] = {}
+        self._stop = threading.Event()
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"kills-{uuid.uuid4().hex[:8]}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+                "auto.commit.interval.ms": 200,
+                "session.timeout.ms": 10000,
+                "heartbeat.interval.ms": 500,
+                "log_level": 0,
+            }
+        )
+        self.consumer.subscribe([topic])
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def watch(self, is_new: Callable[[str], bool], since: float) -> None:
+        self.first_new = {}
+        self.since = since
+        self.is_new = is_new
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for msg in self.consumer.consume(500, 0.2):
+                error, value = msg.error(), msg.value()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        self.errors.append(str(error))
+                    continue
+                if value is None:
+                    continue
+                text = value.decode()
+                self.values.add(text)
+                p = msg.partition()
+                new = self.is_new is not None and self.is_new(text)
+                if new and p is not None and p not in self.first_new:
+                    self.first_new[p] = time.monotonic() - self.since
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(30)
+        self.consumer.close()
+
+
+@dataclass
+class ClusterTrial:
+    """One kill -9 of one broker of the cluster and what followed."""
+
+    seed: int
+    victim: int
+    partitions: int
+    topic: str = ""
+    moved: list[int] = field(default_factory=list)
+    kill_after_s: float = 0.0  # load running before the kill, after the first acks
+    failover_s: dict[int, float] = field(default_factory=dict)
+    metadata_s: float = 0.0
+    restart_s: float = 0.0
+    group_s: float | None = None
+    group_missing: int = 0
+    seconds: float = 0.0
+    producers: dict[str, ProducerOutcome] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    """partition -> leader (-1 while none) in one broker's Metadata; {} on an error."""
+    md = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(
+        topic, timeout=10
+    )
+    found = md.topics.get(topic)
+    if found is None or found.error is not None:
+        return {}
+    return {p: found.partitions[p].leader for p in found.partitions}
+
+
+def settled(
+    brokers: list[ClusterBrokerProcess], topic: str, partitions: int
+) -> dict[int, int] | None:
+    """partition -> leader when every live broker of ``brokers`` says the same, every partition
+    is led by one of them and each of them leads at least one."""
+    live = {b.node_id for b in brokers}
+    seen = [leaders(b.bootstrap, topic) for b in brokers]
+    first = seen[0]
+    if len(first) != partitions or any(s != first for s in seen):
+        return None
+    if set(first.values()) != live and len(live) <= partitions:
+        return None
+    return first
+
+
+def _start_again(broker: ClusterBrokerProcess) -> bool:
+    """Start the killed broker; False while its old incarnation still holds its node id."""
+    try:
+        broker.start()
+    except RuntimeError as exc:
+        if "is in use" in str(exc):
+            return False
+        raise
+    return True
+
+
+def run_cluster_trial(
+    brokers: dict[int, ClusterBrokerProcess],
+    *,
+    seed: int,
+    partitions: int = 6,
+    producer_names: tuple[str, ...] = ("noretry", "retry", "idem"),
+    rate: float = 3000.0,
+    max_run_s: float = 2.0,
+    timeout_s: float = 90.0,
+) -> ClusterTrial:
+    """One trial on the running cluster ``brokers`` (node id -> process, all running)."""
+    rng = random.Random(seed)
+    started = time.monotonic()
+    nodes = sorted(brokers)
+    victim_id = rng.choice(nodes)
+    topic = f"kills-{uuid.uuid4().hex[:8]}"
+    trial = ClusterTrial(seed, victim_id, partitions, topic)
+    everyone = list(brokers.values())
+    bootstrap = ",".join(b.bootstrap for b in everyone)
+    create_topic(everyone[0].bootstrap, topic, partitions)
+    wait_for(lambda: settled(everyone, topic, partitions), timeout_s, 0.2, "a spread topic")
+    producers = [
+        TimedProducer(
+            bootstrap,
+            topic,
+            name,
+            {**PRODUCER_CONFS[name], "log_level": 0, "message.timeout.ms": 60000},
+            rate=rate,
+            max_in_flight=5000,
+        )
+        for name in producer_names
+    ]
+    for producer in producers:
+        producer.start()
+    group = GroupReader(bootstrap, topic)
+    try:
+        wait_for(lambda: all(p.acked_count >= 200 for p in producers), timeout_s, 0.1, "first acks")
+        trial.kill_after_s = round(rng.uniform(0.1, max_run_s), 3)
+        time.sleep(trial.kill_after_s)  # the random moment; the condition is the kill itself
+        survivors = [b for b in everyone if b.node_id != victim_id]
+        before = leaders(survivors[0].bootstrap, topic)
+        trial.moved = sorted(p for p, n in before.items() if n == victim_id)
+        brokers[victim_id].kill9()
+        killed = time.monotonic()
+        produced_at_kill = {p.name: p.produced for p in producers}
+        for p in producers:
+            p.mark(killed)
+
+        def is_new(value: str) -> bool:
+            name, _, n = value.rpartition("-")
+            return name in produced_at_kill and int(n) >= produced_at_kill[name]
+
+        group.watch(is_new, killed)
+
+        def moved_led() -> bool:
+            return all(
+                all(
+                    leaders(b.bootstrap, topic).get(p, -1) in {s.node_id for s in survivors}
+                    for p in trial.moved
+                )
+                for b in survivors
+            )
+
+        wait_for(moved_led, timeout_s, 0.1, "new leaders of the moved partitions")
+        trial.metadata_s = round(time.monotonic() - killed, 2)
+
+        def moved_acked() -> bool:
+            return all(any(p in pr.first_after for pr in producers) for p in trial.moved)
+
+        wait_for(moved_acked, timeout_s, 0.1, "a produce acknowledged on every moved partition")
+        trial.failover_s = {
+            p: round(min(pr.first_after[p] for pr in producers if p in pr.first_after), 2)
+            for p in trial.moved
+        }
+        wait_for(lambda: _start_again(brokers[victim_id]), timeout_s, 0.2, "the restart")
+        trial.restart_s = round(time.monotonic() - killed, 2)
+        wait_for(
+            lambda: settled(everyone, topic, partitions), timeout_s, 0.2, "the victim leading again"
+        )
+        counts = [p.acked_count for p in producers]
+        wait_for(
+            lambda: all(p.acked_count >= c + 200 for p, c in zip(producers, counts, strict=True)),
+            timeout_s,
+            0.1,
+            "acks after the restart",
+        )
+        try:
+            wait_for(lambda: len(group.first_new) == partitions, timeout_s, 0.2, "group progress")
+            trial.group_s = round(max(group.first_new.values()), 2)
+        except TimeoutError:
+            trial.group_s = None  # reported, and group_missing below says what it missed
+    finally:
+        try:
+            stop_all(producers)
+        finally:
+            acked = {v for p in producers for v in p.acked}
+            with contextlib.suppress(TimeoutError):  # group_missing says what it missed
+                wait_for(lambda: acked <= group.values, 60, 0.2, "the group got every ack")
+            group.stop()
+    trial.group_missing = len(acked - group.values)
+    log = read_partitions(bootstrap, topic, partitions, timeout=120)
+    trial.producers = analyse(log, producers)
+    trial.seconds = round(time.monotonic() - started, 1)
+    return trial
