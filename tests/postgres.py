@@ -13,7 +13,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.support import free_port
 
@@ -114,3 +117,14 @@ class PostgresServer:
             )
             self.started = False
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    """One server for a test module (import it there): tests keep apart by creating their own
+    databases (``create_database``), and starting a cluster is the slow part."""
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
