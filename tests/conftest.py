@@ -160,6 +160,28 @@ def s3_bucket(moto_s3: MotoS3) -> str:
     return name
 
 
+def set_moto_credentials_only(mp: pytest.MonkeyPatch) -> None:
+    """moto's credentials in this process's environment and no S3 endpoint: a client here must
+    take the endpoint from where the code under test hands it (the catalog, a job's settings)."""
+    for name, value in MOTO_CREDENTIALS.items():
+        mp.setenv(name, value)
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        mp.delenv(name, raising=False)
+
+
+def start_s3_broker(
+    moto_s3: MotoS3, home: Path, extra_args: list[str]
+) -> tuple[BrokerProcess, str]:
+    """A broker whose object store and warehouse are in a fresh bucket of ``moto_s3`` (the
+    endpoint in its environment), started with ``extra_args``; the caller stops it. Returns
+    the broker and the bucket."""
+    bucket = f"lake-{uuid.uuid4().hex[:8]}"
+    moto_s3.client().create_bucket(Bucket=bucket)
+    args = [*extra_args, "--object-store", f"s3://{bucket}/segments"]
+    args += ["--warehouse", f"s3://{bucket}/warehouse"]
+    return BrokerProcess(home, args, env=moto_s3.env()).start(), bucket
+
+
 # ---------------------------------------------------------------- markers
 #
 # Every test gets at least one of the markers registered in pyproject.toml:

@@ -13,7 +13,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.support import free_port
 
@@ -43,6 +46,24 @@ class PostgresServer:
     def _run(self, *args: str) -> None:
         subprocess.run([*self._as, *args], check=True, capture_output=True, text=True, timeout=120)
 
+    def _pg_ctl_start(self) -> None:
+        """Start the server on the existing data directory, on this server's port and
+        socket directory: shared by ``start`` and ``resume`` so a resumed server is the
+        same one the broker was configured with."""
+        self._run(
+            _binary("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "postgres.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        )
+
     def start(self) -> PostgresServer:
         try:
             self._run(
@@ -57,19 +78,7 @@ class PostgresServer:
                 "UTF8",
                 "--no-sync",
             )
-            self._run(
-                _binary("pg_ctl"),
-                "-D",
-                str(self.data),
-                "-l",
-                str(self.root / "postgres.log"),
-                "-w",
-                "-t",
-                "60",
-                "-o",
-                f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
-                "start",
-            )
+            self._pg_ctl_start()
             self.started = True
         except BaseException:
             self.stop()
@@ -96,19 +105,7 @@ class PostgresServer:
         self._run(_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
     def resume(self) -> None:
-        self._run(
-            _binary("pg_ctl"),
-            "-D",
-            str(self.data),
-            "-l",
-            str(self.root / "postgres.log"),
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
-            "start",
-        )
+        self._pg_ctl_start()
 
     def stop(self) -> None:
         if self.started:
@@ -120,3 +117,14 @@ class PostgresServer:
             )
             self.started = False
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    """One server for a test module (import it there): tests keep apart by creating their own
+    databases (``create_database``), and starting a cluster is the slow part."""
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

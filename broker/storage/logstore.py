@@ -390,6 +390,31 @@ class LogStore:
         self.partitions[(topic, partition)] = part
         return part
 
+    async def _drop_leading_chunks(
+        self, part: PartitionLog, count: int, new_start: int
+    ) -> list[str]:
+        """The partition's first ``count`` chunks go and its log start moves up to
+        ``new_start`` (retention's and DeleteRecords' one way to do it, under ``index_lock``):
+        the index rows first, fenced by the partition's lease in cluster mode, then the log in
+        memory. Returns the object keys no chunk refers to any more. A broker that lost the
+        partition unloads it and raises ``FencedError``: what its caller answers differs."""
+        try:
+            keys = await asyncio.to_thread(
+                self.metadata.drop_chunks_before,
+                part.topic,
+                part.partition,
+                new_start,
+                self._fence(part),
+            )
+        except FencedError:
+            self._unload(part, _FENCED)
+            raise
+        del part.chunks[:count]
+        del part.chunk_bases[:count]
+        part.log_start_offset = max(part.log_start_offset, new_start)
+        part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
+        return keys
+
     async def drop_chunks(self, part: PartitionLog, end: int) -> list[str]:
         """Segment retention: drop the partition's leading chunks that end at or before ``end``
         and move its log start past them. Returns the object keys no chunk refers to any more,
@@ -407,23 +432,12 @@ class LogStore:
             count = bisect.bisect_right([c.end_offset for c in part.chunks], end)
             if count == 0:
                 return []
-            new_start = part.chunks[count - 1].end_offset
             try:
-                keys = await asyncio.to_thread(
-                    self.metadata.drop_chunks_before,
-                    part.topic,
-                    part.partition,
-                    new_start,
-                    self._fence(part),
+                return await self._drop_leading_chunks(
+                    part, count, part.chunks[count - 1].end_offset
                 )
             except FencedError:
-                self._unload(part, _FENCED)
                 return []
-            del part.chunks[:count]
-            del part.chunk_bases[:count]
-            part.log_start_offset = max(part.log_start_offset, new_start)
-            part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
-            return keys
 
     async def delete_records(self, part: PartitionLog, offset: int) -> int:
         """DeleteRecords: the partition's log start moves up to ``offset`` (at most the high
@@ -443,23 +457,12 @@ class LogStore:
                 return part.log_start_offset
             count = bisect.bisect_right([c.end_offset for c in part.chunks], offset)
             try:
-                keys = await asyncio.to_thread(
-                    self.metadata.drop_chunks_before,
-                    part.topic,
-                    part.partition,
-                    offset,
-                    self._fence(part),
-                )
+                keys = await self._drop_leading_chunks(part, count, offset)
             except FencedError:
-                self._unload(part, _FENCED)
                 raise ProduceError(
                     ErrorCode.not_leader_or_follower,
                     f"{part.topic}-{part.partition} is no longer led by this broker",
                 ) from None
-            del part.chunks[:count]
-            del part.chunk_bases[:count]
-            part.log_start_offset = offset
-            part.aborted = [a for a in part.aborted if a[2] >= part.log_start_offset]
             self.released_objects.extend(keys)
             return offset
 

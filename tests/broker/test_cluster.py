@@ -140,6 +140,22 @@ def icefall(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def move_leadership(cluster: Cluster, partition: int, to: int) -> subprocess.CompletedProcess[str]:
+    """``icefall cluster move`` of TOPIC's ``partition`` to broker ``to``, asked of broker 1."""
+    return icefall(
+        "cluster",
+        "--admin-url",
+        cluster.brokers[1].admin_url,
+        "move",
+        "--topic",
+        TOPIC,
+        "--partition",
+        str(partition),
+        "--to",
+        str(to),
+    )
+
+
 def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster) -> None:
     create_topic(cluster.brokers[1].bootstrap, TOPIC, PARTITIONS)
 
@@ -435,18 +451,7 @@ def test_a_broker_back_and_a_new_one_take_partitions_and_sigterm_hands_over(
     check_log(cluster)
 
     # icefall cluster move: leadership of partition 0 to broker 3 (no data copied)
-    moved = icefall(
-        "cluster",
-        "--admin-url",
-        cluster.brokers[1].admin_url,
-        "move",
-        "--topic",
-        TOPIC,
-        "--partition",
-        "0",
-        "--to",
-        "3",
-    )
+    moved = move_leadership(cluster, 0, 3)
     assert moved.returncode == 0, moved.stderr
     wait_for(
         lambda: (s := settled(cluster, {1, 2, 3})) and s[0] == 3,
@@ -454,18 +459,7 @@ def test_a_broker_back_and_a_new_one_take_partitions_and_sigterm_hands_over(
         0.2,
         "partition 0 led by broker 3",
     )
-    refused = icefall(
-        "cluster",
-        "--admin-url",
-        cluster.brokers[1].admin_url,
-        "move",
-        "--topic",
-        TOPIC,
-        "--partition",
-        "0",
-        "--to",
-        "9",
-    )
+    refused = move_leadership(cluster, 0, 9)
     assert refused.returncode == 2 and "broker 9 is not live" in refused.stderr
 
     # Kafka's own kafka-reassign-partitions: one replica, on broker 1, moves the leadership

@@ -36,6 +36,7 @@ from broker.storage.logstore import ProducerState
 from broker.storage.metadata import BatchRef, Chunk, MetadataStore, pack_batch_index
 from tests.broker.catalog.helpers import SCHEMA, Http
 from tests.postgres import PostgresServer
+from tests.postgres import postgres as postgres  # one server for the module
 from tests.support import BrokerProcess, ClusterBrokerProcess, free_port, wait_for
 
 LEASE_MS = 3000
@@ -68,15 +69,6 @@ class Cluster:
         live = set(self.live())
         ok = len(leaders) == partitions and all(n in live for n in leaders.values())
         return leaders if ok else None
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -32,19 +32,11 @@ from broker.storage.metadata import (
 from broker.storage.objectstore import LocalObjectStore
 from broker.storage.retention import Retention
 from tests.postgres import PostgresServer
+from tests.postgres import postgres as postgres  # one server for the module
 from tests.support import wait_for
 
 LEASE_MS = 6000
 SHORT_MS = 300  # a lease made to lapse within a test
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ with ``--metadata-uri`` keeps topics, data and group offsets across a restart wi
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +25,8 @@ from broker.storage.metadata import (
     pack_batch_index,
 )
 from tests.postgres import PostgresServer
+from tests.postgres import postgres as postgres  # one server for the module
 from tests.support import BrokerProcess
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _database(postgres: PostgresServer) -> str:

@@ -173,30 +173,47 @@ def run_round(dag: Any, logical_date: datetime) -> dict[str, str]:
     return states
 
 
-@pytest.mark.timeout(900)
-def test_two_rounds_rerun_and_rebuild(
-    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    airflow_env.migrate_db()
+def create_table_topic(broker: BrokerProcess, extra: dict[str, str] | None = None) -> None:
+    """TOPIC with two partitions as a table topic in namespace ``shop``, its commit interval
+    long enough that only the rounds the test runs commit (``extra``: more topic configs)."""
     from confluent_kafka.admin import AdminClient, NewTopic
-    from icefall_airflow.tables import open_catalog
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     config = {
         "automq.table.topic.enable": "true",
         "automq.table.topic.namespace": "shop",
         "automq.table.topic.commit.interval.ms": "30000",
-        "automq.table.topic.partition.by": "[hour(_kafka_metadata.timestamp)]",
+        **(extra or {}),
     }
     for future in admin.create_topics([NewTopic(TOPIC, 2, 1, config=config)]).values():
         future.result(10)
+
+
+def set_task_env(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment an Airflow task runs in: the broker's home and admin URL, and its
+    credentials only through the Airflow connections. The credential variables are unset (now
+    and, through monkeypatch, after the test), so nothing can take them from the environment:
+    not the task, nor a driver started with this environment."""
     monkeypatch.setenv("ICEFALL_HOME", str(broker.home))
     monkeypatch.setenv("ICEFALL_ADMIN_URL", broker.admin_url)
     for name, value in airflow_connections().items():
         monkeypatch.setenv(name, value)
-    for name in (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV):  # unset now, unset after
+    for name in (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
+
+
+@pytest.mark.timeout(900)
+def test_two_rounds_rerun_and_rebuild(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    airflow_env.migrate_db()
+    from icefall_airflow.tables import open_catalog
+
+    create_table_topic(
+        broker, {"automq.table.topic.partition.by": "[hour(_kafka_metadata.timestamp)]"}
+    )
+    set_task_env(broker, monkeypatch)
     monkeypatch.setenv("ICEFALL_EXAMPLE_TABLE", "shop.orders")  # the example DAGs on this table
 
     from airflow.dag_processing.dagbag import DagBag

@@ -25,10 +25,16 @@ from tests.dags import airflow_env
 
 airflow_env.configure()
 
-from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
-from tests.e2e.test_airflow_rounds import TOPIC, cut_after_now, produce, run_round, table_ids
+from tests.e2e.test_airflow_rounds import (
+    TOPIC,
+    create_table_topic,
+    cut_after_now,
+    produce,
+    run_round,
+    set_task_env,
+    table_ids,
+)
 from tests.e2e.test_airflow_rounds import broker as broker  # the secured broker
-from tests.http_security_support import airflow_connections
 from tests.support import BrokerProcess, free_port, wait_for
 
 KILL_ENV = "ICEFALL_ROUND_KILL_AT"
@@ -42,27 +48,13 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
     request: pytest.FixtureRequest,
 ) -> None:
     airflow_env.migrate_db()
-    from confluent_kafka.admin import AdminClient, NewTopic
     from icefall_airflow.tables import open_catalog
     from icefall_airflow.warm_driver import WarmDriverClient, WarmDriverUnreachable
 
     from broker.supervisor.warm_driver import WarmDriverProcess
 
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    config = {
-        "automq.table.topic.enable": "true",
-        "automq.table.topic.namespace": "shop",
-        "automq.table.topic.commit.interval.ms": "30000",
-    }
-    for future in admin.create_topics([NewTopic(TOPIC, 2, 1, config=config)]).values():
-        future.result(10)
-    monkeypatch.setenv("ICEFALL_HOME", str(broker.home))
-    monkeypatch.setenv("ICEFALL_ADMIN_URL", broker.admin_url)
-    for name, value in airflow_connections().items():
-        monkeypatch.setenv(name, value)
-    for name in (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV):  # the driver has none either
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
+    create_table_topic(broker)
+    set_task_env(broker, monkeypatch)  # the driver has no credentials in its environment either
 
     driver = WarmDriverProcess({**os.environ, KILL_ENV: "after_publish"}, tmp_path, free_port())
     request.addfinalizer(driver.stop)

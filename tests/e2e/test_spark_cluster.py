@@ -22,7 +22,6 @@ import os
 import re
 import signal
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from tests.dags import airflow_env
 airflow_env.configure()
 
 from broker import checkpoint  # noqa: E402 -- after Airflow's configuration
-from tests.conftest import MOTO_CREDENTIALS, MotoS3  # noqa: E402
+from tests.conftest import MotoS3, set_moto_credentials_only, start_s3_broker  # noqa: E402
 from tests.spark_cluster import SparkCluster  # noqa: E402
 from tests.spark_jobs.round_support import (  # noqa: E402
     CLICK_V1,
@@ -69,10 +68,7 @@ def env() -> Iterator[pytest.MonkeyPatch]:
     """This process's (the driver's) environment: S3 credentials only (the endpoint comes from
     the broker), rounds always on Spark's task path (they are small), Spark on loopback."""
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in MOTO_CREDENTIALS.items():
-            mp.setenv(name, value)
-        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            mp.delenv(name, raising=False)
+        set_moto_credentials_only(mp)
         mp.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", "0")
         # the driver on loopback too: Spark would take the first interface's address when the
         # hostname resolves to 127.0.0.1, and the executors would call it there
@@ -84,20 +80,9 @@ def env() -> Iterator[pytest.MonkeyPatch]:
 def broker(
     moto_s3: MotoS3, env: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
-    bucket = f"lake-{uuid.uuid4().hex[:8]}"
-    moto_s3.client().create_bucket(Bucket=bucket)
-    started = BrokerProcess(
-        tmp_path_factory.mktemp("cluster-rounds") / "home",
-        [
-            "--segment-flush-ms",
-            "100",
-            "--object-store",
-            f"s3://{bucket}/segments",
-            "--warehouse",
-            f"s3://{bucket}/warehouse",
-        ],
-        env=moto_s3.env(),
-    ).start()
+    started, _ = start_s3_broker(
+        moto_s3, tmp_path_factory.mktemp("cluster-rounds") / "home", ["--segment-flush-ms", "100"]
+    )
     try:
         yield started
     finally:

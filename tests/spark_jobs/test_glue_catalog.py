@@ -25,7 +25,7 @@ from broker.catalog.glue_check import glue_problem
 from broker.contracts import CatalogSpec
 from spark_jobs import commit_round, dlq_reprocess
 from spark_jobs.rounds import dlq_catchup
-from tests.conftest import MOTO_CREDENTIALS, MotoS3
+from tests.conftest import MotoS3, set_moto_credentials_only
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
@@ -100,10 +100,7 @@ def glue_broker_args(bucket: str, properties: dict[str, str]) -> list[str]:
 def aws_credentials() -> Iterator[None]:
     """This process's (and its Spark JVM's) AWS credentials: moto's; the endpoints are catalog properties."""
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in MOTO_CREDENTIALS.items():
-            mp.setenv(name, value)
-        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            mp.delenv(name, raising=False)
+        set_moto_credentials_only(mp)
         yield
 
 

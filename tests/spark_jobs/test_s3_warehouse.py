@@ -22,7 +22,7 @@ import pytest
 from broker.catalog import duckdb_local
 from spark_jobs import commit_round
 from spark_jobs.broker_client import http_json
-from tests.conftest import MOTO_CREDENTIALS, MotoS3
+from tests.conftest import MotoS3, set_moto_credentials_only, start_s3_broker
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
@@ -55,10 +55,7 @@ HOUR_MS = 3_600_000
 def s3_credentials() -> Iterator[None]:
     """Only the credentials in this process's environment (no endpoint): the rest comes from the catalog."""
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in MOTO_CREDENTIALS.items():
-            mp.setenv(name, value)
-        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            mp.delenv(name, raising=False)
+        set_moto_credentials_only(mp)
         yield
 
 
@@ -78,22 +75,11 @@ def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
 def s3_broker(
     moto_s3: MotoS3, s3_credentials: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[BrokerProcess, str]]:
-    bucket = f"lake-{uuid.uuid4().hex[:8]}"
-    moto_s3.client().create_bucket(Bucket=bucket)
-    broker = BrokerProcess(
+    broker, bucket = start_s3_broker(
+        moto_s3,
         tmp_path_factory.mktemp("s3rounds") / "home",
-        [
-            "--segment-flush-ms",
-            "100",
-            "--retention-check-interval-ms",
-            "300",
-            "--object-store",
-            f"s3://{bucket}/segments",
-            "--warehouse",
-            f"s3://{bucket}/warehouse",
-        ],
-        env=moto_s3.env(),
-    ).start()
+        ["--segment-flush-ms", "100", "--retention-check-interval-ms", "300"],
+    )
     try:
         yield broker, bucket
     finally:
