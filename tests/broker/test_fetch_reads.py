@@ -64,7 +64,7 @@ def test_a_log_read_through_comes_from_blocks_each_read_once(
             for p, values in written.items():
                 part = logs.partitions[("t", p)]
                 assert part.flushed_offset == part.high_watermark == len(values)
-                offset, got = 0, []
+                offset, got = 0, list[bytes | None]()
                 while offset < part.high_watermark:
                     pieces = await logs.read_pieces(part, offset, 100_000)
                     assert all(isinstance(x, memoryview) for x in pieces)  # slices, no copies
