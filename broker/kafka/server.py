@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
 API_VERSIONS = 18
+FETCH = 1
 # SaslHandshake, SaslAuthenticate, DescribeUserScramCredentials, AlterUserScramCredentials:
 # their bodies may carry a password or a salted password, never dumped into the log
 CREDENTIAL_APIS = frozenset({17, 36, 50, 51})
@@ -279,7 +280,7 @@ class KafkaServer:
         if inspect.isawaitable(result):
             return _deferred(correlation_id, result)
         try:
-            return codec.encode_response_parts(correlation_id, result)
+            return _encode(api_key, correlation_id, result)
         except Exception:
             log.exception(
                 "%s: %s v%d response could not be encoded; closing",
@@ -513,6 +514,13 @@ def _discard(item: Any) -> None:
         item.close()
     elif isinstance(item, asyncio.Future):
         item.cancel()
+
+
+def _encode(api_key: int, correlation_id: int, response: Any) -> bytes | list[codec.Buffer]:
+    """A Fetch response as its buffers (its records by reference, uncopied), others whole."""
+    if api_key == FETCH:
+        return codec.encode_response_parts(correlation_id, response)
+    return codec.encode_response(correlation_id, response)
 
 
 async def _deferred(correlation_id: int, pending: Any) -> bytes:
