@@ -125,7 +125,70 @@ def _response_writers(schema: Any) -> tuple[Any, Any, Any]:
     return header_schema, entity_writer(header_schema), entity_writer(schema)
 
 
+Buffer = bytes | bytearray | memoryview
+
+
+class Spliced:
+    """A bytes field given as several buffers (a Fetch partition's records: slices of cached
+    segment blocks and tail batches), written into the response frame by reference: the
+    records of a fetch are never joined nor copied into the encoded response."""
+
+    __slots__ = ("nbytes", "pieces")
+
+    def __init__(self, pieces: list[Buffer]) -> None:
+        self.pieces = pieces
+        self.nbytes = sum(len(p) for p in pieces)  # memoryviews of bytes: len is the byte count
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
+
+
+class _Gather:
+    """What kio writes a response into: small writes go into a bytearray, ``Spliced`` values
+    are kept as their buffers. ``parts`` is the frame, in order."""
+
+    def __init__(self) -> None:
+        self.parts: list[Buffer] = []
+        self.small = bytearray()
+
+    def write(self, data: Buffer | Spliced) -> int:
+        if isinstance(data, Spliced):
+            if self.small:
+                self.parts.append(self.small)
+                self.small = bytearray()
+            self.parts.extend(data.pieces)
+        else:
+            self.small += data
+        return len(data)
+
+    def finish(self) -> list[Buffer]:
+        if self.small or not self.parts:
+            self.parts.append(self.small)
+        return self.parts
+
+
+def encode_response_parts(correlation_id: int, response: Any) -> list[Buffer]:
+    """The response frame (size prefix included) as buffers to write one after another,
+    ``Spliced`` fields by reference (Fetch; other responses take ``encode_response``, whose
+    BytesIO is quicker for small frames)."""
+    header_schema, header_writer, body_writer = _response_writers(typing.cast(Any, type(response)))
+    out = _Gather()
+    out.write(b"\0\0\0\0")
+    header_writer(out, header_schema(correlation_id=correlation_id))
+    body_writer(out, response)
+    parts = out.finish()
+    first = parts[0]
+    assert isinstance(first, bytearray) and len(first) >= 4  # the size prefix and the header
+    struct.pack_into(">i", first, 0, sum(len(p) for p in parts) - 4)
+    return parts
+
+
 def encode_response(correlation_id: int, response: Any) -> bytes:
+    """The response frame as one bytes object (no ``Spliced`` fields: see
+    ``encode_response_parts``)."""
     header_schema, header_writer, body_writer = _response_writers(typing.cast(Any, type(response)))
     buf = io.BytesIO()
     buf.write(b"\0\0\0\0")
@@ -264,7 +327,9 @@ __all__ = [
     "UnsupportedRequest",
     "build",
     "check_nulls",
+    "Spliced",
     "encode_response",
+    "encode_response_parts",
     "error_response",
     "field",
     "known_versions",

@@ -31,7 +31,7 @@ from broker.kafka.acl_apis import (
     open_authorizer,
 )
 from broker.kafka.authorizer import CLUSTER_NAME, Operation, ResourceType
-from broker.kafka.codec import Responder, field, ms
+from broker.kafka.codec import Responder, Spliced, field, ms
 from broker.kafka.consumer_groups import ConsumerGroupApis, ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.replica_apis import ReplicaApis
@@ -692,6 +692,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             total = 0
             errors = False
             responses = []
+            generation = self.logs.data_generation
             for ft in req.topics:
                 partitions = []
                 readable = self.topic_allowed(ctx, R, ft.topic)
@@ -736,8 +737,10 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         elif offset < (lso if committed else hw) and total < max_bytes:
                             budget = min(fp.partition_max_bytes, max_bytes - total)
                             try:
-                                data = await self.logs.read(
-                                    part, offset, budget, lso if committed else None
+                                data = Spliced(
+                                    await self.logs.read_pieces(
+                                        part, offset, budget, lso if committed else None
+                                    )
                                 )
                             except Exception as exc:  # noqa: BLE001 - the object store failed: a retriable per-partition error
                                 log.warning(
@@ -757,7 +760,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             remaining = deadline - time.monotonic()
             if total >= min_bytes or errors or remaining <= 0:
                 return R(error_code=ErrorCode.none, session_id=0, responses=responses)
-            await self.logs.wait_for_data(remaining)
+            await self.logs.wait_for_data(remaining, since=generation)
 
     async def list_offsets(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         if R.version == 0:

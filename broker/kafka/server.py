@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
 API_VERSIONS = 18
+FETCH = 1
 # SaslHandshake, SaslAuthenticate, DescribeUserScramCredentials, AlterUserScramCredentials:
 # their bodies may carry a password or a salted password, never dumped into the log
 CREDENTIAL_APIS = frozenset({17, 36, 50, 51})
@@ -211,7 +212,8 @@ class KafkaServer:
                 self.connections.discard(task)
 
     async def _dispatch(self, ctx: ConnectionContext, frame: bytes | bytearray, host: str) -> Any:
-        """The response (bytes or an awaitable of bytes), _NO_RESPONSE, or None to close."""
+        """The response (bytes, its buffers, or an awaitable of bytes), _NO_RESPONSE, or None
+        to close."""
         api_key, api_version, correlation_id = codec.peek_header(frame)
         versions = SUPPORTED_VERSIONS.get(api_key)
         if versions is None:
@@ -278,7 +280,7 @@ class KafkaServer:
         if inspect.isawaitable(result):
             return _deferred(correlation_id, result)
         try:
-            return codec.encode_response(correlation_id, result)
+            return _encode(api_key, correlation_id, result)
         except Exception:
             log.exception(
                 "%s: %s v%d response could not be encoded; closing",
@@ -461,9 +463,15 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
 
     # ---- writer side
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | list[codec.Buffer]) -> None:
+        """One response frame, whole or as its buffers (written one by one: the transport
+        sends each at once while the socket takes it, and copies only what it cannot)."""
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+            if isinstance(data, list):
+                for piece in data:
+                    self.transport.write(piece)
+            else:
+                self.transport.write(data)
 
     async def drain(self) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -506,6 +514,13 @@ def _discard(item: Any) -> None:
         item.close()
     elif isinstance(item, asyncio.Future):
         item.cancel()
+
+
+def _encode(api_key: int, correlation_id: int, response: Any) -> bytes | list[codec.Buffer]:
+    """A Fetch response as its buffers (its records by reference, uncopied), others whole."""
+    if api_key == FETCH:
+        return codec.encode_response_parts(correlation_id, response)
+    return codec.encode_response(correlation_id, response)
 
 
 async def _deferred(correlation_id: int, pending: Any) -> bytes:

@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 MAX_RECENT_PRODUCER_BATCHES = 5
 _FENCED = "fenced: its lease expired or another broker took it over"
+# Segment objects are read and cached in blocks of this size: one read serves the chunks of
+# every partition in the block (a segment holds all partitions' batches of a flush), and
+# sequential consumers get the next block read ahead.
+BLOCK_BYTES = 8 * 1024 * 1024
 ATTR_LOG_APPEND_TIME = 0x08
 
 
@@ -280,9 +284,16 @@ class LogStore:
         # object keys DeleteRecords left without a chunk: retention deletes them after the delay
         self.released_objects: list[str] = []
         self._closing = False
-        self._object_cache: OrderedDict[str, bytes] = OrderedDict()
+        # Segment objects in blocks of BLOCK_BYTES, (key, block number) -> bytes, least
+        # recently used first; and the block reads under way, shared by every reader of them.
+        self._object_cache: OrderedDict[tuple[str, int], records.Buffer] = OrderedDict()
         self._object_cache_bytes = 0
         self.object_cache_limit = 64 * 1024 * 1024
+        self._block_reads: dict[tuple[str, int], asyncio.Future[bytes]] = {}
+        self.block_reads = 0  # blocks read from the object store (cache misses and read-ahead)
+        # bumped whenever data becomes visible, so a fetch that read and found too little knows
+        # whether anything arrived during its reads (before it starts waiting)
+        self.data_generation = 0
         self.flush_failures = 0
         self.segments_written = 0
         self.retention = RetentionStatus()  # what segment retention did and what tables hold back
@@ -476,9 +487,8 @@ class LogStore:
         return [k for k in keys if k not in referenced]
 
     def forget_cached(self, key: str) -> None:
-        data = self._object_cache.pop(key, None)
-        if data is not None:
-            self._object_cache_bytes -= len(data)
+        for cached in [k for k in self._object_cache if k[0] == key]:
+            self._object_cache_bytes -= len(self._object_cache.pop(cached))
 
     def drop_topic(self, topic: str) -> None:
         for key in [k for k in self.partitions if k[0] == topic]:
@@ -686,9 +696,15 @@ class LogStore:
 
     def _on_durable(self, part: PartitionLog, end_offset: int) -> None:
         part.high_watermark = max(part.high_watermark, end_offset)
+        self.data_generation += 1
         self._data_arrived.set()
 
-    async def wait_for_data(self, timeout: float) -> None:  # noqa: ASYNC109 (a poll deadline, not a cancellation)
+    async def wait_for_data(self, timeout: float, since: int | None = None) -> None:  # noqa: ASYNC109 (a poll deadline, not a cancellation)
+        """Until data becomes visible or ``timeout``. With ``since`` (``data_generation`` as the
+        caller saw it before reading), data that arrived during the caller's reads ends the
+        wait at once instead of being missed."""
+        if since is not None and since != self.data_generation:
+            return
         self._data_arrived.clear()
         await _wait_event(self._data_arrived, timeout)
 
@@ -697,9 +713,20 @@ class LogStore:
     async def read(
         self, part: PartitionLog, offset: int, max_bytes: int, limit: int | None = None
     ) -> bytes:
+        """``read_pieces`` joined into one bytes object."""
+        return b"".join(await self.read_pieces(part, offset, max_bytes, limit))
+
+    async def read_pieces(
+        self, part: PartitionLog, offset: int, max_bytes: int, limit: int | None = None
+    ) -> list[records.Buffer]:
         """Whole batches from the one holding ``offset``, up to ``max_bytes``
         (but at least one batch), never past the high watermark (nor ``limit``,
-        the last stable offset of a read_committed fetch: a batch boundary)."""
+        the last stable offset of a read_committed fetch: a batch boundary).
+
+        The batches come as slices of cached blocks and tail batches, not copied: the
+        Fetch response is written from them as they are. A read from the object store
+        also starts reading the block the partition's next read will need (read-ahead),
+        so a consumer going through the log finds it in memory."""
         out: list[records.Buffer] = []
         size = 0
         hw = part.high_watermark if limit is None else min(limit, part.high_watermark)
@@ -730,12 +757,13 @@ class LogStore:
             if end == start:
                 full = True
                 break
-            out.append(
-                await self._read_object(
+            out.extend(
+                await self._read_range(
                     chunk.object_key, chunk.byte_start + start, chunk.byte_start + end
                 )
             )
             size += end - start
+            self._read_ahead(part, chunk, k)
             if k < len(refs):
                 full = True
                 break
@@ -752,19 +780,87 @@ class LogStore:
                 out.append(batch.data)
                 size += len(batch.data)
                 j += 1
-        return b"".join(out)
+        return out
 
     async def _read_object(self, key: str, start: int, end: int) -> bytes:
-        cached = self._object_cache.get(key)
-        if cached is not None:
-            self._object_cache.move_to_end(key)
-            return cached[start:end]
-        return await asyncio.get_running_loop().run_in_executor(
-            None, self.store.get_range, key, start, end
-        )
+        """Bytes [start, end) of a segment object, as one bytes object."""
+        return b"".join(await self._read_range(key, start, end))
+
+    async def _read_range(self, key: str, start: int, end: int) -> list[memoryview]:
+        """Bytes [start, end) of a segment object as slices of its cached blocks (read
+        whole, BLOCK_BYTES at a time, on a miss): one object read answers every partition
+        whose chunk lies in that block, and no bytes are copied."""
+        pieces: list[memoryview] = []
+        for block in range(start // BLOCK_BYTES, (end - 1) // BLOCK_BYTES + 1):
+            data = self._cached_block(key, block)
+            if data is None:
+                data = await asyncio.shield(self._load_block(key, block))
+            base = block * BLOCK_BYTES
+            lo, hi = max(start - base, 0), min(end - base, BLOCK_BYTES)
+            if hi > len(data):
+                raise OSError(
+                    f"segment object {key} ends at {base + len(data)}, "
+                    f"before the indexed range [{start}, {end})"
+                )
+            pieces.append(memoryview(data)[lo:hi])
+        return pieces
+
+    def _cached_block(self, key: str, block: int) -> records.Buffer | None:
+        data = self._object_cache.get((key, block))
+        if data is not None:
+            self._object_cache.move_to_end((key, block))
+        return data
+
+    def _load_block(self, key: str, block: int) -> asyncio.Future[bytes]:
+        """The read of one block (in a worker thread), started unless under way; it caches
+        the block when done, whoever waits for it (or nobody: a read-ahead)."""
+        loading = self._block_reads.get((key, block))
+        if loading is None:
+            start = block * BLOCK_BYTES
+            loading = asyncio.get_running_loop().run_in_executor(
+                None, self.store.get_range, key, start, start + BLOCK_BYTES
+            )
+            self._block_reads[(key, block)] = loading
+            self.block_reads += 1
+            loading.add_done_callback(functools.partial(self._block_loaded, key, block))
+        return loading
+
+    def _block_loaded(self, key: str, block: int, loading: asyncio.Future[bytes]) -> None:
+        self._block_reads.pop((key, block), None)
+        if not loading.cancelled() and loading.exception() is None:
+            self._cache_block(key, block, loading.result())
+
+    def _read_ahead(self, part: PartitionLog, chunk: Chunk, k: int) -> None:
+        """After a read of ``chunk`` that stopped before its batch ``k``: start reading the
+        block holding that batch and, when it is the chunk's last block, the first block of
+        the partition's next chunk (in another segment object)."""
+        refs = chunk.refs
+        targets: list[tuple[str, int]] = []
+        last_block = (chunk.byte_end - 1) // BLOCK_BYTES
+        block = last_block
+        if k < len(refs):
+            block = (chunk.byte_start + refs[k].position) // BLOCK_BYTES
+            targets.append((chunk.object_key, block))
+        if block == last_block:
+            i = bisect.bisect_right(part.chunk_bases, chunk.base_offset)
+            if i < len(part.chunks):
+                following = part.chunks[i]
+                targets.append((following.object_key, following.byte_start // BLOCK_BYTES))
+        for key, number in targets:
+            if (key, number) not in self._object_cache:
+                self._load_block(key, number)
 
     def _cache_object(self, key: str, data: bytes) -> None:
-        self._object_cache[key] = data
+        """A segment object just written: its blocks go into the cache (views, no copy)."""
+        view = memoryview(data)
+        for block, start in enumerate(range(0, len(data), BLOCK_BYTES)):
+            self._cache_block(key, block, view[start : start + BLOCK_BYTES])
+
+    def _cache_block(self, key: str, block: int, data: records.Buffer) -> None:
+        previous = self._object_cache.pop((key, block), None)
+        if previous is not None:
+            self._object_cache_bytes -= len(previous)
+        self._object_cache[(key, block)] = data
         self._object_cache_bytes += len(data)
         while self._object_cache_bytes > self.object_cache_limit and len(self._object_cache) > 1:
             _, evicted = self._object_cache.popitem(last=False)
