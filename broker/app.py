@@ -258,12 +258,12 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        if self.compactor is not None:  # its pass in progress ends first: nothing to hand over
+            await self.compactor.close()
         if self.membership is not None:
             # hand the partitions over while the listener still answers (NOT_LEADER_OR_FOLLOWER:
             # clients ask Metadata again and go to the new leaders), then leave the cluster
             await self.membership.handover()
-        if self.compactor is not None:
-            await self.compactor.close()
         for name, close in [
             ("segment retention", self.retention.close),
             ("catalog", self.catalog.close),

@@ -199,23 +199,27 @@ class Compactor:
         self.min_age_ms = config.segment_compaction_min_age_ms
         self.status: CompactionStatus = logs.compaction
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="segment-compaction")
 
     async def close(self) -> None:
-        """Cancelled on an await: before the index commit that leaves at most an orphan (the
-        sweep's), after it the commit is whole (it runs in a thread, to its end)."""
+        """Stop after the pass in progress, if any: never cancelled, since a pass cut off
+        between its index commit (in a thread, which would go on) and the swap in memory
+        would leave this broker reading chunks the index no longer has."""
+        self._stop.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.interval)
+            if self._stop.is_set():
+                return
             try:
-                while await self.run_once() >= self.target_bytes:
+                while await self.run_once() >= self.target_bytes and not self._stop.is_set():
                     pass  # a full pass: more may wait
             except Exception:
                 self.status.failures += 1
@@ -300,10 +304,9 @@ class Compactor:
                 (self.node_id, {(r.part.topic, r.part.partition): r.epoch for r in runs}),
             )
             done = [r for i, r in enumerate(runs) if i in replaced]
-            for run in done:
+            for run in done:  # the lock held since _unchanged: they are all still there
                 assert run.merged is not None
-                part, first = run.part, self.logs.partitions[(run.part.topic, run.part.partition)]
-                assert part is first
+                part = run.part
                 i = next(i for i, c in enumerate(part.chunks) if c is run.chunks[0])
                 part.chunks[i : i + len(run.chunks)] = [run.merged]
                 part.chunk_bases[i : i + len(run.chunks)] = [run.merged.base_offset]

@@ -31,7 +31,7 @@ from broker.storage.retention import Retention
 from tests.postgres import PostgresServer
 
 LEASE_MS = 60_000
-DELAY_MS = 4000  # the topics' file.delete.delay.ms
+DELAY_MS = 2500  # the topics' file.delete.delay.ms
 
 
 @pytest.fixture(scope="module")
