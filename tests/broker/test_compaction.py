@@ -254,6 +254,19 @@ def test_a_compaction_racing_a_lease_move_delete_records_or_retention_leaves_the
             b.set_lease_deadline(time.monotonic() + 600)
             moved = await b.load_partition("t", 0, epoch)
             assert await _batches(b, moved) == before[0]
+
+            # the background loop compacts what the races left (t-0 is B's now), and stops
+            compactor.interval = 0.05
+            compactor.start()
+            deadline = time.monotonic() + 30
+            while any(len(meta_a.chunks("t", p)) > 1 for p in (1, 2)):
+                assert time.monotonic() < deadline, "the loop never compacted t-1 and t-2"
+                await asyncio.sleep(0.05)
+            await compactor.close()
+            assert compactor._task is not None and compactor._task.done()
+            assert meta_a.chunks("t", 0) == rows[0]
+            assert await _batches(a, parts[1]) == before[1][2:]
+            assert await _batches(a, parts[2]) == before[2][3:]
         finally:
             for logs in (a, b):
                 await logs.close()
