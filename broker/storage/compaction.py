@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 import uuid
@@ -298,7 +299,7 @@ class Compactor:
         retention's deferred deletion. Returns the bytes compacted."""
         async with self.logs.index_lock:
             runs = [r for r in plan.runs if r.merged is not None and self._unchanged(r)]
-            replaced, released = await asyncio.to_thread(
+            replaced, released, found = await asyncio.to_thread(
                 self.logs.metadata.replace_chunks,
                 [(r.chunks, r.merged) for r in runs if r.merged is not None],
                 (self.node_id, {(r.part.topic, r.part.partition): r.epoch for r in runs}),
@@ -310,6 +311,10 @@ class Compactor:
                 i = next(i for i, c in enumerate(part.chunks) if c is run.chunks[0])
                 part.chunks[i : i + len(run.chunks)] = [run.merged]
                 part.chunk_bases[i : i + len(run.chunks)] = [run.merged.base_offset]
+            for i, rows in found.items():
+                if not self._resync(runs[i], rows):  # its old objects are still read here
+                    stale = {c.object_key for c in runs[i].chunks}
+                    released = [k for k in released if k not in stale]
         skipped = len(plan.runs) - len(done)
         self.status.passes += 1
         self.status.runs_skipped += skipped
@@ -332,6 +337,43 @@ class Compactor:
                 len(released),
             )
         return compacted
+
+    def _resync(self, run: Run, rows: list[Chunk]) -> bool:
+        """The index holds other rows over the offsets of a run of a partition this broker
+        still leads at that epoch, while its log in memory held the run unchanged: only this
+        broker changes them, so an earlier commit of its own went through though its answer was
+        lost (the connection broke). The log takes the index's rows, else it would go on
+        reading objects the index no longer refers to (deleted after the delay)."""
+        first, last = run.chunks[0], run.chunks[-1]
+        contiguous = all(a.end_offset == b.base_offset for a, b in itertools.pairwise(rows))
+        if not (
+            rows
+            and contiguous
+            and rows[0].base_offset == first.base_offset
+            and rows[-1].end_offset == last.end_offset
+        ):
+            log.warning(
+                "compaction: %s-%d offsets %d-%d differ in the index and in memory; left as "
+                "they are",
+                first.topic,
+                first.partition,
+                first.base_offset,
+                last.end_offset,
+            )
+            return False
+        part = run.part
+        i = next(i for i, c in enumerate(part.chunks) if c is first)
+        part.chunks[i : i + len(run.chunks)] = rows
+        part.chunk_bases[i : i + len(run.chunks)] = [c.base_offset for c in rows]
+        log.warning(
+            "compaction: %s-%d offsets %d-%d were compacted by an earlier commit whose answer "
+            "was lost; the log now reads what the index holds",
+            first.topic,
+            first.partition,
+            first.base_offset,
+            last.end_offset,
+        )
+        return True
 
     def _unchanged(self, run: Run) -> bool:
         """The run's partition is still led at the run's epoch and holds its chunks, in a row."""

@@ -755,15 +755,18 @@ class MetadataStore:
         self,
         replacements: Sequence[tuple[Sequence[Chunk], Chunk]],
         fence: tuple[int, dict[tuple[str, int], int]] | None = None,
-    ) -> tuple[set[int], list[str]]:
+    ) -> tuple[set[int], list[str], dict[int, list[Chunk]]]:
         """Compaction (``broker/storage/compaction.py``): each (old consecutive chunks of one
         partition, the merged chunk holding the same batches) replaces exactly those rows by
         the merged one, in one transaction. A replacement whose partition is fenced (``fence``
         as in ``add_chunks``) or whose rows are not all there unchanged (retention,
         DeleteRecords or a new leader changed them) is skipped. Returns the indexes of the
-        replacements done and the old object keys no chunk refers to any more (for the
-        caller's deferred delete, after this commits)."""
+        replacements done, the old object keys no chunk refers to any more (for the caller's
+        deferred delete, after this commits), and for each replacement skipped though its
+        partition is not fenced, the rows found over its offsets (the caller's view may be
+        stale: an earlier commit whose answer was lost)."""
         done: set[int] = set()
+        found: dict[int, list[Chunk]] = {}
         with self.db.transaction():
             held = None
             if fence is not None:
@@ -786,6 +789,15 @@ class MetadataStore:
                     for c in old
                 ]
                 if [tuple(r) for r in rows] != expected:
+                    found[i] = [
+                        _chunk(row)
+                        for row in self.db.query(
+                            f"SELECT {', '.join(_CHUNK_COLUMNS)} FROM chunks WHERE topic = ? "
+                            "AND partition = ? AND base_offset >= ? AND base_offset < ? "
+                            "ORDER BY base_offset",
+                            span,
+                        )
+                    ]
                     continue
                 self.db.execute(
                     "DELETE FROM chunks WHERE topic = ? AND partition = ? "
@@ -808,13 +820,13 @@ class MetadataStore:
                     ),
                 )
                 done.add(i)
-            keys = sorted({c.object_key for i in done for c in replacements[i][0]})
+            keys = sorted({c.object_key for i in (*done, *found) for c in replacements[i][0]})
             unreferenced = [
                 k
                 for k in keys
                 if not self.db.query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1", (k,))
             ]
-        return done, unreferenced
+        return done, unreferenced, found
 
     def object_keys(self) -> set[str]:
         """Every object some chunk refers to (the orphan sweep keeps these)."""
