@@ -18,7 +18,9 @@ transaction (``replace_chunks``) checks the lease fence as a flush's index commi
 replaces exactly the run's rows, only if they are all still there unchanged: a run that
 retention, DeleteRecords or a new leader changed meanwhile is skipped (its copy is garbage
 in the new object). The in-memory log swaps the chunks under the index lock, which retention,
-DeleteRecords and the flush also take, so they never see half of it.
+DeleteRecords and the flush also take, so they never see half of it. A commit that went through
+though its answer was lost is found by the next pass (rows other than the log's, the lease
+still held at that epoch): the log then takes the index's rows (``_resync``).
 
 An old object is deleted only once no chunk row refers to it (a flush object usually holds
 other partitions' chunks too), and then only after ``file.delete.delay.ms`` (the largest of
@@ -222,9 +224,15 @@ class Compactor:
             try:
                 while await self.run_once() >= self.target_bytes and not self._stop.is_set():
                     pass  # a full pass: more may wait
-            except Exception:
+            except Exception as exc:  # e.g. Postgres or the object store away: retried
                 self.status.failures += 1
-                log.exception("segment compaction pass failed; retrying in %.1fs", self.interval)
+                log.error(
+                    "segment compaction pass failed, retrying in %.1fs (nothing half-done is "
+                    "visible; a compacted object it wrote is left to the orphan sweep): %s",
+                    self.interval,
+                    exc,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
 
     async def run_once(self) -> int:
         """One pass: plan, write the compacted object, commit. Returns the bytes compacted."""
