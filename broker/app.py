@@ -41,6 +41,7 @@ from broker.registry.api import RegistryApi
 from broker.registry.forward import Forwarder
 from broker.registry.table_check import TableCheck
 from broker.security.stats import AuthStats
+from broker.storage.compaction import Compactor
 from broker.storage.leases import Leases
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import MetadataStore
@@ -175,6 +176,10 @@ class Broker:
         self.retention = Retention(
             self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms
         )
+        # cluster mode: the leader merges its partitions' small segment objects
+        self.compactor: Compactor | None = None
+        if self.leases is not None and config.segment_compaction_enable:
+            self.compactor = Compactor(config, self.cluster, self.logs, self.retention)
 
     def _partition_exists(self, tp: tuple[str, int]) -> bool:
         topic = self.cluster.topics.get(tp[0])
@@ -229,6 +234,8 @@ class Broker:
         await self.registry.start(self.config.host, self.config.registry_port)
         await self.catalog.start(self.config.host, self.config.catalog_port)
         self.retention.start()
+        if self.compactor is not None:
+            self.compactor.start()
         log.info(
             "icefall broker up: kafka %s, admin http://%s:%d, schema registry %s "
             "(authentication %s), object store %s, home %s",
@@ -251,6 +258,8 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        if self.compactor is not None:  # its pass in progress ends first: nothing to hand over
+            await self.compactor.close()
         if self.membership is not None:
             # hand the partitions over while the listener still answers (NOT_LEADER_OR_FOLLOWER:
             # clients ask Metadata again and go to the new leaders), then leave the cluster

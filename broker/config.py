@@ -174,6 +174,24 @@ class BrokerConfig(BaseSettings):
     segment_flush_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="flush segments at this size"
     )
+    # Cluster mode: every flush writes a small segment object; the leader of a partition
+    # merges runs of its small chunks into bigger objects (broker/storage/compaction.py).
+    segment_compaction_enable: bool = Field(
+        default=True, description="cluster mode: merge small segment objects in the background"
+    )
+    segment_compaction_interval_ms: int = Field(
+        default=10_000, ge=1, description="cluster mode: run a compaction pass this often"
+    )
+    segment_compaction_target_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="cluster mode: the largest compacted chunk run and compacted object",
+    )
+    segment_compaction_min_age_ms: int = Field(
+        default=5_000,
+        ge=0,
+        description="cluster mode: compact only chunks whose batches were all appended this long ago",
+    )
     wal_fsync: bool = Field(default=True, description="fdatasync the WAL before acknowledging")
     # Acknowledged bytes not yet in the object store (held in memory and the WAL) above
     # which produces wait for a flush, then fail with KAFKA_STORAGE_ERROR (retriable):

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from broker.cluster import Cluster
     from broker.config import BrokerConfig
     from broker.security.stats import AuthStats
+    from broker.storage.compaction import CompactionStatus
     from broker.storage.logstore import LogStore, PartitionLog
     from broker.storage.retention import RetentionStatus
 
@@ -251,6 +252,43 @@ RETENTION_FAMILIES = [
 ]
 
 
+# Compaction of small segment objects (cluster mode, broker/storage/compaction.py).
+COMPACTION_FAMILIES = [
+    ("icefall_compaction_passes_total", "counter", "Segment compaction passes"),
+    (
+        "icefall_compaction_objects_written_total",
+        "counter",
+        "Compacted segment objects written",
+    ),
+    (
+        "icefall_compaction_objects_released_total",
+        "counter",
+        "Small segment objects no chunk refers to after compaction (deleted after file.delete.delay.ms)",
+    ),
+    ("icefall_compaction_chunks_total", "counter", "Chunks merged into compacted chunks"),
+    ("icefall_compaction_bytes_total", "counter", "Batch bytes copied into compacted objects"),
+    (
+        "icefall_compaction_runs_skipped_total",
+        "counter",
+        "Chunk runs left as they were: retention, DeleteRecords or a new leader changed them",
+    ),
+    ("icefall_compaction_failures_total", "counter", "Compaction passes that failed (retried)"),
+]
+
+
+def _compaction(f: dict[str, Family], status: CompactionStatus) -> None:
+    for name, value in (
+        ("passes", status.passes),
+        ("objects_written", status.objects_written),
+        ("objects_released", status.objects_released),
+        ("chunks", status.chunks_compacted),
+        ("bytes", status.bytes_compacted),
+        ("runs_skipped", status.runs_skipped),
+        ("failures", status.failures),
+    ):
+        f[f"icefall_compaction_{name}_total"].add({}, value)
+
+
 def _retention(f: dict[str, Family], status: RetentionStatus) -> None:
     for name, value in (
         ("passes", status.passes),
@@ -393,6 +431,7 @@ def render_metrics(
             ("icefall_table_dlq_rows", "gauge", "Rows in the table's DLQ table <table>__dlq"),
             ("icefall_table_catalog_up", "gauge", "1 when the catalog answered for this table"),
             *RETENTION_FAMILIES,
+            *COMPACTION_FAMILIES,
             *SECURITY_FAMILIES,
         ]
     }
@@ -400,6 +439,7 @@ def render_metrics(
     f["icefall_flush_failures_total"].add({}, logs.flush_failures)
     f["icefall_unflushed_bytes"].add({}, logs.unflushed_bytes)
     _retention(f, logs.retention)
+    _compaction(f, logs.compaction)
     if auth is not None:
         _security(f, auth)
     for topic in sorted(cluster.topics.values(), key=lambda t: t.name):

@@ -32,6 +32,7 @@ from kio.schema.errors import ErrorCode
 from broker.config import BrokerConfig
 from broker.kafka import records
 from broker.storage.acks import IndexAcks
+from broker.storage.compaction import CompactionStatus
 from broker.storage.metadata import (
     BatchRef,
     Chunk,
@@ -297,6 +298,7 @@ class LogStore:
         self.flush_failures = 0
         self.segments_written = 0
         self.retention = RetentionStatus()  # what segment retention did and what tables hold back
+        self.compaction = CompactionStatus()  # cluster mode: what compaction did
 
     # ------------------------------------------------------------ lifecycle
 

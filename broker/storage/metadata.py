@@ -751,6 +751,83 @@ class MetadataStore:
             ]
         return unreferenced
 
+    def replace_chunks(
+        self,
+        replacements: Sequence[tuple[Sequence[Chunk], Chunk]],
+        fence: tuple[int, dict[tuple[str, int], int]] | None = None,
+    ) -> tuple[set[int], list[str], dict[int, list[Chunk]]]:
+        """Compaction (``broker/storage/compaction.py``): each (old consecutive chunks of one
+        partition, the merged chunk holding the same batches) replaces exactly those rows by
+        the merged one, in one transaction. A replacement whose partition is fenced (``fence``
+        as in ``add_chunks``) or whose rows are not all there unchanged (retention,
+        DeleteRecords or a new leader changed them) is skipped. Returns the indexes of the
+        replacements done, the old object keys no chunk refers to any more (for the caller's
+        deferred delete, after this commits), and for each replacement skipped though its
+        partition is not fenced, the rows found over its offsets (the caller's view may be
+        stale: an earlier commit whose answer was lost)."""
+        done: set[int] = set()
+        found: dict[int, list[Chunk]] = {}
+        with self.db.transaction():
+            held = None
+            if fence is not None:
+                wanted = {(new.topic, new.partition) for _, new in replacements}
+                held = self._held_leases(fence[0], fence[1], wanted)
+            lock = " FOR UPDATE" if self.db.postgres else ""
+            for i, (old, new) in enumerate(replacements):
+                key = (new.topic, new.partition)
+                if held is not None and key not in held:
+                    continue
+                span = (*key, old[0].base_offset, old[-1].end_offset)
+                rows = self.db.query(
+                    "SELECT base_offset, end_offset, object_key, byte_start, byte_end FROM chunks "
+                    "WHERE topic = ? AND partition = ? AND base_offset >= ? AND base_offset < ? "
+                    f"ORDER BY base_offset{lock}",
+                    span,
+                )
+                expected = [
+                    (c.base_offset, c.end_offset, c.object_key, c.byte_start, c.byte_end)
+                    for c in old
+                ]
+                if [tuple(r) for r in rows] != expected:
+                    found[i] = [
+                        _chunk(row)
+                        for row in self.db.query(
+                            f"SELECT {', '.join(_CHUNK_COLUMNS)} FROM chunks WHERE topic = ? "
+                            "AND partition = ? AND base_offset >= ? AND base_offset < ? "
+                            "ORDER BY base_offset",
+                            span,
+                        )
+                    ]
+                    continue
+                self.db.execute(
+                    "DELETE FROM chunks WHERE topic = ? AND partition = ? "
+                    "AND base_offset >= ? AND base_offset < ?",
+                    span,
+                )
+                self.db.execute(
+                    _UPSERT_CHUNK,
+                    (
+                        new.topic,
+                        new.partition,
+                        new.base_offset,
+                        new.end_offset,
+                        new.object_key,
+                        new.byte_start,
+                        new.byte_end,
+                        new.min_append_ms,
+                        new.max_append_ms,
+                        new.batch_index,
+                    ),
+                )
+                done.add(i)
+            keys = sorted({c.object_key for i in (*done, *found) for c in replacements[i][0]})
+            unreferenced = [
+                k
+                for k in keys
+                if not self.db.query("SELECT 1 FROM chunks WHERE object_key = ? LIMIT 1", (k,))
+            ]
+        return done, unreferenced, found
+
     def object_keys(self) -> set[str]:
         """Every object some chunk refers to (the orphan sweep keeps these)."""
         return {k for (k,) in self.db.query("SELECT DISTINCT object_key FROM chunks")}

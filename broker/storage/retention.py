@@ -381,6 +381,13 @@ class Retention:
                 del self.pending[key]
                 self.status.objects_deleted += 1
 
+    def defer_delete(self, keys: Iterable[str], delay_ms: int) -> None:
+        """Delete these objects (no chunk refers to them any more) on the first pass at least
+        ``delay_ms`` from now: compaction's old objects (``broker/storage/compaction.py``)."""
+        due = time.monotonic() + delay_ms / 1000
+        for key in keys:
+            self.pending[key] = min(self.pending.get(key, due), due)
+
     def _take_released(self) -> None:
         """The objects DeleteRecords left without a chunk, deleted after ``file.delete.delay.ms``
         (the default's: a fetch that looked a chunk up may still read them)."""

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,7 +63,17 @@ class Cluster:
     def broker(self, node_id: int) -> ClusterBrokerProcess:
         if node_id not in self.brokers:
             self.brokers[node_id] = ClusterBrokerProcess(
-                self.root / f"node{node_id}", node_id, self.uri, str(self.objects)
+                self.root / f"node{node_id}",
+                node_id,
+                self.uri,
+                str(self.objects),
+                # small segment objects compacted all along: every read below goes through it
+                extra_args=[
+                    "--segment-compaction-interval-ms",
+                    "1000",
+                    "--segment-compaction-min-age-ms",
+                    "1000",
+                ],
             )
         return self.brokers[node_id]
 
@@ -384,6 +395,8 @@ def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> 
         cluster.producers.append(producer)
         producer.stop()
     assert producer.failed == [], producer.failed[:5]  # the idempotent producer retried them all
+    # the leaders compacted the small objects of the load (check_log reads them back)
+    wait_for(lambda: sum(compacted_chunks(b) for b in cluster.live()) > 0, 30, 0.2, "a compaction")
     check_log(cluster)
     # the consumer group goes on: it gets every acknowledged record (at least once)
     try:
@@ -402,6 +415,17 @@ def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> 
     finally:
         group.halt()
         group.consumer.close()
+
+
+def compacted_chunks(broker: ClusterBrokerProcess) -> int:
+    """``icefall_compaction_chunks_total`` on the broker's /metrics."""
+    with urllib.request.urlopen(broker.admin_url + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("icefall_compaction_chunks_total")
+    )
 
 
 def check_log(cluster: Cluster) -> None:
