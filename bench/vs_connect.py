@@ -2,33 +2,42 @@
 one run on this machine (issue 17, part 2).
 
 One Icefall broker (a temporary home) serves the topics and its built-in REST catalog takes
-the tables. Three sides run one after another (not at once: two cores), each for the same
+the tables. The sides run one after another (not at once: two cores), each for the same
 ``--seconds`` while a producer thread sends the same 16-field records (bench/commit_round.py's
 generator) at ``--rate`` records/s, each carrying its produce time in ``event_time``:
 
-a) Icefall: ``spark_jobs.commit_round`` once per ``--interval-s`` (a new JVM each time, as a
-   scheduled round runs), on a table topic of Confluent-framed Avro values;
-b) the Apache Iceberg Kafka Connect sink (``iceberg-kafka-connect`` 1.10.1, the Iceberg of the
-   pinned Spark runtime) in a standalone Kafka Connect 4.1.1 worker,
+a) ``warm``, Icefall as ``icefall up`` runs it: the warm round driver (``spark_jobs.warm_driver``,
+   one long-lived Spark driver, ``local[2]``) started once, and a round posted to it once per
+   ``--interval-s`` (or right after the last one, when a round takes longer), on a table topic
+   of Confluent-framed Avro values; its CPU is the driver's whole process tree (Python, its JVM,
+   Spark's Python workers) for the whole measured time, idle time between rounds included;
+b) ``rounds``, Icefall without the warm driver: ``spark_jobs.commit_round`` once per interval,
+   a new JVM each time (as a commit task runs spark-submit), on a table topic of its own;
+c) ``sink``, the Apache Iceberg Kafka Connect sink (``iceberg-kafka-connect`` 1.10.1, the
+   Iceberg of the pinned Spark runtime) in a standalone Kafka Connect 4.1.1 worker,
    ``iceberg.control.commit.interval-ms`` = the interval. Maven Central has no Confluent Avro
    converter (io.confluent lives on packages.confluent.io), so this side reads the same records
    as schemaless JSON (Kafka Connect's JsonConverter) from a topic of its own: its decode cost
    is JSON's, and its values are ~1.4x the Avro bytes;
-c) a Spark Structured Streaming query (``spark-sql-kafka-0-10`` source, ``from_avro`` of
-   spark-avro after the 5-byte Confluent header, Iceberg sink, processing-time trigger = the
-   interval) on a plain topic of the same Avro values.
+d) ``streaming``, a Spark Structured Streaming query (``spark-sql-kafka-0-10`` source,
+   ``from_avro`` of spark-avro after the 5-byte Confluent header, Iceberg sink, processing-time
+   trigger = the interval) on a plain topic of the same Avro values.
 
 After the producer stops, each side gets up to ``--drain-s`` to make every record visible
 (bounded lag: the side kept up if it did). Recorded per side: records/s and MiB/s ingested (value
 bytes of that side's topic), the CPU seconds of that side's processes (the JVMs and Python
 processes it started, sampled from /proc; the broker's are listed apart), records and GiB per
 CPU-second, files per commit, and freshness: for each row, the commit time of the Iceberg
-snapshot that added it minus its produce time (p50/p99/max). The start-up of each JVM is in
-its CPU seconds: a short run favours the long-lived sides less than a long one would.
+snapshot that added it minus its produce time (p50/p99/max). A long-lived process (the warm
+driver, the Connect worker, the streaming query) is measured from when it is ready (its
+start-up CPU is printed apart, not counted: it is paid once per deployment); a round of
+``rounds`` counts whole, its JVM start included, since every round pays it.
 
-The last line prints the ratios: Icefall / sink records per CPU-second, and each side's p99.
-``--quick``: 1,000 records/s for 8 s per side, 4 s interval (all three sides): the three JVM
-starts and the rounds' own dominate, about 1.5-2.5 minutes on two busy cores.
+The last line prints the ratios: Icefall (warm driver) / sink records per CPU-second (and the
+JVM-per-round side's, when it ran), and each side's p99 freshness.
+``--quick``: 1,000 records/s for 8 s per side, 4 s interval, the sides warm, sink and streaming
+(the ratio's; the JVM-per-round side only with ``--sides``): the three JVM starts dominate,
+about a minute on two idle cores, a few on busy ones (3.7 minutes at load average 14).
 
     .venv/bin/python bench/vs_connect.py            # 10,000 records/s for 90 s per side, 20 s interval
     .venv/bin/python bench/vs_connect.py --quick
