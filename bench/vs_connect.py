@@ -2,33 +2,42 @@
 one run on this machine (issue 17, part 2).
 
 One Icefall broker (a temporary home) serves the topics and its built-in REST catalog takes
-the tables. Three sides run one after another (not at once: two cores), each for the same
+the tables. The sides run one after another (not at once: two cores), each for the same
 ``--seconds`` while a producer thread sends the same 16-field records (bench/commit_round.py's
 generator) at ``--rate`` records/s, each carrying its produce time in ``event_time``:
 
-a) Icefall: ``spark_jobs.commit_round`` once per ``--interval-s`` (a new JVM each time, as a
-   scheduled round runs), on a table topic of Confluent-framed Avro values;
-b) the Apache Iceberg Kafka Connect sink (``iceberg-kafka-connect`` 1.10.1, the Iceberg of the
-   pinned Spark runtime) in a standalone Kafka Connect 4.1.1 worker,
+a) ``warm``, Icefall as ``icefall up`` runs it: the warm round driver (``spark_jobs.warm_driver``,
+   one long-lived Spark driver, ``local[2]``) started once, and a round posted to it once per
+   ``--interval-s`` (or right after the last one, when a round takes longer), on a table topic
+   of Confluent-framed Avro values; its CPU is the driver's whole process tree (Python, its JVM,
+   Spark's Python workers) for the whole measured time, idle time between rounds included;
+b) ``rounds``, Icefall without the warm driver: ``spark_jobs.commit_round`` once per interval,
+   a new JVM each time (as a commit task runs spark-submit), on a table topic of its own;
+c) ``sink``, the Apache Iceberg Kafka Connect sink (``iceberg-kafka-connect`` 1.10.1, the
+   Iceberg of the pinned Spark runtime) in a standalone Kafka Connect 4.1.1 worker,
    ``iceberg.control.commit.interval-ms`` = the interval. Maven Central has no Confluent Avro
    converter (io.confluent lives on packages.confluent.io), so this side reads the same records
    as schemaless JSON (Kafka Connect's JsonConverter) from a topic of its own: its decode cost
    is JSON's, and its values are ~1.4x the Avro bytes;
-c) a Spark Structured Streaming query (``spark-sql-kafka-0-10`` source, ``from_avro`` of
-   spark-avro after the 5-byte Confluent header, Iceberg sink, processing-time trigger = the
-   interval) on a plain topic of the same Avro values.
+d) ``streaming``, a Spark Structured Streaming query (``spark-sql-kafka-0-10`` source,
+   ``from_avro`` of spark-avro after the 5-byte Confluent header, Iceberg sink, processing-time
+   trigger = the interval) on a plain topic of the same Avro values.
 
 After the producer stops, each side gets up to ``--drain-s`` to make every record visible
 (bounded lag: the side kept up if it did). Recorded per side: records/s and MiB/s ingested (value
 bytes of that side's topic), the CPU seconds of that side's processes (the JVMs and Python
 processes it started, sampled from /proc; the broker's are listed apart), records and GiB per
 CPU-second, files per commit, and freshness: for each row, the commit time of the Iceberg
-snapshot that added it minus its produce time (p50/p99/max). The start-up of each JVM is in
-its CPU seconds: a short run favours the long-lived sides less than a long one would.
+snapshot that added it minus its produce time (p50/p99/max). A long-lived process (the warm
+driver, the Connect worker, the streaming query) is measured from when it is ready (its
+start-up CPU is printed apart, not counted: it is paid once per deployment); a round of
+``rounds`` counts whole, its JVM start included, since every round pays it.
 
-The last line prints the ratios: Icefall / sink records per CPU-second, and each side's p99.
-``--quick``: 1,000 records/s for 8 s per side, 4 s interval (all three sides): the three JVM
-starts and the rounds' own dominate, about 1.5-2.5 minutes on two busy cores.
+The last line prints the ratios: Icefall (warm driver) / sink records per CPU-second (and the
+JVM-per-round side's, when it ran), and each side's p99 freshness.
+``--quick``: 1,000 records/s for 8 s per side, 4 s interval, the sides warm, sink and streaming
+(the ratio's; the JVM-per-round side only with ``--sides``): the three JVM starts dominate,
+about a minute on two idle cores, a few on busy ones (3.7 minutes at load average 14).
 
     .venv/bin/python bench/vs_connect.py            # 10,000 records/s for 90 s per side, 20 s interval
     .venv/bin/python bench/vs_connect.py --quick
@@ -41,6 +50,7 @@ import contextlib
 import io
 import json
 import os
+import secrets
 import shutil
 import struct
 import subprocess
@@ -80,6 +90,7 @@ from bench.commit_round import (
     warm_bytecode,
 )
 from spark_jobs.jars import iceberg_jars
+from spark_jobs.warm_driver import HEALTH_PATH, ROUNDS_PATH, TOKEN_ENV, WarmRoundReply
 from tests.support import free_port
 
 GIB = 1024 * MIB
@@ -103,6 +114,7 @@ class Side:
     records_s: float
     mib_s: float
     cpu_s: float
+    startup_cpu_s: float  # of a long-lived process, before it was ready: not in cpu_s
     broker_cpu_s: float
     records_per_cpu_s: float
     cpu_s_per_gib: float
@@ -444,41 +456,115 @@ def streaming_side(
 
 
 class Rounds(threading.Thread):
-    """``spark_jobs.commit_round`` every ``interval_s`` (or right after the last one, when a round
-    takes longer), until stopped; the CPU of every round's processes summed."""
+    """A commit round every ``interval_s`` (or right after the last one, when a round takes
+    longer), until stopped. Each round is ``one_round()`` (None: it committed or found nothing
+    new; else the error): a new JVM (``spawned_round``) or a request to the warm driver
+    (``warm_round``)."""
 
-    def __init__(self, broker: BrokerProcess, topic: str, interval_s: float, folder: Path) -> None:
+    def __init__(self, interval_s: float, one_round: Callable[[int], str | None]) -> None:
         super().__init__(daemon=True)
-        self.broker, self.topic, self.interval_s, self.folder = broker, topic, interval_s, folder
+        self.interval_s, self.one_round = interval_s, one_round
         self.stop = threading.Event()
-        self.cpu_s = 0.0
         self.rounds = 0
         self.error: str | None = None
 
     def run(self) -> None:
         while not self.stop.is_set():
             started = time.monotonic()
-            result = self.folder / f"round-{self.rounds}.json"
-            log = self.folder / f"round-{self.rounds}.log"
-            cmd = round_command(self.broker, self.topic, result, 2)
-            cpu = CpuByProcess(lambda cmdline: "round")
-            with open(log, "wb") as out:
-                proc = subprocess.Popen(
-                    cmd, cwd=REPO, env=round_env(), stdout=out, stderr=subprocess.STDOUT
-                )
-                cpu.start(proc.pid)
-                code = proc.wait(3600)
-            stop_processes({proc.pid}, timeout=5)
-            self.cpu_s += sum(cpu.stop().values())
+            self.error = self.one_round(self.rounds)
             self.rounds += 1
-            if code != 0:
-                self.error = log.read_text(errors="replace")[-3000:]
+            if self.error is not None:
                 return
             self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
     def finish(self) -> None:
         self.stop.set()
         self.join()
+
+
+class SpawnedRounds:
+    """Rounds as a scheduled round without a warm driver runs them: ``spark_jobs.commit_round``
+    in a new Python process and JVM each time; the CPU of every round's processes summed."""
+
+    def __init__(self, broker: BrokerProcess, topic: str, folder: Path) -> None:
+        self.broker, self.topic, self.folder = broker, topic, folder
+        self.cpu_s = 0.0
+
+    def __call__(self, n: int) -> str | None:
+        result = self.folder / f"round-{n}.json"
+        log = self.folder / f"round-{n}.log"
+        cmd = round_command(self.broker, self.topic, result, 2)
+        cpu = CpuByProcess(lambda cmdline: "round")
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env=round_env(), stdout=out, stderr=subprocess.STDOUT
+            )
+            cpu.start(proc.pid)
+            code = proc.wait(3600)
+        stop_processes({proc.pid}, timeout=5)
+        self.cpu_s += sum(cpu.stop().values())
+        return None if code == 0 else log.read_text(errors="replace")[-3000:]
+
+
+def warm_driver_side(folder: Path) -> contextlib.AbstractContextManager[Any]:
+    """``spark_jobs.warm_driver`` as ``icefall up`` runs it (``broker.supervisor.warm_driver``:
+    its own process group, a bearer token in its environment), ``local[2]`` as the spawned
+    rounds; yields (process, CPU sampler of its tree: the Python driver, its JVM and Spark's
+    Python workers)."""
+    port = free_port()
+    token = secrets.token_urlsafe(32)
+    folder.joinpath("driver").write_text(json.dumps({"port": port, "token": token}))
+    cmd = [
+        sys.executable,
+        "-m",
+        "spark_jobs.warm_driver",
+        "--port",
+        str(port),
+        "--master",
+        "local[2]",
+    ]
+    return process(cmd, folder / "warm-driver.log", env={**round_env(), TOKEN_ENV: token})
+
+
+def _warm_call(folder: Path, path: str, body: dict[str, Any] | None, timeout: float) -> Any:
+    driver = json.loads(folder.joinpath("driver").read_text())
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{driver['port']}{path}",
+        method="GET" if body is None else "POST",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {driver['token']}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def warm_healthy(folder: Path) -> bool:
+    try:
+        return bool(_warm_call(folder, HEALTH_PATH, None, 2)["status"] == "ok")
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+class WarmRounds:
+    """Rounds as ``icefall up``'s commit task runs them: the round's arguments (those the task
+    gives spark-submit, without ``--result``) posted to the warm driver."""
+
+    def __init__(self, broker: BrokerProcess, topic: str, folder: Path) -> None:
+        self.args = ["--admin-url", broker.admin_url, "--topic", topic, "--until-now"]
+        self.folder = folder
+        self.seconds: list[float] = []
+
+    def __call__(self, n: int) -> str | None:
+        t0 = time.monotonic()
+        try:
+            reply = WarmRoundReply.model_validate(
+                _warm_call(self.folder, ROUNDS_PATH, {"args": self.args, "env": {}}, 3600)
+            )
+        except (OSError, ValueError) as exc:
+            return f"round {n}: {type(exc).__name__}: {exc}"
+        self.seconds.append(time.monotonic() - t0)
+        self.folder.joinpath(f"round-{n}.json").write_text(json.dumps(reply.result))
+        return None if reply.exit_code == 0 else json.dumps(reply.result)[-3000:]
 
 
 # ------------------------------------------------------------------ one side's run
@@ -494,6 +580,7 @@ def measure_side(
     failed: Callable[[], str | None],
     finish: Callable[[], None] = lambda: None,
     ready: Callable[[], bool] = lambda: True,
+    start: Callable[[], None] = lambda: None,
 ) -> Side:
     """Once the side is ``ready`` (a long-lived JVM started and subscribed: its start-up is not
     counted), produce for ``--seconds``, wait until every record is visible (or ``--drain-s``),
@@ -511,6 +598,7 @@ def measure_side(
     broker0 = pid_cpu_seconds(broker.proc.pid)
     producer.rate, producer.seconds = args.rate, args.seconds
     producer.start()
+    start()
     producer.join()
     stopped = time.monotonic()
     caught_up: float | None = None
@@ -542,6 +630,7 @@ def measure_side(
         records_s=round(len(lag) / wall),
         mib_s=round(producer.value_bytes / MIB / wall, 2),
         cpu_s=round(spent, 1),
+        startup_cpu_s=round(cpu0, 1),
         broker_cpu_s=round(broker_cpu, 1),
         records_per_cpu_s=round(len(lag) / spent) if spent else 0,
         cpu_s_per_gib=round(spent / gib, 1) if gib else 0.0,
@@ -570,27 +659,55 @@ def run(args: argparse.Namespace, folder: Path) -> list[Side]:
         for future in admin.create_topics(plain).values():
             future.result(15)
         create_table_topic(broker.bootstrap, "rounds", args.partitions)
+        create_table_topic(broker.bootstrap, "warm", args.partitions)
         schema_id = register_schema(broker.registry_url, "rounds-value")
+        warm_schema_id = register_schema(broker.registry_url, "warm-value")
         catalog = load_catalog(broker)
         catalog.create_namespace_if_not_exists(NAMESPACE)
         for table in ("sink", "streaming"):
             catalog.create_table((NAMESPACE, table), iceberg_schema())
         sides: list[Side] = []
-        if "rounds" in args.sides:
-            print("[Icefall rounds]", file=sys.stderr, flush=True)
+        if {"warm", "rounds"} & set(args.sides):
             warm_bytecode()
+        if "warm" in args.sides:
+            print("[Icefall rounds, warm driver]", file=sys.stderr, flush=True)
+            here = folder / "warm"
+            here.mkdir()
+            with warm_driver_side(here) as (proc, cpu):
+                warm = Rounds(args.interval_s, WarmRounds(broker, "warm", here))
+                try:
+                    sides.append(
+                        measure_side(
+                            "Icefall rounds, warm driver",
+                            broker,
+                            Producer(broker.bootstrap, "warm", avro_encoder(warm_schema_id)),
+                            ("default", "warm"),
+                            args,
+                            lambda: _cpu_now(cpu),
+                            lambda: warm.error or _exited(proc, here / "warm-driver.log"),
+                            finish=warm.finish,  # a round under way counts whole
+                            ready=lambda: warm_healthy(here),
+                            start=warm.start,  # rounds from the first record on, as the spawned
+                        )
+                    )
+                finally:
+                    if warm.is_alive():
+                        warm.finish()
+        if "rounds" in args.sides:
+            print("[Icefall rounds, a JVM per round]", file=sys.stderr, flush=True)
             (folder / "rounds").mkdir()
-            rounds = Rounds(broker, "rounds", args.interval_s, folder / "rounds")
+            spawned = SpawnedRounds(broker, "rounds", folder / "rounds")
+            rounds = Rounds(args.interval_s, spawned)
             rounds.start()
             try:
                 sides.append(
                     measure_side(
-                        "Icefall commit rounds",
+                        "Icefall rounds, a JVM per round",
                         broker,
                         Producer(broker.bootstrap, "rounds", avro_encoder(schema_id)),
                         ("default", "rounds"),
                         args,
-                        lambda: rounds.cpu_s,
+                        lambda: spawned.cpu_s,
                         lambda: rounds.error,
                         finish=rounds.finish,  # a round under way counts whole
                     )
@@ -652,17 +769,42 @@ def _exited(proc: subprocess.Popen[bytes], log: Path) -> str | None:
 
 def markdown(sides: list[Side]) -> str:
     head = (
-        "| side | records/s | MiB/s | caught up after stop (s) | CPU s | records per CPU-s | "
-        "CPU s/GiB | commits | files/commit | freshness p50 / p99 / max (s) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|"
+        "| side | records/s | MiB/s | caught up after stop (s) | CPU s | start-up CPU s (not in "
+        "CPU s) | records per CPU-s | CPU s/GiB | commits | files/commit | "
+        "freshness p50 / p99 / max (s) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = [
         f"| {s.name} | {s.records_s} | {s.mib_s} | {s.caught_up_s} | {s.cpu_s} | "
-        f"{s.records_per_cpu_s} | {s.cpu_s_per_gib} | {s.commits} | {s.files_per_commit} | "
-        f"{s.p50_s} / {s.p99_s} / {s.max_s} |"
+        f"{s.startup_cpu_s} | {s.records_per_cpu_s} | {s.cpu_s_per_gib} | {s.commits} | "
+        f"{s.files_per_commit} | {s.p50_s} / {s.p99_s} / {s.max_s} |"
         for s in sides
     ]
     return "\n".join([head, *rows])
+
+
+def ratio_line(sides: list[Side]) -> str | None:
+    """Icefall's rounds (warm driver, and a JVM per round when it ran) against the sink, and
+    every side's p99 freshness; None without the warm side and the sink."""
+    by = {s.name: s for s in sides}
+    warm = by.get("Icefall rounds, warm driver")
+    sink = by.get("Iceberg Kafka Connect sink (JSON)")
+    if warm is None or sink is None:
+        return None
+    spawned = by.get("Icefall rounds, a JVM per round")
+    streaming = by.get("Spark Structured Streaming")
+    per_cpu = f"{warm.records_per_cpu_s / max(1, sink.records_per_cpu_s):.2f}"
+    if spawned is not None:
+        per_cpu += (
+            f" (a JVM per round: {spawned.records_per_cpu_s / max(1, sink.records_per_cpu_s):.2f})"
+        )
+    p99 = f"Icefall warm {warm.p99_s}"
+    if spawned is not None:
+        p99 += f", a JVM per round {spawned.p99_s}"
+    p99 += f", sink {sink.p99_s}"
+    if streaming is not None:
+        p99 += f", streaming {streaming.p99_s}"
+    return f"ratio Icefall (warm driver) / Connect sink records per CPU-s: {per_cpu}; p99 freshness s: {p99}"
 
 
 def main() -> None:
@@ -675,8 +817,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small and short: about a minute")
     parser.add_argument(
         "--sides",
-        default="rounds,sink,streaming",
-        help="which sides run (comma-separated; the ratios need all three)",
+        default=None,
+        help="which sides run, comma-separated, of warm,rounds,sink,streaming (default: all four; "
+        "--quick: warm,sink,streaming); the ratio needs warm and sink",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
@@ -685,6 +828,11 @@ def main() -> None:
         args.drain_s = 30.0 if args.drain_s is None else args.drain_s
     if args.drain_s is None:
         args.drain_s = 3 * args.interval_s + 30
+    if args.sides is None:
+        args.sides = "warm,sink,streaming" if args.quick else "warm,rounds,sink,streaming"
+    args.sides = args.sides.split(",")
+    if unknown := set(args.sides) - {"warm", "rounds", "sink", "streaming"}:
+        parser.error(f"unknown sides {sorted(unknown)}")
     for jars, target in ((CONNECT_JARS, "bench-vs-connect"), (SPARK_AVRO_JARS, "bench-vs-connect")):
         if not (jars / ".pinned").exists():
             sys.exit(f"no jars in {jars}: run `make {target}`")
@@ -711,14 +859,8 @@ def main() -> None:
     for side in sides:
         print(json.dumps(asdict(side)))
     print(markdown(sides))
-    if len(sides) != 3:
-        return
-    icefall, sink, streaming = sides
-    print(
-        f"ratio Icefall / Connect sink records per CPU-s: "
-        f"{icefall.records_per_cpu_s / max(1, sink.records_per_cpu_s):.2f}; "
-        f"p99 freshness s: Icefall {icefall.p99_s}, sink {sink.p99_s}, streaming {streaming.p99_s}"
-    )
+    if (line := ratio_line(sides)) is not None:
+        print(line)
 
 
 if __name__ == "__main__":
