@@ -628,13 +628,15 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     if part is None:
                         entry["error_code"] = self._absent(t.name, p)
                     else:
-                        seq = max(
-                            seq,
-                            self.logs.append_marker(
+                        try:
+                            marker = self.logs.append_marker(
                                 part, m.producer_id, m.producer_epoch, m.transaction_result
-                            ),
-                        )
-                        written.append((entry, part, part.next_offset))
+                            )
+                        except ProduceError as exc:  # unloaded meanwhile: the coordinator retries
+                            entry["error_code"] = exc.code
+                        else:
+                            seq = max(seq, marker)
+                            written.append((entry, part, part.next_offset))
                     partitions.append(entry)
                 topics.append({"name": t.name, "partitions": partitions})
             markers.append({"producer_id": m.producer_id, "topics": topics})

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from kio.schema.errors import ErrorCode
 
-from broker.storage.logstore import LogStore
+from broker.storage.logstore import LogStore, PartitionLog, ProduceError
 from broker.storage.metadata import MetadataStore
 from broker.storage.txn_metadata import (
     COMPLETE_ABORT,
@@ -187,7 +187,10 @@ class TransactionCoordinator:
                     continue
                 log.warning("%s-%d: aborting the hanging transaction of producer %d", *key, pid)
                 epoch = part.producers[pid].epoch if pid in part.producers else 0
-                seq = max(seq, self.logs.append_marker(part, pid, epoch, commit=False))
+                try:
+                    seq = max(seq, self.logs.append_marker(part, pid, epoch, commit=False))
+                except ProduceError:  # cluster mode: unloaded meanwhile; its leader sees to it
+                    continue
         if seq >= 0:
             await self.logs.wal.wait_durable(seq)
 
@@ -360,8 +363,15 @@ class TransactionCoordinator:
         return await self._write_markers_and_complete(record, commit)
 
     async def _write_markers_and_complete(self, record: TxnRecord, commit: bool) -> int:
+        """Every partition of the transaction gets its marker, then the transaction completes.
+        Cluster mode: a marker written here counts only once acknowledged (``ack_error``): a
+        partition unloaded before the flush indexed it (a lease lost, a hand-over) resolves
+        the wait without it, and its marker goes to the new leader as WriteTxnMarkers like
+        any partition led elsewhere; completing without it would leave the transaction
+        committed in some partitions and open (later aborted) in that one."""
         seq = 0
         elsewhere = []  # cluster mode: partitions other brokers lead
+        local: list[tuple[PartitionLog, int]] = []  # markers written here: (log, end offset)
         try:
             for topic, partition in sorted(record.partitions):
                 part = self.logs.partitions.get((topic, partition))
@@ -371,17 +381,31 @@ class TransactionCoordinator:
                     ):
                         elsewhere.append((topic, partition))
                     continue  # else deleted since: nothing to mark
-                seq = max(
-                    seq,
-                    self.logs.append_marker(
+                try:
+                    marker = self.logs.append_marker(
                         part, record.producer_id, record.producer_epoch, commit
-                    ),
-                )
+                    )
+                except ProduceError:  # cluster mode: no longer led here
+                    elsewhere.append((topic, partition))
+                    continue
+                seq = max(seq, marker)
+                local.append((part, part.next_offset))
             await self.logs.wal.wait_durable(seq)
+            for part, end in local:
+                if self.logs.ack_error(part, end) is not None:
+                    log.info(
+                        "transaction %s: %s-%d was unloaded before its marker was indexed; "
+                        "sending it to the new leader",
+                        record.transactional_id,
+                        part.topic,
+                        part.partition,
+                    )
+                    elsewhere.append((part.topic, part.partition))
             if elsewhere:
-                assert self.remote_markers is not None
+                if self.remote_markers is None:  # one broker alone never unloads
+                    raise TimeoutError(f"markers of {sorted(elsewhere)} were not written")
                 await self.remote_markers(
-                    record.producer_id, record.producer_epoch, commit, elsewhere
+                    record.producer_id, record.producer_epoch, commit, sorted(set(elsewhere))
                 )
         except (OSError, TimeoutError) as exc:
             # the WAL or a leader failed: the decision stays; a restart (or the next coordinator

@@ -644,7 +644,13 @@ class LogStore:
     def append_marker(
         self, part: PartitionLog, producer_id: int, producer_epoch: int, commit: bool
     ) -> int:
-        """Write a transaction marker (control batch) into the partition; the WAL sequence to await."""
+        """Write a transaction marker (control batch) into the partition; the WAL sequence to
+        await. Cluster mode: raises ``ProduceError`` (NOT_LEADER_OR_FOLLOWER) for a partition
+        this broker no longer leads, and the caller checks ``ack_error(part, part.next_offset)``
+        after the wait: a partition unloaded before the flush resolves the wait without the
+        marker, which then belongs at the new leader."""
+        if self.cluster:
+            self._check_leading(part)
         now = int(time.time() * 1000)
         batch = records.encode_control_batch(producer_id, producer_epoch, commit, now)
         header = records.read_header(batch)

@@ -19,6 +19,7 @@ from broker.checkpoint import Checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.kafka import records
+from broker.kafka.transactions import TransactionCoordinator
 from broker.storage.leases import Leases, NodeIdInUseError
 from broker.storage.logstore import LogStore, PartitionLog, ProduceError, ProducerState
 from broker.storage.metadata import (
@@ -31,6 +32,7 @@ from broker.storage.metadata import (
 )
 from broker.storage.objectstore import LocalObjectStore
 from broker.storage.retention import Retention
+from broker.storage.txn_metadata import COMPLETE_COMMIT
 from tests.postgres import PostgresServer
 from tests.support import wait_for
 
@@ -460,5 +462,72 @@ def test_producers_waiting_when_the_lease_lapses_are_told_to_go_elsewhere(
         finally:
             await logs.close()
             meta.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_marker_lost_to_an_unload_before_its_flush_goes_to_the_new_leader(
+    uri: str, tmp_path: Path
+) -> None:
+    """The coordinator writes a commit marker into a partition it leads, and that partition is
+    unloaded (its lease lost, a hand-over) before the flush indexed the marker: the wait
+    resolves without it. The transaction must not complete as if it had been written: the
+    marker goes to the new leader (WriteTxnMarkers, here B's log store), and only then is the
+    transaction COMPLETE_COMMIT."""
+
+    async def scenario() -> None:
+        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
+        objects = LocalObjectStore(tmp_path / "objects")
+        config = BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000)
+        a = LogStore(config, meta_a, objects, node_id=1)
+        b = LogStore(config.model_copy(update={"home": tmp_path / "b"}), meta_b, objects, node_id=2)
+        try:
+            meta_a.create_topic("t", 1, {})
+            leases_a, leases_b = _member(meta_a, 1), _member(meta_b, 2)
+            await a.open({})
+            await b.open({})
+            part = await a.load_partition("t", 0, leases_a.acquire("t", 0) or 0)
+            a.set_lease_deadline(time.monotonic() + 600)
+            coordinator = TransactionCoordinator(meta_a, a)
+            coordinator.partition_exists = lambda tp: tp == ("t", 0)
+            sent: list[tuple[str, int]] = []
+
+            async def remote_markers(
+                pid: int, epoch: int, commit: bool, parts: list[tuple[str, int]]
+            ) -> None:  # what B does with a WriteTxnMarkers once it leads t-0
+                sent.extend(parts)
+                taken = await asyncio.to_thread(leases_b.acquire, "t", 0)
+                assert taken is not None
+                there = await b.load_partition("t", 0, taken)
+                b.set_lease_deadline(time.monotonic() + 600)
+                seq = b.append_marker(there, pid, epoch, commit)
+                await b.wal.wait_durable(seq)
+                assert b.ack_error(there, there.next_offset) is None
+
+            coordinator.remote_markers = remote_markers
+            error, pid, epoch = await coordinator.init_producer_id("tx", 60_000, -1, -1)
+            assert error == ErrorCode.none
+            assert await coordinator.add_partitions("tx", pid, epoch, [("t", 0)]) == {
+                ("t", 0): ErrorCode.none
+            }
+            async with a._flush_lock:  # the flush waits until t-0 is gone
+                ending = asyncio.create_task(coordinator.end_txn("tx", pid, epoch, True))
+                await asyncio.to_thread(
+                    wait_for, lambda: part.next_offset == 1, 10, 0.01, "the marker appended"
+                )
+                await asyncio.to_thread(leases_a.release, [("t", 0)])
+                await a.unload_partition("t", 0, "handed over")
+            assert await asyncio.wait_for(ending, 30) == ErrorCode.none
+            assert sent == [("t", 0)]
+            assert coordinator.txns["tx"].state == COMPLETE_COMMIT
+            [chunk] = meta_b.chunks("t", 0)  # the marker, indexed by B
+            data = await b.read(b.partitions[("t", 0)], 0, 1 << 20)
+            assert [h.is_control for h, _ in records.iter_batches(data)] == [True]
+            assert chunk.end_offset == 1
+        finally:
+            for logs in (a, b):
+                await logs.close()
+            meta_a.close()
+            meta_b.close()
 
     asyncio.run(scenario())
