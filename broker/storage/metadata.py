@@ -539,8 +539,20 @@ class MetadataStore:
             self._bump_state_version()
 
     def delete_topic(self, name: str) -> list[str]:
-        """Forget a topic; returns the object keys no other chunk refers to any more."""
+        """Forget a topic; returns the object keys no other chunk refers to any more.
+
+        Cluster mode: its partitions' leases are taken from their leaders in the same
+        transaction (the epoch bumped, no owner, expired), so a leader that has not yet seen
+        the deletion is fenced at its next index commit: its unflushed tail can never land in
+        a topic created again under the same name. The rows are kept, not deleted: a lease
+        epoch only grows, so a re-created topic's first lease never repeats an old epoch."""
         with self.db.transaction():
+            if self.db.postgres:  # first: leases before chunks, the lock order of add_chunks
+                self.db.execute(
+                    "UPDATE partition_leases SET node_id = -1, epoch = epoch + 1, "
+                    "expires_at = clock_timestamp(), preferred_node = NULL WHERE topic = ?",
+                    (name,),
+                )
             keys = [
                 k
                 for (k,) in self.db.query(

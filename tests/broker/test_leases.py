@@ -531,3 +531,39 @@ def test_a_marker_lost_to_an_unload_before_its_flush_goes_to_the_new_leader(
             meta_b.close()
 
     asyncio.run(scenario())
+
+
+def test_deleting_a_topic_fences_its_leader(uri: str, tmp_path: Path) -> None:
+    """A topic deleted through another broker while its leader still has an unflushed tail,
+    then created again under the same name: the old leader's next flush is fenced (its lease
+    was taken in the deletion's transaction), so the new topic starts empty, and its first
+    lease has a newer epoch than any the old topic had."""
+
+    async def scenario() -> None:
+        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
+        objects = LocalObjectStore(tmp_path / "objects")
+        a = LogStore(
+            BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000), meta_a, objects, node_id=1
+        )
+        try:
+            meta_a.create_topic("t", 1, {})
+            leases_a, leases_b = _member(meta_a, 1), _member(meta_b, 2)
+            await a.open({})
+            part = await a.load_partition("t", 0, leases_a.acquire("t", 0) or 0)
+            a.set_lease_deadline(time.monotonic() + 600)
+            await a.append(part, records.encode_batch([(None, b"old")], 1), 1 << 20)
+            meta_b.delete_topic("t")  # through broker B, which A has not heard from
+            meta_b.create_topic("t", 1, {})
+            await a.flush()
+            assert a.partitions == {} and "fenced" in (part.unloaded or "")
+            assert meta_b.chunks("t", 0) == []
+            assert meta_b.load_partition("t", 0)[:2] == ([], 0)
+            assert leases_a.heartbeat() == {}  # A leads nothing of it any more
+            epoch = leases_b.acquire("t", 0)
+            assert epoch is not None and epoch > 1
+        finally:
+            await a.close()
+            meta_a.close()
+            meta_b.close()
+
+    asyncio.run(scenario())
