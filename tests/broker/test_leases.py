@@ -6,6 +6,7 @@ lost a lease (its chunks, producer states and aborted transactions never reach t
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 import uuid
@@ -34,7 +35,7 @@ from broker.storage.objectstore import LocalObjectStore
 from broker.storage.retention import Retention
 from broker.storage.txn_metadata import COMPLETE_COMMIT
 from tests.postgres import PostgresServer
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 
 LEASE_MS = 6000
 SHORT_MS = 300  # a lease made to lapse within a test
@@ -567,3 +568,44 @@ def test_deleting_a_topic_fences_its_leader(uri: str, tmp_path: Path) -> None:
             meta_b.close()
 
     asyncio.run(scenario())
+
+
+def test_a_broker_that_fails_to_start_frees_its_node_id(uri: str, tmp_path: Path) -> None:
+    """A cluster broker registers its node id first; when the rest of its start fails (here
+    its admin port is taken) it leaves again, so the node id is free for the next start at
+    once instead of being "in use" until its row ages out."""
+    from broker.app import Broker
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    config = BrokerConfig(
+        home=tmp_path / "a",
+        metadata_uri=uri,
+        node_id=7,
+        kafka_port=free_port(),
+        registry_port=free_port(),
+        catalog_port=free_port(),
+        admin_port=blocker.getsockname()[1],
+    )
+
+    async def scenario() -> None:
+        broker = Broker(config)
+        with pytest.raises(OSError):
+            await broker.start()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        blocker.close()
+    meta = MetadataStore(uri)
+    try:
+        assert meta.db.query("SELECT count(*) FROM cluster_brokers WHERE node_id = 7") == [(0,)]
+        held = meta.db.query(
+            "SELECT count(*) FROM partition_leases WHERE node_id = 7 "
+            "AND expires_at > clock_timestamp()"
+        )
+        assert held == [(0,)]
+        Leases(meta, 7, LEASE_MS).register("next", {}, None)  # not "in use"
+    finally:
+        meta.close()
