@@ -609,3 +609,62 @@ def test_a_broker_that_fails_to_start_frees_its_node_id(uri: str, tmp_path: Path
         Leases(meta, 7, LEASE_MS).register("next", {}, None)  # not "in use"
     finally:
         meta.close()
+
+
+def test_a_partition_given_up_refuses_new_batches_first_and_acknowledges_every_accepted_one(
+    uri: str, tmp_path: Path
+) -> None:
+    """A voluntary hand-over (a rebalance, a move, SIGTERM) of a partition with a batch
+    accepted but not yet flushed: from the start of the hand-over a new batch is refused with
+    NOT_LEADER_OR_FOLLOWER before it is accepted (no offset taken), the accepted one is
+    flushed and acknowledged (not refused: a producer without idempotence would re-send it
+    after newer batches reached the new leader), and only then is the lease released."""
+    from broker.membership import Membership
+    from broker.ownership import Ownership, local_member
+
+    async def scenario() -> None:
+        meta = MetadataStore(uri)
+        config = BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000, node_id=1)
+        logs = LogStore(config, meta, LocalObjectStore(tmp_path / "objects"), node_id=1)
+        try:
+            meta.create_topic("t", 1, {})
+            leases = _member(meta, 1)
+            await logs.open({})
+            epoch = leases.acquire("t", 0) or 0
+            part = await logs.load_partition("t", 0, epoch)
+            logs.set_lease_deadline(time.monotonic() + 600)
+            membership = Membership(
+                config,
+                meta,
+                logs,
+                Cluster(config, meta, logs),
+                Ownership(local_member(config), clustered=True),
+                leases,
+            )
+            membership.held[("t", 0)] = epoch
+            async with logs._flush_lock:  # the flush of the hand-over waits until we look
+                first = asyncio.create_task(
+                    logs.append_and_wait(part, records.encode_batch([(None, b"first")], 1))
+                )
+                await asyncio.to_thread(
+                    wait_for, lambda: part.next_offset == 1, 10, 0.01, "the first batch accepted"
+                )
+                giving = asyncio.create_task(membership._give_up([("t", 0)], "rebalancing"))
+                await asyncio.to_thread(
+                    wait_for, lambda: part.releasing is not None, 10, 0.01, "the hand-over"
+                )
+                late = await _refused(
+                    logs.append(part, records.encode_batch([(None, b"late")], 1), 1 << 20)
+                )
+                assert late.code == ErrorCode.not_leader_or_follower
+                assert part.next_offset == 1  # refused before it took an offset
+            assert await asyncio.wait_for(first, 30) == 0  # acknowledged, not refused
+            await asyncio.wait_for(giving, 30)
+            assert [c.end_offset for c in meta.chunks("t", 0)] == [1]
+            assert logs.partitions == {} and membership.held == {}
+            assert leases.heartbeat() == {}  # released
+        finally:
+            await logs.close()
+            meta.close()
+
+    asyncio.run(scenario())
