@@ -246,9 +246,13 @@ class Membership:
             if self.on_refresh is not None:
                 self.on_refresh()
         universe = self._universe()
-        for tp, epoch in renewed.items():  # held by an earlier incarnation of this node id
+        for tp in renewed:  # renewed but not led here (a load that failed half-way)
             if tp not in self.held and tp in universe:
-                await self._take(tp, epoch)
+                # taken again, never adopted at its epoch: the epoch is bumped, so nothing
+                # written under the old one can pass the fence
+                epoch = await asyncio.to_thread(self.leases.acquire, tp[0], tp[1])
+                if epoch is not None:
+                    await self._take(tp, epoch)
         brokers = await asyncio.to_thread(self.leases.live_brokers)
         leases = await asyncio.to_thread(self.leases.leases)
         live = {

@@ -187,6 +187,13 @@ CREATE INDEX IF NOT EXISTS partition_leases_by_node ON partition_leases (node_id
 INSERT INTO counters (name, value) VALUES ('cluster_state_version', 0) ON CONFLICT DO NOTHING;
 """
 
+# A lease is held by one incarnation of a node id, not the node id alone: a broker restarted
+# with the same id while its old process still runs (paused, cut off) must not share its
+# leases, so the renewal and the index commit's fence match the incarnation too.
+_LEASE_INCARNATION = """
+ALTER TABLE partition_leases ADD COLUMN incarnation TEXT;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _SCHEMA,
     _TRANSACTIONS,
@@ -194,6 +201,7 @@ MIGRATIONS: tuple[str, ...] = (
     _SCRAM_CREDENTIALS,
     _ACLS,
     _CLUSTER,
+    _LEASE_INCARNATION,
 )
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 
@@ -502,6 +510,9 @@ class MetadataStore:
             self.db = _open_postgres(target)
         else:
             self.db = _open_sqlite(Path(target))
+        # cluster mode: this broker's incarnation (``Leases.register`` sets it); the fence of
+        # an index commit matches it as well as the node id and epoch
+        self.incarnation: str | None = None
 
     def close(self) -> None:
         self.db.close()
@@ -652,8 +663,9 @@ class MetadataStore:
     def _held_leases(
         self, node_id: int, epochs: dict[tuple[str, int], int], wanted: set[tuple[str, int]]
     ) -> set[tuple[str, int]]:
-        """Of ``wanted``, the partitions whose lease this node holds at the given epoch, the rows
-        locked until the transaction ends (Postgres only: leases are a cluster's)."""
+        """Of ``wanted``, the partitions whose lease this node (this incarnation of it) holds at
+        the given epoch, the rows locked until the transaction ends (Postgres only: leases are
+        a cluster's)."""
         if not wanted:
             return set()
         if not self.db.postgres:
@@ -663,9 +675,10 @@ class MetadataStore:
             "SELECT l.topic, l.partition, l.epoch FROM partition_leases l "
             "JOIN unnest(?::text[], ?::bigint[]) AS w(topic, partition) "
             "ON l.topic = w.topic AND l.partition = w.partition "
-            "WHERE l.node_id = ? AND l.expires_at > clock_timestamp() "
+            "WHERE l.node_id = ? AND l.incarnation IS NOT DISTINCT FROM ? "
+            "AND l.expires_at > clock_timestamp() "
             "ORDER BY l.topic, l.partition FOR UPDATE OF l",
-            ([t for t, _ in ordered], [p for _, p in ordered], node_id),
+            ([t for t, _ in ordered], [p for _, p in ordered], node_id, self.incarnation),
         )
         return {(t, p) for t, p, epoch in rows if epochs.get((t, p)) == epoch}
 

@@ -234,9 +234,10 @@ def test_the_index_commit_fences_partitions_whose_lease_was_lost(
         ("t", 0)
     }
     assert [c.object_key for c in store.chunks("t", 0)] == ["segments/a.seg"]
-    # the new owner of t-1 writes it
+    # the new owner of t-1 writes it (through its own store: it knows its incarnation)
+    node2 = stores[1]
     assert (
-        store.add_chunks([_chunk("t", 1, 0, "segments/c.seg")], {}, (), (2, {("t", 1): 2})) == set()
+        node2.add_chunks([_chunk("t", 1, 0, "segments/c.seg")], {}, (), (2, {("t", 1): 2})) == set()
     )
     assert [c.object_key for c in store.chunks("t", 1)] == ["segments/c.seg"]
     assert store.object_keys() == {"segments/a.seg", "segments/c.seg"}  # b.seg: for the sweep
@@ -245,7 +246,7 @@ def test_the_index_commit_fences_partitions_whose_lease_was_lost(
     with pytest.raises(FencedError):
         store.drop_chunks_before("t", 1, 1, fence=(1, 1))
     assert [c.object_key for c in store.chunks("t", 1)] == ["segments/c.seg"]
-    assert store.drop_chunks_before("t", 1, 1, fence=(2, 2)) == ["segments/c.seg"]
+    assert node2.drop_chunks_before("t", 1, 1, fence=(2, 2)) == ["segments/c.seg"]
     assert store.log_start_offsets()[("t", 1)] == 1
 
 
@@ -668,3 +669,34 @@ def test_a_partition_given_up_refuses_new_batches_first_and_acknowledges_every_a
             meta.close()
 
     asyncio.run(scenario())
+
+
+def test_two_incarnations_of_a_node_id_never_share_a_lease(
+    stores: list[MetadataStore],
+) -> None:
+    """A broker restarted with the same node id while its old process still runs (paused, cut
+    off: its heartbeats stopped, a lease it took is still unexpired): the new incarnation
+    neither renews nor adopts that lease, cannot write under it, and takes the partition only
+    once it is free, at a new epoch that fences the old process."""
+    old_store, new_store = stores[0], stores[1]
+    old_store.create_topic("t", 1, {})
+    old = Leases(old_store, 5, SHORT_MS * 3)
+    old.register("old", {}, None)
+    assert old.acquire("t", 0) == 1
+    # the old process stops heartbeating; its row ages out (as after a pause)
+    old_store.db.execute(
+        "UPDATE cluster_brokers SET heartbeat_at = clock_timestamp() - interval '1 hour' "
+        "WHERE node_id = 5"
+    )
+    new = Leases(new_store, 5, SHORT_MS * 3)
+    new.register("new", {}, None)
+    assert new.heartbeat() == {}  # the old incarnation's lease is not renewed as ours
+    assert new.acquire("t", 0) is None  # nor taken while it may still be used
+    chunk = _chunk("t", 0, 0, "segments/new.seg")
+    assert new_store.add_chunks([chunk], {}, (), (5, {("t", 0): 1})) == {("t", 0)}
+    epoch = wait_for(lambda: new.acquire("t", 0), 10, 0.05, "the old lease lapsed")
+    assert epoch == 2
+    stale = _chunk("t", 0, 0, "segments/old.seg")
+    assert old_store.add_chunks([stale], {}, (), (5, {("t", 0): 1})) == {("t", 0)}
+    assert new_store.add_chunks([chunk], {}, (), (5, {("t", 0): 2})) == set()
+    assert [c.object_key for c in new_store.chunks("t", 0)] == ["segments/new.seg"]
