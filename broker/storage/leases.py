@@ -9,7 +9,8 @@ that lost a lease can keep running but can never make data visible for that part
 
 Time is always the database's (``clock_timestamp()``): brokers' clocks may disagree, the
 database's is the one every lease is compared with. SQL only, blocking: the broker calls these
-from a thread (``asyncio.to_thread``) on the metadata store's connection.
+from a thread (``asyncio.to_thread``) on a connection of their own (``side_connection``), so a
+heartbeat never waits behind a long statement of the metadata store.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ class Leases:
     def __init__(self, metadata: MetadataStore, node_id: int, lease_ms: int) -> None:
         if not metadata.db.postgres:
             raise ValueError("leases are a cluster's: the metadata database must be Postgres")
-        self.db = metadata.db
+        # its own connection: a heartbeat never waits behind the store's long statements
+        # (the orphan sweep, index reads), and gives up before its lease would lapse
+        self.db = metadata.side_connection(statement_timeout_ms=lease_ms)
         self.metadata = metadata
         self.node_id = node_id
         self.lease_ms = lease_ms

@@ -452,7 +452,13 @@ _KEEPALIVES = {
 }
 
 
-def _open_postgres(uri: str) -> _Database:
+# The shared connection serves long statements too (the orphan sweep's object list, the index
+# views, transaction loads): none may hold the store's lock for ever. The heartbeat has its own
+# connection (``MetadataStore.side_connection``), so it never waits behind them.
+SHARED_STATEMENT_TIMEOUT_MS = 60_000
+
+
+def _open_postgres(uri: str, statement_timeout_ms: int = SHARED_STATEMENT_TIMEOUT_MS) -> _Database:
     """Autocommit connection, schema migrated under an advisory lock (several brokers of a
     cluster may start at once against a fresh database; the lock is released right after).
     Several brokers share the database: who leads which partition is in ``partition_leases``
@@ -462,7 +468,8 @@ def _open_postgres(uri: str) -> _Database:
     from psycopg.conninfo import make_conninfo
 
     shown = _redact(uri)
-    uri = make_conninfo(uri, **_KEEPALIVES)  # for the reconnects too
+    # for the reconnects too
+    uri = make_conninfo(uri, **_KEEPALIVES, options=f"-c statement_timeout={statement_timeout_ms}")
     try:
         connection = psycopg.connect(uri, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
@@ -506,6 +513,8 @@ class MetadataStore:
     """
 
     def __init__(self, target: Path | str) -> None:
+        self._target = target
+        self._side: list[_Database] = []
         if isinstance(target, str) and is_postgres_uri(target):
             self.db = _open_postgres(target)
         else:
@@ -514,7 +523,19 @@ class MetadataStore:
         # an index commit matches it as well as the node id and epoch
         self.incarnation: str | None = None
 
+    def side_connection(self, statement_timeout_ms: int) -> _Database:
+        """Postgres: another connection to the same database, with its own lock, for what must
+        never wait behind the store's long statements (the cluster heartbeat: a lease lapses
+        if it is late). Closed with the store."""
+        if not isinstance(self._target, str) or not self.db.postgres:
+            raise ValueError("a side connection is Postgres's (cluster mode)")
+        db = _open_postgres(self._target, statement_timeout_ms)
+        self._side.append(db)
+        return db
+
     def close(self) -> None:
+        for side in self._side:
+            side.close()
         self.db.close()
 
     # ------------------------------------------------------------ topics

@@ -425,12 +425,40 @@ def test_a_store_outlives_its_connection(stores: list[MetadataStore]) -> None:
     store, other = stores[0], stores[1]
     leases = _member(store, 1)
     assert leases.acquire("t", 0) == 1
-    [(pid,)] = store.db.query("SELECT pg_backend_pid()")
+    [(pid,)] = leases.db.query("SELECT pg_backend_pid()")
     other.db.query("SELECT pg_terminate_backend(?)", (pid,))
     with pytest.raises(psycopg.OperationalError):
         leases.heartbeat()
     assert leases.heartbeat() == {("t", 0): 1}
-    assert store.db.query("SELECT pg_backend_pid()") != [(pid,)]
+    assert leases.db.query("SELECT pg_backend_pid()") != [(pid,)]
+
+
+def test_a_heartbeat_never_waits_behind_a_long_statement(stores: list[MetadataStore]) -> None:
+    """A long statement on the metadata store's connection (an orphan sweep listing every
+    object, an index read) does not hold the heartbeat up: the heartbeat has a connection of
+    its own, and returns while the long statement still runs."""
+    store, other = stores[0], stores[1]
+    leases = _member(store, 1)
+    assert leases.acquire("t", 0) == 1
+    long = threading.Thread(target=store.db.query, args=("SELECT pg_sleep(5)",))
+    long.start()
+    try:
+        wait_for(
+            lambda: (
+                other.db.query(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = ?",
+                    ("SELECT pg_sleep(5)",),
+                )
+                == [(1,)]
+            ),
+            10,
+            0.02,
+            "the long statement running",
+        )
+        assert leases.heartbeat() == {("t", 0): 1}
+        assert long.is_alive()  # the heartbeat did not wait for it
+    finally:
+        long.join(30)
 
 
 def test_producers_waiting_when_the_lease_lapses_are_told_to_go_elsewhere(
