@@ -405,9 +405,25 @@ def check_log(cluster: Cluster) -> None:
             assert ns == sorted(ns), f"partition {p}: {name}'s records out of order"
 
 
+def brokers_1_and_3_only(cluster: Cluster) -> None:
+    """The state the next test starts from, whatever ran before it (or nothing did): brokers 1
+    and 3 up, 2 down (as after the kill test), no 4, and the topic there."""
+    for node_id in (1, 3):
+        if not cluster.broker(node_id).running:
+            cluster.broker(node_id).start()
+    for node_id in (2, 4):
+        if node_id in cluster.brokers and cluster.brokers[node_id].running:
+            cluster.brokers[node_id].stop()
+    md = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(timeout=10)
+    if TOPIC not in md.topics:
+        create_topic(cluster.brokers[1].bootstrap, TOPIC, PARTITIONS)
+    wait_for(lambda: settled(cluster, {1, 3}), 30, 0.2, "brokers 1 and 3 leading everything")
+
+
 def test_a_broker_back_and_a_new_one_take_partitions_and_sigterm_hands_over(
     cluster: Cluster,
 ) -> None:
+    brokers_1_and_3_only(cluster)
     cluster.brokers[2].start()
     cluster.broker(4).start()
     by_partition = wait_for(
