@@ -123,6 +123,9 @@ class Broker:
             self.transactions.coordinates = lambda tid: self.ownership.coordinates(
                 KEY_TRANSACTION, tid
             )
+            self.transactions.slot_fence = lambda tid: self.ownership.slot_fence(
+                KEY_TRANSACTION, tid
+            )
             self.transactions.partition_exists = self._partition_exists
             self.transactions.remote_markers = MarkerSender(
                 self.ownership, config.client_listener.name, self._partition_exists

@@ -424,6 +424,17 @@ class MetadataInUseError(MetadataUnavailableError):
     """Another broker already uses this database in a way this one cannot share (its node id)."""
 
 
+# cluster mode: (coordinator slot topic, slot, node id, the slot's lease epoch held) a
+# coordinator's state write is fenced by (``MetadataStore.check_slot``)
+SlotFence = tuple[str, int, int, int]
+
+
+class CoordinatorFencedError(RuntimeError):
+    """A coordinator's state write refused: the coordinator slot's lease is not this broker's
+    (this incarnation, the epoch it holds, unexpired) any more. The request gets
+    NOT_COORDINATOR and the client finds the new coordinator."""
+
+
 class FencedError(RuntimeError):
     """Cluster mode: this broker no longer holds the partition's lease at its epoch."""
 
@@ -811,11 +822,30 @@ class MetadataStore:
 
     # ------------------------------------------------------------ groups
 
+    def check_slot(self, fence: SlotFence | None) -> None:
+        """Inside a transaction: lock the coordinator slot's lease row and raise
+        ``CoordinatorFencedError`` unless this broker (this incarnation) holds it at the epoch
+        given, unexpired, as ``add_chunks`` fences a partition. The lock makes a takeover
+        wait for this write or this write see the takeover. None: no fence (one broker)."""
+        if fence is None:
+            return
+        topic, slot, node_id, epoch = fence
+        if not self._held_leases(node_id, {(topic, slot): epoch}, {(topic, slot)}):
+            raise CoordinatorFencedError(
+                f"{topic}-{slot}: this broker no longer coordinates it (lease epoch {epoch} lost)"
+            )
+
     def commit_offsets(
-        self, group_id: str, offsets: list[tuple[str, int, int, int, str | None]]
+        self,
+        group_id: str,
+        offsets: list[tuple[str, int, int, int, str | None]],
+        fence: SlotFence | None = None,
     ) -> None:
+        """A group's committed offsets; ``fence`` (cluster mode): the group's coordinator slot
+        (raises ``CoordinatorFencedError``, nothing written, when it was lost)."""
         now = _now_ms()
         with self.db.transaction():
+            self.check_slot(fence)
             self.db.executemany(
                 _UPSERT_GROUP_OFFSET, [(group_id, t, p, o, e, m, now) for t, p, o, e, m in offsets]
             )

@@ -27,13 +27,14 @@ from broker.storage.metadata import (
     MIGRATIONS,
     BatchRef,
     Chunk,
+    CoordinatorFencedError,
     FencedError,
     MetadataStore,
     pack_batch_index,
 )
 from broker.storage.objectstore import LocalObjectStore
 from broker.storage.retention import Retention
-from broker.storage.txn_metadata import COMPLETE_COMMIT
+from broker.storage.txn_metadata import COMPLETE_COMMIT, EMPTY, TransactionStore
 from tests.postgres import PostgresServer
 from tests.support import free_port, wait_for
 
@@ -440,14 +441,14 @@ def test_a_heartbeat_never_waits_behind_a_long_statement(stores: list[MetadataSt
     store, other = stores[0], stores[1]
     leases = _member(store, 1)
     assert leases.acquire("t", 0) == 1
-    long = threading.Thread(target=store.db.query, args=("SELECT pg_sleep(5)",))
+    long = threading.Thread(target=store.db.query, args=("SELECT pg_sleep(2)",))
     long.start()
     try:
         wait_for(
             lambda: (
                 other.db.query(
                     "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = ?",
-                    ("SELECT pg_sleep(5)",),
+                    ("SELECT pg_sleep(2)",),
                 )
                 == [(1,)]
             ),
@@ -728,3 +729,52 @@ def test_two_incarnations_of_a_node_id_never_share_a_lease(
     assert old_store.add_chunks([stale], {}, (), (5, {("t", 0): 1})) == {("t", 0)}
     assert new_store.add_chunks([chunk], {}, (), (5, {("t", 0): 2})) == set()
     assert [c.object_key for c in new_store.chunks("t", 0)] == ["segments/new.seg"]
+
+
+def test_coordinator_state_writes_are_fenced_by_the_slot_lease(uri: str, tmp_path: Path) -> None:
+    """A transaction coordinator and a group coordinator write their state under their slot's
+    lease: once another broker took the slot, a write of the old coordinator (which has not
+    noticed yet) gets NOT_COORDINATOR and nothing of it reaches Postgres."""
+    from broker.ownership import KEY_GROUP, KEY_TRANSACTION, Member, Ownership, slot_partition
+
+    async def scenario() -> None:
+        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
+        try:
+            meta_a.create_topic("t", 1, {})
+            leases_a, leases_b = _member(meta_a, 1), _member(meta_b, 2)
+            txn_slot, group_slot = (
+                slot_partition(KEY_TRANSACTION, "tx"),
+                slot_partition(KEY_GROUP, "g"),
+            )
+            held = {tp: leases_a.acquire(*tp) or 0 for tp in (txn_slot, group_slot)}
+            ownership = Ownership(Member(1, {}), clustered=True)
+            ownership.update([], {}, held, time.monotonic() + 600)
+            config = BrokerConfig(home=tmp_path / "a")
+            logs = LogStore(config, meta_a, LocalObjectStore(tmp_path / "objects"), node_id=1)
+            coordinator = TransactionCoordinator(meta_a, logs)
+            coordinator.slot_fence = lambda tid: ownership.slot_fence(KEY_TRANSACTION, tid)
+            coordinator.partition_exists = lambda tp: tp == ("t", 0)
+            error, pid, epoch = await coordinator.init_producer_id("tx", 60_000, -1, -1)
+            assert error == ErrorCode.none
+            meta_a.commit_offsets(
+                "g", [("t", 0, 5, -1, None)], ownership.slot_fence(KEY_GROUP, "g")
+            )
+            assert meta_b.committed_offsets("g")[("t", 0)].offset == 5
+
+            # broker 2 takes both slots over; broker 1 has not heard yet
+            leases_a.release(list(held))
+            assert all(leases_b.acquire(*tp) for tp in held)
+            refused = await coordinator.add_partitions("tx", pid, epoch, [("t", 0)])
+            assert refused == {("t", 0): ErrorCode.not_coordinator}
+            [record] = TransactionStore(meta_b).load("tx")
+            assert record.state == EMPTY and record.partitions == set()
+            with pytest.raises(CoordinatorFencedError):
+                meta_a.commit_offsets(
+                    "g", [("t", 0, 9, -1, None)], ownership.slot_fence(KEY_GROUP, "g")
+                )
+            assert meta_b.committed_offsets("g")[("t", 0)].offset == 5
+        finally:
+            meta_a.close()
+            meta_b.close()
+
+    asyncio.run(scenario())
