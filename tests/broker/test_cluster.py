@@ -162,7 +162,16 @@ def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster
     )
     batch = records.encode_batch([(b"k", b"v")], int(time.time() * 1000))
     other = next(b for b in cluster.live() if b.node_id != leader)
-    assert produce_raw(other.bootstrap, "raw", 0, batch)[0] == NOT_LEADER_OR_FOLLOWER
+    # (the other broker learns of the new topic within a heartbeat: until then it is unknown)
+    refused = wait_for(
+        lambda: next(
+            (c for c in [produce_raw(other.bootstrap, "raw", 0, batch)[0]] if c != 3), None
+        ),
+        10,
+        0.1,
+        "the other broker knowing raw",
+    )
+    assert refused == NOT_LEADER_OR_FOLLOWER
     assert produce_raw(cluster.brokers[leader].bootstrap, "raw", 0, batch) == (0, 0)
 
     # DescribeCluster through Kafka's own tools: three brokers, the lowest id the controller
