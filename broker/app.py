@@ -5,10 +5,12 @@ REST catalog."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pyiceberg.table import Table
@@ -66,6 +68,14 @@ class Broker:
             except BaseException:
                 self.metadata.close()
                 raise
+        try:
+            self._build(config)
+        except BaseException:
+            self._leave_after_failed_start()
+            raise
+
+    def _build(self, config: BrokerConfig) -> None:
+        self.membership: Membership | None = None
         self.store = open_object_store(config.store)
         # cluster mode: no local WAL, only the partitions this broker leads (broker/membership.py)
         self.logs = LogStore(
@@ -99,7 +109,6 @@ class Broker:
             self.ownership,
         )
         # cluster mode (Postgres metadata): leases, heartbeats, who leads what
-        self.membership: Membership | None = None
         if self.leases is not None:
             self.membership = Membership(
                 config,
@@ -113,6 +122,9 @@ class Broker:
             )
             # transactions across brokers: coordinated by the slot's leader, markers to leaders
             self.transactions.coordinates = lambda tid: self.ownership.coordinates(
+                KEY_TRANSACTION, tid
+            )
+            self.transactions.slot_fence = lambda tid: self.ownership.slot_fence(
                 KEY_TRANSACTION, tid
             )
             self.transactions.partition_exists = self._partition_exists
@@ -215,7 +227,34 @@ class Broker:
         No table yet: nothing committed."""
         return self.tables.checkpoint(namespace, table)
 
+    def _leave_after_failed_start(self) -> None:
+        """A start that failed after ``register``: the node id is freed at once (else the
+        next start would be refused as "in use" until the row ages out) and the database
+        connection closed. Leases it took lapse (it wrote nothing visible: no flush ran)."""
+        if self.leases is not None and self.leases.incarnation is not None:
+            try:
+                held = [tp for tp, _ in self.leases.heartbeat().items()]
+                self.leases.release(held)
+                self.leases.deregister()
+            except Exception as exc:  # noqa: BLE001 - the row ages out by itself
+                log.warning("could not deregister after the failed start: %s", exc)
+        self.metadata.close()
+
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            if self.membership is not None:
+                log.error("the broker failed to start; leaving the cluster")
+                with contextlib.suppress(Exception):
+                    await self.membership.handover()
+            for _name, close in self._closers():  # what did start is stopped again
+                with contextlib.suppress(Exception):
+                    await close()
+            await asyncio.to_thread(self._leave_after_failed_start)
+            raise
+
+    async def _start(self) -> None:
         await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
         self.cluster.write_manifest()
         if self.membership is not None:  # lead this broker's share before serving
@@ -264,7 +303,16 @@ class Broker:
             # hand the partitions over while the listener still answers (NOT_LEADER_OR_FOLLOWER:
             # clients ask Metadata again and go to the new leaders), then leave the cluster
             await self.membership.handover()
-        for name, close in [
+        for name, close in self._closers():
+            log.debug("stopping the %s", name)
+            await close()
+        if self.membership is not None:
+            await self.membership.deregister()
+        self.metadata.close()
+        log.info("icefall broker stopped")
+
+    def _closers(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        return [
             ("segment retention", self.retention.close),
             ("catalog", self.catalog.close),
             ("registry", self.registry.close),
@@ -275,13 +323,7 @@ class Broker:
             ("consumer group coordinator", self.consumer_groups.close),
             ("transaction coordinator", self.transactions.close),
             ("logs", self.logs.close),
-        ]:
-            log.debug("stopping the %s", name)
-            await close()
-        if self.membership is not None:
-            await self.membership.deregister()
-        self.metadata.close()
-        log.info("icefall broker stopped")
+        ]
 
 
 def endpoints(config: BrokerConfig) -> dict[str, Any]:

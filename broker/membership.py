@@ -22,8 +22,11 @@ refuse to start, ``NodeIdInUseError``). Then, every ``broker.heartbeat.interval.
    starting together do not fight over the same ones. An operator's move (``preferred_node``,
    ``icefall cluster move``) pins a partition to the broker named while that broker is live.
 
-Clean shutdown (``handover``): stop taking anything new, flush, unload and release every lease,
-so the others take the partitions over on their next heartbeat; then ``deregister``.
+Clean shutdown (``handover``), a rebalance or an operator's move give partitions up the same
+way: the partition first refuses new appends, then everything it accepted is flushed and
+acknowledged, then it is unloaded and its lease released, so the others take it on their next
+heartbeat (``deregister`` follows at shutdown). No accepted batch is refused on the way out: a
+producer without idempotence would re-send it after newer ones and reorder its records.
 
 Postgres unreachable: the renew fails, the leases lapse locally once ``broker.lease.ms`` has
 passed since the last renew began (the log store then refuses produce with
@@ -195,9 +198,7 @@ class Membership:
             parts = sorted(self.held)
             if not parts:
                 return
-            await self._flush()
-            for tp in parts:
-                await self._unload(tp, "broker shutting down")
+            await self._hand_over(parts, "broker shutting down")
             self.held.clear()
             self._publish()
             try:
@@ -245,9 +246,13 @@ class Membership:
             if self.on_refresh is not None:
                 self.on_refresh()
         universe = self._universe()
-        for tp, epoch in renewed.items():  # held by an earlier incarnation of this node id
+        for tp in renewed:  # renewed but not led here (a load that failed half-way)
             if tp not in self.held and tp in universe:
-                await self._take(tp, epoch)
+                # taken again, never adopted at its epoch: the epoch is bumped, so nothing
+                # written under the old one can pass the fence
+                epoch = await asyncio.to_thread(self.leases.acquire, tp[0], tp[1])
+                if epoch is not None:
+                    await self._take(tp, epoch)
         brokers = await asyncio.to_thread(self.leases.live_brokers)
         leases = await asyncio.to_thread(self.leases.leases)
         live = {
@@ -373,20 +378,21 @@ class Membership:
         parts = [tp for tp in parts if tp in self.held]
         if not parts:
             return
-        await self._flush()
+        await self._hand_over(parts, why)
         for tp in parts:
-            await self._unload(tp, why)
             del self.held[tp]
         self._publish()
         await asyncio.to_thread(self.leases.release, parts)
         self.moves += len(parts)
         log.info("released %d partitions (%s): %s", len(parts), why, _names(parts))
 
-    async def _flush(self) -> None:
-        try:
-            await self.logs.flush()
-        except Exception as exc:  # noqa: BLE001 - unacknowledged batches are retried by producers
-            log.warning("flush before handing partitions over failed: %s", exc)
+    async def _hand_over(self, parts: list[TopicPartition], why: str) -> None:
+        """Partitions given up voluntarily: their logs stop accepting, flush until everything
+        accepted is acknowledged and unload (``LogStore.hand_over``); coordinator slots are
+        dropped. The caller releases the leases after."""
+        await self.logs.hand_over([tp for tp in parts if tp in self.logs.partitions], why)
+        for tp in parts:
+            await self._unload(tp, why)
 
     async def _unload(self, tp: TopicPartition, reason: str) -> None:
         if (tp[0], tp[1]) in self.logs.partitions:

@@ -146,6 +146,15 @@ class Ownership:
         found = self.leader(*slot_partition(key_type, key))
         return self.members.get(found[0]) if found else None
 
+    def slot_fence(self, key_type: int, key: str) -> tuple[str, int, int, int] | None:
+        """What a coordinator's state write for ``key`` is fenced by (cluster mode): its slot,
+        this node, and the slot lease's epoch as this broker holds it (-1: not held, so the
+        write is refused). None alone: no fence."""
+        if not self.clustered:
+            return None
+        topic, slot = slot_partition(key_type, key)
+        return topic, slot, self.me.node_id, self.held.get((topic, slot), -1)
+
     def coordinates(self, key_type: int, key: str) -> bool:
         """This broker coordinates ``key`` (always, alone)."""
         return not self.clustered or self._holding(slot_partition(key_type, key))

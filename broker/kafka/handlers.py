@@ -42,7 +42,7 @@ from broker.kafka.txn_apis import TransactionApis, fenced_for
 from broker.ownership import KEY_GROUP, KEY_TRANSACTION, Ownership, local_member
 from broker.security.listeners import Listener
 from broker.storage.logstore import LogStore, PartitionLog, ProduceError
-from broker.storage.metadata import MetadataStore
+from broker.storage.metadata import CoordinatorFencedError, MetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -628,13 +628,15 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     if part is None:
                         entry["error_code"] = self._absent(t.name, p)
                     else:
-                        seq = max(
-                            seq,
-                            self.logs.append_marker(
+                        try:
+                            marker = self.logs.append_marker(
                                 part, m.producer_id, m.producer_epoch, m.transaction_result
-                            ),
-                        )
-                        written.append((entry, part, part.next_offset))
+                            )
+                        except ProduceError as exc:  # unloaded meanwhile: the coordinator retries
+                            entry["error_code"] = exc.code
+                        else:
+                            seq = max(seq, marker)
+                            written.append((entry, part, part.next_offset))
                     partitions.append(entry)
                 topics.append({"name": t.name, "partitions": partitions})
             markers.append({"producer_id": m.producer_id, "topics": topics})
@@ -1444,7 +1446,18 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
             topics.append({"name": t.name, "partitions": partitions})
         if to_store:  # a SQLite fsync or a Postgres round trip: off the event loop (requests of one
             # connection are handled one after another, so its next OffsetFetch sees this commit)
-            await asyncio.to_thread(self.cluster.metadata.commit_offsets, req.group_id, to_store)
+            try:
+                await asyncio.to_thread(
+                    self.cluster.metadata.commit_offsets,
+                    req.group_id,
+                    to_store,
+                    self.ownership.slot_fence(KEY_GROUP, req.group_id),
+                )
+            except CoordinatorFencedError:  # the group's slot moved a moment ago
+                for t in topics:
+                    for entry in t["partitions"]:
+                        if entry["error_code"] == ErrorCode.none:
+                            entry["error_code"] = ErrorCode.not_coordinator
         return R(topics=topics)
 
     async def offset_fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:

@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from kio.schema.errors import ErrorCode
 
-from broker.storage.logstore import LogStore
-from broker.storage.metadata import MetadataStore
+from broker.storage.logstore import LogStore, PartitionLog, ProduceError
+from broker.storage.metadata import CoordinatorFencedError, MetadataStore, SlotFence
 from broker.storage.txn_metadata import (
     COMPLETE_ABORT,
     COMPLETE_COMMIT,
@@ -76,12 +76,20 @@ class TransactionCoordinator:
         self.coordinates: Callable[[str], bool] = lambda transactional_id: True
         self.partition_exists: Callable[[tuple[str, int]], bool] | None = None
         self.remote_markers: RemoteMarkers | None = None
+        # cluster mode: the coordinator slot lease a transactional id's state writes are fenced
+        # by (its slot, this node, the epoch held); None: no fence (one broker)
+        self.slot_fence: Callable[[str], SlotFence | None] = lambda transactional_id: None
         # records of transactions coordinated elsewhere, read fresh from Postgres for a
         # transactional produce or TxnOffsetCommit this broker serves as leader / group coordinator
         self.foreign: dict[str, TxnRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._expirer: asyncio.Task[None] | None = None
         self.timed_out = 0  # transactions the coordinator aborted on their timeout
+
+    async def _save(self, record: TxnRecord) -> None:
+        """Save a record, fenced by its coordinator slot's lease (cluster mode): raises
+        ``CoordinatorFencedError`` when this broker lost the slot, nothing written."""
+        await asyncio.to_thread(self.store.save, record, self.slot_fence(record.transactional_id))
 
     def _lock(self, transactional_id: str) -> asyncio.Lock:
         return self._locks.setdefault(transactional_id, asyncio.Lock())
@@ -187,7 +195,10 @@ class TransactionCoordinator:
                     continue
                 log.warning("%s-%d: aborting the hanging transaction of producer %d", *key, pid)
                 epoch = part.producers[pid].epoch if pid in part.producers else 0
-                seq = max(seq, self.logs.append_marker(part, pid, epoch, commit=False))
+                try:
+                    seq = max(seq, self.logs.append_marker(part, pid, epoch, commit=False))
+                except ProduceError:  # cluster mode: unloaded meanwhile; its leader sees to it
+                    continue
         if seq >= 0:
             await self.logs.wal.wait_durable(seq)
 
@@ -210,11 +221,25 @@ class TransactionCoordinator:
                 self.timed_out += 1
                 # the epoch is bumped first: the producer is fenced, its late writes refused
                 self._bump_epoch(record)
-                await self._end(record, commit=False)
+                try:
+                    await self._end(record, commit=False)
+                except CoordinatorFencedError as exc:  # the slot moved: its new coordinator
+                    log.info("transaction %s: %s", record.transactional_id, exc)
 
     # ------------------------------------------------------------ the APIs
 
     async def init_producer_id(
+        self, transactional_id: str, timeout_ms: int, producer_id: int, producer_epoch: int
+    ) -> tuple[int, int, int]:
+        try:
+            return await self._init_producer_id(
+                transactional_id, timeout_ms, producer_id, producer_epoch
+            )
+        except CoordinatorFencedError as exc:  # the slot moved: the client asks again
+            log.info("transaction %s: %s", transactional_id, exc)
+            return (ErrorCode.not_coordinator, -1, -1)
+
+    async def _init_producer_id(
         self, transactional_id: str, timeout_ms: int, producer_id: int, producer_epoch: int
     ) -> tuple[int, int, int]:
         """(error, producer id, epoch) for InitProducerId with a transactional id."""
@@ -225,7 +250,7 @@ class TransactionCoordinator:
             if record is None:
                 pid = await asyncio.to_thread(self.metadata.next_producer_id)
                 record = TxnRecord(transactional_id, pid, 0, EMPTY, timeout_ms)
-                await asyncio.to_thread(self.store.save, record)
+                await self._save(record)
                 self.txns[transactional_id] = record
                 return ErrorCode.none, pid, 0
             if producer_id >= 0 and (
@@ -241,7 +266,7 @@ class TransactionCoordinator:
                 record.producer_id = await asyncio.to_thread(self.metadata.next_producer_id)
                 record.producer_epoch = 0
             record.timeout_ms = timeout_ms
-            await asyncio.to_thread(self.store.save, record)
+            await self._save(record)
             return ErrorCode.none, record.producer_id, record.producer_epoch
 
     def _bump_epoch(self, record: TxnRecord) -> None:
@@ -265,6 +290,23 @@ class TransactionCoordinator:
             record.groups.clear()
 
     async def add_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[tuple[str, int]],
+        verify_only: bool = False,
+    ) -> dict[tuple[str, int], int]:
+        """The error of each partition (all the same unless some are unknown)."""
+        try:
+            return await self._add_partitions(
+                transactional_id, producer_id, producer_epoch, partitions, verify_only
+            )
+        except CoordinatorFencedError as exc:  # the slot moved: the client asks again
+            log.info("transaction %s: %s", transactional_id, exc)
+            return dict.fromkeys(partitions, ErrorCode.not_coordinator)
+
+    async def _add_partitions(
         self,
         transactional_id: str,
         producer_id: int,
@@ -297,10 +339,19 @@ class TransactionCoordinator:
             if not (record.state == ONGOING and record.partitions.issuperset(partitions)):
                 self._begin(record)
                 record.partitions.update(partitions)
-                await asyncio.to_thread(self.store.save, record)
+                await self._save(record)
             return dict.fromkeys(partitions, ErrorCode.none)
 
     async def add_offsets(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str
+    ) -> int:
+        try:
+            return await self._add_offsets(transactional_id, producer_id, producer_epoch, group_id)
+        except CoordinatorFencedError as exc:  # the slot moved: the client asks again
+            log.info("transaction %s: %s", transactional_id, exc)
+            return ErrorCode.not_coordinator
+
+    async def _add_offsets(
         self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str
     ) -> int:
         async with self._lock(transactional_id):
@@ -311,7 +362,7 @@ class TransactionCoordinator:
             if not (record.state == ONGOING and group_id in record.groups):
                 self._begin(record)
                 record.groups.add(group_id)
-                await asyncio.to_thread(self.store.save, record)
+                await self._save(record)
             return ErrorCode.none
 
     async def txn_offset_commit(
@@ -338,6 +389,15 @@ class TransactionCoordinator:
     async def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
     ) -> int:
+        try:
+            return await self._end_txn(transactional_id, producer_id, producer_epoch, commit)
+        except CoordinatorFencedError as exc:  # the slot moved: the client asks again
+            log.info("transaction %s: %s", transactional_id, exc)
+            return ErrorCode.not_coordinator
+
+    async def _end_txn(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
+    ) -> int:
         async with self._lock(transactional_id):
             record = self.txns.get(transactional_id)
             if record is None or record.producer_id != producer_id:
@@ -356,12 +416,19 @@ class TransactionCoordinator:
 
     async def _end(self, record: TxnRecord, commit: bool) -> int:
         record.state = PREPARE_COMMIT if commit else PREPARE_ABORT
-        await asyncio.to_thread(self.store.save, record)  # the decision is durable first
+        await self._save(record)  # the decision is durable first
         return await self._write_markers_and_complete(record, commit)
 
     async def _write_markers_and_complete(self, record: TxnRecord, commit: bool) -> int:
+        """Every partition of the transaction gets its marker, then the transaction completes.
+        Cluster mode: a marker written here counts only once acknowledged (``ack_error``): a
+        partition unloaded before the flush indexed it (a lease lost, a hand-over) resolves
+        the wait without it, and its marker goes to the new leader as WriteTxnMarkers like
+        any partition led elsewhere; completing without it would leave the transaction
+        committed in some partitions and open (later aborted) in that one."""
         seq = 0
         elsewhere = []  # cluster mode: partitions other brokers lead
+        local: list[tuple[PartitionLog, int]] = []  # markers written here: (log, end offset)
         try:
             for topic, partition in sorted(record.partitions):
                 part = self.logs.partitions.get((topic, partition))
@@ -371,17 +438,31 @@ class TransactionCoordinator:
                     ):
                         elsewhere.append((topic, partition))
                     continue  # else deleted since: nothing to mark
-                seq = max(
-                    seq,
-                    self.logs.append_marker(
+                try:
+                    marker = self.logs.append_marker(
                         part, record.producer_id, record.producer_epoch, commit
-                    ),
-                )
+                    )
+                except ProduceError:  # cluster mode: no longer led here
+                    elsewhere.append((topic, partition))
+                    continue
+                seq = max(seq, marker)
+                local.append((part, part.next_offset))
             await self.logs.wal.wait_durable(seq)
+            for part, end in local:
+                if self.logs.ack_error(part, end) is not None:
+                    log.info(
+                        "transaction %s: %s-%d was unloaded before its marker was indexed; "
+                        "sending it to the new leader",
+                        record.transactional_id,
+                        part.topic,
+                        part.partition,
+                    )
+                    elsewhere.append((part.topic, part.partition))
             if elsewhere:
-                assert self.remote_markers is not None
+                if self.remote_markers is None:  # one broker alone never unloads
+                    raise TimeoutError(f"markers of {sorted(elsewhere)} were not written")
                 await self.remote_markers(
-                    record.producer_id, record.producer_epoch, commit, elsewhere
+                    record.producer_id, record.producer_epoch, commit, sorted(set(elsewhere))
                 )
         except (OSError, TimeoutError) as exc:
             # the WAL or a leader failed: the decision stays; a restart (or the next coordinator
@@ -391,7 +472,13 @@ class TransactionCoordinator:
         record.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
         record.partitions = set()
         record.groups = set()
-        await asyncio.to_thread(self.store.complete, record, commit)
+        try:
+            await asyncio.to_thread(
+                self.store.complete, record, commit, self.slot_fence(record.transactional_id)
+            )
+        except CoordinatorFencedError as exc:  # the slot's new coordinator completes it
+            log.info("transaction %s: %s", record.transactional_id, exc)
+            return ErrorCode.not_coordinator
         return ErrorCode.none
 
     # ------------------------------------------------------------ for Produce and OffsetFetch

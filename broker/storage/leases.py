@@ -9,7 +9,8 @@ that lost a lease can keep running but can never make data visible for that part
 
 Time is always the database's (``clock_timestamp()``): brokers' clocks may disagree, the
 database's is the one every lease is compared with. SQL only, blocking: the broker calls these
-from a thread (``asyncio.to_thread``) on the metadata store's connection.
+from a thread (``asyncio.to_thread``) on a connection of their own (``side_connection``), so a
+heartbeat never waits behind a long statement of the metadata store.
 """
 
 from __future__ import annotations
@@ -69,10 +70,14 @@ class Leases:
     def __init__(self, metadata: MetadataStore, node_id: int, lease_ms: int) -> None:
         if not metadata.db.postgres:
             raise ValueError("leases are a cluster's: the metadata database must be Postgres")
-        self.db = metadata.db
+        # its own connection: a heartbeat never waits behind the store's long statements
+        # (the orphan sweep, index reads), and gives up before its lease would lapse
+        self.db = metadata.side_connection(statement_timeout_ms=lease_ms)
+        self.metadata = metadata
         self.node_id = node_id
         self.lease_ms = lease_ms
         self.incarnation: str | None = None
+        self._owner: str | None = None
 
     # ------------------------------------------------------------ brokers
 
@@ -99,6 +104,8 @@ class Leases:
                 "(node.id), or wait for the old one's lease to lapse"
             )
         self.incarnation = incarnation
+        self._owner = incarnation  # whose leases ``release`` may give up, after deregister too
+        self.metadata.incarnation = incarnation  # the index commit's fence matches it
 
     def heartbeat(self) -> dict[tuple[str, int], int]:
         """Renew this broker's row and every lease it still holds (unexpired), in one
@@ -131,9 +138,9 @@ class Leases:
                 )
             rows = self.db.query(
                 f"UPDATE partition_leases SET expires_at = {_UNTIL} "
-                "WHERE node_id = ? AND expires_at > clock_timestamp() "
+                "WHERE node_id = ? AND incarnation = ? AND expires_at > clock_timestamp() "
                 "RETURNING topic, partition, epoch",
-                (self.lease_ms, self.node_id),
+                (self.lease_ms, self.node_id, self.incarnation),
             )
         return {(t, int(p)): int(e) for t, p, e in rows}
 
@@ -172,22 +179,26 @@ class Leases:
 
     def acquire(self, topic: str, partition: int) -> int | None:
         """Take the partition's lease for ``lease_ms``: the new epoch, or None when it is not
-        free. Free: no row yet, expired or released, or already this node's (taking it again
-        bumps the epoch too: whatever the broker had in flight under the old one is fenced).
+        free. Free: no row yet, expired or released, or already this incarnation's (taking it
+        again bumps the epoch too: whatever the broker had in flight under the old one is
+        fenced). A lease another incarnation of this node id holds is not free: that process
+        may still run, and sharing the lease would let both pass the fence.
         A partition an operator prefers on another node is left to that node while it is
         live; when it is not, it is taken like any other (free only)."""
         rows = self.db.query(
             "INSERT INTO partition_leases AS l "
-            "(topic, partition, node_id, epoch, expires_at, preferred_node) "
-            f"VALUES (?, ?, ?, 1, {_UNTIL}, NULL) "
+            "(topic, partition, node_id, epoch, expires_at, preferred_node, incarnation) "
+            f"VALUES (?, ?, ?, 1, {_UNTIL}, NULL, ?) "
             "ON CONFLICT (topic, partition) DO UPDATE SET node_id = excluded.node_id, "
-            "epoch = l.epoch + 1, expires_at = excluded.expires_at "
-            "WHERE (l.expires_at <= clock_timestamp() OR l.node_id = excluded.node_id) "
+            "epoch = l.epoch + 1, expires_at = excluded.expires_at, "
+            "incarnation = excluded.incarnation "
+            "WHERE (l.expires_at <= clock_timestamp() OR (l.node_id = excluded.node_id "
+            "AND l.incarnation = excluded.incarnation)) "
             "AND NOT (l.preferred_node IS NOT NULL AND l.preferred_node <> excluded.node_id "
             "AND EXISTS (SELECT 1 FROM cluster_brokers b WHERE b.node_id = l.preferred_node "
             f"AND b.heartbeat_at > {_SINCE})) "
             "RETURNING epoch",
-            (topic, partition, self.node_id, self.lease_ms, self.lease_ms),
+            (topic, partition, self.node_id, self.lease_ms, self.incarnation, self.lease_ms),
         )
         return int(rows[0][0]) if rows else None
 
@@ -197,9 +208,9 @@ class Leases:
         with self.db.transaction():
             self.db.executemany(
                 "UPDATE partition_leases SET expires_at = clock_timestamp() "
-                "WHERE topic = ? AND partition = ? AND node_id = ? "
+                "WHERE topic = ? AND partition = ? AND node_id = ? AND incarnation = ? "
                 "AND expires_at > clock_timestamp()",
-                [(t, p, self.node_id) for t, p in sorted(parts)],
+                [(t, p, self.node_id, self._owner) for t, p in sorted(parts)],
             )
 
     def set_preferred(self, topic: str, partition: int, node_id: int | None) -> None:

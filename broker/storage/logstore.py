@@ -126,6 +126,8 @@ class PartitionLog:
         # cluster mode: the lease epoch it was loaded at, and why it was unloaded (if it was)
         self.epoch = -1
         self.unloaded: str | None = None
+        # cluster mode: being handed over (why): no new appends, the accepted ones are flushed
+        self.releasing: str | None = None
 
     @property
     def last_stable_offset(self) -> int:
@@ -542,6 +544,29 @@ class LogStore:
             if part is not None:
                 self._unload(part, reason)
 
+    async def hand_over(self, keys: list[tuple[str, int]], reason: str) -> None:
+        """Give partitions up voluntarily (a rebalance, an operator's move, a clean shutdown),
+        before their leases are released: first refuse every new append (and marker) with
+        NOT_LEADER_OR_FOLLOWER, refused before it is accepted; then flush until every batch
+        already accepted is acknowledged; then unload. So no producer is told to go elsewhere
+        for a batch this broker took: a producer without idempotence re-sending such a batch
+        after newer ones reached the new leader would reorder its records. Bounded by the
+        lease deadline: what a failing flush could not index by then is refused as before."""
+        parts = [self.partitions[k] for k in keys if k in self.partitions]
+        for part in parts:
+            part.releasing = reason
+        while time.monotonic() < self.lease_deadline and any(
+            p.unloaded is None and p.high_watermark < p.next_offset for p in parts
+        ):
+            try:
+                await self.flush()
+            except Exception as exc:  # noqa: BLE001 - retried until the deadline
+                log.warning("flush before handing partitions over failed: %s", exc)
+                await _wait_event(self._flush_done, 0.2)
+        async with self.index_lock:
+            for part in parts:
+                self._unload(part, reason)
+
     def _fence(self, part: PartitionLog) -> tuple[int, int] | None:
         """What an index change of ``part`` is fenced by: (node id, epoch) in cluster mode."""
         return None if self.node_id is None else (self.node_id, part.epoch)
@@ -659,7 +684,13 @@ class LogStore:
     def append_marker(
         self, part: PartitionLog, producer_id: int, producer_epoch: int, commit: bool
     ) -> int:
-        """Write a transaction marker (control batch) into the partition; the WAL sequence to await."""
+        """Write a transaction marker (control batch) into the partition; the WAL sequence to
+        await. Cluster mode: raises ``ProduceError`` (NOT_LEADER_OR_FOLLOWER) for a partition
+        this broker no longer leads, and the caller checks ``ack_error(part, part.next_offset)``
+        after the wait: a partition unloaded before the flush resolves the wait without the
+        marker, which then belongs at the new leader."""
+        if self.cluster:
+            self._check_leading(part)
         now = int(time.time() * 1000)
         batch = records.encode_control_batch(producer_id, producer_epoch, commit, now)
         header = records.read_header(batch)
@@ -671,10 +702,11 @@ class LogStore:
         )
 
     def _check_leading(self, part: PartitionLog) -> None:
-        if part.unloaded is not None:
+        if part.unloaded is not None or part.releasing is not None:
             raise ProduceError(
                 ErrorCode.not_leader_or_follower,
-                f"{part.topic}-{part.partition} is no longer led by this broker ({part.unloaded})",
+                f"{part.topic}-{part.partition} is no longer led by this broker "
+                f"({part.unloaded or part.releasing})",
             )
         if time.monotonic() >= self.lease_deadline:
             raise ProduceError(

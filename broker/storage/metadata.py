@@ -187,6 +187,13 @@ CREATE INDEX IF NOT EXISTS partition_leases_by_node ON partition_leases (node_id
 INSERT INTO counters (name, value) VALUES ('cluster_state_version', 0) ON CONFLICT DO NOTHING;
 """
 
+# A lease is held by one incarnation of a node id, not the node id alone: a broker restarted
+# with the same id while its old process still runs (paused, cut off) must not share its
+# leases, so the renewal and the index commit's fence match the incarnation too.
+_LEASE_INCARNATION = """
+ALTER TABLE partition_leases ADD COLUMN incarnation TEXT;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _SCHEMA,
     _TRANSACTIONS,
@@ -194,6 +201,7 @@ MIGRATIONS: tuple[str, ...] = (
     _SCRAM_CREDENTIALS,
     _ACLS,
     _CLUSTER,
+    _LEASE_INCARNATION,
 )
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 
@@ -416,6 +424,17 @@ class MetadataInUseError(MetadataUnavailableError):
     """Another broker already uses this database in a way this one cannot share (its node id)."""
 
 
+# cluster mode: (coordinator slot topic, slot, node id, the slot's lease epoch held) a
+# coordinator's state write is fenced by (``MetadataStore.check_slot``)
+SlotFence = tuple[str, int, int, int]
+
+
+class CoordinatorFencedError(RuntimeError):
+    """A coordinator's state write refused: the coordinator slot's lease is not this broker's
+    (this incarnation, the epoch it holds, unexpired) any more. The request gets
+    NOT_COORDINATOR and the client finds the new coordinator."""
+
+
 class FencedError(RuntimeError):
     """Cluster mode: this broker no longer holds the partition's lease at its epoch."""
 
@@ -444,7 +463,13 @@ _KEEPALIVES = {
 }
 
 
-def _open_postgres(uri: str) -> _Database:
+# The shared connection serves long statements too (the orphan sweep's object list, the index
+# views, transaction loads): none may hold the store's lock for ever. The heartbeat has its own
+# connection (``MetadataStore.side_connection``), so it never waits behind them.
+SHARED_STATEMENT_TIMEOUT_MS = 60_000
+
+
+def _open_postgres(uri: str, statement_timeout_ms: int = SHARED_STATEMENT_TIMEOUT_MS) -> _Database:
     """Autocommit connection, schema migrated under an advisory lock (several brokers of a
     cluster may start at once against a fresh database; the lock is released right after).
     Several brokers share the database: who leads which partition is in ``partition_leases``
@@ -454,7 +479,8 @@ def _open_postgres(uri: str) -> _Database:
     from psycopg.conninfo import make_conninfo
 
     shown = _redact(uri)
-    uri = make_conninfo(uri, **_KEEPALIVES)  # for the reconnects too
+    # for the reconnects too
+    uri = make_conninfo(uri, **_KEEPALIVES, options=f"-c statement_timeout={statement_timeout_ms}")
     try:
         connection = psycopg.connect(uri, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
@@ -498,12 +524,29 @@ class MetadataStore:
     """
 
     def __init__(self, target: Path | str) -> None:
+        self._target = target
+        self._side: list[_Database] = []
         if isinstance(target, str) and is_postgres_uri(target):
             self.db = _open_postgres(target)
         else:
             self.db = _open_sqlite(Path(target))
+        # cluster mode: this broker's incarnation (``Leases.register`` sets it); the fence of
+        # an index commit matches it as well as the node id and epoch
+        self.incarnation: str | None = None
+
+    def side_connection(self, statement_timeout_ms: int) -> _Database:
+        """Postgres: another connection to the same database, with its own lock, for what must
+        never wait behind the store's long statements (the cluster heartbeat: a lease lapses
+        if it is late). Closed with the store."""
+        if not isinstance(self._target, str) or not self.db.postgres:
+            raise ValueError("a side connection is Postgres's (cluster mode)")
+        db = _open_postgres(self._target, statement_timeout_ms)
+        self._side.append(db)
+        return db
 
     def close(self) -> None:
+        for side in self._side:
+            side.close()
         self.db.close()
 
     # ------------------------------------------------------------ topics
@@ -539,8 +582,20 @@ class MetadataStore:
             self._bump_state_version()
 
     def delete_topic(self, name: str) -> list[str]:
-        """Forget a topic; returns the object keys no other chunk refers to any more."""
+        """Forget a topic; returns the object keys no other chunk refers to any more.
+
+        Cluster mode: its partitions' leases are taken from their leaders in the same
+        transaction (the epoch bumped, no owner, expired), so a leader that has not yet seen
+        the deletion is fenced at its next index commit: its unflushed tail can never land in
+        a topic created again under the same name. The rows are kept, not deleted: a lease
+        epoch only grows, so a re-created topic's first lease never repeats an old epoch."""
         with self.db.transaction():
+            if self.db.postgres:  # first: leases before chunks, the lock order of add_chunks
+                self.db.execute(
+                    "UPDATE partition_leases SET node_id = -1, epoch = epoch + 1, "
+                    "expires_at = clock_timestamp(), preferred_node = NULL WHERE topic = ?",
+                    (name,),
+                )
             keys = [
                 k
                 for (k,) in self.db.query(
@@ -640,8 +695,9 @@ class MetadataStore:
     def _held_leases(
         self, node_id: int, epochs: dict[tuple[str, int], int], wanted: set[tuple[str, int]]
     ) -> set[tuple[str, int]]:
-        """Of ``wanted``, the partitions whose lease this node holds at the given epoch, the rows
-        locked until the transaction ends (Postgres only: leases are a cluster's)."""
+        """Of ``wanted``, the partitions whose lease this node (this incarnation of it) holds at
+        the given epoch, the rows locked until the transaction ends (Postgres only: leases are
+        a cluster's)."""
         if not wanted:
             return set()
         if not self.db.postgres:
@@ -651,9 +707,10 @@ class MetadataStore:
             "SELECT l.topic, l.partition, l.epoch FROM partition_leases l "
             "JOIN unnest(?::text[], ?::bigint[]) AS w(topic, partition) "
             "ON l.topic = w.topic AND l.partition = w.partition "
-            "WHERE l.node_id = ? AND l.expires_at > clock_timestamp() "
+            "WHERE l.node_id = ? AND l.incarnation IS NOT DISTINCT FROM ? "
+            "AND l.expires_at > clock_timestamp() "
             "ORDER BY l.topic, l.partition FOR UPDATE OF l",
-            ([t for t, _ in ordered], [p for _, p in ordered], node_id),
+            ([t for t, _ in ordered], [p for _, p in ordered], node_id, self.incarnation),
         )
         return {(t, p) for t, p, epoch in rows if epochs.get((t, p)) == epoch}
 
@@ -842,11 +899,30 @@ class MetadataStore:
 
     # ------------------------------------------------------------ groups
 
+    def check_slot(self, fence: SlotFence | None) -> None:
+        """Inside a transaction: lock the coordinator slot's lease row and raise
+        ``CoordinatorFencedError`` unless this broker (this incarnation) holds it at the epoch
+        given, unexpired, as ``add_chunks`` fences a partition. The lock makes a takeover
+        wait for this write or this write see the takeover. None: no fence (one broker)."""
+        if fence is None:
+            return
+        topic, slot, node_id, epoch = fence
+        if not self._held_leases(node_id, {(topic, slot): epoch}, {(topic, slot)}):
+            raise CoordinatorFencedError(
+                f"{topic}-{slot}: this broker no longer coordinates it (lease epoch {epoch} lost)"
+            )
+
     def commit_offsets(
-        self, group_id: str, offsets: list[tuple[str, int, int, int, str | None]]
+        self,
+        group_id: str,
+        offsets: list[tuple[str, int, int, int, str | None]],
+        fence: SlotFence | None = None,
     ) -> None:
+        """A group's committed offsets; ``fence`` (cluster mode): the group's coordinator slot
+        (raises ``CoordinatorFencedError``, nothing written, when it was lost)."""
         now = _now_ms()
         with self.db.transaction():
+            self.check_slot(fence)
             self.db.executemany(
                 _UPSERT_GROUP_OFFSET, [(group_id, t, p, o, e, m, now) for t, p, o, e, m in offsets]
             )

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from broker.storage.metadata import MetadataStore
+from broker.storage.metadata import MetadataStore, SlotFence
 
 EMPTY = "Empty"
 ONGOING = "Ongoing"
@@ -89,6 +89,7 @@ class TransactionStore:
 
     def __init__(self, metadata: MetadataStore) -> None:
         self.db = metadata.db
+        self.metadata = metadata
 
     def load(self, transactional_id: str | None = None) -> list[TxnRecord]:
         """Every transactional id's record, or the one named (cluster mode: a broker that
@@ -116,8 +117,12 @@ class TransactionStore:
             )
         ]
 
-    def save(self, record: TxnRecord) -> None:
-        self.db.execute(_UPSERT, record.row())
+    def save(self, record: TxnRecord, fence: SlotFence | None = None) -> None:
+        """``fence`` (cluster mode): the transactional id's coordinator slot, checked in the
+        same transaction (``CoordinatorFencedError``: nothing written)."""
+        with self.db.transaction():
+            self.metadata.check_slot(fence)
+            self.db.execute(_UPSERT, record.row())
 
     def add_offsets(self, transactional_id: str, group_id: str, offsets: Sequence[Offset]) -> None:
         with self.db.transaction():
@@ -126,10 +131,12 @@ class TransactionStore:
                 [(transactional_id, group_id, t, p, o, e, m) for t, p, o, e, m in offsets],
             )
 
-    def complete(self, record: TxnRecord, commit: bool) -> None:
-        """Save the completed state; on commit the transaction's offsets become the groups'."""
+    def complete(self, record: TxnRecord, commit: bool, fence: SlotFence | None = None) -> None:
+        """Save the completed state; on commit the transaction's offsets become the groups'.
+        ``fence`` as for ``save``."""
         now = int(time.time() * 1000)
         with self.db.transaction():
+            self.metadata.check_slot(fence)
             if commit:
                 rows = self.db.query(
                     "SELECT group_id, topic, partition, committed_offset, leader_epoch, metadata "

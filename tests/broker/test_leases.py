@@ -6,6 +6,7 @@ lost a lease (its chunks, producer states and aborted transactions never reach t
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 import uuid
@@ -19,21 +20,24 @@ from broker.checkpoint import Checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.kafka import records
+from broker.kafka.transactions import TransactionCoordinator
 from broker.storage.leases import Leases, NodeIdInUseError
 from broker.storage.logstore import LogStore, PartitionLog, ProduceError, ProducerState
 from broker.storage.metadata import (
     MIGRATIONS,
     BatchRef,
     Chunk,
+    CoordinatorFencedError,
     FencedError,
     MetadataStore,
     pack_batch_index,
 )
 from broker.storage.objectstore import LocalObjectStore
 from broker.storage.retention import Retention
+from broker.storage.txn_metadata import COMPLETE_COMMIT, EMPTY, TransactionStore
 from tests.postgres import PostgresServer
 from tests.postgres import postgres as postgres  # one server for the module
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 
 LEASE_MS = 6000
 SHORT_MS = 300  # a lease made to lapse within a test
@@ -223,9 +227,10 @@ def test_the_index_commit_fences_partitions_whose_lease_was_lost(
         ("t", 0)
     }
     assert [c.object_key for c in store.chunks("t", 0)] == ["segments/a.seg"]
-    # the new owner of t-1 writes it
+    # the new owner of t-1 writes it (through its own store: it knows its incarnation)
+    node2 = stores[1]
     assert (
-        store.add_chunks([_chunk("t", 1, 0, "segments/c.seg")], {}, (), (2, {("t", 1): 2})) == set()
+        node2.add_chunks([_chunk("t", 1, 0, "segments/c.seg")], {}, (), (2, {("t", 1): 2})) == set()
     )
     assert [c.object_key for c in store.chunks("t", 1)] == ["segments/c.seg"]
     assert store.object_keys() == {"segments/a.seg", "segments/c.seg"}  # b.seg: for the sweep
@@ -234,7 +239,7 @@ def test_the_index_commit_fences_partitions_whose_lease_was_lost(
     with pytest.raises(FencedError):
         store.drop_chunks_before("t", 1, 1, fence=(1, 1))
     assert [c.object_key for c in store.chunks("t", 1)] == ["segments/c.seg"]
-    assert store.drop_chunks_before("t", 1, 1, fence=(2, 2)) == ["segments/c.seg"]
+    assert node2.drop_chunks_before("t", 1, 1, fence=(2, 2)) == ["segments/c.seg"]
     assert store.log_start_offsets()[("t", 1)] == 1
 
 
@@ -413,12 +418,40 @@ def test_a_store_outlives_its_connection(stores: list[MetadataStore]) -> None:
     store, other = stores[0], stores[1]
     leases = _member(store, 1)
     assert leases.acquire("t", 0) == 1
-    [(pid,)] = store.db.query("SELECT pg_backend_pid()")
+    [(pid,)] = leases.db.query("SELECT pg_backend_pid()")
     other.db.query("SELECT pg_terminate_backend(?)", (pid,))
     with pytest.raises(psycopg.OperationalError):
         leases.heartbeat()
     assert leases.heartbeat() == {("t", 0): 1}
-    assert store.db.query("SELECT pg_backend_pid()") != [(pid,)]
+    assert leases.db.query("SELECT pg_backend_pid()") != [(pid,)]
+
+
+def test_a_heartbeat_never_waits_behind_a_long_statement(stores: list[MetadataStore]) -> None:
+    """A long statement on the metadata store's connection (an orphan sweep listing every
+    object, an index read) does not hold the heartbeat up: the heartbeat has a connection of
+    its own, and returns while the long statement still runs."""
+    store, other = stores[0], stores[1]
+    leases = _member(store, 1)
+    assert leases.acquire("t", 0) == 1
+    long = threading.Thread(target=store.db.query, args=("SELECT pg_sleep(2)",))
+    long.start()
+    try:
+        wait_for(
+            lambda: (
+                other.db.query(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = ?",
+                    ("SELECT pg_sleep(2)",),
+                )
+                == [(1,)]
+            ),
+            10,
+            0.02,
+            "the long statement running",
+        )
+        assert leases.heartbeat() == {("t", 0): 1}
+        assert long.is_alive()  # the heartbeat did not wait for it
+    finally:
+        long.join(30)
 
 
 def test_producers_waiting_when_the_lease_lapses_are_told_to_go_elsewhere(
@@ -452,5 +485,288 @@ def test_producers_waiting_when_the_lease_lapses_are_told_to_go_elsewhere(
         finally:
             await logs.close()
             meta.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_marker_lost_to_an_unload_before_its_flush_goes_to_the_new_leader(
+    uri: str, tmp_path: Path
+) -> None:
+    """The coordinator writes a commit marker into a partition it leads, and that partition is
+    unloaded (its lease lost, a hand-over) before the flush indexed the marker: the wait
+    resolves without it. The transaction must not complete as if it had been written: the
+    marker goes to the new leader (WriteTxnMarkers, here B's log store), and only then is the
+    transaction COMPLETE_COMMIT."""
+
+    async def scenario() -> None:
+        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
+        objects = LocalObjectStore(tmp_path / "objects")
+        config = BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000)
+        a = LogStore(config, meta_a, objects, node_id=1)
+        b = LogStore(config.model_copy(update={"home": tmp_path / "b"}), meta_b, objects, node_id=2)
+        try:
+            meta_a.create_topic("t", 1, {})
+            leases_a, leases_b = _member(meta_a, 1), _member(meta_b, 2)
+            await a.open({})
+            await b.open({})
+            part = await a.load_partition("t", 0, leases_a.acquire("t", 0) or 0)
+            a.set_lease_deadline(time.monotonic() + 600)
+            coordinator = TransactionCoordinator(meta_a, a)
+            coordinator.partition_exists = lambda tp: tp == ("t", 0)
+            sent: list[tuple[str, int]] = []
+
+            async def remote_markers(
+                pid: int, epoch: int, commit: bool, parts: list[tuple[str, int]]
+            ) -> None:  # what B does with a WriteTxnMarkers once it leads t-0
+                sent.extend(parts)
+                taken = await asyncio.to_thread(leases_b.acquire, "t", 0)
+                assert taken is not None
+                there = await b.load_partition("t", 0, taken)
+                b.set_lease_deadline(time.monotonic() + 600)
+                seq = b.append_marker(there, pid, epoch, commit)
+                await b.wal.wait_durable(seq)
+                assert b.ack_error(there, there.next_offset) is None
+
+            coordinator.remote_markers = remote_markers
+            error, pid, epoch = await coordinator.init_producer_id("tx", 60_000, -1, -1)
+            assert error == ErrorCode.none
+            assert await coordinator.add_partitions("tx", pid, epoch, [("t", 0)]) == {
+                ("t", 0): ErrorCode.none
+            }
+            async with a._flush_lock:  # the flush waits until t-0 is gone
+                ending = asyncio.create_task(coordinator.end_txn("tx", pid, epoch, True))
+                await asyncio.to_thread(
+                    wait_for, lambda: part.next_offset == 1, 10, 0.01, "the marker appended"
+                )
+                await asyncio.to_thread(leases_a.release, [("t", 0)])
+                await a.unload_partition("t", 0, "handed over")
+            assert await asyncio.wait_for(ending, 30) == ErrorCode.none
+            assert sent == [("t", 0)]
+            assert coordinator.txns["tx"].state == COMPLETE_COMMIT
+            [chunk] = meta_b.chunks("t", 0)  # the marker, indexed by B
+            data = await b.read(b.partitions[("t", 0)], 0, 1 << 20)
+            assert [h.is_control for h, _ in records.iter_batches(data)] == [True]
+            assert chunk.end_offset == 1
+        finally:
+            for logs in (a, b):
+                await logs.close()
+            meta_a.close()
+            meta_b.close()
+
+    asyncio.run(scenario())
+
+
+def test_deleting_a_topic_fences_its_leader(uri: str, tmp_path: Path) -> None:
+    """A topic deleted through another broker while its leader still has an unflushed tail,
+    then created again under the same name: the old leader's next flush is fenced (its lease
+    was taken in the deletion's transaction), so the new topic starts empty, and its first
+    lease has a newer epoch than any the old topic had."""
+
+    async def scenario() -> None:
+        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
+        objects = LocalObjectStore(tmp_path / "objects")
+        a = LogStore(
+            BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000), meta_a, objects, node_id=1
+        )
+        try:
+            meta_a.create_topic("t", 1, {})
+            leases_a, leases_b = _member(meta_a, 1), _member(meta_b, 2)
+            await a.open({})
+            part = await a.load_partition("t", 0, leases_a.acquire("t", 0) or 0)
+            a.set_lease_deadline(time.monotonic() + 600)
+            await a.append(part, records.encode_batch([(None, b"old")], 1), 1 << 20)
+            meta_b.delete_topic("t")  # through broker B, which A has not heard from
+            meta_b.create_topic("t", 1, {})
+            await a.flush()
+            assert a.partitions == {} and "fenced" in (part.unloaded or "")
+            assert meta_b.chunks("t", 0) == []
+            assert meta_b.load_partition("t", 0)[:2] == ([], 0)
+            assert leases_a.heartbeat() == {}  # A leads nothing of it any more
+            epoch = leases_b.acquire("t", 0)
+            assert epoch is not None and epoch > 1
+        finally:
+            await a.close()
+            meta_a.close()
+            meta_b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_broker_that_fails_to_start_frees_its_node_id(uri: str, tmp_path: Path) -> None:
+    """A cluster broker registers its node id first; when the rest of its start fails (here
+    its admin port is taken) it leaves again, so the node id is free for the next start at
+    once instead of being "in use" until its row ages out."""
+    from broker.app import Broker
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    config = BrokerConfig(
+        home=tmp_path / "a",
+        metadata_uri=uri,
+        node_id=7,
+        kafka_port=free_port(),
+        registry_port=free_port(),
+        catalog_port=free_port(),
+        admin_port=blocker.getsockname()[1],
+    )
+
+    async def scenario() -> None:
+        broker = Broker(config)
+        with pytest.raises(OSError):
+            await broker.start()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        blocker.close()
+    meta = MetadataStore(uri)
+    try:
+        assert meta.db.query("SELECT count(*) FROM cluster_brokers WHERE node_id = 7") == [(0,)]
+        held = meta.db.query(
+            "SELECT count(*) FROM partition_leases WHERE node_id = 7 "
+            "AND expires_at > clock_timestamp()"
+        )
+        assert held == [(0,)]
+        Leases(meta, 7, LEASE_MS).register("next", {}, None)  # not "in use"
+    finally:
+        meta.close()
+
+
+def test_a_partition_given_up_refuses_new_batches_first_and_acknowledges_every_accepted_one(
+    uri: str, tmp_path: Path
+) -> None:
+    """A voluntary hand-over (a rebalance, a move, SIGTERM) of a partition with a batch
+    accepted but not yet flushed: from the start of the hand-over a new batch is refused with
+    NOT_LEADER_OR_FOLLOWER before it is accepted (no offset taken), the accepted one is
+    flushed and acknowledged (not refused: a producer without idempotence would re-send it
+    after newer batches reached the new leader), and only then is the lease released."""
+    from broker.membership import Membership
+    from broker.ownership import Ownership, local_member
+
+    async def scenario() -> None:
+        meta = MetadataStore(uri)
+        config = BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000, node_id=1)
+        logs = LogStore(config, meta, LocalObjectStore(tmp_path / "objects"), node_id=1)
+        try:
+            meta.create_topic("t", 1, {})
+            leases = _member(meta, 1)
+            await logs.open({})
+            epoch = leases.acquire("t", 0) or 0
+            part = await logs.load_partition("t", 0, epoch)
+            logs.set_lease_deadline(time.monotonic() + 600)
+            membership = Membership(
+                config,
+                meta,
+                logs,
+                Cluster(config, meta, logs),
+                Ownership(local_member(config), clustered=True),
+                leases,
+            )
+            membership.held[("t", 0)] = epoch
+            async with logs._flush_lock:  # the flush of the hand-over waits until we look
+                first = asyncio.create_task(
+                    logs.append_and_wait(part, records.encode_batch([(None, b"first")], 1))
+                )
+                await asyncio.to_thread(
+                    wait_for, lambda: part.next_offset == 1, 10, 0.01, "the first batch accepted"
+                )
+                giving = asyncio.create_task(membership._give_up([("t", 0)], "rebalancing"))
+                await asyncio.to_thread(
+                    wait_for, lambda: part.releasing is not None, 10, 0.01, "the hand-over"
+                )
+                late = await _refused(
+                    logs.append(part, records.encode_batch([(None, b"late")], 1), 1 << 20)
+                )
+                assert late.code == ErrorCode.not_leader_or_follower
+                assert part.next_offset == 1  # refused before it took an offset
+            assert await asyncio.wait_for(first, 30) == 0  # acknowledged, not refused
+            await asyncio.wait_for(giving, 30)
+            assert [c.end_offset for c in meta.chunks("t", 0)] == [1]
+            assert logs.partitions == {} and membership.held == {}
+            assert leases.heartbeat() == {}  # released
+        finally:
+            await logs.close()
+            meta.close()
+
+    asyncio.run(scenario())
+
+
+def test_two_incarnations_of_a_node_id_never_share_a_lease(
+    stores: list[MetadataStore],
+) -> None:
+    """A broker restarted with the same node id while its old process still runs (paused, cut
+    off: its heartbeats stopped, a lease it took is still unexpired): the new incarnation
+    neither renews nor adopts that lease, cannot write under it, and takes the partition only
+    once it is free, at a new epoch that fences the old process."""
+    old_store, new_store = stores[0], stores[1]
+    old_store.create_topic("t", 1, {})
+    old = Leases(old_store, 5, SHORT_MS * 3)
+    old.register("old", {}, None)
+    assert old.acquire("t", 0) == 1
+    # the old process stops heartbeating; its row ages out (as after a pause)
+    old_store.db.execute(
+        "UPDATE cluster_brokers SET heartbeat_at = clock_timestamp() - interval '1 hour' "
+        "WHERE node_id = 5"
+    )
+    new = Leases(new_store, 5, SHORT_MS * 3)
+    new.register("new", {}, None)
+    assert new.heartbeat() == {}  # the old incarnation's lease is not renewed as ours
+    assert new.acquire("t", 0) is None  # nor taken while it may still be used
+    chunk = _chunk("t", 0, 0, "segments/new.seg")
+    assert new_store.add_chunks([chunk], {}, (), (5, {("t", 0): 1})) == {("t", 0)}
+    epoch = wait_for(lambda: new.acquire("t", 0), 10, 0.05, "the old lease lapsed")
+    assert epoch == 2
+    stale = _chunk("t", 0, 0, "segments/old.seg")
+    assert old_store.add_chunks([stale], {}, (), (5, {("t", 0): 1})) == {("t", 0)}
+    assert new_store.add_chunks([chunk], {}, (), (5, {("t", 0): 2})) == set()
+    assert [c.object_key for c in new_store.chunks("t", 0)] == ["segments/new.seg"]
+
+
+def test_coordinator_state_writes_are_fenced_by_the_slot_lease(uri: str, tmp_path: Path) -> None:
+    """A transaction coordinator and a group coordinator write their state under their slot's
+    lease: once another broker took the slot, a write of the old coordinator (which has not
+    noticed yet) gets NOT_COORDINATOR and nothing of it reaches Postgres."""
+    from broker.ownership import KEY_GROUP, KEY_TRANSACTION, Member, Ownership, slot_partition
+
+    async def scenario() -> None:
+        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
+        try:
+            meta_a.create_topic("t", 1, {})
+            leases_a, leases_b = _member(meta_a, 1), _member(meta_b, 2)
+            txn_slot, group_slot = (
+                slot_partition(KEY_TRANSACTION, "tx"),
+                slot_partition(KEY_GROUP, "g"),
+            )
+            held = {tp: leases_a.acquire(*tp) or 0 for tp in (txn_slot, group_slot)}
+            ownership = Ownership(Member(1, {}), clustered=True)
+            ownership.update([], {}, held, time.monotonic() + 600)
+            config = BrokerConfig(home=tmp_path / "a")
+            logs = LogStore(config, meta_a, LocalObjectStore(tmp_path / "objects"), node_id=1)
+            coordinator = TransactionCoordinator(meta_a, logs)
+            coordinator.slot_fence = lambda tid: ownership.slot_fence(KEY_TRANSACTION, tid)
+            coordinator.partition_exists = lambda tp: tp == ("t", 0)
+            error, pid, epoch = await coordinator.init_producer_id("tx", 60_000, -1, -1)
+            assert error == ErrorCode.none
+            meta_a.commit_offsets(
+                "g", [("t", 0, 5, -1, None)], ownership.slot_fence(KEY_GROUP, "g")
+            )
+            assert meta_b.committed_offsets("g")[("t", 0)].offset == 5
+
+            # broker 2 takes both slots over; broker 1 has not heard yet
+            leases_a.release(list(held))
+            assert all(leases_b.acquire(*tp) for tp in held)
+            refused = await coordinator.add_partitions("tx", pid, epoch, [("t", 0)])
+            assert refused == {("t", 0): ErrorCode.not_coordinator}
+            [record] = TransactionStore(meta_b).load("tx")
+            assert record.state == EMPTY and record.partitions == set()
+            with pytest.raises(CoordinatorFencedError):
+                meta_a.commit_offsets(
+                    "g", [("t", 0, 9, -1, None)], ownership.slot_fence(KEY_GROUP, "g")
+                )
+            assert meta_b.committed_offsets("g")[("t", 0)].offset == 5
+        finally:
+            meta_a.close()
+            meta_b.close()
 
     asyncio.run(scenario())
