@@ -40,7 +40,7 @@ from broker.storage.metadata import (
     pack_batch_index,
 )
 from broker.storage.objectstore import ObjectStore
-from broker.storage.retention import RetentionStatus
+from broker.storage.retention import CLUSTER_ORPHAN_GRACE_MS, RetentionStatus
 from broker.storage.wal import WalEntry, WriteAheadLog, read_entries
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,11 @@ class ProduceError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class SlowCommitError(RuntimeError):
+    """Cluster mode: a segment object's put and commit took so long that another broker's
+    orphan sweep may delete it; the flush does not commit it (its retry writes a new one)."""
 
 
 @dataclass(slots=True)
@@ -286,6 +291,9 @@ class LogStore:
         self.flush_failures = 0
         self.segments_written = 0
         self.retention = RetentionStatus()  # what segment retention did and what tables hold back
+        # cluster mode: an object is committed only this long / 2 after its put began (the
+        # orphan sweep's grace; a test shortens it)
+        self.commit_grace_ms = CLUSTER_ORPHAN_GRACE_MS
 
     # ------------------------------------------------------------ lifecycle
 
@@ -906,12 +914,29 @@ class LogStore:
                 )
                 chunks.append((part, chunk, len(batches)))
             data = b"".join(parts)
+            put_started = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(None, self.store.put, key, data)
             async with self.index_lock:
+                if self.cluster:
+                    self._check_commit_in_grace(key, put_started)
                 await self._index_segment(key, data, closed, snapshot, chunks)
                 if isinstance(self.wal, IndexAcks):
                     self.wal.indexed(covered)
             return len(data)
+
+    def _check_commit_in_grace(self, key: str, put_started: float) -> None:
+        """Cluster mode: another broker's orphan sweep deletes unreferenced objects older than
+        ``CLUSTER_ORPHAN_GRACE_MS`` (by the object store's clock), so an object is committed
+        only within half of that after its put began. Later, this raises: nothing of it is
+        indexed, the batches stay in the tails, and the flusher's retry writes them again
+        under a new key (this one is an orphan for the sweep)."""
+        elapsed = time.monotonic() - put_started
+        if elapsed * 1000 > self.commit_grace_ms / 2:
+            raise SlowCommitError(
+                f"segment object {key} was put {elapsed:.1f}s ago, more than half the orphan "
+                f"sweep's grace ({self.commit_grace_ms / 1000:.0f}s): not committing it, the "
+                "batches are written again under a new key"
+            )
 
     async def _index_segment(
         self,

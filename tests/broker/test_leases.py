@@ -6,6 +6,7 @@ lost a lease (its chunks, producer states and aborted transactions never reach t
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import uuid
@@ -30,7 +31,7 @@ from broker.storage.metadata import (
     pack_batch_index,
 )
 from broker.storage.objectstore import LocalObjectStore
-from broker.storage.retention import Retention
+from broker.storage.retention import CLUSTER_ORPHAN_GRACE_MS, Retention
 from tests.postgres import PostgresServer
 from tests.support import wait_for
 
@@ -299,6 +300,22 @@ def _no_tables(namespace: str, table: str) -> Checkpoint:
     raise AssertionError("no table topics here")
 
 
+class SlowFirstPut(LocalObjectStore):
+    """The directory store whose first put takes ``delay`` seconds (a slow object store, once),
+    recording the keys put."""
+
+    def __init__(self, store: LocalObjectStore, delay: float) -> None:
+        super().__init__(store.root)
+        self.delay = delay
+        self.keys: list[str] = []
+
+    def put(self, key: str, data: bytes) -> None:
+        self.keys.append(key)
+        if len(self.keys) == 1:
+            time.sleep(self.delay)
+        super().put(key, data)
+
+
 async def _values(logs: LogStore, part: PartitionLog) -> list[bytes | None]:
     data = await logs.read(part, part.log_start_offset, 1 << 20)
     return [r.value for _, b in records.iter_batches(data) for r in records.decode_batch(b)[1]]
@@ -380,16 +397,32 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
             assert again is part and await _values(b, part) == [b"v1", b"v2", b"v3"]
 
             # B's orphan sweep leaves an object another broker just put (its index commit
-            # may still be on its way) and deletes an old one no chunk refers to
-            fresh = f"segments/{int(time.time() * 1000):013d}-inflight.seg"
-            old = "segments/0000000000001-orphan.seg"
+            # may still be on its way) and deletes an old one no chunk refers to, by the
+            # store's clock: the writer's clock in the key (here far behind for the fresh
+            # one, far ahead for the old one) does not count
+            fresh = "segments/0000000000001-inflight.seg"
+            old = f"segments/{int(time.time() * 1000) + 3_600_000:013d}-orphan.seg"
             for key in (fresh, old):
                 objects.put(key, b"x")
+            long_ago = time.time() - 2 * CLUSTER_ORPHAN_GRACE_MS / 1000
+            os.utime(tmp_path / "objects" / old, (long_ago, long_ago))
             retention = Retention(Cluster(config_b, meta_b, b), b, _no_tables, 600_000)
             await retention._sweep_orphans()
             listed = set(objects.list("segments/"))
             assert fresh in listed and old not in listed
             assert {c.object_key for c in meta_b.chunks("t", 0)} <= listed
+
+            # a put whose commit comes later than half the sweep's grace is not committed:
+            # the batch is written again under a new key, and acknowledged from that one
+            b.commit_grace_ms = 1000
+            slow = SlowFirstPut(objects, 0.7)
+            b.store = slow
+            assert await b.append_and_wait(part, records.encode_batch([(None, b"v4")], 1)) == 4
+            assert len(slow.keys) == 2 and slow.keys[0] != slow.keys[1]
+            indexed = {c.object_key for c in meta_b.chunks("t", 0)}
+            assert slow.keys[1] in indexed and slow.keys[0] not in indexed
+            assert await _values(b, part) == [b"v1", b"v2", b"v3", b"v4"]
+            b.store = objects
 
             # the local rule: past its lease deadline a broker refuses before trying
             epoch_a = leases_a.acquire("t", 1)
