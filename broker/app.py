@@ -5,6 +5,7 @@ REST catalog."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -42,7 +43,7 @@ from broker.registry.forward import Forwarder
 from broker.registry.table_check import TableCheck
 from broker.security.stats import AuthStats
 from broker.storage.leases import Leases
-from broker.storage.logstore import LogStore
+from broker.storage.logstore import LogStore, UpgradedWalError
 from broker.storage.metadata import MetadataStore
 from broker.storage.objectstore import open_object_store
 from broker.storage.retention import Retention
@@ -211,7 +212,16 @@ class Broker:
         return self.tables.checkpoint(namespace, table)
 
     async def start(self) -> None:
-        await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
+        try:
+            await self.logs.open(
+                {name: t.partitions for name, t in self.cluster.topics.items()}, self.leases
+            )
+        except UpgradedWalError:  # refused to start: a restart must not find its node id taken
+            if self.leases is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.leases.deregister)
+            self.metadata.close()
+            raise
         self.cluster.write_manifest()
         if self.membership is not None:  # lead this broker's share before serving
             # the registry's topic exists from the start: its partition's lease elects the writer

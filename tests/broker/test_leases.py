@@ -21,7 +21,13 @@ from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.kafka import records
 from broker.storage.leases import Leases, NodeIdInUseError
-from broker.storage.logstore import LogStore, PartitionLog, ProduceError, ProducerState
+from broker.storage.logstore import (
+    LogStore,
+    PartitionLog,
+    ProduceError,
+    ProducerState,
+    UpgradedWalError,
+)
 from broker.storage.metadata import (
     MIGRATIONS,
     BatchRef,
@@ -32,6 +38,7 @@ from broker.storage.metadata import (
 )
 from broker.storage.objectstore import LocalObjectStore
 from broker.storage.retention import CLUSTER_ORPHAN_GRACE_MS, Retention
+from broker.storage.wal import WriteAheadLog
 from tests.postgres import PostgresServer
 from tests.support import wait_for
 
@@ -492,6 +499,66 @@ def test_producers_waiting_when_the_lease_lapses_are_told_to_go_elsewhere(
             assert meta.chunks("t", 0) == [] and logs.unflushed_bytes == 0
         finally:
             await logs.close()
+            meta.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_upgraded_broker_replays_its_local_wal_into_the_index_or_refuses(
+    uri: str, tmp_path: Path
+) -> None:
+    """A broker on Postgres metadata before cluster mode kept acknowledged batches in its local
+    WAL until a flush indexed them. Upgraded (now a cluster member, no WAL), it must not start
+    as if that WAL were not there: while another broker holds the lease of a partition in it,
+    it refuses, naming the directory, and keeps the WAL; once the lease is free it takes it,
+    puts the batches the index lacks in the index (fenced by its epoch) and deletes the WAL."""
+
+    async def scenario() -> None:
+        meta = MetadataStore(uri)
+        objects = LocalObjectStore(tmp_path / "objects")
+        config = BrokerConfig(home=tmp_path / "one", segment_flush_ms=600_000)
+        meta.create_topic("u", 1, {})
+        # the broker before the upgrade: Postgres metadata and the local WAL (no node id)
+        old = LogStore(config, meta, objects)
+        await old.open({"u": 1})
+        part = old.partitions[("u", 0)]
+        for i in range(2):
+            await old.append_and_wait(part, records.encode_batch([(None, b"w%d" % i)], 1))
+        await old.flush()  # w0, w1 indexed; w2, w3 acknowledged from the WAL only
+        for i in range(2, 4):
+            await old.append_and_wait(part, records.encode_batch([(None, b"w%d" % i)], 1))
+        old._closing = True  # stopped without a last flush (a crash, or the old version's)
+        old._flush_needed.set()
+        assert old._flusher is not None
+        await old._flusher
+        assert isinstance(old.wal, WriteAheadLog)
+        await old.wal.close()
+        assert [c.end_offset for c in meta.chunks("u", 0)] == [2]
+        wal_files = sorted(config.wal_dir.glob("*.wal"))
+        assert wal_files
+
+        other_meta = MetadataStore(uri)
+        other = _member(other_meta, 2)
+        assert other.acquire("u", 0) == 1
+        leases = _member(meta, 1)
+        upgraded = LogStore(config, meta, objects, node_id=1)
+        with pytest.raises(UpgradedWalError, match=str(config.wal_dir)) as refused:
+            await upgraded.open({"u": 1}, leases)
+        assert "u-0" in str(refused.value) and "start this one first" in str(refused.value)
+        assert sorted(config.wal_dir.glob("*.wal")) == wal_files and upgraded.partitions == {}
+
+        other.release([("u", 0)])
+        upgraded = LogStore(config, meta, objects, node_id=1)
+        try:
+            await upgraded.open({"u": 1}, leases)
+            assert upgraded.epochs == {("u", 0): 2}
+            mine = upgraded.partitions[("u", 0)]
+            assert await _values(upgraded, mine) == [b"w0", b"w1", b"w2", b"w3"]
+            assert [c.end_offset for c in meta.chunks("u", 0)] == [2, 4]
+            assert not list(config.wal_dir.glob("*.wal"))
+        finally:
+            await upgraded.close()
+            other_meta.close()
             meta.close()
 
     asyncio.run(scenario())
