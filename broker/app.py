@@ -27,7 +27,7 @@ from broker.kafka.consumer_groups import ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.handlers import KafkaHandlers
 from broker.kafka.internal_topics import InternalTopic
-from broker.kafka.peer import MarkerSender
+from broker.kafka.peer import MarkerSender, peer_security
 from broker.kafka.server import KafkaServer
 from broker.kafka.transactions import TransactionCoordinator
 from broker.membership import Membership
@@ -57,6 +57,8 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         config.home.mkdir(parents=True, exist_ok=True)
+        # cluster mode: how this broker reaches its peers, checked before it registers
+        self._peer = peer_security(config) if config.metadata_uri is not None else None
         self.metadata = MetadataStore(config.metadata_target)
         # Cluster mode (Postgres metadata): this broker's membership, refused at once when a
         # live broker already has its node id.
@@ -129,7 +131,7 @@ class Broker:
             )
             self.transactions.partition_exists = self._partition_exists
             self.transactions.remote_markers = MarkerSender(
-                self.ownership, config.client_listener.name, self._partition_exists
+                self.ownership, self._peer or peer_security(config), self._partition_exists
             )
             self.cluster.changed = self.membership.nudge
             self.handlers.mover = self.membership.move  # AlterPartitionReassignments
@@ -255,7 +257,9 @@ class Broker:
             raise
 
     async def _start(self) -> None:
-        await self.logs.open({name: t.partitions for name, t in self.cluster.topics.items()})
+        await self.logs.open(
+            {name: t.partitions for name, t in self.cluster.topics.items()}, self.leases
+        )
         self.cluster.write_manifest()
         if self.membership is not None:  # lead this broker's share before serving
             # the registry's topic exists from the start: its partition's lease elects the writer

@@ -138,11 +138,18 @@ def main(argv: list[str] | None = None) -> int:
         from broker.app import serve
         from broker.security.listeners import ListenerError
         from broker.storage.leases import NodeIdInUseError
+        from broker.storage.logstore import UpgradedWalError
         from broker.storage.metadata import MetadataUnavailableError
 
         try:
             asyncio.run(serve(config, args.ready_file))
-        except (MetadataUnavailableError, NodeIdInUseError, ListenerError, ConfigError) as exc:
+        except (
+            MetadataUnavailableError,
+            NodeIdInUseError,
+            ListenerError,
+            ConfigError,
+            UpgradedWalError,
+        ) as exc:
             print(f"icefall: {exc}", file=sys.stderr)
             return 2
         return 0

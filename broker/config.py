@@ -342,6 +342,17 @@ class BrokerConfig(BaseSettings):
             "org.apache.kafka.metadata.authorizer.StandardAuthorizer (empty: everything allowed)"
         ),
     )
+    inter_broker_listener_name: str | None = Field(
+        default=None,
+        description="the listener brokers reach each other on, secured as it is (cluster mode: "
+        "transaction markers; default the first PLAINTEXT listener, else the first)",
+    )
+    sasl_mechanism_inter_broker_protocol: str | None = Field(
+        default=None,
+        description="the SASL mechanism brokers authenticate to each other with on a SASL "
+        "inter-broker listener, as its JAAS config's username/password (default: the "
+        "listener's first enabled mechanism)",
+    )
     super_users: str = Field(
         default="",
         description="principals the authorizer allows everything, ';'-separated (User:admin)",

@@ -14,6 +14,7 @@ import importlib
 import io
 import logging
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -35,6 +36,9 @@ except ImportError as exc:  # not built: the gate checks records in Python (fast
     _import_error = str(exc)
 _fallback_logged = False
 
+# an unknown schema id catches the registry up at most this often: the interval at which the
+# registry tails _schemas from the index anyway (broker.kafka.internal_topics.INDEX_POLL_S)
+REFRESH_INTERVAL_S = 0.25
 CONVERT_VALUE = topic_configs.CONVERT_VALUE_TYPE
 VALIDATION = topic_configs.SCHEMA_VALIDATION
 
@@ -80,6 +84,8 @@ class DataQualityGate:
         # another broker a moment ago); set by the broker
         self.refresh: Callable[[], Awaitable[None]] | None = None
         self._missed = False  # the last check met a schema id the registry does not know
+        self.refresh_interval = REFRESH_INTERVAL_S
+        self._refreshed_at = -float("inf")  # monotonic time of the last refresh
         self._ext = _gate if use_extension else None
         # schema id -> (the registered schema, its parsed form, the program): a program
         # is valid while the registry serves the same objects for the id
@@ -101,11 +107,17 @@ class DataQualityGate:
     async def check_caught_up(self, records_bytes: records.Buffer) -> GateRejection | None:
         """``check``; when a record names a schema id this broker's registry has not read yet
         (cluster mode: registered through another broker within the last poll), once more
-        after the registry caught up with ``_schemas``."""
+        after the registry caught up with ``_schemas``. At most once per ``refresh_interval``
+        (the registry's own poll of the index): ids nobody registered, produced again and
+        again, must not make every produce a round trip to Postgres."""
         self._missed = False
         rejection = self.check(records_bytes)
         if rejection is None or not self._missed or self.refresh is None:
             return rejection
+        now = time.monotonic()
+        if now - self._refreshed_at < self.refresh_interval:
+            return rejection
+        self._refreshed_at = now
         await self.refresh()
         return self.check(records_bytes)
 

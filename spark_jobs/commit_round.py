@@ -91,7 +91,10 @@ def _kill_point(name: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="commit_round", description=__doc__.split("\n\n")[0])
+    # no abbreviations: the warm driver refuses some flags by name (``--mast`` is no ``--master``)
+    parser = argparse.ArgumentParser(
+        prog="commit_round", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("--topic", required=True)
     until = parser.add_mutually_exclusive_group()
     until.add_argument(

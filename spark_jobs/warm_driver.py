@@ -151,6 +151,14 @@ class WarmDriver:
             raise BadRequest(
                 f"not commit_round arguments: {request.args} (exit {exc.code})"
             ) from exc
+        # commit_round's parser takes no abbreviations (``--mast`` is no ``--master``); the
+        # parsed values say it again, whatever spelling reached them
+        if set_anyway := [
+            flag
+            for flag, value in (("--master", args.master), ("--result", args.result))
+            if value is not None
+        ]:
+            raise BadRequest(f"the warm driver sets {', '.join(set_anyway)} itself; leave it out")
         with self._topic_lock(args.topic), self._gate.credentials(request.env):
             code, result = commit_round.run(request.args, spark=self.spark)
             with self._guard:
@@ -165,6 +173,16 @@ class WarmDriver:
     def _reply_then_exit(self) -> None:
         """Exit shortly after this round's reply is sent (its task sees the failure first)."""
         threading.Timer(1.0, os._exit, args=(JVM_GONE_EXIT,)).start()
+
+
+def validation_message(exc: ValidationError) -> str:
+    """Where and what is wrong in a request, without the values: the body carries credentials,
+    and the client raises this message into the task's log."""
+    problems = [
+        f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+        for error in exc.errors(include_input=False, include_url=False, include_context=False)
+    ]
+    return f"not a WarmRoundRequest: {'; '.join(problems)}"
 
 
 def handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
@@ -208,7 +226,10 @@ def handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
                     raise BadRequest(f"a request body of 1 to {MAX_BODY} bytes, not {length}")
                 request = WarmRoundRequest.model_validate_json(self.rfile.read(length))
                 reply = driver.run_round(request)
-            except (BadRequest, ValidationError, ValueError) as exc:
+            except ValidationError as exc:
+                self._send(HTTPStatus.BAD_REQUEST, {"error": validation_message(exc)})
+                return
+            except (BadRequest, ValueError) as exc:
                 self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
                 return
             self._send(HTTPStatus.OK, reply.model_dump(mode="json"))

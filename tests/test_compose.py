@@ -27,6 +27,7 @@ import yaml
 
 from broker import cli
 from broker.config import BrokerConfig
+from broker.kafka.peer import peer_security
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
@@ -512,6 +513,14 @@ def test_three_brokers_form_one_cluster(
         homes.add(volume)
         assert _depends_on(service) == _depends_on(services["broker"]), name
         assert "healthcheck" in service, name
+        # its peers reach it on INTERNAL, logged in as admin (a super user: CLUSTER_ACTION)
+        peer = peer_security(config)
+        assert (peer.listener, peer.mechanism, peer.username) == (
+            "INTERNAL",
+            "SCRAM-SHA-512",
+            "admin",
+        ), name
+        assert peer.password and "User:admin" in config.super_users, name
     assert len(homes) == 3, "each broker has a home of its own"
 
 

@@ -85,10 +85,13 @@ class InternalTopic:
         return await self.logs.append_and_wait(await self.partition(), batch)
 
     async def refresh(self) -> None:
-        """Cluster mode, not the leader: read the index's view now (``end_offset`` then tells
-        everything acknowledged so far)."""
+        """Cluster mode, not the leader: catch the view up with the index now (``end_offset``
+        then tells everything acknowledged so far)."""
         if self.clustered and not self.leads() and self.name in self.cluster.topics:
-            await self._readable()
+            # the index's end first (one cheap query); the view is read again only if it moved
+            end = await asyncio.to_thread(index_view.end_offset, self.logs.metadata, self.name, 0)
+            if self._view is None or end != self._view.high_watermark:
+                await self._readable()
 
     def end_offset(self) -> int | None:
         """The high watermark; None while the topic does not exist (nothing is created)."""

@@ -46,11 +46,7 @@ from typing import TYPE_CHECKING
 from broker import topic_configs
 from broker.kafka import records
 from broker.storage.metadata import BatchRef, Chunk, pack_batch_index
-from broker.storage.retention import (
-    CLUSTER_ORPHAN_GRACE_MS,
-    SEGMENT_PREFIX,
-    segment_written_ms,
-)
+from broker.storage.retention import CLUSTER_ORPHAN_GRACE_MS, SEGMENT_PREFIX
 
 if TYPE_CHECKING:
     from broker.cluster import Cluster
@@ -59,6 +55,16 @@ if TYPE_CHECKING:
     from broker.storage.retention import Retention
 
 log = logging.getLogger(__name__)
+
+
+def segment_written_ms(key: str) -> int:
+    """When a segment object was written, by its writer's clock, from its key
+    (``segments/<ms>-<id>.seg``, see ``LogStore.flush``); 0 for a key not in that form. Only an
+    estimate of its age: the orphan sweep ages objects by the store's own clock, and this only
+    keeps compaction to objects young enough for readers holding old chunk lists."""
+    stamp = key.removeprefix(SEGMENT_PREFIX).split("-", 1)[0]
+    return int(stamp) if stamp.isdigit() else 0
+
 
 COMPACTED_SUFFIX = ".compacted.seg"
 # Room left between the deferred delete of an object compaction unreferenced and the orphan

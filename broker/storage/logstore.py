@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
 import logging
 import time
@@ -26,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
@@ -41,8 +43,11 @@ from broker.storage.metadata import (
     pack_batch_index,
 )
 from broker.storage.objectstore import ObjectStore
-from broker.storage.retention import RetentionStatus
+from broker.storage.retention import CLUSTER_ORPHAN_GRACE_MS, RetentionStatus
 from broker.storage.wal import WalEntry, WriteAheadLog, read_entries
+
+if TYPE_CHECKING:
+    from broker.storage.leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,16 @@ class ProduceError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class UpgradedWalError(RuntimeError):
+    """Cluster mode: the local WAL of this broker from before it was a cluster member holds
+    batches it cannot put in the index now; the message says what to do."""
+
+
+class SlowCommitError(RuntimeError):
+    """Cluster mode: a segment object's put and commit took so long that another broker's
+    orphan sweep may delete it; the flush does not commit it (its retry writes a new one)."""
 
 
 @dataclass(slots=True)
@@ -301,15 +316,122 @@ class LogStore:
         self.segments_written = 0
         self.retention = RetentionStatus()  # what segment retention did and what tables hold back
         self.compaction = CompactionStatus()  # cluster mode: what compaction did
+        # cluster mode: an object is committed only this long / 2 after its put began (the
+        # orphan sweep's grace; a test shortens it)
+        self.commit_grace_ms = CLUSTER_ORPHAN_GRACE_MS
 
     # ------------------------------------------------------------ lifecycle
 
-    async def open(self, topics: dict[str, int]) -> None:
+    async def open(self, topics: dict[str, int], leases: Leases | None = None) -> None:
         """Load the segment index, replay the WAL, flush what it held. Cluster mode: nothing
-        to load or replay (partitions come with their leases: ``load_partition``)."""
+        to load (partitions come with their leases: ``load_partition``), except a local WAL
+        left by this broker before it was a cluster member (``_replay_upgraded_wal``)."""
         if isinstance(self.wal, WriteAheadLog):
             await self._open_local(self.wal, topics)
+        elif leases is not None:
+            await self._replay_upgraded_wal(leases, topics)
         self._flusher = asyncio.create_task(self._flush_loop(), name="segment-flusher")
+
+    async def _replay_upgraded_wal(self, leases: Leases, topics: dict[str, int]) -> None:
+        """A broker on Postgres metadata used to keep acknowledged batches in its local WAL
+        (``wal_dir``) until a flush indexed them; a cluster member has no WAL. So an upgraded
+        broker whose WAL still holds batches puts them in the index first: it acquires the
+        leases of their partitions, loads them, appends the batches the index has not got, and
+        flushes (fenced by those epochs, as any flush). If another broker holds one of those
+        leases, or the flush fails, it refuses to start (``UpgradedWalError``), WAL untouched."""
+        directory = self.config.wal_dir
+        files = sorted(
+            (p for p in directory.glob("*.wal") if p.stat().st_size > 0),
+            key=lambda p: int(p.stem),
+        )
+        if not files:
+            return
+        entries = [entry for path in files for entry in read_entries(path)]
+        wanted = sorted(
+            {
+                (e.topic, e.partition)
+                for e in entries
+                if e.partition < topics.get(e.topic, 0)  # a deleted topic's: nothing to keep
+            }
+        )
+        what = (
+            f"{directory} holds {len(files)} WAL files from before this broker was a cluster "
+            f"member (metadata on Postgres), with acknowledged batches the index may not have "
+            f"(partitions {', '.join(f'{t}-{p}' for t, p in wanted) or 'none'})"
+        )
+        acquired: dict[tuple[str, int], int] = {}
+        deadline = time.monotonic() + leases.lease_ms / 1000
+        try:
+            for key in wanted:
+                epoch = await asyncio.to_thread(leases.acquire, *key)
+                if epoch is None:
+                    raise UpgradedWalError(
+                        f"{what}; another live broker holds the lease of {key[0]}-{key[1]}. Stop "
+                        f"the other brokers (or wait {leases.lease_ms} ms after they stop) and "
+                        "start this one first: it replays the WAL into the index, then deletes it"
+                    )
+                acquired[key] = epoch
+            self.set_lease_deadline(deadline)
+            for key, epoch in acquired.items():
+                await self.load_partition(*key, epoch)
+            replayed = sum(self._replay_entry(entry) for entry in entries)
+            try:
+                await self.flush()
+            except Exception as exc:
+                raise UpgradedWalError(
+                    f"{what}; flushing them failed ({exc}). The WAL is kept: start again when "
+                    "the object store and Postgres answer"
+                ) from exc
+            if lost := [k for k in wanted if k not in self.partitions or self.partitions[k].tail]:
+                raise UpgradedWalError(
+                    f"{what}; their index commit was fenced for {lost} (another broker took the "
+                    "lease meanwhile). The WAL is kept: stop the other brokers and start again"
+                )
+        except BaseException:
+            for key in acquired:
+                await self.unload_partition(*key, "the upgraded WAL was not replayed")
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(leases.release, list(acquired))
+            raise
+        for path in files:
+            path.unlink(missing_ok=True)
+        log.warning(
+            "replayed %d batches of %d partitions from the local WAL in %s into the index "
+            "(an upgrade to cluster mode) and deleted it",
+            replayed,
+            len(wanted),
+            directory,
+        )
+
+    def _replay_entry(self, entry: WalEntry) -> bool:
+        """Append a WAL entry to its partition's tail unless the index has it already
+        (or its partition is not here): whether it was appended."""
+        part = self.partitions.get((entry.topic, entry.partition))
+        if part is None:
+            return False
+        header = records.read_header(entry.batch)
+        if header.base_offset < part.next_offset:
+            return False  # already in a segment object
+        if header.base_offset != part.next_offset:
+            log.error(
+                "WAL gap in %s-%d: expected offset %d, found %d",
+                entry.topic,
+                entry.partition,
+                part.next_offset,
+                header.base_offset,
+            )
+        tail = TailBatch(
+            header.base_offset,
+            header.base_offset + header.last_offset_delta + 1,
+            entry.batch,
+            entry.append_ms,
+            header.max_timestamp,
+        )
+        part.tail.append(tail)
+        part.next_offset = part.high_watermark = tail.end_offset
+        part.record_producer(header, header.base_offset, entry.batch)
+        self.unflushed_bytes += len(entry.batch)
+        return True
 
     async def _open_local(self, wal: WriteAheadLog, topics: dict[str, int]) -> None:
         log_starts = self.metadata.log_start_offsets()
@@ -328,32 +450,7 @@ class LogStore:
         old_files.remove(wal.current_file)
         for path in old_files:
             for entry in read_entries(path):
-                part = self.partitions.get((entry.topic, entry.partition))
-                if part is None:
-                    continue
-                header = records.read_header(entry.batch)
-                if header.base_offset < part.next_offset:
-                    continue  # already in a segment object
-                if header.base_offset != part.next_offset:
-                    log.error(
-                        "WAL gap in %s-%d: expected offset %d, found %d",
-                        entry.topic,
-                        entry.partition,
-                        part.next_offset,
-                        header.base_offset,
-                    )
-                tail = TailBatch(
-                    header.base_offset,
-                    header.base_offset + header.last_offset_delta + 1,
-                    entry.batch,
-                    entry.append_ms,
-                    header.max_timestamp,
-                )
-                part.tail.append(tail)
-                part.next_offset = part.high_watermark = tail.end_offset
-                part.record_producer(header, header.base_offset, entry.batch)
-                self.unflushed_bytes += len(entry.batch)
-                replayed += 1
+                replayed += self._replay_entry(entry)
         if replayed:
             log.info("replayed %d batches from %d WAL files", replayed, len(old_files))
         wal.start()
@@ -1039,12 +1136,29 @@ class LogStore:
                 )
                 chunks.append((part, chunk, len(batches)))
             data = b"".join(parts)
+            put_started = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(None, self.store.put, key, data)
             async with self.index_lock:
+                if self.cluster:
+                    self._check_commit_in_grace(key, put_started)
                 await self._index_segment(key, data, closed, snapshot, chunks)
                 if isinstance(self.wal, IndexAcks):
                     self.wal.indexed(covered)
             return len(data)
+
+    def _check_commit_in_grace(self, key: str, put_started: float) -> None:
+        """Cluster mode: another broker's orphan sweep deletes unreferenced objects older than
+        ``CLUSTER_ORPHAN_GRACE_MS`` (by the object store's clock), so an object is committed
+        only within half of that after its put began. Later, this raises: nothing of it is
+        indexed, the batches stay in the tails, and the flusher's retry writes them again
+        under a new key (this one is an orphan for the sweep)."""
+        elapsed = time.monotonic() - put_started
+        if elapsed * 1000 > self.commit_grace_ms / 2:
+            raise SlowCommitError(
+                f"segment object {key} was put {elapsed:.1f}s ago, more than half the orphan "
+                f"sweep's grace ({self.commit_grace_ms / 1000:.0f}s): not committing it, the "
+                "batches are written again under a new key"
+            )
 
     async def _index_segment(
         self,

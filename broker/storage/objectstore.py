@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
+import uuid
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -25,6 +28,13 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None: ...
 
     def list(self, prefix: str) -> list[str]: ...
+
+    def list_ages(self, prefix: str) -> dict[str, float]:
+        """Each object's age in seconds, by the store's own clock: its modification time
+        (S3's ``LastModified``, a file's mtime) against the store's time now. Brokers' clocks
+        never meet here (the orphan sweep decides with it which objects may still be
+        committed by another broker)."""
+        ...
 
     def describe(self) -> str: ...
 
@@ -77,6 +87,23 @@ class LocalObjectStore:
             and str(p.relative_to(self.root)).startswith(prefix)
         )
 
+    def list_ages(self, prefix: str) -> dict[str, float]:
+        mtimes = {}
+        for key in self.list(prefix):
+            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                mtimes[key] = (self.root / key).stat().st_mtime
+        # the directory's "now": a probe file's mtime, set by whatever sets the objects' (a
+        # shared file server's clock, not this broker's); .tmp files are never listed
+        probe = self.root / f".clock-{uuid.uuid4().hex}.tmp"
+        try:
+            probe.touch()
+            now = probe.stat().st_mtime
+        except OSError:  # a read-only root: this machine's clock
+            now = time.time()
+        finally:
+            probe.unlink(missing_ok=True)
+        return {key: now - mtime for key, mtime in mtimes.items()}
+
     def describe(self) -> str:
         return str(self.root)
 
@@ -126,6 +153,19 @@ class S3ObjectStore:
         for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
             keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
         return sorted(keys)
+
+    def list_ages(self, prefix: str) -> dict[str, float]:
+        ages: dict[str, float] = {}
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        now: float | None = None
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            if now is None:  # the server's time at the first page (its HTTP Date header)
+                date = page.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+                now = parsedate_to_datetime(date).timestamp() if date else time.time()
+            for obj in page.get("Contents", []):
+                ages[obj["Key"][strip:]] = now - obj["LastModified"].timestamp()
+        return ages
 
     def describe(self) -> str:
         return self.url

@@ -55,8 +55,10 @@ log = logging.getLogger(__name__)
 
 SEGMENT_PREFIX = "segments/"
 # Cluster mode: another broker's segment object is put before its index commit, and this
-# broker's flush lock does not cover that gap, so the sweep leaves objects younger than this
-# (by the time in their key, the writer's clock: minutes cover any skew and any commit).
+# broker's flush lock does not cover that gap, so the sweep leaves objects younger than this,
+# by the object store's own clock (``ObjectStore.list_ages``: no two brokers' clocks are
+# compared); a flush whose put-to-commit took more than half of it does not commit that object
+# (``LogStore.flush`` writes the data again under a new key).
 CLUSTER_ORPHAN_GRACE_MS = 10 * 60 * 1000
 WARN_EVERY_S = 600.0
 
@@ -400,10 +402,12 @@ class Retention:
     async def _sweep_orphans(self) -> None:
         """Delete segment objects no chunk refers to: left by a crash between a retention
         commit and its deletes, or by a flush whose index write failed after its put."""
-        listed = await asyncio.to_thread(self.logs.store.list, SEGMENT_PREFIX)
         if self.logs.cluster:
-            oldest = int(time.time() * 1000) - CLUSTER_ORPHAN_GRACE_MS
-            listed = [k for k in listed if segment_written_ms(k) < oldest]
+            ages = await asyncio.to_thread(self.logs.store.list_ages, SEGMENT_PREFIX)
+            grace_s = CLUSTER_ORPHAN_GRACE_MS / 1000
+            listed = sorted(k for k, age in ages.items() if age > grace_s)
+        else:
+            listed = await asyncio.to_thread(self.logs.store.list, SEGMENT_PREFIX)
         unreferenced = await self.logs.unreferenced_objects(listed)
         released = set(self.logs.released_objects)  # DeleteRecords' since _take_released
         orphans = [k for k in unreferenced if k not in self.pending and k not in released]
@@ -423,10 +427,3 @@ class Retention:
             )
             return False
         return True
-
-
-def segment_written_ms(key: str) -> int:
-    """When a segment object was written, from its key (``segments/<ms>-<id>.seg``, see
-    ``LogStore.flush``); 0 for a key not in that form (swept as any old orphan)."""
-    stamp = key.removeprefix(SEGMENT_PREFIX).split("-", 1)[0]
-    return int(stamp) if stamp.isdigit() else 0

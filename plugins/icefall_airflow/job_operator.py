@@ -80,6 +80,21 @@ def ensure_spark_connection(conn_id: str) -> None:
         os.environ[SPARK_CONN_ENV] = LOCAL_SPARK_CONNECTION
 
 
+def spark_master(conn_id: str) -> str:
+    """The master the apache-spark provider's hook submits to for ``conn_id``, from the
+    connection's public fields and by the provider's rule: a ``spark`` connection whose host is
+    the whole master URL (or has no port) is that host, else ``<conn_type>://<host>``; the port
+    appended when there is one."""
+    from airflow.sdk import Connection
+
+    conn = Connection.get(conn_id)
+    if conn.conn_type == "spark" and conn.host and ("://" in conn.host or not conn.port):
+        master = conn.host
+    else:
+        master = f"{conn.conn_type}://{conn.host or ''}"
+    return f"{master}:{conn.port}" if conn.port else master
+
+
 def read_result(path: str) -> dict[str, Any] | None:
     try:
         result: dict[str, Any] = json.loads(Path(path).read_text())
@@ -134,8 +149,7 @@ class SparkJobOperator(SparkSubmitOperator):
         self.jars = self.jars or ",".join(iceberg_jars())
         self.application_args = [*args, "--result", result_path]
         # the connection's master decides whether executors need the code shipped
-        self._hook = None
-        self.py_files = self.py_files or py_files_for(self._get_hook()._connection["master"])
+        self.py_files = self.py_files or py_files_for(spark_master(self._conn_id))
         python = sys.executable
         jvm = (
             {"SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", self.driver_jvm_opts)}

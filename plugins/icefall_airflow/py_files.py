@@ -9,8 +9,12 @@ always agree. PySpark puts a ``--py-files`` zip ahead of site-packages on
 the executors.
 
 The zip is named by a hash of its content and built once per version of the code
-(in ``$ICEFALL_SPARK_PY_FILES_DIR``, default the temporary directory), atomically,
-so concurrent tasks share it. Python cannot import C extensions from a zip: the
+(in ``$ICEFALL_SPARK_PY_FILES_DIR``, default ``$ICEFALL_HOME/spark-py-files``), atomically,
+so concurrent tasks share it. Its code runs on every executor, so nobody else may plant it:
+the folder is created 0700, and a zip found there is reused only if this user owns it (and
+the folder), no one else can write either, and its entries hash to the name it has; anything
+else is rebuilt (not a shared temporary directory with a predictable name).
+Python cannot import C extensions from a zip: the
 executors then decode with the pure-Python fallbacks of ``spark_jobs._kafka_records``
 and ``spark_jobs._avro_columns`` (slower). Where the executors' Python has the
 same Icefall installed (one image for Airflow and the Spark workers, as in
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 import zipfile
 from pathlib import Path
@@ -44,27 +49,63 @@ def _package_files(package: str) -> list[tuple[str, Path]]:
     )
 
 
+def _content_digest(contents: list[tuple[str, bytes]]) -> str:
+    digest = hashlib.sha256()
+    for name, data in contents:
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+def _private(path: Path) -> bool:
+    """Owned by this user and writable by no one else (so no one else can have planted it)."""
+    info = path.lstat()
+    return (
+        not stat.S_ISLNK(info.st_mode)
+        and info.st_uid == os.getuid()
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _reusable(target: Path, expected: str) -> bool:
+    """``target`` is ours, no one else can write it or its folder, and it holds the code."""
+    if not (target.is_file() and _private(target) and _private(target.parent)):
+        return False
+    try:
+        with zipfile.ZipFile(target) as zf:
+            found = [(info.filename, zf.read(info)) for info in zf.infolist()]
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return _content_digest(found) == expected
+
+
+def default_folder() -> Path:
+    from broker.config import BrokerConfig
+
+    return BrokerConfig().home / "spark-py-files"
+
+
 def build_zip(folder: Path | None = None) -> Path:
     """The zip of ``PACKAGES`` as this process imports them, built if it is not there yet."""
     files = [entry for package in PACKAGES for entry in _package_files(package)]
-    digest = hashlib.sha256()
-    contents = []
-    for name, path in files:
-        data = path.read_bytes()
-        contents.append((name, data))
-        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    folder = folder or Path(os.environ.get(PY_FILES_DIR_ENV) or tempfile.gettempdir())
-    target = folder / f"icefall-py-files-{digest.hexdigest()[:16]}.zip"
-    if target.is_file():
+    contents = [(name, path.read_bytes()) for name, path in files]
+    expected = _content_digest(contents)
+    folder = folder or Path(os.environ.get(PY_FILES_DIR_ENV) or default_folder())
+    target = folder / f"icefall-py-files-{expected[:16]}.zip"
+    if _reusable(target, expected):
         return target
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not _private(folder):
+        raise PermissionError(
+            f"{folder} (the Spark jobs' code zip) must be owned by this user and writable by "
+            f"no one else; set {PY_FILES_DIR_ENV} to a private directory"
+        )
     fd, tmp = tempfile.mkstemp(prefix=target.stem, suffix=".part", dir=folder)
     try:
         with os.fdopen(fd, "wb") as out, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
             for name, data in contents:
                 # a fixed date: the same code gives the same bytes
                 zf.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data)
-        os.replace(tmp, target)
+        os.replace(tmp, target)  # mkstemp made it 0600
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import os
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -159,8 +161,15 @@ class TaskOutput:
     report: TaskReport
 
 
+# tests only: each Spark task of a round waits this many seconds before it reads, so a test can
+# kill an executor while a task certainly runs there (tests/e2e/test_spark_cluster.py)
+TASK_DELAY_ENV = "ICEFALL_TEST_TASK_DELAY_S"
+
+
 def write_group(spec: TaskSpec, text: str) -> TaskOutput:
     """Read one group of ranges and write its rows as data files of the table."""
+    if delay := float(os.environ.get(TASK_DELAY_ENV) or 0):
+        time.sleep(delay)
     return _write(spec, decode_group(text))
 
 

@@ -31,6 +31,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    NewTopic,
 )
 
 from broker.kafka import records
@@ -39,6 +40,7 @@ from tests.broker.rawkafka import produce_raw
 from tests.kafka_tools import kafka_tool
 from tests.postgres import PostgresServer
 from tests.support import REPO, ClusterBrokerProcess, wait_for
+from tests.tls_certs import make_pki
 
 log = logging.getLogger(__name__)
 
@@ -581,3 +583,115 @@ def test_postgres_unreachable_refuses_writes_retriably_and_they_resume(cluster: 
         producer.stop()
     assert producer.failed == [], producer.failed[:5]
     check_log(cluster)
+
+
+def test_a_transaction_spans_brokers_that_only_have_sasl_ssl_listeners(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Brokers whose only listener is SASL_SSL (an authorizer on, the brokers' user a super
+    user): the coordinator's WriteTxnMarkers reach the other broker over TLS, authenticated
+    with SCRAM as the broker's own user (``inter.broker.listener.name``,
+    ``sasl.mechanism.inter.broker.protocol``, the listener's JAAS username/password), so a
+    transaction over partitions of both commits. Its own database: two brokers beside the
+    module's cluster."""
+    pki = make_pki(tmp_path / "pki")
+    uri = cluster.postgres.create_database("secured")
+    secured: list[ClusterBrokerProcess] = []
+    for node_id in (1, 2):
+        broker = ClusterBrokerProcess(
+            tmp_path / f"node{node_id}", node_id, uri, str(tmp_path / "objects")
+        )
+        props = tmp_path / f"node{node_id}.properties"
+        props.write_text(
+            f"listeners=SECURE://127.0.0.1:{broker.kafka_port}\n"
+            "listener.security.protocol.map=SECURE:SASL_SSL\n"
+            "inter.broker.listener.name=SECURE\n"
+            "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512\n"
+            f"ssl.keystore.location={pki.server}\n"
+            f"ssl.truststore.location={pki.ca}\n"
+            "listener.name.secure.sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN\n"
+            "listener.name.secure.scram-sha-512.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            'username="broker" password="broker-secret";\n'
+            "listener.name.secure.plain.sasl.jaas.config="
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            'user_app="app-secret";\n'
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\n"
+            "allow.everyone.if.no.acl.found=true\n"
+            "super.users=User:broker\n"
+        )
+        broker.extra_args += ["--config", str(props)]
+        secured.append(broker)
+    added = icefall(
+        "scram-add",
+        "--config",
+        str(tmp_path / "node1.properties"),
+        "--metadata-uri",
+        uri,
+        "--mechanism",
+        "SCRAM-SHA-512",
+        "--password",
+        "broker-secret",
+        "--user",
+        "broker",
+    )
+    assert added.returncode == 0, added.stderr
+    client: dict[str, str | int | float | bool] = {
+        "bootstrap.servers": ",".join(b.bootstrap for b in secured),
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(pki.ca),
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "app",
+        "sasl.password": "app-secret",
+    }
+    try:
+        for broker in secured:
+            broker.start()
+        admin = AdminClient(client)
+        for future in admin.create_topics([NewTopic("sectxn", 4, 1)]).values():
+            future.result(10)
+
+        def both_lead() -> bool:
+            md = AdminClient(client).list_topics("sectxn", timeout=10)
+            found = {p.leader for p in md.topics["sectxn"].partitions.values()}
+            return found == {1, 2} and len(md.brokers) == 2
+
+        wait_for(both_lead, 30, 0.2, "both secured brokers leading sectxn")
+        producer = Producer({**client, "transactional.id": f"sec-{uuid.uuid4().hex[:6]}"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for p in range(4):
+            producer.produce("sectxn", value=f"v{p}".encode(), partition=p)
+        producer.commit_transaction(30)
+        consumer = Consumer(
+            {
+                **client,
+                "group.id": f"sec-{uuid.uuid4().hex[:6]}",
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+            }
+        )
+        consumer.assign([TopicPartition("sectxn", p, 0) for p in range(4)])
+        got: dict[int, list[bytes]] = {}
+        ended: set[int] = set()
+
+        def all_read() -> bool:
+            for msg in consumer.consume(100, 0.2):
+                error, partition, value = msg.error(), msg.partition(), msg.value()
+                assert partition is not None
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
+                    ended.add(partition)
+                    continue
+                assert value is not None
+                got.setdefault(partition, []).append(value)
+            return ended == set(range(4))
+
+        try:
+            wait_for(all_read, 60, 0, "every sectxn partition read to its end")
+        finally:
+            consumer.close()
+        assert got == {p: [f"v{p}".encode()] for p in range(4)}, got
+    finally:
+        for broker in secured:
+            broker.stop()

@@ -273,6 +273,10 @@ def test_icefall_up_hands_the_broker_every_setting(
         "SCRAM-SHA-512",
         "--connections-max-reauth-ms",
         "60000",
+        "--inter-broker-listener-name",
+        "SASL_PLAINTEXT",
+        "--sasl-mechanism-inter-broker-protocol",
+        "SCRAM-SHA-512",
         "--override",
         "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512",
         # the user's own command line may carry a listener secret: the broker's must not

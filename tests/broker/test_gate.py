@@ -77,3 +77,35 @@ def test_gate_applies_only_to_validated_by_schema_id_table_topics() -> None:
     assert not gate_applies({})
     assert not gate_applies({**table, "automq.table.topic.schema.validation": "false"})
     assert not gate_applies({**table, "automq.table.topic.convert.value.type": "raw"})
+
+
+def test_an_unknown_schema_id_catches_up_at_most_once_per_poll_interval() -> None:
+    """Cluster mode: an id this broker's registry has not read makes the gate catch the registry
+    up (one look at the index), but not on every produce: a producer sending an id nobody
+    registered must not turn each of its requests into Postgres work."""
+    import asyncio
+
+    schemas = Schemas()
+    gate = DataQualityGate(schemas)
+    gate.refresh_interval = 3600.0  # within this test: one catch-up in all
+    refreshes: list[float] = []
+
+    async def refresh() -> None:  # what the broker's registry sync does: learns new ids
+        refreshes.append(time.monotonic())
+        schemas.by_id[9] = Registered("AVRO", SCHEMA)
+
+    gate.refresh = refresh
+    unknown = batch([b"\x00" + struct.pack(">I", 4242) + b"\x02"])
+
+    async def produce_many() -> None:
+        for _ in range(50):
+            rejection = await gate.check_caught_up(unknown)
+            assert rejection is not None and "4242" in rejection.message
+
+    asyncio.run(produce_many())
+    assert len(refreshes) == 1
+    # an id registered meanwhile is known after the one catch-up
+    assert asyncio.run(gate.check_caught_up(batch([avro(9, {"id": 1, "name": "a"})]))) is None
+    gate.refresh_interval = 0.0  # the interval passed: the next unknown id catches up again
+    asyncio.run(gate.check_caught_up(unknown))
+    assert len(refreshes) == 2

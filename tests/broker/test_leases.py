@@ -6,6 +6,7 @@ lost a lease (its chunks, producer states and aborted transactions never reach t
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -22,7 +23,13 @@ from broker.config import BrokerConfig
 from broker.kafka import records
 from broker.kafka.transactions import TransactionCoordinator
 from broker.storage.leases import Leases, NodeIdInUseError
-from broker.storage.logstore import LogStore, PartitionLog, ProduceError, ProducerState
+from broker.storage.logstore import (
+    LogStore,
+    PartitionLog,
+    ProduceError,
+    ProducerState,
+    UpgradedWalError,
+)
 from broker.storage.metadata import (
     MIGRATIONS,
     BatchRef,
@@ -33,8 +40,9 @@ from broker.storage.metadata import (
     pack_batch_index,
 )
 from broker.storage.objectstore import LocalObjectStore
-from broker.storage.retention import Retention
+from broker.storage.retention import CLUSTER_ORPHAN_GRACE_MS, Retention
 from broker.storage.txn_metadata import COMPLETE_COMMIT, EMPTY, TransactionStore
+from broker.storage.wal import WriteAheadLog
 from tests.postgres import PostgresServer
 from tests.postgres import postgres as postgres  # one server for the module
 from tests.support import free_port, wait_for
@@ -296,6 +304,22 @@ def _no_tables(namespace: str, table: str) -> Checkpoint:
     raise AssertionError("no table topics here")
 
 
+class SlowFirstPut(LocalObjectStore):
+    """The directory store whose first put takes ``delay`` seconds (a slow object store, once),
+    recording the keys put."""
+
+    def __init__(self, store: LocalObjectStore, delay: float) -> None:
+        super().__init__(store.root)
+        self.delay = delay
+        self.keys: list[str] = []
+
+    def put(self, key: str, data: bytes) -> None:
+        self.keys.append(key)
+        if len(self.keys) == 1:
+            time.sleep(self.delay)
+        super().put(key, data)
+
+
 async def _values(logs: LogStore, part: PartitionLog) -> list[bytes | None]:
     data = await logs.read(part, part.log_start_offset, 1 << 20)
     return [r.value for _, b in records.iter_batches(data) for r in records.decode_batch(b)[1]]
@@ -377,16 +401,32 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
             assert again is part and await _values(b, part) == [b"v1", b"v2", b"v3"]
 
             # B's orphan sweep leaves an object another broker just put (its index commit
-            # may still be on its way) and deletes an old one no chunk refers to
-            fresh = f"segments/{int(time.time() * 1000):013d}-inflight.seg"
-            old = "segments/0000000000001-orphan.seg"
+            # may still be on its way) and deletes an old one no chunk refers to, by the
+            # store's clock: the writer's clock in the key (here far behind for the fresh
+            # one, far ahead for the old one) does not count
+            fresh = "segments/0000000000001-inflight.seg"
+            old = f"segments/{int(time.time() * 1000) + 3_600_000:013d}-orphan.seg"
             for key in (fresh, old):
                 objects.put(key, b"x")
+            long_ago = time.time() - 2 * CLUSTER_ORPHAN_GRACE_MS / 1000
+            os.utime(tmp_path / "objects" / old, (long_ago, long_ago))
             retention = Retention(Cluster(config_b, meta_b, b), b, _no_tables, 600_000)
             await retention._sweep_orphans()
             listed = set(objects.list("segments/"))
             assert fresh in listed and old not in listed
             assert {c.object_key for c in meta_b.chunks("t", 0)} <= listed
+
+            # a put whose commit comes later than half the sweep's grace is not committed:
+            # the batch is written again under a new key, and acknowledged from that one
+            b.commit_grace_ms = 1000
+            slow = SlowFirstPut(objects, 0.7)
+            b.store = slow
+            assert await b.append_and_wait(part, records.encode_batch([(None, b"v4")], 1)) == 4
+            assert len(slow.keys) == 2 and slow.keys[0] != slow.keys[1]
+            indexed = {c.object_key for c in meta_b.chunks("t", 0)}
+            assert slow.keys[1] in indexed and slow.keys[0] not in indexed
+            assert await _values(b, part) == [b"v1", b"v2", b"v3", b"v4"]
+            b.store = objects
 
             # the local rule: past its lease deadline a broker refuses before trying
             epoch_a = leases_a.acquire("t", 1)
@@ -768,5 +808,65 @@ def test_coordinator_state_writes_are_fenced_by_the_slot_lease(uri: str, tmp_pat
         finally:
             meta_a.close()
             meta_b.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_upgraded_broker_replays_its_local_wal_into_the_index_or_refuses(
+    uri: str, tmp_path: Path
+) -> None:
+    """A broker on Postgres metadata before cluster mode kept acknowledged batches in its local
+    WAL until a flush indexed them. Upgraded (now a cluster member, no WAL), it must not start
+    as if that WAL were not there: while another broker holds the lease of a partition in it,
+    it refuses, naming the directory, and keeps the WAL; once the lease is free it takes it,
+    puts the batches the index lacks in the index (fenced by its epoch) and deletes the WAL."""
+
+    async def scenario() -> None:
+        meta = MetadataStore(uri)
+        objects = LocalObjectStore(tmp_path / "objects")
+        config = BrokerConfig(home=tmp_path / "one", segment_flush_ms=600_000)
+        meta.create_topic("u", 1, {})
+        # the broker before the upgrade: Postgres metadata and the local WAL (no node id)
+        old = LogStore(config, meta, objects)
+        await old.open({"u": 1})
+        part = old.partitions[("u", 0)]
+        for i in range(2):
+            await old.append_and_wait(part, records.encode_batch([(None, b"w%d" % i)], 1))
+        await old.flush()  # w0, w1 indexed; w2, w3 acknowledged from the WAL only
+        for i in range(2, 4):
+            await old.append_and_wait(part, records.encode_batch([(None, b"w%d" % i)], 1))
+        old._closing = True  # stopped without a last flush (a crash, or the old version's)
+        old._flush_needed.set()
+        assert old._flusher is not None
+        await old._flusher
+        assert isinstance(old.wal, WriteAheadLog)
+        await old.wal.close()
+        assert [c.end_offset for c in meta.chunks("u", 0)] == [2]
+        wal_files = sorted(config.wal_dir.glob("*.wal"))
+        assert wal_files
+
+        other_meta = MetadataStore(uri)
+        other = _member(other_meta, 2)
+        assert other.acquire("u", 0) == 1
+        leases = _member(meta, 1)
+        upgraded = LogStore(config, meta, objects, node_id=1)
+        with pytest.raises(UpgradedWalError, match=str(config.wal_dir)) as refused:
+            await upgraded.open({"u": 1}, leases)
+        assert "u-0" in str(refused.value) and "start this one first" in str(refused.value)
+        assert sorted(config.wal_dir.glob("*.wal")) == wal_files and upgraded.partitions == {}
+
+        other.release([("u", 0)])
+        upgraded = LogStore(config, meta, objects, node_id=1)
+        try:
+            await upgraded.open({"u": 1}, leases)
+            assert upgraded.epochs == {("u", 0): 2}
+            mine = upgraded.partitions[("u", 0)]
+            assert await _values(upgraded, mine) == [b"w0", b"w1", b"w2", b"w3"]
+            assert [c.end_offset for c in meta.chunks("u", 0)] == [2, 4]
+            assert not list(config.wal_dir.glob("*.wal"))
+        finally:
+            await upgraded.close()
+            other_meta.close()
+            meta.close()
 
     asyncio.run(scenario())

@@ -10,6 +10,7 @@ import threading
 import urllib.error
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -489,3 +490,37 @@ def test_no_credentials_or_an_endpoint_that_does_not_answer_name_the_settings(
     assert (
         check_s3_location(url, "object.store", moto_s3.endpoint, None, "testing", "testing") is None
     )
+
+
+def test_object_ages_are_by_the_servers_clock(tmp_path: Path) -> None:
+    """The orphan sweep's ages (``S3ObjectStore.list_ages``): ``LastModified`` against the
+    server's own time (its HTTP Date), so a server whose clock is an hour off this machine's
+    still gives a fresh object an age near zero, and an object written "two hours ago" by the
+    server's clock an age near two hours."""
+    from broker.config import ObjectStoreConfig
+    from broker.storage.objectstore import S3ObjectStore
+
+    server = MotoS3(tmp_path / "moto.log", clock_file=tmp_path / "clock")
+    try:
+        server.wait_ready()
+        bucket = f"ages-{uuid.uuid4().hex[:8]}"
+        server.client().create_bucket(Bucket=bucket)
+        env = server.env()
+        store = S3ObjectStore(
+            ObjectStoreConfig(
+                url=f"s3://{bucket}/{PREFIX}",
+                endpoint_url=env["AWS_ENDPOINT_URL"],
+                access_key_id=env["AWS_ACCESS_KEY_ID"],
+                secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            )
+        )
+        server.set_clock("-2h")
+        store.put("segments/old.seg", b"x")
+        server.set_clock("-1h")  # and it stays an hour behind this machine
+        store.put("segments/fresh.seg", b"y")
+        ages = store.list_ages("segments/")
+        assert set(ages) == {"segments/old.seg", "segments/fresh.seg"}
+        assert -5 < ages["segments/fresh.seg"] < 60, ages
+        assert 3600 - 60 < ages["segments/old.seg"] < 3600 + 60, ages
+    finally:
+        server.stop()

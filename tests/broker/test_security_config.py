@@ -306,3 +306,51 @@ def test_scram_credential_is_read_off_the_event_loop() -> None:
     asyncio.run(exchange())
     assert session.principal == f"User:{user}"
     assert lookups == [(user, False)]
+
+
+def test_the_inter_broker_listener_and_its_credentials_are_checked() -> None:
+    """How a cluster broker reaches its peers (``broker.kafka.peer.peer_security``): the named
+    listener, its mechanism, the broker's own username/password from its JAAS config; what
+    cannot give them is refused naming the key, without the secrets."""
+    from broker.kafka.peer import peer_security
+
+    plain = "org.apache.kafka.common.security.plain.PlainLoginModule required"
+    base = {
+        "listeners": "PLAINTEXT://:9092,INTERNAL://:9094",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,INTERNAL:SASL_PLAINTEXT",
+        "listener.name.internal.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.internal.plain.sasl.jaas.config": (
+            f'{plain} username="broker" password="b-secret" user_broker="b-secret";'
+        ),
+    }
+    assert peer_security(load_broker_config(overrides=base)).listener == "PLAINTEXT"
+    chosen = peer_security(
+        load_broker_config(overrides={**base, "inter.broker.listener.name": "INTERNAL"})
+    )
+    assert (chosen.listener, chosen.mechanism, chosen.username, chosen.password) == (
+        "INTERNAL",
+        "PLAIN",
+        "broker",
+        "b-secret",
+    )
+    assert chosen.tls is None
+    for overrides, message in (
+        ({"inter.broker.listener.name": "NOPE"}, "inter.broker.listener.name: NOPE is none"),
+        (
+            {
+                "inter.broker.listener.name": "INTERNAL",
+                "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
+            },
+            "sasl.mechanism.inter.broker.protocol: SCRAM-SHA-256 is not enabled",
+        ),
+        (
+            {
+                "inter.broker.listener.name": "INTERNAL",
+                "listener.name.internal.plain.sasl.jaas.config": f'{plain} user_a="a-secret";',
+            },
+            "listener.name.internal.plain.sasl.jaas.config: the broker's own username",
+        ),
+    ):
+        with pytest.raises(ListenerError) as refused:
+            peer_security(load_broker_config(overrides={**base, **overrides}))
+        assert message in str(refused.value) and "secret" not in str(refused.value)

@@ -33,6 +33,7 @@ from tests.dags import airflow_env
 airflow_env.configure()
 
 from broker import checkpoint  # noqa: E402 -- after Airflow's configuration
+from spark_jobs.rounds.tasks import TASK_DELAY_ENV  # noqa: E402
 from tests.conftest import MotoS3, set_moto_credentials_only, start_s3_broker  # noqa: E402
 from tests.spark_cluster import SparkCluster  # noqa: E402
 from tests.spark_jobs.round_support import (  # noqa: E402
@@ -105,8 +106,14 @@ def submit_command(
     return command, {**os.environ, **(hook._env or {})}
 
 
-def submit(broker: BrokerProcess, args: list[str], result: Path) -> subprocess.Popen[str]:
+def submit(
+    broker: BrokerProcess, args: list[str], result: Path, executor_env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """spark-submit the round; ``executor_env``: variables for the executors (``--conf
+    spark.executorEnv.*``), for this run only."""
     command, environment = submit_command(broker, args, result)
+    for name, value in (executor_env or {}).items():
+        command[1:1] = ["--conf", f"spark.executorEnv.{name}={value}"]
     return subprocess.Popen(
         command,
         cwd=REPO,
@@ -227,11 +234,14 @@ def test_an_executor_killed_mid_round_breaks_nothing(
     producer.send(clicks(0, 3000))
     round_args = ["--topic", topic, "--until-now"]
 
-    proc = submit(broker, round_args, tmp_path / "killed.json")
+    # each task of this round waits 2 s before it reads (a hook for tests only): the kill below
+    # lands while a task certainly runs, not after the round happened to end between two polls
+    slow = {TASK_DELAY_ENV: "2"}
+    proc = submit(broker, round_args, tmp_path / "killed.json", executor_env=slow)
 
     def busy_executor() -> int | None:
         """An executor JVM whose Python workers have started: a round's task is running there
-        (-1: the round ended before any did)."""
+        (-1: the round ended before any did; the tasks' delay makes that a failure to report)."""
         if proc.poll() is not None:
             return -1
         return next(

@@ -50,3 +50,31 @@ def test_the_setting_ships_nothing_or_named_files(
     monkeypatch.setenv(py_files.PY_FILES_ENV, f"{own},{tmp_path / 'missing.zip'}")
     with pytest.raises(FileNotFoundError, match="missing.zip"):
         py_files.py_files_for("spark://master:7077")
+
+
+def test_the_zip_is_private_and_a_planted_one_is_not_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its code runs on every executor: built in a 0700 folder under ICEFALL_HOME (not a shared
+    temporary directory), and a zip someone else could have written is rebuilt, not shipped."""
+    monkeypatch.delenv(py_files.PY_FILES_DIR_ENV, raising=False)
+    monkeypatch.setenv("ICEFALL_HOME", str(tmp_path / "home"))
+    built = py_files.build_zip()
+    assert built.parent == tmp_path / "home" / "spark-py-files"
+    assert built.parent.stat().st_mode & 0o777 == 0o700
+    assert built.stat().st_mode & 0o077 == 0
+    good = built.read_bytes()
+
+    # the same name, other code: rebuilt from the driver's code
+    with zipfile.ZipFile(built, "w") as zf:
+        zf.writestr("spark_jobs/commit_round.py", "import os; os.system('evil')\n")
+    assert py_files.build_zip() == built and built.read_bytes() == good
+    # writable by others: not trusted even with the right content, rebuilt private
+    built.chmod(0o666)
+    assert py_files.build_zip() == built and built.stat().st_mode & 0o077 == 0
+    # a folder others can write is refused with the reason
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(PermissionError, match="writable by no one else"):
+        py_files.build_zip(shared)

@@ -1,0 +1,70 @@
+"""The warm round driver's request checks (``spark_jobs/warm_driver.py``) over its real HTTP
+handler, before any round runs (so no Spark session is needed): flags it sets itself are
+refused whatever their spelling, and a malformed body's error names what is wrong without
+echoing the values (the body carries credentials; the client raises the error into the task
+log). Rounds through the driver: tests/e2e/test_airflow_warm_driver.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+
+import pytest
+
+from spark_jobs import warm_driver
+
+TOKEN = "t0ken"
+
+
+@pytest.fixture(scope="module")
+def driver_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), warm_driver.handler(warm_driver.WarmDriver(spark=None), TOKEN)
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def post(url: str, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(
+        url + warm_driver.ROUNDS_PATH,
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())["error"]
+
+
+def test_refused_flags_cannot_be_abbreviated(driver_url: str) -> None:
+    for spelling in (["--mast", "local[1]"], ["--maste=local[1]"], ["--res", "/tmp/r.json"]):
+        body = json.dumps({"args": ["--topic", "t", *spelling], "env": {}}).encode()
+        status, error = post(driver_url, body)
+        assert status == 400, (spelling, error)
+        assert "not commit_round arguments" in error or "itself" in error, error
+
+
+def test_a_malformed_body_is_not_echoed(driver_url: str) -> None:
+    secret = "hunter2-secret"
+    for body in (
+        {"args": ["--topic", "t"], "env": {"ICEFALL_REGISTRY_USER_INFO": 12345}, "x": secret},
+        {"args": secret, "env": {"ICEFALL_CATALOG_CREDENTIAL": f"id:{secret}"}},
+        {"args": ["--topic", "t"], "env": {"K": [secret]}},
+    ):
+        status, error = post(driver_url, json.dumps(body).encode())
+        assert status == 400 and error.startswith("not a WarmRoundRequest: "), error
+        assert secret not in error and "12345" not in error, error
+    status, error = post(driver_url, f'{{"args": ["{secret}"'.encode())  # cut-off JSON
+    assert status == 400 and secret not in error, error
