@@ -13,7 +13,14 @@ the token from ``ICEFALL_WARM_DRIVER_TOKEN`` (required). Spark Connect is not an
 round uses the SparkContext and the JVM gateway (``run_tasks``, Glue's credentials), which a
 Spark Connect client has not got.
 
-* ``GET /v1/health`` -> ``{"status": "ok", "rounds": <rounds run>}`` (also checks the JVM);
+Before it listens, the driver warms up (``spark_jobs.warm_up``: a Python worker started on every
+core, the round's JVM code run once), so that answering the health check means warm: the first
+round does not pay the Python workers' start, which made a new driver's first Spark round
+3-4 times as slow as the next ones. Its workers fork from ``spark_jobs.worker_daemon``, which
+has the tasks' modules imported, so workers Spark replaces after a minute idle start warm too.
+
+* ``GET /v1/health`` -> ``{"status": "ok", "rounds": <rounds run>, "warm_up": <WarmUp>}``
+  (also checks the JVM);
 * ``POST /v1/commit-rounds`` with a ``WarmRoundRequest`` (the round's command-line arguments,
   as the Airflow task builds them for spark-submit, and the credentials environment
   ``icefall_airflow.credentials.job_env`` gives spark-submit) -> a ``WarmRoundReply`` (the
@@ -51,6 +58,7 @@ from broker.http_security.client import (
     CATALOG_TOKEN_ENV,
     REGISTRY_USER_INFO_ENV,
 )
+from spark_jobs.warm_up import WarmUp, warm_up
 
 log = logging.getLogger("icefall.warm_driver")
 TOKEN_ENV = "ICEFALL_WARM_DRIVER_TOKEN"
@@ -58,6 +66,7 @@ ROUNDS_PATH = "/v1/commit-rounds"
 HEALTH_PATH = "/v1/health"
 MAX_BODY = 1 << 20
 JVM_GONE_EXIT = 3
+DAEMON_CONF = "spark.python.daemon.module"
 # The only variables a request may set: what ``credentials.job_env`` gives spark-submit.
 CREDENTIAL_ENV = (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV, CATALOG_TOKEN_ENV)
 # Flags that would change the process, not the round: the driver's session is the one to use.
@@ -121,8 +130,9 @@ class CredentialGate:
 class WarmDriver:
     """The session, the per-topic locks and the count of rounds run."""
 
-    def __init__(self, spark: Any) -> None:
+    def __init__(self, spark: Any, warmed: WarmUp | None = None) -> None:
         self.spark = spark
+        self.warmed = warmed
         self.rounds = 0
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -212,7 +222,10 @@ def handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
             elif not driver.jvm_alive():
                 self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the Spark JVM is gone"})
             else:
-                self._send(HTTPStatus.OK, {"status": "ok", "rounds": driver.rounds})
+                warmed = driver.warmed.model_dump() if driver.warmed else None
+                self._send(
+                    HTTPStatus.OK, {"status": "ok", "rounds": driver.rounds, "warm_up": warmed}
+                )
 
         def do_POST(self) -> None:
             if not self._authorized():
@@ -244,7 +257,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="warm_driver", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True, help="loopback port to listen on")
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    parser.add_argument("--ready-file", type=Path, help="written once the port is open")
+    parser.add_argument("--ready-file", type=Path, help="written once warm and the port is open")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -260,8 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from spark_jobs.commit_round import spark_session
 
-    spark = spark_session("icefall-warm-round-driver", args.master)
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(WarmDriver(spark), token))
+    spark = spark_session(
+        "icefall-warm-round-driver", args.master, {DAEMON_CONF: "spark_jobs.worker_daemon"}
+    )
+    warmed = warm_up(spark)  # before listening: a health check answered means warm
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", args.port), handler(WarmDriver(spark, warmed), token)
+    )
     server.daemon_threads = True
     if args.ready_file is not None:
         args.ready_file.write_text(f"{os.getpid()}\n")

@@ -25,7 +25,7 @@ from typing import Any
 
 WARM_DRIVER_CONN_ID = "icefall_warm_driver"
 ROUND_TIMEOUT_S = 1800.0  # the commit task's execution_timeout
-RESTART_WAIT_S = 120.0  # a restarted driver's JVM starts in 10-30 s on two busy cores
+RESTART_WAIT_S = 180.0  # a restarted driver's JVM starts and warms up in 20-80 s on two busy cores
 
 
 class WarmDriverUnreachable(RuntimeError):

@@ -82,6 +82,12 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
     client = WarmDriverClient.from_connection()
     assert client is not None
     driver.wait_healthy()
+    # healthy means warm: a Python worker per core started before the first request, alive
+    warmed = client.health()
+    assert warmed["rounds"] == 0 and warmed["warm_up"]["cores"] >= 1
+    assert warmed["warm_up"]["python_workers"], warmed
+    for pid in warmed["warm_up"]["python_workers"]:
+        os.kill(pid, 0)  # raises if the worker is gone: the first round would start one
     # a request without the token, or that is no round, gets a precise error
     bad = WarmDriverClient(client.url, "wrong")
     with pytest.raises(WarmDriverUnreachable, match="401"):
