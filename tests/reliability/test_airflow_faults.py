@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from broker.supervisor import warm_driver
 from broker.supervisor.up import AirflowStack
 from tests.support import BrokerProcess, free_port, wait_for
 
@@ -167,7 +168,12 @@ def current_snapshot(broker: BrokerProcess) -> int | None:
 
 
 @pytest.fixture
-def system(tmp_path: Path) -> Iterator[tuple[BrokerProcess, Airflow]]:
+def system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[BrokerProcess, Airflow]]:
+    # These faults hit the spark-submit rounds (a process per round, killed with the scheduler);
+    # the warm round driver has its own crash test (tests/e2e/test_airflow_warm_driver.py).
+    monkeypatch.setenv(warm_driver.DISABLE_ENV, "1")
     broker = BrokerProcess(tmp_path / "home", ["--segment-flush-ms", "200"]).start()
     stack = AirflowStack(
         broker.config(),
