@@ -164,7 +164,10 @@ CREATE TABLE IF NOT EXISTS acls (
 # node_id -1: never owned (a row made by ``set_preferred``); preferred_node: the owner an
 # operator asked for (``icefall cluster move``). The cluster state version is the counters row
 # ``cluster_state_version``: every change of topics, configs, ACLs or SCRAM credentials bumps
-# it in its own transaction, so the other brokers know when to read them again.
+# it in its own transaction, so the other brokers know when to read them again. A lease is held
+# by one incarnation of a node id, not the node id alone: a broker restarted with the same id
+# while its old process still runs (paused, cut off) must not share its leases, so the renewal
+# and the index commit's fence match the incarnation too.
 _CLUSTER = """
 CREATE TABLE IF NOT EXISTS cluster_brokers (
     node_id INTEGER PRIMARY KEY,
@@ -181,17 +184,11 @@ CREATE TABLE IF NOT EXISTS partition_leases (
     epoch BIGINT NOT NULL,
     expires_at TIMESTAMPTZ NOT NULL,
     preferred_node INTEGER,
+    incarnation TEXT,
     PRIMARY KEY (topic, partition)
 );
 CREATE INDEX IF NOT EXISTS partition_leases_by_node ON partition_leases (node_id);
 INSERT INTO counters (name, value) VALUES ('cluster_state_version', 0) ON CONFLICT DO NOTHING;
-"""
-
-# A lease is held by one incarnation of a node id, not the node id alone: a broker restarted
-# with the same id while its old process still runs (paused, cut off) must not share its
-# leases, so the renewal and the index commit's fence match the incarnation too.
-_LEASE_INCARNATION = """
-ALTER TABLE partition_leases ADD COLUMN incarnation TEXT;
 """
 
 MIGRATIONS: tuple[str, ...] = (
@@ -201,7 +198,6 @@ MIGRATIONS: tuple[str, ...] = (
     _SCRAM_CREDENTIALS,
     _ACLS,
     _CLUSTER,
-    _LEASE_INCARNATION,
 )
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 
