@@ -120,18 +120,16 @@ def backfill_of_a_committed_interval_is_a_no_op(base: str, output: str) -> None:
         except urllib.error.HTTPError as exc:
             if exc.code == 503:  # SQLite was locked by the scheduler: Airflow says retry
                 return False
-            if (
-                exc.code == 409
-            ):  # an earlier attempt answered 503 but did create it: the backfill exists
-                return bool(
-                    _api(base, "/api/v2/backfills?dag_id=icefall_commit__clicks", token)[
-                        "backfills"
-                    ]
-                )
+            if exc.code == 409:
+                # An earlier attempt answered 503 after committing the backfill row. If it also
+                # created its run, that backfill is ours; if not, Airflow's clean-up of the
+                # half-made backfill can itself hit the lock, and the scheduler then marks the
+                # orphan complete after two minutes (airflow#61375): try again until then.
+                return bool(_api(base, f"{dag}/dagRuns?run_type=backfill", token)["dag_runs"])
             raise
         return True
 
-    wait_for(create_backfill, 60, interval=1, what="Airflow to accept the backfill")
+    wait_for(create_backfill, 240, interval=2, what="Airflow to accept the backfill")
 
     def backfilled() -> Any:
         runs = _api(base, f"{dag}/dagRuns?run_type=backfill", token)["dag_runs"]
