@@ -34,6 +34,7 @@ import sys
 import tempfile
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from tests.broker.test_s3_object_store import TcpProxy
 from tests.conftest import MotoS3
 from tests.postgres import PostgresServer
 from tests.reliability.cluster_kills import ClusterTrial, run_cluster_trial
-from tests.reliability.crash_load import CrashRun, run_crashes
+from tests.reliability.crash_load import CrashRun, ProducerOutcome, run_crashes
 from tests.reliability.resources import run_wide
 from tests.reliability.rounds import complete_round, kill_round_at_random
 from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, table_offsets
@@ -91,26 +92,34 @@ def crash_runs(args: argparse.Namespace, work: Path) -> list[CrashRun]:
     return runs
 
 
+PRODUCER_COUNTS = (
+    "produced",
+    "acked",
+    "failed",
+    "acked_lost",
+    "acked_misplaced",
+    "duplicates",
+    "order_violations",
+    "unknown",
+)
+
+
+def producer_totals(runs: Iterable[dict[str, ProducerOutcome]]) -> dict[str, dict[str, int]]:
+    """Per producer kind, each of ``PRODUCER_COUNTS`` summed over the runs (or trials)."""
+    kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for producers in runs:
+        for name, outcome in producers.items():
+            for key in PRODUCER_COUNTS:
+                kinds[name][key] += getattr(outcome, key)
+    return {k: dict(v) for k, v in kinds.items()}
+
+
 def summarise_crashes(runs: list[CrashRun]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     by_backend: dict[str, list[CrashRun]] = defaultdict(list)
     for run in runs:
         by_backend[run.backend].append(run)
     for backend, group in by_backend.items():
-        kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for run in group:
-            for name, o in run.producers.items():
-                for key in (
-                    "produced",
-                    "acked",
-                    "failed",
-                    "acked_lost",
-                    "acked_misplaced",
-                    "duplicates",
-                    "order_violations",
-                    "unknown",
-                ):
-                    kinds[name][key] += getattr(o, key)
         restarts = sorted(s for run in group for s in run.restart_seconds)
         out[backend] = {
             "runs": len(group),
@@ -118,7 +127,7 @@ def summarise_crashes(runs: list[CrashRun]) -> dict[str, Any]:
             "startup_kills": sum(r.startup_kills for r in group),
             "outage_seconds": round(sum(r.outage_seconds for r in group), 1),
             "restart_s_median": restarts[len(restarts) // 2] if restarts else None,
-            "producers": {k: dict(v) for k, v in kinds.items()},
+            "producers": producer_totals(run.producers for run in group),
         }
     return out
 
@@ -164,20 +173,6 @@ def _quantile(values: list[float], q: float) -> float | None:
 def summarise_cluster(trials: list[ClusterTrial], args: argparse.Namespace) -> dict[str, Any]:
     failovers = [s for t in trials for s in t.failover_s.values()]
     worst = [max(t.failover_s.values()) for t in trials if t.failover_s]
-    kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for t in trials:
-        for name, o in t.producers.items():
-            for key in (
-                "produced",
-                "acked",
-                "failed",
-                "acked_lost",
-                "acked_misplaced",
-                "duplicates",
-                "order_violations",
-                "unknown",
-            ):
-                kinds[name][key] += getattr(o, key)
     groups = [t.group_s for t in trials if t.group_s is not None]
     return {
         "trials": len(trials),
@@ -195,7 +190,7 @@ def summarise_cluster(trials: list[ClusterTrial], args: argparse.Namespace) -> d
         "group_s_max": max(groups) if groups else None,
         "group_stalled_trials": sum(t.group_s is None for t in trials),
         "group_missing": sum(t.group_missing for t in trials),
-        "producers": {k: dict(v) for k, v in kinds.items()},
+        "producers": producer_totals(t.producers for t in trials),
     }
 
 

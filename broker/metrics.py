@@ -207,33 +207,39 @@ def _ident(topic: Any) -> tuple[str, str]:
     return topic_configs.TableSettings(topic.configs).namespace, names.table_name(topic.name)
 
 
+# An unlabelled counter per field of a status dataclass: (the name between the prefix and
+# "_total", the status field it reads, help). One table names each counter once: its family
+# and its sample.
+Counters = list[tuple[str, str, str]]
+
+
+def _counter_families(prefix: str, counters: Counters) -> list[tuple[str, str, str]]:
+    return [(f"{prefix}_{name}_total", "counter", text) for name, _, text in counters]
+
+
+def _add_counters(f: dict[str, Family], prefix: str, counters: Counters, status: Any) -> None:
+    for name, attribute, _ in counters:
+        f[f"{prefix}_{name}_total"].add({}, getattr(status, attribute))
+
+
 # Segment retention (broker/storage/retention.py): what it deleted, and where a table topic's table holds it
 # back (records past retention.ms/bytes kept because no commit round has taken them yet). Alert on
 # icefall_retention_held_back_offsets > 0 for long: the commit DAG is stalled and the log grows.
-RETENTION_FAMILIES = [
-    ("icefall_retention_passes_total", "counter", "Segment retention passes"),
+RETENTION_COUNTERS: Counters = [
+    ("passes", "passes", "Segment retention passes"),
+    ("deleted_chunks", "chunks_deleted", "Partition chunks dropped by retention.ms/bytes"),
+    ("deleted_bytes", "bytes_deleted", "Segment bytes dropped by retention.ms/bytes"),
+    ("deleted_objects", "objects_deleted", "Segment objects deleted"),
+    ("orphans_deleted", "orphans_deleted", "Unreferenced segment objects swept"),
+    ("delete_failures", "delete_failures", "Segment object deletes that failed (retried)"),
     (
-        "icefall_retention_deleted_chunks_total",
-        "counter",
-        "Partition chunks dropped by retention.ms/bytes",
-    ),
-    (
-        "icefall_retention_deleted_bytes_total",
-        "counter",
-        "Segment bytes dropped by retention.ms/bytes",
-    ),
-    ("icefall_retention_deleted_objects_total", "counter", "Segment objects deleted"),
-    ("icefall_retention_orphans_deleted_total", "counter", "Unreferenced segment objects swept"),
-    (
-        "icefall_retention_delete_failures_total",
-        "counter",
-        "Segment object deletes that failed (retried)",
-    ),
-    (
-        "icefall_retention_held_back_passes_total",
-        "counter",
+        "held_back_passes",
+        "blocked_passes",
         "Partition-passes where a table topic's uncommitted records stopped retention",
     ),
+]
+RETENTION_FAMILIES = [
+    *_counter_families("icefall_retention", RETENTION_COUNTERS),
     (
         "icefall_retention_held_back_offsets",
         "gauge",
@@ -253,53 +259,32 @@ RETENTION_FAMILIES = [
 
 
 # Compaction of small segment objects (cluster mode, broker/storage/compaction.py).
-COMPACTION_FAMILIES = [
-    ("icefall_compaction_passes_total", "counter", "Segment compaction passes"),
+COMPACTION_COUNTERS: Counters = [
+    ("passes", "passes", "Segment compaction passes"),
+    ("objects_written", "objects_written", "Compacted segment objects written"),
     (
-        "icefall_compaction_objects_written_total",
-        "counter",
-        "Compacted segment objects written",
-    ),
-    (
-        "icefall_compaction_objects_released_total",
-        "counter",
+        "objects_released",
+        "objects_released",
         "Small segment objects no chunk refers to after compaction (deleted after file.delete.delay.ms)",
     ),
-    ("icefall_compaction_chunks_total", "counter", "Chunks merged into compacted chunks"),
-    ("icefall_compaction_bytes_total", "counter", "Batch bytes copied into compacted objects"),
+    ("chunks", "chunks_compacted", "Chunks merged into compacted chunks"),
+    ("bytes", "bytes_compacted", "Batch bytes copied into compacted objects"),
     (
-        "icefall_compaction_runs_skipped_total",
-        "counter",
+        "runs_skipped",
+        "runs_skipped",
         "Chunk runs left as they were: retention, DeleteRecords or a new leader changed them",
     ),
-    ("icefall_compaction_failures_total", "counter", "Compaction passes that failed (retried)"),
+    ("failures", "failures", "Compaction passes that failed (retried)"),
 ]
+COMPACTION_FAMILIES = _counter_families("icefall_compaction", COMPACTION_COUNTERS)
 
 
 def _compaction(f: dict[str, Family], status: CompactionStatus) -> None:
-    for name, value in (
-        ("passes", status.passes),
-        ("objects_written", status.objects_written),
-        ("objects_released", status.objects_released),
-        ("chunks", status.chunks_compacted),
-        ("bytes", status.bytes_compacted),
-        ("runs_skipped", status.runs_skipped),
-        ("failures", status.failures),
-    ):
-        f[f"icefall_compaction_{name}_total"].add({}, value)
+    _add_counters(f, "icefall_compaction", COMPACTION_COUNTERS, status)
 
 
 def _retention(f: dict[str, Family], status: RetentionStatus) -> None:
-    for name, value in (
-        ("passes", status.passes),
-        ("deleted_chunks", status.chunks_deleted),
-        ("deleted_bytes", status.bytes_deleted),
-        ("deleted_objects", status.objects_deleted),
-        ("orphans_deleted", status.orphans_deleted),
-        ("delete_failures", status.delete_failures),
-        ("held_back_passes", status.blocked_passes),
-    ):
-        f[f"icefall_retention_{name}_total"].add({}, value)
+    _add_counters(f, "icefall_retention", RETENTION_COUNTERS, status)
     for (topic, partition), blocked in sorted(status.blocked.items()):
         labels = {"topic": topic, "partition": str(partition)}
         f["icefall_retention_held_back_offsets"].add(

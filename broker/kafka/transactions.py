@@ -26,6 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
 
 from kio.schema.errors import ErrorCode
 
@@ -49,11 +50,24 @@ log = logging.getLogger(__name__)
 # there (broker.kafka.peer.MarkerSender); raises TimeoutError when a leader cannot be reached
 RemoteMarkers = Callable[[int, int, bool, list[tuple[str, int]]], Awaitable[None]]
 
+T = TypeVar("T")
+
 MAX_EPOCH = 32767 - 1  # Short.MAX_VALUE - 1: past it, a new producer id (KIP-360)
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+async def _unless_fenced(transactional_id: str, call: Awaitable[T], fenced: T) -> T:
+    """``call``'s answer, or ``fenced`` (NOT_COORDINATOR) when the transactional id's slot moved
+    to another broker meanwhile (``CoordinatorFencedError``): the client finds the new
+    coordinator and asks again."""
+    try:
+        return await call
+    except CoordinatorFencedError as exc:
+        log.info("transaction %s: %s", transactional_id, exc)
+        return fenced
 
 
 class TransactionCoordinator:
@@ -231,13 +245,11 @@ class TransactionCoordinator:
     async def init_producer_id(
         self, transactional_id: str, timeout_ms: int, producer_id: int, producer_epoch: int
     ) -> tuple[int, int, int]:
-        try:
-            return await self._init_producer_id(
-                transactional_id, timeout_ms, producer_id, producer_epoch
-            )
-        except CoordinatorFencedError as exc:  # the slot moved: the client asks again
-            log.info("transaction %s: %s", transactional_id, exc)
-            return (ErrorCode.not_coordinator, -1, -1)
+        return await _unless_fenced(
+            transactional_id,
+            self._init_producer_id(transactional_id, timeout_ms, producer_id, producer_epoch),
+            (ErrorCode.not_coordinator, -1, -1),
+        )
 
     async def _init_producer_id(
         self, transactional_id: str, timeout_ms: int, producer_id: int, producer_epoch: int
@@ -298,13 +310,13 @@ class TransactionCoordinator:
         verify_only: bool = False,
     ) -> dict[tuple[str, int], int]:
         """The error of each partition (all the same unless some are unknown)."""
-        try:
-            return await self._add_partitions(
+        return await _unless_fenced(
+            transactional_id,
+            self._add_partitions(
                 transactional_id, producer_id, producer_epoch, partitions, verify_only
-            )
-        except CoordinatorFencedError as exc:  # the slot moved: the client asks again
-            log.info("transaction %s: %s", transactional_id, exc)
-            return dict.fromkeys(partitions, ErrorCode.not_coordinator)
+            ),
+            dict.fromkeys(partitions, ErrorCode.not_coordinator),
+        )
 
     async def _add_partitions(
         self,
@@ -345,11 +357,11 @@ class TransactionCoordinator:
     async def add_offsets(
         self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str
     ) -> int:
-        try:
-            return await self._add_offsets(transactional_id, producer_id, producer_epoch, group_id)
-        except CoordinatorFencedError as exc:  # the slot moved: the client asks again
-            log.info("transaction %s: %s", transactional_id, exc)
-            return ErrorCode.not_coordinator
+        return await _unless_fenced(
+            transactional_id,
+            self._add_offsets(transactional_id, producer_id, producer_epoch, group_id),
+            ErrorCode.not_coordinator,
+        )
 
     async def _add_offsets(
         self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str
@@ -389,11 +401,11 @@ class TransactionCoordinator:
     async def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
     ) -> int:
-        try:
-            return await self._end_txn(transactional_id, producer_id, producer_epoch, commit)
-        except CoordinatorFencedError as exc:  # the slot moved: the client asks again
-            log.info("transaction %s: %s", transactional_id, exc)
-            return ErrorCode.not_coordinator
+        return await _unless_fenced(
+            transactional_id,
+            self._end_txn(transactional_id, producer_id, producer_epoch, commit),
+            ErrorCode.not_coordinator,
+        )
 
     async def _end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
