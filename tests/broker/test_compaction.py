@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from broker.admin_http import ranges_for
-from broker.checkpoint import Checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.kafka import records
@@ -25,22 +23,15 @@ from broker.storage import index_view
 from broker.storage.compaction import COMPACTED_SUFFIX, Compactor, Plan
 from broker.storage.leases import Leases
 from broker.storage.logstore import LogStore, PartitionLog
-from broker.storage.metadata import Chunk, MetadataStore
+from broker.storage.metadata import Chunk
 from broker.storage.objectstore import LocalObjectStore
 from broker.storage.retention import Retention
+from tests.broker.cluster_logs import lead, log_stores, no_tables
 from tests.postgres import PostgresServer
+from tests.postgres import postgres as postgres  # one server for the module
 
 LEASE_MS = 60_000
 DELAY_MS = 2500  # the topics' file.delete.delay.ms
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -58,10 +49,6 @@ def _config(home: Path) -> BrokerConfig:
         segment_compaction_min_age_ms=0,
         segment_compaction_target_bytes=1 << 20,
     )
-
-
-def _no_tables(namespace: str, table: str) -> Checkpoint:
-    raise AssertionError("no table topics here")
 
 
 async def _flushes(logs: LogStore, parts: list[PartitionLog], count: int) -> None:
@@ -114,19 +101,15 @@ def _segments(objects: LocalObjectStore) -> set[str]:
 
 def test_small_flushes_become_one_object_holding_the_same_batches(uri: str, tmp_path: Path) -> None:
     async def scenario() -> None:
-        meta = MetadataStore(uri)
         objects = LocalObjectStore(tmp_path / "objects")
         config = _config(tmp_path / "a")
-        logs = LogStore(config, meta, objects, node_id=1)
-        try:
+        async with log_stores(uri, objects, config) as [(meta, logs)]:
             meta.create_topic("t", 2, {"file.delete.delay.ms": str(DELAY_MS)})
             meta.create_topic("u", 1, {"file.delete.delay.ms": str(DELAY_MS)})
             leases = Leases(meta, 1, LEASE_MS)
             leases.register("a", {}, None)
-            await logs.open({})
             keys = [("t", 0), ("t", 1), ("u", 0)]
-            parts = [await logs.load_partition(t, p, leases.acquire(t, p) or 0) for t, p in keys]
-            logs.set_lease_deadline(time.monotonic() + 600)
+            parts = await lead(logs, leases, keys)
             await _flushes(logs, parts, 8)
             old_objects = _segments(objects)
             assert len(old_objects) == 8 and all(len(meta.chunks(t, p)) == 8 for t, p in keys)
@@ -135,7 +118,7 @@ def test_small_flushes_become_one_object_holding_the_same_batches(uri: str, tmp_
             old_ranged = {k: _ranged(objects, v) for k, v in old_views.items()}
 
             cluster = Cluster(config, meta, logs)
-            retention = Retention(cluster, logs, _no_tables, 600_000)
+            retention = Retention(cluster, logs, no_tables, 600_000)
             compactor = Compactor(config, cluster, logs, retention)
             compacted = await compactor.run_once()
             assert compacted == sum(len(b) for bs in before.values() for b in bs)
@@ -197,9 +180,6 @@ def test_small_flushes_become_one_object_holding_the_same_batches(uri: str, tmp_
             assert time.monotonic() - started >= DELAY_MS / 1000 - 0.5
             for part in parts:
                 assert await _batches(logs, part) == before[(part.topic, part.partition)]
-        finally:
-            await logs.close()
-            meta.close()
 
     asyncio.run(scenario())
 
@@ -213,27 +193,22 @@ def test_a_compaction_racing_a_lease_move_delete_records_or_retention_leaves_the
     every run was raced deletes its object at once (no index row ever named it)."""
 
     async def scenario() -> None:
-        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
         objects = LocalObjectStore(tmp_path / "objects")
         config = _config(tmp_path / "a")
-        a = LogStore(config, meta_a, objects, node_id=1)
-        b = LogStore(_config(tmp_path / "b"), meta_b, objects, node_id=2)
-        try:
+        async with log_stores(uri, objects, config, _config(tmp_path / "b")) as [
+            (meta_a, a),
+            (meta_b, b),
+        ]:
             meta_a.create_topic("t", 4, {})
             leases_a, leases_b = Leases(meta_a, 1, LEASE_MS), Leases(meta_b, 2, LEASE_MS)
             leases_a.register("a", {}, None)
             leases_b.register("b", {}, None)
-            await a.open({})
-            await b.open({})
-            parts = [
-                await a.load_partition("t", p, leases_a.acquire("t", p) or 0) for p in range(4)
-            ]
-            a.set_lease_deadline(time.monotonic() + 600)
+            parts = await lead(a, leases_a, [("t", p) for p in range(4)])
             await _flushes(a, parts, 5)
             before = [await _batches(a, part) for part in parts]
             rows = [meta_a.chunks("t", p) for p in range(4)]
             cluster = Cluster(config, meta_a, a)
-            retention = Retention(cluster, a, _no_tables, 600_000)
+            retention = Retention(cluster, a, no_tables, 600_000)
             compactor = Compactor(config, cluster, a, retention)
 
             # every run raced: t-0 alone, its lease moved between the write and the commit
@@ -288,10 +263,5 @@ def test_a_compaction_racing_a_lease_move_delete_records_or_retention_leaves_the
             assert meta_a.chunks("t", 0) == rows[0]
             assert await _batches(a, parts[1]) == before[1][2:]
             assert await _batches(a, parts[2]) == before[2][3:]
-        finally:
-            for logs in (a, b):
-                await logs.close()
-            meta_a.close()
-            meta_b.close()
 
     asyncio.run(scenario())

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from broker.checkpoint import Checkpoint
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
 from broker.kafka import records
@@ -43,6 +42,7 @@ from broker.storage.objectstore import LocalObjectStore
 from broker.storage.retention import CLUSTER_ORPHAN_GRACE_MS, Retention
 from broker.storage.txn_metadata import COMPLETE_COMMIT, EMPTY, TransactionStore
 from broker.storage.wal import WriteAheadLog
+from tests.broker.cluster_logs import lead, log_stores, no_tables
 from tests.postgres import PostgresServer
 from tests.postgres import postgres as postgres  # one server for the module
 from tests.support import free_port, wait_for
@@ -300,10 +300,6 @@ async def _refused(call: Awaitable[object]) -> ProduceError:
     raise AssertionError("the produce was acknowledged")
 
 
-def _no_tables(namespace: str, table: str) -> Checkpoint:
-    raise AssertionError("no table topics here")
-
-
 class SlowFirstPut(LocalObjectStore):
     """The directory store whose first put takes ``delay`` seconds (a slow object store, once),
     recording the keys put."""
@@ -336,25 +332,17 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
     (expired, no new owner): refused with NOT_LEADER_OR_FOLLOWER, nothing of it indexed."""
 
     async def scenario() -> None:
-        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
         objects = LocalObjectStore(tmp_path / "objects")  # every broker reaches it
         # no timer flushes: acknowledging must not wait for one
         config_a = BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000)
         config_b = BrokerConfig(home=tmp_path / "b", segment_flush_ms=600_000)
-        a = LogStore(config_a, meta_a, objects, node_id=1)
-        b = LogStore(config_b, meta_b, objects, node_id=2)
-        try:
+        async with log_stores(uri, objects, config_a, config_b) as [(meta_a, a), (meta_b, b)]:
             meta_a.create_topic("t", 2, {})
             leases_a, leases_b = Leases(meta_a, 1, SHORT_MS), Leases(meta_b, 2, LEASE_MS)
             leases_a.register("a", {}, None)
             leases_b.register("b", {}, None)
-            await a.open({})
-            await b.open({})
-            a_parts = [
-                await a.load_partition("t", p, leases_a.acquire("t", p) or 0) for p in (0, 1)
-            ]
+            a_parts = await lead(a, leases_a, [("t", 0), ("t", 1)])  # A's clock: it still leads
             assert a.epochs == {("t", 0): 1, ("t", 1): 1}
-            a.set_lease_deadline(time.monotonic() + 600)  # A's clock says it still leads
             pid = meta_a.next_producer_id()
             bases = await asyncio.gather(
                 *(a.append_and_wait(a_parts[0], _idempotent(b"v%d" % i, pid, i)) for i in range(3))
@@ -410,7 +398,7 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
                 objects.put(key, b"x")
             long_ago = time.time() - 2 * CLUSTER_ORPHAN_GRACE_MS / 1000
             os.utime(tmp_path / "objects" / old, (long_ago, long_ago))
-            retention = Retention(Cluster(config_b, meta_b, b), b, _no_tables, 600_000)
+            retention = Retention(Cluster(config_b, meta_b, b), b, no_tables, 600_000)
             await retention._sweep_orphans()
             listed = set(objects.list("segments/"))
             assert fresh in listed and old not in listed
@@ -441,11 +429,6 @@ def test_a_new_leader_loads_exactly_the_acknowledged_batches_and_fences_the_old_
             assert refused.code == ErrorCode.not_leader_or_follower
             assert "could not renew its leases" in refused.message
             assert a.segments_written == written and mine.next_offset == 1
-        finally:
-            for logs in (a, b):
-                await logs.close()
-            meta_a.close()
-            meta_b.close()
 
     asyncio.run(scenario())
 
@@ -502,17 +485,13 @@ def test_producers_waiting_when_the_lease_lapses_are_told_to_go_elsewhere(
     NOT_LEADER_OR_FOLLOWER then (its batch was never indexed), not an endless wait."""
 
     async def scenario() -> None:
-        meta = MetadataStore(uri)
         root = tmp_path / "objects"
         objects = LocalObjectStore(root)
         (root / "segments").write_bytes(b"")
-        logs = LogStore(
-            BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000), meta, objects, node_id=1
-        )
-        try:
+        config = BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000)
+        async with log_stores(uri, objects, config) as [(meta, logs)]:
             meta.create_topic("t", 1, {})
             leases = _member(meta, 1)
-            await logs.open({})
             part = await logs.load_partition("t", 0, leases.acquire("t", 0) or 0)
             logs.set_lease_deadline(time.monotonic() + 0.5)
             refused = await asyncio.wait_for(
@@ -522,9 +501,6 @@ def test_producers_waiting_when_the_lease_lapses_are_told_to_go_elsewhere(
             assert "lapsed" in refused.message
             assert logs.flush_failures >= 1 and logs.partitions == {}
             assert meta.chunks("t", 0) == [] and logs.unflushed_bytes == 0
-        finally:
-            await logs.close()
-            meta.close()
 
     asyncio.run(scenario())
 
@@ -539,18 +515,13 @@ def test_a_marker_lost_to_an_unload_before_its_flush_goes_to_the_new_leader(
     transaction COMPLETE_COMMIT."""
 
     async def scenario() -> None:
-        meta_a, meta_b = MetadataStore(uri), MetadataStore(uri)
         objects = LocalObjectStore(tmp_path / "objects")
         config = BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000)
-        a = LogStore(config, meta_a, objects, node_id=1)
-        b = LogStore(config.model_copy(update={"home": tmp_path / "b"}), meta_b, objects, node_id=2)
-        try:
+        config_b = config.model_copy(update={"home": tmp_path / "b"})
+        async with log_stores(uri, objects, config, config_b) as [(meta_a, a), (meta_b, b)]:
             meta_a.create_topic("t", 1, {})
             leases_a, leases_b = _member(meta_a, 1), _member(meta_b, 2)
-            await a.open({})
-            await b.open({})
-            part = await a.load_partition("t", 0, leases_a.acquire("t", 0) or 0)
-            a.set_lease_deadline(time.monotonic() + 600)
+            [part] = await lead(a, leases_a, [("t", 0)])
             coordinator = TransactionCoordinator(meta_a, a)
             coordinator.partition_exists = lambda tp: tp == ("t", 0)
             sent: list[tuple[str, int]] = []
@@ -587,11 +558,6 @@ def test_a_marker_lost_to_an_unload_before_its_flush_goes_to_the_new_leader(
             data = await b.read(b.partitions[("t", 0)], 0, 1 << 20)
             assert [h.is_control for h, _ in records.iter_batches(data)] == [True]
             assert chunk.end_offset == 1
-        finally:
-            for logs in (a, b):
-                await logs.close()
-            meta_a.close()
-            meta_b.close()
 
     asyncio.run(scenario())
 
@@ -612,8 +578,7 @@ def test_deleting_a_topic_fences_its_leader(uri: str, tmp_path: Path) -> None:
             meta_a.create_topic("t", 1, {})
             leases_a, leases_b = _member(meta_a, 1), _member(meta_b, 2)
             await a.open({})
-            part = await a.load_partition("t", 0, leases_a.acquire("t", 0) or 0)
-            a.set_lease_deadline(time.monotonic() + 600)
+            [part] = await lead(a, leases_a, [("t", 0)])
             await a.append(part, records.encode_batch([(None, b"old")], 1), 1 << 20)
             meta_b.delete_topic("t")  # through broker B, which A has not heard from
             meta_b.create_topic("t", 1, {})
@@ -685,13 +650,11 @@ def test_a_partition_given_up_refuses_new_batches_first_and_acknowledges_every_a
     from broker.ownership import Ownership, local_member
 
     async def scenario() -> None:
-        meta = MetadataStore(uri)
         config = BrokerConfig(home=tmp_path / "a", segment_flush_ms=600_000, node_id=1)
-        logs = LogStore(config, meta, LocalObjectStore(tmp_path / "objects"), node_id=1)
-        try:
+        objects = LocalObjectStore(tmp_path / "objects")
+        async with log_stores(uri, objects, config) as [(meta, logs)]:
             meta.create_topic("t", 1, {})
             leases = _member(meta, 1)
-            await logs.open({})
             epoch = leases.acquire("t", 0) or 0
             part = await logs.load_partition("t", 0, epoch)
             logs.set_lease_deadline(time.monotonic() + 600)
@@ -725,9 +688,6 @@ def test_a_partition_given_up_refuses_new_batches_first_and_acknowledges_every_a
             assert [c.end_offset for c in meta.chunks("t", 0)] == [1]
             assert logs.partitions == {} and membership.held == {}
             assert leases.heartbeat() == {}  # released
-        finally:
-            await logs.close()
-            meta.close()
 
     asyncio.run(scenario())
 
