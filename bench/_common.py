@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts: the machine, CPU time, a broker on free ports."""
+"""Helpers shared by the benchmark scripts: the machine, CPU time, a broker on free ports, a
+produce that waits for room in the client's queue."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -36,6 +38,7 @@ __all__ = [
     "measure",
     "own_children",
     "pid_cpu_seconds",
+    "produce_when_room",
     "reap_orphans",
     "stop_processes",
 ]
@@ -65,6 +68,19 @@ def machine() -> dict[str, str | int]:
         "os": f"{platform.system()} {platform.release()} {platform.machine()}",
         "python": platform.python_version(),
     }
+
+
+def produce_when_room(producer: Any, topic: str, value: bytes, key: bytes | None = None) -> None:
+    """``producer.produce`` (confluent-kafka) of one record, serving delivery reports while the
+    client's local queue is full (``BufferError``) until the record fits: a benchmark's load
+    waits for the broker, it never drops a record."""
+    while True:
+        try:
+            producer.produce(topic, value, key)
+        except BufferError:
+            producer.poll(0.01)
+        else:
+            return
 
 
 def pid_cpu_seconds(pid: int) -> float:

@@ -51,7 +51,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import MIB, interrupt_on_sigterm, machine, pid_cpu_seconds
+from bench._common import (
+    MIB,
+    interrupt_on_sigterm,
+    machine,
+    pid_cpu_seconds,
+    produce_when_room,
+)
 from tests.postgres import PostgresServer
 from tests.support import BrokerProcess, ClusterBrokerProcess, wait_for
 
@@ -105,12 +111,7 @@ def producer_process(
             due = start + i * interval
             while (ahead := due - time.monotonic()) > 0:
                 producer.poll(ahead)  # serves delivery reports while it waits
-        while True:
-            try:
-                producer.produce(topic, value)
-                break
-            except BufferError:
-                producer.poll(0.01)
+        produce_when_room(producer, topic, value)
         if i % 1000 == 0:
             producer.poll(0)
     left = producer.flush(300)

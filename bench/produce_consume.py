@@ -23,9 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._common import MIB, produce_when_room
 from tests.support import BrokerProcess
-
-MIB = 1024 * 1024
 
 
 def loopback_fsync_limit(total: int, chunk: int, directory: Path) -> float:
@@ -104,12 +103,7 @@ def produce(bootstrap: str, topic: str, total: int, record_size: int) -> tuple[f
     count = total // record_size
     start = time.perf_counter()
     for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, value)
-                break
-            except BufferError:
-                producer.poll(0.01)
+        produce_when_room(producer, topic, value)
         if i % 10000 == 0:
             producer.poll(0)
     assert producer.flush(300) == 0

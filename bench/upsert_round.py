@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import MIB, BrokerProcess, become_subreaper, machine
+from bench._common import MIB, BrokerProcess, become_subreaper, machine, produce_when_room
 from bench.commit_round import (
     POOL,
     _tails,
@@ -96,12 +96,7 @@ def produce(
         key = str(record_id).encode()
         for topic, schema_id in schema_ids.items():
             value = b"\x00" + struct.pack(">I", schema_id) + body
-            while True:
-                try:
-                    producer.produce(topic, value, key)
-                    break
-                except BufferError:
-                    producer.poll(0.01)
+            produce_when_room(producer, topic, value, key)
         value_bytes += 5 + len(body)
         if n % 10_000 == 0:
             producer.poll(0)
