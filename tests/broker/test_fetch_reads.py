@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -20,11 +22,16 @@ from broker.storage.objectstore import LocalObjectStore
 BLOCK = 64 * 1024  # small blocks, so a few hundred KiB of segments cross many boundaries
 
 
-async def _open(home: Path, topics: dict[str, int]) -> LogStore:
+@asynccontextmanager
+async def _log_store(home: Path) -> AsyncIterator[LogStore]:
+    """A log store (no timer flushes) holding topic t of two partitions, closed after."""
     config = BrokerConfig(home=home, segment_flush_ms=600_000)
     logs = LogStore(config, MetadataStore(config.metadata_db), LocalObjectStore(home / "objects"))
-    await logs.open(topics)
-    return logs
+    await logs.open({"t": 2})
+    try:
+        yield logs
+    finally:
+        await logs.close()
 
 
 async def _fill(logs: LogStore, segments: int, batches: int) -> dict[int, list[bytes]]:
@@ -57,8 +64,7 @@ def test_a_log_read_through_comes_from_blocks_each_read_once(
     monkeypatch.setattr(logstore, "BLOCK_BYTES", BLOCK)
 
     async def run() -> None:
-        logs = await _open(tmp_path, {"t": 2})
-        try:
+        async with _log_store(tmp_path) as logs:
             written = await _fill(logs, segments=3, batches=5)
             _forget_blocks(logs)  # every byte read below comes from the object store
             for p, values in written.items():
@@ -93,8 +99,6 @@ def test_a_log_read_through_comes_from_blocks_each_read_once(
             assert await logs.read(part, 0, 100_000) == b"".join(
                 await logs.read_pieces(part, 0, 100_000)
             )
-        finally:
-            await logs.close()
 
     asyncio.run(run())
 
@@ -105,29 +109,23 @@ def test_a_segment_object_shorter_than_its_index_is_an_error(
     monkeypatch.setattr(logstore, "BLOCK_BYTES", BLOCK)
 
     async def run() -> None:
-        logs = await _open(tmp_path, {"t": 2})
-        try:
+        async with _log_store(tmp_path) as logs:
             await _fill(logs, segments=1, batches=3)
             _forget_blocks(logs)
             (segment,) = (tmp_path / "objects").rglob("*.seg")
             os.truncate(segment, segment.stat().st_size - 100)
             with pytest.raises(OSError, match="before the indexed range"):
                 await logs.read_pieces(logs.partitions[("t", 1)], 0, 1 << 20)
-        finally:
-            await logs.close()
 
     asyncio.run(run())
 
 
 def test_data_that_arrived_during_the_reads_ends_the_wait_at_once(tmp_path: Path) -> None:
     async def run() -> None:
-        logs = await _open(tmp_path, {"t": 2})
-        try:
+        async with _log_store(tmp_path) as logs:
             seen = logs.data_generation  # a fetch notes it, then reads ...
             await _fill(logs, segments=1, batches=1)  # ... while data arrives
             await asyncio.wait_for(logs.wait_for_data(60, since=seen), 10)
-        finally:
-            await logs.close()
 
     asyncio.run(run())
 
