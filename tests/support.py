@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -9,9 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -105,6 +108,20 @@ def wait_for(
         f"timed out after {timeout}s waiting for {what}"
         + (f" (last error: {last_error!r})" if last_error else "")
     )
+
+
+@contextlib.contextmanager
+def serving(server: ThreadingHTTPServer) -> Iterator[str]:
+    """``server`` (bound to a loopback port) serving from a thread: its URL; shut down and
+    closed after."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 class BrokerProcess:

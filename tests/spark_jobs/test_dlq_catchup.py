@@ -5,7 +5,6 @@ multi-table commit; the built-in catalog lists it), Glue never does."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,6 +17,7 @@ from spark_jobs.rounds.dlq_catchup import (
     multi_table_commits,
     rest_endpoints_allow_transactions,
 )
+from tests.support import serving
 
 TABLE_ENDPOINTS = ["GET /v1/{prefix}/namespaces/{namespace}/tables/{table}"]
 
@@ -48,15 +48,8 @@ def config_server() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Config)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Config)) as url:
+        yield url
 
 
 def test_a_rest_catalog_without_the_transactions_endpoint_commits_one_table_at_a_time(

@@ -7,7 +7,6 @@ log). Rounds through the driver: tests/e2e/test_airflow_warm_driver.py."""
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,22 +15,16 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from spark_jobs import warm_driver
+from tests.support import serving
 
 TOKEN = "t0ken"
 
 
 @pytest.fixture(scope="module")
 def driver_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(
-        ("127.0.0.1", 0), warm_driver.handler(warm_driver.WarmDriver(spark=None), TOKEN)
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    handler = warm_driver.handler(warm_driver.WarmDriver(spark=None), TOKEN)
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), handler)) as url:
+        yield url
 
 
 def post(url: str, body: bytes) -> tuple[int, str]:
