@@ -43,14 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import machine
 from tests.broker.test_s3_object_store import TcpProxy
 from tests.conftest import MotoS3
-from tests.postgres import PostgresServer
-from tests.reliability.cluster_kills import ClusterTrial, run_cluster_trial
+from tests.reliability.cluster_kills import ClusterTrial, run_cluster_trial, three_brokers
 from tests.reliability.crash_load import CrashRun, ProducerOutcome, run_crashes
 from tests.reliability.resources import run_wide
 from tests.reliability.rounds import complete_round, kill_round_at_random
 from tests.spark_jobs.round_support import CLICK_V1, AvroProducer, new_topic, table_offsets
 from tests.spark_jobs.test_commit_round import clicks
-from tests.support import BrokerProcess, ClusterBrokerProcess
+from tests.support import BrokerProcess
 
 
 def crash_runs(args: argparse.Namespace, work: Path) -> list[CrashRun]:
@@ -134,34 +133,13 @@ def summarise_crashes(runs: list[CrashRun]) -> dict[str, Any]:
 
 def cluster_trials(args: argparse.Namespace, work: Path) -> list[ClusterTrial]:
     """``args.runs`` kill -9 trials on one 3-broker cluster (a fresh topic per trial)."""
-    postgres = PostgresServer().start()
-    brokers: dict[int, ClusterBrokerProcess] = {}
     trials: list[ClusterTrial] = []
-    try:
-        uri = postgres.create_database("kills")
-        objects = work / "cluster-objects"
-        objects.mkdir()
-        for node_id in (1, 2, 3):
-            brokers[node_id] = ClusterBrokerProcess(
-                work / f"cluster-node{node_id}",
-                node_id,
-                uri,
-                str(objects),
-                lease_ms=args.lease_ms,
-                heartbeat_ms=args.heartbeat_ms,
-            )
-            brokers[node_id].start()
+    timing = {"lease_ms": args.lease_ms, "heartbeat_ms": args.heartbeat_ms}
+    with three_brokers(work / "cluster", **timing) as brokers:
         for i in range(args.runs):
             trial = run_cluster_trial(brokers, seed=args.seed * 1000 + i)
             print(json.dumps({"cluster_trial": trial.as_dict()}), flush=True)
             trials.append(trial)
-    finally:
-        for b in brokers.values():
-            try:
-                b.stop()
-            except Exception as exc:  # noqa: BLE001 - the others are stopped still
-                print(f"stopping broker {b.node_id}: {exc!r}", file=sys.stderr)
-        postgres.stop()
     return trials
 
 

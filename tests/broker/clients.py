@@ -1,7 +1,8 @@
-"""Kafka client helpers for the durability and object store tests: a producer
+"""Kafka client helpers for the durability, object store and cluster tests: a producer
 that keeps producing from a background thread and remembers exactly what was
-acknowledged, a reader that takes whole partitions from offset 0, and the
-checks that tie the two together."""
+acknowledged (and, timed, when a partition first acknowledged after a kill), a consumer
+group member in a thread, a reader that takes whole partitions from offset 0, and the
+checks that tie them together."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support import wait_for
@@ -121,6 +122,91 @@ class ContinuousProducer:
             f"producer {self.name}: {self.unfinished} deliveries never settled"
         )
         assert len(self.acked) + len(self.failed) == self.produced
+
+
+class TimedProducer(ContinuousProducer):
+    """A ContinuousProducer that notes, per partition, when a record produced after ``mark``
+    was first acknowledged (seconds after the mark): a failover's time, as a client sees it
+    (tests/broker/test_cluster.py, tests/reliability/cluster_kills.py)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.marked_at: float | None = None
+        self.first_after: dict[int, float] = {}
+
+    def mark(self, at: float) -> None:
+        self.first_after = {}
+        self.marked_at = at
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        super()._on_delivery(err, msg)
+        if err is None and self.marked_at is not None:
+            now = time.monotonic()
+            produced_at = now - msg.latency()
+            if produced_at >= self.marked_at and msg.partition() not in self.first_after:
+                self.first_after[msg.partition()] = now - self.marked_at
+
+
+class GroupReader:
+    """One consumer group member (subscribed to ``topic``) in a thread: every value it got,
+    and per partition when it first got a value that ``is_new`` (``watch``: produced after a
+    kill, say)."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, group: str, conf: dict[str, Any] | None = None
+    ) -> None:
+        self.values: set[str] = set()
+        self.errors: list[str] = []
+        self.is_new: Callable[[str], bool] | None = None
+        self.since: float = 0.0
+        self.first_new: dict[int, float] = {}
+        self._stop = threading.Event()
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+                "auto.commit.interval.ms": 200,
+                "session.timeout.ms": 10000,
+                "heartbeat.interval.ms": 500,
+                **(conf or {}),
+            }
+        )
+        self.consumer.subscribe([topic])
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def watch(self, is_new: Callable[[str], bool], since: float) -> None:
+        self.first_new = {}
+        self.since = since
+        self.is_new = is_new
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for msg in self.consumer.consume(500, 0.2):
+                error, value = msg.error(), msg.value()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        self.errors.append(str(error))
+                    continue
+                if value is None:
+                    continue
+                text = value.decode()
+                self.values.add(text)
+                p = msg.partition()
+                new = self.is_new is not None and self.is_new(text)
+                if new and p is not None and p not in self.first_new:
+                    self.first_new[p] = time.monotonic() - self.since
+
+    def halt(self) -> None:
+        """Stop consuming (the consumer stays open: its committed offsets can be asked)."""
+        self._stop.set()
+        self.thread.join(30)
+
+    def stop(self) -> None:
+        self.halt()
+        self.consumer.close()
 
 
 def stop_all(producers: Sequence[ContinuousProducer]) -> None:

@@ -16,7 +16,6 @@ import json
 import logging
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -35,7 +34,14 @@ from confluent_kafka.admin import (
 )
 
 from broker.kafka import records
-from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, verify_log
+from tests.broker.clients import (
+    ContinuousProducer,
+    GroupReader,
+    TimedProducer,
+    create_topic,
+    read_partitions,
+    verify_log,
+)
 from tests.broker.rawkafka import produce_raw
 from tests.kafka_tools import kafka_tool
 from tests.postgres import PostgresServer
@@ -250,6 +256,41 @@ def test_the_same_node_id_is_refused(cluster: Cluster, tmp_path: Path) -> None:
     assert "node id 2 is in use" in str(refused.value)
 
 
+def read_committed(client: dict[str, Any], topic: str, partitions: int) -> dict[int, list[str]]:
+    """Every partition of ``topic`` from offset 0 to its end as a read_committed consumer
+    (``client``: how it connects) sees it: the values of committed transactions, per partition."""
+    consumer = Consumer(
+        {
+            **client,
+            "group.id": f"txn-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    ended: set[int] = set()
+
+    def all_read() -> bool:
+        for msg in consumer.consume(100, 0.2):
+            error, partition, value = msg.error(), msg.partition(), msg.value()
+            assert partition is not None
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                ended.add(partition)
+                continue
+            assert value is not None
+            got[partition].append(value.decode())
+        return ended == set(range(partitions))
+
+    try:
+        wait_for(all_read, 60, 0, f"every {topic} partition read to its end")
+    finally:
+        consumer.close()
+    return got
+
+
 def test_a_transaction_over_partitions_of_every_broker_commits_and_aborts(
     cluster: Cluster,
 ) -> None:
@@ -276,101 +317,8 @@ def test_a_transaction_over_partitions_of_every_broker_commits_and_aborts(
             producer.commit_transaction(30)
         else:
             producer.abort_transaction(30)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": cluster.bootstrap,
-            "group.id": f"txn-{uuid.uuid4().hex[:6]}",
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": True,
-        }
-    )
-    consumer.assign([TopicPartition("txn", p, 0) for p in range(PARTITIONS)])
-    got: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
-    ended: set[int] = set()
-
-    def all_read() -> bool:
-        for msg in consumer.consume(100, 0.2):
-            error, partition, value = msg.error(), msg.partition(), msg.value()
-            assert partition is not None
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    ended.add(partition)
-                    continue
-                raise AssertionError(str(error))
-            assert value is not None
-            got[partition].append(value.decode())
-        return ended == set(range(PARTITIONS))
-
-    try:
-        wait_for(all_read, 60, 0, "every txn partition read to its end")
-    finally:
-        consumer.close()
+    got = read_committed({"bootstrap.servers": cluster.bootstrap}, "txn", PARTITIONS)
     assert got == {p: [f"commit-{p}", f"commit-{p}"] for p in range(PARTITIONS)}, got
-
-
-class TimedProducer(ContinuousProducer):
-    """A ContinuousProducer that also notes when each partition last had a delivery fail
-    and first succeeded after a moment (``mark``)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.marked_at: float | None = None
-        self.first_after: dict[int, float] = {}
-        self.errors: list[str] = []
-
-    def mark(self) -> None:
-        self.marked_at = time.monotonic()
-        self.first_after = {}
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        super()._on_delivery(err, msg)
-        if err is not None:
-            self.errors.append(str(err))
-        elif self.marked_at is not None and msg.partition() not in self.first_after:
-            self.first_after[msg.partition()] = time.monotonic() - self.marked_at
-
-
-class GroupConsumer:
-    """A consumer group member in a thread, noting every value it gets."""
-
-    def __init__(self, bootstrap: str, group: str) -> None:
-        self.values: list[str] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": group,
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": True,
-                "auto.commit.interval.ms": 200,
-                "session.timeout.ms": 10000,
-                "heartbeat.interval.ms": 500,
-            }
-        )
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> GroupConsumer:
-        self.consumer.subscribe([TOPIC])
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for msg in self.consumer.consume(500, 0.2):
-                error, value = msg.error(), msg.value()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        self.errors.append(str(error))
-                    continue
-                assert value is not None
-                self.values.append(value.decode())
-
-    def halt(self) -> None:
-        """Stop consuming (the consumer stays open: its committed offsets can be asked)."""
-        self._stop.set()
-        self.thread.join(30)
 
 
 def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> None:
@@ -379,12 +327,12 @@ def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> 
         cluster.bootstrap, TOPIC, "kill", conf={"enable.idempotence": True}, rate=500
     )
     producer.start()
-    group = GroupConsumer(cluster.bootstrap, f"g-{uuid.uuid4().hex[:6]}").start()
+    group = GroupReader(cluster.bootstrap, TOPIC, f"g-{uuid.uuid4().hex[:6]}")
     try:
         wait_for(lambda: producer.acked_count >= 500, 60, 0.1, "500 acknowledged records")
         victim = cluster.brokers[2]
         moved = sorted(p for p, node in before.items() if node == victim.node_id)
-        producer.mark()
+        producer.mark(time.monotonic())
         victim.kill9()
         after = wait_for(lambda: settled(cluster, {1, 3}), 30, 0.2, "leaders after the kill")
         assert all(after[p] in (1, 3) for p in moved)
@@ -395,7 +343,7 @@ def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> 
             "a successful produce on every moved partition",
         )
         log.warning(
-            "kill -9 of broker 2 to the first acknowledged produce, per moved partition: %s",
+            "kill -9 of broker 2 to the first acknowledged record produced after it, per moved partition: %s",
             {p: f"{producer.first_after[p]:.2f}s" for p in moved},
         )
         acked_after_kill = producer.acked_count
@@ -412,7 +360,7 @@ def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> 
     # the consumer group goes on: it gets every acknowledged record (at least once)
     try:
         wait_for(
-            lambda: set(producer.acked) <= set(group.values),
+            lambda: set(producer.acked) <= group.values,
             60,
             0.2,
             "the group consumed every acknowledged record",
@@ -424,8 +372,7 @@ def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> 
         )
         assert all(tp.offset > 0 for tp in committed), committed
     finally:
-        group.halt()
-        group.consumer.close()
+        group.stop()
 
 
 def compacted_chunks(broker: ClusterBrokerProcess) -> int:
@@ -663,35 +610,8 @@ def test_a_transaction_spans_brokers_that_only_have_sasl_ssl_listeners(
         for p in range(4):
             producer.produce("sectxn", value=f"v{p}".encode(), partition=p)
         producer.commit_transaction(30)
-        consumer = Consumer(
-            {
-                **client,
-                "group.id": f"sec-{uuid.uuid4().hex[:6]}",
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-            }
-        )
-        consumer.assign([TopicPartition("sectxn", p, 0) for p in range(4)])
-        got: dict[int, list[bytes]] = {}
-        ended: set[int] = set()
-
-        def all_read() -> bool:
-            for msg in consumer.consume(100, 0.2):
-                error, partition, value = msg.error(), msg.partition(), msg.value()
-                assert partition is not None
-                if error is not None:
-                    assert error.code() == KafkaError._PARTITION_EOF, error
-                    ended.add(partition)
-                    continue
-                assert value is not None
-                got.setdefault(partition, []).append(value)
-            return ended == set(range(4))
-
-        try:
-            wait_for(all_read, 60, 0, "every sectxn partition read to its end")
-        finally:
-            consumer.close()
-        assert got == {p: [f"v{p}".encode()] for p in range(4)}, got
+        got = read_committed(client, "sectxn", 4)
+        assert got == {p: [f"v{p}"] for p in range(4)}, got
     finally:
         for broker in secured:
             broker.stop()

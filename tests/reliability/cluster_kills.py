@@ -29,96 +29,26 @@ from __future__ import annotations
 
 import contextlib
 import random
-import threading
+import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError
 from confluent_kafka.admin import AdminClient
 
-from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, stop_all
+from tests.broker.clients import (
+    GroupReader,
+    TimedProducer,
+    create_topic,
+    read_partitions,
+    stop_all,
+)
+from tests.postgres import PostgresServer
 from tests.reliability.crash_load import PRODUCER_CONFS, ProducerOutcome, analyse
 from tests.support import ClusterBrokerProcess, wait_for
-
-
-class TimedProducer(ContinuousProducer):
-    """A ContinuousProducer that notes, per partition, when a record produced after ``mark``
-    was first acknowledged (seconds after the mark)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.marked_at: float | None = None
-        self.first_after: dict[int, float] = {}
-
-    def mark(self, at: float) -> None:
-        self.first_after = {}
-        self.marked_at = at
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        super()._on_delivery(err, msg)
-        if err is None and self.marked_at is not None:
-            now = time.monotonic()
-            produced_at = now - msg.latency()
-            if produced_at >= self.marked_at and msg.partition() not in self.first_after:
-                self.first_after[msg.partition()] = now - self.marked_at
-
-
-class GroupReader:
-    """One consumer group member in a thread: every value it got, and per partition when it
-    first got a value that ``is_new`` (produced after the kill)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.values: set[str] = set()
-        self.errors: list[str] = []
-        self.is_new: Callable[[str], bool] | None = None
-        self.since: float = 0.0
-        self.first_new: dict[int, float] = {}
-        self._stop = threading.Event()
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"kills-{uuid.uuid4().hex[:8]}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": True,
-                "auto.commit.interval.ms": 200,
-                "session.timeout.ms": 10000,
-                "heartbeat.interval.ms": 500,
-                "log_level": 0,
-            }
-        )
-        self.consumer.subscribe([topic])
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def watch(self, is_new: Callable[[str], bool], since: float) -> None:
-        self.first_new = {}
-        self.since = since
-        self.is_new = is_new
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for msg in self.consumer.consume(500, 0.2):
-                error, value = msg.error(), msg.value()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        self.errors.append(str(error))
-                    continue
-                if value is None:
-                    continue
-                text = value.decode()
-                self.values.add(text)
-                p = msg.partition()
-                new = self.is_new is not None and self.is_new(text)
-                if new and p is not None and p not in self.first_new:
-                    self.first_new[p] = time.monotonic() - self.since
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(30)
-        self.consumer.close()
 
 
 @dataclass
@@ -141,6 +71,37 @@ class ClusterTrial:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@contextlib.contextmanager
+def three_brokers(work: Path, **broker_args: Any) -> Iterator[dict[int, ClusterBrokerProcess]]:
+    """Brokers 1, 2 and 3 of a cluster, running: a Postgres of its own, one object-store
+    directory, their homes under ``work`` (``broker_args``: ``lease_ms``, ``heartbeat_ms``).
+    After: every broker stopped, then Postgres, even when a stop fails (the first failure is
+    raised then)."""
+    postgres = PostgresServer().start()
+    brokers: dict[int, ClusterBrokerProcess] = {}
+    try:
+        uri = postgres.create_database("kills")
+        objects = work / "objects"
+        objects.mkdir(parents=True)
+        for node_id in (1, 2, 3):
+            brokers[node_id] = ClusterBrokerProcess(
+                work / f"node{node_id}", node_id, uri, str(objects), **broker_args
+            )
+            brokers[node_id].start()
+        yield brokers
+    finally:
+        failed: BaseException | None = None
+        for b in brokers.values():
+            try:
+                b.stop()
+            except Exception as exc:  # noqa: BLE001 - the others are stopped still; raised below
+                print(f"stopping broker {b.node_id}: {exc!r}", file=sys.stderr)
+                failed = failed or exc
+        postgres.stop()
+        if failed is not None:
+            raise failed
 
 
 def leaders(bootstrap: str, topic: str) -> dict[int, int]:
@@ -214,7 +175,7 @@ def run_cluster_trial(
     ]
     for producer in producers:
         producer.start()
-    group = GroupReader(bootstrap, topic)
+    group = GroupReader(bootstrap, topic, f"kills-{uuid.uuid4().hex[:8]}", {"log_level": 0})
     try:
         wait_for(lambda: all(p.acked_count >= 200 for p in producers), timeout_s, 0.1, "first acks")
         trial.kill_after_s = round(rng.uniform(0.1, max_run_s), 3)

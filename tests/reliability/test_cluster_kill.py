@@ -13,30 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.postgres import PostgresServer
-from tests.reliability.cluster_kills import run_cluster_trial
+from tests.reliability.cluster_kills import run_cluster_trial, three_brokers
 from tests.reliability.crash_load import assert_guarantees
-from tests.support import ClusterBrokerProcess
 
 
 @pytest.mark.timeout(240)
 def test_kill_9_of_one_of_three_brokers_loses_nothing(tmp_path: Path) -> None:
     seed = int(os.environ.get("ICEFALL_RELIABILITY_SEED") or random.randrange(1 << 30))
-    postgres = PostgresServer().start()
-    brokers: dict[int, ClusterBrokerProcess] = {}
-    try:
-        uri = postgres.create_database("kills")
-        objects = tmp_path / "objects"
-        objects.mkdir()
-        for node_id in (1, 2, 3):
-            brokers[node_id] = ClusterBrokerProcess(
-                tmp_path / f"node{node_id}", node_id, uri, str(objects)
-            ).start()  # type: ignore[assignment]
+    with three_brokers(tmp_path) as brokers:
         trial = run_cluster_trial(brokers, seed=seed, max_run_s=1.0)
-    finally:
-        for b in brokers.values():
-            b.stop()
-        postgres.stop()
     print(trial.as_dict())
     assert_guarantees(trial)
     assert trial.moved, f"the victim led nothing: {trial.as_dict()}"
