@@ -61,7 +61,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,7 @@ from bench._common import (
     BrokerProcess,
     CpuByProcess,
     become_subreaper,
+    interrupt_on_sigterm,
     machine,
     pid_cpu_seconds,
     stop_processes,
@@ -89,6 +90,7 @@ from bench.commit_round import (
     round_env,
     warm_bytecode,
 )
+from broker import names
 from spark_jobs.jars import iceberg_jars
 from spark_jobs.warm_driver import HEALTH_PATH, ROUNDS_PATH, TOKEN_ENV, WarmRoundReply
 from tests.support import free_port
@@ -123,6 +125,8 @@ class Side:
     p50_s: float
     p99_s: float
     max_s: float
+    # per kind of process, from ready to the end of the drain (the side under Airflow)
+    cpu_by_kind: dict[str, float] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ the records
@@ -577,7 +581,8 @@ READY_S = 240.0
 
 def measure_side(
     name: str,
-    broker: BrokerProcess,
+    catalog: Any,
+    broker_cpu_s: Callable[[], float],
     producer: Producer,
     identifier: tuple[str, str],
     args: argparse.Namespace,
@@ -589,9 +594,8 @@ def measure_side(
 ) -> Side:
     """Once the side is ``ready`` (a long-lived JVM started and subscribed: its start-up is not
     counted), produce for ``--seconds``, wait until every record is visible (or ``--drain-s``),
-    then read the figures back from the table."""
-    catalog = load_catalog(broker)
-    assert broker.proc is not None
+    then read the figures back from the table. ``broker_cpu_s``: the broker's CPU so far
+    (listed apart, in no side's figure)."""
     deadline = time.monotonic() + READY_S
     while not ready():
         if (error := failed()) is not None:
@@ -600,7 +604,7 @@ def measure_side(
             raise TimeoutError(f"{name} not ready within {READY_S:g} s")
         time.sleep(0.5)
     cpu0 = cpu_s()
-    broker0 = pid_cpu_seconds(broker.proc.pid)
+    broker0 = broker_cpu_s()
     producer.rate, producer.seconds = args.rate, args.seconds
     producer.start()
     start()
@@ -617,7 +621,7 @@ def measure_side(
         time.sleep(0.5)
     finish()
     spent = cpu_s() - cpu0
-    broker_cpu = pid_cpu_seconds(broker.proc.pid) - broker0
+    broker_cpu = broker_cpu_s() - broker0
     seen, commits, files = freshness(catalog, identifier)
     lag = [(seen[i] - ms) / 1000 for i, ms in enumerate(producer.produced_ms) if i in seen]
     wall = args.seconds + (caught_up if caught_up is not None else args.drain_s)
@@ -647,16 +651,212 @@ def measure_side(
     )
 
 
-def load_catalog(broker: BrokerProcess) -> Any:
+def load_catalog(broker: BrokerProcess | str) -> Any:
+    """The REST catalog of ``broker`` (or at that URL)."""
     from pyiceberg.catalog import load_catalog as _load
 
-    return _load("bench", type="rest", uri=broker.catalog_url)
+    uri = broker if isinstance(broker, str) else broker.catalog_url
+    return _load("bench", type="rest", uri=uri)
+
+
+# ------------------------------------------------------------------ the side under Airflow
+
+AIRFLOW_SIDE = "Icefall under Airflow (icefall up)"
+AIRFLOW_TOPIC = "airflow"
+# The kinds of process (bench/sustained.py's ``_classify``) not in the side's figure: the broker,
+# as on every side, and ``icefall up``'s own process (its supervision loop beside the demo
+# producer, one process: not separable). Everything else under ``icefall up`` counts: Airflow's
+# api-server, scheduler (its LocalExecutor workers and their task processes), dag-processor,
+# triggerer and their helpers, and the warm driver's tree (Python, JVM, Spark's Python workers).
+NOT_COUNTED = ("broker", "icefall up (demo producer)")
+
+
+AIRFLOW_PARTS = (  # (in the command line or process title, kind), the first that matches
+    ("icefall_airflow.sync", "Airflow: icefall sync"),
+    ("airflow worker", "Airflow: LocalExecutor workers and tasks"),  # the task process too
+    ("airflow supervisor", "Airflow: LocalExecutor workers and tasks"),
+    ("api_server", "Airflow: api-server"),
+    ("api-server", "Airflow: api-server"),
+    ("dag-processor", "Airflow: dag-processor"),
+    ("dag_processor", "Airflow: dag-processor"),
+    ("scheduler", "Airflow: scheduler"),
+    ("triggerer", "Airflow: triggerer"),
+)
+
+
+def classify(cmdline: str) -> str:
+    """bench/sustained.py's kinds, ``icefall up`` first (its ``--home`` may name a folder
+    ``airflow``), the warm driver's Python workers (they fork from ``spark_jobs.worker_daemon``,
+    not pyspark's daemon), and Airflow split by component."""
+    from bench.sustained import _classify
+
+    if "broker.cli up" in cmdline:
+        return "icefall up (demo producer)"
+    if "spark_jobs.worker_daemon" in cmdline:
+        return "Spark Python workers"
+    kind = _classify(cmdline)
+    if kind == "Airflow":
+        return next((k for part, k in AIRFLOW_PARTS if part in cmdline), "Airflow: other")
+    return kind
+
+
+def create_airflow_topic(bootstrap: str, args: argparse.Namespace) -> None:
+    """The side's table topic: ``args.partitions``, a commit interval of ``args.interval_s``."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    config = {
+        "automq.table.topic.enable": "true",
+        "automq.table.topic.commit.interval.ms": str(int(args.interval_s * 1000)),
+        "max.message.bytes": str(2 * MIB),
+    }
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = NewTopic(AIRFLOW_TOPIC, args.partitions, 1, config=config)
+    for future in admin.create_topics([topic]).values():
+        future.result(15)
+
+
+class KindCpu:
+    """The CPU seconds of ``icefall up``'s tree per kind of process; calling it samples them and
+    returns the counted sum (the side's figure), keeping each call's per-kind sums, so the first
+    and last call of ``measure_side`` (ready, end of the drain) give the breakdown."""
+
+    def __init__(self, cpu: CpuByProcess) -> None:
+        self.cpu = cpu
+        self.calls: list[dict[str, float]] = []
+
+    def by_kind(self) -> dict[str, float]:
+        self.cpu.sample()
+        out: dict[str, float] = {}
+        for kind, seconds in list(self.cpu.last.values()):
+            out[kind] = out.get(kind, 0.0) + seconds
+        return out
+
+    def __call__(self) -> float:
+        kinds = self.by_kind()
+        self.calls.append(kinds)
+        return sum(v for k, v in kinds.items() if k not in NOT_COUNTED)
+
+    def broker(self) -> float:
+        return self.by_kind().get("broker", 0.0)
+
+    def breakdown(self) -> dict[str, float]:
+        """Per kind, from the first call to the last (counted and not)."""
+        first, last = self.calls[0], self.calls[-1]
+        spent = {k: round(v - first.get(k, 0.0), 1) for k, v in last.items()}
+        return dict(sorted(((k, v) for k, v in spent.items() if v), key=lambda kv: -kv[1]))
+
+
+def dag_unpaused(home: Path, dag_id: str) -> bool:
+    """Airflow's metadata database (SQLite under ``icefall up``) has the DAG, not paused: the
+    DAG processor parsed it, so the scheduler runs its rounds from now on."""
+    import sqlite3
+
+    db = home / "airflow" / "airflow.db"
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as c:
+            row = c.execute("SELECT is_paused FROM dag WHERE dag_id = ?", (dag_id,)).fetchone()
+    except sqlite3.Error:
+        return False
+    return row is not None and not row[0]
+
+
+def processes_of(home: Path) -> set[int]:
+    """The live processes of the ``icefall up`` run at ``home``: every one it starts (broker,
+    Airflow, warm driver, and what they start) carries ``ICEFALL_HOME`` in its environment."""
+    mark = f"\0ICEFALL_HOME={home.resolve()}\0".encode()
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if mark in b"\0" + (entry / "environ").read_bytes() + b"\0":
+                    out.add(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+@contextlib.contextmanager
+def warm_master(master: str) -> Iterator[None]:
+    """``ICEFALL_WARM_DRIVER_MASTER`` for the ``icefall up`` started in the block (its
+    environment is this process's): the same ``local[2]`` as the other sides' Spark."""
+    before = os.environ.get("ICEFALL_WARM_DRIVER_MASTER")
+    os.environ["ICEFALL_WARM_DRIVER_MASTER"] = master
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ICEFALL_WARM_DRIVER_MASTER"]
+        else:
+            os.environ["ICEFALL_WARM_DRIVER_MASTER"] = before
+
+
+def airflow_side(args: argparse.Namespace, folder: Path) -> Side:
+    """``icefall up`` as deployed (bench/sustained.py's ``icefall_up``: a temporary home, free
+    ports, the demo producer at 1 record/s on its own topic, Airflow 3 with the LocalExecutor,
+    the warm round driver), a table topic whose commit DAG (plan >> commit >> publish) runs a
+    round per interval; measured like the other sides once the DAG is in Airflow, unpaused."""
+    from bench.sustained import icefall_up  # here: sustained imports this module
+
+    print(f"[{AIRFLOW_SIDE}]", file=sys.stderr, flush=True)
+    folder.mkdir()
+    home = folder / "home"
+    try:
+        with (
+            warm_master("local[2]"),
+            icefall_up(home, warm=True) as (proc, bootstrap, registry, catalog_url),
+        ):
+            cpu = CpuByProcess(classify, interval=0.1)  # task processes live a few seconds
+            cpu.start(proc.pid)
+            kinds = KindCpu(cpu)
+            try:
+                create_airflow_topic(bootstrap, args)
+                schema_id = register_schema(registry, f"{AIRFLOW_TOPIC}-value")
+                dag_id = names.commit_dag_id(AIRFLOW_TOPIC)
+                side = measure_side(
+                    AIRFLOW_SIDE,
+                    load_catalog(catalog_url),
+                    kinds.broker,
+                    Producer(bootstrap, AIRFLOW_TOPIC, avro_encoder(schema_id)),
+                    ("default", AIRFLOW_TOPIC),
+                    args,
+                    kinds,
+                    lambda: (
+                        None
+                        if proc.poll() is None
+                        else f"icefall up exited {proc.returncode}; see {home}.out"
+                    ),
+                    ready=lambda: dag_unpaused(home, dag_id),
+                )
+                side.cpu_by_kind = kinds.breakdown()
+                print(f"[{AIRFLOW_SIDE}] CPU s by kind: {side.cpu_by_kind}", file=sys.stderr)
+                return side
+            finally:
+                cpu.stop()
+    finally:
+        # icefall up stopped what it started on SIGINT (or was killed after 90 s); whatever of
+        # its run still lives (an orphaned JVM) goes now
+        stop_processes(processes_of(home), timeout=10)
 
 
 def run(args: argparse.Namespace, folder: Path) -> list[Side]:
+    """The sides of ``args.sides``: those on the shared broker, then ``airflow`` (its own
+    ``icefall up``, after the shared broker stopped: one stack at a time on the cores)."""
+    sides = run_shared(args, folder) if set(args.sides) - {"airflow"} else []
+    if "airflow" in args.sides:
+        sides.append(airflow_side(args, folder / "icefall-up"))
+    return sides
+
+
+def run_shared(args: argparse.Namespace, folder: Path) -> list[Side]:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     broker = BrokerProcess(folder / "home").start()
+    assert broker.proc is not None
+    broker_pid = broker.proc.pid
+
+    def broker_cpu() -> float:
+        return pid_cpu_seconds(broker_pid)
+
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         plain = [NewTopic(t, args.partitions, 1) for t in ("sink-json", "streaming-avro")]
@@ -684,7 +884,8 @@ def run(args: argparse.Namespace, folder: Path) -> list[Side]:
                     sides.append(
                         measure_side(
                             "Icefall rounds, warm driver",
-                            broker,
+                            catalog,
+                            broker_cpu,
                             Producer(broker.bootstrap, "warm", avro_encoder(warm_schema_id)),
                             ("default", "warm"),
                             args,
@@ -708,7 +909,8 @@ def run(args: argparse.Namespace, folder: Path) -> list[Side]:
                 sides.append(
                     measure_side(
                         "Icefall rounds, a JVM per round",
-                        broker,
+                        catalog,
+                        broker_cpu,
                         Producer(broker.bootstrap, "rounds", avro_encoder(schema_id)),
                         ("default", "rounds"),
                         args,
@@ -727,7 +929,8 @@ def run(args: argparse.Namespace, folder: Path) -> list[Side]:
                 sides.append(
                     measure_side(
                         "Iceberg Kafka Connect sink (JSON)",
-                        broker,
+                        catalog,
+                        broker_cpu,
                         Producer(broker.bootstrap, "sink-json", json_encoder()),
                         (NAMESPACE, "sink"),
                         args,
@@ -744,7 +947,8 @@ def run(args: argparse.Namespace, folder: Path) -> list[Side]:
                 sides.append(
                     measure_side(
                         "Spark Structured Streaming",
-                        broker,
+                        catalog,
+                        broker_cpu,
                         Producer(broker.bootstrap, "streaming-avro", avro_encoder(schema_id)),
                         (NAMESPACE, "streaming"),
                         args,
@@ -789,27 +993,31 @@ def markdown(sides: list[Side]) -> str:
 
 
 def ratio_line(sides: list[Side]) -> str | None:
-    """Icefall's rounds (warm driver, and a JVM per round when it ran) against the sink, and
-    every side's p99 freshness; None without the warm side and the sink."""
+    """Icefall's sides (warm driver, under Airflow, a JVM per round: those that ran) against the
+    sink in records per CPU-second, and every side's p99 freshness; None without the sink and
+    an Icefall side."""
     by = {s.name: s for s in sides}
-    warm = by.get("Icefall rounds, warm driver")
     sink = by.get("Iceberg Kafka Connect sink (JSON)")
-    if warm is None or sink is None:
-        return None
-    spawned = by.get("Icefall rounds, a JVM per round")
-    streaming = by.get("Spark Structured Streaming")
-    per_cpu = f"{warm.records_per_cpu_s / max(1, sink.records_per_cpu_s):.2f}"
-    if spawned is not None:
-        per_cpu += (
-            f" (a JVM per round: {spawned.records_per_cpu_s / max(1, sink.records_per_cpu_s):.2f})"
+    icefall = [
+        (short, by[name])
+        for short, name in (
+            ("warm driver", "Icefall rounds, warm driver"),
+            ("under Airflow", AIRFLOW_SIDE),
+            ("a JVM per round", "Icefall rounds, a JVM per round"),
         )
-    p99 = f"Icefall warm {warm.p99_s}"
-    if spawned is not None:
-        p99 += f", a JVM per round {spawned.p99_s}"
+        if name in by
+    ]
+    if sink is None or not icefall:
+        return None
+    per_cpu = ", ".join(
+        f"{short} {side.records_per_cpu_s / max(1, sink.records_per_cpu_s):.2f}"
+        for short, side in icefall
+    )
+    p99 = ", ".join(f"Icefall {short} {side.p99_s}" for short, side in icefall)
     p99 += f", sink {sink.p99_s}"
-    if streaming is not None:
+    if (streaming := by.get("Spark Structured Streaming")) is not None:
         p99 += f", streaming {streaming.p99_s}"
-    return f"ratio Icefall (warm driver) / Connect sink records per CPU-s: {per_cpu}; p99 freshness s: {p99}"
+    return f"ratio Icefall / Connect sink records per CPU-s: {per_cpu}; p99 freshness s: {p99}"
 
 
 def main() -> None:
@@ -823,8 +1031,8 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default=None,
-        help="which sides run, comma-separated, of warm,rounds,sink,streaming (default: all four; "
-        "--quick: warm,sink,streaming); the ratio needs warm and sink",
+        help="which sides run, comma-separated, of warm,airflow,rounds,sink,streaming (default: "
+        "all five; --quick: warm,sink,streaming); the ratios need the sink",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
@@ -834,14 +1042,15 @@ def main() -> None:
     if args.drain_s is None:
         args.drain_s = 3 * args.interval_s + 30
     if args.sides is None:
-        args.sides = "warm,sink,streaming" if args.quick else "warm,rounds,sink,streaming"
+        args.sides = "warm,sink,streaming" if args.quick else "warm,airflow,rounds,sink,streaming"
     args.sides = args.sides.split(",")
-    if unknown := set(args.sides) - {"warm", "rounds", "sink", "streaming"}:
+    if unknown := set(args.sides) - {"warm", "airflow", "rounds", "sink", "streaming"}:
         parser.error(f"unknown sides {sorted(unknown)}")
-    for jars, target in ((CONNECT_JARS, "bench-vs-connect"), (SPARK_AVRO_JARS, "bench-vs-connect")):
-        if not (jars / ".pinned").exists():
-            sys.exit(f"no jars in {jars}: run `make {target}`")
+    for jars, side in ((CONNECT_JARS, "sink"), (SPARK_AVRO_JARS, "streaming")):
+        if side in args.sides and not (jars / ".pinned").exists():
+            sys.exit(f"no jars in {jars}: run `make bench-vs-connect`")
     become_subreaper()
+    interrupt_on_sigterm()  # a SIGTERM stops every side's processes too
     folder = Path(tempfile.mkdtemp(prefix="vs-connect-"))
     try:
         sides = run(args, folder)
@@ -864,6 +1073,13 @@ def main() -> None:
     for side in sides:
         print(json.dumps(asdict(side)))
     print(markdown(sides))
+    for side in sides:
+        if side.cpu_by_kind:
+            print(
+                f"{side.name}, CPU s by kind of process from ready to the end of the drain "
+                f"(counted: all but {' and '.join(NOT_COUNTED)}): "
+                + ", ".join(f"{k} {v:g}" for k, v in side.cpu_by_kind.items())
+            )
     if (line := ratio_line(sides)) is not None:
         print(line)
 
