@@ -2,15 +2,32 @@
 one run on this machine (issue 17, part 2).
 
 One Icefall broker (a temporary home) serves the topics and its built-in REST catalog takes
-the tables. The sides run one after another (not at once: two cores), each for the same
-``--seconds`` while a producer thread sends the same 16-field records (bench/commit_round.py's
-generator) at ``--rate`` records/s, each carrying its produce time in ``event_time``:
+the tables (the ``airflow`` side brings its own). The sides run one after another (not at
+once: two cores), each for the same ``--seconds`` while a producer thread sends the same
+16-field records (bench/commit_round.py's generator) at ``--rate`` records/s, each carrying its
+produce time in ``event_time``:
 
-a) ``warm``, Icefall as ``icefall up`` runs it: the warm round driver (``spark_jobs.warm_driver``,
+a) ``warm``, Icefall's round driver alone: the warm round driver (``spark_jobs.warm_driver``,
    one long-lived Spark driver, ``local[2]``) started once, and a round posted to it once per
-   ``--interval-s`` (or right after the last one, when a round takes longer), on a table topic
-   of Confluent-framed Avro values; its CPU is the driver's whole process tree (Python, its JVM,
-   Spark's Python workers) for the whole measured time, idle time between rounds included;
+   ``--interval-s`` (or right after the last one, when a round takes longer) by this script,
+   bypassing Airflow, on a table topic of Confluent-framed Avro values; its CPU is the driver's
+   whole process tree (Python, its JVM, Spark's Python workers) for the whole measured time,
+   idle time between rounds included;
+a') ``airflow``, Icefall as deployed, the coordinator counted: ``icefall up`` (bench/sustained.py's
+   ``icefall_up``: a temporary home, free ports, its own broker, Airflow 3 with the
+   LocalExecutor and SQLite, the warm round driver at ``local[2]``, the demo producer at 1
+   record/s on its own topic) and a table topic with ``automq.table.topic.commit.interval.ms``
+   = the interval, whose commit DAG (plan >> commit >> publish, each a task process) asks the
+   warm driver for a round per interval. Ready once the DAG is in Airflow's database, unpaused.
+   Its CPU is every process under ``icefall up`` but the broker and ``icefall up``'s own
+   process (its supervision loop and the demo producer, one process): Airflow's api-server,
+   scheduler (its LocalExecutor workers and their task processes), dag-processor, triggerer,
+   ``icefall_airflow.sync``, the topic's maintenance DAG where it runs, and the warm driver's
+   tree, sampled every 0.1 s (a process that ends between samples loses at most that); the
+   figure is split by kind of process. Its start-up CPU is the counted processes' at ready as
+   seen from when Airflow's API answers (``airflow db migrate``, run and gone before, is not
+   in it). The sink's coordinator runs inside its Connect worker,
+   so this is the side to set against it; the broker's CPU is apart, as on every side;
 b) ``rounds``, Icefall without the warm driver: ``spark_jobs.commit_round`` once per interval,
    a new JVM each time (as a commit task runs spark-submit), on a table topic of its own;
 c) ``sink``, the Apache Iceberg Kafka Connect sink (``iceberg-kafka-connect`` 1.10.1, the
@@ -33,11 +50,12 @@ driver, the Connect worker, the streaming query) is measured from when it is rea
 start-up CPU is printed apart, not counted: it is paid once per deployment); a round of
 ``rounds`` counts whole, its JVM start included, since every round pays it.
 
-The last line prints the ratios: Icefall (warm driver) / sink records per CPU-second (and the
-JVM-per-round side's, when it ran), and each side's p99 freshness.
+The last line prints the ratios: each Icefall side that ran (warm driver, under Airflow, a JVM
+per round) / sink records per CPU-second, and each side's p99 freshness.
 ``--quick``: 1,000 records/s for 8 s per side, 4 s interval, the sides warm, sink and streaming
-(the ratio's; the JVM-per-round side only with ``--sides``): the three JVM starts dominate,
-about a minute on two idle cores, a few on busy ones (3.7 minutes at load average 14).
+(the JVM-per-round and Airflow sides only with ``--sides``): the three JVM starts dominate,
+about a minute on two idle cores, a few on busy ones (3.7 minutes at load average 14). The
+``airflow`` side alone takes about 4 minutes at load 15 (Airflow's start and migration).
 
     .venv/bin/python bench/vs_connect.py            # 10,000 records/s for 90 s per side, 20 s interval
     .venv/bin/python bench/vs_connect.py --quick
