@@ -73,7 +73,7 @@ from bench._common import (
     REPO,
     BrokerProcess,
     CpuByProcess,
-    become_subreaper,
+    leave_no_processes,
     machine,
     pid_cpu_seconds,
     stop_processes,
@@ -841,10 +841,13 @@ def main() -> None:
     for jars, target in ((CONNECT_JARS, "bench-vs-connect"), (SPARK_AVRO_JARS, "bench-vs-connect")):
         if not (jars / ".pinned").exists():
             sys.exit(f"no jars in {jars}: run `make {target}`")
-    become_subreaper()
     folder = Path(tempfile.mkdtemp(prefix="vs-connect-"))
     try:
-        sides = run(args, folder)
+        # every process a side started is stopped on the way out, Ctrl-C and SIGTERM included
+        with leave_no_processes():
+            sides = run(args, folder)
+    except KeyboardInterrupt as exc:
+        sys.exit(f"interrupted ({exc or 'Ctrl-C'}): every process the benchmark started is stopped")
     finally:
         if args.keep:
             print(f"kept {folder}", file=sys.stderr)
