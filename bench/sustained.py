@@ -68,7 +68,7 @@ from bench._common import (
     stop_processes,
 )
 from bench.commit_round import register_schema
-from bench.rate_producer import ProducerProcess
+from bench.rate_producer import ProducerGroup
 from bench.vs_connect import committed
 from tests.support import free_port, wait_for
 
@@ -235,7 +235,9 @@ def run_side(args: argparse.Namespace, name: str, folder: Path) -> SideResult:
         schema_id = register_schema(registry, f"{TOPIC}-value")
         catalog = load_catalog("bench", type="rest", uri=catalog_url)
         identifier = ("default", TOPIC)
-        producer = ProducerProcess(bootstrap, TOPIC, schema_id, folder / f"{name}-producer.log")
+        producer = ProducerGroup(
+            bootstrap, TOPIC, schema_id, folder / f"{name}-producer.log", args.producers
+        )
         cpu_self0 = time.process_time()
         try:
             with producer:
@@ -268,7 +270,7 @@ def _step(
     args: argparse.Namespace,
     name: str,
     proc: subprocess.Popen[bytes],
-    producer: ProducerProcess,
+    producer: ProducerGroup,
     catalog: Any,
     identifier: tuple[str, str],
     rate: float,
@@ -312,7 +314,7 @@ def _rates(args: argparse.Namespace, side: str) -> list[float]:
     return list(args.rates)
 
 
-def _cpu_now(cpu: CpuByProcess, producer: ProducerProcess, self0: float) -> dict[str, float]:
+def _cpu_now(cpu: CpuByProcess, producer: ProducerGroup, self0: float) -> dict[str, float]:
     """CPU seconds so far per kind of process (dead ones at their last sample), the producer
     process's and this one's (the lag sampling) too."""
     cpu.sample()
@@ -377,6 +379,13 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=600.0, help="how long a step is held")
     parser.add_argument("--interval-s", type=float, default=60.0)
     parser.add_argument("--sides", default="warm,spark-submit", help="of warm,spark-submit")
+    parser.add_argument(
+        "--producers",
+        type=int,
+        default=1,
+        help="producer processes sharing the rate (1 offers 60 MiB/s in ~0.5 core; more only "
+        "when the machine is so busy that one does not get that share)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
     if args.quick:
