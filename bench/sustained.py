@@ -246,9 +246,7 @@ def run_side(args: argparse.Namespace, name: str, folder: Path) -> SideResult:
                 wait_for(lambda: committed(catalog, identifier) > 0, 300, what="the first round")
                 print(f"[{name}] first round committed; stepping the rate", flush=True)
                 for rate in _rates(args, name):
-                    step = _step(
-                        args, name, proc, producer, catalog, identifier, rate, cpu, cpu_self0
-                    )
+                    step = _step(args, proc, producer, catalog, identifier, rate, cpu, cpu_self0)
                     side.steps.append(step)
                     print(f"[{name}] {json.dumps(asdict(step))}", flush=True)
                     if not step.bounded:
@@ -268,7 +266,6 @@ def run_side(args: argparse.Namespace, name: str, folder: Path) -> SideResult:
 
 def _step(
     args: argparse.Namespace,
-    name: str,
     proc: subprocess.Popen[bytes],
     producer: ProducerGroup,
     catalog: Any,
