@@ -34,6 +34,7 @@ __all__ = [
     "Measure",
     "become_subreaper",
     "interrupt_on_sigterm",
+    "leave_no_processes",
     "machine",
     "measure",
     "own_children",
@@ -217,6 +218,46 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+@contextmanager
+def leave_no_processes(grace: float = 150.0) -> Iterator[None]:
+    """A benchmark's ``main``: whatever way it ends, no process it started is left running.
+
+    Becomes a subreaper (an orphaned Spark JVM or Python worker is re-parented to this process,
+    not to init, so it can be found). SIGTERM and SIGINT raise KeyboardInterrupt, so the
+    ``finally`` blocks stop what they started gracefully (``icefall up`` with SIGINT, a
+    producer flushed); should those take longer than ``grace`` s (a wait on a round that runs
+    on), a watchdog stops every descendant; a second signal does it at once. On the way out,
+    whatever still descends from this process (adopted orphans included) is SIGTERMed, then
+    SIGKILLed (``stop_processes``)."""
+    become_subreaper()
+    interrupted = threading.Event()
+    timers: list[threading.Timer] = []
+
+    def sweep(timeout: float) -> None:
+        stop_processes(own_children(), timeout=timeout)
+
+    def handler(signum: int, frame: object) -> None:
+        if interrupted.is_set():
+            sweep(5.0)
+        else:
+            interrupted.set()
+            watchdog = threading.Timer(grace, sweep, (10.0,))
+            watchdog.daemon = True
+            watchdog.start()
+            timers.append(watchdog)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for timer in timers:
+            timer.cancel()
+        sweep(10.0)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def reap_orphans(exclude: set[int], timeout: float = 60.0) -> int:

@@ -4,9 +4,12 @@ lag stays bounded with rounds every ``--interval-s``, broker, Airflow and rounds
 Each side starts ``icefall up`` (a temporary home, free ports, the demo producer at 1 record/s),
 creates a 4-partition table topic with ``commit.interval.ms`` = the interval (its commit DAG
 runs a round per interval, one at a time) and produces bench/commit_round.py's 16-field Avro
-values (~500 B, Confluent wire format, lz4, acks=all) with confluent-kafka at a fixed rate
-from this process. Every 5 s it samples the lag: records acknowledged by the broker minus the
-rows of the table's current snapshot. The sides:
+values (~500 B, Confluent wire format, lz4, acks=all) at a fixed rate with confluent-kafka in
+a process of its own (bench/rate_producer.py: pre-built values, ``produce_batch``, no Python
+callback per acknowledged record; cheap, since it runs on the cores it measures, and its CPU
+counted apart as "producer"). Every 5 s it samples the lag: records acknowledged by the
+broker minus the rows of the table's current snapshot. The sides:
+The sides:
 
 a) ``warm``: the warm round driver ``icefall up`` starts (one long-lived Spark driver that the
    commit task asks for each round);
@@ -17,12 +20,19 @@ The search: after a warm-up (the first round commits), the rate steps up through
 (MiB/s of values), each step held ``--step-s``; a step is bounded when the lag does not grow
 over its second half (least-squares slope x half the step below half a round's records, and
 the last sample below three rounds' records). The first unbounded step ends the side. The
-figure is the highest bounded rate / 2 cores, in MiB/s per core; the CPU seconds per kind of
-process (broker, Airflow, warm driver and its JVM, spark-submit rounds, Spark's Python
-workers, the producer) say what bounds it.
+spark-submit side, the baseline, holds one step at ``--baseline-rate`` (``0``: ``--rates``
+too), so a full run is about 35 minutes. The figure is the highest bounded rate / 2 cores, in
+MiB/s per core; the CPU seconds per kind of process (broker, Airflow, warm driver and its JVM,
+spark-submit rounds, Spark's Python workers, the producer, the bench's own lag sampling) say
+what bounds it.
+
+Every process it starts is stopped on every way out (the end, an error, Ctrl-C, SIGTERM):
+``icefall up`` with SIGINT, then its tree and process group; as a subreaper it also kills
+what got orphaned on the way (``leave_no_processes``).
 
     .venv/bin/python bench/sustained.py --quick     # warm side, 20 s rounds, 60 s at 4 MiB/s
-    .venv/bin/python bench/sustained.py             # both sides, 60 s rounds, 600 s steps
+    .venv/bin/python bench/sustained.py             # warm 30, 50 MiB/s; spark-submit 10; 600 s steps
+    .venv/bin/python bench/sustained.py --sides warm --rates 40,50,60
 
 The last line prints the figure (``--quick``: the warm side's rate per core and whether its lag
 stayed bounded; full: both sides' MiB/s per core and their ratio).
@@ -34,10 +44,11 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -47,9 +58,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import MIB, REPO, CpuByProcess, become_subreaper, machine, stop_processes
+from bench._common import (
+    MIB,
+    REPO,
+    CpuByProcess,
+    leave_no_processes,
+    machine,
+    own_children,
+    stop_processes,
+)
 from bench.commit_round import register_schema
-from bench.vs_connect import avro_encoder, committed
+from bench.rate_producer import ProducerGroup
+from bench.vs_connect import committed
 from tests.support import free_port, wait_for
 
 TOPIC = "sustained"
@@ -84,58 +104,6 @@ class SideResult:
     def best(self) -> float:
         bounded = [min(s.rate_mib_s, s.achieved_mib_s) for s in self.steps if s.bounded]
         return max(bounded) if bounded else 0.0
-
-
-class Producer(threading.Thread):
-    """Avro values at ``rate`` MiB/s (changeable), in 10 ms steps, until stopped."""
-
-    def __init__(self, bootstrap: str, schema_id: int) -> None:
-        super().__init__(daemon=True)
-        self.bootstrap = bootstrap
-        self.encode = avro_encoder(schema_id)
-        self.rate_mib_s = 0.0
-        self.sent = self.acked = self.value_bytes = 0
-        self.failures: list[object] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        from confluent_kafka import Producer as KafkaProducer
-
-        def delivered(err: object, msg: object) -> None:
-            if err is not None:
-                self.failures.append(err)
-            else:
-                self.acked += 1
-
-        producer = KafkaProducer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "acks": "all",
-                "linger.ms": 20,
-                "batch.size": 1_000_000,
-                "compression.type": "lz4",
-                "queue.buffering.max.kbytes": 1_048_576,
-                "on_delivery": delivered,
-            }
-        )
-        budget, last = 0.0, time.monotonic()
-        while not self.stop.is_set():
-            now = time.monotonic()
-            budget += (now - last) * self.rate_mib_s * MIB
-            last = now
-            while budget > 0:
-                value, key = self.encode(self.sent, int(time.time() * 1000))
-                try:
-                    producer.produce(TOPIC, value, key)
-                except BufferError:
-                    producer.poll(0.05)
-                    continue
-                budget -= len(value)
-                self.value_bytes += len(value)
-                self.sent += 1
-            producer.poll(0)
-            time.sleep(0.01)
-        producer.flush(60)
 
 
 def _classify(cmdline: str) -> str:
@@ -201,11 +169,24 @@ def icefall_up(home: Path, warm: bool) -> Any:
             f"http://127.0.0.1:{catalog}",
         )
     finally:
-        proc.send_signal(2)  # Ctrl-C: icefall up stops everything it started
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            stop_processes({proc.pid})
+        stop_icefall_up(proc)
+
+
+def stop_icefall_up(proc: subprocess.Popen[bytes], grace: float = 90.0) -> None:
+    """SIGINT (Ctrl-C: ``icefall up`` stops what it started, Airflow and the warm driver
+    gracefully), then, past ``grace`` s, its whole tree; then its process group and whatever it
+    left behind: a Spark JVM or Python worker whose parent exited is re-parented to this
+    process (``leave_no_processes`` makes it a subreaper), so it is among ``own_children``."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        stop_processes({proc.pid})
+        proc.wait(10)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: its group is its pid
+    stop_processes(own_children())
 
 
 def _airflow_up(port: int) -> bool:
@@ -254,67 +235,91 @@ def run_side(args: argparse.Namespace, name: str, folder: Path) -> SideResult:
         schema_id = register_schema(registry, f"{TOPIC}-value")
         catalog = load_catalog("bench", type="rest", uri=catalog_url)
         identifier = ("default", TOPIC)
-        producer = Producer(bootstrap, schema_id)
-        producer.rate_mib_s = 0.2
-        producer.start()
+        producer = ProducerGroup(
+            bootstrap, TOPIC, schema_id, folder / f"{name}-producer.log", args.producers
+        )
         cpu_self0 = time.process_time()
         try:
-            # warm-up: the DAG is parsed and a first round commits
-            wait_for(lambda: committed(catalog, identifier) > 0, 300, what="the first round")
-            print(f"[{name}] first round committed; stepping the rate", flush=True)
-            for rate in args.rates:
-                step = Step(rate, args.step_s)
-                producer.rate_mib_s = rate
-                t0, sent0, bytes0 = time.monotonic(), producer.sent, producer.value_bytes
-                cpu_before = _cpu_now(cpu, cpu_self0)
-                samples: list[tuple[float, int]] = []
-                while (elapsed := time.monotonic() - t0) < args.step_s:
-                    if producer.failures:
-                        raise RuntimeError(f"produce failed: {producer.failures[:3]}")
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"icefall up exited {proc.returncode}")
-                    lag = producer.acked - committed(catalog, identifier)
-                    samples.append((elapsed, lag))
-                    time.sleep(SAMPLE_S)
-                step.records = producer.sent - sent0
-                step.mib = round((producer.value_bytes - bytes0) / MIB, 1)
-                step.achieved_mib_s = round(step.mib / args.step_s, 2)
-                cpu_after = _cpu_now(cpu, cpu_self0)
-                step.cpu_s = {
-                    k: round(v - cpu_before.get(k, 0.0), 1)
-                    for k, v in sorted(cpu_after.items(), key=lambda kv: -kv[1])
-                    if v - cpu_before.get(k, 0.0) >= 0.1
-                }
-                half = [s for s in samples if s[0] >= args.step_s / 2]
-                round_records = step.records / args.step_s * args.interval_s
-                step.growth_records = round(_growth(half))
-                step.lag_end, step.lag_max = samples[-1][1], max(lag for _, lag in samples)
-                step.bounded = (
-                    step.growth_records < 0.5 * round_records and step.lag_end < 3 * round_records
-                )
-                side.steps.append(step)
-                print(f"[{name}] {json.dumps(asdict(step))}", flush=True)
-                if not step.bounded:
-                    break
+            with producer:
+                producer.set_rate(0.2)
+                # warm-up: the DAG is parsed and a first round commits
+                wait_for(lambda: committed(catalog, identifier) > 0, 300, what="the first round")
+                print(f"[{name}] first round committed; stepping the rate", flush=True)
+                for rate in _rates(args, name):
+                    step = _step(args, proc, producer, catalog, identifier, rate, cpu, cpu_self0)
+                    side.steps.append(step)
+                    print(f"[{name}] {json.dumps(asdict(step))}", flush=True)
+                    if not step.bounded:
+                        break
+            producer.check()  # a record that failed in the final flush fails the side too
         except Exception as exc:  # noqa: BLE001 -- reported in the result, the other side runs
             side.error = f"{type(exc).__name__}: {exc}"
             print(f"[{name}] failed: {side.error}", flush=True)
         finally:
-            producer.stop.set()
-            producer.join(90)
+            producer.stop()
             side.cpu_s = cpu.stop()
-            side.cpu_s["producer (bench)"] = round(time.process_time() - cpu_self0, 1)
+            side.cpu_s["producer"] = round(float(producer.stat("cpu_s")), 1)
+            side.cpu_s["bench"] = round(time.process_time() - cpu_self0, 1)
             side.rounds = _rounds(home)
     return side
 
 
-def _cpu_now(cpu: CpuByProcess, self0: float) -> dict[str, float]:
-    """CPU seconds so far per kind of process (dead ones at their last sample), the producer's too."""
+def _step(
+    args: argparse.Namespace,
+    proc: subprocess.Popen[bytes],
+    producer: ProducerGroup,
+    catalog: Any,
+    identifier: tuple[str, str],
+    rate: float,
+    cpu: CpuByProcess,
+    cpu_self0: float,
+) -> Step:
+    """One step: ``rate`` MiB/s held ``--step-s``, the lag sampled every ``SAMPLE_S``."""
+    step = Step(rate, args.step_s)
+    producer.set_rate(rate)
+    t0, sent0, bytes0 = time.monotonic(), producer.stat("sent"), producer.stat("value_bytes")
+    cpu_before = _cpu_now(cpu, producer, cpu_self0)
+    samples: list[tuple[float, int]] = []
+    while (elapsed := time.monotonic() - t0) < args.step_s:
+        producer.check()
+        if proc.poll() is not None:
+            raise RuntimeError(f"icefall up exited {proc.returncode}")
+        lag = producer.stat("acked") - committed(catalog, identifier)
+        samples.append((elapsed, lag))
+        time.sleep(SAMPLE_S)
+    step.records = producer.stat("sent") - sent0
+    step.mib = round((producer.stat("value_bytes") - bytes0) / MIB, 1)
+    step.achieved_mib_s = round(step.mib / args.step_s, 2)
+    cpu_after = _cpu_now(cpu, producer, cpu_self0)
+    step.cpu_s = {
+        k: round(v - cpu_before.get(k, 0.0), 1)
+        for k, v in sorted(cpu_after.items(), key=lambda kv: -(kv[1] - cpu_before.get(kv[0], 0.0)))
+        if v - cpu_before.get(k, 0.0) >= 0.1
+    }
+    half = [s for s in samples if s[0] >= args.step_s / 2]
+    round_records = step.records / args.step_s * args.interval_s
+    step.growth_records = round(_growth(half))
+    step.lag_end, step.lag_max = samples[-1][1], max(lag for _, lag in samples)
+    step.bounded = step.growth_records < 0.5 * round_records and step.lag_end < 3 * round_records
+    return step
+
+
+def _rates(args: argparse.Namespace, side: str) -> list[float]:
+    """The side's steps: ``--rates``; the spark-submit side one step at ``--baseline-rate``."""
+    if side == "spark-submit" and args.baseline_rate:
+        return [args.baseline_rate]
+    return list(args.rates)
+
+
+def _cpu_now(cpu: CpuByProcess, producer: ProducerGroup, self0: float) -> dict[str, float]:
+    """CPU seconds so far per kind of process (dead ones at their last sample), the producer
+    process's and this one's (the lag sampling) too."""
     cpu.sample()
     out: dict[str, float] = {}
     for kind, seconds in list(cpu.last.values()):
         out[kind] = out.get(kind, 0.0) + seconds
-    out["producer (bench)"] = time.process_time() - self0
+    out["producer"] = float(producer.stat("cpu_s"))
+    out["bench"] = time.process_time() - self0
     return out
 
 
@@ -356,20 +361,47 @@ def markdown(sides: list[SideResult], args: argparse.Namespace, load: tuple[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rates", default="5,10,15,20,25,30,40,50", help="MiB/s steps")
-    parser.add_argument("--step-s", type=float, default=600.0)
+    parser.add_argument(
+        "--rates",
+        default="30,50",
+        help="MiB/s of values, the steps of the warm side (and of spark-submit with "
+        "--baseline-rate 0); the side ends at its first unbounded step",
+    )
+    parser.add_argument(
+        "--baseline-rate",
+        type=float,
+        default=10.0,
+        help="the spark-submit side's one step, MiB/s (0: step through --rates too)",
+    )
+    parser.add_argument("--step-s", type=float, default=600.0, help="how long a step is held")
     parser.add_argument("--interval-s", type=float, default=60.0)
-    parser.add_argument("--sides", default="warm,spark-submit")
+    parser.add_argument("--sides", default="warm,spark-submit", help="of warm,spark-submit")
+    parser.add_argument(
+        "--producers",
+        type=int,
+        default=1,
+        help="producer processes sharing the rate (1 offers 60 MiB/s in ~0.5 core; more only "
+        "when the machine is so busy that one does not get that share)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
     if args.quick:
         args.rates, args.step_s, args.interval_s, args.sides = "4", 60.0, 20.0, "warm"
     args.rates = [float(r) for r in args.rates.split(",")]
-    become_subreaper()
-    load = os.getloadavg()
-    folder = Path(tempfile.mkdtemp(prefix="icefall-sustained-"))
-    print(f"working in {folder}; load average {load}", flush=True)
-    sides = [run_side(args, name, folder) for name in args.sides.split(",")]
+    if unknown := set(args.sides.split(",")) - {"warm", "spark-submit"}:
+        parser.error(f"unknown sides {sorted(unknown)}")
+    try:
+        with leave_no_processes():
+            load = os.getloadavg()
+            folder = Path(tempfile.mkdtemp(prefix="icefall-sustained-"))
+            print(f"working in {folder}; load average {load}", flush=True)
+            try:
+                sides = [run_side(args, name, folder) for name in args.sides.split(",")]
+            finally:
+                if not args.keep:
+                    shutil.rmtree(folder, ignore_errors=True)
+    except KeyboardInterrupt as exc:
+        sys.exit(f"interrupted ({exc or 'Ctrl-C'}): every process the benchmark started is stopped")
     print()
     print(
         "Command: `.venv/bin/python bench/sustained.py "
@@ -377,10 +409,6 @@ def main() -> None:
         + f"` (interval {args.interval_s:g} s, steps of {args.step_s:g} s)"
     )
     print(markdown(sides, args, load))
-    if not args.keep:
-        import shutil
-
-        shutil.rmtree(folder, ignore_errors=True)
     if args.quick:
         [side] = sides
         step = side.steps[-1] if side.steps else None
@@ -396,9 +424,21 @@ def main() -> None:
         ratio = f"{figures.get('warm', 0.0) / base:.2f}x" if base else "n/a"
         print(
             "sustained MiB/s per core at bounded lag: "
-            + ", ".join(f"{k} {v:g}" for k, v in figures.items())
+            + ", ".join(f"{s.name} {_figure(s)}" for s in sides)
             + f"; warm / spark-submit {ratio}"
         )
+
+
+def _figure(side: SideResult) -> str:
+    """The side's MiB/s per core: ``>= x`` when every step was bounded (its ceiling is higher),
+    ``< x`` when even the first was not."""
+    if side.error or not side.steps:
+        return "n/a (" + (side.error or "no step") + ")"
+    if all(s.bounded for s in side.steps):
+        return f">= {side.best / CORES:g}"
+    if not side.best:
+        return f"< {side.steps[0].rate_mib_s / CORES:g}"
+    return f"{side.best / CORES:g}"
 
 
 if __name__ == "__main__":

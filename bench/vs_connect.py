@@ -91,8 +91,7 @@ from bench._common import (
     REPO,
     BrokerProcess,
     CpuByProcess,
-    become_subreaper,
-    interrupt_on_sigterm,
+    leave_no_processes,
     machine,
     pid_cpu_seconds,
     stop_processes,
@@ -1067,11 +1066,13 @@ def main() -> None:
     for jars, side in ((CONNECT_JARS, "sink"), (SPARK_AVRO_JARS, "streaming")):
         if side in args.sides and not (jars / ".pinned").exists():
             sys.exit(f"no jars in {jars}: run `make bench-vs-connect`")
-    become_subreaper()
-    interrupt_on_sigterm()  # a SIGTERM stops every side's processes too
     folder = Path(tempfile.mkdtemp(prefix="vs-connect-"))
     try:
-        sides = run(args, folder)
+        # every process a side started is stopped on the way out, Ctrl-C and SIGTERM included
+        with leave_no_processes():
+            sides = run(args, folder)
+    except KeyboardInterrupt as exc:
+        sys.exit(f"interrupted ({exc or 'Ctrl-C'}): every process the benchmark started is stopped")
     finally:
         if args.keep:
             print(f"kept {folder}", file=sys.stderr)
