@@ -1,5 +1,7 @@
 """``icefall_airflow.sync`` against a real Airflow database: pools for table topics,
-disabled topics' DAGs paused, re-enabled ones unpaused, a DAG paused by hand left alone.
+disabled topics' DAGs paused, re-enabled ones unpaused, a DAG paused by hand left alone, and
+a priority parsing request for each DAG file built from the manifest (once: one pending
+request per file).
 
 DAGs reach the database the way a deployment's do (``airflow dags reserialize``
 parses the dags folder against the manifest); the sync runs as its command.
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.dags import airflow_env, manifests
+from tests.support import REPO
 
 airflow_env.configure()
 
@@ -55,6 +58,29 @@ def paused(dag_id: str) -> bool | None:
         return None if model is None else bool(model.is_paused)
 
 
+def parse_requests() -> list[tuple[str, str]]:
+    from airflow.models.dagbag import DagPriorityParsingRequest
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(
+                DagPriorityParsingRequest.bundle_name, DagPriorityParsingRequest.relative_fileloc
+            )
+        )
+        return sorted((bundle, rel) for bundle, rel in rows)
+
+
+def clear_parse_requests() -> None:
+    from airflow.models.dagbag import DagPriorityParsingRequest
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete
+
+    with create_session() as session:
+        session.execute(delete(DagPriorityParsingRequest))
+
+
 def set_paused(dag_id: str, value: bool) -> None:
     from airflow.models.dag import DagModel
     from airflow.utils.session import create_session
@@ -71,6 +97,7 @@ def test_disabling_pauses_and_enabling_resumes(tmp_path: Path) -> None:
     from airflow.models.pool import Pool
 
     commit_id, by_hand = f"icefall_commit__{TOPIC}", f"icefall_commit__{TOPIC}_manual"
+    clear_parse_requests()  # another test's sync may have left some (no DAG processor here)
 
     # Disabled before Airflow ever parsed it: the sync says to come back (exit 3), pausing nothing.
     manifests.write(
@@ -79,6 +106,17 @@ def test_disabling_pauses_and_enabling_resumes(tmp_path: Path) -> None:
     early = run_sync(tmp_path)
     assert early.returncode == 3, early.stdout + early.stderr
     assert f"{commit_id} is not parsed yet" in early.stdout
+    # the manifest's DAG files (they import icefall_airflow) are queued for the DAG processor
+    manifest_files = sorted(
+        p.name for p in (REPO / "dags").glob("*.py") if "icefall_airflow" in p.read_text()
+    )
+    assert "icefall_commit.py" in manifest_files
+    assert parse_requests() == [("dags-folder", name) for name in manifest_files]
+    for name in manifest_files:
+        assert f"asked the DAG processor to re-parse {name}" in early.stdout
+    again = run_sync(tmp_path)  # requests still pending: none added, none duplicated
+    assert again.returncode == 3 and "re-parse" not in again.stdout, again.stdout + again.stderr
+    assert parse_requests() == [("dags-folder", name) for name in manifest_files]
 
     reserialize(tmp_path)
     assert paused(commit_id) is False  # commit DAGs start unpaused
