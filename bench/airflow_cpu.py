@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import _parents, become_subreaper, machine, pid_cpu_seconds
+from bench._common import CLK_TCK, _parents, become_subreaper, machine
 from bench.commit_round import register_schema
 from bench.sustained import TOPIC, Producer, _create_topic, icefall_up
 from bench.vs_connect import committed
@@ -75,19 +75,43 @@ def _spark_jobs_running(root: int) -> bool:
         top, hops = pid, 0
         while top in parents and parents[top] != root and hops < 20:
             top, hops = parents[top], hops + 1
-        if parents.get(top) == root and "airflow" in _cmdline(top) and _spark_job(_cmdline(pid)):
+        if (
+            parents.get(top) == root
+            and _component(_cmdline(top)).startswith("airflow ")
+            and _spark_job(_cmdline(pid))
+        ):
             return True
     return False
 
 
+def _cpu_times(pid: int) -> tuple[float, float] | None:
+    """(own, reaped children's) CPU seconds of ``pid``: utime+stime, cutime+cstime."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK, (
+        int(fields[13]) + int(fields[14])
+    ) / CLK_TCK
+
+
 class ComponentCpu:
-    """CPU seconds per (component, process title) of the tree under ``root``."""
+    """CPU seconds per (component, process title) of the tree under ``root``, sampled.
+
+    A live process counts its own time; a process that ended is counted in the process that
+    reaped it (its children's times, ``cutime``), so a short task process is counted whole
+    however short it lived, under "reaped by <its parent>". A Spark job (a JVM, a job's
+    Python) is moved out of its component when it ends: its last sampled time leaves the
+    reaper's share for "spark jobs" (what it used between its last sample and its end stays)."""
 
     def __init__(self, root: int, interval: float = 0.2) -> None:
         self.root = root
         self.interval = interval
-        self.last: dict[int, tuple[str, str, float]] = {}
+        # pid -> (component, title, own, reaped children, spark job, parent pid)
+        self.last: dict[int, tuple[str, str, float, float, bool, int]] = {}
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.alive: set[int] = set()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -97,6 +121,10 @@ class ComponentCpu:
             self._stop.wait(self.interval)
 
     def sample(self) -> None:
+        with self._lock:
+            self._sample()
+
+    def _sample(self) -> None:
         parents = _parents()
         for pid in parents:
             top, hops = pid, 0
@@ -104,27 +132,41 @@ class ComponentCpu:
                 top, hops = parents[top], hops + 1
             if parents.get(top) != self.root:
                 continue
+            times = _cpu_times(pid)
+            if times is None:
+                continue
             known = self.last.get(pid)
             cmd = _cmdline(pid)
-            if known is not None and not cmd:  # a zombie: keep what it had
-                continue
             if known:
-                component = known[0]
-            elif _spark_job(cmd):  # a round or maintenance job a task started: not Airflow's own
-                component = (
-                    "spark jobs" if _component(_cmdline(top)) != "warm driver" else "warm driver"
-                )
+                component, title, spark = known[0], known[1], known[4]
+                if cmd and not spark and _spark_job(cmd):  # exec'd into a JVM
+                    title, spark = cmd[:60], True
             else:
-                component = _component(_cmdline(top))
-            title = (cmd or "?")[:60]
-            self.last[pid] = (component, title, pid_cpu_seconds(pid))
+                component, title, spark = (
+                    _component(_cmdline(top)),
+                    (cmd or "?")[:60],
+                    _spark_job(cmd),
+                )
+            self.last[pid] = (component, title, times[0], times[1], spark, parents[pid])
+        self.alive = set(parents)
 
     def totals(self) -> dict[tuple[str, str], float]:
-        self.sample()
         out: dict[tuple[str, str], float] = {}
-        for component, title, cpu in list(self.last.values()):
-            key = (component, _title_kind(title))
-            out[key] = out.get(key, 0.0) + cpu
+
+        def add(key: tuple[str, str], seconds: float) -> None:
+            out[key] = out.get(key, 0.0) + seconds
+
+        with self._lock:
+            self._sample()
+            for pid, (component, title, own, reaped, spark, ppid) in self.last.items():
+                kind = _title_kind(title)
+                if pid in self.alive:
+                    add(("spark jobs" if spark else component, kind), own)
+                    add((component, f"reaped by {kind}"), reaped)
+                elif spark:  # ended: its time is in its reaper's children's time
+                    add(("spark jobs", kind), own)
+                    parent = self.last.get(ppid)
+                    add((component, f"reaped by {_title_kind(parent[1]) if parent else '?'}"), -own)
         return out
 
     def stop(self) -> None:
@@ -147,7 +189,9 @@ def _title_kind(title: str) -> str:
 def _diff(
     after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]
 ) -> dict[tuple[str, str], float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) >= 0.05}
+    return {
+        k: v - before.get(k, 0.0) for k, v in after.items() if abs(v - before.get(k, 0.0)) >= 0.05
+    }
 
 
 def _by_component(cpu: dict[tuple[str, str], float]) -> dict[str, float]:

@@ -8,7 +8,9 @@ idle CPU) and, whenever the manifest changes, files a priority parsing request f
 of Airflow's ``dag_priority_parsing_request`` table, what the REST API's ``PUT
 /api/v2/parseDagFile/{file_token}`` files and what the DAG processor claims at the top of every
 loop (about once a second). ``icefall_airflow.sync`` calls it, so other deployments get it by
-running the sync after changing table topics.
+running the sync after changing table topics; ``icefall up`` also files them itself, without
+starting a process (``broker.supervisor.parse_request``, which also says which files and in
+what order).
 """
 
 from __future__ import annotations
@@ -16,23 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-BUNDLE = "dags-folder"  # Airflow's default bundle: the [core] dags_folder
-MARKER = "icefall_airflow"
-
-
-def manifest_dag_files(folder: Path) -> list[str]:
-    """The DAG files under ``folder`` (relative paths) built from the manifest: they import
-    ``icefall_airflow``."""
-    out = []
-    for path in sorted(folder.rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
-        try:
-            if MARKER in path.read_text(errors="replace"):
-                out.append(str(path.relative_to(folder)))
-        except OSError:
-            continue
-    return out
+from broker.supervisor.parse_request import BUNDLE, manifest_dag_files
 
 
 def request_parse(session: Any, folder: Path | None = None) -> list[str]:

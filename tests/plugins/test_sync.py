@@ -1,7 +1,7 @@
 """``icefall_airflow.sync`` against a real Airflow database: pools for table topics,
 disabled topics' DAGs paused, re-enabled ones unpaused, a DAG paused by hand left alone, and
 a priority parsing request for each DAG file built from the manifest (once: one pending
-request per file).
+request per file), by the sync or by ``icefall up`` itself (``parse_request``).
 
 DAGs reach the database the way a deployment's do (``airflow dags reserialize``
 parses the dags folder against the manifest); the sync runs as its command.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.supervisor import parse_request
 from tests.dags import airflow_env, manifests
 from tests.support import REPO
 
@@ -117,6 +118,15 @@ def test_disabling_pauses_and_enabling_resumes(tmp_path: Path) -> None:
     again = run_sync(tmp_path)  # requests still pending: none added, none duplicated
     assert again.returncode == 3 and "re-parse" not in again.stdout, again.stdout + again.stderr
     assert parse_requests() == [("dags-folder", name) for name in manifest_files]
+    # `icefall up` files the same rows itself (SQLite, no Airflow import), the commit DAGs' file
+    # last (parsed first), and Airflow's model reads them; a pending one is not filed twice
+    clear_parse_requests()
+    database = airflow_env.configure() / "airflow.db"
+    filed = parse_request.file_requests(database, REPO / "dags")
+    assert sorted(filed) == manifest_files and filed[-1] == "icefall_commit.py"
+    assert parse_requests() == [("dags-folder", name) for name in manifest_files]
+    assert parse_request.file_requests(database, REPO / "dags") == []
+    assert "re-parse" not in run_sync(tmp_path).stdout  # the sync sees them pending
 
     reserialize(tmp_path)
     assert paused(commit_id) is False  # commit DAGs start unpaused
