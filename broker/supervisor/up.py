@@ -160,6 +160,7 @@ class AirflowStack:
         self.dags = REPO / "dags"
         self.manifest_mtime = -1.0  # as of the last sync started
         self.parse_mtime = -1.0  # as of the last parsing requests filed
+        self.parse_filed = False  # by this process (else the sync files them)
         self.sync_again_at = 0.0
         bin_dir = str(Path(sys.executable).parent)  # `airflow` and `spark-submit` of this venv
         self.env = {
@@ -289,7 +290,7 @@ class AirflowStack:
             return
         if mtime != self.parse_mtime:
             self.parse_mtime = mtime
-            self._request_parse()
+            self.parse_filed = self._request_parse()
         if self.db_sync is not None:
             if self.db_sync.poll() is None:
                 return
@@ -304,16 +305,17 @@ class AirflowStack:
         self.sync_again_at = time.monotonic() + SYNC_RETRY_S
         with self._log("sync") as log:
             self.db_sync = subprocess.Popen(
-                [sys.executable, "-m", "icefall_airflow.sync"],
+                [sys.executable, "-m", "icefall_airflow.sync"]
+                + (["--no-parse-request"] if self.parse_filed else []),  # filed: not twice
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
 
-    def _request_parse(self) -> None:
+    def _request_parse(self) -> bool:
         """The DAG processor re-parses the manifest's DAG files within a second, not once a sync
-        process has started; should that fail, the sync files the same requests."""
+        process has started; should that fail (False), the sync files the same requests."""
         try:
             parse_request.file_requests(self.home / "airflow.db", self.dags)
         except sqlite3.Error as exc:
@@ -321,6 +323,8 @@ class AirflowStack:
                 log.write(
                     f"could not file parsing requests ({exc}); the sync files them\n".encode()
                 )
+            return False
+        return True
 
     def stop(self) -> None:
         """The API server goes last: running tasks talk to it (execution API) until they are stopped."""

@@ -41,7 +41,7 @@ class SyncReport:
     )  # DAGs to pause that Airflow has not parsed yet
 
 
-def sync(path: Path | None = None) -> SyncReport:
+def sync(path: Path | None = None, request_parse: bool = True) -> SyncReport:
     from airflow.models.dag import DagModel
     from airflow.models.variable import Variable
     from airflow.utils.session import create_session
@@ -51,7 +51,8 @@ def sync(path: Path | None = None) -> SyncReport:
     stored = Variable.get(PAUSED_VARIABLE, default_var=None)
     ours: set[str] = set(json.loads(stored)) if stored else set()
     with create_session() as session:
-        report.parse_requested = reparse.request_parse(session)
+        if request_parse:
+            report.parse_requested = reparse.request_parse(session)
         before = set(ours)
         for entry in current.disabled_table_topics:
             commit_id, *others = settings.writer_dag_ids(entry.topic)
@@ -94,8 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--manifest", type=Path, default=None, help="default: $ICEFALL_HOME/table_topics.json"
     )
+    parser.add_argument(
+        "--no-parse-request",
+        action="store_true",
+        help="file no parsing requests (icefall up filed them itself)",
+    )
     args = parser.parse_args(argv)
-    report = sync(args.manifest)
+    report = sync(args.manifest, request_parse=not args.no_parse_request)
     for name in report.pools_created:
         print(f"created pool {name}")
     for rel in report.parse_requested:

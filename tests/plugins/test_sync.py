@@ -39,9 +39,9 @@ def reserialize(home: Path) -> None:
     )
 
 
-def run_sync(home: Path) -> subprocess.CompletedProcess[str]:
+def run_sync(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "icefall_airflow.sync"],
+        [sys.executable, "-m", "icefall_airflow.sync", *args],
         check=False,
         env=_env(home),
         capture_output=True,
@@ -127,6 +127,9 @@ def test_disabling_pauses_and_enabling_resumes(tmp_path: Path) -> None:
     assert parse_requests() == [("dags-folder", name) for name in manifest_files]
     assert parse_request.file_requests(database, REPO / "dags") == []
     assert "re-parse" not in run_sync(tmp_path).stdout  # the sync sees them pending
+    clear_parse_requests()  # `icefall up` filed them: its sync files none
+    assert "re-parse" not in run_sync(tmp_path, "--no-parse-request").stdout
+    assert parse_requests() == []
 
     reserialize(tmp_path)
     assert paused(commit_id) is False  # commit DAGs start unpaused
