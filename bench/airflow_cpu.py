@@ -14,8 +14,9 @@ warm round driver, the demo topic at 1 record/s with a 10-minute interval), then
 Every process is charged to the Airflow component it descends from (the child of ``icefall
 up`` it is under: api-server, scheduler with its LocalExecutor workers and task processes,
 dag-processor, triggerer, warm driver, broker), and within it to its own process title, sampled
-every 0.2 s (a process that ends between two samples loses at most that). Also prints how long
-the new topic's commit DAG took to appear in Airflow's database after the topic was created.
+every 0.2 s; a process that ended counts in the one that reaped it (``ComponentCpu``), Spark
+jobs apart. Also prints how long the new topic's commit DAG took to appear in Airflow's
+database after the topic was created.
 
     .venv/bin/python bench/airflow_cpu.py                 # 60 s idle, 180 s of 20 s rounds
 """
