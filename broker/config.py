@@ -457,11 +457,13 @@ class BrokerConfig(BaseSettings):
     @field_validator("catalog_token_signing_key")
     @classmethod
     def _long_signing_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None  # empty: unset (the key kept in HOME)
+        # imported only for a key: it brings aiohttp.web and jwt (0.13 CPU-s), and every Airflow
+        # task process and DAG parse builds a BrokerConfig
         from broker.http_security.oauth import MIN_KEY_BYTES
 
-        if value is not None and not value.get_secret_value():
-            return None  # empty: unset (the key kept in HOME)
-        if value is not None and len(value.get_secret_value().encode()) < MIN_KEY_BYTES:
+        if len(value.get_secret_value().encode()) < MIN_KEY_BYTES:
             raise ValueError(
                 f"catalog.oauth2.token.signing.key must be at least {MIN_KEY_BYTES} bytes "
                 f"(an HMAC-SHA256 key), got {len(value.get_secret_value().encode())}"

@@ -7,6 +7,9 @@ while it reports DAGs the DAG processor has not parsed yet); other deployments
 run the same command after changing table topics (a cron or a sidecar).
 
 - every table topic gets its one-slot pool (``pools.sync_pools``);
+- the DAG files built from the manifest get a priority parsing request
+  (``reparse``): the DAG processor parses them within a second, so a table topic's
+  DAG appears (or goes stale) without waiting for the periodic parse;
 - a topic whose ``automq.table.topic.enable`` was set to ``false`` gets its
   writer DAGs (commit, maintenance) paused; the names paused this way are kept
   in the Airflow Variable ``icefall_paused_dags``, so turning the flag back on
@@ -21,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from icefall_airflow import manifest, pools, settings
+from icefall_airflow import manifest, pools, reparse, settings
 
 PAUSED_VARIABLE = "icefall_paused_dags"
 EXIT_PENDING = 3  # some disabled topic's DAG is not in the database yet: run again later
@@ -30,6 +33,7 @@ EXIT_PENDING = 3  # some disabled topic's DAG is not in the database yet: run ag
 @dataclass
 class SyncReport:
     pools_created: list[str] = field(default_factory=list)
+    parse_requested: list[str] = field(default_factory=list)  # DAG files, relative
     paused: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
     pending: list[str] = field(
@@ -37,7 +41,7 @@ class SyncReport:
     )  # DAGs to pause that Airflow has not parsed yet
 
 
-def sync(path: Path | None = None) -> SyncReport:
+def sync(path: Path | None = None, request_parse: bool = True) -> SyncReport:
     from airflow.models.dag import DagModel
     from airflow.models.variable import Variable
     from airflow.utils.session import create_session
@@ -47,6 +51,8 @@ def sync(path: Path | None = None) -> SyncReport:
     stored = Variable.get(PAUSED_VARIABLE, default_var=None)
     ours: set[str] = set(json.loads(stored)) if stored else set()
     with create_session() as session:
+        if request_parse:
+            report.parse_requested = reparse.request_parse(session)
         before = set(ours)
         for entry in current.disabled_table_topics:
             commit_id, *others = settings.writer_dag_ids(entry.topic)
@@ -89,10 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--manifest", type=Path, default=None, help="default: $ICEFALL_HOME/table_topics.json"
     )
+    parser.add_argument(
+        "--no-parse-request",
+        action="store_true",
+        help="file no parsing requests (icefall up filed them itself)",
+    )
     args = parser.parse_args(argv)
-    report = sync(args.manifest)
+    report = sync(args.manifest, request_parse=not args.no_parse_request)
     for name in report.pools_created:
         print(f"created pool {name}")
+    for rel in report.parse_requested:
+        print(f"asked the DAG processor to re-parse {rel}")
     for dag_id in report.paused:
         print(f"paused {dag_id} (table topic disabled)")
     for dag_id in report.resumed:

@@ -1,0 +1,312 @@
+"""Airflow's own CPU under ``icefall up`` (issue 17): what each component costs while idle and
+per commit round, so that settings which cut it can be measured rather than guessed.
+
+Starts ``icefall up`` (bench/sustained.py's ``icefall_up``: a temporary home, free ports, the
+warm round driver, the demo topic at 1 record/s with a 10-minute interval), then:
+
+1. idle: ``--idle-s`` seconds with no table topic but the demo's; Airflow's CPU per minute;
+2. rounds: creates a 4-partition table topic with a ``--interval-s`` commit interval, produces
+   a trickle of Avro values (``--rate`` MiB/s) and, once its first round committed, measures
+   ``--rounds-s`` seconds; the CPU above the idle rate divided by the commit tasks that ran in
+   that window is the cost of a round (plan, commit and publish: their task processes, the
+   scheduler's and the API server's share).
+
+Every process is charged to the Airflow component it descends from (the child of ``icefall
+up`` it is under: api-server, scheduler with its LocalExecutor workers and task processes,
+dag-processor, triggerer, warm driver, broker), and within it to its own process title, sampled
+every 0.2 s; a process that ended counts in the one that reaped it (``ComponentCpu``), Spark
+jobs apart. Also prints how long the new topic's commit DAG took to appear in Airflow's
+database after the topic was created.
+
+    .venv/bin/python bench/airflow_cpu.py                 # 60 s idle, 180 s of 20 s rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import CLK_TCK, _parents, become_subreaper, machine
+from bench.commit_round import register_schema
+from bench.sustained import TOPIC, Producer, _create_topic, icefall_up
+from bench.vs_connect import committed
+from tests.support import wait_for
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _component(cmdline: str) -> str:
+    for name in ("api-server", "scheduler", "dag-processor", "triggerer"):
+        if f"airflow {name}" in cmdline or f"airflow {name.replace('-', '_')}" in cmdline:
+            return f"airflow {name}"
+    if "broker.cli broker" in cmdline:
+        return "broker"
+    if "warm_driver" in cmdline or "pyspark-shell" in cmdline:
+        return "warm driver"
+    if "icefall_airflow.sync" in cmdline:
+        return "icefall sync"
+    return "other"
+
+
+def _spark_job(cmdline: str) -> bool:
+    return (
+        "java" in cmdline.split(" ", 1)[0] or "spark_jobs" in cmdline or "spark-submit" in cmdline
+    )
+
+
+def _spark_jobs_running(root: int) -> bool:
+    """A spark-submit (a JVM) runs under an Airflow component: a maintenance or commit job."""
+    parents = _parents()
+    for pid in parents:
+        top, hops = pid, 0
+        while top in parents and parents[top] != root and hops < 20:
+            top, hops = parents[top], hops + 1
+        if (
+            parents.get(top) == root
+            and _component(_cmdline(top)).startswith("airflow ")
+            and _spark_job(_cmdline(pid))
+        ):
+            return True
+    return False
+
+
+def _cpu_times(pid: int) -> tuple[float, float] | None:
+    """(own, reaped children's) CPU seconds of ``pid``: utime+stime, cutime+cstime."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK, (
+        int(fields[13]) + int(fields[14])
+    ) / CLK_TCK
+
+
+class ComponentCpu:
+    """CPU seconds per (component, process title) of the tree under ``root``, sampled.
+
+    A live process counts its own time; a process that ended is counted in the process that
+    reaped it (its children's times, ``cutime``), so a short task process is counted whole
+    however short it lived, under "reaped by <its parent>". A Spark job (a JVM, a job's
+    Python) is moved out of its component when it ends: its last sampled time leaves the
+    reaper's share for "spark jobs" (what it used between its last sample and its end stays)."""
+
+    def __init__(self, root: int, interval: float = 0.2) -> None:
+        self.root = root
+        self.interval = interval
+        # pid -> (component, title, own, reaped children, spark job, parent pid)
+        self.last: dict[int, tuple[str, str, float, float, bool, int]] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.alive: set[int] = set()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        with self._lock:
+            self._sample()
+
+    def _sample(self) -> None:
+        parents = _parents()
+        for pid in parents:
+            top, hops = pid, 0
+            while top in parents and parents[top] != self.root and hops < 20:
+                top, hops = parents[top], hops + 1
+            if parents.get(top) != self.root:
+                continue
+            times = _cpu_times(pid)
+            if times is None:
+                continue
+            known = self.last.get(pid)
+            cmd = _cmdline(pid)
+            if known:
+                component, title, spark = known[0], known[1], known[4]
+                if cmd and not spark and _spark_job(cmd):  # exec'd into a JVM
+                    title, spark = cmd[:60], True
+            else:
+                component, title, spark = (
+                    _component(_cmdline(top)),
+                    (cmd or "?")[:60],
+                    _spark_job(cmd),
+                )
+            self.last[pid] = (component, title, times[0], times[1], spark, parents[pid])
+        self.alive = set(parents)
+
+    def totals(self) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+
+        def add(key: tuple[str, str], seconds: float) -> None:
+            out[key] = out.get(key, 0.0) + seconds
+
+        with self._lock:
+            self._sample()
+            for pid, (component, title, own, reaped, spark, ppid) in self.last.items():
+                kind = _title_kind(title)
+                if pid in self.alive:
+                    add(("spark jobs" if spark else component, kind), own)
+                    add((component, f"reaped by {kind}"), reaped)
+                elif spark:  # ended: its time is in its reaper's children's time
+                    add(("spark jobs", kind), own)
+                    parent = self.last.get(ppid)
+                    add((component, f"reaped by {_title_kind(parent[1]) if parent else '?'}"), -own)
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _title_kind(title: str) -> str:
+    """Groups process titles: task processes by kind, not by task instance."""
+    for prefix in ("airflow task supervisor", "airflow supervisor", "airflow task runner"):
+        if title.startswith(prefix):
+            return prefix
+    if "LocalExecutor" in title:
+        return "LocalExecutor worker"
+    if "multiprocessing" in title:
+        return "multiprocessing child"
+    return title.split(" --", 1)[0][:40]
+
+
+def _diff(
+    after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]
+) -> dict[tuple[str, str], float]:
+    return {
+        k: v - before.get(k, 0.0) for k, v in after.items() if abs(v - before.get(k, 0.0)) >= 0.05
+    }
+
+
+def _by_component(cpu: dict[tuple[str, str], float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (component, _), seconds in cpu.items():
+        out[component] = out.get(component, 0.0) + seconds
+    return out
+
+
+def _commit_tasks(home: Path) -> set[str]:
+    logs = home / "airflow" / "logs"
+    return {str(p) for p in logs.glob("dag_id=icefall_commit__*/run_id=*/task_id=commit")}
+
+
+def _dag_parsed(home: Path, dag_id: str) -> bool:
+    try:
+        with sqlite3.connect(f"file:{home / 'airflow' / 'airflow.db'}?mode=ro", uri=True) as db:
+            row = db.execute(
+                "SELECT 1 FROM dag WHERE dag_id = ? AND NOT is_stale", (dag_id,)
+            ).fetchone()
+    except sqlite3.Error:
+        return False
+    return row is not None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--idle-s", type=float, default=60.0)
+    parser.add_argument("--rounds-s", type=float, default=180.0)
+    parser.add_argument("--interval-s", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=0.05, help="MiB/s to the table topic")
+    parser.add_argument("--label", default="")
+    args = parser.parse_args()
+    become_subreaper()
+    load = os.getloadavg()
+    folder = Path(tempfile.mkdtemp(prefix="icefall-airflow-cpu-"))
+    home = folder / "up"
+    print(f"working in {folder}; load average {load}", flush=True)
+    with icefall_up(home, warm=True) as (proc, bootstrap, registry, catalog_url):
+        from pyiceberg.catalog import load_catalog
+
+        cpu = ComponentCpu(proc.pid)
+        # the start's maintenance and demo jobs finish before the idle window
+        wait_for(lambda: not _spark_jobs_running(proc.pid), 300, what="the start's Spark jobs")
+        time.sleep(10)  # settling: a duration, not a condition
+        before, tasks0, t0 = cpu.totals(), _commit_tasks(home), time.monotonic()
+        time.sleep(args.idle_s)
+        idle = _diff(cpu.totals(), before)
+        idle_s = time.monotonic() - t0
+        idle_rounds = len(_commit_tasks(home) - tasks0)
+
+        created = time.monotonic()
+        _create_topic(bootstrap, args.interval_s)
+        dag_id = f"icefall_commit__{TOPIC}"
+        wait_for(lambda: _dag_parsed(home, dag_id), 120, what="the new topic's DAG")
+        appeared_s = time.monotonic() - created
+        producer = Producer(bootstrap, register_schema(registry, f"{TOPIC}-value"))
+        producer.rate_mib_s = args.rate
+        producer.start()
+        catalog = load_catalog("bench", type="rest", uri=catalog_url)
+        wait_for(lambda: committed(catalog, ("default", TOPIC)) > 0, 300, what="the first round")
+        before, tasks0, t0 = cpu.totals(), _commit_tasks(home), time.monotonic()
+        time.sleep(args.rounds_s)
+        busy = _diff(cpu.totals(), before)
+        busy_s = time.monotonic() - t0
+        rounds = len(_commit_tasks(home) - tasks0)
+        producer.stop.set()
+        producer.join(60)
+        cpu.stop()
+    end_load = os.getloadavg()
+
+    idle_c, busy_c = _by_component(idle), _by_component(busy)
+    print()
+    m = machine()
+    print(
+        f"{args.label} {time.strftime('%Y-%m-%d %H:%M')} UTC · {m['nproc']} cores, {m['cpu']} · "
+        f"load {load[0]:.2f} at start, {end_load[0]:.2f} at end"
+    )
+    print(f"new topic's DAG in Airflow's database {appeared_s:.1f} s after the topic was created")
+    print(
+        f"idle window {idle_s:.0f} s ({idle_rounds} rounds); rounds window {busy_s:.0f} s, {rounds} rounds"
+    )
+    print("| component | idle CPU-s/min | rounds window CPU-s | per round (above idle) |")
+    print("|---|---|---|---|")
+    rows = {}
+    for comp in sorted(set(idle_c) | set(busy_c)):
+        per_min = idle_c.get(comp, 0.0) / idle_s * 60
+        extra = busy_c.get(comp, 0.0) - per_min * busy_s / 60
+        rows[comp] = (per_min, busy_c.get(comp, 0.0), extra / rounds if rounds else 0.0)
+        print(f"| {comp} | {per_min:.2f} | {busy_c.get(comp, 0.0):.1f} | {rows[comp][2]:.2f} |")
+    af = [c for c in rows if c.startswith("airflow")]
+    print(
+        f"| **Airflow** | {sum(rows[c][0] for c in af):.2f} | {sum(rows[c][1] for c in af):.1f} "
+        f"| {sum(rows[c][2] for c in af):.2f} |"
+    )
+    print("\nby process title (rounds window):")
+    for (comp, title), seconds in sorted(busy.items(), key=lambda kv: -kv[1]):
+        print(f"  {comp:22} {title:42} {seconds:7.1f}")
+    print("by process title (idle window):")
+    for (comp, title), seconds in sorted(idle.items(), key=lambda kv: -kv[1]):
+        print(f"  {comp:22} {title:42} {seconds:7.1f}")
+    print(
+        json.dumps(
+            {
+                "idle_per_min": idle_c,
+                "idle_s": idle_s,
+                "busy": busy_c,
+                "busy_s": busy_s,
+                "rounds": rounds,
+                "dag_appeared_s": appeared_s,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
