@@ -78,7 +78,8 @@ DRIVER_MAX_BYTES_ENV = "ICEFALL_ROUND_IN_DRIVER_MAX_BYTES"
 # A round of at most this many segment bytes runs as one task in the driver's Python process.
 # Measured (bench/BENCHMARKS.md): the same task function ran ~140 MB/s on one core in the
 # driver, while Spark tasks (``local[2]``) reached that only on 1 GiB rounds; a 70 MB round cost
-# 3.5 CPU-s per 900 k records in the driver against 13 as Spark tasks (and one file, not 9).
+# 3.5 CPU-s per 900 k records in the driver against 13 as Spark tasks (and one file, not 9);
+# still ~1.5 x after the tasks' fixed costs were cut (``worker_daemon``, ``plan.task_groups``).
 # So on a machine of a few cores Spark pays off only above ~1 GiB; memory stays bounded either
 # way (``rounds.tasks``: streamed, or slices for a partitioned table). With a Spark cluster of
 # many executors a lower limit spreads large rounds sooner.
