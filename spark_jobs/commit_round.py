@@ -75,9 +75,15 @@ MAX_ATTEMPTS = 5
 ERRORS_SHOWN = 5
 KILL_POINT_ENV = "ICEFALL_ROUND_KILL_AT"  # tests: exit abruptly at a named point (see _kill_point)
 DRIVER_MAX_BYTES_ENV = "ICEFALL_ROUND_IN_DRIVER_MAX_BYTES"
-# Below this a round decodes in well under a second on one core, while starting Spark's
-# context and Python workers takes several: the break-even on this 2-core machine is far above.
-DEFAULT_DRIVER_MAX_BYTES = 64 << 20
+# A round of at most this many segment bytes runs as one task in the driver's Python process.
+# Measured (bench/BENCHMARKS.md): the same task function ran ~140 MB/s on one core in the
+# driver, while Spark tasks (``local[2]``) reached that only on 1 GiB rounds; a 70 MB round cost
+# 3.5 CPU-s per 900 k records in the driver against 13 as Spark tasks (and one file, not 9);
+# still ~1.5 x after the tasks' fixed costs were cut (``worker_daemon``, ``plan.task_groups``).
+# So on a machine of a few cores Spark pays off only above ~1 GiB; memory stays bounded either
+# way (``rounds.tasks``: streamed, or slices for a partitioned table). With a Spark cluster of
+# many executors a lower limit spreads large rounds sooner.
+DEFAULT_DRIVER_MAX_BYTES = 1 << 30
 
 
 class RoundFailed(RuntimeError):
@@ -129,7 +135,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="BYTES",
         default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
         help="a round reading at most this many segment bytes runs its one task in the driver "
-        f"without starting Spark (default 64 MiB or ${DRIVER_MAX_BYTES_ENV}; 0: always Spark)",
+        f"without starting Spark (default 1 GiB or ${DRIVER_MAX_BYTES_ENV}; 0: always Spark)",
     )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)

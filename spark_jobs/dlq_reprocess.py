@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         metavar="BYTES",
         default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
         help="an upsert replay of at most this many segment bytes is decoded in the driver, a "
-        "longer one by Spark tasks (default 64 MiB, as commit rounds)",
+        "longer one by Spark tasks (default 1 GiB, as commit rounds)",
     )
     parser.add_argument("--result", type=Path)
     args = parser.parse_args(argv)

@@ -86,10 +86,16 @@ def windows(
 
 def task_groups(ranges: list[SegmentRange], parallelism: int) -> list[list[SegmentRange]]:
     """Consecutive ranges (any partitions; a partition's stay in offset order), about
-    total / (4 x parallelism) bytes a group, bounded: every core gets several tasks, so one
-    slow or large task does not leave the others idle, and tiny ranges do not each cost a task."""
+    total / parallelism bytes a group, bounded: one task per core, as many as
+    ``MAX_TASK_BYTES`` calls for on a larger round, and tiny ranges do not each cost a task.
+
+    One task per core rather than several: every task costs fixed CPU however small it is (the
+    spec with the table's metadata unpickled and parsed, Spark's scheduling, a worker's
+    collection) and adds a data file to the round; with four tasks per core a 70 MB round was
+    9 files and its Spark tasks cost several times the CPU of the same work in one process
+    (bench/BENCHMARKS.md). Groups are cut by bytes, so the tasks are of a size."""
     total = sum(r.byte_end - r.byte_start for r in ranges)
-    target = min(max(total // max(4 * parallelism, 1), MIN_TASK_BYTES), MAX_TASK_BYTES)
+    target = min(max(-(-total // max(parallelism, 1)), MIN_TASK_BYTES), MAX_TASK_BYTES)
     groups: list[list[SegmentRange]] = []
     size = 0
     for rng in ranges:

@@ -46,6 +46,13 @@ from spark_jobs.decode.segments import (
 from spark_jobs.rounds.event_time import EventTimeSpec, Observed, observe
 
 MAX_ERRORS_KEPT = 100_000
+# A partitioned table's rows are written a slice of at most about this many bytes of Arrow at a
+# time (pyiceberg splits the partitions of a whole ``pa.Table`` only, it cannot stream them): a
+# round's memory stays bounded however large it is, at the price of one more file per partition
+# value per slice on rounds larger than a slice (an unpartitioned table streams, one file per
+# ``write.target-file-size-bytes``). 256 MiB keeps a round of the default in-driver size
+# (``commit_round.DEFAULT_DRIVER_MAX_BYTES``) at a few slices.
+PARTITIONED_SLICE_BYTES = 256 << 20
 
 
 def task_io_properties(table: Any) -> tuple[tuple[str, str], ...]:
@@ -198,17 +205,41 @@ def _write(
                 observe(spec.event_time, rows.batch, chunk.partition, report.event_times)
                 yield rows.batch
 
-    data: pa.RecordBatchReader | pa.Table = pa.RecordBatchReader.from_batches(
-        converter.arrow_schema, batches()
-    )
-    if not metadata.spec().is_unpartitioned():  # pyiceberg splits partitions of a whole table only
-        data = data.read_all()
+    reader = pa.RecordBatchReader.from_batches(converter.arrow_schema, batches())
     io = load_file_io(dict(spec.io_properties), metadata.location)
-    files = list(_dataframe_to_data_files(metadata, data, io, write_uuid=uuid.uuid4()))
+    # one write uuid and one file counter for all the slices: their file names never collide
+    write_uuid, counter = uuid.uuid4(), itertools.count(0)
+    parts: Iterator[pa.RecordBatchReader | pa.Table] = (
+        iter([reader])
+        if metadata.spec().is_unpartitioned()
+        else _slices(reader, PARTITIONED_SLICE_BYTES)
+    )
+    files = [
+        data_file
+        for data in parts
+        for data_file in _dataframe_to_data_files(
+            metadata, data, io, write_uuid=write_uuid, counter=counter
+        )
+    ]
     report.ranges, report.bytes_read, report.batches = stats.ranges, stats.bytes_read, stats.batches
     report.control_batches, report.aborted_batches = stats.control_batches, stats.aborted_batches
     report.records = stats.records
     return TaskOutput(files, report)
+
+
+def _slices(reader: pa.RecordBatchReader, max_bytes: int) -> Iterator[pa.Table]:
+    """The reader's batches as tables of whole batches, each at most ``max_bytes`` of Arrow unless
+    one batch alone is more (a batch is never split: the decoder's chunks are small)."""
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    for batch in reader:
+        if pending and size + batch.nbytes > max_bytes:
+            yield pa.Table.from_batches(pending, reader.schema)
+            pending, size = [], 0
+        pending.append(batch)
+        size += batch.nbytes
+    if pending:
+        yield pa.Table.from_batches(pending, reader.schema)
 
 
 def run_tasks(spark: Any, spec: TaskSpec, groups: list[list[SegmentRange]]) -> TaskOutput:

@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from broker import checkpoint
 from broker.topic_configs import PARTITION_BY
-from spark_jobs.rounds import event_time, partitioning
+from spark_jobs.rounds import event_time, partitioning, tasks
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
@@ -155,6 +155,38 @@ def test_event_time_range_watermark_and_closed_hours(
     assert third.closed_windows == [_ms(_hour(11))], third
     assert third.watermark_before_ms == _ms(_hour(11, 30))
     assert table(round_broker, topic).scan().to_arrow().num_rows == 6
+
+
+def test_an_in_driver_round_writes_a_partitioned_table_in_slices(
+    round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partitioned table's rows reach pyiceberg a bounded slice at a time (not the whole round
+    in memory): with slices of one decoded chunk (one Kafka partition's records here), the round
+    writes a file per hour per slice, 3 where one table of the round would give 2, every row once
+    and all in one snapshot."""
+    monkeypatch.setattr(tasks, "PARTITIONED_SLICE_BYTES", 1)
+    topic = new_topic(round_broker, partitions=2, configs={PARTITION_BY: "[hour(at)]"})
+    producer = AvroProducer(round_broker, topic, CLICK_V1)
+    hours = {
+        0: [_hour(10, m) for m in range(0, 60, 6)] + [_hour(11, 5)] * 7,
+        1: [_hour(10, 30)] * 5,
+    }
+    for partition, times in hours.items():
+        producer.send([{**clicks(0, 1)[0], "at": at} for at in times], partition=partition)
+    result = run_round(None, round_broker, topic, "--in-driver-max-bytes", str(1 << 20))
+    assert (result.status, result.executor, result.rows) == ("committed", "driver", 22), result
+    assert result.data_files >= 3, result
+    tbl = table(round_broker, topic)
+    files = tbl.inspect.files().to_pylist()
+    assert len(files) == result.data_files == len({f["file_path"] for f in files})
+    per_hour: dict[int, int] = {}
+    for f in files:
+        hour = f["partition"]["at_hour"]
+        per_hour[hour] = per_hour.get(hour, 0) + f["record_count"]
+    hour_10 = int(_hour(10).timestamp()) // 3600
+    assert per_hour == {hour_10: 15, hour_10 + 1: 7}
+    assert len(tbl.snapshots()) == 2  # the table's first (empty) snapshot, then the round's one
+    assert table_offsets(round_broker, topic) == sorted(producer.acked)
 
 
 def test_the_watermark_waits_for_partitions_that_are_behind() -> None:

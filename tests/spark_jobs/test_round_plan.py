@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from broker.checkpoint import NO_CHECKPOINT, Checkpoint
 from spark_jobs.decode.segments import SegmentRange
-from spark_jobs.rounds.plan import MIN_TASK_BYTES, task_groups, windows
+from spark_jobs.rounds.plan import MAX_TASK_BYTES, MIN_TASK_BYTES, task_groups, windows
 
 PLAN = {
     "partitions": [
@@ -54,7 +54,13 @@ def test_task_groups_keep_order_and_spread_bytes() -> None:
     ranges = _ranges([4 << 20] * 16, [i // 4 for i in range(16)])
     groups = task_groups(ranges, parallelism=2)
     assert [r for g in groups for r in g] == ranges
-    assert len(groups) == 8 and all(sum(r.byte_end for r in g) == 8 << 20 for g in groups)
+    # one task per core
+    assert len(groups) == 2 and all(sum(r.byte_end for r in g) == 32 << 20 for g in groups)
+    # a larger round: tasks of at most MAX_TASK_BYTES
+    big = _ranges([32 << 20] * 16, [i // 4 for i in range(16)])
+    groups = task_groups(big, parallelism=2)
+    assert [r for g in groups for r in g] == big
+    assert len(groups) == 4 and all(sum(r.byte_end for r in g) == MAX_TASK_BYTES for g in groups)
 
 
 def test_tiny_ranges_share_one_task() -> None:
