@@ -231,7 +231,7 @@ def test_an_executor_killed_mid_round_breaks_nothing(
     env.setenv("AIRFLOW_CONN_SPARK_DEFAULT", cluster.airflow_connection())
     topic = new_topic(broker, partitions=3)
     producer = AvroProducer(broker, topic, CLICK_V1)
-    producer.send(clicks(0, 3000))
+    producer.send(clicks(0, 3000), key=lambda v: str(v["id"]).encode())
     round_args = ["--topic", topic, "--until-now"]
 
     # each task of this round waits 2 s before it reads (a hook for tests only): the kill below
