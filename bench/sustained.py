@@ -246,7 +246,17 @@ def run_side(args: argparse.Namespace, name: str, folder: Path) -> SideResult:
                 wait_for(lambda: committed(catalog, identifier) > 0, 300, what="the first round")
                 print(f"[{name}] first round committed; stepping the rate", flush=True)
                 for rate in _rates(args, name):
-                    step = _step(args, proc, producer, catalog, identifier, rate, cpu, cpu_self0)
+                    step = _step(
+                        args,
+                        proc,
+                        producer,
+                        catalog,
+                        identifier,
+                        rate,
+                        cpu,
+                        cpu_self0,
+                        _seconds(args, name),
+                    )
                     side.steps.append(step)
                     print(f"[{name}] {json.dumps(asdict(step))}", flush=True)
                     if not step.bounded:
@@ -273,14 +283,15 @@ def _step(
     rate: float,
     cpu: CpuByProcess,
     cpu_self0: float,
+    seconds: float,
 ) -> Step:
-    """One step: ``rate`` MiB/s held ``--step-s``, the lag sampled every ``SAMPLE_S``."""
-    step = Step(rate, args.step_s)
+    """One step: ``rate`` MiB/s held ``seconds``, the lag sampled every ``SAMPLE_S``."""
+    step = Step(rate, seconds)
     producer.set_rate(rate)
     t0, sent0, bytes0 = time.monotonic(), producer.stat("sent"), producer.stat("value_bytes")
     cpu_before = _cpu_now(cpu, producer, cpu_self0)
     samples: list[tuple[float, int]] = []
-    while (elapsed := time.monotonic() - t0) < args.step_s:
+    while (elapsed := time.monotonic() - t0) < seconds:
         producer.check()
         if proc.poll() is not None:
             raise RuntimeError(f"icefall up exited {proc.returncode}")
@@ -289,19 +300,27 @@ def _step(
         time.sleep(SAMPLE_S)
     step.records = producer.stat("sent") - sent0
     step.mib = round((producer.stat("value_bytes") - bytes0) / MIB, 1)
-    step.achieved_mib_s = round(step.mib / args.step_s, 2)
+    step.achieved_mib_s = round(step.mib / seconds, 2)
     cpu_after = _cpu_now(cpu, producer, cpu_self0)
     step.cpu_s = {
         k: round(v - cpu_before.get(k, 0.0), 1)
         for k, v in sorted(cpu_after.items(), key=lambda kv: -(kv[1] - cpu_before.get(kv[0], 0.0)))
         if v - cpu_before.get(k, 0.0) >= 0.1
     }
-    half = [s for s in samples if s[0] >= args.step_s / 2]
-    round_records = step.records / args.step_s * args.interval_s
+    half = [s for s in samples if s[0] >= seconds / 2]
+    round_records = step.records / seconds * args.interval_s
     step.growth_records = round(_growth(half))
     step.lag_end, step.lag_max = samples[-1][1], max(lag for _, lag in samples)
     step.bounded = step.growth_records < 0.5 * round_records and step.lag_end < 3 * round_records
     return step
+
+
+def _seconds(args: argparse.Namespace, side: str) -> float:
+    """How long the side's steps are held: ``--step-s``; the spark-submit side's one step at
+    ``--baseline-rate`` ``--baseline-step-s`` if given (a baseline that grows shows in less)."""
+    if side == "spark-submit" and args.baseline_rate and args.baseline_step_s:
+        return float(args.baseline_step_s)
+    return float(args.step_s)
 
 
 def _rates(args: argparse.Namespace, side: str) -> list[float]:
@@ -374,6 +393,12 @@ def main() -> None:
         help="the spark-submit side's one step, MiB/s (0: step through --rates too)",
     )
     parser.add_argument("--step-s", type=float, default=600.0, help="how long a step is held")
+    parser.add_argument(
+        "--baseline-step-s",
+        type=float,
+        default=None,
+        help="how long the spark-submit side's --baseline-rate step is held (default --step-s)",
+    )
     parser.add_argument("--interval-s", type=float, default=60.0)
     parser.add_argument("--sides", default="warm,spark-submit", help="of warm,spark-submit")
     parser.add_argument(
