@@ -115,8 +115,8 @@ def _classify(cmdline: str) -> str:
         return "warm driver (Python)"
     if "pyspark-shell" in cmdline:
         return "warm driver (JVM)"
-    if "pyspark" in cmdline and "daemon" in cmdline:
-        return "Spark Python workers"
+    if ("pyspark" in cmdline and "daemon" in cmdline) or "spark_jobs.worker_daemon" in cmdline:
+        return "Spark Python workers"  # pyspark's daemon, or the warm driver's own
     if "airflow" in cmdline:
         return "Airflow"
     if "broker.cli up" in cmdline:
@@ -421,7 +421,13 @@ def main() -> None:
             folder = Path(tempfile.mkdtemp(prefix="icefall-sustained-"))
             print(f"working in {folder}; load average {load}", flush=True)
             try:
-                sides = [run_side(args, name, folder) for name in args.sides.split(",")]
+                sides = []
+                for name in args.sides.split(","):
+                    sides.append(run_side(args, name, folder))
+                    if (
+                        not args.keep
+                    ):  # a side's segments and tables (tens of GB) leave room for the next
+                        shutil.rmtree(folder / name, ignore_errors=True)
             finally:
                 if not args.keep:
                     shutil.rmtree(folder, ignore_errors=True)
