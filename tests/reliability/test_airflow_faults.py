@@ -71,9 +71,16 @@ class Airflow:
             except urllib.error.HTTPError as exc:
                 if exc.code == 503:
                     return None
+                if exc.code == 409 and path == "/api/v2/backfills":
+                    # An earlier attempt's 503 came after Airflow committed the backfill row. If
+                    # it made its runs too, that backfill is ours; if not, Airflow's clean-up of
+                    # the half-made one can hit the lock as well, and the scheduler marks the
+                    # orphan complete after two minutes (airflow#61375): try again until then.
+                    runs = self.call(f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill")
+                    return True if runs["dag_runs"] else None
                 raise
 
-        return wait_for(attempt, 60, interval=1, what=f"Airflow to accept POST {path}")
+        return wait_for(attempt, 240, interval=2, what=f"Airflow to accept POST {path}")
 
     def runs(self) -> list[dict[str, Any]]:
         return list(
