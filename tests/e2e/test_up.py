@@ -61,6 +61,17 @@ def _get_json(url: str, token: str | None = None) -> dict[str, object]:
         return data
 
 
+def _up_state(proc: subprocess.Popen[bytes], out_path: Path) -> str:
+    """What ``icefall up`` was doing when a check failed: still running, or exited, with the
+    end of its output and of the log of the component it names as exited."""
+    state = "running" if proc.poll() is None else f"exited with {proc.returncode}"
+    output = out_path.read_text(errors="replace")
+    named = re.findall(r"\(log: (\S+)\)", output)
+    log = Path(named[-1]) if named else None
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+    return f"icefall up {state}; its output ends:\n{output[-2000:]}\n{log or ''}:\n{tail}"
+
+
 def _api(
     base: str, path: str, token: str | None = None, body: dict[str, object] | None = None
 ) -> Any:
@@ -554,7 +565,10 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(
             assert any(k.startswith("warehouse/") and k.endswith(".parquet") for k in keys), keys
             assert not (home / "warehouse").exists() and not (home / "objects").exists()
         else:
-            the_ui_checks_on_local_files(home, output, airflow, kafka, tmp_path, webhook)
+            try:
+                the_ui_checks_on_local_files(home, output, airflow, kafka, tmp_path, webhook)
+            except Exception as exc:  # say whether up itself stopped (a component exited) and why
+                raise AssertionError(_up_state(proc, out_path)) from exc
 
         started.update(_processes_with_home(home))
         proc.send_signal(signal.SIGINT)
