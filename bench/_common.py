@@ -101,15 +101,21 @@ _PRODUCER_BASE: dict[str, Any] = {
     "delivery.report.only.error": True,
 }
 
-# Large fetches (64 MiB a request, 16 MiB a partition), so the round trips are few and the
-# broker's rate, not the request count, shows. ``fetch.queue.backoff.ms``: once a partition's
-# local queue holds ``queued.min.messages`` (100,000: 49 MiB of 512 B records) librdkafka
-# stops fetching it and, by default, looks again only after 1 s: a reader faster than that
-# would sit out a second at a time (a 1,000,000-record read took 4-5 s instead of 1).
+# What the benchmark reader itself needs, whatever it measures: a new group reading from the
+# start, no commits, and ``fetch.queue.backoff.ms`` 1: once a partition's local queue holds
+# ``queued.min.messages`` (100,000: 49 MiB of 512 B records) librdkafka stops fetching it and,
+# by default, looks again only after 1 s, so a reader faster than the prefetch sat out a
+# second at a time (a 1,000,000-record read took 4-5 s instead of 1).
+_CONSUMER_BASE: dict[str, Any] = {
+    "auto.offset.reset": "earliest",
+    "enable.auto.commit": False,
+    "fetch.queue.backoff.ms": 1,
+}
+
+# bench/produce_consume.py's fetch sizes: 64 MiB a request, 16 MiB a partition.
 CONSUMER_SETTINGS: dict[str, Any] = {
     "fetch.max.bytes": 64 * MIB,
     "max.partition.fetch.bytes": 16 * MIB,
-    "fetch.queue.backoff.ms": 1,
 }
 
 _BATCH = 10_000  # records per produce_batch call (5 MiB of 512 B values)
@@ -197,19 +203,18 @@ def confluent_consume(
     timeout: float = 600,
 ) -> ClientRun:
     """Read ``count`` records of ``topic`` from the start of every partition with a
-    confluent-kafka consumer of a new group, timed from ``assign`` (the partitions already
-    known: no group join in the time, as in ``kafka-consumer-perf-test``'s fetch time) to the
-    last record. A record with an error, or fewer than ``count`` records within ``timeout``
-    s, fails the run."""
+    confluent-kafka consumer of a new group (``settings``: its fetch sizes), timed from
+    ``assign`` (the partitions already known: no group join in the time, as in
+    ``kafka-consumer-perf-test``'s fetch time) to the last record. A record with an error,
+    or fewer than ``count`` records within ``timeout`` s, fails the run."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
     consumer = Consumer(
         {
+            **_CONSUMER_BASE,
             **settings,
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
         }
     )
     try:
