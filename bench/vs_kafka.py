@@ -304,14 +304,14 @@ def run_confluent(
         if consumed[-1].value_bytes != records * size:
             raise RuntimeError(f"read {consumed[-1].value_bytes} B of {records * size} B")
     cpu2 = pid_cpu_seconds(pid)
-    median = sorted(consumed, key=lambda run: run.seconds)[len(consumed) // 2]
+    seconds = statistics.median(run.seconds for run in consumed)
     gib = records * size / GIB
     return ClientSide(
         name=name,
         produce_mib_s=round(produced.mib_s, 1),
         produce_records_s=round(produced.records_s),
-        consume_mib_s=round(median.mib_s, 1),
-        consume_records_s=round(median.records_s),
+        consume_mib_s=round(records * size / MIB / seconds, 1),
+        consume_records_s=round(records / seconds),
         produce_cpu_s_per_gib=round((cpu1 - cpu0) / gib, 1),
         consume_cpu_s_per_gib=round((cpu2 - cpu1) / gib / consume_runs, 1),
         client_produce_cpu_s_per_gib=round(produced.client_cpu_s / gib, 1),
