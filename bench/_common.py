@@ -1,5 +1,6 @@
 """Helpers shared by the benchmark scripts: the machine, CPU time, a broker on free ports, a
-produce that waits for room in the client's queue."""
+produce that waits for room in the client's queue, and a confluent-kafka producer and consumer
+that time a topic's records (``confluent_produce``, ``confluent_consume``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +31,14 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 __all__ = [
     "MIB",
     "REPO",
+    "CONSUMER_SETTINGS",
     "BrokerProcess",
+    "ClientRun",
     "CpuByProcess",
     "Measure",
     "become_subreaper",
+    "confluent_consume",
+    "confluent_produce",
     "interrupt_on_sigterm",
     "leave_no_processes",
     "machine",
@@ -82,6 +88,158 @@ def produce_when_room(producer: Any, topic: str, value: bytes, key: bytes | None
             producer.poll(0.01)
         else:
             return
+
+
+# What the benchmark client itself needs, whatever it measures: room for a whole run in the
+# local queue (a produce waits for the broker, never for the queue), no compression, and no
+# Python callback for a record the broker acknowledged (only failures call back).
+_PRODUCER_BASE: dict[str, Any] = {
+    "batch.num.messages": 1_000_000,
+    "queue.buffering.max.kbytes": 1024 * 1024,
+    "queue.buffering.max.messages": 10_000_000,
+    "compression.type": "none",
+    "delivery.report.only.error": True,
+}
+
+# What the benchmark reader itself needs, whatever it measures: a new group reading from the
+# start, no commits, and ``fetch.queue.backoff.ms`` 1: once a partition's local queue holds
+# ``queued.min.messages`` (100,000: 49 MiB of 512 B records) librdkafka stops fetching it and,
+# by default, looks again only after 1 s, so a reader faster than the prefetch sat out a
+# second at a time (a 1,000,000-record read took 4-5 s instead of 1).
+_CONSUMER_BASE: dict[str, Any] = {
+    "auto.offset.reset": "earliest",
+    "enable.auto.commit": False,
+    "fetch.queue.backoff.ms": 1,
+}
+
+# bench/produce_consume.py's fetch sizes: 64 MiB a request, 16 MiB a partition.
+CONSUMER_SETTINGS: dict[str, Any] = {
+    "fetch.max.bytes": 64 * MIB,
+    "max.partition.fetch.bytes": 16 * MIB,
+}
+
+_BATCH = 10_000  # records per produce_batch call (5 MiB of 512 B values)
+
+
+@dataclass
+class ClientRun:
+    """One confluent-kafka produce or consume: records and value bytes moved, the wall seconds
+    they took, and this process's CPU seconds meanwhile (librdkafka's threads included: the
+    client's whole cost, to tell a client-bound figure from a broker-bound one)."""
+
+    records: int
+    value_bytes: int
+    seconds: float
+    client_cpu_s: float
+
+    @property
+    def mib_s(self) -> float:
+        return self.value_bytes / MIB / self.seconds
+
+    @property
+    def records_s(self) -> float:
+        return self.records / self.seconds
+
+
+def confluent_produce(
+    bootstrap: str, topic: str, count: int, record_size: int, settings: Mapping[str, Any]
+) -> ClientRun:
+    """``count`` records of one pre-built ``record_size``-byte random value, no key, to
+    ``topic`` with confluent-kafka and ``settings`` (acks, linger.ms, batch.size: the caller's
+    choice), timed from the first record handed over to the last one acknowledged (``flush``).
+
+    Why ``produce_batch`` of one pre-built list: a Python ``produce()`` call and delivery
+    callback per record cost the client about half again the CPU, on the cores the broker
+    needs; here Python does close to nothing per record, so librdkafka and the broker set the
+    rate. A record the client's queue has no room for is offered again once the queue drains
+    (a wait, never a drop); a record the broker or client refuses fails the run, named."""
+    from confluent_kafka import KafkaError, Producer
+
+    failures: list[str] = []
+
+    def failed(err: Any, msg: Any) -> None:  # with delivery.report.only.error: failures only
+        failures.append(str(err))
+
+    producer = Producer(
+        {**_PRODUCER_BASE, **settings, "bootstrap.servers": bootstrap, "on_delivery": failed}
+    )
+    producer.list_topics(topic, timeout=30)  # connected, metadata known: not in the timing
+    value = os.urandom(record_size)
+    batch: list[dict[str, Any]] = [{"value": value} for _ in range(min(_BATCH, count))]
+    cpu0, start = time.process_time(), time.perf_counter()
+    sent = 0
+    while sent < count:
+        n = min(len(batch), count - sent)
+        pending = batch if n == len(batch) else batch[:n]
+        while pending:
+            if producer.produce_batch(topic, pending) == len(pending):
+                break
+            # the records not queued carry ``_error``: a full queue is a wait, else a failure
+            refused = [message for message in pending if "_error" in message]
+            for message in refused:
+                error = message.pop("_error")
+                if error.code() != KafkaError._QUEUE_FULL:
+                    raise RuntimeError(f"confluent-kafka refused a record for {topic}: {error}")
+            pending = refused
+            producer.poll(0.01)
+        sent += n
+        producer.poll(0)
+    undelivered = producer.flush(600)
+    seconds = time.perf_counter() - start
+    cpu = time.process_time() - cpu0
+    if undelivered or failures:
+        raise RuntimeError(
+            f"{undelivered} records not acknowledged within 600 s, "
+            f"{len(failures)} refused ({failures[:3]}) producing to {topic}"
+        )
+    return ClientRun(count, count * record_size, seconds, cpu)
+
+
+def confluent_consume(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    settings: Mapping[str, Any] = CONSUMER_SETTINGS,
+    timeout: float = 600,
+) -> ClientRun:
+    """Read ``count`` records of ``topic`` from the start of every partition with a
+    confluent-kafka consumer of a new group (``settings``: its fetch sizes), timed from
+    ``assign`` (the partitions already known: no group join in the time, as in
+    ``kafka-consumer-perf-test``'s fetch time) to the last record. A record with an error,
+    or fewer than ``count`` records within ``timeout`` s, fails the run."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer(
+        {
+            **_CONSUMER_BASE,
+            **settings,
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
+        partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
+        cpu0, start = time.process_time(), time.perf_counter()
+        deadline = time.monotonic() + timeout
+        consumer.assign(partitions)
+        got = size = 0
+        while got < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"consumed {got} of {count} records of {topic} in {timeout} s")
+            # never ask for more than is left: a batch short of its size waits out the timeout
+            for message in consumer.consume(min(10_000, count - got), 1.0):
+                if message.error():
+                    raise KafkaException(message.error())
+                got += 1
+                size += len(message)
+        seconds = time.perf_counter() - start
+        cpu = time.process_time() - cpu0
+    finally:
+        consumer.close()
+    return ClientRun(got, size, seconds, cpu)
 
 
 def pid_cpu_seconds(pid: int) -> float:

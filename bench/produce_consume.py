@@ -3,7 +3,8 @@
 Limit: the same bytes sent over a loopback socket in 1 MiB messages, written
 sequentially to a file and fdatasync'd per message before a 1-byte ack (what an
 acks=all produce must at least do). Produce: confluent-kafka, acks=all,
-1 MiB batches of 1 KiB records. Consume: confluent-kafka from the beginning.
+1 MiB batches of 1 KiB records. Consume: confluent-kafka from the beginning. Both are
+bench/_common.py's ``confluent_produce`` and ``confluent_consume`` (bench/vs_kafka.py's too).
 
     .venv/bin/python bench/produce_consume.py [--mib 512] [--partitions 4]
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import MIB, produce_when_room
+from bench._common import MIB, confluent_consume, confluent_produce
 from tests.support import BrokerProcess
 
 
@@ -81,67 +82,24 @@ def loopback_fsync_limit(total: int, chunk: int, directory: Path) -> float:
     return total / MIB / elapsed
 
 
-def produce(bootstrap: str, topic: str, total: int, record_size: int) -> tuple[float, int]:
-    from confluent_kafka import Producer
+# 1 MiB batches (the topic takes 2 MiB messages); the rest is _common's benchmark client
+PRODUCER_SETTINGS = {
+    "acks": "all",
+    "linger.ms": 20,
+    "batch.size": MIB,
+    "message.max.bytes": 2 * MIB,
+}
 
-    failures: list[object] = []
-    producer = Producer(
-        {
-            "on_delivery": lambda err, msg: err and failures.append(err),
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "linger.ms": 20,
-            "batch.size": MIB,
-            "batch.num.messages": 1_000_000,
-            "message.max.bytes": 2 * MIB,
-            "queue.buffering.max.kbytes": 1024 * 1024,
-            "queue.buffering.max.messages": 10_000_000,
-            "compression.type": "none",
-        }
-    )
-    value = os.urandom(record_size)
-    count = total // record_size
-    start = time.perf_counter()
-    for i in range(count):
-        produce_when_room(producer, topic, value)
-        if i % 10000 == 0:
-            producer.poll(0)
-    assert producer.flush(300) == 0
-    elapsed = time.perf_counter() - start
-    assert not failures, failures[:3]
-    return count * record_size / MIB / elapsed, count
+
+def produce(bootstrap: str, topic: str, total: int, record_size: int) -> tuple[float, int]:
+    """MiB/s of ``total`` bytes in ``record_size`` records, and the record count."""
+    run = confluent_produce(bootstrap, topic, total // record_size, record_size, PRODUCER_SETTINGS)
+    return run.mib_s, run.records
 
 
 def consume(bootstrap: str, topic: str, count: int) -> float:
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "bench",
-            "auto.offset.reset": "earliest",
-            "fetch.max.bytes": 64 * MIB,
-            "max.partition.fetch.bytes": 16 * MIB,
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    got = 0
-    size = 0
-    start = None
-    deadline = time.monotonic() + 600
-    while got < count and time.monotonic() < deadline:
-        for msg in consumer.consume(10000, 1.0):
-            if msg.error():
-                continue
-            if start is None:
-                start = time.perf_counter()
-            got += 1
-            size += len(msg.value())
-    elapsed = time.perf_counter() - (start or time.perf_counter())
-    consumer.close()
-    assert got == count, f"consumed {got} of {count}"
-    return size / MIB / elapsed
+    """MiB/s of reading the ``count`` records back from the start."""
+    return confluent_consume(bootstrap, topic, count).mib_s
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""The Icefall broker beside Apache Kafka, in one run on this machine, with Kafka's own perf
-tools as the client of both (issue 17, part 1).
+"""The Icefall broker beside Apache Kafka, in one run on this machine, with two clients for
+both: Kafka's own perf tools, then confluent-kafka (issue 17, part 1).
 
 Apache Kafka 4.1 runs in KRaft mode (one node, broker and controller, a temporary log dir)
 from its Maven Central jars (tests/jvm/kafka, copied by ``make test`` or ``make bench-vs-kafka``),
@@ -7,11 +7,29 @@ twice: once with ``log.flush.interval.messages=1`` (an fsync before the ack, as 
 does for acks=all) and once with its defaults (the page cache only). The Icefall broker runs
 with its defaults. One broker runs at a time, so each has both cores.
 
-For each: ``kafka-producer-perf-test`` (acks=all, no throughput cap) sends the records, then
-``kafka-consumer-perf-test`` reads them back (``--consume-runs N``: N times, each a new group
-from the start; the median). Recorded: MiB/s and records/s, produce latency
-p50/p99 (as the tool reports them), the broker's CPU seconds per GiB (from /proc) and its
-peak RSS (VmHWM). The last line prints the ratios Icefall / Kafka-with-fsync.
+For each broker, two clients, one after the other, each on a topic of its own (same
+partitions), both producing with ``PRODUCER_SETTINGS`` (acks=all, ``linger.ms`` 5,
+``batch.size`` 256 KiB, no throughput cap):
+
+- Kafka's perf tools: ``kafka-producer-perf-test`` sends the records, then
+  ``kafka-consumer-perf-test --print-metrics`` reads them back (``--consume-runs N``: N times,
+  each a new group from the start; the median). Recorded: MiB/s and records/s, produce
+  latency p50/p99 (as the tool reports them) and the consumer's ``fetch-latency-avg``. On a
+  quiet machine every broker consumed at the same ~480 MiB/s with this consumer: its
+  decoding, not the broker, bounds that figure. ``fetch-latency-avg`` is the broker's part
+  (request sent to response read), so a reader sees which of the two it was.
+- confluent-kafka (librdkafka, bench/_common.py's ``confluent_produce`` and
+  ``confluent_consume``): the same number of records of the same size, handed over by
+  ``produce_batch`` from one pre-built value (close to no Python work per record, so the
+  producer's figure is the broker's fsync and librdkafka's), then read back ``--consume-runs``
+  times by a consumer of a new group assigned every partition from the start (the Java
+  consumer's fetch sizes), timed from ``assign`` to the last record. The consumer makes one
+  Python message object per record: at 512 B records that, and the two cores the broker
+  shares, bound its figure; the client's own CPU s/GiB is printed beside it to tell.
+
+For both: the broker's CPU seconds per GiB (from /proc) and its peak RSS (VmHWM: after the
+perf tools' runs in the first table, after both clients' in the second). The last line prints
+the ratios Icefall / Kafka-with-fsync for both clients.
 
     .venv/bin/python bench/vs_kafka.py            # 1,000,000 records of 512 B, 4 partitions
     .venv/bin/python bench/vs_kafka.py --quick    # 100,000 records: about a minute
@@ -32,17 +50,37 @@ from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
 
-from _common import MIB, BrokerProcess, machine, pid_cpu_seconds
+from _common import (
+    MIB,
+    BrokerProcess,
+    ClientRun,
+    confluent_consume,
+    confluent_produce,
+    machine,
+    pid_cpu_seconds,
+)
 
 from tests.kafka_tools import kafka_jars, kafka_tool
 from tests.support import free_port, wait_for
 
 GIB = 1024 * MIB
 
+# The producer settings of both clients: acks=all, batches of up to 256 KiB after at most 5 ms.
+PRODUCER_SETTINGS: dict[str, str] = {"acks": "all", "linger.ms": "5", "batch.size": "262144"}
+
+# confluent-kafka's fetch sizes: the Java perf consumer's (50 MiB a request, 1 MiB a partition,
+# its --fetch-size default), which are librdkafka's defaults too. Larger ones (16 MiB a
+# partition) were no faster against either broker and cost more client CPU and broker memory.
+CONSUMER_SETTINGS: dict[str, int] = {"fetch.max.bytes": 50 * MIB, "max.partition.fetch.bytes": MIB}
+
+# kafka-consumer-perf-test --print-metrics: "consumer-fetch-manager-metrics:fetch-latency-avg:
+# {client-id=...}   : 5.123"
+FETCH_LATENCY = r"consumer-fetch-manager-metrics:fetch-latency-avg:\{[^}]*\}\s*:\s*([\d.]+)"
+
 
 @dataclass
 class Side:
-    """One broker's figures."""
+    """One broker's figures with Kafka's perf tools as the client."""
 
     name: str
     produce_mib_s: float
@@ -51,9 +89,26 @@ class Side:
     p99_ms: float
     consume_mib_s: float
     consume_records_s: float
+    fetch_latency_ms: float  # the Java consumer's fetch-latency-avg (median over the runs)
     produce_cpu_s_per_gib: float
     consume_cpu_s_per_gib: float
-    peak_rss_mib: float
+    peak_rss_mib: float  # the broker's VmHWM after the perf tools' runs
+
+
+@dataclass
+class ClientSide:
+    """One broker's figures with confluent-kafka (librdkafka) as the client."""
+
+    name: str
+    produce_mib_s: float
+    produce_records_s: float
+    consume_mib_s: float
+    consume_records_s: float
+    produce_cpu_s_per_gib: float  # the broker's
+    consume_cpu_s_per_gib: float
+    client_produce_cpu_s_per_gib: float  # this process's (librdkafka's threads included)
+    client_consume_cpu_s_per_gib: float
+    peak_rss_mib: float  # the broker's VmHWM after every run (both clients')
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -148,26 +203,29 @@ def _number(pattern: str, text: str) -> float:
     return float(found.group(1))
 
 
-def consume_seconds(bootstrap: str, topic: str, records: int) -> float:
-    """One ``kafka-consumer-perf-test`` run's fetch.time.ms in seconds: the read itself,
-    without the group join."""
-    consumed = (
-        kafka_tool(
-            "kafka-consumer-perf-test",
-            "--bootstrap-server",
-            bootstrap,
-            "--topic",
-            topic,
-            "--messages",
-            str(records),
-            "--timeout",
-            "120000",
-            timeout=1800,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
-    return float(consumed.split(", ")[7]) / 1000
+def consume_run(bootstrap: str, topic: str, records: int) -> tuple[float, float]:
+    """One ``kafka-consumer-perf-test --print-metrics`` run: its fetch.time.ms in seconds (the
+    read itself, without the group join) and the client's fetch-latency-avg in ms (the mean
+    time from a fetch request sent to its response read: the broker's part of each round trip
+    plus the network, not the client's decoding between fetches)."""
+    out = kafka_tool(
+        "kafka-consumer-perf-test",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--messages",
+        str(records),
+        "--timeout",
+        "120000",
+        "--print-metrics",
+        timeout=1800,
+    ).stdout
+    lines = out.splitlines()
+    # the figures are the line after the header; the metrics follow them
+    header = next(i for i, line in enumerate(lines) if line.startswith("start.time"))
+    fetch_ms = float(lines[header + 1].split(", ")[7])
+    return fetch_ms / 1000, _number(FETCH_LATENCY, out)
 
 
 def run_side(
@@ -196,9 +254,7 @@ def run_side(
             "-1",
             "--producer-props",
             f"bootstrap.servers={bootstrap}",
-            "acks=all",
-            "linger.ms=5",
-            "batch.size=262144",
+            *(f"{key}={value}" for key, value in PRODUCER_SETTINGS.items()),
             timeout=1800,
         )
         .stdout.strip()
@@ -206,9 +262,8 @@ def run_side(
     )
     cpu1 = pid_cpu_seconds(pid)
     # each run a new group (the tool's default), from the start of the topic
-    fetch_seconds = statistics.median(
-        consume_seconds(bootstrap, topic, records) for _ in range(consume_runs)
-    )
+    runs = [consume_run(bootstrap, topic, records) for _ in range(consume_runs)]
+    fetch_seconds = statistics.median(seconds for seconds, _ in runs)
     cpu2 = pid_cpu_seconds(pid)
     gib = records * size / GIB
     return Side(
@@ -219,24 +274,79 @@ def run_side(
         p99_ms=_number(r"([\d.]+) ms 99th", produced),
         consume_mib_s=round(records * size / MIB / fetch_seconds, 1),
         consume_records_s=round(records / fetch_seconds),
+        fetch_latency_ms=round(statistics.median(latency for _, latency in runs), 1),
         produce_cpu_s_per_gib=round((cpu1 - cpu0) / gib, 1),
         consume_cpu_s_per_gib=round((cpu2 - cpu1) / gib / consume_runs, 1),
         peak_rss_mib=round(peak_rss_mib(pid)),
     )
 
 
-def markdown(sides: list[Side], args: argparse.Namespace) -> str:
-    head = (
+def run_confluent(
+    name: str,
+    bootstrap: str,
+    pid: int,
+    records: int,
+    size: int,
+    partitions: int,
+    consume_runs: int = 1,
+) -> ClientSide:
+    """The same records to a new topic with confluent-kafka (``PRODUCER_SETTINGS``), read back
+    ``consume_runs`` times (each a new group from the start; the median)."""
+    topic = f"ck-{uuid.uuid4().hex[:6]}"
+    b = ["--bootstrap-server", bootstrap]
+    kafka_tool("kafka-topics", *b, "--create", "--topic", topic, "--partitions", str(partitions))
+    cpu0 = pid_cpu_seconds(pid)
+    produced = confluent_produce(bootstrap, topic, records, size, PRODUCER_SETTINGS)
+    cpu1 = pid_cpu_seconds(pid)
+    consumed: list[ClientRun] = []
+    for _ in range(consume_runs):
+        consumed.append(confluent_consume(bootstrap, topic, records, CONSUMER_SETTINGS))
+        if consumed[-1].value_bytes != records * size:
+            raise RuntimeError(f"read {consumed[-1].value_bytes} B of {records * size} B")
+    cpu2 = pid_cpu_seconds(pid)
+    seconds = statistics.median(run.seconds for run in consumed)
+    gib = records * size / GIB
+    return ClientSide(
+        name=name,
+        produce_mib_s=round(produced.mib_s, 1),
+        produce_records_s=round(produced.records_s),
+        consume_mib_s=round(records * size / MIB / seconds, 1),
+        consume_records_s=round(records / seconds),
+        produce_cpu_s_per_gib=round((cpu1 - cpu0) / gib, 1),
+        consume_cpu_s_per_gib=round((cpu2 - cpu1) / gib / consume_runs, 1),
+        client_produce_cpu_s_per_gib=round(produced.client_cpu_s / gib, 1),
+        client_consume_cpu_s_per_gib=round(
+            sum(run.client_cpu_s for run in consumed) / gib / consume_runs, 1
+        ),
+        peak_rss_mib=round(peak_rss_mib(pid)),
+    )
+
+
+def markdown(sides: list[Side], clients: list[ClientSide]) -> str:
+    perf_tools = (
         "| broker | produce MiB/s | records/s | p50 ms | p99 ms | consume MiB/s | "
-        "produce CPU s/GiB | consume CPU s/GiB | peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|"
+        "fetch latency avg ms | produce CPU s/GiB | consume CPU s/GiB | peak RSS MiB |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = [
         f"| {s.name} | {s.produce_mib_s} | {s.produce_records_s} | {s.p50_ms:g} | {s.p99_ms:g} | "
-        f"{s.consume_mib_s} | {s.produce_cpu_s_per_gib} | {s.consume_cpu_s_per_gib} | "
-        f"{s.peak_rss_mib} |"
+        f"{s.consume_mib_s} | {s.fetch_latency_ms:g} | {s.produce_cpu_s_per_gib} | "
+        f"{s.consume_cpu_s_per_gib} | {s.peak_rss_mib} |"
         for s in sides
     ]
-    return "\n".join([head, *rows])
+    confluent = (
+        "| broker (confluent-kafka) | produce MiB/s | records/s | consume MiB/s | records/s | "
+        "produce CPU s/GiB | consume CPU s/GiB | client CPU s/GiB produce, consume | "
+        "peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    client_rows = [
+        f"| {c.name} | {c.produce_mib_s} | {c.produce_records_s} | {c.consume_mib_s} | "
+        f"{c.consume_records_s} | {c.produce_cpu_s_per_gib} | {c.consume_cpu_s_per_gib} | "
+        f"{c.client_produce_cpu_s_per_gib}, {c.client_consume_cpu_s_per_gib} | "
+        f"{c.peak_rss_mib} |"
+        for c in clients
+    ]
+    return "\n".join([perf_tools, *rows, "", confluent, *client_rows])
 
 
 def main() -> None:
@@ -255,6 +365,7 @@ def main() -> None:
     if args.quick:
         args.records = 100_000
     sides: list[Side] = []
+    clients: list[ClientSide] = []
     with tempfile.TemporaryDirectory(prefix="vs-kafka-") as tmp:
         folder = Path(tmp)
         for name, start in (
@@ -264,26 +375,24 @@ def main() -> None:
         ):
             where = folder / name.split(",")[0].replace(" ", "-") / str(len(sides))
             where.mkdir(parents=True)
+            shape = (args.records, args.record_size, args.partitions, args.consume_runs)
             with start(where) as (bootstrap, pid):
-                sides.append(
-                    run_side(
-                        name,
-                        bootstrap,
-                        pid,
-                        args.records,
-                        args.record_size,
-                        args.partitions,
-                        args.consume_runs,
-                    )
-                )
+                sides.append(run_side(name, bootstrap, pid, *shape))
+                clients.append(run_confluent(name, bootstrap, pid, *shape))
     print(json.dumps({"date": str(date.today()), "machine": machine(), "args": vars(args)}))
     for side in sides:
-        print(json.dumps(asdict(side)))
-    print(markdown(sides, args))
-    kafka_fsync, icefall = sides[0], sides[-1]
+        print(json.dumps({"client": "perf tools", **asdict(side)}))
+    for client in clients:
+        print(json.dumps({"client": "confluent-kafka", **asdict(client)}))
+    print(markdown(sides, clients))
+    fsync, icefall = sides[0], sides[-1]
+    ck_fsync, ck_icefall = clients[0], clients[-1]
     print(
-        f"ratio Icefall / Kafka (fsync): produce {icefall.produce_mib_s / kafka_fsync.produce_mib_s:.2f}, "
-        f"consume {icefall.consume_mib_s / kafka_fsync.consume_mib_s:.2f}"
+        "ratio Icefall / Kafka (fsync): "
+        f"perf tools produce {icefall.produce_mib_s / fsync.produce_mib_s:.2f}, "
+        f"consume {icefall.consume_mib_s / fsync.consume_mib_s:.2f}; "
+        f"confluent-kafka produce {ck_icefall.produce_mib_s / ck_fsync.produce_mib_s:.2f}, "
+        f"consume {ck_icefall.consume_mib_s / ck_fsync.consume_mib_s:.2f}"
     )
 
 
