@@ -90,7 +90,7 @@ class DlqReprocessOperator(TableJobOperator):
             return None
         return reprocess_lineage(result, cluster, self.namespace, self.table)
 
-    def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
+    def execute(self, context: Any) -> dict[str, Any]:  # the result goes to XCom
         admin_url = self.admin_url_or_skip()
         return self.run_job(
             context,
