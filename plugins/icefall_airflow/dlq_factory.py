@@ -159,7 +159,7 @@ def build_all(path: Path | None = None) -> dict[str, DAG]:
     a disabled topic keeps its DAG, marked disabled, and a run skips."""
     current = manifest.read(path)
     dags: dict[str, DAG] = {}
-    for entry in [*current.table_topics, *current.disabled_table_topics]:
+    for entry in current.to_build(settings.dlq_dag_id):
         dag = build_dlq_dag(entry)
         dags[dag.dag_id] = dag
     return dags
