@@ -16,8 +16,8 @@ bare exit code. The result also answers Airflow's OpenLineage provider
 ``SparkJobOperator`` does what the apache-spark provider's ``SparkSubmitOperator`` does (the
 same keyword arguments, templated fields, ``SparkSubmitHook``, ``on_kill`` and OpenLineage
 ``conf`` injection when ``[openlineage] spark_inject_*`` asks for it) but does not subclass
-it: that operator's module imports the OpenLineage provider's listener, ``openlineage.client``
-and ``libcst``, about 0.5-0.9 CPU-s in every process that imports it, and every DAG parse and
+it: that operator's module imports the OpenLineage provider's listener and
+``openlineage.client``, about 0.6 CPU-s in every process that imports it, and every DAG parse and
 every task process (plan and publish too) imports this module through the DAG factories. The
 hook (and OpenLineage, when configured) is imported only when a job is submitted with
 spark-submit; a round in the warm driver imports neither.
