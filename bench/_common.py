@@ -36,7 +36,9 @@ __all__ = [
     "ClientRun",
     "CpuByProcess",
     "Measure",
+    "Sampler",
     "become_subreaper",
+    "cmdline",
     "confluent_consume",
     "confluent_produce",
     "interrupt_on_sigterm",
@@ -437,21 +439,29 @@ def reap_orphans(exclude: set[int], timeout: float = 60.0) -> int:
     return reaped
 
 
-class CpuByProcess:
-    """Samples the CPU time of a process tree (every ``interval`` s) and sums it per kind of
-    process (``classify(cmdline) -> name``): where a multi-process job spends its CPU.
-    A process that ends between two samples loses at most ``interval`` of CPU here."""
+def cmdline(pid: int) -> str | None:
+    """``pid``'s command line, arguments joined by spaces; ``None`` once it is gone ("" for a
+    zombie)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace")
 
-    def __init__(self, classify: Callable[[str], str], interval: float = 0.25) -> None:
-        self.classify = classify
+
+class Sampler:
+    """Calls ``sample()`` every ``interval`` s on a daemon thread from ``start_sampling()`` until
+    ``stop_sampling()``: the loop of the CPU samplers (this module's, bench/airflow_cpu.py's)."""
+
+    def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.last: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.root: int | None = None
 
-    def start(self, root: int) -> None:
-        self.root = root
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def start_sampling(self) -> None:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -460,27 +470,40 @@ class CpuByProcess:
             self.sample()
             self._stop.wait(self.interval)
 
+    def stop_sampling(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+class CpuByProcess(Sampler):
+    """Samples the CPU time of a process tree (every ``interval`` s) and sums it per kind of
+    process (``classify(cmdline) -> name``): where a multi-process job spends its CPU.
+    A process that ends between two samples loses at most ``interval`` of CPU here."""
+
+    def __init__(self, classify: Callable[[str], str], interval: float = 0.25) -> None:
+        super().__init__(interval)
+        self.classify = classify
+        self.last: dict[int, tuple[str, float]] = {}
+        self.root: int | None = None
+
+    def start(self, root: int) -> None:
+        self.root = root
+        self.start_sampling()
+
     def sample(self) -> None:
         if self.root is None:
             return
         for pid in _tree({self.root}, _parents()):
-            try:
-                cmd = (
-                    Path(f"/proc/{pid}/cmdline")
-                    .read_bytes()
-                    .replace(b"\0", b" ")
-                    .decode(errors="replace")
-                )
-            except OSError:
+            cmd = cmdline(pid)
+            if cmd is None:
                 continue
             # classified anew while it has a command line (exec changes it); a zombie has none
             kind = self.classify(cmd) if cmd.strip() or pid not in self.last else self.last[pid][0]
             self.last[pid] = (kind, pid_cpu_seconds(pid))
 
     def stop(self) -> dict[str, float]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self.stop_sampling()
         out: dict[str, float] = {}
         for kind, cpu in self.last.values():
             out[kind] = round(out.get(kind, 0.0) + cpu, 1)

@@ -16,9 +16,13 @@ up`` it is under: api-server, scheduler with its LocalExecutor workers and task 
 dag-processor, triggerer, warm driver, broker), and within it to its own process title, sampled
 every 0.2 s; a process that ended counts in the one that reaped it (``ComponentCpu``), Spark
 jobs apart. Also prints how long the new topic's commit DAG took to appear in Airflow's
-database after the topic was created.
+database after the topic was created, and where a round's time goes between its interval's end
+and its publish (``round_stages``, from Airflow's metadata: the scheduler creating the run,
+each task queued, running, done).
 
     .venv/bin/python bench/airflow_cpu.py                 # 60 s idle, 180 s of 20 s rounds
+    .venv/bin/python bench/airflow_cpu.py --stages HOME/airflow/airflow.db --dag-id D
+                                                # the stages of a kept run (vs_connect --keep)
 """
 
 from __future__ import annotations
@@ -27,27 +31,26 @@ import argparse
 import json
 import os
 import sqlite3
+import statistics
 import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import CLK_TCK, _parents, become_subreaper, machine
+from bench._common import CLK_TCK, Sampler, _parents, become_subreaper, cmdline, machine
 from bench.commit_round import register_schema
-from bench.sustained import TOPIC, Producer, _create_topic, icefall_up
+from bench.rate_producer import ProducerProcess
+from bench.sustained import TOPIC, _create_topic, icefall_up
 from bench.vs_connect import committed
 from tests.support import wait_for
 
 
 def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    return (cmdline(pid) or "").strip()
 
 
 def _component(cmdline: str) -> str:
@@ -96,7 +99,7 @@ def _cpu_times(pid: int) -> tuple[float, float] | None:
     ) / CLK_TCK
 
 
-class ComponentCpu:
+class ComponentCpu(Sampler):
     """CPU seconds per (component, process title) of the tree under ``root``, sampled.
 
     A live process counts its own time; a process that ended is counted in the process that
@@ -106,20 +109,13 @@ class ComponentCpu:
     reaper's share for "spark jobs" (what it used between its last sample and its end stays)."""
 
     def __init__(self, root: int, interval: float = 0.2) -> None:
+        super().__init__(interval)
         self.root = root
-        self.interval = interval
         # pid -> (component, title, own, reaped children, spark job, parent pid)
         self.last: dict[int, tuple[str, str, float, float, bool, int]] = {}
-        self._stop = threading.Event()
         self._lock = threading.Lock()
         self.alive: set[int] = set()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
+        self.start_sampling()
 
     def sample(self) -> None:
         with self._lock:
@@ -171,8 +167,7 @@ class ComponentCpu:
         return out
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self.stop_sampling()
 
 
 def _title_kind(title: str) -> str:
@@ -218,6 +213,72 @@ def _dag_parsed(home: Path, dag_id: str) -> bool:
     return row is not None
 
 
+# (stage, its end: a dag_run column or a (task, task_instance column)), in order; each stage
+# lasts from the previous one's end (the first from the interval's end, the run's run_after)
+STAGES: tuple[tuple[str, str | tuple[str, str]], ...] = (
+    ("scheduler creates the run", "queued_at"),
+    ("plan queued", ("plan", "queued_dttm")),
+    ("plan queued -> running", ("plan", "start_date")),
+    ("plan runs (its process: parse, plan)", ("plan", "end_date")),
+    ("scheduler queues commit", ("commit", "queued_dttm")),
+    ("commit queued -> running", ("commit", "start_date")),
+    ("commit runs (parse, the round)", ("commit", "end_date")),
+    ("scheduler queues publish", ("publish", "queued_dttm")),
+    ("publish queued -> running", ("publish", "start_date")),
+    ("publish runs", ("publish", "end_date")),
+)
+
+
+def _stamp(text: str | None) -> float | None:
+    return datetime.fromisoformat(text).timestamp() if text else None  # stored in UTC
+
+
+def round_stages(db: Path, dag_id: str) -> list[dict[str, float]]:
+    """For each successful scheduled run of ``dag_id``: each stage's seconds (``STAGES``), from
+    Airflow's metadata database ``db`` (task instances' queued/start/end times, the run's)."""
+    out = []
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        runs = conn.execute(
+            "SELECT run_id, run_after, queued_at FROM dag_run WHERE dag_id = ? AND state = "
+            "'success' AND run_type = 'scheduled' ORDER BY run_after",
+            (dag_id,),
+        ).fetchall()
+        for run_id, run_after, queued_at in runs:
+            tasks = {
+                row[0]: dict(zip(("queued_dttm", "start_date", "end_date"), row[1:], strict=True))
+                for row in conn.execute(
+                    "SELECT task_id, queued_dttm, start_date, end_date FROM task_instance "
+                    "WHERE dag_id = ? AND run_id = ?",
+                    (dag_id, run_id),
+                )
+            }
+            previous, stages = _stamp(run_after), {}
+            for name, end in STAGES:
+                at = _stamp(queued_at if end == "queued_at" else tasks.get(end[0], {}).get(end[1]))
+                if at is None or previous is None:
+                    break
+                stages[name], previous = at - previous, at
+            else:
+                out.append(stages)
+    return out
+
+
+def print_stages(db: Path, dag_id: str) -> None:
+    rounds = round_stages(db, dag_id)
+    if not rounds:
+        print(f"no complete scheduled run of {dag_id} in {db}")
+        return
+    print(f"\nwhere a round's time goes, {dag_id}, {len(rounds)} rounds (s):")
+    print("| stage | median | min | max | since the interval's end (sum of medians) |")
+    print("|---|---|---|---|---|")
+    total = 0.0
+    for name, _ in STAGES:
+        values = [r[name] for r in rounds]
+        mean = statistics.median(values)
+        total += mean
+        print(f"| {name} | {mean:.2f} | {min(values):.2f} | {max(values):.2f} | {total:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle-s", type=float, default=60.0)
@@ -225,7 +286,14 @@ def main() -> None:
     parser.add_argument("--interval-s", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=0.05, help="MiB/s to the table topic")
     parser.add_argument("--label", default="")
+    parser.add_argument(
+        "--stages", type=Path, help="only print the round stages of this airflow.db"
+    )
+    parser.add_argument("--dag-id", default=f"icefall_commit__{TOPIC}", help="with --stages")
     args = parser.parse_args()
+    if args.stages:
+        print_stages(args.stages, args.dag_id)
+        return
     become_subreaper()
     load = os.getloadavg()
     folder = Path(tempfile.mkdtemp(prefix="icefall-airflow-cpu-"))
@@ -249,18 +317,20 @@ def main() -> None:
         dag_id = f"icefall_commit__{TOPIC}"
         wait_for(lambda: _dag_parsed(home, dag_id), 120, what="the new topic's DAG")
         appeared_s = time.monotonic() - created
-        producer = Producer(bootstrap, register_schema(registry, f"{TOPIC}-value"))
-        producer.rate_mib_s = args.rate
-        producer.start()
-        catalog = load_catalog("bench", type="rest", uri=catalog_url)
-        wait_for(lambda: committed(catalog, ("default", TOPIC)) > 0, 300, what="the first round")
-        before, tasks0, t0 = cpu.totals(), _commit_tasks(home), time.monotonic()
-        time.sleep(args.rounds_s)
-        busy = _diff(cpu.totals(), before)
-        busy_s = time.monotonic() - t0
-        rounds = len(_commit_tasks(home) - tasks0)
-        producer.stop.set()
-        producer.join(60)
+        schema_id = register_schema(registry, f"{TOPIC}-value")
+        log = folder / "producer.log"
+        with ProducerProcess(bootstrap, TOPIC, schema_id, log) as producer:
+            producer.set_rate(args.rate)
+            catalog = load_catalog("bench", type="rest", uri=catalog_url)
+            wait_for(
+                lambda: committed(catalog, ("default", TOPIC)) > 0, 300, what="the first round"
+            )
+            before, tasks0, t0 = cpu.totals(), _commit_tasks(home), time.monotonic()
+            time.sleep(args.rounds_s)
+            busy = _diff(cpu.totals(), before)
+            busy_s = time.monotonic() - t0
+            rounds = len(_commit_tasks(home) - tasks0)
+        producer.check()
         cpu.stop()
     end_load = os.getloadavg()
 
@@ -294,6 +364,7 @@ def main() -> None:
     print("by process title (idle window):")
     for (comp, title), seconds in sorted(idle.items(), key=lambda kv: -kv[1]):
         print(f"  {comp:22} {title:42} {seconds:7.1f}")
+    print_stages(home / "airflow" / "airflow.db", dag_id)
     print(
         json.dumps(
             {

@@ -64,7 +64,7 @@ class CommitRoundOperator(SparkJobOperator):
 
         return round_lineage(result, cluster)
 
-    def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
+    def execute(self, context: Any) -> dict[str, Any]:  # the result goes to XCom
         from icefall_airflow import manifest
 
         plan = context["ti"].xcom_pull(task_ids=self.plan_task_id)

@@ -90,7 +90,7 @@ class DlqReprocessOperator(TableJobOperator):
             return None
         return reprocess_lineage(result, cluster, self.namespace, self.table)
 
-    def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
+    def execute(self, context: Any) -> dict[str, Any]:  # the result goes to XCom
         admin_url = self.admin_url_or_skip()
         return self.run_job(
             context,
@@ -159,7 +159,7 @@ def build_all(path: Path | None = None) -> dict[str, DAG]:
     a disabled topic keeps its DAG, marked disabled, and a run skips."""
     current = manifest.read(path)
     dags: dict[str, DAG] = {}
-    for entry in [*current.table_topics, *current.disabled_table_topics]:
+    for entry in current.to_build(settings.dlq_dag_id):
         dag = build_dlq_dag(entry)
         dags[dag.dag_id] = dag
     return dags

@@ -240,6 +240,6 @@ def build_all(path: Path | None = None) -> dict[str, DAG]:
     """
     current = manifest.read(path)
     dags: dict[str, DAG] = {}
-    for entry in [*current.table_topics, *current.disabled_table_topics]:
+    for entry in current.to_build(names.commit_dag_id):
         dags[entry.dag_id] = build_commit_dag(entry)
     return dags

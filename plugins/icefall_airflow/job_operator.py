@@ -12,6 +12,15 @@ the next task does not need the same disk. When a job fails it still writes its
 result: the task then fails with the job's own message instead of spark-submit's
 bare exit code. The result also answers Airflow's OpenLineage provider
 (``get_openlineage_facets_on_complete``, ``lineage``).
+
+``SparkJobOperator`` does what the apache-spark provider's ``SparkSubmitOperator`` does (the
+same keyword arguments, templated fields, ``SparkSubmitHook``, ``on_kill`` and OpenLineage
+``conf`` injection when ``[openlineage] spark_inject_*`` asks for it) but does not subclass
+it: that operator's module imports the OpenLineage provider's listener and
+``openlineage.client``, about 0.6 CPU-s in every process that imports it, and every DAG parse and
+every task process (plan and publish too) imports this module through the DAG factories. The
+hook (and OpenLineage, when configured) is imported only when a job is submitted with
+spark-submit; a round in the warm driver imports neither.
 """
 
 from __future__ import annotations
@@ -20,14 +29,18 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 from pydantic import ValidationError
 
 from broker.contracts import Contract
 from broker.topic_configs import ENABLE
+
+if TYPE_CHECKING:
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
 SPARK_CONN_ID = "spark_default"
 LOCAL_SPARK_CONNECTION = json.dumps({"conn_type": "spark", "host": "local[*]"})
@@ -103,16 +116,178 @@ def read_result(path: str) -> dict[str, Any] | None:
     return result
 
 
-class SparkJobOperator(SparkSubmitOperator):
-    """Base of the Icefall job operators: ``run_job`` submits ``script`` and returns its result."""
+class SparkJobOperator(BaseOperator):
+    """Base of the Icefall job operators: ``run_job`` submits ``script`` and returns its result.
+
+    Takes ``SparkSubmitOperator``'s keyword arguments, with ``conn_id`` ``spark_default`` and
+    ``spark_binary`` ``spark-submit`` by default; ``execute`` submits ``application`` as that
+    operator's does (each job operator overrides it)."""
 
     script = ""  # a file of spark_jobs/, set by each subclass
     driver_jvm_opts: str | None = None  # SPARK_SUBMIT_OPTS unless the environment sets its own
 
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("conn_id", SPARK_CONN_ID)
-        kwargs.setdefault("spark_binary", "spark-submit")
+    # SparkSubmitOperator's
+    template_fields: Sequence[str] = (
+        "application",
+        "conf",
+        "files",
+        "py_files",
+        "jars",
+        "driver_class_path",
+        "packages",
+        "exclude_packages",
+        "keytab",
+        "principal",
+        "proxy_user",
+        "name",
+        "application_args",
+        "env_vars",
+        "properties_file",
+    )
+
+    def __init__(
+        self,
+        *,
+        application: str = "",
+        conf: dict[Any, Any] | None = None,
+        conn_id: str = SPARK_CONN_ID,
+        files: str | None = None,
+        py_files: str | None = None,
+        archives: str | None = None,
+        driver_class_path: str | None = None,
+        jars: str | None = None,
+        java_class: str | None = None,
+        packages: str | None = None,
+        exclude_packages: str | None = None,
+        repositories: str | None = None,
+        total_executor_cores: int | None = None,
+        executor_cores: int | None = None,
+        executor_memory: str | None = None,
+        driver_memory: str | None = None,
+        keytab: str | None = None,
+        principal: str | None = None,
+        proxy_user: str | None = None,
+        name: str = "arrow-spark",
+        num_executors: int | None = None,
+        status_poll_interval: int = 1,
+        application_args: list[Any] | None = None,
+        env_vars: dict[str, Any] | None = None,
+        verbose: bool = False,
+        spark_binary: str | None = "spark-submit",
+        properties_file: str | None = None,
+        yarn_queue: str | None = None,
+        deploy_mode: str | None = None,
+        use_krb5ccache: bool = False,
+        openlineage_inject_parent_job_info: bool | None = None,
+        openlineage_inject_transport_info: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self.application = application
+        self.conf = conf
+        self.files = files
+        self.py_files = py_files
+        self.driver_class_path = driver_class_path
+        self.jars = jars
+        self.packages = packages
+        self.exclude_packages = exclude_packages
+        self.keytab = keytab
+        self.principal = principal
+        self.proxy_user = proxy_user
+        self.name = name
+        self.application_args = application_args
+        self.env_vars = env_vars
+        self.properties_file = properties_file
+        self._conn_id = conn_id
+        # SparkSubmitHook's other arguments, as SparkSubmitOperator passes them
+        self._hook_args: dict[str, Any] = {
+            "archives": archives,
+            "java_class": java_class,
+            "repositories": repositories,
+            "total_executor_cores": total_executor_cores,
+            "executor_cores": executor_cores,
+            "executor_memory": executor_memory,
+            "driver_memory": driver_memory,
+            "num_executors": num_executors,
+            "status_poll_interval": status_poll_interval,
+            "verbose": verbose,
+            "spark_binary": spark_binary,
+            "yarn_queue": yarn_queue,
+            "deploy_mode": deploy_mode,
+            "use_krb5ccache": use_krb5ccache,
+        }
+        # None: as [openlineage] spark_inject_parent_job_info / _transport_info say when it runs
+        self._openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
+        self._openlineage_inject_transport_info = openlineage_inject_transport_info
+        self._hook: SparkSubmitHook | None = None
+
+    def _get_hook(self) -> SparkSubmitHook:
+        """The provider's hook for the fields as they are now (``prepare`` sets them)."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        return SparkSubmitHook(
+            conf=self.conf,
+            conn_id=self._conn_id,
+            files=self.files,
+            py_files=self.py_files,
+            driver_class_path=self.driver_class_path,
+            jars=self.jars,
+            packages=self.packages,
+            exclude_packages=self.exclude_packages,
+            keytab=self.keytab,
+            principal=self.principal,
+            proxy_user=self.proxy_user,
+            name=self.name,
+            application_args=self.application_args,
+            env_vars=self.env_vars,
+            properties_file=self.properties_file,
+            **self._hook_args,
+        )
+
+    def _openlineage_conf(self, context: Any) -> None:
+        """Add OpenLineage's parent job and transport to the Spark ``conf`` when configured,
+        as ``SparkSubmitOperator.execute`` does (the OpenLineage provider imported only then)."""
+        from airflow.sdk.configuration import conf
+
+        def wanted(flag: bool | None, what: str) -> bool:
+            if flag is not None:
+                return flag
+            return conf.getboolean("openlineage", f"spark_inject_{what}_info", fallback=False)
+
+        parent = wanted(self._openlineage_inject_parent_job_info, "parent_job")
+        transport = wanted(self._openlineage_inject_transport_info, "transport")
+        if not (parent or transport):
+            return
+        from airflow.providers.common.compat.openlineage.utils.spark import (
+            inject_parent_job_information_into_spark_properties,
+            inject_transport_information_into_spark_properties,
+        )
+
+        properties = self.conf or {}
+        if parent:
+            self.log.debug("Injecting OpenLineage parent job information into Spark properties.")
+            properties = inject_parent_job_information_into_spark_properties(properties, context)
+        if transport:
+            self.log.debug("Injecting OpenLineage transport information into Spark properties.")
+            properties = inject_transport_information_into_spark_properties(properties, context)
+        self.conf = properties
+
+    def submit(self, context: Any) -> None:
+        """spark-submit ``application`` (``SparkSubmitOperator.execute``); ``AirflowException``
+        when it fails."""
+        self.conf = self.conf or {}
+        self._openlineage_conf(context)
+        if self._hook is None:
+            self._hook = self._get_hook()
+        self._hook.submit(self.application)
+
+    def execute(self, context: Any) -> Any:
+        self.submit(context)
+
+    def on_kill(self) -> None:
+        if self._hook is None:
+            self._hook = self._get_hook()
+        self._hook.on_kill()
 
     job_result: dict[str, Any] | None = None  # the last result, for lineage
     lineage_admin_url: str | None = None
@@ -178,7 +353,7 @@ class SparkJobOperator(SparkSubmitOperator):
             self.prepare(admin_url, args, result_path)
             self.lineage_admin_url = admin_url
             try:
-                super().execute(context)
+                self.submit(context)
             except AirflowException as exc:
                 result = read_result(result_path)
                 self.job_result = result

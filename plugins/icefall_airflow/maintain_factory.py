@@ -183,7 +183,7 @@ def build_all(path: Path | None = None) -> dict[str, DAG]:
     drops out and Airflow marks the DAG stale."""
     current = manifest.read(path)
     dags: dict[str, DAG] = {}
-    for entry in [*current.table_topics, *current.disabled_table_topics]:
+    for entry in current.to_build(settings.maintain_dag_id):
         if maintenance_enabled(entry):
             dag = build_maintain_dag(entry)
             dags[dag.dag_id] = dag

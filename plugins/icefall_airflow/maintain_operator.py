@@ -60,7 +60,7 @@ class MaintenanceOperator(TableJobOperator):
             return None
         return maintenance_lineage(result, cluster, self.namespace, self.table)
 
-    def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]  # the result goes to XCom
+    def execute(self, context: Any) -> dict[str, Any]:  # the result goes to XCom
         admin_url = self.admin_url_or_skip()
         actions = (context.get("params") or {}).get("actions")
         if table_missing(admin_url, self.namespace, self.table):

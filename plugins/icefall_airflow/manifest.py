@@ -11,6 +11,7 @@ show of an entry.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,17 @@ class Manifest(contracts.Manifest):
     table_topics: list[TableTopic]
     # Topics whose automq.table.topic.enable was set to false: their DAGs stay, paused.
     disabled_table_topics: list[TableTopic] = []
+
+    def to_build(self, dag_id_of: Callable[[str], str]) -> list[TableTopic]:
+        """The entries (enabled, then disabled) a DAG file builds a DAG for (``dag_id_of(topic)``
+        names it): all of them, but in a task process, which parses the file only for its own
+        DAG (Airflow's parsing context names it), that one alone: a task need not build every
+        table topic's DAG."""
+        from airflow.sdk import get_parsing_context
+
+        entries = [*self.table_topics, *self.disabled_table_topics]
+        only = get_parsing_context().dag_id
+        return entries if only is None else [e for e in entries if dag_id_of(e.topic) == only]
 
 
 def read(path: Path | None = None) -> Manifest:

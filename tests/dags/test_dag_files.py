@@ -43,6 +43,26 @@ def test_every_dag_file_imports_with_table_topics(
     assert {"icefall_commit__clicks", "icefall_commit__shop.orders-v2"} <= set(bag.dag_ids)
 
 
+def test_a_task_process_builds_only_its_dag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task process parses its DAG's file with Airflow's parsing context naming the DAG: the
+    factories build that DAG alone, not one per table topic."""
+    # what the task runner's parsing context manager sets (it does not unset it)
+    from airflow.sdk.definitions.context import _AIRFLOW_PARSING_CONTEXT_DAG_ID
+
+    manifests.write(
+        tmp_path, manifests.entry("clicks"), manifests.entry("shop.orders-v2", 30_000, "shop", 3)
+    )
+    for dag_id in ("icefall_commit__clicks", "icefall_maintain__shop.orders-v2"):
+        monkeypatch.setenv(_AIRFLOW_PARSING_CONTEXT_DAG_ID, dag_id)
+        bag = dagbag(tmp_path, monkeypatch)
+        assert bag.import_errors == {}
+        assert {d for d in bag.dag_ids if d.startswith("icefall_") and "example" not in d} == {
+            dag_id
+        }
+
+
 def test_commit_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     manifests.write(tmp_path, manifests.entry("shop.orders-v2", 30_000, "shop", 3))
     dag = dagbag(tmp_path, monkeypatch).dags["icefall_commit__shop.orders-v2"]
