@@ -17,6 +17,7 @@ import contextlib
 import errno
 import json
 import os
+import struct
 import subprocess
 import urllib.error
 from collections import Counter
@@ -26,9 +27,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+from crc32c import crc32c
+from kio.schema.errors import ErrorCode
 
+from broker.kafka import records
 from broker.kafka.records import Buffer
+from broker.kafka.transactions import TransactionCoordinator
 from broker.storage.logstore import ProduceError
+from broker.storage.txn_metadata import COMPLETE_COMMIT, PREPARE_COMMIT
 from broker.storage.wal import read_entries
 from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, stop_all
 from tests.broker.test_durability import _append, _batch, _open, _until, _values, _wal
@@ -73,6 +79,58 @@ def test_a_failed_wal_write_refuses_produces_then_recovers(tmp_path: Path) -> No
             # the WAL file reads on past the failure: no torn entry in the middle
             entries = [e.partition for e in read_entries(wal.current_file)]
             assert len(entries) == 3, entries
+        finally:
+            await logs.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_commit_decided_while_the_wal_fails_completes_once_it_writes(tmp_path: Path) -> None:
+    """EndTxn while the WAL cannot write: the decision is stored, its markers are not; the
+    producer's retries get CONCURRENT_TRANSACTIONS, and the coordinator's next pass after
+    the WAL recovers writes the markers (the partition's LSO moves on), no restart."""
+
+    async def scenario() -> None:
+        logs = await _open(tmp_path / "home", {"t": 1})
+        wal = _wal(logs)
+        part = logs.partitions[("t", 0)]
+        coordinator = TransactionCoordinator(logs.metadata, logs)
+        try:
+            error, pid, epoch = await coordinator.init_producer_id("tx", 60_000, -1, -1)
+            assert error == ErrorCode.none
+            assert await coordinator.add_partitions("tx", pid, epoch, [("t", 0)]) == {
+                ("t", 0): ErrorCode.none
+            }
+            batch = bytearray(records.encode_batch([(None, b"in-tx")], 1_700_000_000_000))
+            struct.pack_into(">hi", batch, 21, records.ATTR_TRANSACTIONAL, 0)
+            struct.pack_into(">qhi", batch, 43, pid, epoch, 0)
+            struct.pack_into(">I", batch, 17, crc32c(bytes(batch[21:])))
+            await _append(logs, "t", bytes(batch))
+            assert (part.last_stable_offset, part.high_watermark) == (0, 1)
+
+            write = wal._write_sync
+
+            def disk_full(fd: int, buffers: list[Buffer]) -> None:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            wal._write_sync = disk_full  # type: ignore[method-assign]
+            # the WAL fails on its next write: the commit's marker
+            assert await coordinator.end_txn("tx", pid, epoch, True) == (
+                ErrorCode.kafka_storage_error
+            )
+            assert wal.failure is not None
+            assert await coordinator.end_txn("tx", pid, epoch, True) == (
+                ErrorCode.concurrent_transactions
+            )
+            await coordinator.complete_decided()  # the WAL still fails: nothing to do yet
+            assert coordinator.txns["tx"].state == PREPARE_COMMIT
+
+            wal._write_sync = write  # type: ignore[method-assign]
+            await _until(lambda: wal.failure is None, "the WAL to write its queued marker")
+            await coordinator.complete_decided()
+            assert coordinator.txns["tx"].state == COMPLETE_COMMIT
+            assert part.last_stable_offset == part.high_watermark > 1
+            assert await coordinator.end_txn("tx", pid, epoch, True) == ErrorCode.none
         finally:
             await logs.close()
 
