@@ -1465,7 +1465,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     raise
                 # the metadata store cannot write (a full disk): Kafka's coordinator answers a
                 # failed offsets append with a retriable coordinator error, which clients retry
-                self.storage_failures.refused(f"offset commit of group {req.group_id}", exc)
+                self.storage_failures.refused(
+                    f"offset commit of group {req.group_id}", exc, "COORDINATOR_NOT_AVAILABLE"
+                )
                 _fail_unset(topics, ErrorCode.coordinator_not_available)
         return R(topics=topics)
 

@@ -41,13 +41,11 @@ class StorageFailureLog:
         self._last = -float("inf")
         self._quiet = 0
 
-    def refused(self, what: str, exc: BaseException) -> None:
+    def refused(self, what: str, exc: BaseException, code: str = "KAFKA_STORAGE_ERROR") -> None:
         now = time.monotonic()
         if now - self._last < self.every_s:
             self._quiet += 1
             return
         more = f" ({self._quiet} more refused since the last such line)" if self._quiet else ""
-        self.logger.error(
-            "%s refused with KAFKA_STORAGE_ERROR, storage cannot write: %s%s", what, exc, more
-        )
+        self.logger.error("%s refused with %s, storage cannot write: %s%s", what, code, exc, more)
         self._last, self._quiet = now, 0

@@ -37,6 +37,7 @@ from broker.storage.logstore import ProduceError
 from broker.storage.txn_metadata import COMPLETE_COMMIT, PREPARE_COMMIT
 from broker.storage.wal import read_entries
 from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, stop_all
+from tests.broker.rawkafka import commit_offset
 from tests.broker.test_durability import _append, _batch, _open, _until, _values, _wal
 from tests.reliability.crash_load import analyse
 from tests.support import BrokerProcess, wait_for
@@ -241,6 +242,10 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
         # its own files, created and put in the manifest once the disk has room)
         created = _create_table_topic(broker)
         assert created in ("created", "KAFKA_STORAGE_ERROR"), created
+        # a group's offset commit: refused with the retriable COORDINATOR_NOT_AVAILABLE, as
+        # Kafka's coordinator answers a failed offsets append (or stored, likewise)
+        committed = commit_offset(broker.bootstrap, "g", -1, "", "full", 1)
+        assert committed in (ErrorCode.none, ErrorCode.coordinator_not_available), committed
         # an idempotent producer starting now cannot get its producer id stored: it waits
         producers.append(
             ContinuousProducer(
@@ -256,6 +261,7 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
         wait_for(lambda: _health_status(broker) == 200, 30, what="the WAL to recover")
         if created != "created":
             assert _create_table_topic(broker) == "created"
+        assert commit_offset(broker.bootstrap, "g", -1, "", "full", 2) == ErrorCode.none
         manifest = small_disk / "home" / "table_topics.json"
         wait_for(
             lambda: (
@@ -281,6 +287,7 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
         for idem in (outcomes["idem"], outcomes["late"]):
             assert idem.duplicates == idem.order_violations == 0, idem
         text = broker.log_text()
+        assert "handler failed" not in text, "a request closed its connection"
         failed, recovered = text.count("WAL write failed"), text.count("WAL writable again")
         assert 1 <= failed <= recovered + 1, (failed, recovered)  # one line each, not per request
         assert failed < len(producers[0].failed) / 10, (failed, len(producers[0].failed))
