@@ -580,9 +580,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         appended.append((entry, part, part.next_offset))
                         entry.update(base_offset=base, log_start_offset=part.log_start_offset)
                     except ProduceError as exc:
-                        if (
-                            exc.code != ErrorCode.kafka_storage_error
-                        ):  # the WAL logs its failure once
+                        # a WAL that cannot write logs that once, not once per produce
+                        if exc.code != ErrorCode.kafka_storage_error:
                             log.info("produce to %s-%d refused: %s", td.name, pd.index, exc.message)
                         entry.update(error_code=exc.code, error_message=exc.message)
                 partitions.append(entry)

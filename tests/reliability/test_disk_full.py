@@ -30,10 +30,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
+from broker.cluster import Cluster
+from broker.config import BrokerConfig
 from broker.kafka import records
 from broker.kafka.records import Buffer
 from broker.kafka.transactions import TransactionCoordinator
-from broker.storage.logstore import ProduceError
+from broker.storage.logstore import LogStore, ProduceError
+from broker.storage.metadata import MetadataStore
+from broker.storage.objectstore import LocalObjectStore
 from broker.storage.txn_metadata import COMPLETE_COMMIT, PREPARE_COMMIT
 from broker.storage.wal import read_entries
 from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, stop_all
@@ -159,6 +163,35 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(mount)], check=False).returncode != 0:
             subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_manifest_the_full_disk_refuses_is_written_once_there_is_room(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """A topic change the metadata store took stands when the manifest beside it cannot be
+    written: the manifest is rewritten by itself once the disk has room."""
+
+    async def scenario() -> None:
+        config = BrokerConfig(home=small_disk / "home", segment_flush_ms=600_000)
+        metadata = MetadataStore(tmp_path / "metadata.sqlite")  # on a disk with room
+        logs = LogStore(config, metadata, LocalObjectStore(tmp_path / "objects"))
+        cluster = Cluster(config, metadata, logs)
+        try:
+            ballast = small_disk / "ballast"
+            _fill(ballast)
+            await cluster.create_topic("tt", 1, {"automq.table.topic.enable": "true"})
+            assert cluster.manifest_failure is not None
+            assert not config.manifest_path.exists()
+            ballast.unlink()
+            await _until(lambda: cluster.manifest_failure is None, "the manifest to be written")
+            written = json.loads(config.manifest_path.read_text())
+            assert [t["topic"] for t in written["table_topics"]] == ["tt"]
+            assert [t.name for t in metadata.topics()] == ["tt"]
+        finally:
+            await _wal(logs).close()
+            metadata.close()
+
+    asyncio.run(scenario())
 
 
 def _fill(path: Path) -> None:
