@@ -264,6 +264,8 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
         assert "handler failed" not in broker.log_text(), "a produce closed its connection"
 
         # Metadata and Fetch serve on: every record acknowledged so far reads back, once
+        topic = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics("full", 10)
+        assert topic.topics["full"].error is None and len(topic.topics["full"].partitions) == 3
         acked = {v: po for p in producers for v, po in list(p.acked.items())}
         log = read_partitions(broker.bootstrap, "full", 3)
         found = Counter(v for entries in log.values() for _, v in entries)
