@@ -227,94 +227,98 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
     broker = BrokerProcess(small_disk / "home", ["--segment-flush-ms", "100"])
     broker.log_path = tmp_path / "broker.log"  # not on the full disk
     broker.start()
-    producers: list[ContinuousProducer] = []
     try:
-        create_topic(broker.bootstrap, "full", 3)
-        producers = [
-            ContinuousProducer(
-                broker.bootstrap,
-                "full",
-                "noretry",
-                {"enable.idempotence": False, "retries": 0, "log_level": 0},
-                rate=20000,
-            ).start(),
-            ContinuousProducer(
-                broker.bootstrap,
-                "full",
-                "idem",
-                {"enable.idempotence": True, "message.timeout.ms": 120000, "log_level": 0},
-                rate=20000,
-            ).start(),
-        ]
-        wait_for(lambda: all(p.acked_count > 100 for p in producers), 30, what="first acks")
-        ballast = small_disk / "ballast"
-        stat = os.statvfs(small_disk)
-        ballast.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 3 * 2**20))
-        wait_for(lambda: _health_status(broker) == 503, 60, what="the WAL to fail on the full disk")
-        _fill(ballast)  # the room the failed WAL write gave back too: small writes fail now
-        failed_before = len(producers[0].failed)
-        wait_for(
-            lambda: len(producers[0].failed) > failed_before + 100,
-            30,
-            what="produces refused while the disk is full",
-        )
-        refusals = Counter(e.split(",")[0] for e in producers[0].failed)
-        assert set(refusals) == {"KafkaError{code=KAFKA_STORAGE_ERROR"}, refusals
-        assert broker.proc is not None and broker.proc.poll() is None, "the broker died"
-        assert "handler failed" not in broker.log_text(), "a produce closed its connection"
+        producers: list[ContinuousProducer] = []
+        try:
+            create_topic(broker.bootstrap, "full", 3)
+            producers = [
+                ContinuousProducer(
+                    broker.bootstrap,
+                    "full",
+                    "noretry",
+                    {"enable.idempotence": False, "retries": 0, "log_level": 0},
+                    rate=20000,
+                ).start(),
+                ContinuousProducer(
+                    broker.bootstrap,
+                    "full",
+                    "idem",
+                    {"enable.idempotence": True, "message.timeout.ms": 120000, "log_level": 0},
+                    rate=20000,
+                ).start(),
+            ]
+            wait_for(lambda: all(p.acked_count > 100 for p in producers), 30, what="first acks")
+            ballast = small_disk / "ballast"
+            stat = os.statvfs(small_disk)
+            ballast.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 3 * 2**20))
+            wait_for(
+                lambda: _health_status(broker) == 503, 60, what="the WAL to fail on the full disk"
+            )
+            _fill(ballast)  # the room the failed WAL write gave back too: small writes fail now
+            failed_before = len(producers[0].failed)
+            wait_for(
+                lambda: len(producers[0].failed) > failed_before + 100,
+                30,
+                what="produces refused while the disk is full",
+            )
+            refusals = Counter(e.split(",")[0] for e in producers[0].failed)
+            assert set(refusals) == {"KafkaError{code=KAFKA_STORAGE_ERROR"}, refusals
+            assert broker.proc is not None and broker.proc.poll() is None, "the broker died"
+            assert "handler failed" not in broker.log_text(), "a produce closed its connection"
 
-        # Metadata and Fetch serve on: every record acknowledged so far reads back, once
-        topic = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics("full", 10)
-        assert topic.topics["full"].error is None and len(topic.topics["full"].partitions) == 3
-        acked = {v: po for p in producers for v, po in list(p.acked.items())}
-        log = read_partitions(broker.bootstrap, "full", 3)
-        found = Counter(v for entries in log.values() for _, v in entries)
-        for value, (p, offset) in acked.items():
-            assert log[p][offset][1] == value.encode(), (value, p, offset)
-            assert found[value.encode()] == 1, value
-        assert _health_status(broker) == 503, "the disk is still full"
-        # a topic created now: refused with KAFKA_STORAGE_ERROR (or, when SQLite finds room in
-        # its own files, created and put in the manifest once the disk has room)
-        created = _create_table_topic(broker)
-        assert created in ("created", "KAFKA_STORAGE_ERROR"), created
-        # a group's offset commit: refused with the retriable COORDINATOR_NOT_AVAILABLE, as
-        # Kafka's coordinator answers a failed offsets append (or stored, likewise)
-        committed = commit_offset(broker.bootstrap, "g", -1, "", "full", 1)
-        assert committed in (ErrorCode.none, ErrorCode.coordinator_not_available), committed
-        # an idempotent producer starting now cannot get its producer id stored: it waits
-        producers.append(
-            ContinuousProducer(
-                broker.bootstrap,
-                "full",
-                "late",
-                {"enable.idempotence": True, "message.timeout.ms": 120000, "log_level": 0},
-                rate=2000,
-            ).start()
-        )
+            # Metadata and Fetch serve on: every record acknowledged so far reads back, once
+            topic = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics("full", 10)
+            assert topic.topics["full"].error is None and len(topic.topics["full"].partitions) == 3
+            acked = {v: po for p in producers for v, po in list(p.acked.items())}
+            log = read_partitions(broker.bootstrap, "full", 3)
+            found = Counter(v for entries in log.values() for _, v in entries)
+            for value, (p, offset) in acked.items():
+                assert log[p][offset][1] == value.encode(), (value, p, offset)
+                assert found[value.encode()] == 1, value
+            assert _health_status(broker) == 503, "the disk is still full"
+            # a topic created now: refused with KAFKA_STORAGE_ERROR (or, when SQLite finds room in
+            # its own files, created and put in the manifest once the disk has room)
+            created = _create_table_topic(broker)
+            assert created in ("created", "KAFKA_STORAGE_ERROR"), created
+            # a group's offset commit: refused with the retriable COORDINATOR_NOT_AVAILABLE, as
+            # Kafka's coordinator answers a failed offsets append (or stored, likewise)
+            committed = commit_offset(broker.bootstrap, "g", -1, "", "full", 1)
+            assert committed in (ErrorCode.none, ErrorCode.coordinator_not_available), committed
+            # an idempotent producer starting now cannot get its producer id stored: it waits
+            producers.append(
+                ContinuousProducer(
+                    broker.bootstrap,
+                    "full",
+                    "late",
+                    {"enable.idempotence": True, "message.timeout.ms": 120000, "log_level": 0},
+                    rate=2000,
+                ).start()
+            )
 
-        ballast.unlink()
-        wait_for(lambda: _health_status(broker) == 200, 30, what="the WAL to recover")
-        if created != "created":
-            assert _create_table_topic(broker) == "created"
-        assert commit_offset(broker.bootstrap, "g", -1, "", "full", 2) == ErrorCode.none
-        manifest = small_disk / "home" / "table_topics.json"
-        wait_for(
-            lambda: (
-                "late_table"
-                in {t["topic"] for t in json.loads(manifest.read_text())["table_topics"]}
-            ),
-            30,
-            what="the new table topic in the manifest",
-        )
-        counts = [p.acked_count for p in producers]
-        wait_for(
-            lambda: all(p.acked_count > c + 200 for p, c in zip(producers, counts, strict=True)),
-            60,
-            what="acks again with room on the disk, without a restart",
-        )
-    finally:
-        stop_all(producers)
-    try:
+            ballast.unlink()
+            wait_for(lambda: _health_status(broker) == 200, 30, what="the WAL to recover")
+            if created != "created":
+                assert _create_table_topic(broker) == "created"
+            assert commit_offset(broker.bootstrap, "g", -1, "", "full", 2) == ErrorCode.none
+            manifest = small_disk / "home" / "table_topics.json"
+            wait_for(
+                lambda: (
+                    "late_table"
+                    in {t["topic"] for t in json.loads(manifest.read_text())["table_topics"]}
+                ),
+                30,
+                what="the new table topic in the manifest",
+            )
+            counts = [p.acked_count for p in producers]
+            wait_for(
+                lambda: all(
+                    p.acked_count > c + 200 for p, c in zip(producers, counts, strict=True)
+                ),
+                60,
+                what="acks again with room on the disk, without a restart",
+            )
+        finally:
+            stop_all(producers)
         outcomes = analyse(read_partitions(broker.bootstrap, "full", 3, timeout=60), producers)
         print(outcomes)
         for name, o in outcomes.items():
@@ -327,4 +331,5 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
         assert 1 <= failed <= recovered + 1, (failed, recovered)  # one line each, not per request
         assert failed < len(producers[0].failed) / 10, (failed, len(producers[0].failed))
     finally:
-        assert broker.stop() == 0, broker.log_text()[-3000:]
+        code = broker.stop()
+    assert code == 0, broker.log_text()[-3000:]
