@@ -140,8 +140,9 @@ class AdminApi(HttpService):
 
     async def health(self, request: web.Request) -> web.Response:
         failure = self.logs.wal.failure
-        # 503 once the WAL cannot be written: the broker refuses every produce until a
-        # restart, so whatever supervises it should restart it (Kafka halts on a failed log dir).
+        # 503 while the WAL cannot write (a full disk): produces are refused meanwhile and
+        # accepted again once it has written what it queued (broker/storage/wal.py); the rest
+        # of the broker serves on, so a restart would not help.
         return _answer(
             contracts.Health(
                 status="ok" if failure is None else f"wal failed: {failure}",

@@ -5,7 +5,12 @@ The changes are coroutines: the metadata store (SQLite or Postgres) is called in
 thread so that a slow database does not stall the event loop, and one lock makes each
 change (check, write, in-memory update) atomic against the others, as it was when they
 ran without an await. Deleting a topic also holds the log store's index lock, so a
-segment flush never indexes chunks of a topic being deleted (see LogStore.flush)."""
+segment flush never indexes chunks of a topic being deleted (see LogStore.flush).
+
+A change the metadata store cannot write (a full disk) is refused with the retriable
+KAFKA_STORAGE_ERROR before anything changes in memory. A change it did write stands even
+when the manifest cannot be rewritten after it: the manifest is rewritten every
+``MANIFEST_RETRY_S`` until it can be (one log line when it fails, one when it is current)."""
 
 from __future__ import annotations
 
@@ -15,15 +20,19 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from kio.schema.errors import ErrorCode
 
 from broker import broker_configs, manifest, topic_configs
 from broker.config import BrokerConfig
+from broker.storage.failures import is_storage_failure
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import Chunk, MetadataStore, TopicRecord
 
 log = logging.getLogger(__name__)
+MANIFEST_RETRY_S = 1.0
+T = TypeVar("T")
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
@@ -72,14 +81,56 @@ class Cluster:
         # membership loop (broker/membership.py) loads; a change here wakes it (``changed``).
         self.clustered = config.clustered
         self.changed: Callable[[], None] = lambda: None
+        self.manifest_failure: BaseException | None = None  # why the manifest is stale
+        self._manifest_retry: asyncio.TimerHandle | None = None
 
     def write_manifest(self) -> None:
+        """Rewrite the manifest from the topics in memory. Storage that cannot write leaves
+        the old one (written atomically) and a retry; the change it follows stands."""
         records = [
             TopicRecord(t.name, t.topic_id, t.partitions, t.configs) for t in self.topics.values()
         ]
-        manifest.write_atomically(
-            self.config.manifest_path, manifest.render(records, self.config.admin_url)
-        )
+        try:
+            manifest.write_atomically(
+                self.config.manifest_path, manifest.render(records, self.config.admin_url)
+            )
+        except Exception as exc:
+            if not is_storage_failure(exc):
+                raise
+            if self.manifest_failure is None:
+                log.error(
+                    "the table-topic manifest %s cannot be written, retrying every %.0f s "
+                    "(Airflow sees the previous one meanwhile): %s",
+                    self.config.manifest_path,
+                    MANIFEST_RETRY_S,
+                    exc,
+                )
+            self.manifest_failure = exc
+            if self._manifest_retry is None:
+                self._manifest_retry = asyncio.get_running_loop().call_later(
+                    MANIFEST_RETRY_S, self._retry_manifest
+                )
+            return
+        if self.manifest_failure is not None:
+            log.warning("the table-topic manifest %s is current again", self.config.manifest_path)
+            self.manifest_failure = None
+
+    def _retry_manifest(self) -> None:
+        self._manifest_retry = None
+        if self.manifest_failure is not None:
+            self.write_manifest()
+
+    async def _write_metadata(self, call: Callable[..., T], *args: object) -> T:
+        """``call(*args)`` on the metadata store, in a thread; storage that cannot write
+        refuses the change with KAFKA_STORAGE_ERROR (nothing in memory has changed yet)."""
+        try:
+            return await asyncio.to_thread(call, *args)
+        except Exception as exc:
+            if is_storage_failure(exc):
+                raise TopicError(
+                    ErrorCode.kafka_storage_error, f"the metadata store cannot write: {exc}"
+                ) from exc
+            raise
 
     def validate_new_topic(
         self, name: str, partitions: int, configs: dict[str, str | None]
@@ -110,7 +161,7 @@ class Cluster:
             valid = self.validate_new_topic(name, partitions, configs)
             if partitions == -1:
                 partitions = self.config.default_partitions
-            record = await asyncio.to_thread(self.metadata.create_topic, name, partitions, valid)
+            record = await self._write_metadata(self.metadata.create_topic, name, partitions, valid)
             chunks = await asyncio.to_thread(self._stored_chunks, name, range(partitions))
             topic = Topic(record.name, record.topic_id, record.partitions, dict(record.configs))
             if not self.clustered:
@@ -160,7 +211,7 @@ class Cluster:
                 )
             if validate_only:
                 return
-            await asyncio.to_thread(self.metadata.add_partitions, name, count)
+            await self._write_metadata(self.metadata.add_partitions, name, count)
             added = range(topic.partitions, count)
             if not self.clustered:
                 chunks = await asyncio.to_thread(self._stored_chunks, name, added)
@@ -183,7 +234,7 @@ class Cluster:
                 raise TopicError(ErrorCode.invalid_config, str(exc)) from None
             if validate_only:
                 return
-            await asyncio.to_thread(self.metadata.set_configs, name, valid)
+            await self._write_metadata(self.metadata.set_configs, name, valid)
             topic.configs = valid
             self.write_manifest()
 
@@ -199,7 +250,7 @@ class Cluster:
                 raise TopicError(ErrorCode.invalid_config, str(exc)) from None
             if validate_only:
                 return
-            await asyncio.to_thread(self.metadata.set_broker_configs, scope, valid)
+            await self._write_metadata(self.metadata.set_broker_configs, scope, valid)
             self.broker_configs[scope] = valid
 
     async def refresh(self) -> None:

@@ -221,7 +221,7 @@ class ErrorAnswer(Contract):
 
 
 class Health(Contract):
-    """``GET /healthz`` (503 once the WAL cannot be written)."""
+    """``GET /healthz`` (503 while the WAL cannot write: a full disk)."""
 
     status: str
     object_store: str

@@ -41,6 +41,7 @@ from broker.kafka.transactions import TransactionCoordinator
 from broker.kafka.txn_apis import TransactionApis, fenced_for
 from broker.ownership import KEY_GROUP, KEY_TRANSACTION, Ownership, local_member
 from broker.security.listeners import Listener
+from broker.storage.failures import StorageFailureLog, is_storage_failure
 from broker.storage.logstore import LogStore, PartitionLog, ProduceError
 from broker.storage.metadata import CoordinatorFencedError, MetadataStore
 
@@ -199,6 +200,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         self.consumer_groups = consumer_groups or ConsumerGroupCoordinator(cluster, groups)
         self.gate: DataQualityGate | None = None  # set once the schema registry is up
         self.authorizer = open_authorizer(config, cluster.metadata)
+        self.storage_failures = StorageFailureLog(log)  # a full disk: a line a minute
         self.by_key: dict[int, Handler] = {
             0: self.produce,
             1: self.fetch,
@@ -578,7 +580,9 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         appended.append((entry, part, part.next_offset))
                         entry.update(base_offset=base, log_start_offset=part.log_start_offset)
                     except ProduceError as exc:
-                        log.info("produce to %s-%d refused: %s", td.name, pd.index, exc.message)
+                        # a WAL that cannot write logs that once, not once per produce
+                        if exc.code != ErrorCode.kafka_storage_error:
+                            log.info("produce to %s-%d refused: %s", td.name, pd.index, exc.message)
                         entry.update(error_code=exc.code, error_message=exc.message)
                 partitions.append(entry)
             results.append((td.name, partitions))
@@ -1454,10 +1458,16 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     self.ownership.slot_fence(KEY_GROUP, req.group_id),
                 )
             except CoordinatorFencedError:  # the group's slot moved a moment ago
-                for t in topics:
-                    for entry in t["partitions"]:
-                        if entry["error_code"] == ErrorCode.none:
-                            entry["error_code"] = ErrorCode.not_coordinator
+                _fail_unset(topics, ErrorCode.not_coordinator)
+            except Exception as exc:
+                if not is_storage_failure(exc):
+                    raise
+                # the metadata store cannot write (a full disk): Kafka's coordinator answers a
+                # failed offsets append with a retriable coordinator error, which clients retry
+                self.storage_failures.refused(
+                    f"offset commit of group {req.group_id}", exc, "COORDINATOR_NOT_AVAILABLE"
+                )
+                _fail_unset(topics, ErrorCode.coordinator_not_available)
         return R(topics=topics)
 
     async def offset_fetch(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
@@ -1777,6 +1787,14 @@ def _produce_error(index: int, code: int, message: str) -> dict[str, Any]:
         "record_errors": [],
         "error_message": message,
     }
+
+
+def _fail_unset(topics: list[dict[str, Any]], code: int) -> None:
+    """Every partition of an OffsetCommit answer not refused already gets ``code``."""
+    for t in topics:
+        for entry in t["partitions"]:
+            if entry["error_code"] == ErrorCode.none:
+                entry["error_code"] = code
 
 
 def _keyless_in_compacted(cleanup_policy: str, records_bytes: bytes) -> GateRejection | None:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import inspect
 import logging
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -39,6 +41,7 @@ from broker.security import tls
 from broker.security.listeners import Listener
 from broker.security.sasl import SaslSession
 from broker.security.stats import AuthStats
+from broker.storage.failures import StorageFailureLog, is_storage_failure
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,7 @@ class KafkaServer:
         self.malformed_requests = 0
         self.stats = stats or AuthStats()
         self.tls_contexts: dict[str, ssl.SSLContext] = {}
+        self.storage_failures = StorageFailureLog(log)
 
     async def start(self, listeners: list[Listener]) -> None:
         """Listen on every listener; TLS contexts are built first, so a bad keystore fails
@@ -270,15 +274,14 @@ class KafkaServer:
             return None
         except CloseAfterResponse as last:
             return _Last(codec.encode_response(correlation_id, last.response))
-        except Exception:
-            log.exception(
-                "%s: %s v%d handler failed; closing", host, api_key_map[api_key], api_version
-            )
-            return None
+        except Exception as exc:  # noqa: BLE001 -- answered or logged by _handler_failed
+            return self._handler_failed(exc, responder, host, correlation_id)
         if result is None:
             return _NO_RESPONSE
         if inspect.isawaitable(result):
-            return _deferred(correlation_id, result)
+            return _deferred(
+                correlation_id, result, lambda exc: self._storage_refusal(responder, exc, host)
+            )
         try:
             return _encode(api_key, correlation_id, result)
         except Exception:
@@ -289,6 +292,37 @@ class KafkaServer:
                 api_version,
             )
             return None
+
+    def _handler_failed(
+        self, exc: Exception, responder: codec.Responder, host: str, correlation_id: int
+    ) -> bytes | None:
+        """The answer to a request whose handler raised, or None to close the connection."""
+        if is_storage_failure(exc):
+            refusal = self._storage_refusal(responder, exc, host)
+            return None if refusal is None else codec.encode_response(correlation_id, refusal)
+        log.error(
+            "%s: %s v%d handler failed; closing",
+            host,
+            api_key_map[responder.api_key],
+            responder.version,
+            exc_info=exc,
+        )
+        return None
+
+    def _storage_refusal(self, responder: codec.Responder, exc: BaseException, host: str) -> Any:
+        """A handler that failed because the broker's storage cannot write (a full disk under
+        the metadata database, say: ``broker/storage/failures.py``): the request's answer is
+        KAFKA_STORAGE_ERROR with the reason, the connection stays open, and the log gets one
+        line a minute, not a traceback per retry. Only for APIs whose response has a
+        top-level error code (InitProducerId, JoinGroup, ...): elsewhere an empty answer
+        would read as success, so the connection is closed, still with the one line."""
+        if not is_storage_failure(exc):
+            return None
+        what = f"{host}: {api_key_map[responder.api_key]}"
+        self.storage_failures.refused(what, exc)
+        if not any(f.name == "error_code" for f in dataclasses.fields(responder.schema)):
+            return None
+        return responder.error(ErrorCode.kafka_storage_error, f"broker storage: {exc}")
 
     @staticmethod
     async def _send(outbox: asyncio.Queue[Any], writer: _KafkaProtocol, host: str) -> None:
@@ -523,5 +557,15 @@ def _encode(api_key: int, correlation_id: int, response: Any) -> bytes | list[co
     return codec.encode_response(correlation_id, response)
 
 
-async def _deferred(correlation_id: int, pending: Any) -> bytes:
-    return codec.encode_response(correlation_id, await pending)
+async def _deferred(
+    correlation_id: int, pending: Any, on_error: Callable[[BaseException], Any]
+) -> bytes:
+    """The response of a handler that answers later; ``on_error`` may turn its failure into
+    a response (else it propagates: the connection is closed)."""
+    try:
+        response = await pending
+    except Exception as exc:
+        response = on_error(exc)
+        if response is None:
+            raise
+    return codec.encode_response(correlation_id, response)

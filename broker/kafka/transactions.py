@@ -216,7 +216,28 @@ class TransactionCoordinator:
         if seq >= 0:
             await self.logs.wal.wait_durable(seq)
 
+    async def complete_decided(self) -> None:
+        """Complete the transactions decided here (PREPARE_COMMIT / PREPARE_ABORT) whose
+        markers could not be written then (the WAL could not write: a full disk), as
+        ``recover`` does after a restart: once the WAL can write again, without one. Their
+        producers get CONCURRENT_TRANSACTIONS meanwhile and retry. A decision being
+        completed right now holds its lock: left to that."""
+        for record in list(self.txns.values()):
+            tid = record.transactional_id
+            if record.state not in (PREPARE_COMMIT, PREPARE_ABORT) or not self.coordinates(tid):
+                continue
+            if self._lock(tid).locked() or self.logs.wal.failure is not None:
+                continue
+            async with self._lock(tid):
+                if record.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                    await _unless_fenced(
+                        tid,
+                        self._write_markers_and_complete(record, record.state == PREPARE_COMMIT),
+                        ErrorCode.not_coordinator,
+                    )
+
     async def abort_timed_out(self) -> None:
+        await self.complete_decided()
         await self.abort_hanging()
         now = _now_ms()
         for record in list(self.txns.values()):

@@ -726,13 +726,7 @@ class LogStore:
             raise ProduceError(ErrorCode.corrupt_message, str(exc)) from None
         if not headers:
             raise ProduceError(ErrorCode.invalid_record, "produce request carries no record batch")
-        if self.wal.failure is not None:
-            # Checked before anything is accepted into memory: a batch that can never be
-            # made durable must not take an offset (KAFKA_STORAGE_ERROR is retriable).
-            raise ProduceError(
-                ErrorCode.kafka_storage_error,
-                f"write-ahead log failed ({self.wal.failure}); the broker needs a restart",
-            )
+        self._check_wal()
         for header in headers:
             if header.size > max_message_bytes:
                 raise ProduceError(
@@ -750,6 +744,7 @@ class LogStore:
             recheck()
         if self.cluster:
             self._check_leading(part)
+        self._check_wal()  # again: the WAL may have failed while this waited for room
         now = int(time.time() * 1000)
         first_base = -1
         seq = 0
@@ -785,9 +780,12 @@ class LogStore:
         await. Cluster mode: raises ``ProduceError`` (NOT_LEADER_OR_FOLLOWER) for a partition
         this broker no longer leads, and the caller checks ``ack_error(part, part.next_offset)``
         after the wait: a partition unloaded before the flush resolves the wait without the
-        marker, which then belongs at the new leader."""
+        marker, which then belongs at the new leader. A failed WAL raises ``OSError`` before
+        the marker takes an offset (as ``wait_durable`` would)."""
         if self.cluster:
             self._check_leading(part)
+        if self.wal.failure is not None:
+            raise OSError(f"write-ahead log failed: {self.wal.failure}")
         now = int(time.time() * 1000)
         batch = records.encode_control_batch(producer_id, producer_epoch, commit, now)
         header = records.read_header(batch)
@@ -797,6 +795,18 @@ class LogStore:
             WalEntry(part.topic, part.partition, now, tail.data),
             functools.partial(self._on_durable, part, tail.end_offset),
         )
+
+    def _check_wal(self) -> None:
+        """Refuse a produce while the WAL cannot write (a full disk): checked right before
+        anything is accepted into memory, so a batch that cannot be made durable now takes no
+        offset. KAFKA_STORAGE_ERROR is retriable: the WAL retries its queued entries and
+        accepts appends again once the disk takes them (``broker/storage/wal.py``)."""
+        if self.wal.failure is not None:
+            raise ProduceError(
+                ErrorCode.kafka_storage_error,
+                f"write-ahead log cannot write ({self.wal.failure}); retry: produces are "
+                "accepted again once the disk has room",
+            )
 
     def _check_leading(self, part: PartitionLog) -> None:
         if part.unloaded is not None or part.releasing is not None:

@@ -4,6 +4,18 @@ fsync'd (group commit) before the producer is acknowledged.
 Files roll when the log store flushes a segment: every entry of a closed file
 is then in the object store, so the file can be deleted once the segment
 index commits. Entries carry a CRC; replay stops at the first torn entry.
+
+A write or fsync that fails (ENOSPC on a full disk, EIO) does not stop the log
+for good: its waiters are told at once (the producers get the retriable
+KAFKA_STORAGE_ERROR, nothing of it was acknowledged), the file is cut back to
+its last durable byte (a torn entry in the middle would end a replay before the
+entries written after it), new appends are refused while it lasts, and the
+entries that failed stay queued, in order, and are written again every
+``RETRY_S`` until the disk takes them. They already have their offsets in the
+partitions' tails, so writing them later is what keeps those offsets right; an
+idempotent producer's retry of one of them is then acknowledged as the
+duplicate it is (``LogStore.append``). One log line when it fails, one when it
+recovers.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ import contextlib
 import logging
 import os
 import struct
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +37,8 @@ from broker.kafka.records import Buffer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# how often a failed log tries its queued entries again (space may be back)
+RETRY_S = 1.0
 
 # entry length (after this header), crc32c of the rest, topic length, partition, append time
 _ENTRY = struct.Struct(">IIHiq")
@@ -81,6 +96,9 @@ class WriteAheadLog:
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._failed_at = 0.0  # time.monotonic() of the failure, for the recovery's log line
+        # bytes of the current file that hold whole, written entries: a failed write is cut back to it
+        self._good_size = os.fstat(self._file[1]).st_size
 
     def files(self) -> list[Path]:
         return sorted(self.directory.glob("*.wal"), key=lambda p: int(p.stem))
@@ -89,11 +107,16 @@ class WriteAheadLog:
         path = self.directory / f"{self._seq:020d}.wal"
         self._seq += 1
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
         try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError:
+            os.close(fd)
+            raise
+        self._good_size = 0
         return path, fd
 
     @property
@@ -104,16 +127,26 @@ class WriteAheadLog:
         self._writer = asyncio.create_task(self._write_loop(), name="wal-writer")
 
     async def close(self) -> None:
+        """Write what is queued, then stop. Entries a failed log still could not write were
+        never acknowledged: they are dropped (logged), as a crash would drop them."""
         if self._writer:
             self._wakeup.set()
-            await self.wait_durable(self._appended)
+            try:
+                await self._write_pending()
+            except OSError as exc:
+                log.error(
+                    "WAL closed with %d unacknowledged entries it could not write: %s",
+                    len(self._pending_callbacks),
+                    exc,
+                )
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
         os.close(self._file[1])
 
     def append(self, entry: WalEntry, on_durable: Callable[[], None]) -> int:
-        """Queue an entry; returns its sequence number for ``wait_durable``."""
+        """Queue an entry; returns its sequence number for ``wait_durable``. Refused while
+        the log is failed: the queue holds only what already failed, until it is written."""
         if self._failure is not None:
             raise OSError(f"write-ahead log failed: {self._failure}")
         buffers = encode_entry(entry)
@@ -126,8 +159,8 @@ class WriteAheadLog:
 
     @property
     def failure(self) -> BaseException | None:
-        """The write error that stopped this log, if any: nothing appended after it can
-        be made durable, so the broker refuses produces until it is restarted."""
+        """The write error the log is failed with, if any (None again once a retry wrote
+        the queued entries): meanwhile the broker refuses produces (KAFKA_STORAGE_ERROR)."""
         return self._failure
 
     @property
@@ -144,9 +177,17 @@ class WriteAheadLog:
 
     async def _write_loop(self) -> None:
         while True:
-            await self._wakeup.wait()
+            if self._failure is None:
+                await self._wakeup.wait()
+            else:  # retry the queued entries now and then: the disk may have room again
+                waiter = asyncio.ensure_future(self._wakeup.wait())
+                try:
+                    await asyncio.wait({waiter}, timeout=RETRY_S)
+                finally:
+                    waiter.cancel()
             self._wakeup.clear()
-            await self._write_pending()
+            with contextlib.suppress(OSError):  # recorded in _failure, retried
+                await self._write_pending()
 
     async def _write_pending(self) -> None:
         async with self._write_lock:
@@ -158,22 +199,57 @@ class WriteAheadLog:
         return taken
 
     async def _write_locked(self, taken: tuple[list[Buffer], list[Callable[[], None]]]) -> None:
+        """Write and fsync ``taken``; on failure put it back at the head of the queue (the
+        order is the offsets' order) and fail the log, whose waiters then raise."""
         data, callbacks = taken
         if not data:
             return
+        size = sum(len(b) for b in data)
         try:
             await asyncio.get_running_loop().run_in_executor(
-                None, self._write_sync, self._file[1], data
+                None, self._write_at_good_size, self._file[1], data
             )
         except OSError as exc:
-            log.error("WAL write failed: %s", exc)
+            self._pending[:0] = data
+            self._pending_callbacks[:0] = callbacks
+            self._pending_size += size
+            if self._failure is None:
+                self._failed_at = time.monotonic()
+                log.error(
+                    "WAL write failed, refusing produces (KAFKA_STORAGE_ERROR) and retrying "
+                    "every %.0f s; nothing unwritten was acknowledged: %s",
+                    RETRY_S,
+                    exc,
+                )
             self._failure = exc
             self._durable_event.set()
             raise
+        self._good_size += size
+        if self._failure is not None:
+            log.warning(
+                "WAL writable again after %.1f s (%d queued entries written); accepting produces",
+                time.monotonic() - self._failed_at,
+                len(callbacks),
+            )
+            self._failure = None
         for callback in callbacks:
             callback()
         self._durable += len(callbacks)
         self._durable_event.set()
+
+    def _write_at_good_size(self, fd: int, buffers: list[Buffer]) -> None:
+        """After a failure the file may end in part of an entry (a short write, or a write
+        whose fsync failed): it is cut back to its last whole entry first, so what is written
+        now follows it (O_APPEND) and a replay reads on past the failure. If the cut fails
+        too, nothing is written (a torn entry would hide what follows it)."""
+        if self._failure is not None:
+            os.ftruncate(fd, self._good_size)
+        try:
+            self._write_sync(fd, buffers)
+        except OSError:
+            with contextlib.suppress(OSError):  # give the space back now; retried before a write
+                os.ftruncate(fd, self._good_size)
+            raise
 
     def _write_sync(self, fd: int, buffers: list[Buffer]) -> None:
         write_all(fd, buffers)

@@ -6,6 +6,13 @@ its own process group, creates the demo table topic ``clicks`` and runs a demo
 producer until Ctrl-C, then stops every process group it started (so the
 LocalExecutor's workers and the spark-submit JVMs they run go too).
 
+A broker that exits on its own (a crash, ``kill -9``, the OOM killer) is started again
+(``SupervisedBroker``): it replays its WAL, so nothing it acknowledged is lost, and the demo
+producer and Airflow carry on. So is an Airflow component (its state is in Airflow's
+database). Only a process that keeps exiting (``MAX_EXITS`` times within ``EXIT_WINDOW_S``:
+``ExitBudget``) stops everything, with a message that says so; a full disk is not such a
+case: the broker refuses produces and serves on (``broker/storage/wal.py``).
+
 With Airflow it also starts the warm round driver (``warm_driver``: one long-lived Spark
 driver that runs the commit rounds Airflow asks for, instead of a JVM start per round),
 restarts it when it exits, and stops it last.
@@ -46,6 +53,8 @@ REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 SYNC_PENDING = 3  # icefall_airflow.sync: a DAG to pause is not parsed yet
 SYNC_RETRY_S = 5.0
+MAX_EXITS = 3  # exits of one supervised process within EXIT_WINDOW_S that end the whole run
+EXIT_WINDOW_S = 300.0
 
 
 def _wait_ready(ready: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -155,6 +164,7 @@ class AirflowStack:
         self.port = port
         self.url = f"http://{config.advertised}:{port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.budgets = {name: ExitBudget() for name in AIRFLOW_COMPONENTS}
         self.db_sync: subprocess.Popen[bytes] | None = None
         self.manifest = config.manifest_path
         self.dags = REPO / "dags"
@@ -275,15 +285,25 @@ class AirflowStack:
         return None
 
     def check(self) -> None:
-        """Exit when a component exited; a warm driver that exited is restarted instead."""
+        """Start a component that exited again (what is left of its process group, a
+        scheduler's LocalExecutor workers, is killed first): a crash of one (an Airflow bug, a
+        full disk under its database) must not end the whole run; ``SystemExit`` when it keeps
+        exiting (``ExitBudget``). A warm driver that exited is restarted too."""
         if self.warm is not None:
             self.warm.check()
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise SystemExit(
-                    f"icefall: airflow {name} exited with code {proc.returncode} "
-                    f"(log: {self.home / 'logs' / (name + '.log')})"
-                )
+        for name, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            log_path = self.home / "logs" / f"{name}.log"
+            _signal_group(proc, signal.SIGKILL)
+            self.budgets[name].spend(f"airflow {name} (log: {log_path})", code)
+            print(
+                f"icefall: airflow {name} exited with code {code}; restarting it (log: {log_path})",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._start(name)
 
     def sync(self) -> None:
         """Pools and paused DAGs (``icefall_airflow.sync``) when the manifest changed, one run at a
@@ -484,6 +504,57 @@ def _start_broker(config: BrokerConfig, home: Path, ready: Path) -> subprocess.P
     )
 
 
+class ExitBudget:
+    """The exits of one supervised process: each is restarted, until it exits ``MAX_EXITS``
+    times within ``EXIT_WINDOW_S`` (a crash loop a restart will not cure)."""
+
+    def __init__(self) -> None:
+        self.exits: list[float] = []  # time.monotonic() of each exit in the window
+
+    def spend(self, what: str, code: int) -> None:
+        """Count an exit of ``what``; ``SystemExit`` (what ends the run) when it was one too many."""
+        now = time.monotonic()
+        self.exits = [t for t in self.exits if now - t < EXIT_WINDOW_S] + [now]
+        if len(self.exits) >= MAX_EXITS:
+            raise SystemExit(
+                f"icefall: {what} exited with code {code}, {len(self.exits)} times within "
+                f"{EXIT_WINDOW_S:.0f} s; stopping everything"
+            )
+
+
+class SupervisedBroker:
+    """The broker process of an ``icefall up`` run, started again when it exits by itself."""
+
+    def __init__(self, config: BrokerConfig, home: Path, ready: Path) -> None:
+        self.config, self.home, self.ready = config, home, ready
+        self.proc = _start_broker(config, home, ready)
+        self.budget = ExitBudget()
+
+    def wait_ready(self) -> None:
+        _wait_ready(self.ready, self.proc)
+
+    def check(self) -> None:
+        """Restart the broker if it exited, and wait until it serves again; ``SystemExit``
+        (what ends the run) when it exited too often to be worth another start."""
+        code = self.proc.poll()
+        if code is None:
+            return
+        _stop(self.proc)  # what is left of its process group
+        self.budget.spend("the broker (its log is above)", code)
+        print(
+            f"icefall: the broker exited with code {code}; restarting it (it replays its WAL: "
+            "nothing it acknowledged is lost)",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.ready.unlink(missing_ok=True)
+        self.proc = _start_broker(self.config, self.home, self.ready)
+        self.wait_ready()
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
 def run_up(config: BrokerConfig, demo_rate: float) -> int:
     home = config.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -496,12 +567,12 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    proc = _start_broker(config, home, ready)
+    broker = SupervisedBroker(config, home, ready)
     airflow: AirflowStack | None = None
     if os.environ.get("ICEFALL_NO_AIRFLOW", "") not in ("1", "true", "yes"):
         airflow = AirflowStack(config, home, int(os.environ.get("ICEFALL_AIRFLOW_PORT", "8080")))
     try:
-        _wait_ready(ready, proc)
+        broker.wait_ready()
         _ensure_demo_topic(demo_kafka_config(config))
         demo = DemoProducer(config, demo_rate, stopping)
         demo.start()
@@ -519,9 +590,7 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
         if not stopping.is_set():
             print(_where_to_look(config, home, demo_rate, airflow, password), flush=True)
         while not stopping.wait(1.0):
-            if proc.poll() is not None:
-                print(f"icefall: the broker exited with code {proc.returncode}", file=sys.stderr)
-                return 1
+            broker.check()
             if airflow is not None:
                 airflow.check()
                 airflow.sync()
@@ -538,5 +607,5 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
     finally:
         if airflow is not None:
             airflow.stop()
-        _stop(proc)
+        broker.stop()
         ready.unlink(missing_ok=True)

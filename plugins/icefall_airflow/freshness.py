@@ -119,8 +119,10 @@ async def freshness_deadline_missed(
     sla_ms: int,
     context: dict[str, Any] | None = None,
     **_: Any,
-) -> dict[str, Any]:
-    """The deadline callback (the triggerer awaits it with the kwargs above and Airflow's context)."""
+) -> str:
+    """The deadline callback (the triggerer awaits it with the kwargs above and Airflow's context).
+    Returns the event as JSON text: Airflow stores a callback's result in a Text column
+    (``callback.output``), and a dict there crashed the triggerer (SQLite cannot bind it)."""
     event = breach(topic, namespace, table, sla_ms, context)
     log.warning("%s", event["text"])
     url = os.environ.get(WEBHOOK_ENV)
@@ -136,4 +138,4 @@ async def freshness_deadline_missed(
                 urllib.parse.urlsplit(url).hostname,
                 _why(exc),
             )
-    return event
+    return json.dumps(event)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import json
 import logging
 import threading
 
@@ -38,8 +39,10 @@ def test_a_failing_webhook_is_logged_by_host_only(
             monkeypatch.setenv(freshness.WEBHOOK_ENV, url)
             caplog.clear()
             with caplog.at_level(logging.INFO, logger=freshness.__name__):
-                event = asyncio.run(
-                    freshness.freshness_deadline_missed("late", "default", "late", 1000)
+                event = json.loads(
+                    asyncio.run(
+                        freshness.freshness_deadline_missed("late", "default", "late", 1000)
+                    )
                 )
             assert event["topic"] == "late"
             text = caplog.text
