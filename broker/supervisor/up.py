@@ -199,12 +199,6 @@ class AirflowStack:
             # retried after 60 s without a heartbeat.
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
-            # An idle scheduler loop sleeps this long: a round's run is created, and its commit
-            # task queued after the plan's, up to this late (~0.4 s less each at 0.5 than at the
-            # default 1 s; its idle CPU +0.5 CPU-s a minute: bench/airflow_cpu.py). Yours wins.
-            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": os.environ.get(
-                "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME", "0.5"
-            ),
             "AIRFLOW_CONN_SPARK_DEFAULT": os.environ.get(
                 "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"})
             ),
