@@ -5,7 +5,12 @@ Apache Kafka 4.1 runs in KRaft mode (one node, broker and controller, a temporar
 from its Maven Central jars (tests/jvm/kafka, copied by ``make test`` or ``make bench-vs-kafka``),
 twice: once with ``log.flush.interval.messages=1`` (an fsync before the ack, as Icefall's WAL
 does for acks=all) and once with its defaults (the page cache only). The Icefall broker runs
-with its defaults. One broker runs at a time, so each has both cores.
+with its defaults. The three run side by side for the whole benchmark, but only one is
+working at a time: the produce runs go one broker after the other, and the consumer runs
+take turns (``--consume-runs`` rounds of one run per client per broker). On a quiet machine
+the consume figures moved by up to 1.8 x from one run to the next on the same broker (a
+JVM's warm-up, the cores' state), as much as between brokers; taking turns spreads that
+drift over all of them, so the medians compare the brokers rather than the moments.
 
 For each broker, two clients, one after the other, each on a topic of its own (same
 partitions), both producing with ``PRODUCER_SETTINGS`` (acks=all, ``linger.ms`` 5,
@@ -15,9 +20,9 @@ partitions), both producing with ``PRODUCER_SETTINGS`` (acks=all, ``linger.ms`` 
   ``kafka-consumer-perf-test --print-metrics`` reads them back (``--consume-runs N``: N times,
   each a new group from the start; the median). Recorded: MiB/s and records/s, produce
   latency p50/p99 (as the tool reports them) and the consumer's ``fetch-latency-avg``. On a
-  quiet machine every broker consumed at the same ~480 MiB/s with this consumer: its
-  decoding, not the broker, bounds that figure. ``fetch-latency-avg`` is the broker's part
-  (request sent to response read), so a reader sees which of the two it was.
+  quiet machine every broker consumed 2,000,000 records at the same ~480 MiB/s with this
+  consumer: its decoding, not the broker, bounds that figure. ``fetch-latency-avg`` is the
+  broker's part (request sent to response read), so a reader sees which of the two it was.
 - confluent-kafka (librdkafka, bench/_common.py's ``confluent_produce`` and
   ``confluent_consume``): the same number of records of the same size, handed over by
   ``produce_batch`` from one pre-built value (close to no Python work per record, so the
@@ -27,8 +32,8 @@ partitions), both producing with ``PRODUCER_SETTINGS`` (acks=all, ``linger.ms`` 
   Python message object per record: at 512 B records that, and the two cores the broker
   shares, bound its figure; the client's own CPU s/GiB is printed beside it to tell.
 
-For both: the broker's CPU seconds per GiB (from /proc) and its peak RSS (VmHWM: after the
-perf tools' runs in the first table, after both clients' in the second). The last line prints
+For both: the broker's CPU seconds per GiB (from /proc) and its peak RSS (VmHWM, after every
+run of both clients). The last line prints
 the ratios Icefall / Kafka-with-fsync for both clients.
 
     .venv/bin/python bench/vs_kafka.py            # 1,000,000 records of 512 B, 4 partitions
@@ -46,7 +51,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
 
@@ -92,7 +97,7 @@ class Side:
     fetch_latency_ms: float  # the Java consumer's fetch-latency-avg (median over the runs)
     produce_cpu_s_per_gib: float
     consume_cpu_s_per_gib: float
-    peak_rss_mib: float  # the broker's VmHWM after the perf tools' runs
+    peak_rss_mib: float  # the broker's VmHWM after every run (both clients')
 
 
 @dataclass
@@ -228,24 +233,48 @@ def consume_run(bootstrap: str, topic: str, records: int) -> tuple[float, float]
     return fetch_ms / 1000, _number(FETCH_LATENCY, out)
 
 
-def run_side(
-    name: str,
-    bootstrap: str,
-    pid: int,
-    records: int,
-    size: int,
-    partitions: int,
-    consume_runs: int = 1,
-) -> Side:
-    topic = f"perf-{uuid.uuid4().hex[:6]}"
-    b = ["--bootstrap-server", bootstrap]
-    kafka_tool("kafka-topics", *b, "--create", "--topic", topic, "--partitions", str(partitions))
-    cpu0 = pid_cpu_seconds(pid)
-    produced = (
+@dataclass
+class Running:
+    """One running broker, its two topics (one per client) and what was measured on it."""
+
+    name: str
+    bootstrap: str
+    pid: int
+    perf_topic: str = ""
+    ck_topic: str = ""
+    perf_produced: str = ""  # kafka-producer-perf-test's summary line
+    ck_produced: ClientRun | None = None
+    produce_cpu: tuple[float, float] = (0.0, 0.0)  # broker CPU s: perf tools, confluent-kafka
+    perf_runs: list[tuple[float, float]] = field(default_factory=list)  # (seconds, fetch ms)
+    ck_runs: list[ClientRun] = field(default_factory=list)
+    consume_cpu: list[float] = field(default_factory=lambda: [0.0, 0.0])  # as produce_cpu
+
+
+def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    kafka_tool(
+        "kafka-topics",
+        "--bootstrap-server",
+        bootstrap,
+        "--create",
+        "--topic",
+        topic,
+        "--partitions",
+        str(partitions),
+    )
+    return topic
+
+
+def produce(broker: Running, records: int, size: int, partitions: int) -> None:
+    """Both clients' produce runs on ``broker`` (the other brokers idle meanwhile)."""
+    broker.perf_topic = create_topic(broker.bootstrap, "perf", partitions)
+    broker.ck_topic = create_topic(broker.bootstrap, "ck", partitions)
+    cpu0 = pid_cpu_seconds(broker.pid)
+    broker.perf_produced = (
         kafka_tool(
             "kafka-producer-perf-test",
             "--topic",
-            topic,
+            broker.perf_topic,
             "--num-records",
             str(records),
             "--record-size",
@@ -253,21 +282,41 @@ def run_side(
             "--throughput",
             "-1",
             "--producer-props",
-            f"bootstrap.servers={bootstrap}",
+            f"bootstrap.servers={broker.bootstrap}",
             *(f"{key}={value}" for key, value in PRODUCER_SETTINGS.items()),
             timeout=1800,
         )
         .stdout.strip()
         .splitlines()[-1]
     )
-    cpu1 = pid_cpu_seconds(pid)
-    # each run a new group (the tool's default), from the start of the topic
-    runs = [consume_run(bootstrap, topic, records) for _ in range(consume_runs)]
+    cpu1 = pid_cpu_seconds(broker.pid)
+    broker.ck_produced = confluent_produce(
+        broker.bootstrap, broker.ck_topic, records, size, PRODUCER_SETTINGS
+    )
+    broker.produce_cpu = (cpu1 - cpu0, pid_cpu_seconds(broker.pid) - cpu1)
+
+
+def consume_round(brokers: list[Running], records: int, size: int) -> None:
+    """One consumer run of each client on each broker, the brokers taking turns: a drift of
+    the machine or a JVM's warm-up over the runs touches every broker alike."""
+    for broker in brokers:
+        cpu0 = pid_cpu_seconds(broker.pid)
+        broker.perf_runs.append(consume_run(broker.bootstrap, broker.perf_topic, records))
+        broker.consume_cpu[0] += pid_cpu_seconds(broker.pid) - cpu0
+    for broker in brokers:
+        cpu0 = pid_cpu_seconds(broker.pid)
+        run = confluent_consume(broker.bootstrap, broker.ck_topic, records, CONSUMER_SETTINGS)
+        broker.consume_cpu[1] += pid_cpu_seconds(broker.pid) - cpu0
+        if run.value_bytes != records * size:
+            raise RuntimeError(f"read {run.value_bytes} B of {records * size} B")
+        broker.ck_runs.append(run)
+
+
+def perf_side(broker: Running, records: int, size: int) -> Side:
+    gib, runs, produced = records * size / GIB, broker.perf_runs, broker.perf_produced
     fetch_seconds = statistics.median(seconds for seconds, _ in runs)
-    cpu2 = pid_cpu_seconds(pid)
-    gib = records * size / GIB
     return Side(
-        name=name,
+        name=broker.name,
         produce_mib_s=round(_number(r"\(([\d.]+) MB/sec\)", produced) * 1e6 / MIB, 1),
         produce_records_s=round(_number(r"([\d.]+) records/sec", produced)),
         p50_ms=_number(r"([\d.]+) ms 50th", produced),
@@ -275,50 +324,29 @@ def run_side(
         consume_mib_s=round(records * size / MIB / fetch_seconds, 1),
         consume_records_s=round(records / fetch_seconds),
         fetch_latency_ms=round(statistics.median(latency for _, latency in runs), 1),
-        produce_cpu_s_per_gib=round((cpu1 - cpu0) / gib, 1),
-        consume_cpu_s_per_gib=round((cpu2 - cpu1) / gib / consume_runs, 1),
-        peak_rss_mib=round(peak_rss_mib(pid)),
+        produce_cpu_s_per_gib=round(broker.produce_cpu[0] / gib, 1),
+        consume_cpu_s_per_gib=round(broker.consume_cpu[0] / gib / len(runs), 1),
+        peak_rss_mib=round(peak_rss_mib(broker.pid)),
     )
 
 
-def run_confluent(
-    name: str,
-    bootstrap: str,
-    pid: int,
-    records: int,
-    size: int,
-    partitions: int,
-    consume_runs: int = 1,
-) -> ClientSide:
-    """The same records to a new topic with confluent-kafka (``PRODUCER_SETTINGS``), read back
-    ``consume_runs`` times (each a new group from the start; the median)."""
-    topic = f"ck-{uuid.uuid4().hex[:6]}"
-    b = ["--bootstrap-server", bootstrap]
-    kafka_tool("kafka-topics", *b, "--create", "--topic", topic, "--partitions", str(partitions))
-    cpu0 = pid_cpu_seconds(pid)
-    produced = confluent_produce(bootstrap, topic, records, size, PRODUCER_SETTINGS)
-    cpu1 = pid_cpu_seconds(pid)
-    consumed: list[ClientRun] = []
-    for _ in range(consume_runs):
-        consumed.append(confluent_consume(bootstrap, topic, records, CONSUMER_SETTINGS))
-        if consumed[-1].value_bytes != records * size:
-            raise RuntimeError(f"read {consumed[-1].value_bytes} B of {records * size} B")
-    cpu2 = pid_cpu_seconds(pid)
-    seconds = statistics.median(run.seconds for run in consumed)
-    gib = records * size / GIB
+def confluent_side(broker: Running, records: int, size: int) -> ClientSide:
+    gib, runs, produced = records * size / GIB, broker.ck_runs, broker.ck_produced
+    assert produced is not None
+    seconds = statistics.median(run.seconds for run in runs)
     return ClientSide(
-        name=name,
+        name=broker.name,
         produce_mib_s=round(produced.mib_s, 1),
         produce_records_s=round(produced.records_s),
         consume_mib_s=round(records * size / MIB / seconds, 1),
         consume_records_s=round(records / seconds),
-        produce_cpu_s_per_gib=round((cpu1 - cpu0) / gib, 1),
-        consume_cpu_s_per_gib=round((cpu2 - cpu1) / gib / consume_runs, 1),
+        produce_cpu_s_per_gib=round(broker.produce_cpu[1] / gib, 1),
+        consume_cpu_s_per_gib=round(broker.consume_cpu[1] / gib / len(runs), 1),
         client_produce_cpu_s_per_gib=round(produced.client_cpu_s / gib, 1),
         client_consume_cpu_s_per_gib=round(
-            sum(run.client_cpu_s for run in consumed) / gib / consume_runs, 1
+            sum(run.client_cpu_s for run in runs) / gib / len(runs), 1
         ),
-        peak_rss_mib=round(peak_rss_mib(pid)),
+        peak_rss_mib=round(peak_rss_mib(broker.pid)),
     )
 
 
@@ -358,27 +386,33 @@ def main() -> None:
     parser.add_argument(
         "--consume-runs",
         type=int,
-        default=1,
-        help="consumer runs per broker; consume MiB/s is their median (on a busy machine)",
+        default=3,
+        help="rounds of consumer runs (one per client per broker, the brokers taking turns); "
+        "consume MiB/s is the median of a broker's runs (--quick: 1)",
     )
     args = parser.parse_args()
     if args.quick:
         args.records = 100_000
-    sides: list[Side] = []
-    clients: list[ClientSide] = []
-    with tempfile.TemporaryDirectory(prefix="vs-kafka-") as tmp:
-        folder = Path(tmp)
-        for name, start in (
-            ("Apache Kafka 4.1, fsync per message", lambda f: apache_kafka(f, fsync=True)),
-            ("Apache Kafka 4.1, defaults", lambda f: apache_kafka(f, fsync=False)),
-            ("Icefall", icefall_broker),
-        ):
-            where = folder / name.split(",")[0].replace(" ", "-") / str(len(sides))
+        args.consume_runs = 1
+    starts = (
+        ("Apache Kafka 4.1, fsync per message", lambda f: apache_kafka(f, fsync=True)),
+        ("Apache Kafka 4.1, defaults", lambda f: apache_kafka(f, fsync=False)),
+        ("Icefall", icefall_broker),
+    )
+    shape = (args.records, args.record_size)
+    with tempfile.TemporaryDirectory(prefix="vs-kafka-") as tmp, contextlib.ExitStack() as stack:
+        brokers: list[Running] = []
+        for name, start in starts:
+            where = Path(tmp) / name.split(",")[0].replace(" ", "-") / str(len(brokers))
             where.mkdir(parents=True)
-            shape = (args.records, args.record_size, args.partitions, args.consume_runs)
-            with start(where) as (bootstrap, pid):
-                sides.append(run_side(name, bootstrap, pid, *shape))
-                clients.append(run_confluent(name, bootstrap, pid, *shape))
+            bootstrap, pid = stack.enter_context(start(where))
+            brokers.append(Running(name, bootstrap, pid))
+        for broker in brokers:
+            produce(broker, *shape, args.partitions)
+        for _ in range(args.consume_runs):
+            consume_round(brokers, *shape)
+        sides = [perf_side(broker, *shape) for broker in brokers]
+        clients = [confluent_side(broker, *shape) for broker in brokers]
     print(json.dumps({"date": str(date.today()), "machine": machine(), "args": vars(args)}))
     for side in sides:
         print(json.dumps({"client": "perf tools", **asdict(side)}))
