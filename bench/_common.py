@@ -144,11 +144,20 @@ class ClientRun:
 
 
 def confluent_produce(
-    bootstrap: str, topic: str, count: int, record_size: int, settings: Mapping[str, Any]
+    bootstrap: str,
+    topic: str,
+    count: int,
+    record_size: int,
+    settings: Mapping[str, Any],
+    partitions: int | None = None,
 ) -> ClientRun:
     """``count`` records of one pre-built ``record_size``-byte random value, no key, to
     ``topic`` with confluent-kafka and ``settings`` (acks, linger.ms, batch.size: the caller's
     choice), timed from the first record handed over to the last one acknowledged (``flush``).
+    With ``partitions``, the records go to the partitions in turn, ``_BATCH`` / ``partitions``
+    at a time (the same layout on every broker; librdkafka's own choice for keyless records
+    sticks to a random partition for a while and left one partition with 2.5 x another's
+    records).
 
     Why ``produce_batch`` of one pre-built list: a Python ``produce()`` call and delivery
     callback per record cost the client about half again the CPU, on the cores the broker
@@ -167,14 +176,25 @@ def confluent_produce(
     )
     producer.list_topics(topic, timeout=30)  # connected, metadata known: not in the timing
     value = os.urandom(record_size)
-    batch: list[dict[str, Any]] = [{"value": value} for _ in range(min(_BATCH, count))]
+    # with ``partitions``: each call's records to one partition, the partitions in turn
+    targets: list[int | None] = list(range(partitions)) if partitions else [None]
+    batch: list[dict[str, Any]] = [
+        {"value": value} for _ in range(min(_BATCH // len(targets), count))
+    ]
     cpu0, start = time.process_time(), time.perf_counter()
-    sent = 0
+    sent = turn = 0
     while sent < count:
         n = min(len(batch), count - sent)
         pending = batch if n == len(batch) else batch[:n]
+        target = targets[turn % len(targets)]
+        turn += 1
         while pending:
-            if producer.produce_batch(topic, pending) == len(pending):
+            queued = (
+                producer.produce_batch(topic, pending)
+                if target is None
+                else producer.produce_batch(topic, pending, partition=target)
+            )
+            if queued == len(pending):
                 break
             # the records not queued carry ``_error``: a full queue is a wait, else a failure
             refused = [message for message in pending if "_error" in message]

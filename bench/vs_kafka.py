@@ -14,7 +14,8 @@ drift over all of them, so the medians compare the brokers rather than the momen
 
 For each broker, two clients, one after the other, each on a topic of its own (same
 partitions), both producing with ``PRODUCER_SETTINGS`` (acks=all, ``linger.ms`` 5,
-``batch.size`` 256 KiB, no throughput cap):
+``batch.size`` 256 KiB, no throughput cap), the records round the partitions so that every
+broker's topics have the same layout (``JAVA_PARTITIONER``):
 
 - Kafka's perf tools: ``kafka-producer-perf-test`` sends the records, then
   ``kafka-consumer-perf-test --print-metrics`` reads them back (``--consume-runs N``: N times,
@@ -72,6 +73,13 @@ GIB = 1024 * MIB
 
 # The producer settings of both clients: acks=all, batches of up to 256 KiB after at most 5 ms.
 PRODUCER_SETTINGS: dict[str, str] = {"acks": "all", "linger.ms": "5", "batch.size": "262144"}
+# The records go round the partitions, one each, with both clients (the Java producer's
+# RoundRobinPartitioner; confluent_produce's ``partitions``): every broker gets the same layout.
+# Left to the clients' sticky partitioners, keyless records landed 138 k / 256 k / 345 k /
+# 260 k on the four partitions in one run and otherwise in the next, and a consumer fetching
+# 1 MiB a partition makes as many fetches as the fullest partition needs, so the consume
+# figures followed that draw more than the broker (up to 1.2 x between two runs).
+JAVA_PARTITIONER = "partitioner.class=org.apache.kafka.clients.producer.RoundRobinPartitioner"
 
 # confluent-kafka's fetch sizes: the Java perf consumer's (50 MiB a request, 1 MiB a partition,
 # its --fetch-size default), which are librdkafka's defaults too. Larger ones (16 MiB a
@@ -98,6 +106,7 @@ class Side:
     produce_cpu_s_per_gib: float
     consume_cpu_s_per_gib: float
     peak_rss_mib: float  # the broker's VmHWM after every run (both clients')
+    records_per_partition: list[int]  # the layout every broker got
 
 
 @dataclass
@@ -114,6 +123,7 @@ class ClientSide:
     client_produce_cpu_s_per_gib: float  # this process's (librdkafka's threads included)
     client_consume_cpu_s_per_gib: float
     peak_rss_mib: float  # the broker's VmHWM after every run (both clients')
+    records_per_partition: list[int]
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -247,6 +257,8 @@ class Running:
     produce_cpu: tuple[float, float] = (0.0, 0.0)  # broker CPU s: perf tools, confluent-kafka
     perf_runs: list[tuple[float, float]] = field(default_factory=list)  # (seconds, fetch ms)
     ck_runs: list[ClientRun] = field(default_factory=list)
+    perf_layout: list[int] = field(default_factory=list)  # records per partition
+    ck_layout: list[int] = field(default_factory=list)
     consume_cpu: list[float] = field(default_factory=lambda: [0.0, 0.0])  # as produce_cpu
 
 
@@ -263,6 +275,20 @@ def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
         str(partitions),
     )
     return topic
+
+
+def records_per_partition(bootstrap: str, topic: str, partitions: int) -> list[int]:
+    """Each partition's high watermark (the records in it: the topic is new)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"layout-{uuid.uuid4().hex}"})
+    try:
+        return [
+            int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1])
+            for p in range(partitions)
+        ]
+    finally:
+        consumer.close()
 
 
 def produce(broker: Running, records: int, size: int, partitions: int) -> None:
@@ -284,6 +310,7 @@ def produce(broker: Running, records: int, size: int, partitions: int) -> None:
             "--producer-props",
             f"bootstrap.servers={broker.bootstrap}",
             *(f"{key}={value}" for key, value in PRODUCER_SETTINGS.items()),
+            JAVA_PARTITIONER,
             timeout=1800,
         )
         .stdout.strip()
@@ -291,9 +318,11 @@ def produce(broker: Running, records: int, size: int, partitions: int) -> None:
     )
     cpu1 = pid_cpu_seconds(broker.pid)
     broker.ck_produced = confluent_produce(
-        broker.bootstrap, broker.ck_topic, records, size, PRODUCER_SETTINGS
+        broker.bootstrap, broker.ck_topic, records, size, PRODUCER_SETTINGS, partitions
     )
     broker.produce_cpu = (cpu1 - cpu0, pid_cpu_seconds(broker.pid) - cpu1)
+    broker.perf_layout = records_per_partition(broker.bootstrap, broker.perf_topic, partitions)
+    broker.ck_layout = records_per_partition(broker.bootstrap, broker.ck_topic, partitions)
 
 
 def consume_round(brokers: list[Running], records: int, size: int) -> None:
@@ -327,6 +356,7 @@ def perf_side(broker: Running, records: int, size: int) -> Side:
         produce_cpu_s_per_gib=round(broker.produce_cpu[0] / gib, 1),
         consume_cpu_s_per_gib=round(broker.consume_cpu[0] / gib / len(runs), 1),
         peak_rss_mib=round(peak_rss_mib(broker.pid)),
+        records_per_partition=broker.perf_layout,
     )
 
 
@@ -347,6 +377,7 @@ def confluent_side(broker: Running, records: int, size: int) -> ClientSide:
             sum(run.client_cpu_s for run in runs) / gib / len(runs), 1
         ),
         peak_rss_mib=round(peak_rss_mib(broker.pid)),
+        records_per_partition=broker.ck_layout,
     )
 
 
