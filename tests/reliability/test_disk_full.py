@@ -22,10 +22,8 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException, Producer
@@ -250,7 +248,7 @@ def _admin_writes(admin: AdminClient) -> dict[str, str]:
     """The admin writes of the disk-full test on ``doomed`` and the group ``gone``, in an order
     that works once the disk has room (the delete last): each one's error name, or "done".
     After each, the same client's Metadata must answer (its connection was kept)."""
-    calls: dict[str, Callable[[], dict[Any, Future[Any]]]] = {
+    calls = {
         "create_partitions": lambda: admin.create_partitions([NewPartitions("doomed", 2)]),
         "incremental_alter_configs": lambda: admin.incremental_alter_configs(
             [
@@ -271,7 +269,7 @@ def _admin_writes(admin: AdminClient) -> dict[str, str]:
         "delete_groups": lambda: admin.delete_consumer_groups(["gone"]),
         "delete_topics": lambda: admin.delete_topics(["doomed"]),
     }
-    outcome: dict[str, str] = {}
+    outcome = {}
     for name, call in calls.items():
         try:
             for future in call().values():
