@@ -50,6 +50,11 @@ class Airflow:
         ]
 
     def call(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        """An API call; first, as ``icefall up``'s loop does every second, a component that
+        exited is started again (``AirflowStack.check``): Airflow's scheduler can crash by itself
+        under these faults (an ``ObjectDeletedError`` on a run the backfill replaced), and a
+        stack nobody supervises would then wait for runs that never start."""
+        self.stack.check()
         headers = {"Content-Type": "application/json"}
         if getattr(self, "token", None):
             headers["Authorization"] = f"Bearer {self.token}"
