@@ -214,12 +214,15 @@ def _dag_parsed(home: Path, dag_id: str) -> bool:
 
 
 # (stage, its end: a dag_run column or a (task, task_instance column)), in order; each stage
-# lasts from the previous one's end (the first from the interval's end, the run's run_after)
+# lasts from the previous one's end, the first from the interval's end (data_interval_end).
+# The commit DAG's timetable creates a run 3 s before its interval ends (icefall_airflow.
+# timetable), so the stages up to plan's start are negative: done before the end; plan's
+# run then includes its wait for the end.
 STAGES: tuple[tuple[str, str | tuple[str, str]], ...] = (
     ("scheduler creates the run", "queued_at"),
     ("plan queued", ("plan", "queued_dttm")),
     ("plan queued -> running", ("plan", "start_date")),
-    ("plan runs (its process: parse, plan)", ("plan", "end_date")),
+    ("plan runs (its process: parse, wait for the end, plan)", ("plan", "end_date")),
     ("scheduler queues commit", ("commit", "queued_dttm")),
     ("commit queued -> running", ("commit", "start_date")),
     ("commit runs (parse, the round)", ("commit", "end_date")),
@@ -239,11 +242,11 @@ def round_stages(db: Path, dag_id: str) -> list[dict[str, float]]:
     out = []
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         runs = conn.execute(
-            "SELECT run_id, run_after, queued_at FROM dag_run WHERE dag_id = ? AND state = "
-            "'success' AND run_type = 'scheduled' ORDER BY run_after",
+            "SELECT run_id, data_interval_end, queued_at FROM dag_run WHERE dag_id = ? AND "
+            "state = 'success' AND run_type = 'scheduled' ORDER BY data_interval_end",
             (dag_id,),
         ).fetchall()
-        for run_id, run_after, queued_at in runs:
+        for run_id, interval_end, queued_at in runs:
             tasks = {
                 row[0]: dict(zip(("queued_dttm", "start_date", "end_date"), row[1:], strict=True))
                 for row in conn.execute(
@@ -252,7 +255,7 @@ def round_stages(db: Path, dag_id: str) -> list[dict[str, float]]:
                     (dag_id, run_id),
                 )
             }
-            previous, stages = _stamp(run_after), {}
+            previous, stages = _stamp(interval_end), {}
             for name, end in STAGES:
                 at = _stamp(queued_at if end == "queued_at" else tasks.get(end[0], {}).get(end[1]))
                 if at is None or previous is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
@@ -304,7 +305,11 @@ class AdminApi(HttpService):
     async def plan(self, request: web.Request) -> web.Response:
         """Per partition: the end offset for ``until_append_ms`` (exclusive) or
         the current flushed end, never past the last stable offset, and whether the
-        broker has flushed that far."""
+        broker has flushed that far. Asked for a time its clock has not reached (a
+        commit run started ahead of its interval's end, or a clock ahead of the
+        broker's), it reports no partition flushed: a batch appended before that time
+        may still come, so the end offsets are not final."""
+        now_ms = int(time.time() * 1000)
         topic = self._topic(request)
         until = request.query.get("until_append_ms")
         try:
@@ -320,7 +325,9 @@ class AdminApi(HttpService):
             else:
                 end, flushed = end_offset_before(part, asked.until_append_ms)
                 end = min(end, lso)
-                flushed = flushed or part.flushed_offset >= end
+                flushed = (flushed or part.flushed_offset >= end) and (
+                    asked.until_append_ms <= now_ms
+                )
             partitions.append(
                 contracts.PartitionPlan(
                     partition=p,
@@ -333,7 +340,10 @@ class AdminApi(HttpService):
             )
         return _answer(
             contracts.TopicPlan(
-                topic=topic.name, until_append_ms=asked.until_append_ms, partitions=partitions
+                topic=topic.name,
+                until_append_ms=asked.until_append_ms,
+                partitions=partitions,
+                broker_time_ms=now_ms,
             )
         )
 

@@ -362,6 +362,18 @@ class TopicPlan(Contract):
     topic: str = ""
     until_append_ms: int | None = None
     partitions: list[PartitionPlan]
+    # the broker's clock when it answered; before ``until_append_ms`` no partition is
+    # reported flushed, as batches may still be appended before that time
+    broker_time_ms: int | None = None
+
+    @property
+    def early(self) -> bool:
+        """Asked for a time the broker's clock has not reached: the end offsets are not final."""
+        return (
+            self.until_append_ms is not None
+            and self.broker_time_ms is not None
+            and self.broker_time_ms < self.until_append_ms
+        )
 
     @property
     def flushed(self) -> bool:

@@ -3,7 +3,9 @@
 Built from the broker's manifest file only (no network, no database at parse
 time). The schedule is the topic's commit interval as a data-interval
 timetable, so each run is one round for [a, b), the UI's Backfill works, and a
-re-run commits nothing new. ``max_active_runs=1`` keeps one round in flight
+re-run commits nothing new; a run is created a few seconds before b and its
+``plan`` waits for b (``timetable``), so the round is not late by Airflow's
+scheduling. ``max_active_runs=1`` keeps one round in flight
 per DAG; the commit task takes the table's one-slot pool, which maintenance
 DAGs share, so two writers never race on the table.
 
@@ -24,14 +26,13 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from airflow.sdk import (
     DAG,
     Asset,
     AssetOrTimeSchedule,
     AssetWatcher,
-    DeltaDataIntervalTimetable,
     Metadata,
     Param,
     get_current_context,
@@ -45,6 +46,7 @@ from icefall_airflow.broker_client import BrokerClient, BrokerError
 from icefall_airflow.commit_operator import CommitRoundOperator
 from icefall_airflow.lag import measure
 from icefall_airflow.pending_trigger import PendingBytesTrigger
+from icefall_airflow.timetable import LeadingIntervalTimetable
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +164,10 @@ def _announce(asset: Asset, result: dict[str, Any]) -> None:
 
 
 def commit_schedule(entry: manifest.TableTopic) -> Any:
-    """The topic's commit interval; with ``commit.trigger.bytes``, that interval or the size trigger,
+    """The topic's commit interval (each run created a little ahead of its interval's end:
+    ``timetable``); with ``commit.trigger.bytes``, that interval or the size trigger,
     whichever comes first (``pending_trigger``)."""
-    interval = DeltaDataIntervalTimetable(timedelta(milliseconds=entry.schedule_ms))
+    interval = LeadingIntervalTimetable(timedelta(milliseconds=entry.schedule_ms))
     if not entry.commit_trigger_bytes:
         return interval
     watcher = AssetWatcher(
@@ -172,7 +175,10 @@ def commit_schedule(entry: manifest.TableTopic) -> Any:
         trigger=PendingBytesTrigger(entry.topic, entry.commit_trigger_bytes),
     )
     return AssetOrTimeSchedule(
-        timetable=interval, assets=pending_asset(entry.namespace, entry.table, [watcher])
+        # typed as the Task SDK's timetables; Airflow serializes a core one here as well
+        # (encode_timetable), which is how a custom timetable is written
+        timetable=cast(Any, interval),
+        assets=pending_asset(entry.namespace, entry.table, [watcher]),
     )
 
 

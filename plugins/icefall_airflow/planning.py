@@ -138,26 +138,49 @@ def plan_round(
     poll_s: float = 0.25,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    wall: Callable[[], float] = time.time,
 ) -> RoundPlan:
-    """Ask the broker for the round's end offsets; wait until they are all in segment objects."""
+    """Ask the broker for the round's end offsets; wait until they are all in segment objects.
+
+    A run created ahead of its interval's end (``timetable.LeadingIntervalTimetable``)
+    first sleeps until that end; the deadline counts from then. Until the broker's own
+    clock has passed it too, the broker reports nothing flushed and is asked again."""
+    if (
+        request.until_append_ms is not None
+        and (ahead_s := request.until_append_ms / 1000 - wall()) > 0
+    ):
+        log.info("the interval ends in %.2f s: waiting for its end", ahead_s)
+        sleep(ahead_s)
     deadline = clock() + deadline_s
     hurried = False
     while True:
-        plan, waiting_for = _try_plan(client, request)
+        plan, waiting_for, early = _try_plan(client, request)
         if plan is not None:
             return plan
         if clock() > deadline:
             raise PlanError(
-                f"the broker did not flush {request.topic} partitions {waiting_for} within "
+                f"the broker's clock did not reach the end of the interval of {request.topic} "
+                f"({request.until_append_ms} ms) within {deadline_s:g} s: is it behind "
+                "Airflow's?"
+                if early
+                else f"the broker did not flush {request.topic} partitions {waiting_for} within "
                 f"{deadline_s:g} s; is its object store reachable? (see its /healthz)"
             )
-        if not hurried:  # the flush timer would get there too; a round should not wait for it
+        # the flush timer would get there too; a round should not wait for it (a flush
+        # before the broker's clock reached the interval's end might miss its last batches).
+        # The flush answers once it is done: ask again at once.
+        if not hurried and not early:
             client.flush()
             hurried = True
+            continue
         sleep(poll_s)
 
 
-def _try_plan(client: BrokerClient, request: RoundRequest) -> tuple[RoundPlan | None, list[int]]:
+def _try_plan(
+    client: BrokerClient, request: RoundRequest
+) -> tuple[RoundPlan | None, list[int], bool]:
+    """The plan, or None with the partitions not flushed yet and whether the broker's
+    clock had not reached ``until_append_ms`` yet."""
     now_ms = int(time.time() * 1000)
     if request.until_offsets is None:
         plan = contracts.TopicPlan.model_validate(
@@ -165,15 +188,19 @@ def _try_plan(client: BrokerClient, request: RoundRequest) -> tuple[RoundPlan | 
         )
         rows: list[Any] = plan.partitions
         waiting = plan.not_flushed
-        if waiting:
-            return None, waiting
-        return RoundPlan(
-            request,
-            _by_partition(rows, "end_offset"),
-            _by_partition(rows, "high_watermark"),
-            _by_partition(rows, "log_start_offset"),
-            now_ms,
-        ), []
+        if waiting or plan.early:
+            return None, waiting, plan.early
+        return (
+            RoundPlan(
+                request,
+                _by_partition(rows, "end_offset"),
+                _by_partition(rows, "high_watermark"),
+                _by_partition(rows, "log_start_offset"),
+                now_ms,
+            ),
+            [],
+            False,
+        )
     offsets = contracts.TopicOffsets.model_validate(client.offsets(request.topic))
     rows = offsets.partitions
     known = {r.partition: r for r in offsets.partitions}
@@ -188,11 +215,15 @@ def _try_plan(client: BrokerClient, request: RoundRequest) -> tuple[RoundPlan | 
         )
     waiting = [p for p, o in request.until_offsets.items() if known[p].flushed_offset < o]
     if waiting:
-        return None, waiting
-    return RoundPlan(
-        request,
-        dict(request.until_offsets),
-        _by_partition(rows, "high_watermark"),
-        _by_partition(rows, "log_start_offset"),
-        now_ms,
-    ), []
+        return None, waiting, False
+    return (
+        RoundPlan(
+            request,
+            dict(request.until_offsets),
+            _by_partition(rows, "high_watermark"),
+            _by_partition(rows, "log_start_offset"),
+            now_ms,
+        ),
+        [],
+        False,
+    )

@@ -44,6 +44,15 @@ def test_plan_and_ranges_cover_exactly_the_records_before_the_cut(broker: Broker
     assert all(e["flushed"] for e in ends.values())
     assert {p: e["high_watermark"] for p, e in ends.items()} == {0: 25, 1: 25}
 
+    # a time the broker's clock has not reached: records may still be appended before it,
+    # so no end offset is final and nothing is reported flushed
+    ahead_ms = int(time.time() * 1000) + 60_000
+    early = broker.admin(f"/v1/topics/planned/plan?until_append_ms={ahead_ms}")
+    assert early["until_append_ms"] == ahead_ms and early["broker_time_ms"] < ahead_ms
+    assert [p["end_offset"] for p in early["partitions"]] == [25, 25]
+    assert not any(p["flushed"] for p in early["partitions"])
+    assert plan["broker_time_ms"] >= cut_ms
+
     store = LocalObjectStore(broker.home / "objects")
     for partition in (0, 1):
         answer = broker.admin(f"/v1/topics/planned/partitions/{partition}/ranges?start=5&end=20")

@@ -66,8 +66,9 @@ def test_a_task_process_builds_only_its_dag(
 def test_commit_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     manifests.write(tmp_path, manifests.entry("shop.orders-v2", 30_000, "shop", 3))
     dag = dagbag(tmp_path, monkeypatch).dags["icefall_commit__shop.orders-v2"]
-    assert type(dag.timetable).__name__ == "DeltaDataIntervalTimetable"
+    assert type(dag.timetable).__name__ == "LeadingIntervalTimetable"
     assert dag.timetable.delta == timedelta(seconds=30)  # the commit interval
+    assert dag.timetable.lead == timedelta(seconds=3)  # a run is created 3 s before its end
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "commit", "publish"]
     assert dag.task_dict["commit"].pool == "icefall_table__shop.orders-v2"
@@ -185,6 +186,4 @@ def test_a_size_trigger_schedules_rounds_on_the_interval_or_the_pending_asset(
         "icefall_airflow.pending_trigger.PendingBytesTrigger",
         {"topic": "bursts", "threshold_bytes": 65536, "admin_url": None, "poll_interval_s": 2.0},
     )
-    assert (
-        type(bag.dags["icefall_commit__steady"].timetable).__name__ == "DeltaDataIntervalTimetable"
-    )
+    assert type(bag.dags["icefall_commit__steady"].timetable).__name__ == "LeadingIntervalTimetable"

@@ -1,4 +1,5 @@
-"""The plan step: which offsets a run commits, and waiting for the broker to flush them."""
+"""The plan step: which offsets a run commits, waiting for its interval to end and for the
+broker to flush them."""
 
 from __future__ import annotations
 
@@ -139,3 +140,68 @@ def test_plan_for_explicit_offsets_checks_them_against_the_log() -> None:
         fake_plan_round(broker, RoundRequest("t", "r", until_offsets={0: 13}), 10, clock)
     with pytest.raises(PlanError, match="no partitions"):
         fake_plan_round(broker, RoundRequest("t", "r", until_offsets={5: 1}), 10, clock)
+
+
+class ClockedBroker(FakeBroker):
+    """A broker with its own clock (``skew_s`` behind the test's): asked for a time it has
+    not reached, it reports nothing flushed, as the admin API does. Records when it was
+    asked to plan and to flush, on the test's clock."""
+
+    def __init__(self, clock: Clock, flush_after: int, skew_s: float = 0.0) -> None:
+        super().__init__(flush_after)
+        self.clock, self.skew_s = clock, skew_s
+        self.planned_at: list[float] = []
+        self.flushed_at: list[float] = []
+
+    def plan(self, topic: str, until_append_ms: int | None) -> dict[str, Any]:
+        answer = super().plan(topic, until_append_ms)
+        self.planned_at.append(self.clock())
+        now_ms = int((self.clock() - self.skew_s) * 1000)
+        answer.update(until_append_ms=until_append_ms, broker_time_ms=now_ms)
+        if until_append_ms is not None and until_append_ms > now_ms:
+            for row in answer["partitions"]:
+                row["flushed"] = False
+        return answer
+
+    def flush(self) -> dict[str, Any]:
+        self.flushed_at.append(self.clock())
+        return super().flush()
+
+
+def clocked_plan_round(broker: ClockedBroker, until_s: float, deadline_s: float) -> RoundPlan:
+    clock = broker.clock
+    request = RoundRequest("t", "r", until_append_ms=int(until_s * 1000))
+    return plan_round(
+        cast(BrokerClient, broker), request, deadline_s, 0.5, clock, clock.sleep, wall=clock
+    )
+
+
+def test_a_run_started_before_its_interval_ends_asks_the_broker_only_after_the_end() -> None:
+    clock = Clock()
+    clock.now = 100.0
+    broker = ClockedBroker(clock, flush_after=1)
+    plan = clocked_plan_round(broker, until_s=103.0, deadline_s=10)
+    assert broker.planned_at[0] == 103.0  # slept until the interval's end, then asked
+    assert broker.flushed_at == [103.0]  # and hurried the flush from then on
+    assert plan.end_offsets == {0: 10, 1: 8}
+
+
+def test_a_broker_whose_clock_is_behind_is_asked_again_and_hurried_only_once_it_is_past() -> None:
+    clock = Clock()
+    clock.now = 100.0
+    broker = ClockedBroker(clock, flush_after=4, skew_s=1.2)
+    plan = clocked_plan_round(broker, until_s=103.0, deadline_s=10)
+    # asked at 103.0, 103.5 and 104.0 (its clock 101.8, 102.3, 102.8: not final), then at
+    # 104.5 (103.3): partition 1 not flushed yet, so hurried then, and not before
+    assert broker.planned_at[:4] == [103.0, 103.5, 104.0, 104.5]
+    assert broker.flushed_at == [104.5]
+    assert plan.end_offsets == {0: 10, 1: 8}
+
+
+def test_a_broker_clock_that_never_reaches_the_end_fails_the_plan_with_that_reason() -> None:
+    clock = Clock()
+    clock.now = 100.0
+    broker = ClockedBroker(clock, flush_after=0, skew_s=60.0)
+    with pytest.raises(PlanError, match="broker's clock did not reach the end of the interval"):
+        clocked_plan_round(broker, until_s=101.0, deadline_s=5)
+    assert broker.flushed_at == []

@@ -1,0 +1,84 @@
+"""The commit DAG's timetable: the topic's commit interval as data intervals, each
+run created a few seconds before its interval ends.
+
+A round's rows become visible at its commit, so what lies between an interval's end
+and the commit adds to every row's freshness. With Airflow's own
+``DeltaDataIntervalTimetable`` a run for [a, b) is created only once b has passed:
+then the scheduler's loop finds it (up to ``scheduler_idle_sleep_time``, 1 s, later;
+with SQLite at least the next whole second, as its ``CURRENT_TIMESTAMP`` has whole
+seconds only), queues ``plan``, and a task process starts and parses the DAG file,
+all after b: about 2 s of the 3.7 s from the interval's end to the commit's end
+(docs/concepts/airflow.md, "Where a round's time goes under Airflow").
+
+Here the run is created ``lead`` before b (3 s, at most half the interval), so
+``plan`` is already running when the interval ends; it waits for b
+(``planning.wait_until``) and only then asks the broker for the offsets appended
+before b, which the broker does not answer before its own clock has passed b. The
+data interval, the logical date, the offsets a run commits, backfills, manual runs
+and catch-up are those of ``DeltaDataIntervalTimetable``; only ``run_after`` moves.
+
+Airflow serializes a timetable that is not its own by import path and finds the
+class among the plugins' ``timetables`` when it deserializes: the icefall plugin
+registers this one (``plugin.IcefallPlugin``), so the DAG processor, the scheduler
+and the API server all know it. It subclasses the core timetable (not the Task SDK's
+definition) because Airflow calls a custom timetable's own ``next_dagrun_info``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
+from airflow.timetables.interval import DeltaDataIntervalTimetable
+
+# How long before its interval's end a run is created: the scheduler's loop (1 s),
+# SQLite's whole second and a task process's start and DAG parse (~0.5 s) fit in it.
+DEFAULT_LEAD = timedelta(seconds=3)
+
+
+class LeadingIntervalTimetable(DeltaDataIntervalTimetable):
+    """Data intervals of ``delta``; the run for [a, b) is created at ``b - lead``
+    (``lead`` capped at half of ``delta``, so a run never starts before its interval
+    is half over)."""
+
+    def __init__(self, delta: timedelta, lead: timedelta = DEFAULT_LEAD) -> None:
+        super().__init__(delta)
+        self.lead = min(lead, delta / 2)
+
+    def next_dagrun_info(
+        self,
+        *,
+        last_automated_data_interval: DataInterval | None,
+        restriction: TimeRestriction,
+    ) -> DagRunInfo | None:
+        info = super().next_dagrun_info(
+            last_automated_data_interval=last_automated_data_interval, restriction=restriction
+        )
+        if info is None or info.data_interval is None:
+            return info
+        return info._replace(run_after=info.data_interval.end - self.lead)
+
+    @property
+    def delta(self) -> timedelta:
+        """The commit interval."""
+        return timedelta(seconds=self._delta.total_seconds())
+
+    @property
+    def summary(self) -> str:
+        return f"{self._delta} (runs start {self.lead.total_seconds():g} s before the end)"
+
+    def serialize(self) -> dict[str, Any]:
+        return {"delta": self._delta.total_seconds(), "lead": self.lead.total_seconds()}
+
+    @classmethod
+    def deserialize(cls, data: dict[str, Any]) -> LeadingIntervalTimetable:
+        return cls(timedelta(seconds=data["delta"]), timedelta(seconds=data["lead"]))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LeadingIntervalTimetable):
+            return NotImplemented
+        return (self._delta, self.lead) == (other._delta, other.lead)
+
+    def __hash__(self) -> int:
+        return hash((self._delta, self.lead))
