@@ -22,8 +22,10 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException, Producer
@@ -248,7 +250,7 @@ def _admin_writes(admin: AdminClient) -> dict[str, str]:
     """The admin writes of the disk-full test on ``doomed`` and the group ``gone``, in an order
     that works once the disk has room (the delete last): each one's error name, or "done".
     After each, the same client's Metadata must answer (its connection was kept)."""
-    calls = {
+    calls: dict[str, Callable[[], dict[Any, Future[Any]]]] = {
         "create_partitions": lambda: admin.create_partitions([NewPartitions("doomed", 2)]),
         "incremental_alter_configs": lambda: admin.incremental_alter_configs(
             [
@@ -269,7 +271,7 @@ def _admin_writes(admin: AdminClient) -> dict[str, str]:
         "delete_groups": lambda: admin.delete_consumer_groups(["gone"]),
         "delete_topics": lambda: admin.delete_topics(["doomed"]),
     }
-    outcome = {}
+    outcome: dict[str, str] = {}
     for name, call in calls.items():
         try:
             for future in call().values():
