@@ -52,7 +52,7 @@ from broker.storage.objectstore import LocalObjectStore
 from broker.storage.txn_metadata import COMPLETE_COMMIT, PREPARE_COMMIT
 from broker.storage.wal import read_entries
 from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, stop_all
-from tests.broker.rawkafka import commit_offset
+from tests.broker.rawkafka import TxnOffsets, commit_offset
 from tests.broker.test_durability import _append, _batch, _open, _until, _values, _wal
 from tests.reliability.crash_load import analyse
 from tests.support import BrokerProcess, wait_for
@@ -307,6 +307,7 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
             _produce(broker.bootstrap, "doomed", [b"d0", b"d1", b"d2"])
             assert commit_offset(broker.bootstrap, "gone", -1, "", "doomed", 1) == ErrorCode.none
             assert _register(broker, "first")[0] == 200  # _schemas exists before the disk fills
+            txn = TxnOffsets(broker.bootstrap, "disk-txn", "txn-group")  # its state stored
             producers = [
                 ContinuousProducer(
                     broker.bootstrap,
@@ -371,6 +372,8 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
                 "alter_configs": "KAFKA_STORAGE_ERROR",
                 "delete_groups": "COORDINATOR_NOT_AVAILABLE",
             }, refused
+            # TxnOffsetCommit: COORDINATOR_NOT_AVAILABLE, the connection open (Metadata on it)
+            assert txn.commit("full", 5) == ErrorCode.coordinator_not_available
             doomed = admin.list_topics("doomed", 10).topics["doomed"]
             assert doomed.error is None and len(doomed.partitions) == 1, "refused delete: gone"
             assert [v for _, v in read_partitions(broker.bootstrap, "doomed", 1)[0]] == [
@@ -399,6 +402,8 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
                 assert _create_table_topic(broker) == "created"
             assert commit_offset(broker.bootstrap, "g", -1, "", "full", 2) == ErrorCode.none
             assert _register(broker, "late")[0] == 200
+            assert txn.commit("full", 6) == ErrorCode.none
+            txn.close()
             done = _admin_writes(admin)
             assert set(done.values()) == {"done"}, done
             assert "doomed" not in admin.list_topics(timeout=10).topics
