@@ -181,13 +181,15 @@ class Cluster:
                 raise TopicError(
                     ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist."
                 )
-            # Gone for clients first, before any await: no request finds the topic while
-            # its partitions are dropped (after a flush's index write, if one is running).
-            del self.topics[name]
-            self.topics_by_id.pop(topic.topic_id, None)
+            # The database first (after a flush's index write, if one is running): a write
+            # the disk refuses leaves the topic as it was, in memory and stored alike. Then
+            # gone for clients with no await between: no request finds the topic while its
+            # partitions are dropped.
             async with self.logs.index_lock:
-                self.logs.drop_topic(name)
                 unreferenced = await asyncio.to_thread(self.metadata.delete_topic, name)
+                del self.topics[name]
+                self.topics_by_id.pop(topic.topic_id, None)
+                self.logs.drop_topic(name)
             self.write_manifest()
             await asyncio.to_thread(self._delete_objects, unreferenced)
             log.info("deleted topic %s", name)

@@ -36,6 +36,7 @@ from broker.kafka.handlers import (
     api_versions_response,
 )
 from broker.kafka.security_apis import CloseAfterResponse
+from broker.kafka.storage_refusals import per_item_refusal
 from broker.security import settings as security_settings
 from broker.security import tls
 from broker.security.listeners import Listener
@@ -275,12 +276,14 @@ class KafkaServer:
         except CloseAfterResponse as last:
             return _Last(codec.encode_response(correlation_id, last.response))
         except Exception as exc:  # noqa: BLE001 -- answered or logged by _handler_failed
-            return self._handler_failed(exc, responder, host, correlation_id)
+            return self._handler_failed(exc, responder, request, host, correlation_id)
         if result is None:
             return _NO_RESPONSE
         if inspect.isawaitable(result):
             return _deferred(
-                correlation_id, result, lambda exc: self._storage_refusal(responder, exc, host)
+                correlation_id,
+                result,
+                lambda exc: self._storage_refusal(responder, request, exc, host),
             )
         try:
             return _encode(api_key, correlation_id, result)
@@ -294,11 +297,16 @@ class KafkaServer:
             return None
 
     def _handler_failed(
-        self, exc: Exception, responder: codec.Responder, host: str, correlation_id: int
+        self,
+        exc: Exception,
+        responder: codec.Responder,
+        request: Any,
+        host: str,
+        correlation_id: int,
     ) -> bytes | None:
         """The answer to a request whose handler raised, or None to close the connection."""
         if is_storage_failure(exc):
-            refusal = self._storage_refusal(responder, exc, host)
+            refusal = self._storage_refusal(responder, request, exc, host)
             return None if refusal is None else codec.encode_response(correlation_id, refusal)
         log.error(
             "%s: %s v%d handler failed; closing",
@@ -309,20 +317,26 @@ class KafkaServer:
         )
         return None
 
-    def _storage_refusal(self, responder: codec.Responder, exc: BaseException, host: str) -> Any:
+    def _storage_refusal(
+        self, responder: codec.Responder, request: Any, exc: BaseException, host: str
+    ) -> Any:
         """A handler that failed because the broker's storage cannot write (a full disk under
         the metadata database, say: ``broker/storage/failures.py``): the request's answer is
         KAFKA_STORAGE_ERROR with the reason, the connection stays open, and the log gets one
-        line a minute, not a traceback per retry. Only for APIs whose response has a
-        top-level error code (InitProducerId, JoinGroup, ...): elsewhere an empty answer
-        would read as success, so the connection is closed, still with the one line."""
+        line a minute, not a traceback per retry. APIs whose response has a top-level error
+        code (InitProducerId, JoinGroup, ...) get it there; the others (DeleteTopics,
+        TxnOffsetCommit, ...) on each of their items (``storage_refusals``). An API known to
+        neither: its connection is closed, still with the one line, since an empty answer
+        would read as success."""
         if not is_storage_failure(exc):
             return None
         what = f"{host}: {api_key_map[responder.api_key]}"
         self.storage_failures.refused(what, exc)
-        if not any(f.name == "error_code" for f in dataclasses.fields(responder.schema)):
-            return None
-        return responder.error(ErrorCode.kafka_storage_error, f"broker storage: {exc}")
+        message = f"broker storage: {exc}"
+        if any(f.name == "error_code" for f in dataclasses.fields(responder.schema)):
+            return responder.error(ErrorCode.kafka_storage_error, message)
+        items = per_item_refusal(responder.api_key, request, message)
+        return None if items is None else responder(**items)
 
     @staticmethod
     async def _send(outbox: asyncio.Queue[Any], writer: _KafkaProtocol, host: str) -> None:

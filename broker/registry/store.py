@@ -33,6 +33,8 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from broker.kafka.internal_topics import InternalTopic
 from broker.registry import api_errors as errors
 from broker.registry.api_errors import COMPATIBILITY_LEVELS, MODES
@@ -47,8 +49,19 @@ from broker.registry.schemas import (
     parse_schema,
     references_from_json,
 )
+from broker.storage.failures import StorageFailureLog, is_storage_failure
+from broker.storage.logstore import ProduceError
 
 log = logging.getLogger(__name__)
+
+
+def _storage_cannot_write(exc: BaseException) -> bool:
+    """The append failed because the broker's storage cannot write: the disk's own error, or
+    the log's KAFKA_STORAGE_ERROR refusal while its WAL cannot write."""
+    if isinstance(exc, ProduceError):
+        return exc.code == ErrorCode.kafka_storage_error
+    return is_storage_failure(exc)
+
 
 TOPIC = "_schemas"
 TOPIC_CONFIGS: dict[str, str | None] = {"cleanup.policy": "compact"}
@@ -138,6 +151,7 @@ class SchemaStore:
         self._lock = asyncio.Lock()
         self.next_offset = 0  # the first offset of _schemas not applied yet
         self._tail: asyncio.Task[None] | None = None
+        self.storage_failures = StorageFailureLog(log)  # a full disk: a line a minute
 
     # ------------------------------------------------------------------ loading
 
@@ -369,7 +383,10 @@ class SchemaStore:
             if offset != self.next_offset:  # another writer's records came first: apply in order
                 await self._catch_up()
         except Exception as exc:
-            log.exception("schema registry: writing to %s failed", TOPIC)
+            if _storage_cannot_write(exc):  # a full disk: a line a minute, not a traceback each
+                self.storage_failures.refused(f"schema registry: {what}", exc, "50001")
+            else:
+                log.exception("schema registry: writing to %s failed", TOPIC)
             raise errors.store_error(
                 f"{what} operation failed while writing to the Kafka store: {exc}"
             ) from None

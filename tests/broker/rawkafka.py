@@ -15,6 +15,7 @@ answer there.
 
 from __future__ import annotations
 
+import datetime
 import io
 import itertools
 import socket
@@ -25,18 +26,24 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from kio.schema.add_offsets_to_txn.v1.request import AddOffsetsToTxnRequest
+from kio.schema.add_offsets_to_txn.v1.response import AddOffsetsToTxnResponse
 from kio.schema.describe_acls.v3.request import DescribeAclsRequest
 from kio.schema.describe_acls.v3.response import DescribeAclsResponse
 from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v4.response import FetchResponse
 from kio.schema.heartbeat.v3.request import HeartbeatRequest
 from kio.schema.heartbeat.v3.response import HeartbeatResponse
+from kio.schema.init_producer_id.v1.request import InitProducerIdRequest
+from kio.schema.init_producer_id.v1.response import InitProducerIdResponse
 from kio.schema.join_group.v5 import request as join_v5
 from kio.schema.join_group.v5.response import JoinGroupResponse as JoinGroupResponseV5
 from kio.schema.join_group.v9 import request as join_v9
 from kio.schema.join_group.v9.response import JoinGroupResponse as JoinGroupResponseV9
 from kio.schema.leave_group.v3.request import LeaveGroupRequest, MemberIdentity
 from kio.schema.leave_group.v3.response import LeaveGroupResponse
+from kio.schema.metadata.v1.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.metadata.v1.response import MetadataResponse
 from kio.schema.offset_commit.v7.request import (
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
@@ -51,7 +58,13 @@ from kio.schema.response_header.v0.header import ResponseHeader
 from kio.schema.response_header.v1.header import ResponseHeader as FlexibleResponseHeader
 from kio.schema.sync_group.v3.request import SyncGroupRequest, SyncGroupRequestAssignment
 from kio.schema.sync_group.v3.response import SyncGroupResponse
-from kio.schema.types import GroupId, TopicName
+from kio.schema.txn_offset_commit.v2.request import (
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitRequestPartition,
+    TxnOffsetCommitRequestTopic,
+)
+from kio.schema.txn_offset_commit.v2.response import TxnOffsetCommitResponse
+from kio.schema.types import GroupId, TopicName, TransactionalId
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
@@ -466,3 +479,71 @@ def describe_acls_error(bootstrap: str) -> tuple[int, str | None]:
     )
     response = _round_trip(bootstrap, 29, 3, request, DescribeAclsResponse)
     return int(response.error_code), response.error_message
+
+
+class TxnOffsets:
+    """A transaction that commits a group's offsets (TxnOffsetCommit v2), on one connection:
+    InitProducerId and AddOffsetsToTxn when opened, then any number of commits, each
+    checked by a Metadata request on the same connection (it stayed open)."""
+
+    def __init__(self, bootstrap: str, transactional_id: str, group: str) -> None:
+        self.connection = Connection(bootstrap)
+        self.transactional_id, self.group = transactional_id, group
+        init = self.connection.request(
+            22,
+            1,
+            InitProducerIdRequest(
+                transactional_id=TransactionalId(transactional_id),
+                transaction_timeout=i32Timedelta.parse(datetime.timedelta(minutes=5)),
+            ),
+            InitProducerIdResponse,
+        )
+        assert init.error_code == 0, init
+        self.producer_id, self.epoch = init.producer_id, init.producer_epoch
+        added = self.connection.request(
+            25,
+            1,
+            AddOffsetsToTxnRequest(
+                transactional_id=TransactionalId(transactional_id),
+                producer_id=self.producer_id,
+                producer_epoch=self.epoch,
+                group_id=GroupId(group),
+            ),
+            AddOffsetsToTxnResponse,
+        )
+        assert added.error_code == 0, added
+
+    def commit(self, topic: str, offset: int) -> int:
+        """Partition 0's offset of ``topic`` in the transaction: its error code, after a
+        Metadata request on the same connection answered."""
+        request = TxnOffsetCommitRequest(
+            transactional_id=TransactionalId(self.transactional_id),
+            group_id=GroupId(self.group),
+            producer_id=self.producer_id,
+            producer_epoch=self.epoch,
+            topics=(
+                TxnOffsetCommitRequestTopic(
+                    name=TopicName(topic),
+                    partitions=(
+                        TxnOffsetCommitRequestPartition(
+                            partition_index=i32(0),
+                            committed_offset=i64(offset),
+                            committed_metadata=None,
+                        ),
+                    ),
+                ),
+            ),
+        )
+        response = self.connection.request(28, 2, request, TxnOffsetCommitResponse)
+        (part,) = response.topics[0].partitions
+        metadata = self.connection.request(
+            3,
+            1,
+            MetadataRequest(topics=(MetadataRequestTopic(name=TopicName(topic)),)),
+            MetadataResponse,
+        )
+        assert [t.error_code for t in metadata.topics] == [0], metadata
+        return int(part.error_code)
+
+    def close(self) -> None:
+        self.connection.close()

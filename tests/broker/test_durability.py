@@ -393,9 +393,11 @@ def test_a_topic_deleted_during_a_flush_leaves_nothing_in_the_index(tmp_path: Pa
 
 
 def test_a_topic_deleted_during_the_index_write_waits_for_it(tmp_path: Path) -> None:
-    """The flusher's index write runs in a thread; Cluster.delete_topic waits for it
-    (LogStore.index_lock), so the deleted topic's chunks do not outlive it and the
-    event loop keeps serving meanwhile."""
+    """The flusher's index write runs in a thread under LogStore.index_lock;
+    Cluster.delete_topic writes the database first, under that lock too, so it waits
+    for the index write: meanwhile the topic is still listed and readable and the event
+    loop keeps serving. Once the index write is done, the delete removes the chunks it
+    just indexed (they do not outlive the topic), then the topic leaves the cluster."""
 
     async def scenario() -> None:
         logs = await _open(tmp_path / "home", {})
@@ -403,21 +405,49 @@ def test_a_topic_deleted_during_the_index_write_waits_for_it(tmp_path: Path) -> 
         try:
             await cluster.create_topic("gone", 1, {})
             await cluster.create_topic("kept", 1, {})
+            gone_id = cluster.topics["gone"].topic_id
             await _append(logs, "gone", _batch(b"g"))
             await _append(logs, "kept", _batch(b"k"))
-            index = _Gate(logs.metadata.add_chunks)
+            order: list[str] = []
+            add_chunks, delete_in_db = logs.metadata.add_chunks, logs.metadata.delete_topic
+
+            def indexed(*args: Any) -> Any:
+                result = add_chunks(*args)
+                order.append("index")
+                return result
+
+            def deleted(name: str) -> list[str]:
+                order.append(f"delete {name}")
+                return delete_in_db(name)
+
+            index = _Gate(indexed)
             logs.metadata.add_chunks = index  # type: ignore[method-assign, assignment]
+            logs.metadata.delete_topic = deleted  # type: ignore[method-assign]
             flush = asyncio.create_task(logs.flush())
             await _until(index.entered.is_set, "the index write")
             delete = asyncio.create_task(cluster.delete_topic("gone"))
-            await _until(lambda: "gone" not in cluster.topics, "the topic to leave the cluster")
-            assert not delete.done() and logs.index_lock.locked()
+            # the delete holds the cluster's change lock: it is waiting on the index lock
+            # (nothing between the two can suspend it)
+            await _until(cluster._changes.locked, "the delete to start")
+            assert logs.index_lock.locked() and not delete.done() and order == []
+            # the topic is as it was, and the loop serves reads and produces meanwhile
+            assert "gone" in cluster.topics and gone_id in cluster.topics_by_id
+            assert {t.name for t in logs.metadata.topics()} == {"gone", "kept"}
+            assert await _values(logs, "gone") == [(0, b"g")]
+            assert (await _append(logs, "kept", _batch(b"k2")))[0] == 1
+            assert await _values(logs, "kept") == [(0, b"k"), (1, b"k2")]
             index.release.set()
             await asyncio.wait_for(asyncio.gather(flush, delete), 10)
+            assert order == ["index", "delete gone"]
+            assert "gone" not in cluster.topics and gone_id not in cluster.topics_by_id
+            assert ("gone", 0) not in logs.partitions
+            assert {t.name for t in logs.metadata.topics()} == {"kept"}
             assert logs.metadata.chunks("gone", 0) == []
-            assert len(logs.metadata.chunks("kept", 0)) == 1
+            # the record produced during the wait is in the tail: the next flush writes it
+            await logs.flush()
+            assert len(logs.metadata.chunks("kept", 0)) == 2
             assert logs.unflushed_bytes == 0
-            assert await _values(logs, "kept") == [(0, b"k")]
+            assert await _values(logs, "kept") == [(0, b"k"), (1, b"k2")]
         finally:
             await logs.close()
 

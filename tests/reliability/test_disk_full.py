@@ -20,13 +20,24 @@ import os
 import struct
 import subprocess
 import urllib.error
+import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
 from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
@@ -41,7 +52,7 @@ from broker.storage.objectstore import LocalObjectStore
 from broker.storage.txn_metadata import COMPLETE_COMMIT, PREPARE_COMMIT
 from broker.storage.wal import read_entries
 from tests.broker.clients import ContinuousProducer, create_topic, read_partitions, stop_all
-from tests.broker.rawkafka import commit_offset
+from tests.broker.rawkafka import TxnOffsets, commit_offset
 from tests.broker.test_durability import _append, _batch, _open, _until, _values, _wal
 from tests.reliability.crash_load import analyse
 from tests.support import BrokerProcess, wait_for
@@ -212,6 +223,66 @@ def _create_table_topic(broker: BrokerProcess) -> str:
     return "created"
 
 
+def _register(broker: BrokerProcess, name: str) -> tuple[int, dict[str, object]]:
+    """Register a record schema named ``name`` under the subject ``{name}-value``."""
+    schema = {"type": "record", "name": name, "fields": [{"name": "f", "type": "string"}]}
+    request = urllib.request.Request(
+        f"{broker.registry_url}/subjects/{name}-value/versions",
+        data=json.dumps({"schema": json.dumps(schema)}).encode(),
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=15) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for value in values:
+        producer.produce(topic, value, partition=0)
+    assert producer.flush(15) == 0, "records not delivered"
+
+
+def _admin_writes(admin: AdminClient) -> dict[str, str]:
+    """The admin writes of the disk-full test on ``doomed`` and the group ``gone``, in an order
+    that works once the disk has room (the delete last): each one's error name, or "done".
+    After each, the same client's Metadata must answer (its connection was kept)."""
+    calls: dict[str, Callable[[], dict[Any, Future[Any]]]] = {
+        "create_partitions": lambda: admin.create_partitions([NewPartitions("doomed", 2)]),
+        "incremental_alter_configs": lambda: admin.incremental_alter_configs(
+            [
+                ConfigResource(
+                    ResourceType.TOPIC,
+                    "doomed",
+                    incremental_configs=[
+                        ConfigEntry(
+                            "retention.ms", "86400000", incremental_operation=AlterConfigOpType.SET
+                        )
+                    ],
+                )
+            ]
+        ),
+        "alter_configs": lambda: admin.alter_configs(
+            [ConfigResource(ResourceType.TOPIC, "doomed", set_config={"retention.ms": "3600000"})]
+        ),
+        "delete_groups": lambda: admin.delete_consumer_groups(["gone"]),
+        "delete_topics": lambda: admin.delete_topics(["doomed"]),
+    }
+    outcome: dict[str, str] = {}
+    for name, call in calls.items():
+        try:
+            for future in call().values():
+                future.result(15)
+            outcome[name] = "done"
+        except KafkaException as exc:
+            outcome[name] = str(exc.args[0].name())
+        assert "full" in admin.list_topics(timeout=10).topics, f"no Metadata after {name}"
+    return outcome
+
+
 def _health_status(broker: BrokerProcess) -> int:
     try:
         broker.admin("/healthz")
@@ -221,6 +292,7 @@ def _health_status(broker: BrokerProcess) -> int:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore:alter_configs has been deprecated")
 def test_disk_full_refuses_produces_keeps_serving_and_recovers(
     small_disk: Path, tmp_path: Path
 ) -> None:
@@ -231,6 +303,11 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
         producers: list[ContinuousProducer] = []
         try:
             create_topic(broker.bootstrap, "full", 3)
+            create_topic(broker.bootstrap, "doomed", 1)
+            _produce(broker.bootstrap, "doomed", [b"d0", b"d1", b"d2"])
+            assert commit_offset(broker.bootstrap, "gone", -1, "", "doomed", 1) == ErrorCode.none
+            assert _register(broker, "first")[0] == 200  # _schemas exists before the disk fills
+            txn = TxnOffsets(broker.bootstrap, "disk-txn", "txn-group")  # its state stored
             producers = [
                 ContinuousProducer(
                     broker.bootstrap,
@@ -284,6 +361,30 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
             # Kafka's coordinator answers a failed offsets append (or stored, likewise)
             committed = commit_offset(broker.bootstrap, "g", -1, "", "full", 1)
             assert committed in (ErrorCode.none, ErrorCode.coordinator_not_available), committed
+            # admin writes without a top-level error code: refused per item, the connection
+            # open (the same client's Metadata answers), a refused delete leaves the topic
+            admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+            refused = _admin_writes(admin)
+            assert refused == {
+                "delete_topics": "KAFKA_STORAGE_ERROR",
+                "create_partitions": "KAFKA_STORAGE_ERROR",
+                "incremental_alter_configs": "KAFKA_STORAGE_ERROR",
+                "alter_configs": "KAFKA_STORAGE_ERROR",
+                "delete_groups": "COORDINATOR_NOT_AVAILABLE",
+            }, refused
+            # TxnOffsetCommit: COORDINATOR_NOT_AVAILABLE, the connection open (Metadata on it)
+            assert txn.commit("full", 5) == ErrorCode.coordinator_not_available
+            doomed = admin.list_topics("doomed", 10).topics["doomed"]
+            assert doomed.error is None and len(doomed.partitions) == 1, "refused delete: gone"
+            assert [v for _, v in read_partitions(broker.bootstrap, "doomed", 1)[0]] == [
+                b"d0",
+                b"d1",
+                b"d2",
+            ]
+            # a schema registered now: 50001, "error in the backend data store", as Confluent's
+            for _ in range(3):
+                status, body = _register(broker, "late")
+                assert (status, body.get("error_code")) == (500, 50001), (status, body)
             # an idempotent producer starting now cannot get its producer id stored: it waits
             producers.append(
                 ContinuousProducer(
@@ -300,6 +401,12 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
             if created != "created":
                 assert _create_table_topic(broker) == "created"
             assert commit_offset(broker.bootstrap, "g", -1, "", "full", 2) == ErrorCode.none
+            assert _register(broker, "late")[0] == 200
+            assert txn.commit("full", 6) == ErrorCode.none
+            txn.close()
+            done = _admin_writes(admin)
+            assert set(done.values()) == {"done"}, done
+            assert "doomed" not in admin.list_topics(timeout=10).topics
             manifest = small_disk / "home" / "table_topics.json"
             wait_for(
                 lambda: (
@@ -327,6 +434,9 @@ def test_disk_full_refuses_produces_keeps_serving_and_recovers(
             assert idem.duplicates == idem.order_violations == 0, idem
         text = broker.log_text()
         assert "handler failed" not in text, "a request closed its connection"
+        # the registry's refusals: one line (a minute), no traceback each
+        assert text.count("refused with 50001") == 1, text.count("refused with 50001")
+        assert "writing to _schemas failed" not in text
         failed, recovered = text.count("WAL write failed"), text.count("WAL writable again")
         assert 1 <= failed <= recovered + 1, (failed, recovered)  # one line each, not per request
         assert failed < len(producers[0].failed) / 10, (failed, len(producers[0].failed))
