@@ -224,6 +224,18 @@ def stop_all(producers: Sequence[ContinuousProducer]) -> None:
 Log = dict[int, list[tuple[int, bytes | None]]]  # partition -> [(offset, value)] in fetch order
 
 
+def high_watermark(consumer: Consumer, topic: str, partition: int, timeout: float) -> int:
+    """The partition's high watermark. librdkafka's ``get_watermark_offsets`` raises at once
+    when the broker it asks no longer leads the partition (a lease lapsed while the cluster's
+    database was away, a broker restarted) and refreshes its metadata meanwhile: asked again,
+    as a Kafka client retries, until ``timeout`` (then the last error is reported)."""
+
+    def ask() -> tuple[int]:  # a tuple: a high watermark of 0 is an answer too
+        return (consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1],)
+
+    return wait_for(ask, timeout, 0.2, what=f"the high watermark of {topic}-{partition}")[0]
+
+
 def read_partitions(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> Log:
     """Every record of every partition, from offset 0 up to the high watermark."""
     consumer = Consumer(
@@ -235,10 +247,7 @@ def read_partitions(bootstrap: str, topic: str, partitions: int, timeout: float 
         }
     )
     try:
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        }
+        ends = {p: high_watermark(consumer, topic, p, timeout) for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         got: Log = {p: [] for p in range(partitions)}
 
