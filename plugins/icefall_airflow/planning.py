@@ -31,6 +31,9 @@ UNTIL_INTERVAL = "interval"
 UNTIL_NOW = "now"
 UNTIL_OFFSETS = "offsets"
 UNTIL_CHOICES = (UNTIL_INTERVAL, UNTIL_NOW, UNTIL_OFFSETS)
+# The longest a plan waits for its interval's end: the timetable creates runs at most 3 s
+# early (timetable.DEFAULT_LEAD); a run whose interval ends later than this is refused.
+MAX_EARLY_S = 60.0
 
 
 class PlanError(RuntimeError):
@@ -149,6 +152,12 @@ def plan_round(
         request.until_append_ms is not None
         and (ahead_s := request.until_append_ms / 1000 - wall()) > 0
     ):
+        if ahead_s > MAX_EARLY_S:  # not a run of the timetable: a manual one, dated ahead
+            raise PlanError(
+                f"this run commits the offsets appended before {request.until_append_ms} ms, "
+                f"{ahead_s:.0f} s from now: it cannot be planned before then; trigger it "
+                "without a logical date (it commits up to now) or once that time has passed"
+            )
         log.info("the interval ends in %.2f s: waiting for its end", ahead_s)
         sleep(ahead_s)
     deadline = clock() + deadline_s

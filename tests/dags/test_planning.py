@@ -205,3 +205,12 @@ def test_a_broker_clock_that_never_reaches_the_end_fails_the_plan_with_that_reas
     with pytest.raises(PlanError, match="broker's clock did not reach the end of the interval"):
         clocked_plan_round(broker, until_s=101.0, deadline_s=5)
     assert broker.flushed_at == []
+
+
+def test_a_run_whose_interval_ends_far_ahead_is_refused_at_once() -> None:
+    clock = Clock()
+    clock.now = 100.0
+    broker = ClockedBroker(clock, flush_after=0)
+    with pytest.raises(PlanError, match="3600 s from now: it cannot be planned before then"):
+        clocked_plan_round(broker, until_s=3700.0, deadline_s=10)
+    assert broker.planned_at == [] and clock.now == 100.0
