@@ -91,7 +91,7 @@ class Cluster:
             TopicRecord(t.name, t.topic_id, t.partitions, t.configs) for t in self.topics.values()
         ]
         try:
-            manifest.write_atomically(
+            manifest.write_if_changed(
                 self.config.manifest_path, manifest.render(records, self.config.admin_url)
             )
         except Exception as exc:

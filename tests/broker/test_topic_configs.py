@@ -116,6 +116,24 @@ def test_manifest_lists_table_topics_and_disabled_ones_and_is_replaced_atomicall
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_the_manifest_is_rewritten_only_when_the_table_topics_change(tmp_path: Path) -> None:
+    """Airflow re-parses, and ``icefall up`` re-syncs, on a new manifest: a change that leaves
+    the table topics as they were (a plain topic added) must leave the file untouched."""
+    import uuid
+
+    path = tmp_path / "table_topics.json"
+    table = TopicRecord("orders", uuid.uuid4(), 2, {"automq.table.topic.enable": "true"})
+    assert manifest.write_if_changed(path, manifest.render([table], "x"))
+    before = path.stat().st_mtime_ns
+    plain = TopicRecord("__consumer_offsets", uuid.uuid4(), 50, {})
+    assert not manifest.write_if_changed(path, manifest.render([table, plain], "x"))
+    assert path.stat().st_mtime_ns == before
+    table.configs["automq.table.topic.commit.interval.ms"] = "5000"
+    assert manifest.write_if_changed(path, manifest.render([table, plain], "x"))
+    written = manifest.read(path)["table_topics"]
+    assert isinstance(written, list) and written[0]["commit_interval_ms"] == 5000
+
+
 MAINTENANCE = "automq.table.topic.maintenance."
 
 
