@@ -8,8 +8,8 @@ warm round driver, the demo topic at 1 record/s with a 10-minute interval), then
 2. rounds: creates a 4-partition table topic with a ``--interval-s`` commit interval, produces
    a trickle of Avro values (``--rate`` MiB/s) and, once its first round committed, measures
    ``--rounds-s`` seconds; the CPU above the idle rate divided by the commit tasks that ran in
-   that window is the cost of a round (plan, commit and publish: their task processes, the
-   scheduler's and the API server's share).
+   that window is the cost of a round (its commit task, which plans, runs the round and
+   publishes: the task process, the scheduler's and the API server's share).
 
 Every process is charged to the Airflow component it descends from (the child of ``icefall
 up`` it is under: api-server, scheduler with its LocalExecutor workers and task processes,
@@ -17,8 +17,8 @@ dag-processor, triggerer, warm driver, broker), and within it to its own process
 every 0.2 s; a process that ended counts in the one that reaped it (``ComponentCpu``), Spark
 jobs apart. Also prints how long the new topic's commit DAG took to appear in Airflow's
 database after the topic was created, and where a round's time goes between its interval's end
-and its publish (``round_stages``, from Airflow's metadata: the scheduler creating the run,
-each task queued, running, done).
+and its commit task's end (``round_stages``, from Airflow's metadata: the scheduler creating
+the run, the task queued, running, its plan made, done).
 
     .venv/bin/python bench/airflow_cpu.py                 # 60 s idle, 180 s of 20 s rounds
     .venv/bin/python bench/airflow_cpu.py --stages HOME/airflow/airflow.db --dag-id D
@@ -213,22 +213,18 @@ def _dag_parsed(home: Path, dag_id: str) -> bool:
     return row is not None
 
 
-# (stage, its end: a dag_run column or a (task, task_instance column)), in order; each stage
-# lasts from the previous one's end, the first from the interval's end (data_interval_end).
-# The commit DAG's timetable creates a run 3 s before its interval ends (icefall_airflow.
-# timetable), so the stages up to plan's start are negative: done before the end; plan's
-# run then includes its wait for the end.
+# (stage, its end: a dag_run column, a (task, task_instance column), or the commit task's plan
+# time, "planned": its XCom ``plan``'s planned_at_ms), in order; each stage lasts from the
+# previous one's end, the first from the interval's end (data_interval_end). The commit DAG's
+# timetable creates a run 3 s before its interval ends (icefall_airflow.timetable), so the
+# stages up to the commit task's start are negative: done before the end; the task then waits
+# for the end, plans, runs the round and publishes, all in one process (commit_operator).
 STAGES: tuple[tuple[str, str | tuple[str, str]], ...] = (
     ("scheduler creates the run", "queued_at"),
-    ("plan queued", ("plan", "queued_dttm")),
-    ("plan queued -> running", ("plan", "start_date")),
-    ("plan runs (its process: parse, wait for the end, plan)", ("plan", "end_date")),
-    ("scheduler queues commit", ("commit", "queued_dttm")),
+    ("commit queued", ("commit", "queued_dttm")),
     ("commit queued -> running", ("commit", "start_date")),
-    ("commit runs (parse, the round)", ("commit", "end_date")),
-    ("scheduler queues publish", ("publish", "queued_dttm")),
-    ("publish queued -> running", ("publish", "start_date")),
-    ("publish runs", ("publish", "end_date")),
+    ("commit plans (its process: parse, wait for the end, plan)", "planned"),
+    ("commit's round and publish", ("commit", "end_date")),
 )
 
 
@@ -255,15 +251,34 @@ def round_stages(db: Path, dag_id: str) -> list[dict[str, float]]:
                     (dag_id, run_id),
                 )
             }
+            planned = _planned_at(conn, dag_id, run_id)
             previous, stages = _stamp(interval_end), {}
             for name, end in STAGES:
-                at = _stamp(queued_at if end == "queued_at" else tasks.get(end[0], {}).get(end[1]))
+                if end == "planned":
+                    at = planned
+                else:
+                    at = _stamp(
+                        queued_at if end == "queued_at" else tasks.get(end[0], {}).get(end[1])
+                    )
                 if at is None or previous is None:
                     break
                 stages[name], previous = at - previous, at
             else:
                 out.append(stages)
     return out
+
+
+def _planned_at(conn: sqlite3.Connection, dag_id: str, run_id: str) -> float | None:
+    """When the commit task of ``run_id`` made its plan (its XCom ``plan``), in epoch seconds."""
+    row = conn.execute(
+        "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = 'commit' "
+        "AND key = 'plan'",
+        (dag_id, run_id),
+    ).fetchone()
+    plan = json.loads(row[0]) if row and row[0] else None
+    if isinstance(plan, str):  # stored as a JSON string of the JSON
+        plan = json.loads(plan)
+    return plan["planned_at_ms"] / 1000 if isinstance(plan, dict) else None
 
 
 def print_stages(db: Path, dag_id: str) -> None:

@@ -17,7 +17,7 @@ a') ``airflow``, Icefall as deployed, the coordinator counted: ``icefall up`` (b
    ``icefall_up``: a temporary home, free ports, its own broker, Airflow 3 with the
    LocalExecutor and SQLite, the warm round driver at ``local[2]``, the demo producer at 1
    record/s on its own topic) and a table topic with ``automq.table.topic.commit.interval.ms``
-   = the interval, whose commit DAG (plan >> commit >> publish, each a task process) asks the
+   = the interval, whose commit DAG (one task a round: it plans, commits and publishes) asks the
    warm driver for a round per interval. Ready once the DAG is in Airflow's database, unpaused.
    Its CPU is every process under ``icefall up`` but the broker and ``icefall up``'s own
    process (its supervision loop and the demo producer, one process): Airflow's api-server,
@@ -810,7 +810,7 @@ def warm_master(master: str) -> Iterator[None]:
 def airflow_side(args: argparse.Namespace, folder: Path) -> Side:
     """``icefall up`` as deployed (bench/sustained.py's ``icefall_up``: a temporary home, free
     ports, the demo producer at 1 record/s on its own topic, Airflow 3 with the LocalExecutor,
-    the warm round driver), a table topic whose commit DAG (plan >> commit >> publish) runs a
+    the warm round driver), a table topic whose commit DAG (one task: plan, round, publish) runs a
     round per interval; measured like the other sides once the DAG is in Airflow, unpaused."""
     from bench.sustained import icefall_up  # here: sustained imports this module
 

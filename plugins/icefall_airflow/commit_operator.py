@@ -1,18 +1,28 @@
 """The commit step: ``spark_jobs/commit_round.py`` through spark-submit, or a warm driver.
 
-A ``SparkJobOperator`` (``job_operator``) whose arguments come from the plan
-task's XCom (``broker.contracts.RoundPlan``); the round's result JSON
-(``broker.contracts.RoundResult``) goes to XCom for the publish step. When the
-connection ``icefall_warm_driver`` is defined (``icefall up`` defines it) the round runs
-in that long-lived driver instead (``warm_driver``: no JVM start per round), with the same
+A ``SparkJobOperator`` (``job_operator``) whose arguments come from a plan
+(``broker.contracts.RoundPlan``); the round's result JSON
+(``broker.contracts.RoundResult``) goes to XCom. When the connection
+``icefall_warm_driver`` is defined (``icefall up`` defines it) the round runs in that
+long-lived driver instead (``warm_driver``: no JVM start per round), with the same
 arguments and result; a driver that cannot be reached makes the task log why and run
 spark-submit.
+
+The commit DAGs run a whole round in this one task: ``planner`` plans it in the task
+(the plan also goes to XCom, key ``plan``) and ``publisher`` turns the result into the
+table's asset event. Plan, commit and publish used to be three tasks; each hand-over
+waited for the scheduler's next loop (0.6-0.8 s, median, between the plan's end and the
+commit's start, all of it in the round's freshness) and each task was a process start,
+parse and a few API calls (``bench/airflow_cpu.py``). Nothing is lost by the merge: a
+plan for an interval depends only on the interval (``planning``), so a retried task plans
+the same offsets, and the round is exactly once whatever it is told (``commit_round``).
+Other callers give ``plan_task_id`` instead and read the plan from that task's XCom.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker import contracts
@@ -48,16 +58,45 @@ def commit_round_args(plan: Mapping[str, Any] | contracts.RoundPlan, admin_url: 
     return args
 
 
+# the plan (a ``broker.contracts.RoundPlan`` as JSON), made in the task
+Planner = Callable[[], dict[str, Any]]
+# called with the round's result and its plan once the round ran; raises to skip or fail
+Publisher = Callable[[dict[str, Any], dict[str, Any]], None]
+
+
 class CommitRoundOperator(SparkJobOperator):
-    """Run one commit round for the plan in XCom ``plan_task_id`` and return its result JSON."""
+    """Run one commit round and return its result JSON: for the plan ``planner`` makes in the
+    task, or for the one in XCom of ``plan_task_id``; then ``publisher``, if given."""
 
     script = "commit_round.py"
     driver_jvm_opts = DRIVER_JVM_OPTS
 
-    def __init__(self, *, plan_task_id: str, admin_url: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        plan_task_id: str | None = None,
+        planner: Planner | None = None,
+        publisher: Publisher | None = None,
+        admin_url: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        if (plan_task_id is None) == (planner is None):
+            raise ValueError("give the commit task either plan_task_id or planner, not both")
         self.plan_task_id = plan_task_id
+        self.planner = planner
+        self.publisher = publisher
         self.admin_url = admin_url
+
+    def plan(self, context: Any) -> dict[str, Any]:
+        if self.planner is not None:
+            plan = self.planner()
+            context["ti"].xcom_push(key="plan", value=plan)
+            return plan
+        plan = context["ti"].xcom_pull(task_ids=self.plan_task_id)
+        if not plan:
+            raise RuntimeError(f"no plan in XCom of task {self.plan_task_id}")
+        return dict(plan)
 
     def lineage(self, result: dict[str, Any], cluster: Any) -> Any:
         from icefall_airflow.lineage import round_lineage
@@ -67,10 +106,14 @@ class CommitRoundOperator(SparkJobOperator):
     def execute(self, context: Any) -> dict[str, Any]:  # the result goes to XCom
         from icefall_airflow import manifest
 
-        plan = context["ti"].xcom_pull(task_ids=self.plan_task_id)
-        if not plan:
-            raise RuntimeError(f"no plan in XCom of task {self.plan_task_id}")
+        plan = self.plan(context)
         admin_url = self.admin_url or manifest.admin_url()
+        result = self.run_round(context, plan, admin_url)
+        if self.publisher is not None:
+            self.publisher(result, plan)
+        return result
+
+    def run_round(self, context: Any, plan: dict[str, Any], admin_url: str) -> dict[str, Any]:
         args = commit_round_args(plan, admin_url)
         label = f"commit round {plan['round_id']} of {plan['topic']}"
         warm = WarmDriverClient.from_connection()

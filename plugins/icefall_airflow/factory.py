@@ -9,21 +9,22 @@ scheduling. ``max_active_runs=1`` keeps one round in flight
 per DAG; the commit task takes the table's one-slot pool, which maintenance
 DAGs share, so two writers never race on the table.
 
-Tasks: ``plan`` (broker end offsets for the interval, waiting until they are in
-segment objects) >> ``commit`` (spark-submit of ``commit_round.py``) >>
-``publish`` (asset event ``icefall/<namespace>/<table>``), and on tables
-partitioned by hour or day ``commit`` >> ``announce`` (partitioned events on
-``icefall/<namespace>/<table>/closed-partitions`` for the hours or days the
-commit closed, ``event_partitions``). A topic with a freshness SLA
+One task runs a round, ``commit`` (``commit_operator``): it plans (broker end
+offsets for the interval, waiting until they are in segment objects: ``planning``),
+runs ``commit_round.py`` (in the warm driver, or with spark-submit) and publishes
+(asset event ``icefall/<namespace>/<table>``, skipped when nothing new was committed:
+``publish``). On tables partitioned by hour or day ``commit`` >> ``announce``
+(partitioned events on ``icefall/<namespace>/<table>/closed-partitions`` for the hours
+or days the commit closed, ``event_partitions``). A topic with a freshness SLA
 gets a deadline alert on each run (``freshness``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -33,7 +34,6 @@ from airflow.sdk import (
     Asset,
     AssetOrTimeSchedule,
     AssetWatcher,
-    Metadata,
     Param,
     get_current_context,
     task,
@@ -125,7 +125,9 @@ def _plan(entry: manifest.TableTopic) -> dict[str, Any]:
 
 def _publish(
     entry: manifest.TableTopic, asset: Asset, result: dict[str, Any], plan: dict[str, Any]
-) -> Iterator[Metadata]:
+) -> None:
+    """The commit task's last step: the asset event of a round that committed, with its
+    extra (``publish``); a round that committed nothing skips the task, so no event."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     publish.check_result(result)
@@ -144,7 +146,8 @@ def _publish(
     except BrokerError as exc:  # the commit is done; a missing lag figure must not fail it
         log.warning("could not measure the lag after the commit: %s", exc)
         lag = None
-    yield Metadata(asset, publish.asset_extra(result, plan, lag))
+    events = get_current_context()["outlet_events"][asset]
+    events.extra.update(publish.asset_extra(result, plan, lag))
 
 
 def _announce(asset: Asset, result: dict[str, Any]) -> None:
@@ -206,25 +209,19 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
         ),
         default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
     ) as dag:
-        plan = task(task_id="plan")(_plan)(entry)
         commit = CommitRoundOperator(
             task_id="commit",
-            plan_task_id="plan",
+            planner=functools.partial(_plan, entry),
+            publisher=functools.partial(_publish, entry, asset),
+            outlets=[asset],
             pool=entry.pool,
             name=f"icefall-commit-{entry.topic}",
             execution_timeout=timedelta(minutes=30),
         )
-        published = task(task_id="publish", outlets=[asset], retries=0)(_publish)(
-            entry,
-            asset,
-            commit.output,  # type: ignore[arg-type]  # XComArgs resolve at run time
-            plan,  # type: ignore[arg-type]
-        )
-        plan >> commit >> published
         if event_partitions.may_close_partitions(entry.settings.partition_by):
             closed = closed_partitions_asset(entry.namespace, entry.table)
-            # Downstream of the commit only, with retries: the closure is already in the
-            # snapshot, so a failed publish or a passing API error must not lose the hours it
+            # Its own task, with retries: the closure is already in the snapshot, so a
+            # failed announce or a passing API error must not lose the hours it
             # closed (the next round would not close them again). A failed attempt emits
             # nothing, so a retry announces each key once; a round that committed nothing new
             # closed nothing and skips it.

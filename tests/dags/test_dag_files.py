@@ -70,10 +70,14 @@ def test_commit_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert dag.timetable.delta == timedelta(seconds=30)  # the commit interval
     assert dag.timetable.lead == timedelta(seconds=3)  # a run is created 3 s before its end
     assert dag.max_active_runs == 1 and dag.catchup is False
-    assert [t.task_id for t in dag.topological_sort()] == ["plan", "commit", "publish"]
-    assert dag.task_dict["commit"].pool == "icefall_table__shop.orders-v2"
-    assert type(dag.task_dict["commit"]).__name__ == "CommitRoundOperator"
-    outlets = dag.task_dict["publish"].outlets
+    # one task a round: it plans, commits and publishes (no scheduler hand-over in between)
+    assert [t.task_id for t in dag.topological_sort()] == ["commit"]
+    commit = dag.task_dict["commit"]
+    assert commit.pool == "icefall_table__shop.orders-v2"
+    assert type(commit).__name__ == "CommitRoundOperator"
+    assert commit.planner is not None and commit.publisher is not None
+    assert commit.plan_task_id is None and commit.retries >= 1
+    outlets = commit.outlets
     assert [(a.name, a.uri) for a in outlets] == [("icefall/shop/shop_orders_v2",) * 2]
     assert set(dag.params.keys()) == {"until", "until_offsets", "max_records"}
     assert dag.params["until"] == "interval"
@@ -102,11 +106,10 @@ def test_a_freshness_sla_puts_a_deadline_on_each_run(
     hourly = manifests.entry("t", configs={"automq.table.topic.partition.by": "[hour(at)]"})
     manifests.write(tmp_path, hourly)
     dag = dagbag(tmp_path, monkeypatch).dags["icefall_commit__t"]
-    assert [t.task_id for t in dag.topological_sort()][:2] == ["plan", "commit"]
+    assert [t.task_id for t in dag.topological_sort()] == ["commit", "announce"]
     announce = dag.task_dict["announce"]
-    # the closure is in the snapshot already: a failed publish or API call must not lose it
+    # the closure is in the snapshot already: a failed announce or API call must not lose it
     assert announce.upstream_task_ids == {"commit"} and announce.retries >= 1
-    assert dag.task_dict["publish"].upstream_task_ids == {"plan", "commit"}
     outlets = announce.outlets
     assert [a.name for a in outlets] == ["icefall/default/t/closed-partitions"]
 

@@ -73,7 +73,7 @@ def test_nothing_new_skips_the_asset_event(tmp_path: Any) -> None:
     entry = TableTopic("clicks", "default", "clicks", 1, 60_000)
     nothing = {**COMMITTED, "status": "nothing_new", "rows": 0, "offsets_before": {"0": 10, "1": 4}}
     with pytest.raises(AirflowSkipException, match="nothing new"):
-        next(_publish(entry, None, nothing, PLAN))  # type: ignore[arg-type]
+        _publish(entry, None, nothing, PLAN)  # type: ignore[arg-type]
 
 
 def test_event_time_in_the_extra_and_closed_partitions_as_keys() -> None:

@@ -1,5 +1,5 @@
-"""Airflow drives commit rounds for real: ``dag.test()`` runs plan -> spark-submit of
-``spark_jobs/commit_round.py`` -> publish against a real broker, through two
+"""Airflow drives commit rounds for real: ``dag.test()`` runs the commit task (it plans,
+spark-submits ``spark_jobs/commit_round.py`` and publishes) against a real broker, through two
 rounds; a re-run of round 1 is a no-op; dropping and recreating the table and
 re-running both intervals (what a backfill does) rebuilds it from the segments.
 
@@ -243,7 +243,7 @@ def test_two_rounds_rerun_and_rebuild(
     produce(broker, 80, 5)  # after cut 2: left for a later round
 
     states = run_round(dag, cut1)
-    assert (states["publish"], states["announce"]) == ("success", "skipped")  # hour 10 is open
+    assert (states["commit"], states["announce"]) == ("success", "skipped")  # hour 10 is open
     assert table_ids(catalog) == list(range(50))
     events = asset_events(since)
     assert len(events) == 1 and events[0]["rows"] == 50
@@ -266,7 +266,7 @@ def test_two_rounds_rerun_and_rebuild(
 
     unpause(HOURLY_DAG)  # Airflow queues runs of unpaused DAGs only
     states = run_round(dag, cut2)
-    assert (states["publish"], states["announce"]) == ("success", "success")
+    assert (states["commit"], states["announce"]) == ("success", "success")
     assert table_ids(catalog) == list(range(80))
     events = asset_events(since)
     assert len(events) == 2 and events[1]["rows"] == 30
@@ -292,7 +292,7 @@ def test_two_rounds_rerun_and_rebuild(
 
     # Re-running round 1: nothing new, no asset event, the table unchanged.
     states = run_round(dag, cut1)
-    assert (states["publish"], states["announce"]) == ("skipped", "skipped")
+    assert (states["commit"], states["announce"]) == ("skipped", "skipped")
     assert len(asset_events(since)) == 2 and len(closed_keys(since)) == 1
     assert (
         catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id == snapshot_after_two

@@ -1,7 +1,7 @@
 """Airflow's commit task through the warm round driver (``spark_jobs/warm_driver.py``), as
-``icefall up`` supervises it (``broker.supervisor.warm_driver``): ``dag.test()`` runs plan ->
-commit -> publish against a real broker whose registry and catalog require credentials (they
-reach the driver in the request, from the Airflow connections).
+``icefall up`` supervises it (``broker.supervisor.warm_driver``): ``dag.test()`` runs the
+commit task (plan, round, publish) against a real broker whose registry and catalog require
+credentials (they reach the driver in the request, from the Airflow connections).
 
 The driver dies right after a round's publish, before its reply (``ICEFALL_ROUND_KILL_AT``: an
 ``os._exit``, what kill -9 does at the worst moment); the supervisor restarts it, the task asks

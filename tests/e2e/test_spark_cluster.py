@@ -6,7 +6,7 @@ settings the job hands them (the workers' environment has no ``AWS_*`` and no ``
 
 - The same records committed once on ``local[*]`` (the operator's spark-submit command line)
   and, after the table is dropped, once on the cluster by a real Airflow DAG run
-  (``dag.test()``: plan -> commit -> publish) give the same rows, the same number of data files
+  (``dag.test()`` of the commit task) give the same rows, the same number of data files
   and the same committed offsets; the round's tasks ran in executors on the workers.
 - An executor JVM killed with SIGKILL while the round's Python tasks run breaks nothing: the
   round completes (Spark runs the task again elsewhere) or fails and the next one commits, and

@@ -280,7 +280,7 @@ def test_scheduler_crash_clear_and_backfill_keep_the_table_exact(
         for r in airflow.runs()
         if r["state"] == "success"
         and r["run_type"] == "scheduled"
-        and airflow.task_states(r["dag_run_id"]).get("publish") == "success"
+        and airflow.task_states(r["dag_run_id"]).get("commit") == "success"
     ]
     assert len(committed) >= 2, committed
     cleared = committed[0]
@@ -298,12 +298,12 @@ def test_scheduler_crash_clear_and_backfill_keep_the_table_exact(
         states = airflow.task_states(cleared["dag_run_id"])
         return (
             states
-            if set(states.values()) <= {"success", "skipped"} and states.get("publish")
+            if set(states.values()) <= {"success", "skipped"} and states.get("commit")
             else None
         )
 
     states = wait_for(rerun_done, 240, interval=2, what="the cleared run to finish again")
-    assert states == {"plan": "success", "commit": "success", "publish": "skipped"}, states
+    assert states == {"commit": "skipped"}, states  # nothing new: no asset event
 
     # 3. Backfill the committed intervals (the UI's Backfill with "reprocess completed runs").
     first, last = committed[0], committed[min(2, len(committed) - 1)]
@@ -325,7 +325,7 @@ def test_scheduler_crash_clear_and_backfill_keep_the_table_exact(
     backfilled = wait_for(backfill_done, 300, interval=2, what="the backfill runs to finish")
     assert all(r["state"] == "success" for r in backfilled), backfilled
     for run in backfilled:
-        assert airflow.task_states(run["dag_run_id"])["publish"] == "skipped", run
+        assert airflow.task_states(run["dag_run_id"])["commit"] == "skipped", run
 
     assert current_snapshot(broker) == snapshot
     assert table_offsets(broker) == acked
