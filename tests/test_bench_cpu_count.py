@@ -6,9 +6,9 @@ long-lived JVM's: a count that loses the tail of a short process, or a process w
 one took, flatters Icefall. A real tree (a launcher, a middle process that runs short
 CPU-burning children one after the other and waits for each) is sampled as the benchmarks do
 and compared with the kernel's own account (``wait4``'s and ``getrusage``'s, reported by the
-processes that reaped them); the cases a real run meets only by chance (a pid reused, a parent
-and its child ending within one interval, a child nobody waited for) are fed to the ledger as
-samples.
+processes that reaped them), and so is an orphan re-parented out of the tree; the cases a
+real run meets only by chance (a pid reused, a parent and its child ending within one
+interval, a child nobody waited for) are fed to the ledger as samples.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench._common import CpuByProcess, ProcessLedger, ProcStat, proc_stat, stop_processes
 from bench.airflow_cpu import ComponentCpu
+from tests.support import wait_for
 
 # /proc shows each time in clock ticks rounded down (10 ms): a few fields a process, a few
 # processes; a child's tail after its last sample is 0-100 ms at a 0.1 s interval, so a
@@ -46,6 +47,20 @@ elif role == "middle":  # the children one after the other, each waited for
         whole += usage.ru_utime + usage.ru_stime
     print(whole, flush=True)  # the children's whole CPU, as the kernel counted it
     sys.stdin.readline()
+elif role == "orphaning":  # starts an orphan: its parent ends without waiting for it
+    pid = os.posix_spawn(sys.executable, [sys.executable, __file__, "parent"], os.environ)
+    os.waitpid(pid, 0)
+    sys.stdin.readline()
+elif role == "parent":  # ends when told, its child still running
+    os.posix_spawn(sys.executable, [sys.executable, __file__, "orphan", str(os.getpid())], os.environ)
+    sys.stdin.readline()
+elif role == "orphan":  # once re-parented out of the tree: 0.4 s of CPU
+    while os.getppid() == int(sys.argv[2]):
+        time.sleep(0.01)
+    start = time.process_time()
+    while time.process_time() < start + 0.4:
+        pass
+    print(cpu(resource.RUSAGE_SELF), flush=True)
 else:  # launcher: runs the middle process, which ends when told; then waits to be told
     middle = subprocess.Popen([sys.executable, __file__, "middle", sys.argv[2]], stdin=subprocess.PIPE)
     sys.stdin.readline()
@@ -197,3 +212,35 @@ def test_the_ledger_keeps_every_process_once() -> None:
     feed = _Samples()
     feed.sample({5: (_stat(1, 1, 0.7, reaped=0.3), "root")})
     assert feed.sample({}) == {"root": 1.0}
+
+
+def test_an_orphan_is_measured_until_it_ends(tmp_path: Path) -> None:
+    """A process whose parent ended without waiting for it is re-parented out of the tree
+    (to init, or a subreaper): still measured until it ends, then its last sample counts."""
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "orphaning"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    cpu = CpuByProcess(_role, interval=0.1)
+    cpu.start(proc.pid)
+    try:
+        wait_for(
+            lambda: any(e.label == "orphan" for e in cpu.ledger.entries.values()),
+            30,
+            what="the orphan-to-be sampled in the tree",
+        )
+        _tell(proc)  # its parent ends
+        orphan = _line(proc)  # its whole CPU; it ends next, reaped outside the tree
+        cpu.stop()
+        counted = cpu.by_kind().get("orphan", 0.0)
+        # all but its tail after the last sample (at most an interval's CPU)
+        assert orphan - 0.1 - TOLERANCE <= counted <= orphan + TOLERANCE, (counted, orphan)
+        _tell(proc)
+        assert proc.wait(30) == 0
+    finally:
+        stop_processes({proc.pid}, timeout=5)
+        cpu.stop_sampling()
