@@ -674,7 +674,9 @@ class CpuByProcess(Sampler):
     time, its last sample under its own kind and only the tail after it under the reaper's.
     One whose reaper is not measured, or whose kind the caller leaves out (bench/vs_connect.py
     leaves out ``icefall up``'s own process, which reaps the ``icefall_airflow.sync``
-    processes), still counts its last sample under its own kind: only its tail is lost."""
+    processes), still counts its last sample under its own kind: only its tail is lost. A
+    process re-parented out of the tree (its parent ended first) stays measured until it ends,
+    if a sample saw it in the tree."""
 
     def __init__(self, classify: Callable[[str], str], interval: float = 0.25) -> None:
         super().__init__(interval)
