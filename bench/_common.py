@@ -13,11 +13,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -36,6 +36,8 @@ __all__ = [
     "ClientRun",
     "CpuByProcess",
     "Measure",
+    "ProcStat",
+    "ProcessLedger",
     "Sampler",
     "become_subreaper",
     "cmdline",
@@ -47,6 +49,8 @@ __all__ = [
     "measure",
     "own_children",
     "pid_cpu_seconds",
+    "proc_stat",
+    "proc_stats",
     "produce_when_room",
     "reap_orphans",
     "stop_processes",
@@ -264,13 +268,47 @@ def confluent_consume(
     return ClientRun(got, size, seconds, cpu)
 
 
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of one ``/proc/<pid>/stat`` the CPU counts need, times in seconds."""
+
+    ppid: int
+    start: int  # field 22, clock ticks after boot: with the pid, names one process (pids wrap)
+    own: float  # utime + stime (fields 14, 15): its own threads'
+    reaped: float  # cutime + cstime (16, 17): its children it waited for, each whole
+
+
+def _parse_stat(text: str) -> ProcStat:
+    fields = text.rsplit(")", 1)[1].split()  # the command in (...) may hold spaces
+    return ProcStat(
+        ppid=int(fields[1]),
+        start=int(fields[19]),
+        own=(int(fields[11]) + int(fields[12])) / CLK_TCK,
+        reaped=(int(fields[13]) + int(fields[14])) / CLK_TCK,
+    )
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """``pid``'s stat, ``None`` once it is gone (a zombie still has one: its final times)."""
+    try:
+        return _parse_stat(Path(f"/proc/{pid}/stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def proc_stats() -> dict[int, ProcStat]:
+    """Every process's stat, by pid."""
+    out: dict[int, ProcStat] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := proc_stat(int(entry.name))) is not None:
+            out[int(entry.name)] = stat
+    return out
+
+
 def pid_cpu_seconds(pid: int) -> float:
     """user + system CPU seconds of a live process (not its children), from /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15 of stat)
+    stat = proc_stat(pid)
+    return stat.own if stat else 0.0
 
 
 def _rusage_seconds(who: int) -> float:
@@ -324,16 +362,7 @@ def become_subreaper() -> bool:
 
 
 def _children(pid: int) -> set[int]:
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.add(int(entry.name))
-    return out
+    return {child for child, stat in proc_stats().items() if stat.ppid == pid}
 
 
 def own_children() -> set[int]:
@@ -342,16 +371,7 @@ def own_children() -> set[int]:
 
 
 def _parents() -> dict[int, int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
-            except (OSError, ValueError, IndexError):
-                continue
-    return parents
+    return {pid: stat.ppid for pid, stat in proc_stats().items()}
 
 
 def _tree(roots: set[int], parents: dict[int, int]) -> set[int]:
@@ -496,35 +516,195 @@ class Sampler:
             self._thread.join()
 
 
+Key = tuple[int, int]  # (pid, start time): one process, whatever later reuses its pid
+
+# how far a reaper's children time may fall short of a child's last sample and still hold it:
+# the kernel adds the child's time to its parent's in nanoseconds, /proc shows each field in
+# clock ticks rounded down, so the parent's sum may show a tick or two less than the child's
+_TICKS = 3 / CLK_TCK
+
+Label = TypeVar("Label", bound=Hashable)
+
+
+@dataclass
+class _Process(Generic[Label]):
+    label: Label
+    stat: ProcStat  # the last sample: for a process that ended, its last known times
+    parent: Key | None  # its parent's entry at the last sample, if that one is measured too
+    alive: bool = True
+    reaper: Key | None = None  # the entry whose children time holds this ended one whole
+    base: float = 0.0  # its children time at the sample before: what the last one added
+
+
+class ProcessLedger(Generic[Label]):
+    """The CPU seconds of a set of processes, sampled, without losing or double counting a
+    process that ended: the bookkeeping of ``CpuByProcess`` and bench/airflow_cpu.py's
+    ``ComponentCpu``.
+
+    A process is an entry keyed by (pid, start time): pids wrap (``pid_max`` 32768 here, and
+    a JVM's threads use the same space), so a new process under an old pid is a new entry.
+    A live process counts its own time (utime+stime) and its reaped children's (cutime+cstime,
+    which the kernel adds when its parent waits for it: a child's whole time, its tail after
+    the last sample and its own reaped descendants included). So a process that ended counts
+    nothing itself when its parent's entry, sampled after it ended, shows children time grown
+    by at least its last sample: it is inside that reaper's count (``reaper``). When its
+    parent ended within the same interval, the nearest live ancestor that reaped the parent
+    is looked at the same way (the parent's children time went into it). Otherwise (its
+    parent is not measured, ended before it, or never waited for it) it counts its last
+    sample: the best there is, its tail after that sample lost. For the split by label,
+    an ended process keeps its last sample under its own label and takes it out of its
+    reaper's (``shares``): a task process stays a task process, only its unsampled tail is
+    charged to the process that reaped it.
+
+    A caller takes differences between two readings: a live process's children time may
+    hold children that ended before the first sample, or were never measured."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Key, _Process[Label]] = {}
+        self.lock = threading.RLock()  # the sampling thread and a caller reading now
+
+    def alive(self) -> dict[int, Key]:
+        """pid -> entry of the processes alive at the last sample."""
+        return {key[0]: key for key, entry in self.entries.items() if entry.alive}
+
+    def observe(
+        self,
+        seen: Mapping[int, tuple[ProcStat, Label]],
+        reread: Callable[[int], ProcStat | None] = proc_stat,
+    ) -> None:
+        """One sample: ``seen`` is pid -> (stat, label) of every measured process alive now
+        (the tree, and those already known that still run, wherever they hang now); a known
+        process not in it has ended. ``reread`` reads a reaper's stat again once its child is
+        known to be gone, so its children time already holds the child."""
+        with self.lock:
+            keys = {pid: (pid, stat.start) for pid, (stat, _) in seen.items()}
+            for pid, (stat, label) in seen.items():
+                entry = self.entries.get(keys[pid])
+                if entry is None:
+                    self.entries[keys[pid]] = _Process(
+                        label, stat, keys.get(stat.ppid), base=stat.reaped
+                    )
+                else:
+                    entry.base = entry.stat.reaped
+                    entry.label, entry.stat, entry.parent = label, stat, keys.get(stat.ppid)
+            now = set(keys.values())
+            ended = {key for key, entry in self.entries.items() if entry.alive and key not in now}
+            for key in ended:
+                self.entries[key].alive = False
+            self._settle(ended, reread)
+
+    def _settle(self, ended: set[Key], reread: Callable[[int], ProcStat | None]) -> None:
+        """Find the reaper of each process that ended since the sample before."""
+        taken: dict[Key, float] = {}  # children time of each reaper held by the ended so far
+        fresh: dict[Key, bool] = {}  # reaper -> read again after its child was gone
+
+        def depth(key: Key) -> int:
+            n, parent = 0, self.entries[key].parent
+            while parent in ended and n < 100:
+                n, parent = n + 1, self.entries[parent].parent
+            return n
+
+        for key in sorted(ended, key=depth):  # a parent before its children
+            entry = self.entries[key]
+            reaper = entry.parent
+            while reaper is not None and reaper in ended:  # it ended too: who reaped it
+                reaper = self.entries[reaper].parent
+            if reaper is None or not self.entries[reaper].alive:
+                continue  # not measured, or gone before the child ended: orphaned
+            holder = self.entries[reaper]
+            if reaper not in fresh:
+                again = reread(reaper[0])
+                fresh[reaper] = again is not None and again.start == reaper[1]
+                if fresh[reaper] and again is not None:
+                    holder.stat = again
+            if not fresh[reaper]:
+                continue  # it ended just now: which children it held is unknown
+            room = holder.stat.reaped - holder.base - taken.get(reaper, 0.0)
+            whole = entry.stat.own + entry.stat.reaped
+            if room + _TICKS >= whole:
+                entry.reaper = reaper
+                taken[reaper] = taken.get(reaper, 0.0) + min(whole, room)
+
+    def shares(self) -> list[tuple[Label, float, float]]:
+        """(label, own seconds, reaped seconds) per entry; for an ended one held by a reaper,
+        also (the reaper's label, 0, minus its whole): summed, every process counts once."""
+        with self.lock:
+            out: list[tuple[Label, float, float]] = []
+            for entry in self.entries.values():
+                out.append((entry.label, entry.stat.own, entry.stat.reaped))
+                if entry.reaper is not None:
+                    whole = entry.stat.own + entry.stat.reaped
+                    out.append((self.entries[entry.reaper].label, 0.0, -whole))
+            return out
+
+    def sample_tree(
+        self,
+        root: int,
+        label: Callable[[int, str, Label | None, Mapping[int, int]], Label | None],
+    ) -> None:
+        """Sample ``root``'s tree from /proc and every process already known that still
+        runs (an orphan re-parented out of the tree is still measured). ``label(pid, cmdline,
+        its label so far or None, pid -> ppid)``: the process's label, ``None`` to leave a
+        new process out (bench/airflow_cpu.py leaves out the root itself)."""
+        with self.lock:
+            stats = proc_stats()
+            parents = {pid: stat.ppid for pid, stat in stats.items()}
+            tree = _tree({root}, parents)
+            seen: dict[int, tuple[ProcStat, Label]] = {}
+            for pid in tree | set(self.alive()):
+                stat = stats.get(pid)
+                cmd = cmdline(pid)
+                if stat is None or cmd is None:
+                    continue  # gone meanwhile
+                before = self.entries.get((pid, stat.start))
+                if before is None and pid not in tree:
+                    continue  # a known pid, now another process out of the tree: not ours
+                kind = label(pid, cmd, before.label if before else None, parents)
+                if kind is not None:
+                    seen[pid] = (stat, kind)
+            self.observe(seen)
+
+
 class CpuByProcess(Sampler):
     """Samples the CPU time of a process tree (every ``interval`` s) and sums it per kind of
     process (``classify(cmdline) -> name``): where a multi-process job spends its CPU.
-    A process that ends between two samples loses at most ``interval`` of CPU here."""
+
+    Counted by ``ProcessLedger``: per process keyed by pid and start time, a live one its own
+    time and its reaped children's; one that ended counts whole through its reaper's children
+    time, its last sample under its own kind and only the tail after it under the reaper's.
+    One whose reaper is not measured, or whose kind the caller leaves out (bench/vs_connect.py
+    leaves out ``icefall up``'s own process, which reaps the ``icefall_airflow.sync``
+    processes), still counts its last sample under its own kind: only its tail is lost. A
+    process re-parented out of the tree (its parent ended first) stays measured until it ends,
+    if a sample saw it in the tree."""
 
     def __init__(self, classify: Callable[[str], str], interval: float = 0.25) -> None:
         super().__init__(interval)
         self.classify = classify
-        self.last: dict[int, tuple[str, float]] = {}
+        self.ledger: ProcessLedger[str] = ProcessLedger()
         self.root: int | None = None
 
     def start(self, root: int) -> None:
         self.root = root
         self.start_sampling()
 
+    def _label(self, pid: int, cmd: str, before: str | None, parents: Mapping[int, int]) -> str:
+        # classified anew while it has a command line (exec changes it); a zombie has none
+        return self.classify(cmd) if cmd.strip() or before is None else before
+
     def sample(self) -> None:
-        if self.root is None:
-            return
-        for pid in _tree({self.root}, _parents()):
-            cmd = cmdline(pid)
-            if cmd is None:
-                continue
-            # classified anew while it has a command line (exec changes it); a zombie has none
-            kind = self.classify(cmd) if cmd.strip() or pid not in self.last else self.last[pid][0]
-            self.last[pid] = (kind, pid_cpu_seconds(pid))
+        if self.root is not None:
+            self.ledger.sample_tree(self.root, self._label)
+
+    def by_kind(self) -> dict[str, float]:
+        """CPU seconds per kind as of now (sampled first), not rounded."""
+        self.sample()
+        out: dict[str, float] = {}
+        for kind, own, reaped in self.ledger.shares():
+            out[kind] = out.get(kind, 0.0) + own + reaped
+        return out
 
     def stop(self) -> dict[str, float]:
+        """Stop sampling; CPU seconds per kind, a last sample included, to 0.1 s."""
         self.stop_sampling()
-        out: dict[str, float] = {}
-        for kind, cpu in self.last.values():
-            out[kind] = round(out.get(kind, 0.0) + cpu, 1)
-        return out
+        return {kind: round(seconds, 1) for kind, seconds in self.by_kind().items()}

@@ -13,12 +13,13 @@ warm round driver, the demo topic at 1 record/s with a 10-minute interval), then
 
 Every process is charged to the Airflow component it descends from (the child of ``icefall
 up`` it is under: api-server, scheduler with its LocalExecutor workers and task processes,
-dag-processor, triggerer, warm driver, broker), and within it to its own process title, sampled
-every 0.2 s; a process that ended counts in the one that reaped it (``ComponentCpu``), Spark
-jobs apart. Also prints how long the new topic's commit DAG took to appear in Airflow's
-database after the topic was created, and where a round's time goes between its interval's end
-and its commit task's end (``round_stages``, from Airflow's metadata: the scheduler creating
-the run, the task queued, running, its plan made, done).
+dag-processor, triggerer, warm driver, broker), and within it to its own process title (a
+Spark job's own time to "spark jobs"), sampled every 0.2 s per process keyed by pid and start
+time; a process that ended counts whole through its reaper's children time (``ComponentCpu``).
+Also prints how long the new topic's commit DAG took to appear in Airflow's database after the
+topic was created, and where a round's time goes between its interval's end and its commit
+task's end (``round_stages``, from Airflow's metadata: the scheduler creating the run, the task
+queued, running, its plan made, done).
 
     .venv/bin/python bench/airflow_cpu.py                 # 60 s idle, 180 s of 20 s rounds
     .venv/bin/python bench/airflow_cpu.py --stages HOME/airflow/airflow.db --dag-id D
@@ -34,14 +35,21 @@ import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import CLK_TCK, Sampler, _parents, become_subreaper, cmdline, machine
+from bench._common import (
+    ProcessLedger,
+    Sampler,
+    _parents,
+    become_subreaper,
+    cmdline,
+    machine,
+)
 from bench.commit_round import register_schema
 from bench.rate_producer import ProducerProcess
 from bench.sustained import TOPIC, _create_topic, icefall_up
@@ -88,64 +96,44 @@ def _spark_jobs_running(root: int) -> bool:
     return False
 
 
-def _cpu_times(pid: int) -> tuple[float, float] | None:
-    """(own, reaped children's) CPU seconds of ``pid``: utime+stime, cutime+cstime."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK, (
-        int(fields[13]) + int(fields[14])
-    ) / CLK_TCK
+_Label = tuple[str, str, bool]  # (component, process title, a Spark job)
 
 
 class ComponentCpu(Sampler):
     """CPU seconds per (component, process title) of the tree under ``root``, sampled.
 
-    A live process counts its own time; a process that ended is counted in the process that
-    reaped it (its children's times, ``cutime``), so a short task process is counted whole
-    however short it lived, under "reaped by <its parent>". A Spark job (a JVM, a job's
-    Python) is moved out of its component when it ends: its last sampled time leaves the
-    reaper's share for "spark jobs" (what it used between its last sample and its end stays)."""
+    Counted by bench/_common.py's ``ProcessLedger`` (per process keyed by pid and start time):
+    a live process counts its own time under its title and its reaped children's time under
+    "reaped by <its title>"; a process that ended keeps its last sample under its own title
+    and, when its reaper is measured, takes it out of "reaped by <the reaper>" (which keeps
+    only the tail after that sample). A child of ``root`` (``icefall up``, not measured) that
+    ended counts its last sample. A Spark job (a JVM, a job's Python) counts its own time
+    under "spark jobs", not its component."""
 
     def __init__(self, root: int, interval: float = 0.2) -> None:
         super().__init__(interval)
         self.root = root
-        # pid -> (component, title, own, reaped children, spark job, parent pid)
-        self.last: dict[int, tuple[str, str, float, float, bool, int]] = {}
-        self._lock = threading.Lock()
-        self.alive: set[int] = set()
+        self.ledger: ProcessLedger[_Label] = ProcessLedger()
         self.start_sampling()
 
-    def sample(self) -> None:
-        with self._lock:
-            self._sample()
+    def _label(
+        self, pid: int, cmd: str, before: _Label | None, parents: Mapping[int, int]
+    ) -> _Label | None:
+        cmd = cmd.strip()
+        if before is not None:
+            component, title, spark = before
+            if cmd and not spark and _spark_job(cmd):  # exec'd into a JVM
+                title, spark = cmd[:60], True
+            return component, title, spark
+        top, hops = pid, 0
+        while top in parents and parents[top] != self.root and hops < 20:
+            top, hops = parents[top], hops + 1
+        if parents.get(top) != self.root:
+            return None  # the root itself
+        return _component(_cmdline(top)), (cmd or "?")[:60], _spark_job(cmd)
 
-    def _sample(self) -> None:
-        parents = _parents()
-        for pid in parents:
-            top, hops = pid, 0
-            while top in parents and parents[top] != self.root and hops < 20:
-                top, hops = parents[top], hops + 1
-            if parents.get(top) != self.root:
-                continue
-            times = _cpu_times(pid)
-            if times is None:
-                continue
-            known = self.last.get(pid)
-            cmd = _cmdline(pid)
-            if known:
-                component, title, spark = known[0], known[1], known[4]
-                if cmd and not spark and _spark_job(cmd):  # exec'd into a JVM
-                    title, spark = cmd[:60], True
-            else:
-                component, title, spark = (
-                    _component(_cmdline(top)),
-                    (cmd or "?")[:60],
-                    _spark_job(cmd),
-                )
-            self.last[pid] = (component, title, times[0], times[1], spark, parents[pid])
-        self.alive = set(parents)
+    def sample(self) -> None:
+        self.ledger.sample_tree(self.root, self._label)
 
     def totals(self) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}
@@ -153,17 +141,13 @@ class ComponentCpu(Sampler):
         def add(key: tuple[str, str], seconds: float) -> None:
             out[key] = out.get(key, 0.0) + seconds
 
-        with self._lock:
-            self._sample()
-            for pid, (component, title, own, reaped, spark, ppid) in self.last.items():
-                kind = _title_kind(title)
-                if pid in self.alive:
-                    add(("spark jobs" if spark else component, kind), own)
-                    add((component, f"reaped by {kind}"), reaped)
-                elif spark:  # ended: its time is in its reaper's children's time
-                    add(("spark jobs", kind), own)
-                    parent = self.last.get(ppid)
-                    add((component, f"reaped by {_title_kind(parent[1]) if parent else '?'}"), -own)
+        with self.ledger.lock:
+            self.sample()
+            shares = self.ledger.shares()
+        for (component, title, spark), own, reaped in shares:
+            kind = _title_kind(title)
+            add(("spark jobs" if spark else component, kind), own)
+            add((component, f"reaped by {kind}"), reaped)
         return out
 
     def stop(self) -> None:

@@ -331,12 +331,9 @@ def _rates(args: argparse.Namespace, side: str) -> list[float]:
 
 
 def _cpu_now(cpu: CpuByProcess, producer: ProducerGroup, self0: float) -> dict[str, float]:
-    """CPU seconds so far per kind of process (dead ones at their last sample), the producer
+    """CPU seconds so far per kind of process (``CpuByProcess.by_kind``), the producer
     process's and this one's (the lag sampling) too."""
-    cpu.sample()
-    out: dict[str, float] = {}
-    for kind, seconds in list(cpu.last.values()):
-        out[kind] = out.get(kind, 0.0) + seconds
+    out = cpu.by_kind()
     out["producer"] = float(producer.stat("cpu_s"))
     out["bench"] = time.process_time() - self0
     return out

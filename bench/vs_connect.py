@@ -742,11 +742,7 @@ class KindCpu:
         self.calls: list[dict[str, float]] = []
 
     def by_kind(self) -> dict[str, float]:
-        self.cpu.sample()
-        out: dict[str, float] = {}
-        for kind, seconds in list(self.cpu.last.values()):
-            out[kind] = out.get(kind, 0.0) + seconds
-        return out
+        return self.cpu.by_kind()
 
     def __call__(self) -> float:
         kinds = self.by_kind()
@@ -983,8 +979,7 @@ def run_shared(args: argparse.Namespace, folder: Path) -> list[Side]:
 
 
 def _cpu_now(cpu: CpuByProcess) -> float:
-    cpu.sample()
-    return sum(c for _, c in cpu.last.values())
+    return sum(cpu.by_kind().values())
 
 
 def _exited(proc: subprocess.Popen[bytes], log: Path) -> str | None:
