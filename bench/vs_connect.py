@@ -18,13 +18,16 @@ a') ``airflow``, Icefall as deployed, the coordinator counted: ``icefall up`` (b
    LocalExecutor and SQLite, the warm round driver at ``local[2]``, the demo producer at 1
    record/s on its own topic) and a table topic with ``automq.table.topic.commit.interval.ms``
    = the interval, whose commit DAG (one task a round: it plans, commits and publishes) asks the
-   warm driver for a round per interval. Ready once the DAG is in Airflow's database, unpaused.
+   warm driver for a round per interval. Ready once the DAG is in Airflow's database, unpaused,
+   with its pool, and the ``icefall_airflow.sync`` that the topic's creation started has ended
+   (the table topic's set-up, as the sink's connector start is the sink's).
    Its CPU is every process under ``icefall up`` but the broker and ``icefall up``'s own
    process (its supervision loop and the demo producer, one process): Airflow's api-server,
    scheduler (its LocalExecutor workers and their task processes), dag-processor, triggerer,
    ``icefall_airflow.sync``, the topic's maintenance DAG where it runs, and the warm driver's
-   tree, sampled every 0.1 s (a process that ends between samples loses at most that); the
-   figure is split by kind of process. Its start-up CPU is the counted processes' at ready as
+   tree, sampled every 0.1 s per process keyed by pid and start time (a process that ended
+   counts whole, through its reaper's children time: ``ProcessLedger``); the figure is split
+   by kind of process. Its start-up CPU is the counted processes' at ready as
    seen from when Airflow's API answers (``airflow db migrate``, run and gone before, is not
    in it). The sink's coordinator runs inside its Connect worker,
    so this is the side to set against it; the broker's CPU is apart, as on every side;
@@ -91,6 +94,7 @@ from bench._common import (
     REPO,
     BrokerProcess,
     CpuByProcess,
+    cmdline,
     leave_no_processes,
     machine,
     pid_cpu_seconds,
@@ -773,6 +777,27 @@ def dag_unpaused(home: Path, dag_id: str) -> bool:
     return row is not None and not row[0]
 
 
+def pool_exists(home: Path, pool: str) -> bool:
+    """The table's pool is in Airflow's database (``icefall_airflow.sync`` creates it; Airflow
+    schedules no task of a pool that does not exist)."""
+    import sqlite3
+
+    db = home / "airflow" / "airflow.db"
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as c:
+            row = c.execute("SELECT 1 FROM slot_pool WHERE pool = ?", (pool,)).fetchone()
+    except sqlite3.Error:
+        return False
+    return row is not None
+
+
+def syncing(home: Path) -> bool:
+    """``icefall up`` still runs ``icefall_airflow.sync`` (the pool, pauses and parse requests
+    that a table topic's creation sets off, once per change of the table topics): the side's
+    set-up, like the sink's connector start, not part of its running cost."""
+    return any("icefall_airflow.sync" in (cmdline(pid) or "") for pid in processes_of(home))
+
+
 def processes_of(home: Path) -> set[int]:
     """The live processes of the ``icefall up`` run at ``home``: every one it starts (broker,
     Airflow, warm driver, and what they start) carries ``ICEFALL_HOME`` in its environment."""
@@ -838,7 +863,11 @@ def airflow_side(args: argparse.Namespace, folder: Path) -> Side:
                         if proc.poll() is None
                         else f"icefall up exited {proc.returncode}; see {home}.out"
                     ),
-                    ready=lambda: dag_unpaused(home, dag_id),
+                    ready=lambda: (
+                        dag_unpaused(home, dag_id)
+                        and pool_exists(home, names.pool_name(AIRFLOW_TOPIC))
+                        and not syncing(home)
+                    ),
                 )
                 side.cpu_by_kind = kinds.breakdown()
                 print(f"[{AIRFLOW_SIDE}] CPU s by kind: {side.cpu_by_kind}", file=sys.stderr)
