@@ -85,7 +85,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -156,7 +156,9 @@ class Side:
 class Producer(threading.Thread):
     """``rate`` records/s for ``seconds``, in 20 ms steps; ``event_time`` = the produce time."""
 
-    def __init__(self, bootstrap: str, topic: str, encode: Callable[[int, int], bytes]) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, encode: Callable[[int, int], tuple[bytes, bytes]]
+    ) -> None:
         super().__init__(daemon=True)
         self.bootstrap, self.topic, self.encode = bootstrap, topic, encode
         self.sent = self.value_bytes = 0
@@ -213,8 +215,11 @@ def json_encoder() -> Callable[[int, int], tuple[bytes, bytes]]:
 
     tails, keys = _tails(POOL)
     tail_schema = parse_schema({**SCHEMA, "name": "Tail", "fields": SCHEMA["fields"][2:]})
-    rows = [
-        schemaless_reader(io.BytesIO(t), tail_schema, tail_schema, return_record_name=False)
+    rows: list[dict[str, Any]] = [
+        cast(
+            dict[str, Any],
+            schemaless_reader(io.BytesIO(t), tail_schema, tail_schema, return_record_name=False),
+        )
         for t in tails
     ]
     for row in rows:  # timestamp-millis as epoch millis, as the Avro holds them
@@ -1087,8 +1092,8 @@ def main() -> None:
     args.sides = args.sides.split(",")
     if unknown := set(args.sides) - {"warm", "airflow", "rounds", "sink", "streaming"}:
         parser.error(f"unknown sides {sorted(unknown)}")
-    for jars, side in ((CONNECT_JARS, "sink"), (SPARK_AVRO_JARS, "streaming")):
-        if side in args.sides and not (jars / ".pinned").exists():
+    for jars, needed_by in ((CONNECT_JARS, "sink"), (SPARK_AVRO_JARS, "streaming")):
+        if needed_by in args.sides and not (jars / ".pinned").exists():
             sys.exit(f"no jars in {jars}: run `make bench-vs-connect`")
     folder = Path(tempfile.mkdtemp(prefix="vs-connect-"))
     try:

@@ -559,7 +559,7 @@ class Freshness(Contract):
         )
 
 
-# ---------------------------------------------------------------- the round plan (the plan task's XCom)
+# ---------------------------------------------------------------- the round plan (the commit task's XCom plan)
 
 
 class RoundPlan(Contract):

@@ -20,7 +20,7 @@ def error_message(exc: BaseException) -> str:
 
 
 def write_result(path: Path, result: Any) -> None:
-    """The result JSON, replaced atomically: a reader (the DAG's publish task) never sees half a file."""
+    """The result JSON, replaced atomically: a reader (the DAG's commit task) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n")

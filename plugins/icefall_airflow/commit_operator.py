@@ -40,8 +40,8 @@ def commit_round_script() -> str:
 
 
 def commit_round_args(plan: Mapping[str, Any] | contracts.RoundPlan, admin_url: str) -> list[str]:
-    """The job's command line for a plan (the plan task's XCom, ``broker.contracts.RoundPlan``; see
-    ``spark_jobs/commit_round.py --help``; the operator adds ``--result``)."""
+    """The job's command line for a plan (``broker.contracts.RoundPlan``, the commit task's
+    XCom ``plan``; see ``spark_jobs/commit_round.py --help``; the operator adds ``--result``)."""
     planned = contracts.RoundPlan.model_validate(plan)
     args = [
         "--topic",

@@ -237,7 +237,7 @@ def build_all(path: Path | None = None) -> dict[str, DAG]:
 
     A topic whose ``automq.table.topic.enable`` was set to ``false`` keeps its
     DAG (history, backfills, the same schedule for when it comes back), marked
-    disabled; ``icefall_airflow.sync`` pauses it and its plan task skips, so it
+    disabled; ``icefall_airflow.sync`` pauses it and its commit task skips, so it
     commits nothing while the topic is off. A topic deleted, or whose flag was
     deleted rather than set to false, drops out: Airflow marks its DAG stale.
     """

@@ -74,7 +74,7 @@ class RoundPlan:
         )
 
     def to_xcom(self) -> dict[str, Any]:
-        """The plan task's XCom (``broker.contracts.RoundPlan``), which the commit and publish steps read."""
+        """The plan as JSON (``broker.contracts.RoundPlan``): the commit task's XCom ``plan``."""
         return self.to_contract().to_json()
 
 

@@ -1,4 +1,4 @@
-"""The commit and publish steps around the commit round's contract (its CLI and result JSON)."""
+"""The commit task's round and publish steps around the commit round's contract (its CLI and result JSON)."""
 
 from __future__ import annotations
 
