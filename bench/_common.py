@@ -676,7 +676,10 @@ class CpuByProcess(Sampler):
     leaves out ``icefall up``'s own process, which reaps the ``icefall_airflow.sync``
     processes), still counts its last sample under its own kind: only its tail is lost. A
     process re-parented out of the tree (its parent ended first) stays measured until it ends,
-    if a sample saw it in the tree."""
+    if a sample saw it in the tree. Not whole: a child of a parent that ignores SIGCHLD (the
+    kernel reaps it without adding its time to the parent's: pyspark's worker daemon, whose
+    forked Python workers end so) counts its last sample only, and one that lived under one
+    interval is not seen at all."""
 
     def __init__(self, classify: Callable[[str], str], interval: float = 0.25) -> None:
         super().__init__(interval)

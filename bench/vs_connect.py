@@ -837,7 +837,8 @@ def airflow_side(args: argparse.Namespace, folder: Path) -> Side:
     """``icefall up`` as deployed (bench/sustained.py's ``icefall_up``: a temporary home, free
     ports, the demo producer at 1 record/s on its own topic, Airflow 3 with the LocalExecutor,
     the warm round driver), a table topic whose commit DAG (one task: plan, round, publish) runs a
-    round per interval; measured like the other sides once the DAG is in Airflow, unpaused."""
+    round per interval; measured like the other sides once the DAG is in Airflow, unpaused,
+    with its pool, and the topic's ``icefall_airflow.sync`` has ended."""
     from bench.sustained import icefall_up  # here: sustained imports this module
 
     print(f"[{AIRFLOW_SIDE}]", file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 
 Three runtimes talk to each other in JSON: the broker (its admin API and the
 table-topic manifest it writes), the Airflow plugin (the DAGs parse the
-manifest, tasks call the admin API, plan and publish rounds through XCom) and
+manifest, tasks call the admin API and hand plans and results on through XCom) and
 the Spark jobs (they call the admin API and write a result JSON the operators
 read). Each side used to build and pick apart those dicts on its own, so a key
 renamed on one side failed at run time on the other. Each document is a model
@@ -586,7 +586,7 @@ REPROCESS_STATUSES = ("moved", "nothing_to_move", "failed")
 
 
 class RoundResult(Contract):
-    """What ``spark_jobs/commit_round.py --result`` writes; the publish step reads it."""
+    """What ``spark_jobs/commit_round.py --result`` writes; the commit task publishes from it."""
 
     model_config = ConfigDict(extra="ignore", validate_assignment=False)
 

@@ -4,7 +4,7 @@ Built from the broker's manifest file only (no network, no database at parse
 time). The schedule is the topic's commit interval as a data-interval
 timetable, so each run is one round for [a, b), the UI's Backfill works, and a
 re-run commits nothing new; a run is created a few seconds before b and its
-``plan`` waits for b (``timetable``), so the round is not late by Airflow's
+``commit`` task waits for b before it plans (``timetable``), so the round is not late by Airflow's
 scheduling. ``max_active_runs=1`` keeps one round in flight
 per DAG; the commit task takes the table's one-slot pool, which maintenance
 DAGs share, so two writers never race on the table.
@@ -62,8 +62,8 @@ Every {interval_s:g} s (the topic's `automq.table.topic.commit.interval.ms`) one
 per partition, the offsets appended before the end of the run's data interval. Re-running a run
 or backfilling committed intervals commits nothing new.
 
-Manual run params: `until` = `interval` (default; a run without a logical date commits up to now),
-`now`, or `offsets` with `until_offsets` = `{{"0": 1234, ...}}` (exclusive ends); `max_records`
+Manual run params: `until` = `interval` (default; a run without a logical date commits up to its
+trigger time), `now`, or `offsets` with `until_offsets` = `{{"0": 1234, ...}}` (exclusive ends); `max_records`
 caps the round. Each commit emits an event on the asset `{asset}` (its extra: snapshot,
 offsets, rows, event-time range); on a table partitioned by hour or day, each hour or day the
 commit closes gets a partitioned event on `{asset}/closed-partitions`.
@@ -75,8 +75,8 @@ def round_params() -> dict[str, Param]:
         "until": Param(
             planning.UNTIL_INTERVAL,
             enum=list(planning.UNTIL_CHOICES),
-            description="interval: the run's data interval end (now if it has none); "
-            "now: the broker's current end; offsets: until_offsets",
+            description="interval: the run's data interval end (its trigger time if it has none); "
+            "now: what was appended before the run was triggered; offsets: until_offsets",
         ),
         "until_offsets": Param(
             None,
@@ -101,14 +101,18 @@ def _plan(entry: manifest.TableTopic) -> dict[str, Any]:
             "no round; set it to true to resume"
         )
     context = get_current_context()
-    # a run the size trigger started (an asset event) commits what has arrived up to now
-    by_size = getattr(context.get("dag_run"), "run_type", None) == "asset_triggered"
+    dag_run = context.get("dag_run")
+    # a run the size trigger started (an asset event) commits what had arrived when it was
+    # created; a run without an interval (until=now, or no logical date) likewise: its
+    # run_after, not the clock, so that every try of the task plans the same offsets
+    by_size = getattr(dag_run, "run_type", None) == "asset_triggered"
+    run_after = getattr(dag_run, "run_after", None)
     request = planning.round_request(
         entry.topic,
         context["params"],
         None if by_size else context.get("data_interval_end"),
         context["run_id"],
-        int(time.time() * 1000),
+        int(run_after.timestamp() * 1000) if run_after else int(time.time() * 1000),
     )
     client = BrokerClient(manifest.admin_url())
     plan = planning.plan_round(client, request, float(os.environ.get(PLAN_DEADLINE_ENV, "120")))

@@ -18,7 +18,7 @@ same keyword arguments, templated fields, ``SparkSubmitHook``, ``on_kill`` and O
 ``conf`` injection when ``[openlineage] spark_inject_*`` asks for it) but does not subclass
 it: that operator's module imports the OpenLineage provider's listener and
 ``openlineage.client``, about 0.6 CPU-s in every process that imports it, and every DAG parse and
-every task process (plan and publish too) imports this module through the DAG factories. The
+every task process (the commit DAG's, the maintenance DAG's) imports this module through the DAG factories. The
 hook (and OpenLineage, when configured) is imported only when a job is submitted with
 spark-submit; a round in the warm driver imports neither.
 """

@@ -6,7 +6,7 @@ DAG scheduled on its interval *or* on the asset ``icefall/<namespace>/<table>/pe
 in Airflow's triggerer: every ``poll_interval_s`` it asks the broker
 (``GET /v1/topics/<topic>/pending``) how many bytes the topic holds past the
 table's committed offsets, and yields an event when they reach the threshold; the
-scheduler then starts a round that commits up to now. A burst that fills the
+scheduler then starts a round that commits what was appended up to its creation. A burst that fills the
 threshold is committed within a poll and a round's start, instead of waiting out
 the interval.
 

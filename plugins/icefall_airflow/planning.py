@@ -4,7 +4,9 @@ A run for the data interval [a, b) commits, per partition, the offsets whose
 broker append time is before b. That bound does not depend on when the run
 executes, so re-running a run, or backfilling an interval, asks for the same
 offsets again and the commit round finds nothing new. A manual run without a
-logical date (or with ``until=now``) commits up to the broker's current end;
+logical date (or with ``until=now``) commits what was appended before the time the
+caller gives (the commit DAG gives the run's ``run_after``, so every try of the task plans
+the same offsets);
 ``until=offsets`` commits up to an explicit offset map.
 
 Before the commit may read them, those offsets must be in segment objects: the

@@ -6,13 +6,13 @@ and the commit adds to every row's freshness. With Airflow's own
 ``DeltaDataIntervalTimetable`` a run for [a, b) is created only once b has passed:
 then the scheduler's loop finds it (up to ``scheduler_idle_sleep_time``, 1 s, later;
 with SQLite at least the next whole second, as its ``CURRENT_TIMESTAMP`` has whole
-seconds only), queues ``plan``, and a task process starts and parses the DAG file,
-all after b: about 2 s of the 3.7 s from the interval's end to the commit's end
+seconds only), queues the round's first task, and a task process starts and parses
+the DAG file, all after b: about 2 s of the 3.7 s from the interval's end to the commit's end
 (docs/concepts/airflow.md, "Where a round's time goes under Airflow").
 
 Here the run is created ``lead`` before b (3 s, at most half the interval), so
-``plan`` is already running when the interval ends; it waits for b
-(``planning.wait_until``) and only then asks the broker for the offsets appended
+``commit`` is already running when the interval ends; it waits for b
+(``planning.plan_round``) and only then asks the broker for the offsets appended
 before b, which the broker does not answer before its own clock has passed b. The
 data interval, the logical date, the offsets a run commits, backfills, manual runs
 and catch-up are those of ``DeltaDataIntervalTimetable``; only ``run_after`` moves.
