@@ -768,32 +768,31 @@ class KindCpu:
         return dict(sorted(((k, v) for k, v in spent.items() if v), key=lambda kv: -kv[1]))
 
 
-def dag_unpaused(home: Path, dag_id: str) -> bool:
-    """Airflow's metadata database (SQLite under ``icefall up``) has the DAG, not paused: the
-    DAG processor parsed it, so the scheduler runs its rounds from now on."""
+def _airflow_row(home: Path, query: str, arg: str) -> tuple[Any, ...] | None:
+    """The first row of ``query`` in the Airflow metadata database (SQLite under ``icefall
+    up``), read-only; None when there is none or the database cannot be read yet."""
     import sqlite3
 
     db = home / "airflow" / "airflow.db"
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as c:
-            row = c.execute("SELECT is_paused FROM dag WHERE dag_id = ?", (dag_id,)).fetchone()
+            row: tuple[Any, ...] | None = c.execute(query, (arg,)).fetchone()
     except sqlite3.Error:
-        return False
+        return None
+    return row
+
+
+def dag_unpaused(home: Path, dag_id: str) -> bool:
+    """Airflow's metadata database has the DAG, not paused: the DAG processor parsed it, so the
+    scheduler runs its rounds from now on."""
+    row = _airflow_row(home, "SELECT is_paused FROM dag WHERE dag_id = ?", dag_id)
     return row is not None and not row[0]
 
 
 def pool_exists(home: Path, pool: str) -> bool:
     """The table's pool is in Airflow's database (``icefall_airflow.sync`` creates it; Airflow
     schedules no task of a pool that does not exist)."""
-    import sqlite3
-
-    db = home / "airflow" / "airflow.db"
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as c:
-            row = c.execute("SELECT 1 FROM slot_pool WHERE pool = ?", (pool,)).fetchone()
-    except sqlite3.Error:
-        return False
-    return row is not None
+    return _airflow_row(home, "SELECT 1 FROM slot_pool WHERE pool = ?", pool) is not None
 
 
 def syncing(home: Path) -> bool:
