@@ -23,7 +23,7 @@ checkpoint through this module. It needs only table metadata (pyiceberg's
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,47 @@ def _from_snapshot(snapshot: Any) -> Checkpoint | None:
     )
 
 
+def _ancestry(metadata: Any, snapshot_id: int | None) -> Iterator[Any]:
+    """The snapshots from ``snapshot_id`` back along their parents, newest first, until the
+    ancestry ends or is cut short by ``expire_snapshots``."""
+    seen: set[int] = set()
+    while snapshot_id is not None and snapshot_id not in seen:
+        seen.add(snapshot_id)
+        snapshot = metadata.snapshot_by_id(snapshot_id)
+        if snapshot is None:
+            return
+        yield snapshot
+        snapshot_id = snapshot.parent_snapshot_id
+
+
+@dataclass(frozen=True)
+class CommittedRound:
+    """A round's snapshot found on ``main``, and the checkpoint it started from."""
+
+    snapshot: Any  # pyiceberg ``Snapshot``
+    checkpoint: Checkpoint
+    before: Checkpoint
+
+
+def find_round(metadata: Any, round_id: str, branch: str = MAIN) -> CommittedRound | None:
+    """The newest snapshot on ``branch``'s ancestry that a round ``round_id`` committed, if any.
+
+    A round's task can die after its catalog commit (the process killed, the worker lost)
+    and be tried again under the same round id: its plan is then empty, and this is how the
+    retry learns that the commit was its own, to report it rather than ``nothing_new``
+    (``spark_jobs/commit_round.py``). ``before`` is the checkpoint the round started from
+    (none when the ancestry ends or was expired below it: a first round, or unknown)."""
+    ref = metadata.refs.get(branch)
+    ancestry = _ancestry(metadata, ref.snapshot_id if ref is not None else None)
+    for snapshot in ancestry:
+        found = _from_snapshot(snapshot)
+        if found is None or found.round_id != round_id:
+            continue
+        before = next((c for s in ancestry if (c := _from_snapshot(s)) is not None), NO_CHECKPOINT)
+        return CommittedRound(snapshot, found, before)
+    return None
+
+
 def read_checkpoint(metadata: Any, branch: str = MAIN) -> Checkpoint:
     """The newest checkpoint on ``branch``'s ancestry, else the tag's, else none.
 
@@ -109,17 +150,10 @@ def read_checkpoint(metadata: Any, branch: str = MAIN) -> Checkpoint:
     """
     refs = metadata.refs
     ref = refs.get(branch)
-    snapshot_id = ref.snapshot_id if ref is not None else None
-    seen: set[int] = set()
-    while snapshot_id is not None and snapshot_id not in seen:
-        seen.add(snapshot_id)
-        snapshot = metadata.snapshot_by_id(snapshot_id)
-        if snapshot is None:  # ancestry cut short by expire_snapshots
-            break
+    for snapshot in _ancestry(metadata, ref.snapshot_id if ref is not None else None):
         found = _from_snapshot(snapshot)
         if found is not None:
             return found
-        snapshot_id = snapshot.parent_snapshot_id
     tag = refs.get(CHECKPOINT_TAG)
     if tag is not None:
         snapshot = metadata.snapshot_by_id(tag.snapshot_id)

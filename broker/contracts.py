@@ -598,6 +598,7 @@ class RoundResult(Contract):
     until_append_ms: int | None = None
     snapshot_id: int | None = None
     parent_snapshot_id: int | None = None
+    snapshot_timestamp_ms: int | None = None  # the commit's time, as the catalog recorded it
     offsets_before: Offsets = Field(default_factory=dict)
     offsets_after: Offsets = Field(default_factory=dict)
     records: int = 0
@@ -608,6 +609,9 @@ class RoundResult(Contract):
     data_files: int = 0
     attempts: int = 0
     schema_changes: list[str] = Field(default_factory=list)
+    # an earlier try of this round id made the commit (spark_jobs/rounds/earlier_try.py); the
+    # figures are from its snapshot's summary
+    from_earlier_try: bool = False
     executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
     seconds: Seconds = Field(default_factory=dict)
     # Event time (spark_jobs/rounds/event_time.py): the column (the Kafka record timestamp

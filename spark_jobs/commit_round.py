@@ -18,7 +18,9 @@ table and topic call for, ``round_writers``; any error drops the branch), then
 publish with one conditional catalog commit (``round_commit``). A round that
 loses a race to another writer starts over from the new checkpoint, so a round
 run twice, two rounds at once, or a round killed and re-run commit each record
-once.
+once. A round re-run under the id of one that already committed (its task died after
+the commit, and Airflow retries it) reports that commit again, ``from_earlier_try``
+(``rounds.earlier_try``), so its asset event is not lost.
 On a format v3 table every snapshot is written by Spark (pyiceberg 0.12 writes
 no v3 manifests): append rounds stage their rows and Spark appends them, and
 the base and empty snapshots are empty Spark appends; upsert rounds' MERGE
@@ -51,7 +53,15 @@ from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.decode import json_values
 from spark_jobs.decode.rows import INCOMPATIBLE_SCHEMA, TABLE_SCHEMA_BEHIND, DecodeError
 from spark_jobs.decode.segments import cached_store, read_partition
-from spark_jobs.rounds import dlq, dlq_catchup, event_time, partitioning, table_setup, upsert
+from spark_jobs.rounds import (
+    dlq,
+    dlq_catchup,
+    earlier_try,
+    event_time,
+    partitioning,
+    table_setup,
+    upsert,
+)
 from spark_jobs.rounds import plan as round_plan
 from spark_jobs.rounds import tasks as round_tasks
 from spark_jobs.rounds import writers as round_writers
@@ -276,6 +286,7 @@ class CommitRound:
         self._own_spark = spark is None
         self.seconds: dict[str, float] = {}
         self._event_time_spec = event_time.EventTimeSpec()  # set for the tasks (_run_tasks)
+        self._planned_metadata: Any = None  # the table's metadata as the plan read it
 
     def spark(self) -> Any:
         if self._spark is None:
@@ -337,6 +348,9 @@ class CommitRound:
         t0 = time.monotonic()
         plan, found = self._plan(broker_plan)
         if plan.empty:
+            earlier = self._earlier_try()
+            if earlier is not None:
+                return earlier
             return self.result(
                 "nothing_new",
                 snapshot_id=found.snapshot_id,
@@ -384,6 +398,7 @@ class CommitRound:
             if self.catalog.table_exists(self.topic.identifier)
             else None
         )
+        self._planned_metadata = table.metadata if table is not None else None
         found = (
             checkpoint.read_checkpoint(table.metadata)
             if table is not None
@@ -404,6 +419,19 @@ class CommitRound:
                 self.topic.topic,
             )
         return round_plan.RoundPlan(windows, self.args.until_append_time), found
+
+    def _earlier_try(self) -> RoundResult | None:
+        """This round as an earlier try of it committed it (``earlier_try``), when its plan is
+        empty because that commit is in the table; else None."""
+        metadata = self._planned_metadata
+        if metadata is None or not self.args.round_id:
+            return None
+        found = checkpoint.find_round(metadata, self.round_id)
+        if found is None or not found.checkpoint.belongs_to(self.topic.topic_id):
+            return None
+        values = earlier_try.committed_values(metadata, found, self.topic.topic_id)
+        log.info("round %s: %s", self.round_id, values["message"])
+        return self.result("committed", seconds=self.seconds, **values)
 
     def _prepare(
         self,
@@ -660,6 +688,7 @@ class CommitRound:
             "committed",
             snapshot_id=snapshot.snapshot_id,
             parent_snapshot_id=parent,
+            snapshot_timestamp_ms=snapshot.timestamp_ms,
             offsets_before=plan.offsets_before,
             offsets_after=plan.offsets_after,
             records=sum(w.records for w in plan.windows),

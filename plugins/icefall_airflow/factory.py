@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 # earlier intervals are there for the UI's Backfill.
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 PLAN_DEADLINE_ENV = "ICEFALL_PLAN_DEADLINE_S"
+EVENT_LOOKBACK_MS = 10 * 60 * 1000
 
 DOC = """\
 ### Commit rounds of topic `{topic}` into `{namespace}.{table}`
@@ -140,6 +141,11 @@ def _publish(
         raise AirflowSkipException(
             f"nothing new committed in round {result.get('round_id')}: no asset event"
         )
+    if result.get("from_earlier_try") and (event := _event_of(asset, result)) is not None:
+        raise AirflowSkipException(
+            f"round {result.get('round_id')}'s snapshot {result['snapshot_id']} already has its "
+            f"asset event (emitted {event}): no second one"
+        )
     try:
         lag = measure(
             BrokerClient(manifest.admin_url()),
@@ -152,6 +158,23 @@ def _publish(
         lag = None
     events = get_current_context()["outlet_events"][asset]
     events.extra.update(publish.asset_extra(result, plan, lag))
+
+
+def _event_of(asset: Asset, result: dict[str, Any]) -> str | None:
+    """When the asset's event for the result's snapshot was emitted, if it was: a round that an
+    earlier try committed (``spark_jobs/rounds/earlier_try.py``) gets its event here unless that
+    try, or a run this one re-runs (a cleared run, a backfill), already emitted it. Events are
+    looked for from a little before the commit (clock skew between the catalog and Airflow)."""
+    from airflow.sdk.execution_time.context import InletEventsAccessor
+
+    since_ms = int(result.get("snapshot_timestamp_ms") or 0) - EVENT_LOOKBACK_MS
+    events = InletEventsAccessor(asset_name=asset.name, asset_uri=asset.uri).after(
+        datetime.fromtimestamp(max(since_ms, 0) / 1000, UTC).isoformat()
+    )
+    for event in events:
+        if (event.extra or {}).get("snapshot_id") == result["snapshot_id"]:
+            return event.timestamp.isoformat()
+    return None
 
 
 def _announce(asset: Asset, result: dict[str, Any]) -> None:

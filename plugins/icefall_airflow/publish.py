@@ -10,7 +10,10 @@ partition), how many rows, and the event-time range of those rows. Tables
 partitioned by hour or day also get partitioned events when an hour or day
 closes (``event_partitions``). A
 round that committed nothing emits no event (the step is skipped), so
-downstream DAGs run once per new snapshot, never for a re-run.
+downstream DAGs run once per new snapshot, never for a re-run. A retry of a round
+whose commit landed before its task died reports that commit again
+(``from_earlier_try``); its event is emitted then, unless the asset already has
+one for that snapshot.
 """
 
 from __future__ import annotations
@@ -101,8 +104,9 @@ def summary_line(result: dict[str, Any]) -> str:
             f"round {result.get('round_id')}: nothing new to commit to "
             f"{result.get('namespace')}.{result.get('table')} (offsets {result.get('offsets_after')})"
         )
+    by = " (by an earlier try of the round)" if result.get("from_earlier_try") else ""
     return (
-        f"round {result.get('round_id')}: committed snapshot {result['snapshot_id']} to "
+        f"round {result.get('round_id')}: committed{by} snapshot {result['snapshot_id']} to "
         f"{result.get('namespace')}.{result.get('table')}: {result.get('rows')} rows, "
         f"{result.get('dlq_rows')} DLQ rows, offsets {result.get('offsets_before')} -> "
         f"{result.get('offsets_after')}"

@@ -85,3 +85,21 @@ def test_offsets_round_trip_and_refuse_garbage() -> None:
         checkpoint.decode_offsets("[1, 2]")
     with pytest.raises(ValueError):
         checkpoint.decode_offsets('{"0": "x"}')
+
+
+def test_a_round_is_found_by_its_id_with_the_checkpoint_it_started_from(table: Table) -> None:
+    first = _round(table, {0: 10}, "r1")
+    second = _round(table, {0: 20}, "r2")
+    _append(table, {"written-by": "compaction"})
+    third = _round(table, {0: 25}, "r3")
+    metadata = table.refresh().metadata
+    found = checkpoint.find_round(metadata, "r2")
+    assert found is not None and found.snapshot.snapshot_id == second
+    assert found.checkpoint.offsets == {0: 20} and found.checkpoint.round_id == "r2"
+    assert found.before.snapshot_id == first and found.before.offsets == {0: 10}
+    newest = checkpoint.find_round(metadata, "r3")
+    assert newest is not None and newest.snapshot.snapshot_id == third
+    assert newest.before.snapshot_id == second  # past the compaction's snapshot
+    oldest = checkpoint.find_round(metadata, "r1")
+    assert oldest is not None and oldest.before is checkpoint.NO_CHECKPOINT
+    assert checkpoint.find_round(metadata, "r4") is None

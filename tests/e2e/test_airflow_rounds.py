@@ -290,7 +290,8 @@ def test_two_rounds_rerun_and_rebuild(
     }
     snapshot_after_two = catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id
 
-    # Re-running round 1: nothing new, no asset event, the table unchanged.
+    # Re-running round 1: nothing new, no asset event, the table unchanged. (The round finds its
+    # own commit, as a retry would, and the event that commit already has.)
     states = run_round(dag, cut1)
     assert (states["commit"], states["announce"]) == ("skipped", "skipped")
     assert len(asset_events(since)) == 2 and len(closed_keys(since)) == 1
@@ -348,11 +349,26 @@ def test_two_rounds_rerun_and_rebuild(
     assert table_ids(catalog) == list(range(80))
     assert len(asset_events(since)) == 4
 
-    # A manual run without a logical date commits up to the broker's current end.
+    # A manual run without a logical date commits up to the broker's current end. Its first
+    # try dies right after its catalog commit (the round's process exits as if killed): the
+    # retry finds the commit its own and emits the commit's event, once.
+    from spark_jobs.commit_round import KILL_POINT_ENV
+
+    before_manual = len(asset_events(since))
+    monkeypatch.setenv(KILL_POINT_ENV, "after_publish")
     run = dag.test(logical_date=None)
+    monkeypatch.delenv(KILL_POINT_ENV)
     assert str(run.state) == "success" and run.logical_date is None
+    [commit_ti] = [ti for ti in run.get_task_instances() if ti.task_id == "commit"]
+    assert commit_ti.try_number == 2, "the first try did not die after its commit"
     assert table_ids(catalog) == list(range(85))
-    assert asset_events(since)[-1]["offsets_after"] == {"0": 43, "1": 42}
+    manual = asset_events(since)[before_manual:]
+    assert len(manual) == 1 and manual[0]["offsets_after"] == {"0": 43, "1": 42}
+    assert (manual[0]["rows"], manual[0]["offsets_before"]) == (5, {"0": 40, "1": 40})
+    assert (
+        manual[0]["snapshot_id"]
+        == catalog.load_table(("shop", "orders")).current_snapshot().snapshot_id
+    )
     # the rebuilt table announced hour 10 again; the rows of hour 12 close hour 11 (both
     # partitions are caught up: the watermark is their largest)
     assert closed_keys(since) == ["2026-01-01T10:00:00"] * 2 + ["2026-01-01T11:00:00"]

@@ -121,9 +121,15 @@ class SimulatedCrash(BaseException):
 
 
 def crash_round_at(
-    point: str, spark: Any, broker: BrokerProcess, topic: str, monkeypatch: pytest.MonkeyPatch
+    point: str,
+    spark: Any,
+    broker: BrokerProcess,
+    topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+    *extra: str,
 ) -> None:
-    """Run a round in this process that stops dead at the kill point ``point``."""
+    """Run a round in this process (``extra``: more arguments) that stops dead at the kill
+    point ``point``."""
 
     def crash(name: str) -> None:
         if name == point:
@@ -131,7 +137,7 @@ def crash_round_at(
 
     monkeypatch.setattr(commit_round, "_kill_point", crash)
     with pytest.raises(SimulatedCrash):
-        commit_round.run(round_args(broker, topic), spark)
+        commit_round.run(round_args(broker, topic, None, *extra), spark)
     monkeypatch.undo()
 
 

@@ -50,16 +50,28 @@ def test_a_round_crashing_at_each_point_then_rerun_commits_each_record_once(
     topic = new_topic(round_broker)
     producer = AvroProducer(round_broker, topic, CLICK_V1)
     producer.send(clicks(0, 50))
-    run_round(spark, round_broker, topic)  # the table exists and holds a first round
+    first = run_round(spark, round_broker, topic)  # the table exists and holds a first round
     producer.send(clicks(50, 70))
 
-    crash_round_at(point, spark, round_broker, topic, monkeypatch)
-    assert len(table_offsets(round_broker, topic)) == (120 if point == "after_publish" else 50)
+    crash_round_at(point, spark, round_broker, topic, monkeypatch, "--round-id", "r2")
+    crashed_after_commit = point == "after_publish"
+    assert len(table_offsets(round_broker, topic)) == (120 if crashed_after_commit else 50)
+    current = table(round_broker, topic).current_snapshot()
 
+    # The same round tried again (what Airflow's retry of the task does): a commit its crashed
+    # try made is reported as that commit, so its asset event is not lost.
+    retry = run_round(spark, round_broker, topic, "--round-id", "r2")
+    assert retry.status == "committed", retry.message
+    assert retry.from_earlier_try == crashed_after_commit
+    if crashed_after_commit:
+        assert current is not None and retry.snapshot_id == current.snapshot_id
+    assert (retry.offsets_before, retry.records, retry.rows) == (first.offsets_after, 70, 70)
+    held = checkpoint.read_checkpoint(table(round_broker, topic).metadata)
+    assert retry.offsets_after == held.offsets and sum(held.offsets.values()) == 120
+    assert retry.snapshot_timestamp_ms is not None and retry.snapshot_timestamp_ms > 0
+    # another round: nothing new
     rerun = run_round(spark, round_broker, topic)
-    assert rerun.status == ("nothing_new" if point == "after_publish" else "committed"), (
-        rerun.message
-    )
+    assert rerun.status == "nothing_new" and not rerun.from_earlier_try, rerun.message
     assert table_offsets(round_broker, topic) == sorted(producer.acked)
 
 
