@@ -102,13 +102,17 @@ def _from_snapshot(snapshot: Any) -> Checkpoint | None:
     )
 
 
-def _ancestry(metadata: Any, snapshot_id: int | None) -> Iterator[Any]:
+def _ancestry(metadata: Any, snapshot_id: int | None, whole: bool = False) -> Iterator[Any]:
     """The snapshots from ``snapshot_id`` back along their parents, newest first, until the
-    ancestry ends or is cut short by ``expire_snapshots``."""
+    ancestry ends or is cut short by ``expire_snapshots``. ``whole``: the caller may walk all
+    of it, so look snapshots up in a dict (pyiceberg's ``snapshot_by_id`` is a linear scan)."""
+    by_id = {s.snapshot_id: s for s in metadata.snapshots} if whole else None
     seen: set[int] = set()
     while snapshot_id is not None and snapshot_id not in seen:
         seen.add(snapshot_id)
-        snapshot = metadata.snapshot_by_id(snapshot_id)
+        snapshot = (
+            by_id.get(snapshot_id) if by_id is not None else metadata.snapshot_by_id(snapshot_id)
+        )
         if snapshot is None:
             return
         yield snapshot
@@ -133,7 +137,7 @@ def find_round(metadata: Any, round_id: str, branch: str = MAIN) -> CommittedRou
     (``spark_jobs/commit_round.py``). ``before`` is the checkpoint the round started from
     (none when the ancestry ends or was expired below it: a first round, or unknown)."""
     ref = metadata.refs.get(branch)
-    ancestry = _ancestry(metadata, ref.snapshot_id if ref is not None else None)
+    ancestry = _ancestry(metadata, ref.snapshot_id if ref is not None else None, whole=True)
     for snapshot in ancestry:
         found = _from_snapshot(snapshot)
         if found is None or found.round_id != round_id:
