@@ -405,8 +405,11 @@ class TransactionCoordinator:
         producer_epoch: int,
         group_id: str,
         offsets: Sequence[Offset],
+        group_fence: SlotFence | None = None,
     ) -> int:
-        """Offsets that the group sees once the transaction commits."""
+        """Offsets that the group sees once the transaction commits. ``group_fence`` (cluster
+        mode): the group coordinator's slot lease; lost, the offsets are refused with
+        NOT_COORDINATOR (nothing written) and the client asks the group's new coordinator."""
         async with self._lock(transactional_id):
             error = self._check(transactional_id, producer_id, producer_epoch)
             if error != ErrorCode.none:
@@ -416,7 +419,15 @@ class TransactionCoordinator:
             if record.state != ONGOING or group_id not in record.groups:
                 return ErrorCode.invalid_txn_state  # AddOffsetsToTxn first
             if offsets:
-                await asyncio.to_thread(self.store.add_offsets, transactional_id, group_id, offsets)
+                try:
+                    await asyncio.to_thread(
+                        self.store.add_offsets, transactional_id, group_id, offsets, group_fence
+                    )
+                except CoordinatorFencedError as exc:
+                    log.info(
+                        "TxnOffsetCommit of %s for group %s: %s", transactional_id, group_id, exc
+                    )
+                    return ErrorCode.not_coordinator
             return ErrorCode.none
 
     async def end_txn(

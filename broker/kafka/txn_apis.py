@@ -19,6 +19,7 @@ from broker.kafka.codec import Responder, field
 from broker.kafka.consumer_groups import ConsumerGroupCoordinator
 from broker.kafka.groups import GroupCoordinator
 from broker.kafka.transactions import TransactionCoordinator
+from broker.ownership import KEY_GROUP, Ownership
 
 KNOWN_STATES = {
     "Empty",
@@ -42,6 +43,7 @@ def fenced_for(api_key: int, version: int, error: int) -> int:
 
 
 class TransactionApis(AclApis):
+    ownership: Ownership
     transactions: TransactionCoordinator
     groups: GroupCoordinator
     consumer_groups: ConsumerGroupCoordinator
@@ -201,7 +203,12 @@ class TransactionApis(AclApis):
         ]
         if error == ErrorCode.none:
             error = await self.transactions.txn_offset_commit(
-                req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, offsets
+                req.transactional_id,
+                req.producer_id,
+                req.producer_epoch,
+                req.group_id,
+                offsets,
+                self.ownership.slot_fence(KEY_GROUP, req.group_id),
             )
         error = fenced_for(28, R.version, error)
         return R(

@@ -124,8 +124,17 @@ class TransactionStore:
             self.metadata.check_slot(fence)
             self.db.execute(_UPSERT, record.row())
 
-    def add_offsets(self, transactional_id: str, group_id: str, offsets: Sequence[Offset]) -> None:
+    def add_offsets(
+        self,
+        transactional_id: str,
+        group_id: str,
+        offsets: Sequence[Offset],
+        fence: SlotFence | None = None,
+    ) -> None:
+        """A TxnOffsetCommit's pending offsets; ``fence`` (cluster mode): the group's coordinator
+        slot, as for a plain offset commit (``MetadataStore.commit_offsets``)."""
         with self.db.transaction():
+            self.metadata.check_slot(fence)
             self.db.executemany(
                 _UPSERT_TXN_OFFSET,
                 [(transactional_id, group_id, t, p, o, e, m) for t, p, o, e, m in offsets],

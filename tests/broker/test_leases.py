@@ -40,7 +40,7 @@ from broker.storage.metadata import (
 )
 from broker.storage.objectstore import LocalObjectStore
 from broker.storage.retention import CLUSTER_ORPHAN_GRACE_MS, Retention
-from broker.storage.txn_metadata import COMPLETE_COMMIT, EMPTY, TransactionStore
+from broker.storage.txn_metadata import COMPLETE_COMMIT, ONGOING, TransactionStore
 from broker.storage.wal import WriteAheadLog
 from tests.broker.cluster_logs import lead, log_stores, no_tables
 from tests.postgres import PostgresServer
@@ -725,8 +725,9 @@ def test_two_incarnations_of_a_node_id_never_share_a_lease(
 
 def test_coordinator_state_writes_are_fenced_by_the_slot_lease(uri: str, tmp_path: Path) -> None:
     """A transaction coordinator and a group coordinator write their state under their slot's
-    lease: once another broker took the slot, a write of the old coordinator (which has not
-    noticed yet) gets NOT_COORDINATOR and nothing of it reaches Postgres."""
+    lease (a transaction's pending offsets under the group's): once another broker took the
+    slot, a write of the old coordinator (which has not noticed yet) gets NOT_COORDINATOR and
+    nothing of it reaches Postgres."""
     from broker.ownership import KEY_GROUP, KEY_TRANSACTION, Member, Ownership, slot_partition
 
     async def scenario() -> None:
@@ -752,6 +753,15 @@ def test_coordinator_state_writes_are_fenced_by_the_slot_lease(uri: str, tmp_pat
                 "g", [("t", 0, 5, -1, None)], ownership.slot_fence(KEY_GROUP, "g")
             )
             assert meta_b.committed_offsets("g")[("t", 0)].offset == 5
+            assert await coordinator.add_offsets("tx", pid, epoch, "g") == ErrorCode.none
+            group_fence = ownership.slot_fence(KEY_GROUP, "g")
+            pending = [("t", 0, 7, -1, None)]
+            assert (
+                await coordinator.txn_offset_commit("tx", pid, epoch, "g", pending, group_fence)
+                == ErrorCode.none
+            )
+            assert TransactionStore(meta_b).pending_offsets("g") == {("t", 0)}
+            meta_a.db.execute("DELETE FROM txn_offsets WHERE transactional_id = 'tx'")
 
             # broker 2 takes both slots over; broker 1 has not heard yet
             leases_a.release(list(held))
@@ -759,12 +769,18 @@ def test_coordinator_state_writes_are_fenced_by_the_slot_lease(uri: str, tmp_pat
             refused = await coordinator.add_partitions("tx", pid, epoch, [("t", 0)])
             assert refused == {("t", 0): ErrorCode.not_coordinator}
             [record] = TransactionStore(meta_b).load("tx")
-            assert record.state == EMPTY and record.partitions == set()
+            assert record.state == ONGOING and record.partitions == set()  # only the group
             with pytest.raises(CoordinatorFencedError):
                 meta_a.commit_offsets(
                     "g", [("t", 0, 9, -1, None)], ownership.slot_fence(KEY_GROUP, "g")
                 )
             assert meta_b.committed_offsets("g")[("t", 0)].offset == 5
+            # a TxnOffsetCommit the old group coordinator takes: refused, nothing pending
+            refused_offsets = await coordinator.txn_offset_commit(
+                "tx", pid, epoch, "g", [("t", 0, 9, -1, None)], group_fence
+            )
+            assert refused_offsets == ErrorCode.not_coordinator
+            assert TransactionStore(meta_b).pending_offsets("g") == set()
         finally:
             meta_a.close()
             meta_b.close()
