@@ -1146,10 +1146,18 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         return DENIED_CODE[kind], denied_message(kind, name)
 
     def _broker_resource_problem(self, name: str) -> str | None:
-        """A BROKER resource is this broker (its node id) or the cluster default (``""``)."""
+        """A BROKER resource is this broker (its node id) or the cluster default (``""``); in a
+        cluster another live broker's configs are its own to answer (Kafka's admin client sends
+        a BROKER resource to that broker), as Kafka refuses an unexpected broker id."""
         if name in ("", str(self.config.node_id)):
             return None
-        return f"broker {name!r} does not exist: this cluster has one broker, {self.config.node_id}"
+        if name in {str(m.node_id) for m in self.ownership.live()}:
+            return (
+                f"Unexpected broker id, expected {self.config.node_id} or empty string, but "
+                f"received {name}: ask broker {name} for its own configs"
+            )
+        live = ", ".join(str(m.node_id) for m in self.ownership.live()) or str(self.config.node_id)
+        return f"broker {name!r} does not exist: the live brokers are {live}"
 
     def _broker_config_entries(self, resource_name: str, synonyms: bool) -> list[dict[str, Any]]:
         """As Kafka describes a BROKER resource. The cluster default (``""``): the dynamic

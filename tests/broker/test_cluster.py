@@ -32,6 +32,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
+from kio.schema.errors import ErrorCode
 
 from broker.kafka import records
 from tests.broker.clients import (
@@ -42,7 +43,7 @@ from tests.broker.clients import (
     read_partitions,
     verify_log,
 )
-from tests.broker.rawkafka import produce_raw
+from tests.broker.rawkafka import _round_trip, produce_raw
 from tests.kafka_tools import kafka_tool
 from tests.postgres import PostgresServer
 from tests.support import REPO, ClusterBrokerProcess, wait_for
@@ -98,6 +99,28 @@ class Cluster:
                 b.stop()
             except Exception:  # the next one is stopped still
                 log.exception("stopping broker %d", b.node_id)
+
+
+def broker_configs_raw(bootstrap: str, broker_id: str) -> Any:
+    """DescribeConfigs v4 of the BROKER resource ``broker_id``, sent to ``bootstrap`` whatever
+    the id (an admin client would send it to that broker)."""
+    from kio.schema.describe_configs.v4.request import (
+        DescribeConfigsRequest,
+        DescribeConfigsResource,
+    )
+    from kio.schema.describe_configs.v4.response import DescribeConfigsResponse
+    from kio.static.primitive import i8
+
+    request = DescribeConfigsRequest(
+        resources=(
+            DescribeConfigsResource(
+                resource_type=i8(4), resource_name=broker_id, configuration_keys=None
+            ),
+        ),
+        include_synonyms=False,
+        include_documentation=False,
+    )
+    return _round_trip(bootstrap, 32, 4, request, DescribeConfigsResponse)
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +260,12 @@ def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster
         return configs["retention.ms"].value == "86400000"
 
     wait_for(seen_on_3, 10, 0.1, "broker 3 to see the config set through broker 2")
+    # a BROKER resource is that broker's to describe: broker 3 refuses broker 2's, and a
+    # broker that does not exist, each with a message naming why
+    for name, reason in (("2", "ask broker 2"), ("99", "live brokers are 1, 2, 3")):
+        [result] = broker_configs_raw(cluster.brokers[3].bootstrap, name).results
+        assert result.error_code == ErrorCode.invalid_request, result
+        assert result.error_message is not None and reason in result.error_message
 
     # icefall cluster: the brokers and each partition's leader and epoch, from any broker
     shown = icefall("cluster", "--admin-url", other.admin_url)
