@@ -960,13 +960,10 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                         denied_message(ResourceType.TOPIC, t.name),
                     )
                 partitions = t.num_partitions
+                placement: dict[int, int] = {}
                 if t.assignments:
                     partitions = len(t.assignments)
-                    if any(b != self.config.node_id for a in t.assignments for b in a.broker_ids):
-                        raise TopicError(
-                            ErrorCode.invalid_replica_assignment,
-                            f"replica assignment may only name broker {self.config.node_id}",
-                        )
+                    placement = self._placement(t.assignments)
                 if req.validate_only:
                     self.cluster.validate_new_topic(t.name, partitions, configs)
                     topic_partitions = (
@@ -975,6 +972,7 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     result.update(num_partitions=topic_partitions, replication_factor=1)
                 else:
                     topic = await self.cluster.create_topic(t.name, partitions, configs)
+                    await self._place(t.name, placement)
                     result.update(
                         topic_id=topic.topic_id,
                         num_partitions=topic.partitions,
@@ -1005,6 +1003,43 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 result["topic_id"] = uuid.UUID(int=0)
             results.append(result)
         return R(topics=results)
+
+    def _placement(self, assignments: Any) -> dict[int, int]:
+        """A CreateTopics replica assignment as {partition: its leader}, or ``TopicError``. One
+        replica a partition (the object store keeps the copies): one broker each, partitions
+        0..n-1. One broker: itself only; in a cluster any live broker, which then leads the
+        partition (as an AlterPartitionReassignments to it would: ``mover``)."""
+        placement: dict[int, int] = {}
+        live = {m.node_id for m in self.ownership.live()} | {self.config.node_id}
+        for a in assignments:
+            if len(a.broker_ids) != 1:
+                raise TopicError(
+                    ErrorCode.invalid_replica_assignment,
+                    f"partition {a.partition_index}: replicas {list(a.broker_ids)}: a partition "
+                    "has one replica here (the object store keeps its copies); name one broker",
+                )
+            [node] = a.broker_ids
+            if node not in live or (self.mover is None and node != self.config.node_id):
+                names = ", ".join(str(n) for n in sorted(live))
+                raise TopicError(
+                    ErrorCode.invalid_replica_assignment,
+                    f"partition {a.partition_index}: broker {node} is not live (live brokers: {names})",
+                )
+            placement[int(a.partition_index)] = int(node)
+        if sorted(placement) != list(range(len(assignments))):
+            raise TopicError(
+                ErrorCode.invalid_replica_assignment,
+                f"the assignment's partitions must be 0..{len(assignments) - 1}, got {sorted(placement)}",
+            )
+        return placement
+
+    async def _place(self, topic: str, placement: dict[int, int]) -> None:
+        """Hand each partition of a new topic to the broker its assignment names (cluster mode)."""
+        if self.mover is None:
+            return
+        for partition, node in sorted(placement.items()):
+            if (problem := await self.mover(topic, partition, node)) is not None:
+                log.warning("%s-%d not placed on broker %d: %s", topic, partition, node, problem)
 
     async def delete_topics(self, ctx: ConnectionContext, req: Any, R: Responder) -> Any:
         import uuid

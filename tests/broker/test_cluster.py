@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -266,6 +266,24 @@ def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster
         [result] = broker_configs_raw(cluster.brokers[3].bootstrap, name).results
         assert result.error_code == ErrorCode.invalid_request, result
         assert result.error_message is not None and reason in result.error_message
+
+    # CreateTopics with a replica assignment: each partition is led by the broker it names
+    placed = {0: 3, 1: 3, 2: 2}
+    admin1 = AdminClient({"bootstrap.servers": cluster.brokers[1].bootstrap})
+    assigned = NewTopic(
+        "assigned", len(placed), replica_assignment=[[placed[p]] for p in sorted(placed)]
+    )
+    admin1.create_topics([assigned])["assigned"].result(10)
+    wait_for(
+        lambda: settled_topic(cluster, "assigned", {1, 2, 3}) == placed,
+        30,
+        0.2,
+        "each partition of 'assigned' led by the broker its assignment names",
+    )
+    for bad, reason in (([[2, 3]], "one replica"), ([[9]], "broker 9 is not live")):
+        bad_topic = NewTopic("refused", len(bad), replica_assignment=bad)
+        with pytest.raises(KafkaException, match=reason):
+            admin1.create_topics([bad_topic])["refused"].result(10)
 
     # icefall cluster: the brokers and each partition's leader and epoch, from any broker
     shown = icefall("cluster", "--admin-url", other.admin_url)

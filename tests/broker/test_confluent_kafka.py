@@ -198,6 +198,21 @@ def test_delete_topic_and_produce_to_missing_topic(broker: BrokerProcess) -> Non
     assert errors and errors[0] is not None
 
 
+def test_a_replica_assignment_may_name_this_broker_only(broker: BrokerProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    [node] = admin.list_topics(timeout=10).brokers
+    placed = NewTopic("placed", 2, replica_assignment=[[node], [node]])
+    admin.create_topics([placed])["placed"].result(10)
+    assert len(admin.list_topics("placed", timeout=10).topics["placed"].partitions) == 2
+    for bad, reason in (
+        ([[node], [node + 7]], f"broker {node + 7} is not live"),
+        ([[node, node]], "one replica"),
+    ):
+        with pytest.raises(KafkaException, match=reason):
+            topic = NewTopic("misplaced", len(bad), replica_assignment=bad)
+            admin.create_topics([topic])["misplaced"].result(10)
+
+
 def test_a_compacted_topic_refuses_records_without_a_key(broker: BrokerProcess) -> None:
     """As Kafka: INVALID_RECORD for a keyless record on a cleanup.policy=compact topic; keyed
     records, and keyless ones on a delete topic, are taken."""
