@@ -200,7 +200,7 @@ def _dag_parsed(home: Path, dag_id: str) -> bool:
 # (stage, its end: a dag_run column, a (task, task_instance column), or the commit task's plan
 # time, "planned": its XCom ``plan``'s planned_at_ms), in order; each stage lasts from the
 # previous one's end, the first from the interval's end (data_interval_end). The commit DAG's
-# timetable creates a run 3 s before its interval ends (icefall_airflow.timetable), so the
+# timetable creates a run 4 s before its interval ends (icefall_airflow.timetable), so the
 # stages up to the commit task's start are negative: done before the end; the task then waits
 # for the end, plans, runs the round and publishes, all in one process (commit_operator).
 STAGES: tuple[tuple[str, str | tuple[str, str]], ...] = (

@@ -192,6 +192,15 @@ class AirflowStack:
             # edited file is still parsed early (the processor's modified_time order).
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "300",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+            # After each idle sleep the scheduler runs its loop (the queries for runs to create and
+            # start and tasks to queue, ~20 ms of CPU): at Airflow's 1 s, more than half of an idle
+            # Airflow's CPU; at 2 s half as much (bench/BENCHMARKS.md, airflow_cpu). Commit runs are
+            # created 4 s before their interval ends (icefall_airflow.timetable), so rounds are not
+            # later; another DAG's next task or asset-triggered run may wait up to 2 s, not 1 s, on
+            # an idle scheduler (a loop that queued or finished a task does not sleep).
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": os.environ.get(
+                "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME", "2"
+            ),
             # A scheduler that died (-9, with its workers and their running rounds) leaves its task
             # instances "running"; the restarted one resets them once the dead one's heartbeat is 30 s
             # old, at its next orphan check. Airflow's 300 s checks would stall the table's rounds

@@ -33,7 +33,7 @@ UNTIL_INTERVAL = "interval"
 UNTIL_NOW = "now"
 UNTIL_OFFSETS = "offsets"
 UNTIL_CHOICES = (UNTIL_INTERVAL, UNTIL_NOW, UNTIL_OFFSETS)
-# The longest a plan waits for its interval's end: the timetable creates runs at most 3 s
+# The longest a plan waits for its interval's end: the timetable creates runs at most 4 s
 # early (timetable.DEFAULT_LEAD); a run whose interval ends later than this is refused.
 MAX_EARLY_S = 60.0
 

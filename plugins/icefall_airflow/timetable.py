@@ -4,13 +4,13 @@ run created a few seconds before its interval ends.
 A round's rows become visible at its commit, so what lies between an interval's end
 and the commit adds to every row's freshness. With Airflow's own
 ``DeltaDataIntervalTimetable`` a run for [a, b) is created only once b has passed:
-then the scheduler's loop finds it (up to ``scheduler_idle_sleep_time``, 1 s, later;
+then the scheduler's loop finds it (up to ``scheduler_idle_sleep_time`` later, 1 s by default;
 with SQLite at least the next whole second, as its ``CURRENT_TIMESTAMP`` has whole
 seconds only), queues the round's first task, and a task process starts and parses
 the DAG file, all after b: about 2 s of the 3.7 s from the interval's end to the commit's end
 (docs/concepts/airflow.md, "Where a round's time goes under Airflow").
 
-Here the run is created ``lead`` before b (3 s, at most half the interval), so
+Here the run is created ``lead`` before b (4 s, at most half the interval), so
 ``commit`` is already running when the interval ends; it waits for b
 (``planning.plan_round``) and only then asks the broker for the offsets appended
 before b, which the broker does not answer before its own clock has passed b. The
@@ -32,9 +32,10 @@ from typing import Any
 from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
 from airflow.timetables.interval import DeltaDataIntervalTimetable
 
-# How long before its interval's end a run is created: the scheduler's loop (1 s),
-# SQLite's whole second and a task process's start and DAG parse (~0.5 s) fit in it.
-DEFAULT_LEAD = timedelta(seconds=3)
+# How long before its interval's end a run is created: the idle scheduler's loop (2 s under
+# `icefall up`: broker/supervisor/up.py), SQLite's whole second and a task process's start and
+# DAG parse (~0.5 s) fit in it.
+DEFAULT_LEAD = timedelta(seconds=4)
 
 
 class LeadingIntervalTimetable(DeltaDataIntervalTimetable):

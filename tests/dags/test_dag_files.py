@@ -68,7 +68,7 @@ def test_commit_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     dag = dagbag(tmp_path, monkeypatch).dags["icefall_commit__shop.orders-v2"]
     assert type(dag.timetable).__name__ == "LeadingIntervalTimetable"
     assert dag.timetable.delta == timedelta(seconds=30)  # the commit interval
-    assert dag.timetable.lead == timedelta(seconds=3)  # a run is created 3 s before its end
+    assert dag.timetable.lead == timedelta(seconds=4)  # a run is created 4 s before its end
     assert dag.max_active_runs == 1 and dag.catchup is False
     # one task a round: it plans, commits and publishes (no scheduler hand-over in between)
     assert [t.task_id for t in dag.topological_sort()] == ["commit"]

@@ -29,7 +29,7 @@ def test_runs_have_airflows_intervals_and_are_created_lead_before_their_end() ->
         assert info is not None and expected is not None and info.data_interval is not None
         assert info.data_interval == expected.data_interval  # the same [a, b)
         assert info.data_interval.start == last.end
-        assert info.run_after == expected.run_after - timedelta(seconds=3)
+        assert info.run_after == expected.run_after - timedelta(seconds=4)
         assert info.logical_date == expected.logical_date
 
 
@@ -39,14 +39,14 @@ def test_without_catchup_the_next_run_is_the_latest_interval_still_created_early
     info = ours.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
     now = pendulum.now("UTC")
     assert info is not None and info.data_interval is not None
-    # the latest interval that has ended (as Airflow's), created 3 s before its end
+    # the latest interval that has ended (as Airflow's), created 4 s before its end
     assert info.data_interval.end <= now < info.data_interval.end + timedelta(seconds=20)
-    assert info.run_after == info.data_interval.end - timedelta(seconds=3)
+    assert info.run_after == info.data_interval.end - timedelta(seconds=4)
 
 
 def test_the_lead_is_at_most_half_the_interval() -> None:
     assert LeadingIntervalTimetable(timedelta(seconds=4)).lead == timedelta(seconds=2)
-    assert LeadingIntervalTimetable(timedelta(minutes=5)).lead == timedelta(seconds=3)
+    assert LeadingIntervalTimetable(timedelta(minutes=5)).lead == timedelta(seconds=4)
     assert LeadingIntervalTimetable(timedelta(minutes=5), timedelta(seconds=10)).lead == (
         timedelta(seconds=10)
     )
