@@ -302,12 +302,12 @@ class LogStore:
         # object keys DeleteRecords left without a chunk: retention deletes them after the delay
         self.released_objects: list[str] = []
         self._closing = False
-        # Segment objects in blocks of BLOCK_BYTES, (key, block number) -> bytes, least
+        # Segment objects in blocks of BLOCK_BYTES, (key, block number) -> buffer, least
         # recently used first; and the block reads under way, shared by every reader of them.
         self._object_cache: OrderedDict[tuple[str, int], records.Buffer] = OrderedDict()
         self._object_cache_bytes = 0
         self.object_cache_limit = 64 * 1024 * 1024
-        self._block_reads: dict[tuple[str, int], asyncio.Future[bytes]] = {}
+        self._block_reads: dict[tuple[str, int], asyncio.Future[records.Buffer]] = {}
         self.block_reads = 0  # blocks read from the object store (cache misses and read-ahead)
         # bumped whenever data becomes visible, so a fetch that read and found too little knows
         # whether anything arrived during its reads (before it starts waiting)
@@ -952,21 +952,21 @@ class LogStore:
             self._object_cache.move_to_end((key, block))
         return data
 
-    def _load_block(self, key: str, block: int) -> asyncio.Future[bytes]:
+    def _load_block(self, key: str, block: int) -> asyncio.Future[records.Buffer]:
         """The read of one block (in a worker thread), started unless under way; it caches
         the block when done, whoever waits for it (or nobody: a read-ahead)."""
         loading = self._block_reads.get((key, block))
         if loading is None:
             start = block * BLOCK_BYTES
             loading = asyncio.get_running_loop().run_in_executor(
-                None, self.store.get_range, key, start, start + BLOCK_BYTES
+                None, self.store.read_block, key, start, start + BLOCK_BYTES
             )
             self._block_reads[(key, block)] = loading
             self.block_reads += 1
             loading.add_done_callback(functools.partial(self._block_loaded, key, block))
         return loading
 
-    def _block_loaded(self, key: str, block: int, loading: asyncio.Future[bytes]) -> None:
+    def _block_loaded(self, key: str, block: int, loading: asyncio.Future[records.Buffer]) -> None:
         self._block_reads.pop((key, block), None)
         if not loading.cancelled() and loading.exception() is None:
             self._cache_block(key, block, loading.result())

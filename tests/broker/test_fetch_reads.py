@@ -5,6 +5,7 @@ found nothing not missing data that arrived while it read."""
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,7 +15,7 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.kafka import codec, records
-from broker.storage import logstore
+from broker.storage import logstore, objectstore
 from broker.storage.logstore import LogStore
 from broker.storage.metadata import MetadataStore
 from broker.storage.objectstore import LocalObjectStore
@@ -58,10 +59,13 @@ def _forget_blocks(logs: LogStore) -> None:
         logs.forget_cached(key)
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["read", "mapped"])
 def test_a_log_read_through_comes_from_blocks_each_read_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool
 ) -> None:
     monkeypatch.setattr(logstore, "BLOCK_BYTES", BLOCK)
+    # the local store maps blocks of MMAP_MIN_BYTES and more (8 MiB ones in the broker)
+    monkeypatch.setattr(objectstore, "MMAP_MIN_BYTES", 4096 if mapped else 1 << 30)
 
     async def run() -> None:
         async with _log_store(tmp_path) as logs:
@@ -90,6 +94,12 @@ def test_a_log_read_through_comes_from_blocks_each_read_once(
                         assert ahead in logs._object_cache or ahead in logs._block_reads
                 assert got == values
             await asyncio.gather(*logs._block_reads.values())
+            blocks = list(logs._object_cache.values())
+            assert blocks and all(
+                (isinstance(b, memoryview) and isinstance(b.obj, mmap.mmap)) == mapped
+                for b in blocks
+                if len(b) >= 4096
+            )
             sizes = [p.stat().st_size for p in (tmp_path / "objects").rglob("*.seg")]
             assert len(sizes) == 3
             # both partitions' chunks share blocks, read ahead or not: each block read once
