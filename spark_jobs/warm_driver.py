@@ -13,14 +13,18 @@ the token from ``ICEFALL_WARM_DRIVER_TOKEN`` (required). Spark Connect is not an
 round uses the SparkContext and the JVM gateway (``run_tasks``, Glue's credentials), which a
 Spark Connect client has not got.
 
-Before it listens, the driver warms up (``spark_jobs.warm_up``: a Python worker started on every
-core, the round's JVM code run once), so that answering the health check means warm: the first
-round does not pay the Python workers' start, which made a new driver's first Spark round
-3-4 times as slow as the next ones. Its workers fork from ``spark_jobs.worker_daemon``, which
-has the tasks' modules imported, so workers Spark replaces after a minute idle start warm too.
+The driver listens at once, then starts Spark and warms up (``spark_jobs.warm_up``: a Python
+worker started on every core, the round's JVM code run once); until it is warm every request
+gets 503 with ``{"status": "starting"}``, so a health check answered 200 means warm (the first
+round does not pay the Python workers' start, which made a new driver's first Spark round 3-4
+times as slow as the next ones). A commit task that finds the driver starting waits for it
+(``icefall_airflow.warm_driver``) instead of falling back to spark-submit: on two cores a second
+JVM starting beside the warming one slowed both, and at ``icefall up``'s start a table topic's
+first round used to pay it. Its workers fork from ``spark_jobs.worker_daemon``, which has the
+tasks' modules imported, so workers Spark replaces after a minute idle start warm too.
 
 * ``GET /v1/health`` -> ``{"status": "ok", "rounds": <rounds run>, "warm_up": <WarmUp>}``
-  (also checks the JVM);
+  (also checks the JVM), or 503 ``{"status": "starting", "error": ...}`` while it warms up;
 * ``POST /v1/commit-rounds`` with a ``WarmRoundRequest`` (the round's command-line arguments,
   as the Airflow task builds them for spark-submit, and the credentials environment
   ``icefall_airflow.credentials.job_env`` gives spark-submit) -> a ``WarmRoundReply`` (the
@@ -185,6 +189,16 @@ class WarmDriver:
         threading.Timer(1.0, os._exit, args=(JVM_GONE_EXIT,)).start()
 
 
+class DriverSlot:
+    """What the HTTP handler serves: the driver once it is warm, None while Spark starts."""
+
+    def __init__(self, driver: WarmDriver | None = None) -> None:
+        self.driver = driver
+
+
+STARTING = "the warm driver is starting (Spark and its Python workers warming up)"
+
+
 def validation_message(exc: ValidationError) -> str:
     """Where and what is wrong in a request, without the values: the body carries credentials,
     and the client raises this message into the task's log."""
@@ -195,7 +209,40 @@ def validation_message(exc: ValidationError) -> str:
     return f"not a WarmRoundRequest: {'; '.join(problems)}"
 
 
-def handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
+def health_answer(slot: DriverSlot) -> tuple[HTTPStatus, dict[str, Any]]:
+    driver = slot.driver
+    if driver is None:
+        return HTTPStatus.SERVICE_UNAVAILABLE, {"status": "starting", "error": STARTING}
+    if not driver.jvm_alive():
+        return HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the Spark JVM is gone"}
+    warmed = driver.warmed.model_dump() if driver.warmed else None
+    return HTTPStatus.OK, {"status": "ok", "rounds": driver.rounds, "warm_up": warmed}
+
+
+def round_answer(
+    slot: DriverSlot, content_length: str, body: Any
+) -> tuple[HTTPStatus, dict[str, Any]]:
+    """The answer to a round request whose body (``content_length`` bytes) is read from the
+    file ``body``."""
+    driver = slot.driver
+    if driver is None:
+        return HTTPStatus.SERVICE_UNAVAILABLE, {"status": "starting", "error": STARTING}
+    try:
+        length = int(content_length)
+        if not 0 < length <= MAX_BODY:
+            raise BadRequest(f"a request body of 1 to {MAX_BODY} bytes, not {length}")
+        request = WarmRoundRequest.model_validate_json(body.read(length))
+        reply = driver.run_round(request)
+    except ValidationError as exc:
+        return HTTPStatus.BAD_REQUEST, {"error": validation_message(exc)}
+    except (BadRequest, ValueError) as exc:
+        return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+    return HTTPStatus.OK, reply.model_dump(mode="json")
+
+
+def handler(target: WarmDriver | DriverSlot, token: str) -> type[BaseHTTPRequestHandler]:
+    slot = target if isinstance(target, DriverSlot) else DriverSlot(target)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -219,13 +266,8 @@ def handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
                 return
             if self.path != HEALTH_PATH:
                 self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
-            elif not driver.jvm_alive():
-                self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the Spark JVM is gone"})
             else:
-                warmed = driver.warmed.model_dump() if driver.warmed else None
-                self._send(
-                    HTTPStatus.OK, {"status": "ok", "rounds": driver.rounds, "warm_up": warmed}
-                )
+                self._send(*health_answer(slot))
 
         def do_POST(self) -> None:
             if not self._authorized():
@@ -233,19 +275,7 @@ def handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
             if self.path != ROUNDS_PATH:
                 self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
                 return
-            try:
-                length = int(self.headers.get("Content-Length", "0"))
-                if not 0 < length <= MAX_BODY:
-                    raise BadRequest(f"a request body of 1 to {MAX_BODY} bytes, not {length}")
-                request = WarmRoundRequest.model_validate_json(self.rfile.read(length))
-                reply = driver.run_round(request)
-            except ValidationError as exc:
-                self._send(HTTPStatus.BAD_REQUEST, {"error": validation_message(exc)})
-                return
-            except (BadRequest, ValueError) as exc:
-                self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-                return
-            self._send(HTTPStatus.OK, reply.model_dump(mode="json"))
+            self._send(*round_answer(slot, self.headers.get("Content-Length", "0"), self.rfile))
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.address_string(), *args)
@@ -273,24 +303,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from spark_jobs.commit_round import spark_session
 
-    spark = spark_session(
-        "icefall-warm-round-driver", args.master, {DAEMON_CONF: "spark_jobs.worker_daemon"}
-    )
-    warmed = warm_up(spark)  # before listening: a health check answered means warm
-    server = ThreadingHTTPServer(
-        ("127.0.0.1", args.port), handler(WarmDriver(spark, warmed), token)
-    )
+    # listen first: until warm, requests get 503 "starting" (a round waits), not a refusal
+    # (a round falls back to spark-submit, a second JVM beside the warming one)
+    slot = DriverSlot()
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(slot, token))
     server.daemon_threads = True
-    if args.ready_file is not None:
-        args.ready_file.write_text(f"{os.getpid()}\n")
-    log.info("warm round driver on 127.0.0.1:%d (Spark %s)", args.port, spark.version)
+    threading.Thread(target=server.serve_forever, name="warm-driver-http", daemon=True).start()
+    log.info("warm round driver on 127.0.0.1:%d: starting Spark", args.port)
+    spark = None
     try:
-        server.serve_forever()
+        spark = spark_session(
+            "icefall-warm-round-driver", args.master, {DAEMON_CONF: "spark_jobs.worker_daemon"}
+        )
+        slot.driver = WarmDriver(spark, warm_up(spark))
+        if args.ready_file is not None:
+            args.ready_file.write_text(f"{os.getpid()}\n")
+        log.info("warm round driver on 127.0.0.1:%d (Spark %s): warm", args.port, spark.version)
+        threading.Event().wait()  # serve until stopped (SIGTERM, Ctrl-C)
     except KeyboardInterrupt:
         pass
     finally:
+        server.shutdown()
         server.server_close()
-        spark.stop()
+        if spark is not None:
+            spark.stop()
     return 0
 
 

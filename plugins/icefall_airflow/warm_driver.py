@@ -7,10 +7,12 @@ are the ones spark-submit would get, and the credentials go in the request body 
 in spark-submit's environment, never its argv).
 
 Only a driver that cannot be reached makes the task fall back to spark-submit
-(``WarmDriverUnreachable``): a driver that dies during a round (kill -9, a crash) is waited
-for (its supervisor restarts it) and the round is asked for again, once; a round re-run with
-the same round id commits each record once (``commit_round``), so neither path can write a
-record twice.
+(``WarmDriverUnreachable``): a driver that is starting (it answers 503 ``starting`` while
+Spark warms up: ``icefall up`` has just started it, or its supervisor restarted it) is waited
+for, up to ``RESTART_WAIT_S``, rather than starting the round's own JVM beside it; a driver
+that dies during a round (kill -9, a crash) is waited for (its supervisor restarts it) and the
+round is asked for again, once; a round re-run with the same round id commits each record once
+(``commit_round``), so neither path can write a record twice.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ RESTART_WAIT_S = 180.0  # a restarted driver's JVM starts and warms up in 20-80 
 
 class WarmDriverUnreachable(RuntimeError):
     """No warm driver answers at the configured address; the message says which and why."""
+
+
+class WarmDriverStarting(RuntimeError):
+    """The warm driver answers, but is still starting Spark (503 ``starting``)."""
 
 
 @dataclass(frozen=True)
@@ -61,23 +67,30 @@ class WarmDriverClient:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
+            if exc.code == 503 and _status(detail) == "starting":
+                raise WarmDriverStarting(f"the warm driver at {self.url} is starting") from exc
             raise RuntimeError(f"warm driver at {self.url} answered {exc.code}: {detail}") from exc
 
     def health(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The driver's health answer; ``WarmDriverStarting`` while it warms up,
+        ``WarmDriverUnreachable`` when nothing (or a dead JVM) answers."""
         from spark_jobs.warm_driver import HEALTH_PATH
 
         try:
             answer: dict[str, Any] = self._call(HEALTH_PATH, None, timeout)
+        except WarmDriverStarting:
+            raise
         except (OSError, http.client.HTTPException, RuntimeError) as exc:
             raise WarmDriverUnreachable(f"no warm driver answers at {self.url}: {exc}") from exc
         return answer
 
     def wait_healthy(self, timeout: float) -> bool:
+        """True once the driver answers warm, False if it did not within ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 self.health()
-            except WarmDriverUnreachable:
+            except (WarmDriverUnreachable, WarmDriverStarting):
                 if time.monotonic() > deadline:
                     return False
                 time.sleep(1.0)
@@ -91,7 +104,18 @@ class WarmDriverClient:
         (before the round, or after it died during the round and did not come back)."""
         from spark_jobs.warm_driver import ROUNDS_PATH, WarmRoundReply
 
-        self.health()
+        try:
+            self.health()
+        except WarmDriverStarting as exc:
+            log.info(
+                "%s; waiting up to %.0f s for it (rather than a JVM of the round's own beside it)",
+                exc,
+                RESTART_WAIT_S,
+            )
+            if not self.wait_healthy(RESTART_WAIT_S):
+                raise WarmDriverUnreachable(
+                    f"the warm driver at {self.url} was not warm within {RESTART_WAIT_S:.0f} s"
+                ) from exc
         body = {"args": args, "env": env}
         for attempt in (1, 2):
             try:
@@ -117,3 +141,12 @@ class WarmDriverClient:
                 reply = WarmRoundReply.model_validate(answer)
                 return reply.exit_code, reply.result
         raise AssertionError("unreachable")
+
+
+def _status(body: str) -> str | None:
+    """The ``status`` of a JSON error body, None when it has none."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    return answer.get("status") if isinstance(answer, dict) else None

@@ -7,7 +7,8 @@ The driver dies right after a round's publish, before its reply (``ICEFALL_ROUND
 ``os._exit``, what kill -9 does at the worst moment); the supervisor restarts it, the task asks
 the restarted driver again and the table holds each record once. The next round commits in the
 restarted driver; so does the round after a kill -9 of the driver's process group between
-rounds. A request without the token, or whose arguments are no round, gets a 401/400 with the
+rounds, asked as soon as the restarted driver listens (while it starts Spark the task waits for
+it rather than falling back). A request without the token, or whose arguments are no round, gets a 401/400 with the
 reason; a round that fails in the driver fails its task with the round's message; with the
 driver stopped the task falls back to spark-submit.
 """
@@ -49,7 +50,11 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
 ) -> None:
     airflow_env.migrate_db()
     from icefall_airflow.tables import open_catalog
-    from icefall_airflow.warm_driver import WarmDriverClient, WarmDriverUnreachable
+    from icefall_airflow.warm_driver import (
+        WarmDriverClient,
+        WarmDriverStarting,
+        WarmDriverUnreachable,
+    )
 
     from broker.supervisor.warm_driver import WarmDriverProcess
 
@@ -117,7 +122,22 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
     assert driver.proc is not None
     os.killpg(driver.proc.pid, signal.SIGKILL)
     wait_for(lambda: driver.restarts == 2, 30, what="the supervisor's restart")
-    driver.wait_healthy()
+
+    answers: list[str] = []
+
+    def listening() -> bool:  # it listens before Spark starts, answering 503 "starting"
+        try:
+            client.health()
+        except WarmDriverStarting:
+            answers.append("starting")
+            return True
+        except WarmDriverUnreachable:
+            return False
+        answers.append("warm")
+        return True
+
+    wait_for(listening, 60, what="the restarted driver to listen")
+    assert answers == ["starting"]  # Spark takes seconds to start; the poll comes sooner
     produce(broker, 80, 10)
     run_round(dag, cut_after_now())
     assert table_ids(catalog) == list(range(90))

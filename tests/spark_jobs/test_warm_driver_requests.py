@@ -61,3 +61,27 @@ def test_a_malformed_body_is_not_echoed(driver_url: str) -> None:
         assert secret not in error and "12345" not in error, error
     status, error = post(driver_url, f'{{"args": ["{secret}"'.encode())  # cut-off JSON
     assert status == 400 and secret not in error, error
+
+
+def get_health(url: str, token: str = TOKEN) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        url + warm_driver.HEALTH_PATH, headers={"Authorization": f"Bearer {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_starting_driver_answers_starting_until_it_is_warm() -> None:
+    slot = warm_driver.DriverSlot()  # what main() serves while Spark starts
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), warm_driver.handler(slot, TOKEN))) as url:
+        assert get_health(url, "wrong")[0] == 401  # the token is checked first, as always
+        assert get_health(url) == (503, {"status": "starting", "error": warm_driver.STARTING})
+        body = json.dumps({"args": ["--topic", "t"], "env": {}}).encode()
+        assert post(url, body) == (503, warm_driver.STARTING)  # no round runs yet
+        slot.driver = warm_driver.WarmDriver(spark=None)  # warm (here: a driver without Spark)
+        status, answer = get_health(url)
+        assert status == 503 and answer == {"error": "the Spark JVM is gone"}
+        assert post(url, b'{"args": 1}')[0] == 400  # requests now reach the driver
