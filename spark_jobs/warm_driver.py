@@ -21,7 +21,9 @@ times as slow as the next ones). A commit task that finds the driver starting wa
 (``icefall_airflow.warm_driver``) instead of falling back to spark-submit: on two cores a second
 JVM starting beside the warming one slowed both, and at ``icefall up``'s start a table topic's
 first round used to pay it. Its workers fork from ``spark_jobs.worker_daemon``, which has the
-tasks' modules imported, so workers Spark replaces after a minute idle start warm too.
+tasks' modules imported, so workers Spark replaces after a minute idle start warm too. A start
+that is not warm within ``STARTUP_DEADLINE_S`` (300 s) exits (code 4), so that its supervisor
+starts a fresh one rather than the driver answering "starting" for ever.
 
 * ``GET /v1/health`` -> ``{"status": "ok", "rounds": <rounds run>, "warm_up": <WarmUp>}``
   (also checks the JVM), or 503 ``{"status": "starting", "error": ...}`` while it warms up;
@@ -70,6 +72,10 @@ ROUNDS_PATH = "/v1/commit-rounds"
 HEALTH_PATH = "/v1/health"
 MAX_BODY = 1 << 20
 JVM_GONE_EXIT = 3
+NOT_WARM_EXIT = 4
+# Spark's start and the warm-up take 20-80 s on two busy cores (a commit task waits up to
+# 180 s for a starting driver, then falls back to spark-submit)
+STARTUP_DEADLINE_S = 300.0
 DAEMON_CONF = "spark.python.daemon.module"
 # The only variables a request may set: what ``credentials.job_env`` gives spark-submit.
 CREDENTIAL_ENV = (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV, CATALOG_TOKEN_ENV)
@@ -283,6 +289,11 @@ def handler(target: WarmDriver | DriverSlot, token: str) -> type[BaseHTTPRequest
     return Handler
 
 
+def _not_warm_in_time() -> None:
+    log.error("not warm within %.0f s; exiting for a fresh start", STARTUP_DEADLINE_S)
+    os._exit(NOT_WARM_EXIT)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="warm_driver", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True, help="loopback port to listen on")
@@ -310,16 +321,23 @@ def main(argv: list[str] | None = None) -> int:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="warm-driver-http", daemon=True).start()
     log.info("warm round driver on 127.0.0.1:%d: starting Spark", args.port)
+    # a start that never gets warm (a cluster master without free workers: the warm-up job
+    # waits for resources) exits, so the supervisor starts a fresh one, rather than answering
+    # "starting" for ever while every round waits its RESTART_WAIT_S before falling back
+    give_up = threading.Timer(STARTUP_DEADLINE_S, _not_warm_in_time)
+    give_up.daemon = True
+    give_up.start()
     spark = None
     try:
         spark = spark_session(
             "icefall-warm-round-driver", args.master, {DAEMON_CONF: "spark_jobs.worker_daemon"}
         )
         slot.driver = WarmDriver(spark, warm_up(spark))
+        give_up.cancel()
         if args.ready_file is not None:
             args.ready_file.write_text(f"{os.getpid()}\n")
         log.info("warm round driver on 127.0.0.1:%d (Spark %s): warm", args.port, spark.version)
-        threading.Event().wait()  # serve until stopped (SIGTERM, Ctrl-C)
+        threading.Event().wait()  # serve until Ctrl-C (SIGTERM ends the process at once)
     except KeyboardInterrupt:
         pass
     finally:

@@ -13,6 +13,10 @@ broker's CPU by a fifth (bench/BENCHMARKS.md). A segment object is never written
 (``put`` writes a new file and renames it), so a mapping never sees its bytes change; one
 whose file is deleted (retention, DeleteRecords) keeps the pages until its last slice is gone,
 as an open file does.
+
+What a mapping changes: a segment file truncated in place by something other than the broker,
+or a disk read error on a page the kernel had dropped, is a SIGBUS that ends the broker, where
+a ``pread`` was an error for that one Fetch. Kafka maps its index files with the same exposure.
 """
 
 from __future__ import annotations

@@ -120,7 +120,9 @@ class WarmDriverClient:
         for attempt in (1, 2):
             try:
                 answer = self._call(ROUNDS_PATH, body, ROUND_TIMEOUT_S)
-            except (OSError, http.client.HTTPException) as exc:
+            except (OSError, http.client.HTTPException, WarmDriverStarting) as exc:
+                # WarmDriverStarting: it died after the health check and its restart is
+                # warming up; no round ran, so asking again once it is warm is safe
                 if attempt == 2:
                     raise WarmDriverUnreachable(
                         f"the warm driver at {self.url} died during the round twice: {exc}"

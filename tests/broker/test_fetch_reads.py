@@ -113,10 +113,12 @@ def test_a_log_read_through_comes_from_blocks_each_read_once(
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["read", "mapped"])
 def test_a_segment_object_shorter_than_its_index_is_an_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool
 ) -> None:
     monkeypatch.setattr(logstore, "BLOCK_BYTES", BLOCK)
+    monkeypatch.setattr(objectstore, "MMAP_MIN_BYTES", 4096 if mapped else 1 << 30)
 
     async def run() -> None:
         async with _log_store(tmp_path) as logs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from http.server import ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from icefall_airflow import warm_driver as client_module
@@ -81,3 +82,29 @@ def test_a_wrong_token_is_no_starting_driver() -> None:
     )
     with serving(server) as url, pytest.raises(WarmDriverUnreachable, match="answered 401"):
         WarmDriverClient(url, "wrong").health()
+
+
+def test_a_round_asked_of_a_restarting_driver_is_asked_again_once_warm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver answered the health check, then died and its restart is warming up when the
+    round's request comes: the request is answered "starting", no round ran, and the round is
+    asked again once the new driver is warm (neither a failed task nor a fallback)."""
+    driver = AnsweringDriver()
+    slot = warm_driver.DriverSlot(driver)
+    health = WarmDriverClient.health
+    restarts: list[threading.Timer] = []
+
+    def health_then_restart(self: WarmDriverClient, timeout: float = 5.0) -> dict[str, Any]:
+        answer = health(self, timeout)
+        if not restarts:  # the first check passes; then the driver is restarting for ~1 s
+            slot.driver = None
+            restarts.append(threading.Timer(1.0, lambda: setattr(slot, "driver", driver)))
+            restarts[0].start()
+        return answer
+
+    monkeypatch.setattr(WarmDriverClient, "health", health_then_restart)
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), warm_driver.handler(slot, TOKEN))) as url:
+        code, result = WarmDriverClient(url, TOKEN).run_round(["--topic", "t"], {}, log)
+    assert (code, result) == (0, {"status": "committed"})
+    assert len(driver.requests) == 1  # the round ran once, in the warm driver

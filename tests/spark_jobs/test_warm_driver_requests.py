@@ -7,6 +7,10 @@ log). Rounds through the driver: tests/e2e/test_airflow_warm_driver.py."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +19,7 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from spark_jobs import warm_driver
-from tests.support import serving
+from tests.support import free_port, serving, wait_for
 
 TOKEN = "t0ken"
 
@@ -85,3 +89,37 @@ def test_a_starting_driver_answers_starting_until_it_is_warm() -> None:
         status, answer = get_health(url)
         assert status == 503 and answer == {"error": "the Spark JVM is gone"}
         assert post(url, b'{"args": 1}')[0] == 400  # requests now reach the driver
+
+
+def test_a_driver_that_never_gets_warm_exits_for_a_fresh_start() -> None:
+    """``main()`` listens before Spark starts (503 "starting"), and a start that is not warm by
+    its deadline exits with code 4 for the supervisor to start a new one. Spark's start is
+    replaced by a sleep that never ends, the deadline cut to 2 s."""
+    port = free_port()
+    script = textwrap.dedent(
+        f"""
+        import time
+        from spark_jobs import commit_round, warm_driver
+        warm_driver.STARTUP_DEADLINE_S = 2.0
+        commit_round.spark_session = lambda *args, **kwargs: time.sleep(600)
+        raise SystemExit(warm_driver.main(["--port", "{port}"]))
+        """
+    )
+    env = {**os.environ, warm_driver.TOKEN_ENV: TOKEN}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def starting() -> bool:
+            try:
+                return get_health(url)[1].get("status") == "starting"
+            except OSError:
+                return False  # not listening yet
+
+        wait_for(starting, 30, what="the driver to answer starting")
+        assert proc.wait(30) == warm_driver.NOT_WARM_EXIT
+        assert proc.stderr is not None
+        assert b"not warm within 2 s; exiting for a fresh start" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
