@@ -203,6 +203,7 @@ class DriverSlot:
 
 
 STARTING = "the warm driver is starting (Spark and its Python workers warming up)"
+STARTING_ANSWER = (HTTPStatus.SERVICE_UNAVAILABLE, {"status": "starting", "error": STARTING})
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -218,7 +219,7 @@ def validation_message(exc: ValidationError) -> str:
 def health_answer(slot: DriverSlot) -> tuple[HTTPStatus, dict[str, Any]]:
     driver = slot.driver
     if driver is None:
-        return HTTPStatus.SERVICE_UNAVAILABLE, {"status": "starting", "error": STARTING}
+        return STARTING_ANSWER
     if not driver.jvm_alive():
         return HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the Spark JVM is gone"}
     warmed = driver.warmed.model_dump() if driver.warmed else None
@@ -232,7 +233,7 @@ def round_answer(
     file ``body``."""
     driver = slot.driver
     if driver is None:
-        return HTTPStatus.SERVICE_UNAVAILABLE, {"status": "starting", "error": STARTING}
+        return STARTING_ANSWER
     try:
         length = int(content_length)
         if not 0 < length <= MAX_BODY:
