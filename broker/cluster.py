@@ -51,6 +51,16 @@ class Topic:
     topic_id: uuid.UUID
     partitions: int
     configs: dict[str, str] = field(default_factory=dict)
+    created_ms: int = 0  # the metadata store's creation time (the maintenance DAG's start)
+
+    @classmethod
+    def from_record(cls, record: TopicRecord) -> Topic:
+        return cls(
+            record.name, record.topic_id, record.partitions, dict(record.configs), record.created_ms
+        )
+
+    def record(self) -> TopicRecord:
+        return TopicRecord(self.name, self.topic_id, self.partitions, self.configs, self.created_ms)
 
     @property
     def is_internal(self) -> bool:
@@ -71,9 +81,7 @@ class Cluster:
         self.config = config
         self.metadata = metadata
         self.logs = logs
-        self.topics: dict[str, Topic] = {
-            t.name: Topic(t.name, t.topic_id, t.partitions, t.configs) for t in metadata.topics()
-        }
+        self.topics: dict[str, Topic] = {t.name: Topic.from_record(t) for t in metadata.topics()}
         self.topics_by_id = {t.topic_id: t for t in self.topics.values()}
         self.broker_configs = metadata.broker_configs()
         self._changes = asyncio.Lock()
@@ -87,9 +95,7 @@ class Cluster:
     def write_manifest(self) -> None:
         """Rewrite the manifest from the topics in memory. Storage that cannot write leaves
         the old one (written atomically) and a retry; the change it follows stands."""
-        records = [
-            TopicRecord(t.name, t.topic_id, t.partitions, t.configs) for t in self.topics.values()
-        ]
+        records = [t.record() for t in self.topics.values()]
         try:
             manifest.write_if_changed(
                 self.config.manifest_path, manifest.render(records, self.config.admin_url)
@@ -163,7 +169,7 @@ class Cluster:
                 partitions = self.config.default_partitions
             record = await self._write_metadata(self.metadata.create_topic, name, partitions, valid)
             chunks = await asyncio.to_thread(self._stored_chunks, name, range(partitions))
-            topic = Topic(record.name, record.topic_id, record.partitions, dict(record.configs))
+            topic = Topic.from_record(record)
             if not self.clustered:
                 for p in range(partitions):
                     self.logs.add_partition(name, p, chunks=chunks[p])
@@ -276,7 +282,7 @@ class Cluster:
                         self.topics_by_id.pop(topic.topic_id, None)
                         async with self.logs.index_lock:
                             self.logs.drop_topic(name)
-                    topic = Topic(r.name, r.topic_id, r.partitions, dict(r.configs))
+                    topic = Topic.from_record(r)
                     self.topics[name] = topic
                     self.topics_by_id[topic.topic_id] = topic
                     log.info("topic %s was created by another broker", name)

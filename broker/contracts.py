@@ -85,6 +85,9 @@ class TableTopic(Contract):
     table: str
     commit_interval_ms: int = 60_000
     configs: dict[str, str] = Field(default_factory=dict)
+    # when the broker created the topic (ms since the epoch): the maintenance DAG's first run
+    # comes one interval after it; 0 in manifests written before the field
+    created_ms: int = 0
 
     @field_validator("namespace", mode="before")
     @classmethod

@@ -48,6 +48,7 @@ def _entry(topic: TopicRecord) -> contracts.TableTopic:
         table=names.table_name(topic.name),
         commit_interval_ms=view.commit_interval_ms,
         configs=view.table_keys(),
+        created_ms=topic.created_ms,
     )
 
 

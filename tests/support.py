@@ -110,6 +110,24 @@ def wait_for(
     )
 
 
+def why_it_failed(stderr: str, limit: int = 6000) -> str:
+    """What a failed Python-and-Spark subprocess said that matters: its last Python traceback
+    and the JVM's ERROR lines before it, not the tail that a JVM's shutdown hooks fill with
+    stack traces after the Python side has already failed."""
+    lines = stderr.splitlines()
+    starts = [
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("Traceback (") and (i == 0 or "Logging error" not in lines[i - 1])
+    ]  # logging's own errors at interpreter exit (py4j's __del__) are no cause
+    start = starts[-1] if starts else -1
+    if start < 0:
+        return stderr[-limit:]
+    errors = [line for line in lines[:start] if " ERROR " in line][-20:]
+    traceback = [line for line in lines[start:] if not line.startswith(("\tat ", "\t..."))]
+    return "\n".join([*errors, "...", *traceback])[-limit:]
+
+
 @contextlib.contextmanager
 def serving(server: ThreadingHTTPServer) -> Iterator[str]:
     """``server`` (bound to a loopback port) serving from a thread: its URL; shut down and

@@ -292,6 +292,7 @@ class TopicRecord:
     topic_id: uuid.UUID
     partitions: int
     configs: dict[str, str]
+    created_ms: int = 0  # when it was created (ms since the epoch); 0 where not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,25 +553,26 @@ class MetadataStore:
         for topic, key, value in self.db.query("SELECT topic, key, value FROM topic_configs"):
             configs.setdefault(topic, {})[key] = value
         return [
-            TopicRecord(name, uuid.UUID(topic_id), partitions, configs.get(name, {}))
-            for name, topic_id, partitions in self.db.query(
-                "SELECT name, topic_id, partitions FROM topics ORDER BY name"
+            TopicRecord(name, uuid.UUID(topic_id), partitions, configs.get(name, {}), created_ms)
+            for name, topic_id, partitions, created_ms in self.db.query(
+                "SELECT name, topic_id, partitions, created_ms FROM topics ORDER BY name"
             )
         ]
 
     def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicRecord:
         topic_id = uuid.uuid4()
+        created_ms = _now_ms()
         with self.db.transaction():
             self.db.execute(
                 "INSERT INTO topics VALUES (?, ?, ?, ?)",
-                (name, str(topic_id), partitions, _now_ms()),
+                (name, str(topic_id), partitions, created_ms),
             )
             self.db.executemany(
                 "INSERT INTO topic_configs VALUES (?, ?, ?)",
                 [(name, k, v) for k, v in configs.items()],
             )
             self._bump_state_version()
-        return TopicRecord(name, topic_id, partitions, dict(configs))
+        return TopicRecord(name, topic_id, partitions, dict(configs), created_ms)
 
     def add_partitions(self, name: str, partitions: int) -> None:
         with self.db.transaction():

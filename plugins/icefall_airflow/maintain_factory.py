@@ -11,8 +11,10 @@ the publish race would redo its work). ``publish`` only emits the asset event
 
 Schedule: the topic's ``automq.table.topic.maintenance.interval.ms`` (default
 1 h) as a trigger timetable: maintenance has no data interval, a run works on
-the table as it is. ``automq.table.topic.maintenance.enable=false`` removes the
-DAG. Each run that found a table emits an event on
+the table as it is. The first scheduled run comes one interval after the
+topic's creation (``timetable.MaintenanceTimetable``), not at once: a new
+topic has no table yet; a manual run works at any time.
+``automq.table.topic.maintenance.enable=false`` removes the DAG. Each run that found a table emits an event on
 ``icefall/<namespace>/<table>/maintenance`` (not the table's asset: data
 teams' DAGs on the table's asset read the rows a commit added, and compaction
 adds none).
@@ -26,13 +28,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, Asset, DeltaTriggerTimetable, Metadata, Param, task
+from airflow.sdk import DAG, Asset, Metadata, Param, task
 
 from broker import contracts, topic_configs
 from icefall_airflow import manifest, settings
 from icefall_airflow.assets import maintenance_asset
 from icefall_airflow.job_operator import check_job_result
 from icefall_airflow.maintain_operator import MaintenanceOperator
+from icefall_airflow.timetable import MaintenanceTimetable
 from spark_jobs.maintain import summary as maintenance_summary
 from spark_jobs.maintain.settings import ACTIONS
 
@@ -66,6 +69,17 @@ def maintenance_enabled(entry: manifest.TableTopic) -> bool:
 def maintenance_interval_ms(entry: manifest.TableTopic) -> int:
     """The topic's maintenance interval (the broker validated it; an old manifest may lack it)."""
     return max(entry.settings.maintenance_interval_ms, MIN_INTERVAL_MS)
+
+
+def first_run(entry: manifest.TableTopic) -> datetime | None:
+    """When the first scheduled run comes: one interval after the topic's creation, when its
+    first rounds have made a table to maintain; None (at once) for manifests written before
+    ``created_ms``."""
+    if entry.created_ms <= 0:
+        return None
+    return datetime.fromtimestamp(
+        (entry.created_ms + maintenance_interval_ms(entry)) / 1000, tz=UTC
+    )
 
 
 def maintenance_params() -> dict[str, Param]:
@@ -135,7 +149,7 @@ def build_maintain_dag(entry: manifest.TableTopic) -> DAG:
     with DAG(
         dag_id=settings.maintain_dag_id(entry.topic),
         description=f"Table maintenance of Iceberg {entry.namespace}.{entry.table} (Kafka topic {entry.topic})",
-        schedule=DeltaTriggerTimetable(timedelta(milliseconds=interval_ms)),
+        schedule=MaintenanceTimetable(timedelta(milliseconds=interval_ms), first_run(entry)),
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,

@@ -1,5 +1,6 @@
-"""The commit DAG's timetable: the topic's commit interval as data intervals, each
-run created a few seconds before its interval ends.
+"""The table DAGs' timetables. Commit DAGs: the topic's commit interval as data intervals,
+each run created a few seconds before its interval ends. Maintenance DAGs: every maintenance
+interval, the first one interval after the topic's creation (``MaintenanceTimetable``).
 
 A round's rows become visible at its commit, so what lies between an interval's end
 and the commit adds to every row's freshness. With Airflow's own
@@ -19,18 +20,20 @@ and catch-up are those of ``DeltaDataIntervalTimetable``; only ``run_after`` mov
 
 Airflow serializes a timetable that is not its own by import path and finds the
 class among the plugins' ``timetables`` when it deserializes: the icefall plugin
-registers this one (``plugin.IcefallPlugin``), so the DAG processor, the scheduler
+registers both (``plugin.IcefallPlugin``), so the DAG processor, the scheduler
 and the API server all know it. It subclasses the core timetable (not the Task SDK's
 definition) because Airflow calls a custom timetable's own ``next_dagrun_info``.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pendulum
 from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
 from airflow.timetables.interval import DeltaDataIntervalTimetable
+from airflow.timetables.trigger import DeltaTriggerTimetable
 
 # How long before its interval's end a run is created: the idle scheduler's loop (2 s under
 # `icefall up`: broker/supervisor/up.py), SQLite's whole second and a task process's start and
@@ -83,3 +86,70 @@ class LeadingIntervalTimetable(DeltaDataIntervalTimetable):
 
     def __hash__(self) -> int:
         return hash((self._delta, self.lead))
+
+
+class MaintenanceTimetable(DeltaTriggerTimetable):
+    """A run every ``delta`` (Airflow's ``DeltaTriggerTimetable``: no data interval), the first
+    at ``first_run`` when that is later than now.
+
+    Why not the DAG's ``start_date``: without catch-up a trigger timetable runs a DAG at once
+    when its start date has passed, so a new topic's maintenance ran at its creation and found
+    no table (no round had committed); a start date in the future, though, keeps a manual run
+    (the UI's trigger button, ``dag.test()``) from running any task until then. ``first_run``
+    (the topic's creation plus one interval) is stable from one parse to the next, unlike a
+    "now + interval" that each re-parse would push on; it only moves the first scheduled run:
+    after one, or when ``first_run`` has passed, runs follow Airflow's timetable."""
+
+    def __init__(self, delta: timedelta, first_run: datetime | None = None) -> None:
+        super().__init__(delta)
+        self.first_run = first_run
+
+    def next_dagrun_info(
+        self,
+        *,
+        last_automated_data_interval: DataInterval | None,
+        restriction: TimeRestriction,
+    ) -> DagRunInfo | None:
+        info = super().next_dagrun_info(
+            last_automated_data_interval=last_automated_data_interval, restriction=restriction
+        )
+        first = self.first_run
+        if info is None or last_automated_data_interval is not None or first is None:
+            return info
+        if info.run_after >= first:
+            return info
+        if restriction.latest is not None and restriction.latest < first:
+            return None
+        return DagRunInfo.interval(pendulum.instance(first), pendulum.instance(first))
+
+    @property
+    def delta(self) -> timedelta:
+        """The maintenance interval."""
+        return timedelta(seconds=self._delta.total_seconds())
+
+    @property
+    def summary(self) -> str:
+        return str(self._delta)
+
+    def serialize(self) -> dict[str, Any]:
+        first = self.first_run
+        return {
+            "delta": self._delta.total_seconds(),
+            "first_run": None if first is None else first.timestamp(),
+        }
+
+    @classmethod
+    def deserialize(cls, data: dict[str, Any]) -> MaintenanceTimetable:
+        first = data.get("first_run")
+        return cls(
+            timedelta(seconds=data["delta"]),
+            None if first is None else datetime.fromtimestamp(first, tz=UTC),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MaintenanceTimetable):
+            return NotImplemented
+        return (self._delta, self.first_run) == (other._delta, other.first_run)
+
+    def __hash__(self) -> int:
+        return hash((self._delta, self.first_run))

@@ -6,6 +6,7 @@ with ``--metadata-uri`` keeps topics, data and group offsets across a restart wi
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -60,9 +61,11 @@ def _chunk(topic: str, base: int, count: int, key: str, at_ms: int = 1_000) -> C
 def test_every_operation_gives_the_same_answers(target: Path | str) -> None:
     store = MetadataStore(target)
     try:
+        before_ms = int(time.time() * 1000)
         created = store.create_topic(
             "orders", 2, {"retention.ms": "1000", "automq.table.topic.enable": "true"}
         )
+        assert before_ms <= created.created_ms <= int(time.time() * 1000)
         store.create_topic("other", 1, {})
         store.add_partitions("orders", 3)
         store.set_configs("orders", {"retention.ms": "2000"})
@@ -71,6 +74,7 @@ def test_every_operation_gives_the_same_answers(target: Path | str) -> None:
             ("other", 1, {}),
         ]
         assert store.topics()[0].topic_id == created.topic_id
+        assert store.topics()[0].created_ms == created.created_ms  # the maintenance DAG's start
 
         big = 2**40  # offsets and times are 64-bit
         chunks = [

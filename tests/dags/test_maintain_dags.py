@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pendulum
 import pytest
 
 from tests.dags import manifests
@@ -27,7 +29,7 @@ def test_maintain_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert bag.import_errors == {}
     dag = bag.dags["icefall_maintain__shop.orders-v2"]
     assert Path(dag.fileloc).name == "icefall_maintain.py"
-    assert type(dag.timetable).__name__ == "DeltaTriggerTimetable"
+    assert type(dag.timetable).__name__ == "MaintenanceTimetable"
     assert dag.timetable.delta == timedelta(hours=2)
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert [t.task_id for t in dag.topological_sort()] == ["maintain", "publish"]
@@ -94,9 +96,14 @@ def test_maintain_dag_is_parsed_from_the_broker_manifest(
     from broker import manifest as broker_manifest
     from broker.storage.metadata import TopicRecord
 
+    created_ms = int(time.time() * 1000)
     topics = [
         TopicRecord(
-            "clicks", uuid.uuid4(), 2, {"automq.table.topic.enable": "true", INTERVAL: "900000"}
+            "clicks",
+            uuid.uuid4(),
+            2,
+            {"automq.table.topic.enable": "true", INTERVAL: "900000"},
+            created_ms,
         ),
         TopicRecord("plain", uuid.uuid4(), 1, {}),
     ]
@@ -105,7 +112,39 @@ def test_maintain_dag_is_parsed_from_the_broker_manifest(
     )
     bag = dagbag(tmp_path, monkeypatch)
     assert maintain_ids(bag) == {"icefall_maintain__clicks"}
-    assert bag.dags["icefall_maintain__clicks"].timetable.delta == timedelta(minutes=15)
+    dag = bag.dags["icefall_maintain__clicks"]
+    assert dag.timetable.delta == timedelta(minutes=15)
+    # the first scheduled run comes one interval after the topic's creation, not at once: a
+    # new topic has no table to maintain before its first rounds
+    first = datetime.fromtimestamp(created_ms / 1000, tz=UTC) + timedelta(minutes=15)
+    from airflow.serialization.decoders import decode_timetable
+    from airflow.serialization.encoders import encode_timetable
+    from airflow.timetables.base import DataInterval, TimeRestriction
+
+    scheduled = decode_timetable(encode_timetable(dag.timetable))  # as the scheduler has it
+    assert scheduled == dag.timetable
+    not_yet = TimeRestriction(earliest=dag.start_date, latest=None, catchup=False)
+    planned = scheduled.next_dagrun_info(last_automated_data_interval=None, restriction=not_yet)
+    assert planned is not None and planned.run_after == first
+    # then every interval, as Airflow's DeltaTriggerTimetable
+    last = DataInterval(pendulum.instance(first), pendulum.instance(first))
+    planned = scheduled.next_dagrun_info(last_automated_data_interval=last, restriction=not_yet)
+    assert planned is not None and planned.run_after == first + timedelta(minutes=15)
+
+
+def test_a_manifest_without_creation_times_runs_maintenance_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.timetables.base import TimeRestriction
+
+    manifests.write(tmp_path, manifests.entry("old"))
+    dag = dagbag(tmp_path, monkeypatch).dags["icefall_maintain__old"]
+    restriction = TimeRestriction(earliest=dag.start_date, latest=None, catchup=False)
+    before = datetime.now(UTC)
+    planned = dag.timetable.next_dagrun_info(
+        last_automated_data_interval=None, restriction=restriction
+    )
+    assert planned is not None and before <= planned.run_after <= datetime.now(UTC)
 
 
 def test_a_disabled_topic_runs_no_maintenance(

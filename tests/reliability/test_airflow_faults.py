@@ -282,7 +282,10 @@ def test_scheduler_crash_clear_and_backfill_keep_the_table_exact(
         and r["run_type"] == "scheduled"
         and airflow.task_states(r["dag_run_id"]).get("commit") == "success"
     ]
-    assert len(committed) >= 2, committed
+    # Usually the retried round and the rounds after it; but the kill may come after the killed
+    # round's Iceberg commit (its retry then finds nothing new: skipped), and on a loaded machine
+    # one round after the restart may take all that was left.
+    assert committed, (airflow.runs(), _task_instances(home))
     cleared = committed[0]
     airflow.call_retrying(
         f"/api/v2/dags/{DAG_ID}/clearTaskInstances",

@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from spark_jobs.jars import iceberg_jars
-from tests.support import REPO, BrokerProcess
+from tests.support import REPO, BrokerProcess, why_it_failed
 
 SPARK_KAFKA_JARS = Path(sys.prefix) / "share" / "icefall" / "test-jars" / "spark-kafka"
 
@@ -90,7 +90,7 @@ def test_spark_kafka_source_reads_a_topic_batch_and_streaming(
         check=False,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, why_it_failed(done.stderr)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     batch = result["batch"]
     assert sorted(k for k, _, _, _ in batch) == sorted(f"k{i}" for i in range(120))
