@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,17 @@ def _token(base: str, output: str) -> str:
     """A JWT of the admin user that ``icefall up`` printed the password of (``POST /auth/token``)."""
     body: dict[str, object] = {"username": "admin", "password": _admin_password(output)}
     return str(_api(base, "/auth/token", body=body)["access_token"])
+
+
+def maintenance_waits_an_interval(base: str, token: str, manifest: dict[str, Any]) -> None:
+    """The scheduler's plan for the table's maintenance DAG (its timetable from the icefall
+    plugin): the first run one interval (1 h by default) after the topic's creation, not at
+    once on a table its first rounds were only making."""
+    [entry] = manifest["table_topics"]
+    dag = _api(base, "/api/v2/dags/icefall_maintain__clicks", token)
+    assert dag["timetable_summary"] and dag["next_dagrun_run_after"], dag
+    first = datetime.fromisoformat(dag["next_dagrun_run_after"]).timestamp()
+    assert abs(first - (entry["created_ms"] + 3_600_000) / 1000) < 1, dag
 
 
 def backfill_of_a_committed_interval_is_a_no_op(base: str, output: str) -> None:
@@ -578,6 +590,7 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(
         )
         assert rows > 0
         assert (home / "airflow" / "airflow.db").exists()
+        maintenance_waits_an_interval(f"http://127.0.0.1:{airflow}", token, manifest)
         if on_s3:
             listed = request.getfixturevalue("moto_s3").client().list_objects_v2(Bucket=bucket)
             keys = [o["Key"] for o in listed.get("Contents", [])]
