@@ -73,7 +73,7 @@ run: setup
 
 test: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned $(KAFKA_JARS)/.pinned \
       $(SPARK_KAFKA_JARS)/.pinned
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 $(REST_FIXTURE_JARS)/.pinned: tests/jvm/iceberg-rest-fixture/pom.xml tests/jvm/iceberg-rest-fixture/jars.sha256 $(JARS)/.pinned
 	rm -rf $(REST_FIXTURE_JARS) && mkdir -p $(REST_FIXTURE_JARS)

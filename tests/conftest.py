@@ -282,9 +282,10 @@ def _categories(item: pytest.Item) -> set[str]:
 
 # The longest test files, longest first (seconds in a full run's durations report, 2026-11-26:
 # 400, 420, 230, 200, 150, 145, 135, 135, 130, 120). ``make test`` hands whole files to its two
-# workers (``--dist loadfile``) in collection order: collected last, the longest file ran alone
-# at the end while the other worker idled, 7 minutes of a 35-minute run. First, they overlap
-# everything else.
+# workers (``--dist loadfile``), and in collection order (``--no-loadscope-reorder``: xdist's
+# own order, most tests first, put the one-test files last): the long one-test file that came
+# last ran alone at the end while the other worker idled, 7 minutes of a 35-minute run. First,
+# they overlap everything else.
 LONGEST_FILES = (
     "reliability/test_airflow_faults.py",
     "spark_jobs/test_s3_warehouse.py",

@@ -89,16 +89,19 @@ class LeadingIntervalTimetable(DeltaDataIntervalTimetable):
 
 
 class MaintenanceTimetable(DeltaTriggerTimetable):
-    """A run every ``delta`` (Airflow's ``DeltaTriggerTimetable``: no data interval), the first
-    at ``first_run`` when that is later than now.
+    """A run every ``delta`` (Airflow's ``DeltaTriggerTimetable``: no data interval, no
+    catch-up), none before ``first_run``.
 
     Why not the DAG's ``start_date``: without catch-up a trigger timetable runs a DAG at once
     when its start date has passed, so a new topic's maintenance ran at its creation and found
     no table (no round had committed); a start date in the future, though, keeps a manual run
     (the UI's trigger button, ``dag.test()``) from running any task until then. ``first_run``
     (the topic's creation plus one interval) is stable from one parse to the next, unlike a
-    "now + interval" that each re-parse would push on; it only moves the first scheduled run:
-    after one, or when ``first_run`` has passed, runs follow Airflow's timetable."""
+    "now + interval" that each re-parse would push on. It holds whatever runs the DAG id has
+    had: a topic deleted and created again keeps its DAG id and the old runs in Airflow's
+    database, and its new table is no more there at once than a new topic's. Once it has
+    passed, runs follow Airflow's timetable (a run after ``first_run`` is followed by one a
+    ``delta`` later, never earlier than ``first_run``)."""
 
     def __init__(self, delta: timedelta, first_run: datetime | None = None) -> None:
         super().__init__(delta)
@@ -114,9 +117,7 @@ class MaintenanceTimetable(DeltaTriggerTimetable):
             last_automated_data_interval=last_automated_data_interval, restriction=restriction
         )
         first = self.first_run
-        if info is None or last_automated_data_interval is not None or first is None:
-            return info
-        if info.run_after >= first:
+        if info is None or first is None or info.run_after >= first:
             return info
         if restriction.latest is not None and restriction.latest < first:
             return None
@@ -126,10 +127,6 @@ class MaintenanceTimetable(DeltaTriggerTimetable):
     def delta(self) -> timedelta:
         """The maintenance interval."""
         return timedelta(seconds=self._delta.total_seconds())
-
-    @property
-    def summary(self) -> str:
-        return str(self._delta)
 
     def serialize(self) -> dict[str, Any]:
         first = self.first_run

@@ -120,9 +120,10 @@ def test_maintain_dag_is_parsed_from_the_broker_manifest(
     from airflow.serialization.decoders import decode_timetable
     from airflow.serialization.encoders import encode_timetable
     from airflow.timetables.base import DataInterval, TimeRestriction
+    from icefall_airflow.timetable import MaintenanceTimetable
 
     scheduled = decode_timetable(encode_timetable(dag.timetable))  # as the scheduler has it
-    assert scheduled == dag.timetable
+    assert isinstance(scheduled, MaintenanceTimetable) and scheduled.first_run == first
     not_yet = TimeRestriction(earliest=dag.start_date, latest=None, catchup=False)
     planned = scheduled.next_dagrun_info(last_automated_data_interval=None, restriction=not_yet)
     assert planned is not None and planned.run_after == first
@@ -130,6 +131,12 @@ def test_maintain_dag_is_parsed_from_the_broker_manifest(
     last = DataInterval(pendulum.instance(first), pendulum.instance(first))
     planned = scheduled.next_dagrun_info(last_automated_data_interval=last, restriction=not_yet)
     assert planned is not None and planned.run_after == first + timedelta(minutes=15)
+    # a topic deleted and created again: its DAG id's old runs do not bring the first run forward
+    old = pendulum.instance(first) - timedelta(days=3)
+    planned = scheduled.next_dagrun_info(
+        last_automated_data_interval=DataInterval(old, old), restriction=not_yet
+    )
+    assert planned is not None and planned.run_after == first
 
 
 def test_a_manifest_without_creation_times_runs_maintenance_at_once(

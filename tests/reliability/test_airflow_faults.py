@@ -140,7 +140,8 @@ class Producer(threading.Thread):
 
 def round_processes(home: Path, with_records: bool = False) -> list[int]:
     """PIDs of this home's running commit rounds (spark-submit's JVM and its Python driver);
-    ``with_records``: only a round that has records to commit (its ``--until-offsets``)."""
+    ``with_records``: only a round planned once the topic had records (its ``--until-offsets``
+    past 0: with the producer writing all along, the round has records to commit)."""
     marker = f"ICEFALL_HOME={home}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -160,8 +161,8 @@ def round_processes(home: Path, with_records: bool = False) -> list[int]:
 
 
 def _commits_records(args: list[bytes]) -> bool:
-    """Whether a round's arguments give it records to commit: the first rounds, planned before
-    the producer's first records, have none (``--until-offsets {"0": 0, ...}``)."""
+    """Whether a round was planned once the topic had records: the first rounds, planned
+    before the producer's first records, end at offset 0 (``--until-offsets {"0": 0, ...}``)."""
     if b"--until-offsets" not in args:
         return False
     until = json.loads(args[args.index(b"--until-offsets") + 1])
@@ -245,7 +246,7 @@ def test_scheduler_crash_clear_and_backfill_keep_the_table_exact(
             lambda: round_processes(home, with_records=True),
             180,
             interval=0.05,
-            what="a commit round with records to commit to be running",
+            what="a commit round planned after the first records to be running",
         )
         airflow.stack.kill_and_restart("scheduler")
         assert not round_processes(home) or wait_for(
