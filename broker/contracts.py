@@ -35,6 +35,15 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_valida
 from broker import names, topic_configs
 from broker.external_catalogs import tablebucket
 
+# Icefall's FileIO for every pyiceberg catalog its processes open (broker/iceberg_fileio.py);
+# named here, not imported: this module is read at DAG parse time, that one imports pyarrow
+ICEFALL_FILE_IO = "broker.iceberg_fileio.IcefallFileIO"
+
+
+def with_default_io(properties: Mapping[str, str]) -> dict[str, str]:
+    """``properties`` with ``py-io-impl`` = Icefall's FileIO unless they name a FileIO."""
+    return {"py-io-impl": ICEFALL_FILE_IO, **properties}
+
 
 def _offsets_json(offsets: Mapping[int, int]) -> dict[str, int]:
     return {str(p): int(o) for p, o in sorted(offsets.items(), key=lambda item: int(item[0]))}
@@ -261,7 +270,11 @@ class CatalogSpec(Contract):
     def pyiceberg_properties(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """``load_catalog(name, **these)``. pyiceberg has no S3 Tables or Nessie catalog: those
         are Icefall's (broker/external_catalogs/). ``env``: where the REST catalog's credentials
-        come from (this process's environment unless given)."""
+        come from (this process's environment unless given). The FileIO is Icefall's
+        (``broker.iceberg_fileio``) unless the properties name one."""
+        return with_default_io(self._pyiceberg_catalog_properties(env))
+
+    def _pyiceberg_catalog_properties(self, env: Mapping[str, str] | None) -> dict[str, str]:
         if self.type == tablebucket.TYPE:  # AWS S3 Tables: warehouse is the table bucket's ARN
             return tablebucket.pyiceberg_properties(self.warehouse or "", self.properties)
         extra = {"warehouse": self.warehouse} if self.warehouse and not self.builtin else {}

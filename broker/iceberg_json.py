@@ -18,8 +18,8 @@ import json
 from typing import Any
 
 from pyiceberg.io import FileIO
-from pyiceberg.serializers import Compressor, ToOutputFile
-from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.serializers import Compressor
+from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import IcebergBaseModel
 
 V3 = 3
@@ -46,11 +46,15 @@ def to_dict(metadata: TableMetadata) -> dict[str, Any]:
     return data
 
 
-def write_metadata(metadata: TableMetadata, io: FileIO, location: str) -> None:
-    """A metadata file, compressed as its name says; v1/v2 by pyiceberg's ``ToOutputFile`` itself."""
-    if metadata.format_version < V3:
-        ToOutputFile.table_metadata(metadata, io.new_output(location))
-        return
-    data = Compressor.get_compressor(location).bytes_compressor()(to_json(metadata).encode())
-    with io.new_output(location).create(overwrite=False) as out:
+def write_metadata(metadata: TableMetadata, io: FileIO, location: str) -> TableMetadata:
+    """A metadata file, compressed as its name says; returns the metadata as the file holds it
+    (its JSON parsed back: what a reader of the file gets, for ``broker.metadata_cache``).
+
+    Written without pyiceberg's does-it-exist check: the name is new (a version and a UUID),
+    the check is not atomic on S3 anyway (what makes a commit exclusive is the catalog's
+    conditional pointer swap), and on S3 it cost a HEAD and a LIST before every commit."""
+    text = to_json(metadata)
+    data = Compressor.get_compressor(location).bytes_compressor()(text.encode())
+    with io.new_output(location).create(overwrite=True) as out:
         out.write(data)
+    return TableMetadataUtil.parse_raw(text)

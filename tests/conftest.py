@@ -140,6 +140,29 @@ class MotoS3(ServerProcess):
     def wait_ready(self, timeout: float = 30.0) -> None:
         self.wait_http(self.endpoint + "/moto-api/", "moto server", timeout, interval=0.1)
 
+    def requests_seen(self, bucket: str) -> list[str]:
+        """Every request on ``bucket`` so far, as ``"METHOD /bucket/key?query"`` in the order the
+        server's log has them. A marker request is sent and waited for first, so the requests
+        that ended before this call are all in the log (it writes a line as each one ends)."""
+        marker = f"marker-{uuid.uuid4().hex}"
+        with contextlib.suppress(Exception):  # 404: it is only there to be logged
+            self.client().head_object(Bucket=bucket, Key=marker)
+
+        def on_bucket(request: str) -> bool:
+            path = request.partition(" ")[2]
+            return path == f"/{bucket}" or path.startswith((f"/{bucket}/", f"/{bucket}?"))
+
+        def logged() -> list[str] | None:
+            quoted = (
+                line.split('"') for line in self.log_path.read_text(errors="replace").splitlines()
+            )
+            requests = (" ".join(parts[1].split()[:2]) for parts in quoted if len(parts) > 2)
+            lines = [request for request in requests if on_bucket(request)]
+            ends = [i for i, line in enumerate(lines) if marker in line]
+            return lines[: ends[0]] if ends else None
+
+        return wait_for(logged, 30, interval=0.05, what=f"moto's log line of {marker}")
+
 
 @pytest.fixture(scope="session")
 def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:

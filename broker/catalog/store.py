@@ -33,7 +33,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.serializers import FromInputFile
-from pyiceberg.table import TableProperties
+from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
@@ -41,10 +41,11 @@ from sqlalchemy import ColumnElement, event, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
-from broker import iceberg_json
+from broker import iceberg_json, metadata_cache
 from broker.catalog.errors import BadRequest
 from broker.catalog.locations import Warehouse, check_readable
 from broker.catalog.models import CreateTableRequest
+from broker.contracts import with_default_io
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +91,33 @@ class LoadedTable:
 
 
 class _SqlCatalog(SqlCatalog):
-    """pyiceberg's SQL catalog, writing metadata files of every format version (``v3``)."""
+    """pyiceberg's SQL catalog, writing metadata files of every format version (``v3``) and
+    reading each metadata file once (``broker.metadata_cache``: a load-table or a commit
+    fetches no file the broker has read or written before)."""
 
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
-        iceberg_json.write_metadata(metadata, io, metadata_path)
+        metadata_cache.remember(
+            metadata_path, iceberg_json.write_metadata(metadata, io, metadata_path)
+        )
+
+    def _convert_orm_to_iceberg(self, orm_table: IcebergTables) -> Table:
+        """pyiceberg's, with the metadata from the cache (the row's checks are the same)."""
+        location, namespace, name = (
+            orm_table.metadata_location,
+            orm_table.table_namespace,
+            orm_table.table_name,
+        )
+        if not (location and namespace and name):
+            return super()._convert_orm_to_iceberg(orm_table)  # its NoSuchTableError, named
+        metadata = metadata_cache.read(load_file_io(self.properties, location), location)
+        return Table(
+            identifier=Catalog.identifier_to_tuple(namespace) + (name,),
+            metadata=metadata,
+            metadata_location=location,
+            io=self._load_file_io(metadata.properties, location),
+            catalog=self,
+        )
 
     def create_tables(self) -> None:
         """The catalog's tables, made by whichever broker sharing the database gets there first:
@@ -125,7 +148,7 @@ class CatalogStore:
             uri=uri,
             warehouse=self.warehouse.root,
             schema_version="v1",
-            **(io_properties or {}),
+            **with_default_io(io_properties or {}),
         )
         if self.sql.engine.dialect.name == "sqlite":
             # readers do not wait for the writer; a writer waits up to 10 s for another

@@ -36,14 +36,13 @@ from pyiceberg.exceptions import (
 from pyiceberg.io import load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 
-from broker import iceberg_json
+from broker import iceberg_json, metadata_cache
 from broker.catalog.v3 import server_updates
 from broker.external_catalogs.no_views import NoViews
 
@@ -77,7 +76,9 @@ class NessieCatalog(NoViews, MetastoreCatalog):
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: Any, metadata_path: str) -> None:
         """Every format version, v3 included (pyiceberg 0.12 writes up to v2)."""
-        iceberg_json.write_metadata(metadata, io, metadata_path)
+        metadata_cache.remember(
+            metadata_path, iceberg_json.write_metadata(metadata, io, metadata_path)
+        )
 
     # ------------------------------------------------------------------ Nessie API
 
@@ -153,8 +154,7 @@ class NessieCatalog(NoViews, MetastoreCatalog):
 
     def _table(self, identifier: Identifier, content: dict[str, Any]) -> Table:
         location = content["metadataLocation"]
-        io = load_file_io(self.properties, location)
-        metadata = FromInputFile.table_metadata(io.new_input(location))
+        metadata = metadata_cache.read(load_file_io(self.properties, location), location)
         return Table(
             identifier, metadata, location, self._load_file_io(metadata.properties, location), self
         )

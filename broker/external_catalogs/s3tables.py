@@ -39,7 +39,6 @@ from pyiceberg.exceptions import (
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.serializers import FromInputFile, ToOutputFile
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
@@ -47,6 +46,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 
+from broker import iceberg_json, metadata_cache
 from broker.external_catalogs.no_views import NoViews
 from broker.external_catalogs.tablebucket import (
     ENDPOINT,
@@ -245,7 +245,7 @@ class S3TablesCatalog(NoViews, MetastoreCatalog):
 
     def _table(self, namespace: str, name: str, metadata_location: str) -> Table:
         io = load_file_io(self.properties, metadata_location)
-        metadata = FromInputFile.table_metadata(io.new_input(metadata_location))
+        metadata = metadata_cache.read(io, metadata_location)
         return Table(
             identifier=(namespace, name),
             metadata=metadata,
@@ -314,7 +314,9 @@ class S3TablesCatalog(NoViews, MetastoreCatalog):
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
         """Without the exists check (S3 Tables' storage refuses ListObjectsV2); the name is new."""
-        ToOutputFile.table_metadata(metadata, io.new_output(metadata_path), overwrite=True)
+        metadata_cache.remember(
+            metadata_path, iceberg_json.write_metadata(metadata, io, metadata_path)
+        )
 
     def _swap(self, namespace: str, name: str, metadata_location: str, token: str) -> str:
         """``UpdateTableMetadataLocation`` with the version token: the conditional commit."""

@@ -138,6 +138,13 @@ def test_rounds_on_s3_read_by_spark_pyiceberg_and_duckdb(
     assert loaded.metadata_location.startswith(f"s3://{bucket}/warehouse/")
     data_keys = [k for k in s3_keys(moto_s3, bucket, "warehouse/") if k.endswith(".parquet")]
     assert data_keys, "the round wrote no data file to S3"
+    # every file of these small rounds (data, manifests, metadata) went up in one PUT, and the
+    # catalog never read back a metadata file it wrote (broker.iceberg_fileio, metadata_cache)
+    table_path = f"/{loaded.location().removeprefix('s3://')}/"
+    on_table = [r for r in moto_s3.requests_seen(bucket) if table_path in r]
+    assert on_table
+    assert not [r for r in on_table if "?uploads" in r or "uploadId=" in r], on_table
+    assert all(r.startswith("PUT ") for r in on_table if ".metadata.json" in r), on_table
 
     name = commit_round.use_catalog(spark, broker.catalog_url)
     from_spark = sorted(
