@@ -185,6 +185,9 @@ def spark_session(app_name: str, master: str | None, conf: dict[str, str] | None
             .config("spark.jars", ",".join(iceberg_jars()))
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.ui.enabled", "false")
+            # no console progress bar: its thread redraws every 200 ms, noise in task logs and CPU
+            # in the idle warm driver (0.66 -> 0.40 CPU-s a minute without it, one sample each)
+            .config("spark.ui.showConsoleProgress", "false")
         )
         for key, value in (conf or {}).items():
             builder = builder.config(key, value)
