@@ -63,6 +63,18 @@ PRIVATE_APIS: list[tuple[str, str, list[str] | None, str]] = [
     ),
     (
         "pyiceberg.catalog.sql",
+        "SqlCatalog._convert_orm_to_iceberg",
+        ["self", "orm_table"],
+        "broker/catalog/store.py overrides it: a table row's metadata from broker.metadata_cache",
+    ),
+    (
+        "pyiceberg.io.pyarrow",
+        "PyArrowFileIO._initialize_s3_fs",
+        ["self", "netloc"],
+        "broker/iceberg_fileio.py overrides it: the S3 file system rebuilt with allow_delayed_open",
+    ),
+    (
+        "pyiceberg.catalog.sql",
         "SqlCatalog._create_table_row",
         ["self", "namespace", "table_name", "metadata_location"],
         "broker/catalog/commits.py: the row of a table created by a multi-table commit",
