@@ -18,8 +18,14 @@ made it.
 
 ``broker.contracts.with_default_io`` names it as ``py-io-impl`` in the properties of the
 catalogs Icefall's processes open (the broker's own store, the rounds', the Airflow plugin's),
-unless the properties name another FileIO. It is never handed to a catalog's clients: their
-pyiceberg has no ``broker`` package.
+unless the properties name another FileIO (``automq.table.topic.catalog.py-io-impl``). It is
+never handed to a catalog's clients: their pyiceberg has no ``broker`` package. What naming
+it changes besides S3 writes: every scheme gets pyarrow's file system, where pyiceberg would
+pick its fsspec FileIO for a few (Azure's ``abfs``, ``hf://``; pyarrow reads Azure too), and an
+external REST catalog's ``/v1/config`` defaults cannot name a FileIO over it (its overrides
+can). A round's Spark tasks load it too: their ``--py-files`` zip carries the ``broker``
+package (``icefall_airflow.py_files``), and with ``ICEFALL_SPARK_PY_FILES=none`` the
+executors' Icefall must be as new as the driver's.
 """
 
 from __future__ import annotations

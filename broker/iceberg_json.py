@@ -21,6 +21,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.serializers import Compressor
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.typedef import IcebergBaseModel
+from pyiceberg.utils.config import Config
 
 V3 = 3
 INITIAL_ROW_ID = 0
@@ -53,7 +54,11 @@ def write_metadata(metadata: TableMetadata, io: FileIO, location: str) -> TableM
     Written without pyiceberg's does-it-exist check: the name is new (a version and a UUID),
     the check is not atomic on S3 anyway (what makes a commit exclusive is the catalog's
     conditional pointer swap), and on S3 it cost a HEAD and a LIST before every commit."""
-    text = to_json(metadata)
+    if metadata.format_version < V3:  # as pyiceberg's ToOutputFile: -1 for no snapshot if asked
+        legacy = Config().get_bool("legacy-current-snapshot-id")
+        text = metadata.model_dump_json(exclude_none=not legacy)
+    else:
+        text = to_json(metadata)
     data = Compressor.get_compressor(location).bytes_compressor()(text.encode())
     with io.new_output(location).create(overwrite=True) as out:
         out.write(data)

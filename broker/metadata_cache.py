@@ -3,15 +3,22 @@
 A metadata JSON is never rewritten: every commit writes a new file (its name carries a
 version and a UUID) and moves the catalog's pointer to it. So the metadata parsed from a
 location stays true for that location, and a process that reads a table again and again
-(the broker's catalog on each load-table and each commit, a round's driver loading its
-table to plan, write and publish, the warm driver's rounds) need not fetch and parse the
-same file each time: on S3 that is a HEAD and a GET, and the parse of a file that grows with
-the table's snapshots. A file the process writes itself is remembered as written, so the
-commit that follows it reads nothing.
+need not fetch and parse the same file each time: on S3 that is a HEAD and a GET, and the
+parse of a file that grows with the table's snapshots. Used by the broker's catalog (each
+load-table and each commit) and by Icefall's pyiceberg catalogs that read metadata files
+themselves (Nessie, S3 Tables: a round's driver loads its table to plan, write and publish).
+A REST catalog's clients get the metadata in the response and never come here.
+
+A file the process writes itself is remembered as written, so the commit that follows it
+reads nothing, and the file it supersedes (the previous entry of its metadata log) is
+dropped: only a table's current metadata is worth keeping. A file deleted (a commit that
+lost its swap) is dropped too.
 
 Only the pointer's lookup (the catalog's database, S3 Tables' or Nessie's API) says which
-location is current; this cache never answers that. Bounded: the most recently used
-``MAX_ENTRIES`` locations (an active table needs its current one).
+location is current; this cache never answers that. Bounded by weight, not count: a
+metadata file holds every snapshot the table keeps, so an entry weighs one plus its
+snapshots, snapshot-log and metadata-log entries, and the least recently used go once the
+total passes ``MAX_WEIGHT`` (about 4 KB parsed per snapshot: tens of MB at most).
 """
 
 from __future__ import annotations
@@ -23,9 +30,14 @@ from pyiceberg.io import FileIO
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.metadata import TableMetadata
 
-MAX_ENTRIES = 64
+MAX_WEIGHT = 20_000
 
-_cache: LRUCache[str, TableMetadata] = LRUCache(maxsize=MAX_ENTRIES)
+
+def weight(metadata: TableMetadata) -> int:
+    return 1 + len(metadata.snapshots) + len(metadata.snapshot_log) + len(metadata.metadata_log)
+
+
+_cache: LRUCache[str, TableMetadata] = LRUCache(maxsize=MAX_WEIGHT, getsizeof=weight)
 _lock = threading.Lock()
 
 
@@ -36,16 +48,33 @@ def read(io: FileIO, location: str) -> TableMetadata:
     if found is not None:
         return found
     metadata = FromInputFile.table_metadata(io.new_input(location))
-    remember(location, metadata)
+    _put(location, metadata)
     return metadata
 
 
 def remember(location: str, metadata: TableMetadata) -> None:
-    """``metadata`` is what ``location`` holds (this process has just written it)."""
+    """``metadata`` is what ``location`` holds now (this process has just written or read it);
+    the file it supersedes is dropped."""
     with _lock:
-        _cache[location] = metadata
+        if metadata.metadata_log:
+            _cache.pop(metadata.metadata_log[-1].metadata_file, None)
+    _put(location, metadata)
+
+
+def forget(location: str) -> None:
+    """``location`` is gone (deleted) or no longer to be trusted."""
+    with _lock:
+        _cache.pop(location, None)
 
 
 def clear() -> None:
     with _lock:
         _cache.clear()
+
+
+def _put(location: str, metadata: TableMetadata) -> None:
+    with _lock:
+        try:
+            _cache[location] = metadata
+        except ValueError:  # heavier than the whole budget: not kept
+            _cache.pop(location, None)

@@ -141,9 +141,10 @@ class MotoS3(ServerProcess):
         self.wait_http(self.endpoint + "/moto-api/", "moto server", timeout, interval=0.1)
 
     def requests_seen(self, bucket: str) -> list[str]:
-        """Every request on ``bucket`` so far, as ``"METHOD /bucket/key?query"`` in the order the
-        server's log has them. A marker request is sent and waited for first, so the requests
-        that ended before this call are all in the log (it writes a line as each one ends)."""
+        """Every request on ``bucket`` so far (path-style, as the tests' clients send them), as
+        ``"METHOD /bucket/key?query"`` in the order the server's log has them. A marker request
+        is sent and waited for first: werkzeug writes a request's line before it sends the
+        response, so every request answered before this call is in the log by then."""
         marker = f"marker-{uuid.uuid4().hex}"
         with contextlib.suppress(Exception):  # 404: it is only there to be logged
             self.client().head_object(Bucket=bucket, Key=marker)

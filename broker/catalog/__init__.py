@@ -51,11 +51,10 @@ def open_catalog(config: BrokerConfig) -> CatalogApi:
     """The catalog's HTTP app over its store, ready for ``start(host, port)``. The store writes
     metadata files with the client settings plus this process's credentials."""
     client = client_io_properties(config)
-    store = CatalogStore(
-        config.catalog_db_uri,
-        config.catalog_warehouse,
-        {**client, **aws_io_credentials()} if client else {},
-    )
+    store_io = {**client, **aws_io_credentials()} if client else {}
+    if file_io := config.catalog.properties.get("py-io-impl"):  # else Icefall's (contracts)
+        store_io["py-io-impl"] = file_io
+    store = CatalogStore(config.catalog_db_uri, config.catalog_warehouse, store_io)
     from broker.http_security import setup
 
     api = CatalogApi(

@@ -29,6 +29,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from broker import metadata_cache
 from broker.catalog import updates
 from broker.catalog.errors import CatalogError
 from broker.catalog.store import (
@@ -169,6 +170,7 @@ def _swap(store: CatalogStore, staged: list[_Staged]) -> None:
 
 def _delete(staged: list[_Staged]) -> None:
     for item in staged:
+        metadata_cache.forget(item.new.metadata_location)
         try:
             item.new.io.delete(item.new.metadata_location)
         except Exception:  # noqa: BLE001 - an orphan metadata file is harmless

@@ -93,7 +93,7 @@ class LoadedTable:
 class _SqlCatalog(SqlCatalog):
     """pyiceberg's SQL catalog, writing metadata files of every format version (``v3``) and
     reading each metadata file once (``broker.metadata_cache``: a load-table or a commit
-    fetches no file the broker has read or written before)."""
+    fetches no table's current metadata the broker has read or written, while it is cached)."""
 
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
@@ -327,6 +327,9 @@ class CatalogStore:
             raise BadRequest(
                 f"cannot read table metadata at {metadata_location!r}: {type(exc).__name__}"
             ) from exc
+        # what the file holds now, whatever was cached for the location (a file the user
+        # wrote again at a location used before): the one path where that can happen
+        metadata_cache.remember(metadata_location, metadata)
         if self.current_location(identifier) is None:
             self.sql.register_table(sql_identifier(identifier), metadata_location)
         elif overwrite:

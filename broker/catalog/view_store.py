@@ -236,7 +236,9 @@ def _new_metadata_location(store: CatalogStore, metadata: ViewMetadata, version:
 
 def _write(store: CatalogStore, metadata: ViewMetadata, location: str) -> None:
     io = load_file_io(store.sql.properties, location)
-    with io.new_output(location).create(overwrite=False) as out:
+    # no does-it-exist check (a HEAD and a LIST on S3): the name is new, as a table's
+    # (broker.iceberg_json.write_metadata)
+    with io.new_output(location).create(overwrite=True) as out:
         out.write(metadata.model_dump_json().encode())
 
 

@@ -53,7 +53,7 @@ def test_a_small_file_is_one_put_and_a_large_one_multipart(moto_s3: MotoS3, s3_b
     assert on_small == [f"PUT /{s3_bucket}/t/metadata/00001.metadata.json"], on_small
     on_large = [r for r in seen if "big.parquet" in r]
     assert on_large[0] == f"POST /{s3_bucket}/t/data/big.parquet?uploads", on_large
-    assert sum("partNumber=" in r for r in on_large) == 2, on_large
+    assert sum("partNumber=" in r for r in on_large) >= 2, on_large
 
     assert read(io, f"s3://{s3_bucket}/t/metadata/00001.metadata.json") == small
     assert read(io, f"s3://{s3_bucket}/t/data/big.parquet") == large

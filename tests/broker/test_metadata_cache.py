@@ -11,6 +11,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
+from pyiceberg.table.snapshots import MetadataLogEntry
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.types import LongType, NestedField
 
@@ -42,6 +43,9 @@ def test_a_file_is_fetched_once(tmp_path: Path) -> None:
     assert first == written
     path.unlink()  # a second read that fetched would fail now
     assert metadata_cache.read(io, str(path)) is first
+    metadata_cache.forget(str(path))
+    with pytest.raises(FileNotFoundError):
+        metadata_cache.read(io, str(path))
 
 
 @pytest.mark.parametrize("format_version", [2, 3])
@@ -59,11 +63,33 @@ def test_a_file_written_is_remembered_as_the_file_holds_it(
         assert getattr(metadata_cache.read(io, str(path)), "next_row_id", None) == 0
 
 
-def test_only_the_most_recently_used_locations_are_kept(tmp_path: Path) -> None:
+def test_a_commit_drops_the_file_it_supersedes(tmp_path: Path) -> None:
+    io, first, second = (
+        PyArrowFileIO(),
+        tmp_path / "00001.metadata.json",
+        tmp_path / "00002.metadata.json",
+    )
+    base = iceberg_json.write_metadata(table_metadata(tmp_path), io, str(first))
+    metadata_cache.read(io, str(first))
+    log = [
+        MetadataLogEntry.model_validate(
+            {"metadata-file": str(first), "timestamp-ms": base.last_updated_ms}
+        )
+    ]
+    newer = base.model_copy(update={"metadata_log": log})
+    metadata_cache.remember(str(second), iceberg_json.write_metadata(newer, io, str(second)))
+    first.unlink()
+    with pytest.raises(FileNotFoundError):  # not kept: read again, and gone
+        metadata_cache.read(io, str(first))
+    second.unlink()
+    assert metadata_cache.read(io, str(second)).metadata_log == log
+
+
+def test_the_least_recently_used_go_past_the_weight_budget(tmp_path: Path) -> None:
     io, path = PyArrowFileIO(), tmp_path / "00001.metadata.json"
     metadata = iceberg_json.write_metadata(table_metadata(tmp_path), io, str(path))
     metadata_cache.read(io, str(path))
-    for n in range(metadata_cache.MAX_ENTRIES):
+    for n in range(metadata_cache.MAX_WEIGHT // metadata_cache.weight(metadata)):
         metadata_cache.remember(str(tmp_path / f"other-{n}.metadata.json"), metadata)
     path.unlink()
     with pytest.raises(FileNotFoundError):

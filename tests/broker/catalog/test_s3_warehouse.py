@@ -13,9 +13,10 @@ from pyiceberg.catalog import Catalog, load_catalog
 from tests.conftest import MotoS3
 
 
-def s3_catalog(broker_factory: Any, moto_s3: MotoS3, bucket: str) -> Catalog:
-    """A pyiceberg client of a broker whose warehouse is in ``bucket``."""
-    broker = broker_factory(["--warehouse", f"s3://{bucket}/warehouse"], moto_s3.env(), name="s3wh")
+def s3_catalog(broker_factory: Any, moto_s3: MotoS3, bucket: str, *extra: str) -> Catalog:
+    """A pyiceberg client of a broker whose warehouse is in ``bucket`` (``extra``: its flags)."""
+    args = ["--warehouse", f"s3://{bucket}/warehouse", *extra]
+    broker = broker_factory(args, moto_s3.env(), name="s3wh")
     return load_catalog(
         "s3",
         type="rest",
@@ -64,3 +65,15 @@ def test_a_commit_is_one_put_of_metadata_and_a_load_reads_none(
     # upload, and no read of a metadata file by the catalog that wrote it
     assert len(on_metadata) == 4, on_metadata
     assert all(r.startswith("PUT ") and "?" not in r for r in on_metadata), on_metadata
+
+
+def test_a_file_io_named_in_the_settings_is_the_catalogs(
+    broker_factory: Any, moto_s3: MotoS3, s3_bucket: str
+) -> None:
+    """pyiceberg's own FileIO, named: its multipart upload per metadata file is back."""
+    own = "automq.table.topic.catalog.py-io-impl=pyiceberg.io.pyarrow.PyArrowFileIO"
+    client = s3_catalog(broker_factory, moto_s3, s3_bucket, "--override", own)
+    client.create_namespace("lake")
+    client.create_table("lake.events", pa.schema([pa.field("id", pa.int64())]))
+    on_metadata = [r for r in moto_s3.requests_seen(s3_bucket) if ".metadata.json" in r]
+    assert any(r.endswith("?uploads") for r in on_metadata), on_metadata
