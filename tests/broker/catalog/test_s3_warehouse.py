@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.table import Table
 
 from tests.conftest import MotoS3
 
@@ -30,12 +31,16 @@ def s3_catalog(broker_factory: Any, moto_s3: MotoS3, bucket: str, *extra: str) -
     )
 
 
+def events_table(client: Catalog) -> Table:
+    client.create_namespace("lake")
+    return client.create_table("lake.events", pa.schema([pa.field("id", pa.int64())]))
+
+
 def test_tables_live_in_an_s3_warehouse(
     broker_factory: Any, moto_s3: MotoS3, s3_bucket: str
 ) -> None:
     client = s3_catalog(broker_factory, moto_s3, s3_bucket)
-    client.create_namespace("lake")
-    table = client.create_table("lake.events", pa.schema([pa.field("id", pa.int64())]))
+    table = events_table(client)
     table.append(pa.table({"id": pa.array([1, 2, 3], pa.int64())}))
     assert table.metadata_location.startswith(f"s3://{s3_bucket}/warehouse/")
     assert sorted(client.load_table("lake.events").scan().to_arrow().column("id").to_pylist()) == [
@@ -53,8 +58,7 @@ def test_a_commit_is_one_put_of_metadata_and_a_load_reads_none(
     broker_factory: Any, moto_s3: MotoS3, s3_bucket: str
 ) -> None:
     client = s3_catalog(broker_factory, moto_s3, s3_bucket)
-    client.create_namespace("lake")
-    table = client.create_table("lake.events", pa.schema([pa.field("id", pa.int64())]))
+    table = events_table(client)
     for i in range(3):
         table.append(pa.table({"id": pa.array([i], pa.int64())}))
     for _ in range(3):
@@ -72,8 +76,6 @@ def test_a_file_io_named_in_the_settings_is_the_catalogs(
 ) -> None:
     """pyiceberg's own FileIO, named: its multipart upload per metadata file is back."""
     own = "automq.table.topic.catalog.py-io-impl=pyiceberg.io.pyarrow.PyArrowFileIO"
-    client = s3_catalog(broker_factory, moto_s3, s3_bucket, "--override", own)
-    client.create_namespace("lake")
-    client.create_table("lake.events", pa.schema([pa.field("id", pa.int64())]))
+    events_table(s3_catalog(broker_factory, moto_s3, s3_bucket, "--override", own))
     on_metadata = [r for r in moto_s3.requests_seen(s3_bucket) if ".metadata.json" in r]
     assert any(r.endswith("?uploads") for r in on_metadata), on_metadata
