@@ -30,6 +30,8 @@ from pyiceberg.io import FileIO
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.metadata import TableMetadata
 
+from broker import iceberg_json
+
 MAX_WEIGHT = 20_000
 
 
@@ -59,6 +61,12 @@ def remember(location: str, metadata: TableMetadata) -> None:
         if metadata.metadata_log:
             _cache.pop(metadata.metadata_log[-1].metadata_file, None)
     _put(location, metadata)
+
+
+def write(metadata: TableMetadata, io: FileIO, location: str) -> None:
+    """Write the metadata file (``broker.iceberg_json``, every format version) and remember it
+    as the file holds it: the catalogs' ``_write_metadata``."""
+    remember(location, iceberg_json.write_metadata(metadata, io, location))
 
 
 def forget(location: str) -> None:

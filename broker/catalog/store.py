@@ -97,9 +97,7 @@ class _SqlCatalog(SqlCatalog):
 
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
-        metadata_cache.remember(
-            metadata_path, iceberg_json.write_metadata(metadata, io, metadata_path)
-        )
+        metadata_cache.write(metadata, io, metadata_path)
 
     def _convert_orm_to_iceberg(self, orm_table: IcebergTables) -> Table:
         """pyiceberg's, with the metadata from the cache (the row's checks are the same)."""

@@ -42,7 +42,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 
-from broker import iceberg_json, metadata_cache
+from broker import metadata_cache
 from broker.catalog.v3 import server_updates
 from broker.external_catalogs.no_views import NoViews
 
@@ -76,9 +76,7 @@ class NessieCatalog(NoViews, MetastoreCatalog):
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: Any, metadata_path: str) -> None:
         """Every format version, v3 included (pyiceberg 0.12 writes up to v2)."""
-        metadata_cache.remember(
-            metadata_path, iceberg_json.write_metadata(metadata, io, metadata_path)
-        )
+        metadata_cache.write(metadata, io, metadata_path)
 
     # ------------------------------------------------------------------ Nessie API
 

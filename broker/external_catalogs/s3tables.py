@@ -46,7 +46,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 
-from broker import iceberg_json, metadata_cache
+from broker import metadata_cache
 from broker.external_catalogs.no_views import NoViews
 from broker.external_catalogs.tablebucket import (
     ENDPOINT,
@@ -314,9 +314,7 @@ class S3TablesCatalog(NoViews, MetastoreCatalog):
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
         """Without the exists check (S3 Tables' storage refuses ListObjectsV2); the name is new."""
-        metadata_cache.remember(
-            metadata_path, iceberg_json.write_metadata(metadata, io, metadata_path)
-        )
+        metadata_cache.write(metadata, io, metadata_path)
 
     def _swap(self, namespace: str, name: str, metadata_location: str, token: str) -> str:
         """``UpdateTableMetadataLocation`` with the version token: the conditional commit."""
