@@ -32,18 +32,41 @@ CATALOG_CONN_ID = "icefall_catalog"
 
 
 def _connection(conn_id: str) -> Any | None:
-    """The Airflow connection ``conn_id``, or None when it is not defined."""
+    """The Airflow connection ``conn_id``, or None when it is not defined.
+
+    The Task SDK's lookup first. In a task its answer is final: it asks the environment's
+    ``AIRFLOW_CONN_*``, the configured secrets backends and the Execution API, so "not found" is
+    None at once (falling through to ``airflow.models`` asked the API server a second time and
+    put a deprecation warning in every task log). Outside a task (the API server's status view)
+    the SDK may have no way to the metadata database; that is the fallback's.
+    """
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
     try:
-        from airflow.sdk import Connection
-
         return Connection.get(conn_id)
-    except Exception:  # noqa: BLE001 -- outside a task (the API server's view): the metadata DB
-        try:
-            from airflow.models.connection import Connection as StoredConnection
-
-            return StoredConnection.get_connection_from_secrets(conn_id)
-        except Exception:  # noqa: BLE001 -- not defined anywhere: the service is open
+    except AirflowNotFoundException:
+        if _in_task():
             return None
+    except Exception:  # noqa: BLE001 -- outside a task: the metadata DB, below
+        pass
+    try:
+        from airflow.models.connection import Connection as StoredConnection
+
+        return StoredConnection.get_connection_from_secrets(conn_id)
+    except Exception:  # noqa: BLE001 -- not defined anywhere: the service is open
+        return None
+
+
+def _in_task() -> bool:
+    """Whether this code runs in a task (the SDK has its context), by the SDK's public call."""
+    from airflow.sdk import get_current_context
+
+    try:
+        get_current_context()
+    except Exception:  # noqa: BLE001 -- "no context was found": not in a task
+        return False
+    return True
 
 
 def _mask(*values: str) -> None:

@@ -596,6 +596,12 @@ def test_up_runs_demo_airflow_commits_and_ctrl_c_stops_everything(
         )
         assert rows > 0
         assert (home / "airflow" / "airflow.db").exists()
+        # a commit task asks for each connection once, through the Task SDK: an undefined one
+        # (the open registry's and catalog's) is not asked again through airflow.models (a second
+        # round trip to the API server and a deprecation warning in every task log)
+        task_logs = list((home / "airflow" / "logs").glob("dag_id=icefall_commit__*/**/*.log"))
+        assert task_logs
+        assert [p for p in task_logs if "get_connection_from_secrets" in p.read_text()] == []
         maintenance_waits_an_interval(f"http://127.0.0.1:{airflow}", token, manifest)
         if on_s3:
             listed = request.getfixturevalue("moto_s3").client().list_objects_v2(Bucket=bucket)
