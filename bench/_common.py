@@ -691,9 +691,14 @@ class CpuByProcess(Sampler):
         self.root = root
         self.start_sampling()
 
-    def _label(self, pid: int, cmd: str, before: str | None, parents: Mapping[int, int]) -> str:
-        # classified anew while it has a command line (exec changes it); a zombie has none
-        return self.classify(cmd) if cmd.strip() or before is None else before
+    def _label(
+        self, pid: int, cmd: str, before: str | None, parents: Mapping[int, int]
+    ) -> str | None:
+        # classified anew while it has a command line (exec changes it); a zombie has none: it
+        # keeps its kind, and one first seen as a zombie (it lived within one interval) is left
+        # out, so its whole time counts in its reaper's children time, as if never seen (it was
+        # "other", and the reaper's share lost it to that kind)
+        return self.classify(cmd) if cmd.strip() else before
 
     def sample(self) -> None:
         if self.root is not None:
