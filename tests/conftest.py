@@ -19,7 +19,8 @@ from tests.support import BrokerProcess, free_port, wait_for
 
 # Every JVM the tests start (Spark's drivers and jobs, Kafka's tools, broker and Connect worker,
 # Nessie, Iceberg's REST fixture) lives seconds to a minute on little data, so its JIT compiling
-# is most of its CPU: C1 alone and the serial collector cut that, and the suite shares two cores.
+# is a large part of its CPU: C1 alone and the serial collector cut that (the suite shares two
+# cores).
 # On tests/broker/test_kafka_tools.py (nine tests, a JVM per command) 114.6 → 77.7 CPU-s,
 # wall 89 → 75 s; tests/spark_jobs/test_maintenance.py 105 → 93 s wall. Tests only: what
 # `make run` starts keeps the JVM's defaults; a JDK_JAVA_OPTIONS already set is kept.
