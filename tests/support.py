@@ -142,6 +142,14 @@ def serving(server: ThreadingHTTPServer) -> Iterator[str]:
         thread.join(5)
 
 
+# ``python -m broker.cli`` as the broker runs deployed, where hypothesis (a test extra) is not
+# installed: kio registers hypothesis strategies for its types at import when it finds it, 0.2-0.5
+# of a broker start's ~2 CPU-s here, paid by every one of the suite's few hundred broker starts.
+BROKER_MAIN = (
+    "import sys; sys.modules['hypothesis'] = None; from broker.cli import main; sys.exit(main())"
+)
+
+
 class BrokerProcess:
     """``icefall broker`` in its own process group, on free ports."""
 
@@ -182,8 +190,8 @@ class BrokerProcess:
         ready.unlink(missing_ok=True)
         cmd = [
             sys.executable,
-            "-m",
-            "broker.cli",
+            "-c",
+            BROKER_MAIN,
             "broker",
             "--home",
             str(self.home),
