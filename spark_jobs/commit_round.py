@@ -396,11 +396,7 @@ class CommitRound:
 
     def _plan(self, broker_plan: TopicPlan) -> tuple[round_plan.RoundPlan, checkpoint.Checkpoint]:
         """The round's offsets: from the table's checkpoint (none yet: from the start) to the broker's cut."""
-        table = (
-            self.catalog.load_table(self.topic.identifier)
-            if self.catalog.table_exists(self.topic.identifier)
-            else None
-        )
+        table = self._table_or_none()
         self._planned_metadata = table.metadata if table is not None else None
         found = (
             checkpoint.read_checkpoint(table.metadata)
@@ -648,15 +644,24 @@ class CommitRound:
             _kill_point("between_commits")
             self._catch_up_dlq(heads[0].table.refresh())
 
+    def _table_or_none(self) -> Any:
+        """The topic's table, None when it does not exist yet: one catalog request (a load that
+        may find nothing), where ``table_exists`` then ``load_table`` made two on every round."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog.load_table(self.topic.identifier)
+        except NoSuchTableError:
+            return None
+
     def _catch_up_dlq(self, table: Any = None) -> None:
         """The DLQ rows of the table's last round committed to the DLQ if they are not yet there;
         at the round's start (``table`` None) a DLQ reprocess a crash cut in two is finished too."""
         identifier = (self.topic.namespace, dlq.dlq_name(self.topic.table))
         try:
             if table is None:
-                if not self.catalog.table_exists(self.topic.identifier):
+                if (table := self._table_or_none()) is None:
                     return
-                table = self.catalog.load_table(self.topic.identifier)
                 dlq_catchup.finish_reprocesses(self.catalog, table, identifier)
             dlq_catchup.catch_up(self.catalog, table, identifier)
         except (LostRace, dlq_catchup.DlqBehind, dlq_catchup.ReprocessUndecided) as exc:
