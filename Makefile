@@ -27,7 +27,7 @@ EXT_SOURCES := broker/_gate.c broker/_utf8.h spark_jobs/_avro_columns.c spark_jo
 # What the linters look at.
 LINT_PATHS := broker spark_jobs dags plugins tests bench
 
-.PHONY: setup system-deps run test test-unit docs bench bench-vs-kafka bench-vs-connect bench-sustained lint lint-code format-check format clean
+.PHONY: setup system-deps run test test-deps test-unit docs bench bench-vs-kafka bench-vs-connect bench-sustained lint lint-code format-check format clean
 
 setup: $(VENV)/.installed $(VENV)/.extensions $(JARS)/.pinned
 
@@ -71,8 +71,11 @@ system-deps:
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up
 
-test: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned $(KAFKA_JARS)/.pinned \
+# What the suite needs set up (`make -j4 test-deps` fetches the jars side by side).
+test-deps: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned $(KAFKA_JARS)/.pinned \
       $(SPARK_KAFKA_JARS)/.pinned
+
+test: test-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 $(REST_FIXTURE_JARS)/.pinned: tests/jvm/iceberg-rest-fixture/pom.xml tests/jvm/iceberg-rest-fixture/jars.sha256 $(JARS)/.pinned
