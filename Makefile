@@ -71,7 +71,8 @@ system-deps:
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/icefall up
 
-# What the suite needs set up (`make -j4 test-deps` fetches the jars side by side).
+# What the suite needs set up (after `make setup system-deps`, `make -j4 test-deps` fetches the
+# test jars side by side).
 test-deps: setup system-deps $(REST_FIXTURE_JARS)/.pinned $(NESSIE_JARS)/.pinned $(KAFKA_JARS)/.pinned \
       $(SPARK_KAFKA_JARS)/.pinned
 

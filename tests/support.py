@@ -142,9 +142,10 @@ def serving(server: ThreadingHTTPServer) -> Iterator[str]:
         thread.join(5)
 
 
-# ``python -m broker.cli`` as the broker runs deployed, where hypothesis (a test extra) is not
-# installed: kio registers hypothesis strategies for its types at import when it finds it, 0.2-0.5
+# ``python -m broker.cli`` without hypothesis, as in the image (``Dockerfile``: no test extra):
+# kio registers hypothesis strategies for its types at import when it finds hypothesis, 0.2-0.5
 # of a broker start's ~2 CPU-s here, paid by every one of the suite's few hundred broker starts.
+# (The benchmarks start their brokers with this class too.)
 BROKER_MAIN = (
     "import sys; sys.modules['hypothesis'] = None; from broker.cli import main; sys.exit(main())"
 )
