@@ -597,6 +597,9 @@ class RoundPlan(Contract):
 Seconds = dict[str, int | float]
 
 ROUND_STATUSES = ("committed", "nothing_new")  # and "failed", with a message
+# only from ``commit_round.py --without-spark``: the round needs Spark and wrote nothing; the
+# commit task runs it again with spark-submit
+ROUND_SPARK_NEEDED = "spark_needed"
 MAINTENANCE_STATUSES = ("done", "no_table", "failed")
 REPROCESS_STATUSES = ("moved", "nothing_to_move", "failed")
 

@@ -27,6 +27,14 @@ the base and empty snapshots are empty Spark appends; upsert rounds' MERGE
 writes deletion vectors there instead of position deletes.
 The result JSON says what happened; the exit code is 0 for ``committed`` and
 ``nothing_new``, 1 for a failed round (the message is on stderr and in the JSON).
+
+A round whose plan is empty, or whose one task runs in the driver (``--in-driver-max-bytes``)
+and writes with pyiceberg, never starts Spark: run as ``python -m`` it needs no JVM at all.
+``--without-spark`` makes that a promise: a round that would need Spark (above that size, an
+upsert or JSON table, format v3) decides so from its plan before it writes anything and ends
+``spark_needed`` (exit 0), and the caller runs it with spark-submit. The commit task does
+that when no warm driver serves it (``icefall_airflow.commit_operator``), so an idle topic's
+round, or a small one, costs a Python process instead of a JVM's start.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from typing import Any
 from broker import checkpoint
 from broker.catalog.glue_check import glue_problem
 from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_from_env
-from broker.contracts import CatalogSpec, RoundResult, TopicPlan
+from broker.contracts import ROUND_SPARK_NEEDED, CatalogSpec, RoundResult, TopicPlan
 from spark_jobs import job_args, job_output
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.decode import json_values
@@ -146,6 +154,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
         help="a round reading at most this many segment bytes runs its one task in the driver "
         f"without starting Spark (default 1 GiB or ${DRIVER_MAX_BYTES_ENV}; 0: always Spark)",
+    )
+    parser.add_argument(
+        "--without-spark",
+        action="store_true",
+        help="never start Spark: a round that needs it (above --in-driver-max-bytes, upsert, JSON, "
+        f"format v3) writes nothing and reports {ROUND_SPARK_NEEDED!r}, to be run again with Spark",
     )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -292,6 +306,10 @@ class CommitRound:
         self._planned_metadata: Any = None  # the table's metadata as the plan read it
 
     def spark(self) -> Any:
+        if self._spark is None and self.args.without_spark:
+            # _spark_needed decides before anything is written; should a step it does not know
+            # ask for Spark anyway, the round's branch is dropped on the way out (round_branch)
+            raise _SparkNeeded("a step that needs Spark")
         if self._spark is None:
             started = time.monotonic()
             self._spark = spark_session(f"icefall-commit-{self.topic.topic}", self.args.master)
@@ -322,6 +340,12 @@ class CommitRound:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
                 result = self._attempt(broker_plan, extra_ids, changes)
+            except _SparkNeeded as exc:
+                return self.result(
+                    ROUND_SPARK_NEEDED,
+                    seconds=self.seconds,
+                    message=f"nothing committed: the round needs Spark ({exc})",
+                )
             except LostRace as exc:
                 log.warning("round %s lost a race (attempt %d): %s", self.round_id, attempt, exc)
             except _Evolve as again:
@@ -361,6 +385,16 @@ class CommitRound:
                 offsets_after=plan.offsets_after,
                 seconds=self.seconds,
                 message="no new offsets since the last committed round",
+            )
+        plan.ranges = round_plan.fetch_ranges(self.admin, self.topic.topic, plan.windows)
+        if self.args.without_spark and (why := self._spark_needed(plan)):
+            return self.result(
+                ROUND_SPARK_NEEDED,
+                offsets_before=plan.offsets_before,
+                offsets_after=plan.offsets_after,
+                records=sum(w.records for w in plan.windows),
+                seconds=self.seconds,
+                message=f"nothing committed: the round needs Spark ({why})",
             )
         table, schemas, parent = self._prepare(plan, found, extra_ids, changes)
         self.seconds["prepare"] = round(time.monotonic() - t0, 3)
@@ -419,6 +453,26 @@ class CommitRound:
             )
         return round_plan.RoundPlan(windows, self.args.until_append_time), found
 
+    def _spark_needed(self, plan: round_plan.RoundPlan) -> str | None:
+        """Why this round cannot run without Spark, or None: what its ``_run_tasks``,
+        ``_round_rows`` and ``_write`` would decide, known from the plan and the table's metadata
+        before anything is written."""
+        metadata = self._planned_metadata
+        if self.upsert is not None:
+            return "an upsert table's MERGE"
+        if self.json:
+            return "JSON values parsed into columns"
+        if self.options.format_version >= 3 or (
+            metadata is not None and metadata.format_version >= 3
+        ):
+            return "a format v3 table"
+        round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)
+        if round_bytes > self.args.in_driver_max_bytes:
+            return (
+                f"{round_bytes} bytes, above --in-driver-max-bytes {self.args.in_driver_max_bytes}"
+            )
+        return None
+
     def _earlier_try(self) -> RoundResult | None:
         """This round as an earlier try of it committed it (``earlier_try``), when its plan is
         empty because that commit is in the table; else None."""
@@ -442,7 +496,6 @@ class CommitRound:
         """The table created or evolved for the round's records, with a snapshot on ``main`` (the
         planned parent, returned with the table and the value schemas); raises ``LostRace`` when
         another round committed since the plan."""
-        plan.ranges = round_plan.fetch_ranges(self.admin, self.topic.topic, plan.windows)
         table = table_setup.load_or_create(
             self.catalog,
             self.topic,
@@ -816,6 +869,10 @@ class CommitRound:
 def _v3(table: Any) -> bool:
     """pyiceberg 0.12 writes no v3 manifests: on a format v3 table every snapshot is Spark's."""
     return bool(table.metadata.format_version >= 3)
+
+
+class _SparkNeeded(Exception):
+    """A ``--without-spark`` round reached a step that needs Spark (the message says which)."""
 
 
 class _Evolve(Exception):

@@ -108,6 +108,20 @@ def spark_master(conn_id: str) -> str:
     return f"{master}:{conn.port}" if conn.port else master
 
 
+def spark_deploy_mode(conn_id: str, given: str | None) -> str | None:
+    """The deploy mode spark-submit uses, by the provider's hook's rule: the operator's own, else
+    the connection's extra ``deploy-mode``."""
+    if given:
+        return given
+    from airflow.sdk import Connection
+
+    try:
+        mode = Connection.get(conn_id).extra_dejson.get("deploy-mode")
+    except Exception:  # noqa: BLE001 -- no such connection: local[*] (ensure_spark_connection)
+        return None
+    return str(mode) if mode else None
+
+
 def read_result(path: str) -> dict[str, Any] | None:
     try:
         result: dict[str, Any] = json.loads(Path(path).read_text())

@@ -1,7 +1,8 @@
 """Airflow drives commit rounds for real: ``dag.test()`` runs the commit task (it plans,
-spark-submits ``spark_jobs/commit_round.py`` and publishes) against a real broker, through two
-rounds; a re-run of round 1 is a no-op; dropping and recreating the table and
-re-running both intervals (what a backfill does) rebuilds it from the segments.
+runs ``spark_jobs/commit_round.py``, as a Python process or, for a round that needs Spark,
+with spark-submit, and publishes) against a real broker, through two rounds; a re-run of
+round 1 is a no-op; dropping and recreating the table and re-running both intervals (what a
+backfill does) rebuilds it from the segments.
 
 The table is partitioned by the hour of the record timestamp, and the records carry
 timestamps in three hours (10:00, 11:00, 12:00 UTC), one hour per round: an hour is
@@ -178,10 +179,28 @@ def table_ids(catalog: Any) -> list[int]:
     return sorted(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
 
 
-def run_round(dag: Any, logical_date: datetime) -> dict[str, str]:
+def run_round(dag: Any, logical_date: datetime, executor: str | None = None) -> dict[str, str]:
+    """The run's task states; ``executor``: where its commit task's round must have run
+    (its result's ``executor``: ``driver``, a Python process; ``spark``, spark-submit)."""
     run = dag.test(logical_date=logical_date)
     states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
     assert str(run.state) == "success", states
+    if executor is not None:
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            [row] = (
+                session.execute(
+                    XComModel.get_many(
+                        run_id=run.run_id, dag_ids=dag.dag_id, task_ids="commit", key="return_value"
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            result = XComModel.deserialize_value(row)
+        assert result["executor"] == executor, result
     return states
 
 
@@ -242,7 +261,9 @@ def test_two_rounds_rerun_and_rebuild(
     cut2 = cut_after_now()
     produce(broker, 80, 5)  # after cut 2: left for a later round
 
-    states = run_round(dag, cut1)
+    # Round 1 is small: a Python process commits it, no spark-submit (``commit_operator``).
+    # Round 2 is sent to Spark (the driver's limit 0 bytes): the task spark-submits it.
+    states = run_round(dag, cut1, executor="driver")
     assert (states["commit"], states["announce"]) == ("success", "skipped")  # hour 10 is open
     assert table_ids(catalog) == list(range(50))
     events = asset_events(since)
@@ -265,7 +286,9 @@ def test_two_rounds_rerun_and_rebuild(
     assert events[0]["lag_records"] == 35  # 30 + 5 produced after the cut
 
     unpause(HOURLY_DAG)  # Airflow queues runs of unpaused DAGs only
-    states = run_round(dag, cut2)
+    with monkeypatch.context() as spark_only:
+        spark_only.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", "0")
+        states = run_round(dag, cut2, executor="spark")
     assert (states["commit"], states["announce"]) == ("success", "success")
     assert table_ids(catalog) == list(range(80))
     events = asset_events(since)

@@ -10,7 +10,7 @@ restarted driver; so does the round after a kill -9 of the driver's process grou
 rounds, asked as soon as the restarted driver listens (while it starts Spark the task waits for
 it rather than falling back). A request without the token, or whose arguments are no round, gets a 401/400 with the
 reason; a round that fails in the driver fails its task with the round's message; with the
-driver stopped the task falls back to spark-submit.
+driver stopped the task runs the round itself (a Python process: the round is small).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
         task.run_warm(client, broker.admin_url, args, "commit round r of nosuch")
     assert task.job_result is not None and task.job_result["status"] == "failed"
 
-    # no driver: the task logs why and runs the round with spark-submit
+    # no driver: the task logs why and runs the round itself (``python -m``, no Spark needed)
     stop_supervising.set()
     supervisor.join(5)
     driver.stop()

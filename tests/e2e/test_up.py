@@ -97,11 +97,15 @@ def _up_state(proc: subprocess.Popen[bytes], out_path: Path) -> str:
 
 
 def _api(
-    base: str, path: str, token: str | None = None, body: dict[str, object] | None = None
+    base: str,
+    path: str,
+    token: str | None = None,
+    body: dict[str, object] | None = None,
+    method: str | None = None,
 ) -> Any:
     request = urllib.request.Request(
         base + path,
-        method="POST" if body is not None else "GET",
+        method=method or ("POST" if body is not None else "GET"),
         data=json.dumps(body).encode() if body is not None else None,
         headers={
             "Content-Type": "application/json",
@@ -174,12 +178,26 @@ def backfill_of_a_committed_interval_is_a_no_op(base: str, output: str) -> None:
                 return False
             if exc.code == 409:
                 # An earlier attempt answered 503 after committing the backfill row. If it also
-                # created its run, that backfill is ours; if not, Airflow's clean-up of the
-                # half-made backfill can itself hit the lock, and the scheduler then marks the
-                # orphan complete after two minutes (airflow#61375): try again until then.
-                return bool(_api(base, f"{dag}/dagRuns?run_type=backfill", token)["dag_runs"])
+                # created its run, that backfill is ours. If not, Airflow's clean-up of the
+                # half-made backfill can itself hit the lock, and the scheduler would mark the
+                # orphan complete only after two minutes (airflow#61375): cancel it, as a user
+                # would from the Backfills list, and ask again.
+                if _api(base, f"{dag}/dagRuns?run_type=backfill", token)["dag_runs"]:
+                    return True
+                cancel_orphans()
+                return False
             raise
         return True
+
+    def cancel_orphans() -> None:
+        found = _api(base, "/api/v2/backfills?dag_id=icefall_commit__clicks", token)
+        for orphan in found["backfills"]:
+            if orphan["completed_at"] is None:
+                try:
+                    _api(base, f"/api/v2/backfills/{orphan['id']}/cancel", token, {}, "PUT")
+                except urllib.error.HTTPError as exc:
+                    if exc.code not in (409, 503):  # completed meanwhile; locked: next poll
+                        raise
 
     wait_for(create_backfill, 240, interval=2, what="Airflow to accept the backfill")
 

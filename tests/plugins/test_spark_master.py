@@ -5,7 +5,7 @@ whether the executors get the code zip (``py_files``)."""
 from __future__ import annotations
 
 import pytest
-from icefall_airflow.job_operator import spark_master
+from icefall_airflow.job_operator import spark_deploy_mode, spark_master
 
 
 @pytest.mark.parametrize(
@@ -29,3 +29,57 @@ def test_the_master_is_the_hooks(
     assert spark_master("icefall_test_spark") == master
     hook = SparkSubmitHook(conn_id="icefall_test_spark")
     assert hook._build_spark_submit_command("app.py")[1:3] == ["--master", master]
+
+
+@pytest.mark.parametrize(
+    ("connection", "given", "mode"),
+    [
+        ('{"conn_type": "spark", "host": "spark://m", "port": 7077}', None, None),
+        (
+            '{"conn_type": "spark", "host": "spark://m", "port": 7077, "extra": {"deploy-mode": "cluster"}}',
+            None,
+            "cluster",
+        ),
+        (
+            '{"conn_type": "spark", "host": "spark://m", "port": 7077, "extra": {"deploy-mode": "cluster"}}',
+            "client",
+            "client",
+        ),
+        (None, None, None),  # no such connection: local[*]
+    ],
+)
+def test_the_deploy_mode_is_the_hooks(
+    connection: str | None, given: str | None, mode: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit task runs a round itself (no spark-submit) unless the driver belongs on the
+    cluster: the operator's ``deploy_mode``, else the connection's ``deploy-mode``, as the hook
+    reads them."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    if connection is None:
+        monkeypatch.delenv("AIRFLOW_CONN_ICEFALL_TEST_SPARK", raising=False)
+    else:
+        monkeypatch.setenv("AIRFLOW_CONN_ICEFALL_TEST_SPARK", connection)
+    assert spark_deploy_mode("icefall_test_spark", given) == mode
+    if connection is not None:
+        hook = SparkSubmitHook(conn_id="icefall_test_spark", deploy_mode=given)
+        assert hook._connection["deploy_mode"] == mode
+
+
+def test_killing_the_task_stops_its_round_process() -> None:
+    """``on_kill`` while the task runs the round as a Python process terminates that process
+    (not spark-submit's hook, which has nothing running)."""
+    import subprocess
+    import sys
+
+    from icefall_airflow.commit_operator import CommitRoundOperator
+
+    operator = CommitRoundOperator(task_id="commit", plan_task_id="plan")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], text=True)
+    try:
+        operator._round_process = proc
+        operator.on_kill()
+        assert proc.wait(10) == -15
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,7 +1,7 @@
 """Airflow faults while it coordinates a table topic's rounds, with its real scheduler:
 
 1. the scheduler killed (-9, with its LocalExecutor workers and the round's running
-   spark-submit) in the middle of a commit, then restarted;
+   process) in the middle of a commit, then restarted;
 2. a committed run cleared and run again;
 3. a backfill over intervals already committed.
 
@@ -139,7 +139,8 @@ class Producer(threading.Thread):
 
 
 def round_processes(home: Path, with_records: bool = False) -> list[int]:
-    """PIDs of this home's running commit rounds (spark-submit's JVM and its Python driver);
+    """PIDs of this home's running commit rounds (``python -m spark_jobs.commit_round``, or
+    spark-submit's JVM and its Python driver);
     ``with_records``: only a round planned once the topic had records (its ``--until-offsets``
     past 0: with the producer writing all along, the round has records to commit)."""
     marker = f"ICEFALL_HOME={home}".encode()
@@ -149,7 +150,7 @@ def round_processes(home: Path, with_records: bool = False) -> list[int]:
             continue
         try:
             args = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"commit_round.py" not in b" ".join(args) or marker not in (
+            if b"commit_round" not in b" ".join(args) or marker not in (
                 entry / "environ"
             ).read_bytes().split(b"\0"):
                 continue
@@ -197,7 +198,7 @@ def current_snapshot(broker: BrokerProcess) -> int | None:
 def system(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[BrokerProcess, Airflow]]:
-    # These faults hit the spark-submit rounds (a process per round, killed with the scheduler);
+    # These faults hit the rounds the task starts (a process per round, killed with the scheduler);
     # the warm round driver has its own crash test (tests/e2e/test_airflow_warm_driver.py).
     monkeypatch.setenv(warm_driver.DISABLE_ENV, "1")
     broker = BrokerProcess(tmp_path / "home", ["--segment-flush-ms", "200"]).start()
@@ -241,7 +242,7 @@ def test_scheduler_crash_clear_and_backfill_keep_the_table_exact(
     producer = Producer(broker)
     producer.start()
     try:
-        # 1. Kill the scheduler while a round's spark-submit runs; start it again.
+        # 1. Kill the scheduler while a round's process runs; start it again.
         wait_for(
             lambda: round_processes(home, with_records=True),
             180,

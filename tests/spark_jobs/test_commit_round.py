@@ -465,3 +465,58 @@ def test_spark_reaches_a_tls_catalog_through_a_truststore(
         assert spark.sql(f"SELECT count(*) AS n FROM {name}.tls_ns.t").first()["n"] == 2
     finally:
         broker.stop()
+
+
+def test_without_spark_a_round_needing_spark_writes_nothing_and_a_small_one_commits(
+    round_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """``--without-spark`` as the commit task runs it first: a round above the driver's limit,
+    or on a format v3 table, ends ``spark_needed`` with nothing written; a small one commits from
+    Python alone (no Spark start in its seconds), and the next finds nothing new."""
+    topic = new_topic(round_broker, partitions=2)
+    v3 = new_topic(round_broker, partitions=1, configs={"automq.table.topic.format.version": "3"})
+    producers = {name: AvroProducer(round_broker, name, CLICK_V1) for name in (topic, v3)}
+    for producer in producers.values():
+        producer.send(clicks(0, 50))
+
+    def without_spark(name: str, *extra: str) -> dict[str, Any]:
+        result_path = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}.json"
+        done = run_round_process(round_broker, name, result_path, "--without-spark", *extra)
+        assert done.returncode == 0, done.stderr
+        answer: dict[str, Any] = json.loads(result_path.read_text())
+        return answer
+
+    big = without_spark(topic)  # round_args: --in-driver-max-bytes 0
+    assert big["status"] == "spark_needed" and big["records"] == 50, big
+    assert "above --in-driver-max-bytes 0" in big["message"]
+    assert sum(big["offsets_after"].values()) == 50 and not catalog(round_broker).table_exists(
+        ("default", topic)
+    )
+    newer = without_spark(v3, "--in-driver-max-bytes", str(64 << 20))
+    assert newer["status"] == "spark_needed" and "format v3" in newer["message"], newer
+    assert not catalog(round_broker).table_exists(("default", v3))
+
+    small = without_spark(topic, "--in-driver-max-bytes", str(64 << 20))
+    assert small["status"] == "committed" and small["rows"] == 50, small
+    assert small["executor"] == "driver" and "spark_start" not in small["seconds"]
+    assert table_offsets(round_broker, topic) == sorted(producers[topic].acked)
+    again = without_spark(topic, "--in-driver-max-bytes", str(64 << 20))
+    assert again["status"] == "nothing_new" and again["offsets_after"] == small["offsets_after"]
+
+
+def test_without_spark_a_step_asking_for_spark_drops_the_branch_and_commits_nothing(
+    round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The safety net behind ``_spark_needed``: should a step it does not foresee ask for Spark
+    (here its decision is bypassed and the round is sent to Spark tasks), the round ends
+    ``spark_needed`` with its branch dropped and the checkpoint where it was."""
+    topic = new_topic(round_broker, partitions=1)
+    AvroProducer(round_broker, topic, CLICK_V1).send(clicks(0, 20))
+    monkeypatch.setattr(commit_round.CommitRound, "_spark_needed", lambda self, plan: None)
+    code, result = commit_round.run(round_args(round_broker, topic, None, "--without-spark"))
+    assert (code, result.status) == (0, "spark_needed"), result
+    assert "needs Spark" in result.message
+    made = table(round_broker, topic)  # the table was created before the tasks' step
+    assert set(made.metadata.refs) <= {"main"}
+    assert checkpoint.read_checkpoint(made.metadata).offsets == {}
+    assert made.scan().to_arrow().num_rows == 0
