@@ -13,8 +13,10 @@ The sides:
 
 a) ``warm``: the warm round driver ``icefall up`` starts (one long-lived Spark driver that the
    commit task asks for each round);
-b) ``spark-submit``: ``ICEFALL_NO_WARM_DRIVER=1``, a spark-submit (a JVM start) per round, the
-   commit task's default elsewhere: the baseline.
+b) ``spark-submit``: ``ICEFALL_NO_WARM_DRIVER=1``, the commit task's default elsewhere: the
+   baseline. Until 2026-11-27 a spark-submit (a JVM start) per round; since then the task runs a
+   round as a Python process first and spark-submits only one that needs Spark (above 1 GiB
+   here), so this side's figures from before that date are spark-submit's.
 
 The search: after a warm-up (the first round commits), the rate steps up through ``--rates``
 (MiB/s of values), each step held ``--step-s``; a step is bounded when the lag does not grow
@@ -23,7 +25,7 @@ the last sample below three rounds' records). The first unbounded step ends the 
 spark-submit side, the baseline, holds one step at ``--baseline-rate`` (``0``: ``--rates``
 too), so a full run is about 35 minutes. The figure is the highest bounded rate / 2 cores, in
 MiB/s per core; the CPU seconds per kind of process (broker, Airflow, warm driver and its JVM,
-spark-submit rounds, Spark's Python workers, the producer, the bench's own lag sampling) say
+rounds without the warm driver, Spark's Python workers, the producer, the bench's own lag sampling) say
 what bounds it.
 
 Every process it starts is stopped on every way out (the end, an error, Ctrl-C, SIGTERM):
@@ -109,8 +111,10 @@ class SideResult:
 def _classify(cmdline: str) -> str:
     if "broker.cli broker" in cmdline:
         return "broker"
-    if "commit_round.py" in cmdline:
-        return "spark-submit rounds"
+    if (
+        "commit_round" in cmdline
+    ):  # spark_jobs/commit_round.py, or python -m spark_jobs.commit_round
+        return "rounds without the warm driver"
     if "spark_jobs.warm_driver" in cmdline:
         return "warm driver (Python)"
     if "pyspark-shell" in cmdline:

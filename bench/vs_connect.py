@@ -31,8 +31,9 @@ a') ``airflow``, Icefall as deployed, the coordinator counted: ``icefall up`` (b
    seen from when Airflow's API answers (``airflow db migrate``, run and gone before, is not
    in it). The sink's coordinator runs inside its Connect worker,
    so this is the side to set against it; the broker's CPU is apart, as on every side;
-b) ``rounds``, Icefall without the warm driver: ``spark_jobs.commit_round`` once per interval,
-   a new JVM each time (as a commit task runs spark-submit), on a table topic of its own;
+b) ``rounds``, Icefall without the warm driver: ``python -m spark_jobs.commit_round`` once per
+   interval, a new process each time (Spark only for a round above 1 GiB; as a commit task
+   without a warm driver runs a round), on a table topic of its own;
 c) ``sink``, the Apache Iceberg Kafka Connect sink (``iceberg-kafka-connect`` 1.10.1, the
    Iceberg of the pinned Spark runtime) in a standalone Kafka Connect 4.1.1 worker,
    ``iceberg.control.commit.interval-ms`` = the interval. Maven Central has no Confluent Avro
@@ -514,7 +515,8 @@ class Rounds(threading.Thread):
 
 class SpawnedRounds:
     """Rounds as a scheduled round without a warm driver runs them: ``spark_jobs.commit_round``
-    in a new Python process and JVM each time; the CPU of every round's processes summed."""
+    in a new Python process each time (Spark, and its JVM, only for a round above 1 GiB); the
+    CPU of every round's processes summed."""
 
     def __init__(self, broker: BrokerProcess, topic: str, folder: Path) -> None:
         self.broker, self.topic, self.folder = broker, topic, folder

@@ -596,6 +596,19 @@ class TableSettings:
         return self.get(CDC_FIELD).strip() or None
 
     @property
+    def rounds_need_spark(self) -> bool:
+        """Whether every commit round with records needs Spark, whatever its size: an upsert
+        table's MERGE, JSON values parsed into columns, a format v3 table (pyiceberg writes no v3
+        manifests). The commit task spark-submits such rounds at once (``commit_operator``)."""
+        return (
+            self.upsert_enabled
+            or self.cdc_field is not None
+            or self.flatten_debezium
+            or self.convert_value_type == "json"
+            or self.format_version >= 3
+        )
+
+    @property
     def errors_tolerance(self) -> str:
         return self.get(ERRORS_TOLERANCE)
 

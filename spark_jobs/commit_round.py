@@ -31,7 +31,8 @@ The result JSON says what happened; the exit code is 0 for ``committed`` and
 A round whose plan is empty, or whose one task runs in the driver (``--in-driver-max-bytes``)
 and writes with pyiceberg, never starts Spark: run as ``python -m`` it needs no JVM at all.
 ``--without-spark`` makes that a promise: a round that would need Spark (above that size, an
-upsert or JSON table, format v3) decides so from its plan before it writes anything and ends
+upsert or JSON table, format v3) decides so from its plan before it writes any rows (a DLQ
+commit a crash left half done is finished first, as in every round) and ends
 ``spark_needed`` (exit 0), and the caller runs it with spark-submit. The commit task does
 that when no warm driver serves it (``icefall_airflow.commit_operator``), so an idle topic's
 round, or a small one, costs a Python process instead of a JVM's start.
@@ -92,7 +93,7 @@ SPARK_CATALOG = "icefall_round"
 MAX_ATTEMPTS = 5
 ERRORS_SHOWN = 5
 KILL_POINT_ENV = "ICEFALL_ROUND_KILL_AT"  # tests: exit abruptly at a named point (see _kill_point)
-DRIVER_MAX_BYTES_ENV = "ICEFALL_ROUND_IN_DRIVER_MAX_BYTES"
+DRIVER_MAX_BYTES_ENV = job_args.DRIVER_MAX_BYTES_ENV
 # A round of at most this many segment bytes runs as one task in the driver's Python process.
 # Measured (bench/BENCHMARKS.md): the same task function ran ~140 MB/s on one core in the
 # driver, while Spark tasks (``local[2]``) reached that only on 1 GiB rounds; a 70 MB round cost
@@ -159,7 +160,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--without-spark",
         action="store_true",
         help="never start Spark: a round that needs it (above --in-driver-max-bytes, upsert, JSON, "
-        f"format v3) writes nothing and reports {ROUND_SPARK_NEEDED!r}, to be run again with Spark",
+        f"format v3) writes none of its rows and reports {ROUND_SPARK_NEEDED!r}, to be run again "
+        "with Spark",
     )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)

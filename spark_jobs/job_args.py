@@ -13,6 +13,9 @@ import os
 ADMIN_URL_ENV = "ICEFALL_ADMIN_URL"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8090"
 MASTER_HELP = "Spark master when not run by spark-submit (default local[*])"
+# the commit round's --in-driver-max-bytes default (0: every round with records runs on Spark);
+# the commit task reads it too (``icefall_airflow.commit_operator``)
+DRIVER_MAX_BYTES_ENV = "ICEFALL_ROUND_IN_DRIVER_MAX_BYTES"
 
 
 def add_common_flags(parser: argparse.ArgumentParser, master_help: str = MASTER_HELP) -> None:

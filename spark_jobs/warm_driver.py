@@ -18,12 +18,13 @@ worker started on every core, the round's JVM code run once); until it is warm e
 gets 503 with ``{"status": "starting"}``, so a health check answered 200 means warm (the first
 round does not pay the Python workers' start, which made a new driver's first Spark round 3-4
 times as slow as the next ones). A commit task that finds the driver starting waits for it
-(``icefall_airflow.warm_driver``) instead of falling back to spark-submit: on two cores a second
-JVM starting beside the warming one slowed both, and at ``icefall up``'s start a table topic's
-first round used to pay it. Its workers fork from ``spark_jobs.worker_daemon``, which has the
-tasks' modules imported, so workers Spark replaces after a minute idle start warm too. A start
-that is not warm within ``STARTUP_DEADLINE_S`` (300 s) exits (code 4), so that its supervisor
-starts a fresh one rather than the driver answering "starting" for ever.
+(``icefall_airflow.warm_driver``) instead of running the round itself: on two cores a second
+JVM (or a round's Python process) starting beside the warming one slowed both, and at
+``icefall up``'s start a table topic's first round used to pay it. Its workers fork from
+``spark_jobs.worker_daemon``, which has the tasks' modules imported, so workers Spark replaces
+after a minute idle start warm too. A start that is not warm within ``STARTUP_DEADLINE_S``
+(300 s) exits (code 4), so that its supervisor starts a fresh one rather than the driver
+answering "starting" for ever.
 
 * ``GET /v1/health`` -> ``{"status": "ok", "rounds": <rounds run>, "warm_up": <WarmUp>}``
   (also checks the JVM), or 503 ``{"status": "starting", "error": ...}`` while it warms up;
@@ -74,7 +75,7 @@ MAX_BODY = 1 << 20
 JVM_GONE_EXIT = 3
 NOT_WARM_EXIT = 4
 # Spark's start and the warm-up take 20-80 s on two busy cores (a commit task waits up to
-# 180 s for a starting driver, then falls back to spark-submit)
+# 180 s for a starting driver, then runs the round itself)
 STARTUP_DEADLINE_S = 300.0
 DAEMON_CONF = "spark.python.daemon.module"
 # The only variables a request may set: what ``credentials.job_env`` gives spark-submit.
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.commit_round import spark_session
 
     # listen first: until warm, requests get 503 "starting" (a round waits), not a refusal
-    # (a round falls back to spark-submit, a second JVM beside the warming one)
+    # (a round would run in a process of its own beside the warming driver)
     slot = DriverSlot()
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(slot, token))
     server.daemon_threads = True

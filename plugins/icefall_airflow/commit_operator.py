@@ -1,4 +1,5 @@
-"""The commit step: ``spark_jobs/commit_round.py`` through spark-submit, or a warm driver.
+"""The commit step: ``spark_jobs/commit_round.py`` in a warm driver, as a Python process, or
+through spark-submit.
 
 A ``SparkJobOperator`` (``job_operator``) whose arguments come from a plan
 (``broker.contracts.RoundPlan``); the round's result JSON
@@ -6,7 +7,7 @@ A ``SparkJobOperator`` (``job_operator``) whose arguments come from a plan
 ``icefall_warm_driver`` is defined (``icefall up`` defines it) the round runs in that
 long-lived driver instead (``warm_driver``: no JVM start per round), with the same
 arguments and result; a driver that cannot be reached makes the task log why and run
-spark-submit.
+the round itself, as below.
 
 Without a warm driver the task first runs the round as a Python process,
 ``python -m spark_jobs.commit_round --without-spark``. A round with nothing new, or one
@@ -16,11 +17,15 @@ JVM's start for nothing, once per interval per topic, idle or not. Measured
 (``bench/task_round.py``, two cores): an empty round 3.8 s and 4.4 CPU-s spark-submitted,
 1.6 s and 1.7 CPU-s as a Python process; a 4 MiB round 4.0 s and 4.7 CPU-s against 2.0 s and
 2.0 CPU-s.
-A round that needs Spark (larger, an upsert or JSON table, format v3) says so from its plan
-before it writes anything (``spark_needed``), and the task spark-submits it. With
-``deploy_mode="cluster"`` (the operator's or the connection's ``deploy-mode``) the driver
-belongs on the cluster, so every round is spark-submitted; ``ICEFALL_ROUND_IN_DRIVER_MAX_BYTES=0``
-in the workers' environment sends every round with records to Spark.
+A round that needs Spark (larger than that, or a table that turned format v3) says so from
+its plan before it writes any rows (``spark_needed``; a DLQ commit a crash left half done
+may be finished first, as every round does), and the task spark-submits it. Every round is
+spark-submitted, as before, when the driver belongs on the cluster (deploy mode ``cluster``:
+the operator's, its ``spark.submit.deployMode`` conf or the connection's ``deploy-mode``),
+when ``ICEFALL_ROUND_IN_DRIVER_MAX_BYTES=0`` in the workers' environment sends every round
+with records to Spark, and for tables whose rounds with records always need Spark (upsert,
+JSON values, format v3: ``TableSettings.rounds_need_spark``, the factory's
+``spark_rounds_only_when_needed=False``): there the Python process would only add its start.
 
 The commit DAGs run a whole round in this one task: ``planner`` plans it in the task
 (the plan also goes to XCom, key ``plan``) and ``publisher`` turns the result into the
@@ -52,11 +57,23 @@ from icefall_airflow.job_operator import (
     spark_deploy_mode,
 )
 from icefall_airflow.warm_driver import WarmDriverClient, WarmDriverUnreachable
+from spark_jobs.job_args import DRIVER_MAX_BYTES_ENV
 
 # The spark-submit JVM (the driver, in client mode) of a round mostly waits: the rows are
 # decoded and written in Python. C1-only JIT halves its start-up CPU (about 1 s of a small
 # round's 2-4 s here); set SPARK_SUBMIT_OPTS yourself to override.
 DRIVER_JVM_OPTS = "-XX:TieredStopAtLevel=1"
+
+
+def _stop(proc: subprocess.Popen[str], grace_s: float = 10.0) -> None:
+    """Terminate the round's process, kill it if it has not exited within ``grace_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def commit_round_script() -> str:
@@ -99,6 +116,7 @@ class CommitRoundOperator(SparkJobOperator):
         self,
         *,
         plan_task_id: str | None = None,
+        spark_rounds_only_when_needed: bool = True,
         planner: Planner | None = None,
         publisher: Publisher | None = None,
         admin_url: str | None = None,
@@ -108,6 +126,9 @@ class CommitRoundOperator(SparkJobOperator):
         if (plan_task_id is None) == (planner is None):
             raise ValueError("give the commit task either plan_task_id or planner, not both")
         self.plan_task_id = plan_task_id
+        # False: every round is spark-submitted (the factory's choice for tables whose rounds
+        # with records always need Spark: ``TableSettings.rounds_need_spark``)
+        self.spark_rounds_only_when_needed = spark_rounds_only_when_needed
         self.planner = planner
         self.publisher = publisher
         self.admin_url = admin_url
@@ -145,13 +166,28 @@ class CommitRoundOperator(SparkJobOperator):
             try:
                 return self.run_warm(warm, admin_url, args, label)
             except WarmDriverUnreachable as exc:
-                self.log.warning("%s; running %s with spark-submit instead", exc, label)
-        if spark_deploy_mode(self._conn_id, self._hook_args["deploy_mode"]) != "cluster":
+                self.log.warning("%s; running %s without it", exc, label)
+        if self.python_first():
             result = self.run_without_spark(admin_url, args, label)
             if result["status"] != contracts.ROUND_SPARK_NEEDED:
                 return result
             self.log.info("%s: %s; running it with spark-submit", label, result["message"])
+            if self._killed:  # between the two processes: nothing is running for on_kill to stop
+                raise SparkJobFailed(f"{label}: the task was stopped before its spark-submit")
+            self.job_result = None
         return self.run_job(context, admin_url, args, label)
+
+    def python_first(self) -> bool:
+        """Whether the round runs as a Python process before any spark-submit: not when its
+        driver belongs on the cluster (deploy mode ``cluster``), nor when every round with
+        records needs Spark anyway (``spark_rounds``, or a driver limit of 0 bytes): those paid
+        the Python process's start on top of spark-submit's."""
+        if not self.spark_rounds_only_when_needed:
+            return False
+        if os.environ.get(DRIVER_MAX_BYTES_ENV, "").strip() == "0":
+            return False
+        given = self._hook_args["deploy_mode"] or (self.conf or {}).get("spark.submit.deployMode")
+        return spark_deploy_mode(self._conn_id, given) != "cluster"
 
     def run_without_spark(self, admin_url: str, args: list[str], label: str) -> dict[str, Any]:
         """The round as ``python -m spark_jobs.commit_round --without-spark`` in this task's
@@ -168,20 +204,30 @@ class CommitRoundOperator(SparkJobOperator):
         self.log.info("%s: as a Python process (Spark only if it needs it)", label)
         with tempfile.TemporaryDirectory(prefix="icefall-job-") as tmp:
             result_path = os.path.join(tmp, "result.json")
-            command = [sys.executable, "-m", "spark_jobs.commit_round", *args, "--without-spark"]
-            with subprocess.Popen(
-                [*command, "--result", result_path],
+            # -P: the installed package, never a source tree in the working directory (an image's)
+            command = [sys.executable, "-P", "-m", "spark_jobs.commit_round", *args]
+            proc = subprocess.Popen(
+                [*command, "--without-spark", "--result", result_path],
                 env=env,
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-            ) as proc:
-                self._round_process = proc
+                errors="replace",
+            )
+            self._round_process = proc
+            try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
                     self.log.info("%s", line.rstrip())
                 code = proc.wait()
-            self._round_process = None
+            except BaseException:  # the task's timeout, a kill: the round goes with the task
+                _stop(proc)
+                raise
+            finally:
+                self._round_process = None
+                if proc.stdout is not None:
+                    proc.stdout.close()
             result = read_result(result_path)
         self.job_result, self.lineage_admin_url = result, admin_url
         if result is None:
@@ -192,8 +238,10 @@ class CommitRoundOperator(SparkJobOperator):
         return result
 
     _round_process: subprocess.Popen[str] | None = None
+    _killed = False
 
     def on_kill(self) -> None:
+        self._killed = True
         proc = self._round_process
         if proc is not None and proc.poll() is None:
             proc.terminate()

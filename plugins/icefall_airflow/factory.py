@@ -11,7 +11,8 @@ DAGs share, so two writers never race on the table.
 
 One task runs a round, ``commit`` (``commit_operator``): it plans (broker end
 offsets for the interval, waiting until they are in segment objects: ``planning``),
-runs ``commit_round.py`` (in the warm driver, or with spark-submit) and publishes
+runs ``commit_round.py`` (in the warm driver, else as a Python process, or with
+spark-submit when the round needs Spark) and publishes
 (asset event ``icefall/<namespace>/<table>``, skipped when nothing new was committed:
 ``publish``). On tables partitioned by hour or day ``commit`` >> ``announce``
 (partitioned events on ``icefall/<namespace>/<table>/closed-partitions`` for the hours
@@ -244,6 +245,7 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
             pool=entry.pool,
             name=f"icefall-commit-{entry.topic}",
             execution_timeout=timedelta(minutes=30),
+            spark_rounds_only_when_needed=not entry.settings.rounds_need_spark,
         )
         if event_partitions.may_close_partitions(entry.settings.partition_by):
             closed = closed_partitions_asset(entry.namespace, entry.table)

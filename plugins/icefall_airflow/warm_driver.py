@@ -2,11 +2,12 @@
 
 The Airflow connection ``icefall_warm_driver`` (``icefall up`` defines it as
 ``AIRFLOW_CONN_ICEFALL_WARM_DRIVER``: host and port of the driver, the password its token)
-turns it on; without it the commit task runs spark-submit as before. The round's arguments
+turns it on; without it the commit task runs the round itself (``commit_operator``: a Python
+process, spark-submit when the round needs Spark). The round's arguments
 are the ones spark-submit would get, and the credentials go in the request body (as they go
 in spark-submit's environment, never its argv).
 
-Only a driver that cannot be reached makes the task fall back to spark-submit
+Only a driver that cannot be reached makes the task run the round itself
 (``WarmDriverUnreachable``): a driver that is starting (it answers 503 ``starting`` while
 Spark warms up: ``icefall up`` has just started it, or its supervisor restarted it) is waited
 for, up to ``RESTART_WAIT_S``, rather than starting the round's own JVM beside it; a driver
@@ -45,7 +46,7 @@ class WarmDriverClient:
 
     @classmethod
     def from_connection(cls, conn_id: str = WARM_DRIVER_CONN_ID) -> WarmDriverClient | None:
-        """The client for the connection, None when it is not defined (use spark-submit)."""
+        """The client for the connection, None when it is not defined (the task runs the round)."""
         from icefall_airflow.credentials import _connection, _mask
 
         connection = _connection(conn_id)

@@ -288,3 +288,46 @@ def test_maintenance_configs_through_a_kafka_admin_client(broker: BrokerProcess)
     [entry] = entries
     assert entry["configs"][MAINTENANCE + "interval.ms"] == "900000"
     assert entry["configs"][MAINTENANCE + "compaction.strategy"] == "binpack"
+
+
+@pytest.mark.parametrize(
+    ("config", "spark"),
+    [
+        ({}, False),
+        ({"automq.table.topic.convert.value.type": "raw"}, False),
+        ({"automq.table.topic.partition.by": "[hour(_kafka_metadata.timestamp)]"}, False),
+        (
+            {"automq.table.topic.upsert.enable": "true", "automq.table.topic.id.columns": "[id]"},
+            True,
+        ),
+        ({"automq.table.topic.cdc.field": "op", "automq.table.topic.id.columns": "[id]"}, True),
+        (
+            {
+                "automq.table.topic.transform.value.type": "flatten_debezium",
+                "automq.table.topic.id.columns": "[id]",
+            },
+            True,
+        ),
+        ({"automq.table.topic.convert.value.type": "json"}, True),
+        ({"automq.table.topic.format.version": "3"}, True),
+    ],
+)
+def test_rounds_need_spark_as_the_round_decides(config: dict[str, str], spark: bool) -> None:
+    """What the commit task reads to spark-submit at once agrees with the round's own reasons
+    (``commit_round._spark_needed``: upsert options, JSON values, format v3)."""
+    from types import SimpleNamespace
+
+    from spark_jobs.rounds import table_setup, upsert
+
+    settings = topic_configs.TableSettings(
+        topic_configs.effective(topic_configs.validate_all(config))
+    )
+    assert settings.rounds_need_spark is spark
+    options = table_setup.TableOptions.of_settings(settings)
+    topic = SimpleNamespace(topic="t", settings=settings)
+    by_round = (
+        upsert.UpsertOptions.of(topic) is not None  # type: ignore[arg-type]
+        or options.value_type == "json"
+        or options.format_version >= 3
+    )
+    assert by_round is spark

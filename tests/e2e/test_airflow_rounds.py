@@ -263,7 +263,18 @@ def test_two_rounds_rerun_and_rebuild(
 
     # Round 1 is small: a Python process commits it, no spark-submit (``commit_operator``).
     # Round 2 is sent to Spark (the driver's limit 0 bytes): the task spark-submits it.
+    from icefall_airflow.commit_operator import CommitRoundOperator
+
+    submitted: list[str] = []  # dag.test() runs the tasks in this process
+    spark_submit = CommitRoundOperator.run_job
+
+    def recorded(self: Any, context: Any, admin_url: str, args: list[str], label: str) -> Any:
+        submitted.append(label)
+        return spark_submit(self, context, admin_url, args, label)
+
+    monkeypatch.setattr(CommitRoundOperator, "run_job", recorded)
     states = run_round(dag, cut1, executor="driver")
+    assert submitted == []
     assert (states["commit"], states["announce"]) == ("success", "skipped")  # hour 10 is open
     assert table_ids(catalog) == list(range(50))
     events = asset_events(since)
@@ -289,6 +300,7 @@ def test_two_rounds_rerun_and_rebuild(
     with monkeypatch.context() as spark_only:
         spark_only.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", "0")
         states = run_round(dag, cut2, executor="spark")
+    assert len(submitted) == 1
     assert (states["commit"], states["announce"]) == ("success", "success")
     assert table_ids(catalog) == list(range(80))
     events = asset_events(since)

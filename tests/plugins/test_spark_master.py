@@ -4,6 +4,8 @@ whether the executors get the code zip (``py_files``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from icefall_airflow.job_operator import spark_deploy_mode, spark_master
 
@@ -83,3 +85,38 @@ def test_killing_the_task_stops_its_round_process() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_round_is_tried_in_python_first_unless_it_would_be_spark_submitted_anyway(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every round is spark-submitted at once when the driver belongs on the cluster (the
+    operator's deploy mode, its ``spark.submit.deployMode`` conf or the connection's), when
+    the driver's limit is 0 bytes, and for a table whose rounds always need Spark."""
+    from icefall_airflow.commit_operator import CommitRoundOperator
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ICEFALL_TEST_SPARK",
+        '{"conn_type": "spark", "host": "spark://m", "port": 7077}',
+    )
+    monkeypatch.delenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", raising=False)
+
+    def first(**kwargs: Any) -> bool:
+        operator = CommitRoundOperator(
+            task_id="commit", plan_task_id="plan", conn_id="icefall_test_spark", **kwargs
+        )
+        return operator.python_first()
+
+    assert first()
+    assert not first(deploy_mode="cluster")
+    assert not first(conf={"spark.submit.deployMode": "cluster"})
+    assert not first(spark_rounds_only_when_needed=False)
+    monkeypatch.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", "0")
+    assert not first()
+    monkeypatch.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", str(1 << 20))
+    assert first()
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ICEFALL_TEST_SPARK",
+        '{"conn_type": "spark", "host": "spark://m", "port": 7077, "extra": {"deploy-mode": "cluster"}}',
+    )
+    assert not first()
