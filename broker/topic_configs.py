@@ -605,7 +605,7 @@ class TableSettings:
             or self.cdc_field is not None
             or self.flatten_debezium
             or self.convert_value_type == "json"
-            or self.format_version >= 3
+            or _int_or(self.get(FORMAT_VERSION), 2) >= 3  # read at DAG parse time: never raises
         )
 
     @property

@@ -414,7 +414,7 @@ def _where_to_look(
         ui += (
             f"  Round driver:     warm, {airflow.warm.url} (log {airflow.warm.log_path})\n"
             if airflow.warm is not None
-            else "  Round driver:     spark-submit per round (ICEFALL_NO_WARM_DRIVER)\n"
+            else "  Round driver:     none: a process per round (ICEFALL_NO_WARM_DRIVER)\n"
         )
     return (
         f"\nIcefall is up.\n"

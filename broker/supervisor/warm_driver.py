@@ -4,9 +4,10 @@ beside the broker, restarted when it exits (a crash, kill -9, a dead JVM), stopp
 Its token is new at every ``icefall up`` and reaches the driver and the Airflow components in
 their environment only (``ps`` shows neither): Airflow finds the driver through the connection
 ``icefall_warm_driver`` (``AIRFLOW_CONN_ICEFALL_WARM_DRIVER``), which the commit tasks use
-instead of a spark-submit per round. ``ICEFALL_NO_WARM_DRIVER=1`` leaves it out (the tasks
-then spark-submit every round); ``ICEFALL_WARM_DRIVER_PORT`` fixes its loopback port (default:
-a free one); ``ICEFALL_WARM_DRIVER_MASTER`` its Spark master (default ``local[*]``).
+instead of a process per round. ``ICEFALL_NO_WARM_DRIVER=1`` leaves it out (the tasks then run
+each round as a Python process, spark-submitted when it needs Spark);
+``ICEFALL_WARM_DRIVER_PORT`` fixes its loopback port (default: a free one);
+``ICEFALL_WARM_DRIVER_MASTER`` its Spark master (default ``local[*]``).
 """
 
 from __future__ import annotations

@@ -21,11 +21,12 @@ A round that needs Spark (larger than that, or a table that turned format v3) sa
 its plan before it writes any rows (``spark_needed``; a DLQ commit a crash left half done
 may be finished first, as every round does), and the task spark-submits it. Every round is
 spark-submitted, as before, when the driver belongs on the cluster (deploy mode ``cluster``:
-the operator's, its ``spark.submit.deployMode`` conf or the connection's ``deploy-mode``),
-when ``ICEFALL_ROUND_IN_DRIVER_MAX_BYTES=0`` in the workers' environment sends every round
-with records to Spark, and for tables whose rounds with records always need Spark (upsert,
-JSON values, format v3: ``TableSettings.rounds_need_spark``, the factory's
-``spark_rounds_only_when_needed=False``): there the Python process would only add its start.
+the operator's, the connection's ``deploy-mode`` or the ``spark.submit.deployMode`` conf),
+and when ``ICEFALL_ROUND_IN_DRIVER_MAX_BYTES=0`` in the workers' environment sends every
+round with records to Spark. On a table whose rounds with records always need Spark (upsert,
+JSON values, format v3: ``TableSettings.rounds_need_spark``, which the factory passes on) a
+round is spark-submitted at once when the broker says records wait for the table (its
+``pending``), else tried as a Python process (an idle interval's round: no JVM).
 
 The commit DAGs run a whole round in this one task: ``planner`` plans it in the task
 (the plan also goes to XCom, key ``plan``) and ``publisher`` turns the result into the
@@ -116,7 +117,7 @@ class CommitRoundOperator(SparkJobOperator):
         self,
         *,
         plan_task_id: str | None = None,
-        spark_rounds_only_when_needed: bool = True,
+        rounds_need_spark: bool = False,
         planner: Planner | None = None,
         publisher: Publisher | None = None,
         admin_url: str | None = None,
@@ -126,9 +127,9 @@ class CommitRoundOperator(SparkJobOperator):
         if (plan_task_id is None) == (planner is None):
             raise ValueError("give the commit task either plan_task_id or planner, not both")
         self.plan_task_id = plan_task_id
-        # False: every round is spark-submitted (the factory's choice for tables whose rounds
-        # with records always need Spark: ``TableSettings.rounds_need_spark``)
-        self.spark_rounds_only_when_needed = spark_rounds_only_when_needed
+        # every round with records needs Spark (``TableSettings.rounds_need_spark``, the
+        # factory's): such a round is spark-submitted at once (``python_first``)
+        self.rounds_need_spark = rounds_need_spark
         self.planner = planner
         self.publisher = publisher
         self.admin_url = admin_url
@@ -167,7 +168,7 @@ class CommitRoundOperator(SparkJobOperator):
                 return self.run_warm(warm, admin_url, args, label)
             except WarmDriverUnreachable as exc:
                 self.log.warning("%s; running %s without it", exc, label)
-        if self.python_first():
+        if self.python_first(plan["topic"], admin_url):
             result = self.run_without_spark(admin_url, args, label)
             if result["status"] != contracts.ROUND_SPARK_NEEDED:
                 return result
@@ -177,17 +178,30 @@ class CommitRoundOperator(SparkJobOperator):
             self.job_result = None
         return self.run_job(context, admin_url, args, label)
 
-    def python_first(self) -> bool:
+    def python_first(self, topic: str, admin_url: str) -> bool:
         """Whether the round runs as a Python process before any spark-submit: not when its
-        driver belongs on the cluster (deploy mode ``cluster``), nor when every round with
-        records needs Spark anyway (``spark_rounds``, or a driver limit of 0 bytes): those paid
-        the Python process's start on top of spark-submit's."""
-        if not self.spark_rounds_only_when_needed:
+        driver belongs on the cluster (deploy mode ``cluster``: the operator's, else the
+        connection's, else the ``spark.submit.deployMode`` conf, spark-submit's own order), nor
+        when a driver limit of 0 bytes sends every round with records to Spark; on a table whose
+        rounds with records always need Spark (``rounds_need_spark``), only when no record
+        waits for it (the broker's ``pending``): an idle interval's round then costs no JVM,
+        and a round with records does not pay the Python process's start on top of
+        spark-submit's."""
+        mode = spark_deploy_mode(self._conn_id, self._hook_args["deploy_mode"]) or (
+            self.conf or {}
+        ).get("spark.submit.deployMode")
+        if mode == "cluster" or os.environ.get(DRIVER_MAX_BYTES_ENV, "").strip() == "0":
             return False
-        if os.environ.get(DRIVER_MAX_BYTES_ENV, "").strip() == "0":
-            return False
-        given = self._hook_args["deploy_mode"] or (self.conf or {}).get("spark.submit.deployMode")
-        return spark_deploy_mode(self._conn_id, given) != "cluster"
+        if not self.rounds_need_spark:
+            return True
+        from icefall_airflow.broker_client import BrokerClient
+
+        try:
+            waiting = BrokerClient(admin_url).pending(topic).records
+        except Exception as exc:  # noqa: BLE001 -- the Python process asks again and decides
+            self.log.info("could not ask what waits for %s's table (%s)", topic, exc)
+            return True
+        return waiting == 0
 
     def run_without_spark(self, admin_url: str, args: list[str], label: str) -> dict[str, Any]:
         """The round as ``python -m spark_jobs.commit_round --without-spark`` in this task's
@@ -245,8 +259,8 @@ class CommitRoundOperator(SparkJobOperator):
         proc = self._round_process
         if proc is not None and proc.poll() is None:
             proc.terminate()
-            return
-        super().on_kill()
+        elif self._hook is not None:  # a spark-submit was started (else there is none to kill)
+            self._hook.on_kill()
 
     def run_warm(
         self, warm: WarmDriverClient, admin_url: str, args: list[str], label: str

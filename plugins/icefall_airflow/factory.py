@@ -245,7 +245,7 @@ def build_commit_dag(entry: manifest.TableTopic) -> DAG:
             pool=entry.pool,
             name=f"icefall-commit-{entry.topic}",
             execution_timeout=timedelta(minutes=30),
-            spark_rounds_only_when_needed=not entry.settings.rounds_need_spark,
+            rounds_need_spark=entry.settings.rounds_need_spark,
         )
         if event_partitions.may_close_partitions(entry.settings.partition_by):
             closed = closed_partitions_asset(entry.namespace, entry.table)

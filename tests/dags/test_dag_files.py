@@ -82,6 +82,30 @@ def test_commit_dag_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert set(dag.params.keys()) == {"until", "until_offsets", "max_records"}
     assert dag.params["until"] == "interval"
     assert not dag.deadline  # no freshness SLA on the topic
+    assert commit.rounds_need_spark is False  # an append table: rounds tried in Python first
+
+
+def test_tables_whose_rounds_need_spark_tell_the_commit_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upsert and JSON tables (and format v3): a round with records is spark-submitted at once;
+    a format version the manifest cannot read does not break the DAG file."""
+    upsert = {"automq.table.topic.upsert.enable": "true", "automq.table.topic.id.columns": "[id]"}
+    json_values = {"automq.table.topic.convert.value.type": "json"}
+    unreadable = {"automq.table.topic.format.version": "two"}  # a hand-edited manifest
+    manifests.write(
+        tmp_path,
+        manifests.entry("up", configs=upsert),
+        manifests.entry("js", configs=json_values),
+        manifests.entry("odd", configs=unreadable),
+    )
+    bag = dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    need = {
+        t: bag.dags[f"icefall_commit__{t}"].task_dict["commit"].rounds_need_spark
+        for t in ("up", "js", "odd")
+    }
+    assert need == {"up": True, "js": True, "odd": False}
 
 
 def test_a_freshness_sla_puts_a_deadline_on_each_run(

@@ -262,19 +262,26 @@ def test_two_rounds_rerun_and_rebuild(
     produce(broker, 80, 5)  # after cut 2: left for a later round
 
     # Round 1 is small: a Python process commits it, no spark-submit (``commit_operator``).
-    # Round 2 is sent to Spark (the driver's limit 0 bytes): the task spark-submits it.
+    # Round 2 is above the driver's limit (1 byte): the Python process says it needs Spark and
+    # writes nothing, then the task spark-submits it.
     from icefall_airflow.commit_operator import CommitRoundOperator
 
-    submitted: list[str] = []  # dag.test() runs the tasks in this process
-    spark_submit = CommitRoundOperator.run_job
+    ran: list[str] = []  # dag.test() runs the tasks in this process
+    spark_submit, in_python = CommitRoundOperator.run_job, CommitRoundOperator.run_without_spark
 
-    def recorded(self: Any, context: Any, admin_url: str, args: list[str], label: str) -> Any:
-        submitted.append(label)
+    def submitted(self: Any, context: Any, admin_url: str, args: list[str], label: str) -> Any:
+        ran.append("spark-submit")
         return spark_submit(self, context, admin_url, args, label)
 
-    monkeypatch.setattr(CommitRoundOperator, "run_job", recorded)
+    def python(self: Any, admin_url: str, args: list[str], label: str) -> Any:
+        result = in_python(self, admin_url, args, label)
+        ran.append(f"python: {result['status']}")
+        return result
+
+    monkeypatch.setattr(CommitRoundOperator, "run_job", submitted)
+    monkeypatch.setattr(CommitRoundOperator, "run_without_spark", python)
     states = run_round(dag, cut1, executor="driver")
-    assert submitted == []
+    assert ran == ["python: committed"]
     assert (states["commit"], states["announce"]) == ("success", "skipped")  # hour 10 is open
     assert table_ids(catalog) == list(range(50))
     events = asset_events(since)
@@ -298,9 +305,9 @@ def test_two_rounds_rerun_and_rebuild(
 
     unpause(HOURLY_DAG)  # Airflow queues runs of unpaused DAGs only
     with monkeypatch.context() as spark_only:
-        spark_only.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", "0")
+        spark_only.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", "1")
         states = run_round(dag, cut2, executor="spark")
-    assert len(submitted) == 1
+    assert ran[1:] == ["python: spark_needed", "spark-submit"]
     assert (states["commit"], states["announce"]) == ("success", "success")
     assert table_ids(catalog) == list(range(80))
     events = asset_events(since)

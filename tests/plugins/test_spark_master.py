@@ -1,6 +1,7 @@
 """The Spark master a job's connection names (``job_operator.spark_master``), read from the
 connection's public fields, is the one the apache-spark provider's hook submits to: it decides
-whether the executors get the code zip (``py_files``)."""
+whether the executors get the code zip (``py_files``). The deploy mode too: with ``cluster`` the
+commit task spark-submits every round instead of trying it as a Python process first."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 import pytest
 from icefall_airflow.job_operator import spark_deploy_mode, spark_master
+
+from tests.support import BrokerProcess
 
 
 @pytest.mark.parametrize(
@@ -88,29 +91,43 @@ def test_killing_the_task_stops_its_round_process() -> None:
 
 
 def test_a_round_is_tried_in_python_first_unless_it_would_be_spark_submitted_anyway(
-    monkeypatch: pytest.MonkeyPatch,
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every round is spark-submitted at once when the driver belongs on the cluster (the
-    operator's deploy mode, its ``spark.submit.deployMode`` conf or the connection's), when
-    the driver's limit is 0 bytes, and for a table whose rounds always need Spark."""
+    operator's deploy mode, else the connection's, else the ``spark.submit.deployMode`` conf)
+    and when the driver's limit is 0 bytes; on a table whose rounds with records always need
+    Spark, when the broker says records wait for the table (an idle one's round: Python)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
     from icefall_airflow.commit_operator import CommitRoundOperator
 
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    config = {"automq.table.topic.enable": "true", "automq.table.topic.convert.value.type": "json"}
+    for future in admin.create_topics([NewTopic("json_t", 1, 1, config=config)]).values():
+        future.result(10)
     monkeypatch.setenv(
         "AIRFLOW_CONN_ICEFALL_TEST_SPARK",
         '{"conn_type": "spark", "host": "spark://m", "port": 7077}',
     )
     monkeypatch.delenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", raising=False)
 
-    def first(**kwargs: Any) -> bool:
+    def first(topic: str = "json_t", **kwargs: Any) -> bool:
         operator = CommitRoundOperator(
             task_id="commit", plan_task_id="plan", conn_id="icefall_test_spark", **kwargs
         )
-        return operator.python_first()
+        return operator.python_first(topic, broker.admin_url)
 
     assert first()
     assert not first(deploy_mode="cluster")
     assert not first(conf={"spark.submit.deployMode": "cluster"})
-    assert not first(spark_rounds_only_when_needed=False)
+    assert first(deploy_mode="client", conf={"spark.submit.deployMode": "cluster"})
+    assert first(rounds_need_spark=True)  # nothing waits for json_t's table
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer.produce("json_t", value=b'{"id": 1}')
+    assert producer.flush(10) == 0
+    assert not first(rounds_need_spark=True)
+    assert first(rounds_need_spark=False)
+    assert first("no_such_topic", rounds_need_spark=True)  # the Python process will say why
     monkeypatch.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", "0")
     assert not first()
     monkeypatch.setenv("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", str(1 << 20))
@@ -120,3 +137,4 @@ def test_a_round_is_tried_in_python_first_unless_it_would_be_spark_submitted_any
         '{"conn_type": "spark", "host": "spark://m", "port": 7077, "extra": {"deploy-mode": "cluster"}}',
     )
     assert not first()
+    assert not first(conf={"spark.submit.deployMode": "client"})  # spark-submit's order
