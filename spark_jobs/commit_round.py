@@ -468,10 +468,9 @@ class CommitRound:
             metadata is not None and metadata.format_version >= 3
         ):
             return "a format v3 table"
-        round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)
-        if round_bytes > self.args.in_driver_max_bytes:
+        if plan.bytes > self.args.in_driver_max_bytes:
             return (
-                f"{round_bytes} bytes, above --in-driver-max-bytes {self.args.in_driver_max_bytes}"
+                f"{plan.bytes} bytes, above --in-driver-max-bytes {self.args.in_driver_max_bytes}"
             )
         return None
 
@@ -604,8 +603,7 @@ class CommitRound:
             registry_user_info=self.registry.user_info,
             event_time=self._event_time_spec,
         )
-        round_bytes = sum(r.byte_end - r.byte_start for r in plan.ranges)
-        executor = "driver" if round_bytes <= self.args.in_driver_max_bytes else "spark"
+        executor = "driver" if plan.bytes <= self.args.in_driver_max_bytes else "spark"
         spark = self.spark() if executor == "spark" else None  # its start-up is timed on its own
         started = time.monotonic()
         output = (

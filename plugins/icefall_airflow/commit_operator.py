@@ -205,16 +205,9 @@ class CommitRoundOperator(SparkJobOperator):
 
     def run_without_spark(self, admin_url: str, args: list[str], label: str) -> dict[str, Any]:
         """The round as ``python -m spark_jobs.commit_round --without-spark`` in this task's
-        environment plus the job's (what ``prepare`` gives spark-submit): its result JSON, or
+        environment plus the job's (``job_env``, as spark-submit gets it): its result JSON, or
         ``SparkJobFailed`` with its message."""
-        from icefall_airflow import credentials
-
-        env = {
-            **os.environ,
-            "ICEFALL_ADMIN_URL": admin_url,
-            **(self.env_vars or {}),
-            **credentials.job_env(),
-        }
+        env = {**os.environ, **self.job_env(admin_url)}
         self.log.info("%s: as a Python process (Spark only if it needs it)", label)
         with tempfile.TemporaryDirectory(prefix="icefall-job-") as tmp:
             result_path = os.path.join(tmp, "result.json")

@@ -329,7 +329,6 @@ class SparkJobOperator(BaseOperator):
         the application, the jars, the project's code for a cluster's executors
         (``py_files``), the driver's environment. ``run_job`` submits it; tests build the same
         command line from it."""
-        from icefall_airflow import credentials
         from icefall_airflow.py_files import py_files_for
         from spark_jobs.jars import iceberg_jars
 
@@ -349,13 +348,19 @@ class SparkJobOperator(BaseOperator):
             "PYSPARK_PYTHON": python,
             "PYSPARK_DRIVER_PYTHON": python,
             "PATH": os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
-            "ICEFALL_ADMIN_URL": admin_url,
             **jvm,
-            **(self.env_vars or {}),
-            # from the icefall_registry / icefall_catalog connections, now (not at parse time)
-            **credentials.job_env(),
+            **self.job_env(admin_url),
         }
         self._hook = None  # built from the fields set above
+
+    def job_env(self, admin_url: str) -> dict[str, str]:
+        """What the job's process gets on top of this task's environment, whichever way it runs:
+        the broker's admin URL, the operator's ``env_vars``, and the registry's and catalog's
+        credentials from the ``icefall_registry`` / ``icefall_catalog`` connections, looked up
+        now (not at parse time)."""
+        from icefall_airflow import credentials
+
+        return {"ICEFALL_ADMIN_URL": admin_url, **(self.env_vars or {}), **credentials.job_env()}
 
     def run_job(self, context: Any, admin_url: str, args: list[str], label: str) -> dict[str, Any]:
         """spark-submit ``script`` with ``args`` plus ``--result``; the result JSON it wrote

@@ -47,6 +47,11 @@ class RoundPlan:
         return all(w.records == 0 for w in self.windows)
 
     @property
+    def bytes(self) -> int:
+        """The segment bytes the round reads (``ranges``, once fetched)."""
+        return sum(r.byte_end - r.byte_start for r in self.ranges)
+
+    @property
     def offsets_before(self) -> dict[int, int]:
         return {w.partition: w.start for w in self.windows}
 
