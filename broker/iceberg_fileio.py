@@ -11,7 +11,7 @@ publish) and a manifest, a manifest list and a data file, so on S3 this saves tw
 requests: round latency at 20-30 ms a request, and S3's price per request.
 
 pyiceberg builds the ``S3FileSystem`` itself and has no property for the option, so
-``IcefallFileIO`` rebuilds the one pyiceberg made with the option on, through pyarrow's own
+Icefall's FileIO rebuilds the one pyiceberg made with the option on, through pyarrow's own
 pickling (``__reduce__`` gives every setting it was made with). One setting does not survive
 that: a custom ``s3.retry-strategy-impl``; with one set, the file system stays as pyiceberg
 made it.
@@ -26,24 +26,60 @@ external REST catalog's ``/v1/config`` defaults cannot name a FileIO over it (it
 can). A round's Spark tasks load it too: their ``--py-files`` zip carries the ``broker``
 package (``icefall_airflow.py_files``), and with ``ICEFALL_SPARK_PY_FILES=none`` the
 executors' Icefall must be as new as the driver's.
+
+The PyArrow FileIO is made at its first file, not when its catalog loads a table: pyiceberg's PyArrow FileIO
+module imports ``pyarrow.dataset``, and with it pandas (pyarrow's pandas shim), ~0.5 s of CPU.
+pyiceberg makes a table's FileIO on every ``load_table``, but a commit round with nothing new
+(the round of an idle table topic, every commit interval, as a process of its own where no warm
+driver runs it) reads every fact it needs from the metadata the catalog answers with and opens
+no file. So ``IcefallFileIO`` is a ``FileIO`` that hands ``new_input``, ``new_output`` and
+``delete`` (the whole interface pyiceberg calls) to the PyArrow FileIO it makes at the first of
+them, ``DelayedOpenFileIO`` in ``broker.pyarrow_fileio``.
 """
 
 from __future__ import annotations
 
-from typing import cast
+import threading
+from typing import TYPE_CHECKING, Any
 
-from pyarrow.fs import FileSystem, S3FileSystem
-from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.io import FileIO, InputFile, OutputFile
+from pyiceberg.typedef import EMPTY_DICT, Properties
 
-RETRY_STRATEGY_IMPL = "s3.retry-strategy-impl"  # pyiceberg's S3_RETRY_STRATEGY_IMPL
+if TYPE_CHECKING:
+    from broker.pyarrow_fileio import DelayedOpenFileIO
 
 
-class IcefallFileIO(PyArrowFileIO):
-    """``PyArrowFileIO`` whose S3 file systems open output streams lazily (see the module)."""
+class IcefallFileIO(FileIO):
+    """pyiceberg's PyArrow FileIO, made at the first file and with S3 output streams opened
+    lazily (see the module)."""
 
-    def _initialize_s3_fs(self, netloc: str | None) -> FileSystem:
-        made = super()._initialize_s3_fs(netloc)
-        if self.properties.get(RETRY_STRATEGY_IMPL) or not isinstance(made, S3FileSystem):
-            return made
-        rebuild, (settings,) = made.__reduce__()
-        return cast(FileSystem, rebuild({**settings, "allow_delayed_open": True}))
+    def __init__(self, properties: Properties = EMPTY_DICT) -> None:
+        super().__init__(properties)
+        self._made: DelayedOpenFileIO | None = None
+        self._making = threading.Lock()
+
+    def pyarrow_io(self) -> DelayedOpenFileIO:
+        """The PyArrow FileIO every call goes to, made (and pyarrow's modules imported) once."""
+        if self._made is None:
+            with self._making:
+                if self._made is None:
+                    from broker.pyarrow_fileio import DelayedOpenFileIO
+
+                    self._made = DelayedOpenFileIO(self.properties)
+        return self._made
+
+    def new_input(self, location: str) -> InputFile:
+        return self.pyarrow_io().new_input(location)
+
+    def new_output(self, location: str) -> OutputFile:
+        return self.pyarrow_io().new_output(location)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        self.pyarrow_io().delete(location)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as its properties (a Spark task's copy makes its own file systems)."""
+        return {"properties": self.properties}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["properties"])  # type: ignore[misc]

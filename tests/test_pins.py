@@ -71,7 +71,7 @@ PRIVATE_APIS: list[tuple[str, str, list[str] | None, str]] = [
         "pyiceberg.io.pyarrow",
         "PyArrowFileIO._initialize_s3_fs",
         ["self", "netloc"],
-        "broker/iceberg_fileio.py overrides it: the S3 file system rebuilt with allow_delayed_open",
+        "broker/pyarrow_fileio.py overrides it: the S3 file system rebuilt with allow_delayed_open",
     ),
     (
         "pyiceberg.catalog.sql",

@@ -15,7 +15,8 @@ small enough for its one task to run in the driver (``--in-driver-max-bytes``, 1
 default) and written by pyiceberg, never starts Spark anyway: under spark-submit it paid a
 JVM's start for nothing, once per interval per topic, idle or not. Measured
 (``bench/task_round.py``, two cores): an empty round 3.8 s and 4.4 CPU-s spark-submitted,
-1.6 s and 1.7 CPU-s as a Python process; a 4 MiB round 4.0 s and 4.7 CPU-s against 2.0 s and
+1.6 s and 1.7 CPU-s as a Python process (1.2 CPU-s since ``broker.iceberg_fileio`` makes
+pyarrow's FileIO at the first file: an empty round opens none); a 4 MiB round 4.0 s and 4.7 CPU-s against 2.0 s and
 2.0 CPU-s.
 A round that needs Spark (larger than that, or a table that turned format v3) says so from
 its plan before it writes any rows (``spark_needed``; a DLQ commit a crash left half done

@@ -1,10 +1,15 @@
 """broker.iceberg_fileio on moto's S3 server: a small file pyiceberg writes is one PutObject, a
 large one still a multipart upload, both read back whole; a write that fails says so at the
-latest when the file closes; every catalog Icefall opens uses it unless told otherwise."""
+latest when the file closes; every catalog Icefall opens uses it unless told otherwise; pyarrow's
+FileIO is made at the first file, not before."""
 
 from __future__ import annotations
 
 import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from pyiceberg.io import FileIO, load_file_io
@@ -67,7 +72,9 @@ def test_a_write_to_a_missing_bucket_fails_when_the_file_closes(moto_s3: MotoS3)
 
 def delayed_open(io: FileIO) -> bool:
     assert isinstance(io, IcefallFileIO)
-    settings: dict[str, object] = io.fs_by_scheme("s3", "any-bucket").__reduce__()[1][0]
+    settings: dict[str, object] = (
+        io.pyarrow_io().fs_by_scheme("s3", "any-bucket").__reduce__()[1][0]
+    )
     return bool(settings["allow_delayed_open"])
 
 
@@ -96,3 +103,36 @@ def test_every_catalog_icefall_opens_uses_it_unless_told_otherwise(spec: Catalog
         update={"properties": {**spec.properties, "py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO"}}
     )
     assert own.pyiceberg_properties(env={})["py-io-impl"] == "pyiceberg.io.fsspec.FsspecFileIO"
+
+
+def test_pyarrows_fileio_is_made_at_the_first_file(tmp_path: Path) -> None:
+    """A catalog's load_table makes the FileIO; a round with nothing new opens no file: neither
+    pays for pyarrow's FileIO module (pyarrow.dataset and pandas) until a file is opened."""
+    probe = f"""
+import sys
+from pyiceberg.io import load_file_io
+from broker.contracts import with_default_io
+io = load_file_io(with_default_io({{}}), "file://{tmp_path}")
+assert type(io).__name__ == "IcefallFileIO", type(io)
+print("before", "pyiceberg.io.pyarrow" in sys.modules, "pandas" in sys.modules)
+with io.new_output("{tmp_path}/a.json").create() as out:
+    out.write(b"{{}}")
+print("after", "pyiceberg.io.pyarrow" in sys.modules, type(io.pyarrow_io()).__name__)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[:2] == ["before False False", "after True DelayedOpenFileIO"], out
+    assert (tmp_path / "a.json").read_bytes() == b"{}"
+
+
+def test_it_reads_deletes_and_pickles_as_its_properties(tmp_path: Path) -> None:
+    io = load_file_io(with_default_io({"some.property": "x"}), f"file://{tmp_path}")
+    assert isinstance(io, IcefallFileIO)
+    write(io, f"{tmp_path}/a.bin", b"payload")
+    copy = pickle.loads(pickle.dumps(io))
+    assert isinstance(copy, IcefallFileIO) and copy.properties == io.properties
+    assert read(copy, f"{tmp_path}/a.bin") == b"payload"
+    copy.delete(f"{tmp_path}/a.bin")
+    assert not (tmp_path / "a.bin").exists()
+    assert not io.new_input(f"{tmp_path}/a.bin").exists()
