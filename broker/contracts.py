@@ -36,7 +36,8 @@ from broker import names, topic_configs
 from broker.external_catalogs import tablebucket
 
 # Icefall's FileIO for every pyiceberg catalog its processes open (broker/iceberg_fileio.py);
-# named here, not imported: this module is read at DAG parse time, that one imports pyarrow
+# named here, not imported: this module is read at DAG parse time, and pyiceberg imports that
+# one when a catalog loads a table
 ICEFALL_FILE_IO = "broker.iceberg_fileio.IcefallFileIO"
 
 

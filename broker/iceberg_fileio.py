@@ -1,5 +1,5 @@
-"""pyiceberg's PyArrow FileIO with one S3 request per small file written, for every catalog
-Icefall opens.
+"""Icefall's FileIO for every catalog it opens: pyiceberg's PyArrow FileIO, made at the first
+file, with one S3 request per small file written.
 
 pyarrow's S3 file system starts a multipart upload when an output stream opens, so each
 object pyiceberg writes (a metadata JSON, a manifest, a manifest list, a small round's

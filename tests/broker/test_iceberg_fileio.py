@@ -106,8 +106,9 @@ def test_every_catalog_icefall_opens_uses_it_unless_told_otherwise(spec: Catalog
 
 
 def test_pyarrows_fileio_is_made_at_the_first_file(tmp_path: Path) -> None:
-    """A catalog's load_table makes the FileIO; a round with nothing new opens no file: neither
-    pays for pyarrow's FileIO module (pyarrow.dataset and pandas) until a file is opened."""
+    """pyiceberg makes a table's FileIO at every load_table, and a round with nothing new opens
+    no file: neither pays for pyarrow's FileIO module (pyarrow.dataset, pandas) before a file
+    is opened (a fresh interpreter: nothing imported it before)."""
     probe = f"""
 import sys
 from pyiceberg.io import load_file_io
@@ -119,9 +120,11 @@ with io.new_output("{tmp_path}/a.json").create() as out:
     out.write(b"{{}}")
 print("after", "pyiceberg.io.pyarrow" in sys.modules, type(io.pyarrow_io()).__name__)
 """
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    ).stdout.split("\n")
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.split("\n")
     assert out[:2] == ["before False False", "after True DelayedOpenFileIO"], out
     assert (tmp_path / "a.json").read_bytes() == b"{}"
 
@@ -132,6 +135,7 @@ def test_it_reads_deletes_and_pickles_as_its_properties(tmp_path: Path) -> None:
     write(io, f"{tmp_path}/a.bin", b"payload")
     copy = pickle.loads(pickle.dumps(io))
     assert isinstance(copy, IcefallFileIO) and copy.properties == io.properties
+    assert copy.pyarrow_io() is not io.pyarrow_io()  # its own, made from its properties
     assert read(copy, f"{tmp_path}/a.bin") == b"payload"
     copy.delete(f"{tmp_path}/a.bin")
     assert not (tmp_path / "a.bin").exists()
