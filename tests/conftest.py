@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import atexit
 import contextlib
 import inspect
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import types
 import urllib.request
 import uuid
@@ -24,7 +27,16 @@ from tests.support import BrokerProcess, free_port, wait_for
 # On tests/broker/test_kafka_tools.py (nine tests, a JVM per command) 114.6 → 77.7 CPU-s,
 # wall 89 → 75 s; tests/spark_jobs/test_maintenance.py 105 → 93 s wall. Tests only: what
 # `make run` starts keeps the JVM's defaults; a JDK_JAVA_OPTIONS already set is kept.
-os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# Their temporary files go to one directory per test process, removed when it exits: a JVM the
+# fault tests kill (-9) never runs its shutdown hooks, and left in /tmp its Spark directories
+# (spark-*, blockmgr-*: the jars copied for every SparkContext, ~100 MB each) and lz4-java's
+# native library stayed there for good (236 spark-* directories, 13 GB, after the suite's runs
+# on one machine: a benchmark then failed with "No space left on device").
+JVM_TMP = tempfile.mkdtemp(prefix="icefall-jvm-tmp-")
+atexit.register(shutil.rmtree, JVM_TMP, ignore_errors=True)
+os.environ.setdefault(
+    "JDK_JAVA_OPTIONS", f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.io.tmpdir={JVM_TMP}"
+)
 
 
 @pytest.fixture
