@@ -237,13 +237,10 @@ class CommitRoundOperator(SparkJobOperator):
                 if proc.stdout is not None:
                     proc.stdout.close()
             result = read_result(result_path)
-        self.job_result, self.lineage_admin_url = result, admin_url
         if result is None:
+            self.job_result, self.lineage_admin_url = None, admin_url
             raise SparkJobFailed(f"{label} exited {code} and wrote no result")
-        self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
-        if code != 0:
-            raise SparkJobFailed(f"{label} failed: {result.get('message')}")
-        return result
+        return self._finish(label, admin_url, code, result)
 
     _round_process: subprocess.Popen[str] | None = None
     _killed = False
@@ -264,6 +261,13 @@ class CommitRoundOperator(SparkJobOperator):
 
         self.log.info("%s: asking the warm driver at %s", label, warm.url)
         code, result = warm.run_round(args, credentials.job_env(), self.log)
+        return self._finish(label, admin_url, code, result)
+
+    def _finish(
+        self, label: str, admin_url: str, code: int, result: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A round run in the warm driver or as a Python process: its result kept for lineage
+        and logged; ``SparkJobFailed`` with its message when it exited non-zero."""
         self.job_result, self.lineage_admin_url = result, admin_url
         self.log.info("%s: %s", label, json.dumps(result, sort_keys=True))
         if code != 0:
