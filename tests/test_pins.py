@@ -32,6 +32,45 @@ PRIVATE_APIS: list[tuple[str, str, list[str] | None, str]] = [
         "spark_jobs/rounds/tasks.py: Spark tasks write the round's data files (from a RecordBatchReader too)",
     ),
     (
+        "pyiceberg.io.pyarrow",
+        "_to_requested_schema",
+        [
+            "requested_schema",
+            "file_schema",
+            "batch",
+            "downcast_ns_timestamp_to_us",
+            "include_field_ids",
+            "projected_missing_fields",
+            "allow_timestamp_tz_mismatch",
+            "format_model",
+        ],
+        "spark_jobs/rounds/streamed_files.py: each batch in the file's schema, with field ids",
+    ),
+    (
+        "pyiceberg.io.pyarrow",
+        "ParquetFormatWriter.write",
+        ["self", "table"],
+        "spark_jobs/rounds/streamed_files.py: one call per row group, in the writer thread",
+    ),
+    (
+        "pyiceberg.io.pyarrow",
+        "ParquetFormatWriter.close",
+        ["self"],
+        "spark_jobs/rounds/streamed_files.py: the file's statistics once its last row group is in",
+    ),
+    (
+        "pyiceberg.io.fileformat",
+        "FileFormatFactory.get",
+        None,
+        "spark_jobs/rounds/streamed_files.py: the Parquet format model pyiceberg writes with",
+    ),
+    (
+        "pyiceberg.table",
+        "WriteTask.generate_data_file_filename",
+        ["self", "extension"],
+        "spark_jobs/rounds/streamed_files.py: data file names as pyiceberg's writer names them",
+    ),
+    (
         "pyiceberg.table.update",
         "_apply_table_update",
         ["update", "base_metadata", "context"],
@@ -127,7 +166,12 @@ PRIVATE_APIS: list[tuple[str, str, list[str] | None, str]] = [
         None,
         "broker/iceberg_json.py: v3 JSON, past TableMetadataV3.model_dump_json (which refuses v3)",
     ),
-    ("pyiceberg.table.locations", "load_location_provider", None, "broker/catalog/store.py"),
+    (
+        "pyiceberg.table.locations",
+        "load_location_provider",
+        None,
+        "broker/catalog/store.py; spark_jobs/rounds/streamed_files.py: data file paths",
+    ),
 ]
 
 RECHECK = "\n".join(f"  {module}.{name}: {why}" for module, name, _, why in PRIVATE_APIS)

@@ -4,7 +4,8 @@ Each Spark task gets one group of consecutive ranges (``round_plan.task_groups``
 reads them straight from the object store, decodes the batches and values into
 Arrow record batches of the table's rows, and streams them into Parquet data
 files with pyarrow, in the table's location, with Iceberg's column statistics
-(pyiceberg's writer). The task returns the files' ``DataFile`` entries and what
+(``streamed_files``: each row group encoded while the next decodes, for an
+unpartitioned table; else pyiceberg's writer). The task returns the files' ``DataFile`` entries and what
 it read; the driver commits all the files in one snapshot. Why not Spark's own
 Iceberg writer: it would copy every Arrow batch into JVM rows and encode
 Parquet again there, which cost as much CPU as the whole decode (bench/).
@@ -43,6 +44,7 @@ from spark_jobs.decode.segments import (
     cached_store,
     read_ranges,
 )
+from spark_jobs.rounds import streamed_files
 from spark_jobs.rounds.event_time import EventTimeSpec, Observed, observe
 
 MAX_ERRORS_KEPT = 100_000
@@ -205,22 +207,32 @@ def _write(
                 observe(spec.event_time, rows.batch, chunk.partition, report.event_times)
                 yield rows.batch
 
-    reader = pa.RecordBatchReader.from_batches(converter.arrow_schema, batches())
     io = load_file_io(dict(spec.io_properties), metadata.location)
     # one write uuid and one file counter for all the slices: their file names never collide
     write_uuid, counter = uuid.uuid4(), itertools.count(0)
-    parts: Iterator[pa.RecordBatchReader | pa.Table] = (
-        iter([reader])
-        if metadata.spec().is_unpartitioned()
-        else _slices(reader, PARTITIONED_SLICE_BYTES)
-    )
-    files = [
-        data_file
-        for data in parts
-        for data_file in _dataframe_to_data_files(
-            metadata, data, io, write_uuid=write_uuid, counter=counter
+    if streamed_files.streams(metadata):
+        files = streamed_files.write_data_files(
+            metadata,
+            batches(),
+            converter.arrow_schema,
+            io,
+            write_uuid=write_uuid,
+            counter=counter,
         )
-    ]
+    else:
+        reader = pa.RecordBatchReader.from_batches(converter.arrow_schema, batches())
+        parts: Iterator[pa.RecordBatchReader | pa.Table] = (
+            iter([reader])
+            if metadata.spec().is_unpartitioned()
+            else _slices(reader, PARTITIONED_SLICE_BYTES)
+        )
+        files = [
+            data_file
+            for data in parts
+            for data_file in _dataframe_to_data_files(
+                metadata, data, io, write_uuid=write_uuid, counter=counter
+            )
+        ]
     report.ranges, report.bytes_read, report.batches = stats.ranges, stats.bytes_read, stats.batches
     report.control_batches, report.aborted_batches = stats.control_batches, stats.aborted_batches
     report.records = stats.records

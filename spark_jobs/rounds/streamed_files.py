@@ -1,0 +1,244 @@
+"""A round's rows into Parquet data files while they are still being decoded.
+
+pyiceberg's writer (``_dataframe_to_data_files``) takes a ``RecordBatchReader`` but
+gathers a whole file's batches (up to ``write.target-file-size-bytes``, 512 MiB of
+Arrow) before it encodes any of them. A round is usually one file, so its decode
+(Icefall's C decoder, which holds the GIL) and its Parquet encode (pyarrow, which
+releases it) ran one after the other: ~0.4 s each for 190 k records of the 16-field
+benchmark data. Both are on the commit's critical path, so the round's latency (and
+the table's freshness) paid their sum.
+
+``write_data_files`` hands the batches to one writer thread a row group at a time:
+it encodes row group *k* while the caller's thread decodes the rows of *k + 1*, so
+the round pays about the larger of the two. A row group closes at
+``ROW_GROUP_ARROW_BYTES`` of Arrow (or the table's ``write.parquet.row-group-limit``
+rows) and a file at ``write.target-file-size-bytes`` of Arrow (pyiceberg's measure,
+so file counts are what they were). Memory is bounded by two row groups, not a file.
+
+The files are pyiceberg's: the same writer (``ParquetFormatWriter``: codec, page
+sizes, field ids), the same column statistics and metrics modes, the same file
+names and ``DataFile`` entries as ``write_file`` makes; only when the batches are
+encoded changes. Unpartitioned Parquet tables only: anything else goes to
+pyiceberg's writer (``tasks._write``). The pyiceberg internals used here are pinned
+(``tests/test_pins.py``).
+
+Why not a library: neither pyiceberg nor pyarrow encodes a file from a stream of
+batches while the producer of the stream runs (pyarrow's ``ParquetWriter`` writes
+in the calling thread; its buffered row-group mode is not exposed to Python).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+# A row group closes at this many bytes of Arrow: small enough that a round of a few tens
+# of MiB is several row groups (the overlap is all but the last one), large enough that a
+# row group is still a few MiB of Parquet (bench/BENCHMARKS.md, "Streamed data files").
+ROW_GROUP_ARROW_BYTES = 24 << 20
+
+
+def streams(metadata: Any) -> bool:
+    """Whether ``write_data_files`` writes this table's files (else pyiceberg's writer)."""
+    from pyiceberg.table import TableProperties
+
+    file_format = metadata.properties.get(
+        TableProperties.WRITE_FILE_FORMAT, TableProperties.WRITE_FILE_FORMAT_DEFAULT
+    )
+    return bool(metadata.spec().is_unpartitioned()) and str(file_format).upper() == "PARQUET"
+
+
+@dataclass
+class _OpenFile:
+    """The data file the writer thread is filling."""
+
+    path: str
+    output: Any  # pyiceberg OutputFile
+    writer: Any  # pyiceberg ParquetFormatWriter
+    arrow_bytes: int = 0
+
+
+@dataclass
+class _FileWriter:
+    """Everything the writer thread touches; only it touches it while a write runs."""
+
+    metadata: Any
+    io: Any
+    write_uuid: uuid.UUID
+    counter: itertools.count[int]
+    task_schema: Any
+    file_schema: Any
+    target_bytes: int
+    row_group_rows: int
+    downcast_ns: bool
+    format_model: Any
+    location_provider: Any
+    current: _OpenFile | None = None
+    done: list[Any] = field(default_factory=list)  # DataFile
+
+    def write(self, batches: list[pa.RecordBatch]) -> None:
+        """One row group (more if it has over ``row_group_rows``) into the current file."""
+        from pyiceberg.io.pyarrow import _to_requested_schema
+
+        if self.current is None:
+            self.current = self._open()
+        table = pa.Table.from_batches(
+            [
+                _to_requested_schema(
+                    requested_schema=self.file_schema,
+                    file_schema=self.task_schema,
+                    batch=batch,
+                    downcast_ns_timestamp_to_us=self.downcast_ns,
+                    include_field_ids=True,
+                    format_model=self.format_model,
+                )
+                for batch in batches
+            ]
+        )
+        self.current.writer.write(table)
+        self.current.arrow_bytes += sum(b.nbytes for b in batches)
+        if self.current.arrow_bytes >= self.target_bytes:
+            self.close()
+
+    def _open(self) -> _OpenFile:
+        from pyiceberg.table import WriteTask
+
+        task = WriteTask(
+            write_uuid=self.write_uuid,
+            task_id=next(self.counter),
+            record_batches=[],
+            schema=self.task_schema,
+        )
+        path = self.location_provider.new_data_location(
+            data_file_name=task.generate_data_file_filename(self.format_model.file_extension()),
+            partition_key=None,
+        )
+        output = self.io.new_output(path)
+        writer = self.format_model.create_writer(output, self.file_schema, self.metadata.properties)
+        return _OpenFile(path, output, writer)
+
+    def abandon(self) -> None:
+        """Close the current file's stream after an error, keeping no ``DataFile`` of it."""
+        if (current := self.current) is not None:
+            self.current = None
+            with contextlib.suppress(Exception):
+                current.writer.close()
+
+    def close(self) -> None:
+        """Close the current file (if any) and keep its ``DataFile``."""
+        from pyiceberg.manifest import DataFile, DataFileContent
+        from pyiceberg.typedef import Record
+
+        if (current := self.current) is None:
+            return
+        self.current = None
+        statistics = current.writer.close()
+        self.done.append(
+            DataFile.from_args(
+                content=DataFileContent.DATA,
+                file_path=current.path,
+                file_format=self.format_model.format,
+                partition=Record(),
+                file_size_in_bytes=len(current.output),
+                sort_order_id=None,
+                spec_id=self.metadata.default_spec_id,
+                equality_ids=None,
+                key_metadata=None,
+                **statistics.to_serialized_dict(),
+            )
+        )
+
+
+def write_data_files(
+    metadata: Any,
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    io: Any,
+    *,
+    write_uuid: uuid.UUID,
+    counter: itertools.count[int],
+    row_group_arrow_bytes: int | None = None,
+) -> list[Any]:
+    """The ``DataFile`` entries of the files ``batches`` (of Arrow ``schema``) were written to,
+    in ``metadata``'s table (``streams(metadata)`` must hold). A file is open only while it is
+    written; on an error the file being written is left unfinished and unreferenced (an orphan,
+    as pyiceberg's writer leaves one) and the error goes on."""
+    from pyiceberg.io.fileformat import FileFormatFactory
+    from pyiceberg.io.pyarrow import pyarrow_to_schema
+    from pyiceberg.manifest import FileFormat
+    from pyiceberg.schema import sanitize_column_names
+    from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE, TableProperties
+    from pyiceberg.table.locations import load_location_provider
+    from pyiceberg.utils.config import Config
+    from pyiceberg.utils.properties import property_as_int
+
+    row_group_arrow_bytes = row_group_arrow_bytes or ROW_GROUP_ARROW_BYTES
+    properties = metadata.properties
+    downcast_ns = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
+    table_schema = metadata.schema()
+    writer = _FileWriter(
+        metadata=metadata,
+        io=io,
+        write_uuid=write_uuid,
+        counter=counter,
+        task_schema=pyarrow_to_schema(
+            schema,
+            name_mapping=table_schema.name_mapping,
+            downcast_ns_timestamp_to_us=downcast_ns,
+            format_version=metadata.format_version,
+        ),
+        file_schema=sanitize_column_names(table_schema),
+        target_bytes=property_as_int(
+            properties,
+            TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+            TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+        )
+        or TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+        row_group_rows=property_as_int(
+            properties,
+            TableProperties.PARQUET_ROW_GROUP_LIMIT,
+            TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
+        )
+        or TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
+        downcast_ns=downcast_ns,
+        format_model=FileFormatFactory.get(FileFormat.PARQUET),
+        location_provider=load_location_provider(
+            table_location=metadata.location, table_properties=properties
+        ),
+    )
+    with ThreadPoolExecutor(1, thread_name_prefix="icefall-parquet") as pool:
+        pending: Future[None] | None = None
+
+        def hand_over(group: list[pa.RecordBatch]) -> Future[None]:
+            if pending is not None:
+                pending.result()  # at most one row group encodes while the next one decodes
+            return pool.submit(writer.write, group)
+
+        group: list[pa.RecordBatch] = []
+        group_bytes = group_rows = 0
+        try:
+            for batch in batches:
+                group.append(batch)
+                group_bytes += batch.nbytes
+                group_rows += batch.num_rows
+                if group_bytes >= row_group_arrow_bytes or group_rows >= writer.row_group_rows:
+                    pending = hand_over(group)
+                    group, group_bytes, group_rows = [], 0, 0
+            if group:
+                pending = hand_over(group)
+            if pending is not None:
+                pending.result()
+            pool.submit(writer.close).result()
+        except BaseException:
+            if pending is not None:
+                pending.exception()  # wait: the writer thread must not outlive the error
+            pool.submit(writer.abandon).result()
+            raise
+    return writer.done

@@ -1,0 +1,183 @@
+"""spark_jobs/rounds/streamed_files.py: a round's rows encoded into Parquet while they decode.
+
+The files must be the ones pyiceberg's writer would make (rows, field ids, column
+statistics), split into row groups and files at the documented sizes, encoded while the
+caller still produces batches, and an error in the stream must leave no writer behind."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.io import load_file_io
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table.metadata import new_table_metadata
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import LongType, NestedField, StringType
+
+from spark_jobs.rounds import streamed_files
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "name", StringType(), required=False),
+)
+ARROW = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
+
+
+def _metadata(location: Path, **properties: str) -> Any:
+    return new_table_metadata(
+        SCHEMA,
+        PartitionSpec(),
+        UNSORTED_SORT_ORDER,
+        str(location),
+        {"write.parquet.compression-codec": "zstd", **properties},
+    )
+
+
+def _batches(count: int, rows: int) -> list[pa.RecordBatch]:
+    out = []
+    for b in range(count):
+        ids = list(range(b * rows, (b + 1) * rows))
+        names = [None if i % 7 == 0 else f"name-{i % 13}" for i in ids]
+        out.append(pa.record_batch([pa.array(ids, pa.int64()), pa.array(names)], schema=ARROW))
+    return out
+
+
+def _write(metadata: Any, batches: Any, **kwargs: Any) -> list[Any]:
+    io = load_file_io({}, metadata.location)
+    return streamed_files.write_data_files(
+        metadata,
+        batches,
+        ARROW,
+        io,
+        write_uuid=uuid.uuid4(),
+        counter=itertools.count(0),
+        **kwargs,
+    )
+
+
+def _local(path: str) -> str:
+    return path.removeprefix("file://")
+
+
+def test_one_file_of_the_rows_with_pyiceberg_statistics(tmp_path: Path) -> None:
+    batches = _batches(6, 1000)
+    ours = _write(_metadata(tmp_path / "ours"), iter(batches), row_group_arrow_bytes=1)
+    theirs_meta = _metadata(tmp_path / "theirs")
+    theirs = list(
+        _dataframe_to_data_files(
+            theirs_meta,
+            pa.RecordBatchReader.from_batches(ARROW, iter(batches)),
+            load_file_io({}, theirs_meta.location),
+        )
+    )
+    assert len(ours) == len(theirs) == 1
+    mine, pyiceberg_file = ours[0], theirs[0]
+    # a row group per batch here (1 byte closes one), one per file in pyiceberg's
+    assert pq.ParquetFile(_local(mine.file_path)).metadata.num_row_groups == 6
+    assert mine.record_count == pyiceberg_file.record_count == 6000
+    for stat in ("value_counts", "null_value_counts", "lower_bounds", "upper_bounds"):
+        assert getattr(mine, stat) == getattr(pyiceberg_file, stat), stat
+    assert mine.file_size_in_bytes == Path(_local(mine.file_path)).stat().st_size
+    assert mine.file_path.endswith(".parquet") and "/data/" in mine.file_path
+    read = pq.read_table(_local(mine.file_path))
+    assert read.to_pylist() == pa.Table.from_batches(batches).to_pylist()
+    # Iceberg's field ids are in the file's schema, as pyiceberg writes them
+    assert read.schema.field("id").metadata == {b"PARQUET:field_id": b"1"}
+
+
+def test_rows_split_into_row_groups_and_files_by_size(tmp_path: Path) -> None:
+    batches = _batches(12, 500)
+    one = batches[0].nbytes
+    metadata = _metadata(
+        tmp_path,
+        **{"write.target-file-size-bytes": str(4 * one), "write.parquet.row-group-limit": "800"},
+    )
+    files = _write(metadata, iter(batches), row_group_arrow_bytes=2 * one)
+    # a file closes once it holds the target's bytes: 4 batches, in row groups of 2 batches,
+    # each cut at 800 rows by the table's row-group limit (500 + 500 -> 800 + 200)
+    assert len(files) == 3
+    assert [f.record_count for f in files] == [2000, 2000, 2000]
+    for data_file in files:
+        meta = pq.ParquetFile(_local(data_file.file_path)).metadata
+        assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [
+            800,
+            200,
+            800,
+            200,
+        ]
+    assert len({f.file_path for f in files}) == 3
+    rows = [r for f in files for r in pq.read_table(_local(f.file_path)).to_pylist()]
+    assert rows == pa.Table.from_batches(batches).to_pylist()
+
+
+def test_a_row_group_is_encoded_while_the_next_decodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream waits, before its third batch, until pyiceberg's Parquet writer has encoded
+    the first row group: a writer that encoded only after the stream ended would never let it
+    go on."""
+    from pyiceberg.io.pyarrow import ParquetFormatWriter
+
+    encoded = threading.Event()
+    original = ParquetFormatWriter.write
+
+    def write(self: ParquetFormatWriter, table: pa.Table) -> None:
+        original(self, table)
+        encoded.set()
+
+    monkeypatch.setattr(ParquetFormatWriter, "write", write)
+    batches = _batches(4, 2000)
+
+    def stream() -> Iterator[pa.RecordBatch]:
+        yield batches[0]
+        yield batches[1]  # closes the first row group (two batches' bytes)
+        assert encoded.wait(30), "no row group was encoded while the stream ran"
+        yield from batches[2:]
+
+    files = _write(_metadata(tmp_path), stream(), row_group_arrow_bytes=2 * batches[0].nbytes)
+    assert [f.record_count for f in files] == [8000]
+    assert pq.ParquetFile(_local(files[0].file_path)).metadata.num_row_groups == 2
+
+
+def test_an_error_in_the_stream_goes_on_and_leaves_no_writer(tmp_path: Path) -> None:
+    batches = _batches(3, 100)
+
+    def stream() -> Iterator[pa.RecordBatch]:
+        yield from batches
+        raise RuntimeError("undecodable")
+
+    with pytest.raises(RuntimeError, match="undecodable"):
+        _write(_metadata(tmp_path), stream(), row_group_arrow_bytes=1)
+    assert not [t for t in threading.enumerate() if t.name.startswith("icefall-parquet")]
+    # the unfinished file was closed (a whole Parquet file: footer written), and nothing names it
+    (orphan,) = tmp_path.rglob("*.parquet")
+    assert pq.ParquetFile(orphan).metadata.num_rows == 300
+
+
+def test_an_empty_stream_writes_no_file(tmp_path: Path) -> None:
+    assert _write(_metadata(tmp_path), iter([])) == []
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_only_unpartitioned_parquet_tables_stream(tmp_path: Path) -> None:
+    assert streamed_files.streams(_metadata(tmp_path))
+    assert not streamed_files.streams(_metadata(tmp_path, **{"write.format.default": "orc"}))
+    partitioned = new_table_metadata(
+        SCHEMA,
+        PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "name")),
+        UNSORTED_SORT_ORDER,
+        str(tmp_path),
+        {},
+    )
+    assert not streamed_files.streams(partitioned)
