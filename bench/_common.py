@@ -53,8 +53,19 @@ __all__ = [
     "proc_stats",
     "produce_when_room",
     "reap_orphans",
+    "run_info",
     "stop_processes",
 ]
+
+
+def run_info() -> dict[str, Any]:
+    """When, where and how this benchmark ran (``sys.argv``): the head of its BENCHMARKS.md row."""
+    script = f"bench/{Path(sys.argv[0]).name}"
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "command": " ".join([".venv/bin/python", script, *sys.argv[1:]]),
+    }
 
 
 def machine() -> dict[str, str | int]:

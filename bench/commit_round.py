@@ -68,10 +68,10 @@ from bench._common import (
     CpuByProcess,
     Measure,
     become_subreaper,
-    machine,
     measure,
     own_children,
     reap_orphans,
+    run_info,
     stop_processes,
 )
 
@@ -735,11 +735,7 @@ def main() -> None:
     if args.round and not run_round_too:
         print(f"[bench] {JOB.relative_to(REPO)} does not exist yet: baseline only", file=sys.stderr)
 
-    info = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": machine(),
-        "command": " ".join([".venv/bin/python", "bench/commit_round.py", *sys.argv[1:]]),
-    }
+    info = run_info()
     topic = "bench-events"
     become_subreaper()  # so the Spark JVM's CPU time is counted (PySpark never waits for it)
     if args.keep:

@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import REPO, BrokerProcess, machine
+from bench._common import REPO, BrokerProcess, run_info
 
 TOPIC = "bench_clicks"
 PARTITIONS = 2
@@ -228,11 +228,7 @@ def main() -> None:
 
     from spark_jobs import commit_round, maintenance
 
-    info: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": machine(),
-        "command": " ".join([".venv/bin/python", "bench/compaction_query.py", *sys.argv[1:]]),
-    }
+    info = run_info()
     rows = args.rounds * args.rows_per_round
     cut_ms = START_MS + (rows // 2) * STEP_MS
     with contextlib.ExitStack() as stack:

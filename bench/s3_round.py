@@ -62,8 +62,8 @@ from bench._common import (
     BrokerProcess,
     become_subreaper,
     interrupt_on_sigterm,
-    machine,
     pid_cpu_seconds,
+    run_info,
 )
 from bench.commit_round import (
     create_table_topic,
@@ -265,11 +265,7 @@ def main() -> None:
     if args.empty_rounds < 1:
         parser.error("--empty-rounds must be 1 or more")
 
-    info = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": machine(),
-        "command": " ".join([".venv/bin/python", "bench/s3_round.py", *sys.argv[1:]]),
-    }
+    info = run_info()
     become_subreaper()  # so the Spark JVM's CPU time is counted (PySpark never waits for it)
     interrupt_on_sigterm()  # SIGTERM unwinds like Ctrl-C: the finally blocks below stop everything
     prod: dict[str, dict[str, Any]] = {}

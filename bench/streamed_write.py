@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import MIB, BrokerProcess, interrupt_on_sigterm, machine
+from bench._common import MIB, BrokerProcess, interrupt_on_sigterm, run_info
 from bench.commit_round import (
     _table_identifier,
     create_table_topic,
@@ -158,11 +158,7 @@ def main() -> None:
         args.rounds, args.mib = 3, 48
     if args.rounds < 1 or args.mib < 1:
         parser.error("--rounds and --mib must be 1 or more")
-    info = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": machine(),
-        "command": " ".join([".venv/bin/python", "bench/streamed_write.py", *sys.argv[1:]]),
-    }
+    info = run_info()
     interrupt_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="icefall-bench-streamed-", dir=Path.home()) as tmp:
         found = run(args, Path(tmp))

@@ -47,10 +47,10 @@ from bench._common import (
     BrokerProcess,
     become_subreaper,
     interrupt_on_sigterm,
-    machine,
     measure,
     own_children,
     reap_orphans,
+    run_info,
     stop_processes,
 )
 from bench.commit_round import (
@@ -207,11 +207,7 @@ def main() -> None:
         args.rounds, args.mib = 1, 1
     if args.rounds < 1 or args.mib < 1:
         parser.error("--rounds and --mib must be 1 or more")
-    info = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": machine(),
-        "command": " ".join([".venv/bin/python", "bench/task_round.py", *sys.argv[1:]]),
-    }
+    info = run_info()
     become_subreaper()  # the JVM's and the driver's CPU time is reaped here
     interrupt_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="icefall-bench-task-", dir=Path.home()) as tmp:

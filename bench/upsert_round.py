@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import MIB, BrokerProcess, become_subreaper, machine, produce_when_room
+from bench._common import MIB, BrokerProcess, become_subreaper, produce_when_room, run_info
 from bench.commit_round import (
     POOL,
     _tails,
@@ -151,11 +151,7 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    info = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": machine(),
-        "command": " ".join([".venv/bin/python", "bench/upsert_round.py", *sys.argv[1:]]),
-    }
+    info = run_info()
     become_subreaper()
     figures: dict[str, Any] = {"info": info}
     with tempfile.TemporaryDirectory(prefix="icefall-bench-upsert-", dir=Path.home()) as tmp:
