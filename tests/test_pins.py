@@ -59,6 +59,31 @@ PRIVATE_APIS: list[tuple[str, str, list[str] | None, str]] = [
         "spark_jobs/rounds/streamed_files.py: the file's statistics once its last row group is in",
     ),
     (
+        "pyiceberg.io.pyarrow",
+        "write_file",
+        ["io", "table_metadata", "tasks"],
+        "spark_jobs/rounds/streamed_files.py mirrors what it does per file (schema, path, writer, "
+        "DataFile): re-read it on an upgrade",
+    ),
+    (
+        "pyiceberg.io.pyarrow",
+        "bin_pack_record_batches",
+        ["batches", "target_file_size"],
+        "spark_jobs/rounds/streamed_files.py closes a file where this closes one",
+    ),
+    (
+        "pyiceberg.io.pyarrow",
+        "ParquetFormatModel.create_writer",
+        ["self", "output_file", "file_schema", "properties"],
+        "spark_jobs/rounds/streamed_files.py: a file's writer",
+    ),
+    (
+        "pyiceberg.io.fileformat",
+        "DataFileStatistics.to_serialized_dict",
+        ["self"],
+        "spark_jobs/rounds/streamed_files.py: a file's statistics into its DataFile",
+    ),
+    (
         "pyiceberg.io.fileformat",
         "FileFormatFactory.get",
         None,

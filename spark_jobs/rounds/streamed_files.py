@@ -11,16 +11,20 @@ the table's freshness) paid their sum.
 ``write_data_files`` hands the batches to one writer thread a row group at a time:
 it encodes row group *k* while the caller's thread decodes the rows of *k + 1*, so
 the round pays about the larger of the two. A row group closes at
-``ROW_GROUP_ARROW_BYTES`` of Arrow (or the table's ``write.parquet.row-group-limit``
-rows) and a file at ``write.target-file-size-bytes`` of Arrow (pyiceberg's measure,
-so file counts are what they were). Memory is bounded by two row groups, not a file.
+``ROW_GROUP_ARROW_BYTES`` of Arrow, or before a batch that would take it past the
+table's ``write.parquet.row-group-limit`` rows; a file closes after the batch that
+brings it to ``write.target-file-size-bytes`` of Arrow, where pyiceberg's
+``bin_pack_record_batches`` closes one, so the files hold the same rows as
+pyiceberg's would. Memory is bounded by two row groups, not a file.
 
-The files are pyiceberg's: the same writer (``ParquetFormatWriter``: codec, page
-sizes, field ids), the same column statistics and metrics modes, the same file
-names and ``DataFile`` entries as ``write_file`` makes; only when the batches are
-encoded changes. Unpartitioned Parquet tables only: anything else goes to
-pyiceberg's writer (``tasks._write``). The pyiceberg internals used here are pinned
-(``tests/test_pins.py``).
+What pyiceberg's ``write_file`` does per file is done here the same way, with its
+own parts: the writer (``ParquetFormatWriter``: codec, page sizes, field ids), the
+column statistics and metrics modes, the file names and the ``DataFile`` entries.
+What differs is when batches are encoded and so the row groups: several per file
+instead of one (smaller files on repetitive data: a column's dictionary covers a
+row group). Unpartitioned Parquet tables only: anything else goes to pyiceberg's
+writer (``tasks._write``). The pyiceberg internals used or mirrored here are
+pinned (``tests/test_pins.py``).
 
 Why not a library: neither pyiceberg nor pyarrow encodes a file from a stream of
 batches while the producer of the stream runs (pyarrow's ``ParquetWriter`` writes
@@ -41,7 +45,8 @@ import pyarrow as pa
 
 # A row group closes at this many bytes of Arrow: small enough that a round of a few tens
 # of MiB is several row groups (the overlap is all but the last one), large enough that a
-# row group is still a few MiB of Parquet (bench/BENCHMARKS.md, "Streamed data files").
+# row group is still a few MiB of Parquet. 8, 16, 24 and 64 MiB gave round times within
+# each other's spread on the 90 MiB benchmark round (bench/streamed_write.py's round).
 ROW_GROUP_ARROW_BYTES = 24 << 20
 
 
@@ -62,7 +67,6 @@ class _OpenFile:
     path: str
     output: Any  # pyiceberg OutputFile
     writer: Any  # pyiceberg ParquetFormatWriter
-    arrow_bytes: int = 0
 
 
 @dataclass
@@ -83,8 +87,9 @@ class _FileWriter:
     current: _OpenFile | None = None
     done: list[Any] = field(default_factory=list)  # DataFile
 
-    def write(self, batches: list[pa.RecordBatch]) -> None:
-        """One row group (more if it has over ``row_group_rows``) into the current file."""
+    def write(self, batches: list[pa.RecordBatch], last: bool) -> None:
+        """One row group (more if one batch has over ``row_group_rows``) into the current
+        file, then close it if ``last``."""
         from pyiceberg.io.pyarrow import _to_requested_schema
 
         if self.current is None:
@@ -103,8 +108,7 @@ class _FileWriter:
             ]
         )
         self.current.writer.write(table)
-        self.current.arrow_bytes += sum(b.nbytes for b in batches)
-        if self.current.arrow_bytes >= self.target_bytes:
+        if last:
             self.close()
 
     def _open(self) -> _OpenFile:
@@ -167,9 +171,10 @@ def write_data_files(
     row_group_arrow_bytes: int | None = None,
 ) -> list[Any]:
     """The ``DataFile`` entries of the files ``batches`` (of Arrow ``schema``) were written to,
-    in ``metadata``'s table (``streams(metadata)`` must hold). A file is open only while it is
-    written; on an error the file being written is left unfinished and unreferenced (an orphan,
-    as pyiceberg's writer leaves one) and the error goes on."""
+    in ``metadata``'s table (``streams(metadata)`` must hold). A file stays open from its first
+    row group to its last; on an error the file being written is closed unfinished and left
+    unreferenced (an orphan, as pyiceberg's writer leaves one), no entry is returned, and the
+    error goes on (with the writer's own, if it failed too, as a note)."""
     from pyiceberg.io.fileformat import FileFormatFactory
     from pyiceberg.io.pyarrow import pyarrow_to_schema
     from pyiceberg.manifest import FileFormat
@@ -216,29 +221,40 @@ def write_data_files(
     with ThreadPoolExecutor(1, thread_name_prefix="icefall-parquet") as pool:
         pending: Future[None] | None = None
 
-        def hand_over(group: list[pa.RecordBatch]) -> Future[None]:
+        def hand_over(group: list[pa.RecordBatch], last: bool) -> Future[None]:
             if pending is not None:
                 pending.result()  # at most one row group encodes while the next one decodes
-            return pool.submit(writer.write, group)
+            return pool.submit(writer.write, group, last)
 
         group: list[pa.RecordBatch] = []
-        group_bytes = group_rows = 0
+        group_bytes = group_rows = file_bytes = 0
         try:
             for batch in batches:
+                if group and group_rows + batch.num_rows > writer.row_group_rows:
+                    pending = hand_over(group, last=False)
+                    group, group_bytes, group_rows = [], 0, 0
                 group.append(batch)
                 group_bytes += batch.nbytes
                 group_rows += batch.num_rows
-                if group_bytes >= row_group_arrow_bytes or group_rows >= writer.row_group_rows:
-                    pending = hand_over(group)
+                file_bytes += batch.nbytes
+                if file_bytes >= writer.target_bytes:
+                    pending = hand_over(group, last=True)
+                    group, group_bytes, group_rows, file_bytes = [], 0, 0, 0
+                elif group_bytes >= row_group_arrow_bytes or group_rows >= writer.row_group_rows:
+                    pending = hand_over(group, last=False)
                     group, group_bytes, group_rows = [], 0, 0
             if group:
-                pending = hand_over(group)
+                pending = hand_over(group, last=True)
             if pending is not None:
                 pending.result()
-            pool.submit(writer.close).result()
-        except BaseException:
-            if pending is not None:
-                pending.exception()  # wait: the writer thread must not outlive the error
-            pool.submit(writer.abandon).result()
+            pool.submit(writer.close).result()  # nothing left open unless the stream was empty
+        except BaseException as exc:
+            # queued behind the write in flight (one thread, in order); the pool's exit waits
+            # for it even if this thread is interrupted again
+            abandoned = pool.submit(writer.abandon)
+            failed = pending.exception() if pending is not None else None
+            if failed is not None and failed is not exc:
+                exc.add_note(f"the Parquet writer thread failed too: {failed!r}")
+            abandoned.result()
             raise
     return writer.done

@@ -86,8 +86,33 @@ def test_one_file_of_the_rows_with_pyiceberg_statistics(tmp_path: Path) -> None:
     # a row group per batch here (1 byte closes one), one per file in pyiceberg's
     assert pq.ParquetFile(_local(mine.file_path)).metadata.num_row_groups == 6
     assert mine.record_count == pyiceberg_file.record_count == 6000
-    for stat in ("value_counts", "null_value_counts", "lower_bounds", "upper_bounds"):
-        assert getattr(mine, stat) == getattr(pyiceberg_file, stat), stat
+    for name in (
+        "content",
+        "file_format",
+        "partition",
+        "sort_order_id",
+        "equality_ids",
+        "key_metadata",
+        "column_sizes",
+        "value_counts",
+        "null_value_counts",
+        "nan_value_counts",
+        "lower_bounds",
+        "upper_bounds",
+    ):
+        if name != "column_sizes":
+            assert getattr(mine, name) == getattr(pyiceberg_file, name), name
+        else:
+            assert set(mine.column_sizes) == set(pyiceberg_file.column_sizes) == {1, 2}
+    # one split offset per row group: where its first column chunk starts in the file
+    meta = pq.ParquetFile(_local(mine.file_path)).metadata
+    starts = []
+    for i in range(meta.num_row_groups):
+        first = meta.row_group(i).column(0)
+        starts.append(
+            first.dictionary_page_offset if first.has_dictionary_page else first.data_page_offset
+        )
+    assert mine.split_offsets == starts and len(starts) == 6
     assert mine.file_size_in_bytes == Path(_local(mine.file_path)).stat().st_size
     assert mine.file_path.endswith(".parquet") and "/data/" in mine.file_path
     read = pq.read_table(_local(mine.file_path))
@@ -96,48 +121,68 @@ def test_one_file_of_the_rows_with_pyiceberg_statistics(tmp_path: Path) -> None:
     assert read.schema.field("id").metadata == {b"PARQUET:field_id": b"1"}
 
 
-def test_rows_split_into_row_groups_and_files_by_size(tmp_path: Path) -> None:
+def _row_groups(data_file: Any) -> list[int]:
+    meta = pq.ParquetFile(_local(data_file.file_path)).metadata
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def _rows(files: list[Any]) -> list[dict[str, Any]]:
+    return [r for f in files for r in pq.read_table(_local(f.file_path)).to_pylist()]
+
+
+def test_a_file_closes_after_the_batch_that_reaches_the_target_as_pyiceberg_closes_it(
+    tmp_path: Path,
+) -> None:
+    """Files close where pyiceberg's bin_pack_record_batches closes them (the batch that brings a
+    file to the target's bytes), also in the middle of a row group."""
     batches = _batches(12, 500)
-    one = batches[0].nbytes
-    metadata = _metadata(
-        tmp_path,
-        **{"write.target-file-size-bytes": str(4 * one), "write.parquet.row-group-limit": "800"},
-    )
-    files = _write(metadata, iter(batches), row_group_arrow_bytes=2 * one)
-    # a file closes once it holds the target's bytes: 4 batches, in row groups of 2 batches,
-    # each cut at 800 rows by the table's row-group limit (500 + 500 -> 800 + 200)
-    assert len(files) == 3
+    largest = max(b.nbytes for b in batches)
+    # 3 batches make a row group, 4 a file (the batches' sizes differ by a few bytes)
+    metadata = _metadata(tmp_path, **{"write.target-file-size-bytes": str(3 * largest + 1)})
+    files = _write(metadata, iter(batches), row_group_arrow_bytes=2 * largest + 1)
     assert [f.record_count for f in files] == [2000, 2000, 2000]
-    for data_file in files:
-        meta = pq.ParquetFile(_local(data_file.file_path)).metadata
-        assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [
-            800,
-            200,
-            800,
-            200,
-        ]
+    assert [_row_groups(f) for f in files] == [[1500, 500]] * 3
     assert len({f.file_path for f in files}) == 3
-    rows = [r for f in files for r in pq.read_table(_local(f.file_path)).to_pylist()]
-    assert rows == pa.Table.from_batches(batches).to_pylist()
+    assert _rows(files) == pa.Table.from_batches(batches).to_pylist()
+    theirs = list(
+        _dataframe_to_data_files(
+            metadata,
+            pa.RecordBatchReader.from_batches(ARROW, iter(batches)),
+            load_file_io({}, metadata.location),
+        )
+    )
+    assert [f.record_count for f in theirs] == [2000, 2000, 2000]
+
+
+def test_a_row_group_never_takes_a_batch_past_the_row_group_limit(tmp_path: Path) -> None:
+    batches = _batches(6, 500)
+    metadata = _metadata(tmp_path, **{"write.parquet.row-group-limit": "1200"})
+    (one,) = _write(metadata, iter(batches), row_group_arrow_bytes=1 << 30)
+    # two batches are 1,000 rows, a third would make 1,500: the group closes before it
+    assert _row_groups(one) == [1000, 1000, 1000]
+    assert _rows([one]) == pa.Table.from_batches(batches).to_pylist()
 
 
 def test_a_row_group_is_encoded_while_the_next_decodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stream waits, before its third batch, until pyiceberg's Parquet writer has encoded
-    the first row group: a writer that encoded only after the stream ended would never let it
-    go on."""
+    the first row group in another thread: a writer that encoded only after the stream ended
+    would never let it go on, one that encoded in the caller's thread fails the thread check."""
     from pyiceberg.io.pyarrow import ParquetFormatWriter
 
     encoded = threading.Event()
+    threads: list[str] = []
     original = ParquetFormatWriter.write
 
     def write(self: ParquetFormatWriter, table: pa.Table) -> None:
+        threads.append(threading.current_thread().name)
         original(self, table)
         encoded.set()
 
     monkeypatch.setattr(ParquetFormatWriter, "write", write)
     batches = _batches(4, 2000)
+    caller = threading.current_thread().name
 
     def stream() -> Iterator[pa.RecordBatch]:
         yield batches[0]
@@ -145,9 +190,33 @@ def test_a_row_group_is_encoded_while_the_next_decodes(
         assert encoded.wait(30), "no row group was encoded while the stream ran"
         yield from batches[2:]
 
-    files = _write(_metadata(tmp_path), stream(), row_group_arrow_bytes=2 * batches[0].nbytes)
+    group_bytes = max(b.nbytes for b in batches) + 1  # two batches, never one
+    files = _write(_metadata(tmp_path), stream(), row_group_arrow_bytes=group_bytes)
     assert [f.record_count for f in files] == [8000]
-    assert pq.ParquetFile(_local(files[0].file_path)).metadata.num_row_groups == 2
+    assert _row_groups(files[0]) == [4000, 4000]
+    assert len(threads) == 2 and caller not in threads
+    assert all(t.startswith("icefall-parquet") for t in threads)
+
+
+def test_a_failed_write_returns_no_file_and_the_error_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose row group could not be written must never come back as a data file: its
+    rows would be committed as missing."""
+    from pyiceberg.io.pyarrow import ParquetFormatWriter
+
+    calls = itertools.count()
+    original = ParquetFormatWriter.write
+
+    def write(self: ParquetFormatWriter, table: pa.Table) -> None:
+        if next(calls) == 1:
+            raise OSError("No space left on device")
+        original(self, table)
+
+    monkeypatch.setattr(ParquetFormatWriter, "write", write)
+    with pytest.raises(OSError, match="No space left"):
+        _write(_metadata(tmp_path), iter(_batches(5, 100)), row_group_arrow_bytes=1)
+    assert not [t for t in threading.enumerate() if t.name.startswith("icefall-parquet")]
 
 
 def test_an_error_in_the_stream_goes_on_and_leaves_no_writer(tmp_path: Path) -> None:
