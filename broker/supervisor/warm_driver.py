@@ -33,6 +33,18 @@ PORT_ENV = "ICEFALL_WARM_DRIVER_PORT"
 MASTER_ENV = "ICEFALL_WARM_DRIVER_MASTER"
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie, which nobody may reap once its
+    parent is gone, does not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # fields after the command (which may hold spaces): state, ppid, pgrp
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(pgrp) == pgid and state != "Z":
+                return True
+    return False
+
+
 def enabled() -> bool:
     return os.environ.get(DISABLE_ENV, "") not in ("1", "true", "yes")
 
@@ -124,11 +136,19 @@ class WarmDriverProcess:
                 os.killpg(self.proc.pid, signum)
 
     def stop(self, timeout: float = 15) -> None:
+        """SIGTERM to the process group, then wait (up to ``timeout``) for every process in it,
+        not only the Python driver, which exits at once: its JVM runs Spark's shutdown hooks,
+        which delete the driver's ``spark-*`` and ``blockmgr-*`` directories (~100 MB of jars
+        each) from its temporary directory. A SIGKILL as soon as the Python process was gone
+        cut them short and left those behind at every stop. SIGKILL whatever is left."""
         if self.proc is None:
             return
+        deadline = time.monotonic() + timeout
         self._kill_group(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout)
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self._kill_group(signal.SIGKILL)  # the JVM and Python workers share the group
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
