@@ -114,7 +114,13 @@ from bench.commit_round import (
 )
 from broker import names
 from spark_jobs.jars import iceberg_jars
-from spark_jobs.warm_driver import HEALTH_PATH, ROUNDS_PATH, TOKEN_ENV, WarmRoundReply
+from spark_jobs.warm_driver import (
+    HEALTH_PATH,
+    PRESTAGE_PATH,
+    ROUNDS_PATH,
+    TOKEN_ENV,
+    WarmRoundReply,
+)
 from tests.support import free_port
 
 GIB = 1024 * MIB
@@ -577,26 +583,53 @@ def warm_healthy(folder: Path) -> bool:
         return False
 
 
+# ``icefall_airflow.timetable.DEFAULT_LEAD``: commit runs are created 4 s before their
+# interval's end (capped at half the interval)
+RUN_LEAD_S = 4.0
+
+
 class WarmRounds:
     """Rounds as ``icefall up``'s commit task runs them: the round's arguments (those the task
-    gives spark-submit, without ``--result``) posted to the warm driver."""
+    gives spark-submit, without ``--result``) posted to the warm driver; and, as the task does
+    when its run starts ``RUN_LEAD_S`` before the interval's end, a pre-stage of the next
+    round posted then (``spark_jobs.prestage``: the driver writes the rows flushed so far)."""
 
-    def __init__(self, broker: BrokerProcess, topic: str, folder: Path) -> None:
-        self.args = ["--admin-url", broker.admin_url, "--topic", topic, "--until-now"]
+    def __init__(self, broker: BrokerProcess, topic: str, folder: Path, interval_s: float) -> None:
+        self.base = ["--admin-url", broker.admin_url, "--topic", topic]
         self.folder = folder
+        self.interval_s = interval_s
         self.seconds: list[float] = []
+        self._prestage: threading.Timer | None = None
 
     def __call__(self, n: int) -> str | None:
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         try:
             reply = WarmRoundReply.model_validate(
-                _warm_call(self.folder, ROUNDS_PATH, {"args": self.args, "env": {}}, 3600)
+                _warm_call(
+                    self.folder, ROUNDS_PATH, {"args": [*self.base, "--until-now"], "env": {}}, 3600
+                )
             )
         except (OSError, ValueError) as exc:
             return f"round {n}: {type(exc).__name__}: {exc}"
         self.seconds.append(time.monotonic() - t0)
         self.folder.joinpath(f"round-{n}.json").write_text(json.dumps(reply.result))
+        next_end = wall0 + self.interval_s  # ``Rounds`` starts the next round then
+        lead_s = min(RUN_LEAD_S, self.interval_s / 2)
+        self._prestage = threading.Timer(
+            max(0.0, next_end - lead_s - time.time()), self._post_prestage, (int(next_end * 1000),)
+        )
+        self._prestage.daemon = True
+        self._prestage.start()
         return None if reply.exit_code == 0 else json.dumps(reply.result)[-3000:]
+
+    def _post_prestage(self, until_ms: int) -> None:
+        args = [*self.base, "--until-append-time", str(until_ms)]
+        with contextlib.suppress(OSError, ValueError):  # the round reads it all itself
+            _warm_call(self.folder, PRESTAGE_PATH, {"args": args, "env": {}}, 10)
+
+    def cancel(self) -> None:
+        if self._prestage is not None:
+            self._prestage.cancel()
 
 
 # ------------------------------------------------------------------ one side's run
@@ -928,7 +961,8 @@ def run_shared(args: argparse.Namespace, folder: Path) -> list[Side]:
             here = folder / "warm"
             here.mkdir()
             with warm_driver_side(here) as (proc, cpu):
-                warm = Rounds(args.interval_s, WarmRounds(broker, "warm", here))
+                warm_rounds = WarmRounds(broker, "warm", here, args.interval_s)
+                warm = Rounds(args.interval_s, warm_rounds)
                 try:
                     sides.append(
                         measure_side(
@@ -946,6 +980,7 @@ def run_shared(args: argparse.Namespace, folder: Path) -> list[Side]:
                         )
                     )
                 finally:
+                    warm_rounds.cancel()
                     if warm.is_alive():
                         warm.finish()
         if "rounds" in args.sides:

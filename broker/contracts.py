@@ -633,6 +633,9 @@ class RoundResult(Contract):
     # figures are from its snapshot's summary
     from_earlier_try: bool = False
     executor: str = ""  # "driver" (small round, no SparkContext) or "spark"
+    # of ``records``, those the warm driver had written before the round began (its pre-stage,
+    # spark_jobs/prestage.py)
+    prestaged_records: int = 0
     seconds: Seconds = Field(default_factory=dict)
     # Event time (spark_jobs/rounds/event_time.py): the column (the Kafka record timestamp
     # ``_kafka_metadata.timestamp`` unless the table is partitioned by hour/day of a timestamp

@@ -51,7 +51,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker import checkpoint
 from broker.catalog.glue_check import glue_problem
@@ -86,7 +86,11 @@ from spark_jobs.rounds.publish import (
     round_snapshot,
     write_to_branch,
 )
+from spark_jobs.rounds.streamed_files import streams
 from spark_jobs.rounds.tasks import TaskReport, TaskSpec, run_in_driver, run_tasks
+
+if TYPE_CHECKING:
+    from spark_jobs.prestage import StagedRows
 
 log = logging.getLogger("icefall.commit_round")
 SPARK_CATALOG = "icefall_round"
@@ -271,8 +275,14 @@ def _under_spark_submit() -> bool:
 
 
 class CommitRound:
-    def __init__(self, args: argparse.Namespace, spark: Any = None) -> None:
+    def __init__(
+        self, args: argparse.Namespace, spark: Any = None, staged: StagedRows | None = None
+    ) -> None:
         self.args = args
+        # the rows a pre-stage wrote for this round (the warm driver's ``spark_jobs.prestage``):
+        # used if the table and offsets still match (``_from_prestage``), else dropped
+        self.staged = staged
+        self.prestaged_records = 0
         self.admin = AdminClient(args.admin_url)
         cluster = self.admin.cluster()
         self.topic: TableTopic = self.admin.table_topic(args.topic)
@@ -375,6 +385,7 @@ class CommitRound:
         (``round_writers``), check -> publish. Any error on the way drops the branch
         (``round_branch``); a kill leaves it for a later round."""
         t0 = time.monotonic()
+        self.prestaged_records = 0  # an attempt after a lost race reads everything itself
         plan, found = self._plan(broker_plan)
         if plan.empty:
             earlier = self._earlier_try()
@@ -571,28 +582,28 @@ class CommitRound:
         """Whether the tasks stage their rows for a Spark write by the driver (not the table's own files)."""
         return self.staging or _v3(table)
 
-    def _run_tasks(
-        self, table: Any, plan: round_plan.RoundPlan, schemas: list[tuple[int, str]]
-    ) -> tuple[round_tasks.TaskOutput, str]:
-        """The round's ranges read and decoded into data files (staged, or the table's), in the
-        driver for a small round, else by Spark tasks; the output and where it ran."""
-        metadata_json = (
-            table.metadata.model_dump_json()
-            if not self._staging(table)
-            else upsert.staging_metadata_json(
+    def task_spec(
+        self, table: Any, schemas: list[tuple[int, str]], plan: round_plan.RoundPlan | None
+    ) -> TaskSpec:
+        """What the round's tasks get (``rounds.tasks``): the table's metadata (for a table whose
+        rows are staged, the staging table's, ``plan`` then needed), schemas and settings."""
+        if self._staging(table):
+            assert plan is not None
+            metadata_json = upsert.staging_metadata_json(
                 table,
                 self.round_id,
                 self._envelope(schemas, plan),
                 text_value=self.json,
                 relax=self.staging,
             )
-        )
+        else:
+            metadata_json = table.metadata.model_dump_json()
         from pyiceberg.table.metadata import TableMetadataUtil
 
         self._event_time_spec = event_time.EventTimeSpec.of(
             self.topic.settings.partition_by, TableMetadataUtil.parse_raw(metadata_json).schema()
         )
-        spec = TaskSpec(
+        return TaskSpec(
             self.store,
             metadata_json,
             round_tasks.task_io_properties(table),
@@ -603,11 +614,36 @@ class CommitRound:
             registry_user_info=self.registry.user_info,
             event_time=self._event_time_spec,
         )
+
+    def prestage_start(self) -> tuple[TaskSpec, checkpoint.Checkpoint] | str:
+        """For a pre-stage of this topic's next round (``spark_jobs.prestage``): the spec that
+        round's tasks will get if the table does not change before it, and the checkpoint it
+        will start from; or why its rows cannot be written ahead. Changes nothing."""
+        if self.staging:
+            return "an upsert or JSON table's rows are staged for Spark's write"
+        table = self._table_or_none()
+        if table is None:
+            return "the table does not exist yet"
+        if _v3(table) or not streams(table.metadata):
+            return "only an unpartitioned Parquet table of format v1 or v2 is written ahead"
+        schemas = table_setup.value_schemas(self.registry, self.topic.topic, set())
+        return self.task_spec(table, schemas, None), checkpoint.read_checkpoint(table.metadata)
+
+    def _run_tasks(
+        self, table: Any, plan: round_plan.RoundPlan, schemas: list[tuple[int, str]]
+    ) -> tuple[round_tasks.TaskOutput, str]:
+        """The round's ranges read and decoded into data files (staged, or the table's), in the
+        driver for a small round (what a pre-stage wrote of them, and the rest), else by Spark
+        tasks; the output and where it ran."""
+        spec = self.task_spec(table, schemas, plan)
         executor = "driver" if plan.bytes <= self.args.in_driver_max_bytes else "spark"
+        if executor == "spark" and self.staged is not None:
+            self.staged.drop()  # Spark's tasks write their own files
+            self.staged = None
         spark = self.spark() if executor == "spark" else None  # its start-up is timed on its own
         started = time.monotonic()
         output = (
-            run_in_driver(spec, plan.ranges)
+            (self._from_prestage(spec, plan) or run_in_driver(spec, plan.ranges))
             if spark is None
             else run_tasks(
                 spark,
@@ -617,6 +653,34 @@ class CommitRound:
         )
         self.seconds["read_write"] = round(time.monotonic() - started, 3)
         return output, executor
+
+    def _from_prestage(
+        self, spec: TaskSpec, plan: round_plan.RoundPlan
+    ) -> round_tasks.TaskOutput | None:
+        """The round's data files from the rows a pre-stage wrote and the rest of its ranges,
+        when the pre-stage wrote for the same spec and a start of each partition's window;
+        else None (its files deleted). Used once: a round that starts over reads everything."""
+        staged, self.staged = self.staged, None
+        if staged is None:
+            return None
+        why = staged.mismatch(spec, plan.windows)
+        if why is not None:
+            log.info("round %s: not using the rows written ahead: %s", self.round_id, why)
+            staged.drop()
+            return None
+        try:
+            rest = round_plan.fetch_ranges(self.admin, self.topic.topic, staged.rest(plan.windows))
+            output = staged.finish(rest)
+        except Exception as exc:  # noqa: BLE001 -- e.g. its FileIO's credentials expired since
+            log.warning(
+                "round %s: the file written ahead could not be finished (%s); reading it all",
+                self.round_id,
+                exc,
+            )
+            staged.drop()
+            return None
+        self.prestaged_records = staged.records
+        return output
 
     def _round_rows(
         self,
@@ -759,6 +823,7 @@ class CommitRound:
             bytes_read=report.bytes_read,
             data_files=int(summary.get("added-data-files", 0)),
             executor=executor,
+            prestaged_records=self.prestaged_records,
             seconds=self.seconds,
             message=f"committed {report.rows} rows{dlq_note}",
             event_time_column=spec.column,
@@ -887,13 +952,16 @@ def _message(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, RoundFailed) else job_output.error_message(exc)
 
 
-def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundResult]:
-    """One round from command-line arguments; ``spark``: a session to use (else one is started and stopped)."""
+def run(
+    argv: list[str] | None = None, spark: Any = None, staged: StagedRows | None = None
+) -> tuple[int, RoundResult]:
+    """One round from command-line arguments; ``spark``: a session to use (else one is started
+    and stopped); ``staged``: the rows a pre-stage wrote for it (``spark_jobs.prestage``)."""
     args = parse_args(argv)
     started = time.monotonic()
     round_: CommitRound | None = None
     try:
-        round_ = CommitRound(args, spark)
+        round_ = CommitRound(args, spark, staged)
         result = round_.run()
         code = 0
     except Exception as exc:  # every failure ends as a clear message + result JSON
@@ -915,6 +983,8 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, RoundRes
     if args.result is not None:
         job_output.write_result(args.result, result.to_json())
     log.info("round %s of %s: %s %s", result.round_id, args.topic, result.status, result.message)
+    if staged is not None:
+        staged.drop()  # unless the round used them: a round that ended before it wrote rows
     if round_ is not None and round_._own_spark and round_._spark is not None:
         round_._spark.stop()
     return code, result

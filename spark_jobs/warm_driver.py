@@ -26,12 +26,17 @@ after a minute idle start warm too. A start that is not warm within ``STARTUP_DE
 (300 s) exits (code 4), so that its supervisor starts a fresh one rather than the driver
 answering "starting" for ever.
 
-* ``GET /v1/health`` -> ``{"status": "ok", "rounds": <rounds run>, "warm_up": <WarmUp>}``
+* ``GET /v1/health`` -> ``{"status": "ok", "rounds": <rounds run>, "warm_up": <WarmUp>,
+  "prestaged_records": {<topic>: <records written ahead>}}``
   (also checks the JVM), or 503 ``{"status": "starting", "error": ...}`` while it warms up;
 * ``POST /v1/commit-rounds`` with a ``WarmRoundRequest`` (the round's command-line arguments,
   as the Airflow task builds them for spark-submit, and the credentials environment
   ``icefall_airflow.credentials.job_env`` gives spark-submit) -> a ``WarmRoundReply`` (the
   exit code spark-submit would have, the result JSON). A bad request gets 400 with the reason.
+* ``POST /v1/prestage`` with a ``WarmRoundRequest`` for a round whose interval has not ended
+  (``--until-append-time``) -> 202 ``{"status": ...}`` at once: the driver starts writing that
+  round's rows as the broker flushes them, and the round, when it comes, takes what it can
+  use (``spark_jobs.prestage``).
 
 Rounds of one table topic run one at a time (a second waits for the first); rounds of
 different topics run at once. The credentials are applied to this process's environment for
@@ -56,7 +61,7 @@ from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -67,9 +72,13 @@ from broker.http_security.client import (
 )
 from spark_jobs.warm_up import WarmUp, warm_up
 
+if TYPE_CHECKING:
+    from spark_jobs.prestage import Prestager
+
 log = logging.getLogger("icefall.warm_driver")
 TOKEN_ENV = "ICEFALL_WARM_DRIVER_TOKEN"
 ROUNDS_PATH = "/v1/commit-rounds"
+PRESTAGE_PATH = "/v1/prestage"
 HEALTH_PATH = "/v1/health"
 MAX_BODY = 1 << 20
 JVM_GONE_EXIT = 3
@@ -113,29 +122,61 @@ class CredentialGate:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._running = 0
+        self._waiting = 0  # rounds waiting for the running ones' credentials to be done
         self._applied: dict[str, str] | None = None
         self._started_with = {k: os.environ[k] for k in CREDENTIAL_ENV if k in os.environ}
+
+    def _enter(self, wanted: dict[str, str]) -> None:
+        """Apply ``wanted`` (held: ``_cond``, and nothing running with other credentials)."""
+        if wanted != self._applied:
+            for key in CREDENTIAL_ENV:
+                if key in wanted:
+                    os.environ[key] = wanted[key]
+                else:
+                    os.environ.pop(key, None)
+            self._applied = wanted
+        self._running += 1
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
 
     @contextmanager
     def credentials(self, env: dict[str, str]) -> Iterator[None]:
         wanted = {**self._started_with, **env}
         with self._cond:
-            while self._running and wanted != self._applied:
-                self._cond.wait()
-            if wanted != self._applied:
-                for key in CREDENTIAL_ENV:
-                    if key in wanted:
-                        os.environ[key] = wanted[key]
-                    else:
-                        os.environ.pop(key, None)
-                self._applied = wanted
-            self._running += 1
+            self._waiting += 1
+            try:
+                while self._running and wanted != self._applied:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._enter(wanted)
         try:
             yield
         finally:
-            with self._cond:
-                self._running -= 1
-                self._cond.notify_all()
+            self._leave()
+
+    @contextmanager
+    def credentials_now(self, env: dict[str, str]) -> Iterator[bool]:
+        """``credentials`` without the wait: False (nothing applied) while rounds with other
+        credentials run, or wait to. A pre-stage's step must not wait (the round it serves may
+        be one of them, and takes its rows by stopping it), nor keep a waiting round waiting."""
+        wanted = {**self._started_with, **env}
+        with self._cond:
+            if self._waiting or (self._running and wanted != self._applied):
+                entered = False
+            else:
+                self._enter(wanted)
+                entered = True
+        if not entered:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._leave()
 
 
 class WarmDriver:
@@ -148,6 +189,9 @@ class WarmDriver:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._gate = CredentialGate()
+        from spark_jobs.prestage import Prestager  # pyarrow and the decoders: not for clients
+
+        self.prestager: Prestager = Prestager(self._gate.credentials_now, self._topic_lock)
 
     def _topic_lock(self, topic: str) -> threading.Lock:
         with self._guard:
@@ -159,7 +203,8 @@ class WarmDriver:
         except Exception:  # noqa: BLE001 -- the gateway is gone: the JVM died
             return False
 
-    def run_round(self, request: WarmRoundRequest) -> WarmRoundReply:
+    def _args(self, request: WarmRoundRequest) -> argparse.Namespace:
+        """The request's round arguments, parsed; ``BadRequest`` for what it may not carry."""
         from spark_jobs import commit_round
 
         if bad := [a for a in request.args if a.split("=", 1)[0] in REFUSED_FLAGS]:
@@ -180,8 +225,23 @@ class WarmDriver:
             if value is not None
         ]:
             raise BadRequest(f"the warm driver sets {', '.join(set_anyway)} itself; leave it out")
-        with self._topic_lock(args.topic), self._gate.credentials(request.env):
-            code, result = commit_round.run(request.args, spark=self.spark)
+        return args
+
+    def prestage(self, request: WarmRoundRequest) -> str:
+        """Start writing the round's rows ahead (``spark_jobs.prestage``); what it did."""
+        try:
+            return self.prestager.start(self._args(request), request.env)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+
+    def run_round(self, request: WarmRoundRequest) -> WarmRoundReply:
+        from spark_jobs import commit_round
+
+        args = self._args(request)
+        with self._topic_lock(args.topic):
+            staged = self.prestager.take(args.topic)  # the round uses them or drops them
+            with self._gate.credentials(request.env):
+                code, result = commit_round.run(request.args, spark=self.spark, staged=staged)
             with self._guard:
                 self.rounds += 1
         if code != 0 and not self.jvm_alive():
@@ -224,14 +284,19 @@ def health_answer(slot: DriverSlot) -> tuple[HTTPStatus, dict[str, Any]]:
     if not driver.jvm_alive():
         return HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the Spark JVM is gone"}
     warmed = driver.warmed.model_dump() if driver.warmed else None
-    return HTTPStatus.OK, {"status": "ok", "rounds": driver.rounds, "warm_up": warmed}
+    return HTTPStatus.OK, {
+        "status": "ok",
+        "rounds": driver.rounds,
+        "warm_up": warmed,
+        "prestaged_records": driver.prestager.status(),
+    }
 
 
 def round_answer(
-    slot: DriverSlot, content_length: str, body: Any
+    slot: DriverSlot, content_length: str, body: Any, path: str = ROUNDS_PATH
 ) -> tuple[HTTPStatus, dict[str, Any]]:
-    """The answer to a round request whose body (``content_length`` bytes) is read from the
-    file ``body``."""
+    """The answer to a round request (or with ``path`` ``PRESTAGE_PATH``, a pre-stage request)
+    whose body (``content_length`` bytes) is read from the file ``body``."""
     driver = slot.driver
     if driver is None:
         return STARTING_ANSWER
@@ -240,6 +305,8 @@ def round_answer(
         if not 0 < length <= MAX_BODY:
             raise BadRequest(f"a request body of 1 to {MAX_BODY} bytes, not {length}")
         request = WarmRoundRequest.model_validate_json(body.read(length))
+        if path == PRESTAGE_PATH:
+            return HTTPStatus.ACCEPTED, {"status": driver.prestage(request)}
         reply = driver.run_round(request)
     except ValidationError as exc:
         return HTTPStatus.BAD_REQUEST, {"error": validation_message(exc)}
@@ -280,10 +347,11 @@ def handler(target: WarmDriver | DriverSlot, token: str) -> type[BaseHTTPRequest
         def do_POST(self) -> None:
             if not self._authorized():
                 return
-            if self.path != ROUNDS_PATH:
+            if self.path not in (ROUNDS_PATH, PRESTAGE_PATH):
                 self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
                 return
-            self._send(*round_answer(slot, self.headers.get("Content-Length", "0"), self.rfile))
+            length = self.headers.get("Content-Length", "0")
+            self._send(*round_answer(slot, length, self.rfile, self.path))
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.address_string(), *args)

@@ -117,6 +117,8 @@ def _plan(entry: manifest.TableTopic) -> dict[str, Any]:
         int(run_after.timestamp() * 1000) if run_after else int(time.time() * 1000),
     )
     client = BrokerClient(manifest.admin_url())
+    if request.until_append_ms is not None and request.until_append_ms > time.time() * 1000:
+        _prestage(request)  # the interval has not ended: a warm driver can start on its rows
     plan = planning.plan_round(client, request, float(os.environ.get(PLAN_DEADLINE_ENV, "120")))
     log.info(
         "round %s of %s: end offsets %s (high watermarks %s, until append time %s)",
@@ -127,6 +129,25 @@ def _plan(entry: manifest.TableTopic) -> dict[str, Any]:
         request.until_append_ms,
     )
     return plan.to_xcom()
+
+
+def _prestage(request: planning.RoundRequest) -> None:
+    """Ask the warm driver, if there is one, to write the round's rows ahead while its interval
+    ends (``spark_jobs.prestage``); the round is the same without (it reads them all itself),
+    so a driver that does not answer is only logged."""
+    from icefall_airflow import credentials
+    from icefall_airflow.warm_driver import WarmDriverClient
+
+    warm = WarmDriverClient.from_connection()
+    if warm is None or request.max_records or request.until_append_ms is None:
+        return
+    args = ["--topic", request.topic, "--until-append-time", str(request.until_append_ms)]
+    try:
+        status = warm.prestage([*args, "--admin-url", manifest.admin_url()], credentials.job_env())
+    except Exception as exc:  # noqa: BLE001 -- only an optimisation
+        log.info("the warm driver did not take the pre-stage of %s: %s", request.topic, exc)
+    else:
+        log.info("the warm driver is %s for round %s", status, request.round_id)
 
 
 def _publish(

@@ -98,6 +98,16 @@ class WarmDriverClient:
             else:
                 return True
 
+    def prestage(self, args: list[str], env: dict[str, str], timeout: float = 5.0) -> str:
+        """Ask the driver to write the round's rows ahead, as the broker flushes them
+        (``spark_jobs.prestage``): ``args`` are the round's, with ``--until-append-time`` its
+        interval's end. The driver's answer in words; errors as the calls' (the caller goes on
+        without: the round then reads everything itself)."""
+        from spark_jobs.warm_driver import PRESTAGE_PATH
+
+        answer = self._call(PRESTAGE_PATH, {"args": args, "env": env}, timeout)
+        return str(answer.get("status")) if isinstance(answer, dict) else str(answer)
+
     def run_round(
         self, args: list[str], env: dict[str, str], log: Any
     ) -> tuple[int, dict[str, Any]]:

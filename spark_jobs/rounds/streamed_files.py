@@ -129,11 +129,18 @@ class _FileWriter:
         return _OpenFile(path, output, writer)
 
     def abandon(self) -> None:
-        """Close the current file's stream after an error, keeping no ``DataFile`` of it."""
+        """Close the current file's stream after an error and delete it and the files closed
+        before it: no ``DataFile`` of them was handed out, so nothing can reference them."""
         if (current := self.current) is not None:
             self.current = None
             with contextlib.suppress(Exception):
                 current.writer.close()
+            with contextlib.suppress(Exception):
+                self.io.delete(current.path)
+        for data_file in self.done:
+            with contextlib.suppress(Exception):
+                self.io.delete(data_file.file_path)
+        self.done = []
 
     def close(self) -> None:
         """Close the current file (if any) and keep its ``DataFile``."""
@@ -160,6 +167,148 @@ class _FileWriter:
         )
 
 
+class StreamedDataFiles:
+    """Data files of one table that batches are written into, possibly over several calls
+    (``write``), until ``finish`` closes them (or ``abandon`` drops them).
+
+    The warm driver's pre-stage (``spark_jobs.prestage``) feeds a round's rows in as their
+    segments are flushed, before the round's interval ends, and the round adds the rest and
+    finishes; a task writes all its rows in one call (``write_data_files``). Between calls the
+    batches of a row group not yet full wait here (at most ``row_group_arrow_bytes`` of Arrow).
+    Not thread safe: one caller at a time."""
+
+    def __init__(
+        self,
+        metadata: Any,
+        schema: pa.Schema,
+        io: Any,
+        *,
+        write_uuid: uuid.UUID,
+        counter: itertools.count[int],
+        row_group_arrow_bytes: int | None = None,
+    ) -> None:
+        from pyiceberg.io.fileformat import FileFormatFactory
+        from pyiceberg.io.pyarrow import pyarrow_to_schema
+        from pyiceberg.manifest import FileFormat
+        from pyiceberg.schema import sanitize_column_names
+        from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE, TableProperties
+        from pyiceberg.table.locations import load_location_provider
+        from pyiceberg.utils.config import Config
+        from pyiceberg.utils.properties import property_as_int
+
+        self.row_group_arrow_bytes = row_group_arrow_bytes or ROW_GROUP_ARROW_BYTES
+        properties = metadata.properties
+        downcast_ns = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
+        table_schema = metadata.schema()
+        self._writer = _FileWriter(
+            metadata=metadata,
+            io=io,
+            write_uuid=write_uuid,
+            counter=counter,
+            task_schema=pyarrow_to_schema(
+                schema,
+                name_mapping=table_schema.name_mapping,
+                downcast_ns_timestamp_to_us=downcast_ns,
+                format_version=metadata.format_version,
+            ),
+            file_schema=sanitize_column_names(table_schema),
+            target_bytes=property_as_int(
+                properties,
+                TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+                TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+            )
+            or TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+            row_group_rows=property_as_int(
+                properties,
+                TableProperties.PARQUET_ROW_GROUP_LIMIT,
+                TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
+            )
+            or TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
+            downcast_ns=downcast_ns,
+            format_model=FileFormatFactory.get(FileFormat.PARQUET),
+            location_provider=load_location_provider(
+                table_location=metadata.location, table_properties=properties
+            ),
+        )
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="icefall-parquet")
+        self._pending: Future[None] | None = None
+        self._group: list[pa.RecordBatch] = []
+        self._group_bytes = self._group_rows = self._file_bytes = 0
+        self._ended = False
+
+    def _hand_over(self, last: bool) -> None:
+        if self._pending is not None:
+            self._pending.result()  # at most one row group encodes while the next one decodes
+        self._pending = self._pool.submit(self._writer.write, self._group, last)
+        self._group, self._group_bytes, self._group_rows = [], 0, 0
+        if last:
+            self._file_bytes = 0
+
+    def write(self, batches: Iterable[pa.RecordBatch]) -> None:
+        """Add ``batches`` (of the Arrow schema given): each row group is handed to the writer
+        thread as it fills; on an error everything is abandoned and the error goes on (with the
+        writer's own, if it failed too, as a note)."""
+        if self._ended:
+            raise RuntimeError("these data files were already finished or abandoned")
+        writer = self._writer
+        try:
+            for batch in batches:
+                if self._group and self._group_rows + batch.num_rows > writer.row_group_rows:
+                    self._hand_over(last=False)
+                self._group.append(batch)
+                self._group_bytes += batch.nbytes
+                self._group_rows += batch.num_rows
+                self._file_bytes += batch.nbytes
+                if self._file_bytes >= writer.target_bytes:
+                    self._hand_over(last=True)
+                elif (
+                    self._group_bytes >= self.row_group_arrow_bytes
+                    or self._group_rows >= writer.row_group_rows
+                ):
+                    self._hand_over(last=False)
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+
+    def finish(self) -> list[Any]:
+        """Write what is left, close the file and return the ``DataFile`` entries of all the
+        files written (none for no rows)."""
+        if self._ended:
+            raise RuntimeError("these data files were already finished or abandoned")
+        try:
+            if self._group:
+                self._hand_over(last=True)
+            if self._pending is not None:
+                self._pending.result()
+            # nothing left open unless no batch came
+            self._pool.submit(self._writer.close).result()
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+        self._ended = True
+        self._pool.shutdown()
+        return self._writer.done
+
+    def abandon(self) -> None:
+        """Drop what was written (unless ``finish`` handed it out already): the open file
+        closed unfinished, it and the files closed before it deleted."""
+        if not self._ended:
+            self._abandon(None)
+
+    def _abandon(self, exc: BaseException | None) -> None:
+        self._ended = True
+        # queued behind the write in flight (one thread, in order); waited for even if this
+        # thread is interrupted again
+        abandoned = self._pool.submit(self._writer.abandon)
+        failed = self._pending.exception() if self._pending is not None else None
+        if exc is not None and failed is not None and failed is not exc:
+            exc.add_note(f"the Parquet writer thread failed too: {failed!r}")
+        try:
+            abandoned.result()
+        finally:
+            self._pool.shutdown()
+
+
 def write_data_files(
     metadata: Any,
     batches: Iterable[pa.RecordBatch],
@@ -172,89 +321,16 @@ def write_data_files(
 ) -> list[Any]:
     """The ``DataFile`` entries of the files ``batches`` (of Arrow ``schema``) were written to,
     in ``metadata``'s table (``streams(metadata)`` must hold). A file stays open from its first
-    row group to its last; on an error the file being written is closed unfinished and left
-    unreferenced (an orphan, as pyiceberg's writer leaves one), no entry is returned, and the
-    error goes on (with the writer's own, if it failed too, as a note)."""
-    from pyiceberg.io.fileformat import FileFormatFactory
-    from pyiceberg.io.pyarrow import pyarrow_to_schema
-    from pyiceberg.manifest import FileFormat
-    from pyiceberg.schema import sanitize_column_names
-    from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE, TableProperties
-    from pyiceberg.table.locations import load_location_provider
-    from pyiceberg.utils.config import Config
-    from pyiceberg.utils.properties import property_as_int
-
-    row_group_arrow_bytes = row_group_arrow_bytes or ROW_GROUP_ARROW_BYTES
-    properties = metadata.properties
-    downcast_ns = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
-    table_schema = metadata.schema()
-    writer = _FileWriter(
-        metadata=metadata,
-        io=io,
+    row group to its last; on an error the file being written is closed unfinished and deleted
+    (pyiceberg's writer would leave it, an orphan), no entry is returned, and the error goes
+    on (with the writer's own, if it failed too, as a note)."""
+    files = StreamedDataFiles(
+        metadata,
+        schema,
+        io,
         write_uuid=write_uuid,
         counter=counter,
-        task_schema=pyarrow_to_schema(
-            schema,
-            name_mapping=table_schema.name_mapping,
-            downcast_ns_timestamp_to_us=downcast_ns,
-            format_version=metadata.format_version,
-        ),
-        file_schema=sanitize_column_names(table_schema),
-        target_bytes=property_as_int(
-            properties,
-            TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
-            TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
-        )
-        or TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
-        row_group_rows=property_as_int(
-            properties,
-            TableProperties.PARQUET_ROW_GROUP_LIMIT,
-            TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
-        )
-        or TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
-        downcast_ns=downcast_ns,
-        format_model=FileFormatFactory.get(FileFormat.PARQUET),
-        location_provider=load_location_provider(
-            table_location=metadata.location, table_properties=properties
-        ),
+        row_group_arrow_bytes=row_group_arrow_bytes,
     )
-    with ThreadPoolExecutor(1, thread_name_prefix="icefall-parquet") as pool:
-        pending: Future[None] | None = None
-
-        def hand_over(group: list[pa.RecordBatch], last: bool) -> Future[None]:
-            if pending is not None:
-                pending.result()  # at most one row group encodes while the next one decodes
-            return pool.submit(writer.write, group, last)
-
-        group: list[pa.RecordBatch] = []
-        group_bytes = group_rows = file_bytes = 0
-        try:
-            for batch in batches:
-                if group and group_rows + batch.num_rows > writer.row_group_rows:
-                    pending = hand_over(group, last=False)
-                    group, group_bytes, group_rows = [], 0, 0
-                group.append(batch)
-                group_bytes += batch.nbytes
-                group_rows += batch.num_rows
-                file_bytes += batch.nbytes
-                if file_bytes >= writer.target_bytes:
-                    pending = hand_over(group, last=True)
-                    group, group_bytes, group_rows, file_bytes = [], 0, 0, 0
-                elif group_bytes >= row_group_arrow_bytes or group_rows >= writer.row_group_rows:
-                    pending = hand_over(group, last=False)
-                    group, group_bytes, group_rows = [], 0, 0
-            if group:
-                pending = hand_over(group, last=True)
-            if pending is not None:
-                pending.result()
-            pool.submit(writer.close).result()  # nothing left open unless the stream was empty
-        except BaseException as exc:
-            # queued behind the write in flight (one thread, in order); the pool's exit waits
-            # for it even if this thread is interrupted again
-            abandoned = pool.submit(writer.abandon)
-            failed = pending.exception() if pending is not None else None
-            if failed is not None and failed is not exc:
-                exc.add_note(f"the Parquet writer thread failed too: {failed!r}")
-            abandoned.result()
-            raise
-    return writer.done
+    files.write(batches)
+    return files.finish()

@@ -182,6 +182,76 @@ def write_group(spec: TaskSpec, text: str) -> TaskOutput:
     return _write(spec, decode_group(text))
 
 
+def _rows(
+    spec: TaskSpec,
+    ranges: Sequence[SegmentRange],
+    extra: Sequence[RecordChunk],
+    stats: ReadStats,
+    report: TaskReport,
+) -> Iterator[pa.RecordBatch]:
+    """The table rows of the records of ``extra`` and then of ``ranges``; the errors and event
+    times go to ``report``, what was read to ``stats``."""
+    converter = _converter(spec)
+    store = cached_store(spec.store)
+    for chunk in itertools.chain(
+        extra, read_ranges(store, ranges, verify_crc=spec.verify_crc, stats=stats)
+    ):
+        rows = converter.convert(chunk)
+        report.rows += rows.batch.num_rows
+        report.errors.extend(rows.errors)
+        if rows.batch.num_rows:
+            # the event times in the same pass as the rows (a chunk is one Kafka partition)
+            observe(spec.event_time, rows.batch, chunk.partition, report.event_times)
+            yield rows.batch
+
+
+def _read_report(stats: ReadStats, report: TaskReport) -> TaskReport:
+    report.ranges, report.bytes_read, report.batches = stats.ranges, stats.bytes_read, stats.batches
+    report.control_batches, report.aborted_batches = stats.control_batches, stats.aborted_batches
+    report.records = stats.records
+    return report
+
+
+class OpenTask:
+    """One task's data files, kept open while ranges are added to them (``add``) over several
+    calls, until ``finish``: what one ``_write`` of all the ranges would return (the same rows,
+    files and report). The warm driver's pre-stage (``spark_jobs.prestage``) adds a round's
+    ranges as the broker flushes them, before the round's interval ends; the round adds the
+    rest. Unpartitioned Parquet tables only (``streamed_files.streams``)."""
+
+    def __init__(self, spec: TaskSpec) -> None:
+        from pyiceberg.io import load_file_io
+
+        metadata = _metadata(spec)
+        self.spec = spec
+        self.report = TaskReport()
+        self._stats = ReadStats()
+        self._files = streamed_files.StreamedDataFiles(
+            metadata,
+            _converter(spec).arrow_schema,
+            load_file_io(dict(spec.io_properties), metadata.location),
+            write_uuid=uuid.uuid4(),
+            counter=itertools.count(0),
+        )
+
+    def add(self, ranges: Sequence[SegmentRange], extra: Sequence[RecordChunk] = ()) -> None:
+        """Decode and write ``extra``'s records, then the ranges'; on an error everything
+        written is dropped (``abandon``) and the error goes on."""
+        self._files.write(_rows(self.spec, ranges, extra, self._stats, self.report))
+
+    @property
+    def bytes_read(self) -> int:
+        """The segment bytes read so far (the report has them once finished)."""
+        return self._stats.bytes_read
+
+    def finish(self) -> TaskOutput:
+        return TaskOutput(self._files.finish(), _read_report(self._stats, self.report))
+
+    def abandon(self) -> None:
+        """Drop the files written so far (deleted: no snapshot can name them)."""
+        self._files.abandon()
+
+
 def _write(
     spec: TaskSpec, ranges: list[SegmentRange], extra: Sequence[RecordChunk] = ()
 ) -> TaskOutput:
@@ -189,54 +259,32 @@ def _write(
     from pyiceberg.io import load_file_io
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
-    converter = _converter(spec)
     metadata = _metadata(spec)
-    store = cached_store(spec.store)
+    if streamed_files.streams(metadata):
+        task = OpenTask(spec)
+        task.add(ranges, extra)
+        return task.finish()
     stats = ReadStats()
     report = TaskReport()
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        for chunk in itertools.chain(
-            extra, read_ranges(store, ranges, verify_crc=spec.verify_crc, stats=stats)
-        ):
-            rows = converter.convert(chunk)
-            report.rows += rows.batch.num_rows
-            report.errors.extend(rows.errors)
-            if rows.batch.num_rows:
-                # the event times in the same pass as the rows (a chunk is one Kafka partition)
-                observe(spec.event_time, rows.batch, chunk.partition, report.event_times)
-                yield rows.batch
-
+    reader = pa.RecordBatchReader.from_batches(
+        _converter(spec).arrow_schema, _rows(spec, ranges, extra, stats, report)
+    )
+    parts: Iterator[pa.RecordBatchReader | pa.Table] = (
+        iter([reader])
+        if metadata.spec().is_unpartitioned()
+        else _slices(reader, PARTITIONED_SLICE_BYTES)
+    )
     io = load_file_io(dict(spec.io_properties), metadata.location)
     # one write uuid and one file counter for all the slices: their file names never collide
     write_uuid, counter = uuid.uuid4(), itertools.count(0)
-    if streamed_files.streams(metadata):
-        files = streamed_files.write_data_files(
-            metadata,
-            batches(),
-            converter.arrow_schema,
-            io,
-            write_uuid=write_uuid,
-            counter=counter,
+    files = [
+        data_file
+        for data in parts
+        for data_file in _dataframe_to_data_files(
+            metadata, data, io, write_uuid=write_uuid, counter=counter
         )
-    else:
-        reader = pa.RecordBatchReader.from_batches(converter.arrow_schema, batches())
-        parts: Iterator[pa.RecordBatchReader | pa.Table] = (
-            iter([reader])
-            if metadata.spec().is_unpartitioned()
-            else _slices(reader, PARTITIONED_SLICE_BYTES)
-        )
-        files = [
-            data_file
-            for data in parts
-            for data_file in _dataframe_to_data_files(
-                metadata, data, io, write_uuid=write_uuid, counter=counter
-            )
-        ]
-    report.ranges, report.bytes_read, report.batches = stats.ranges, stats.bytes_read, stats.batches
-    report.control_batches, report.aborted_batches = stats.control_batches, stats.aborted_batches
-    report.records = stats.records
-    return TaskOutput(files, report)
+    ]
+    return TaskOutput(files, _read_report(stats, report))
 
 
 def _slices(reader: pa.RecordBatchReader, max_bytes: int) -> Iterator[pa.Table]:

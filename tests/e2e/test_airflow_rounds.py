@@ -179,13 +179,16 @@ def table_ids(catalog: Any) -> list[int]:
     return sorted(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
 
 
-def run_round(dag: Any, logical_date: datetime, executor: str | None = None) -> dict[str, str]:
+def run_round(
+    dag: Any, logical_date: datetime, executor: str | None = None, prestaged: int | None = None
+) -> dict[str, str]:
     """The run's task states; ``executor``: where its commit task's round must have run
-    (its result's ``executor``: ``driver``, a Python process; ``spark``, spark-submit)."""
+    (its result's ``executor``: ``driver``, a Python process; ``spark``, spark-submit);
+    ``prestaged``: how many of its records the warm driver must have written ahead."""
     run = dag.test(logical_date=logical_date)
     states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
     assert str(run.state) == "success", states
-    if executor is not None:
+    if executor is not None or prestaged is not None:
         from airflow.models.xcom import XComModel
         from airflow.utils.session import create_session
 
@@ -200,7 +203,8 @@ def run_round(dag: Any, logical_date: datetime, executor: str | None = None) -> 
                 .all()
             )
             result = XComModel.deserialize_value(row)
-        assert result["executor"] == executor, result
+        assert executor is None or result["executor"] == executor, result
+        assert prestaged is None or result["prestaged_records"] == prestaged, result
     return states
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -126,6 +128,15 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
     assert table_ids(catalog) == list(range(80))
     assert rounds_run() == 2 and driver.restarts == 1
 
+    # round 3, created ahead of its interval's end (as the timetable creates runs): while the
+    # task waits for the end, the driver writes the round's rows ahead; the round commits them
+    produce(broker, 80, 10)
+    # (8 s ahead: the task reaches its plan a few seconds after ``dag.test`` starts, on two
+    # busy cores, and must do so before the end for the pre-stage to be asked for)
+    run_round(dag, datetime.fromtimestamp(time.time() + 8, UTC), prestaged=10)
+    assert table_ids(catalog) == list(range(90))
+    assert rounds_run() == 3
+
     # kill -9 between rounds: restarted, and the next round commits there
     assert driver.proc is not None
     os.killpg(driver.proc.pid, signal.SIGKILL)
@@ -146,9 +157,9 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
 
     wait_for(listening, 60, what="the restarted driver to listen")
     assert answers == ["starting"]  # Spark takes seconds to start; the poll comes sooner
-    produce(broker, 80, 10)
+    produce(broker, 90, 10)
     run_round(dag, cut_after_now())
-    assert table_ids(catalog) == list(range(90))
+    assert table_ids(catalog) == list(range(100))
     assert rounds_run() == 1
 
     # a round failing in the driver fails its task with the round's message
@@ -165,7 +176,7 @@ def test_warm_driver_rounds_survive_its_crash_and_fall_back(
     stop_supervising.set()
     supervisor.join(5)
     driver.stop()
-    produce(broker, 90, 5)
+    produce(broker, 100, 5)
     run_round(dag, cut_after_now())
-    assert table_ids(catalog) == list(range(95))
+    assert table_ids(catalog) == list(range(105))
     wait_for(lambda: driver.proc is not None and driver.proc.poll() is not None, 10)

@@ -229,9 +229,54 @@ def test_an_error_in_the_stream_goes_on_and_leaves_no_writer(tmp_path: Path) -> 
     with pytest.raises(RuntimeError, match="undecodable"):
         _write(_metadata(tmp_path), stream(), row_group_arrow_bytes=1)
     assert not [t for t in threading.enumerate() if t.name.startswith("icefall-parquet")]
-    # the unfinished file was closed (a whole Parquet file: footer written), and nothing names it
-    (orphan,) = tmp_path.rglob("*.parquet")
-    assert pq.ParquetFile(orphan).metadata.num_rows == 300
+    # the unfinished file was deleted: nothing could name it
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def _files(metadata: Any, **kwargs: Any) -> streamed_files.StreamedDataFiles:
+    return streamed_files.StreamedDataFiles(
+        metadata,
+        ARROW,
+        load_file_io({}, metadata.location),
+        write_uuid=uuid.uuid4(),
+        counter=itertools.count(0),
+        **kwargs,
+    )
+
+
+def test_batches_written_over_several_calls_make_the_files_one_call_makes(tmp_path: Path) -> None:
+    """The pre-stage writes a round's rows as their segments are flushed, a few batches at a
+    time, and the round adds the rest: the files must be those of one call."""
+    batches = _batches(7, 100)
+    metadata = _metadata(tmp_path / "once", **{"write.target-file-size-bytes": "6000"})
+    once = _write(metadata, iter(batches), row_group_arrow_bytes=2500)
+    files = _files(
+        _metadata(tmp_path / "calls", **{"write.target-file-size-bytes": "6000"}),
+        row_group_arrow_bytes=2500,
+    )
+    for part in (batches[:1], [], batches[1:4], batches[4:]):
+        files.write(iter(part))
+    in_calls = files.finish()
+    assert len(in_calls) == len(once) > 1
+    for a, b in zip(in_calls, once, strict=True):
+        assert a.record_count == b.record_count
+        assert a.split_offsets == b.split_offsets  # the same row groups
+        assert pq.read_table(a.file_path).equals(pq.read_table(b.file_path))
+    with pytest.raises(RuntimeError, match="already finished"):
+        files.write(iter(batches[:1]))
+
+
+def test_abandoned_files_are_deleted_and_leave_no_writer(tmp_path: Path) -> None:
+    files = _files(
+        _metadata(tmp_path, **{"write.target-file-size-bytes": "3000"}), row_group_arrow_bytes=1
+    )
+    files.write(iter(_batches(5, 100)))
+    assert len(list(tmp_path.rglob("*.parquet"))) >= 2  # closed files and the open one
+    files.abandon()
+    assert not list(tmp_path.rglob("*.parquet"))
+    assert not [t for t in threading.enumerate() if t.name.startswith("icefall-parquet")]
+    with pytest.raises(RuntimeError, match="abandoned"):
+        files.finish()
 
 
 def test_an_empty_stream_writes_no_file(tmp_path: Path) -> None:

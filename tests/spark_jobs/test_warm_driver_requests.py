@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,9 +32,9 @@ def driver_url() -> Iterator[str]:
         yield url
 
 
-def post(url: str, body: bytes) -> tuple[int, str]:
+def post(url: str, body: bytes, path: str = warm_driver.ROUNDS_PATH) -> tuple[int, str]:
     request = urllib.request.Request(
-        url + warm_driver.ROUNDS_PATH,
+        url + path,
         data=body,
         method="POST",
         headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
@@ -65,6 +66,21 @@ def test_a_malformed_body_is_not_echoed(driver_url: str) -> None:
         assert secret not in error and "12345" not in error, error
     status, error = post(driver_url, f'{{"args": ["{secret}"'.encode())  # cut-off JSON
     assert status == 400 and secret not in error, error
+
+
+def test_a_prestage_request_names_what_it_lacks(driver_url: str) -> None:
+    """``POST /v1/prestage`` takes a round's arguments with the end of its interval, at most a
+    minute ahead; the flags a round may not carry are refused there too."""
+    path = warm_driver.PRESTAGE_PATH
+    ahead = str(int(time.time() * 1000) + 3_600_000)
+    for args, reason in (
+        (["--topic", "t"], "needs --until-append-time"),
+        (["--topic", "t", "--until-append-time", ahead], "at most 60 s ahead"),
+        (["--topic", "t", "--until-append-time", "1", "--master", "local"], "sets --master"),
+    ):
+        status, error = post(driver_url, json.dumps({"args": args}).encode(), path)
+        assert status == 400 and reason in error, (args, error)
+    assert post(driver_url, b"{}", "/v1/nosuch")[0] == 404
 
 
 def get_health(url: str, token: str = TOKEN) -> tuple[int, dict[str, object]]:
