@@ -93,14 +93,23 @@ def a_table_with(broker: BrokerProcess, records: int) -> tuple[str, AvroProducer
     return topic, producer
 
 
+def a_table_written_ahead(
+    broker: BrokerProcess, first: int, ahead: int, partition: int | None = None
+) -> tuple[str, AvroProducer, Prestager]:
+    """A table of ``first`` records, then ``ahead`` more written ahead for the next round
+    (whose interval ends in 30 s)."""
+    topic, producer = a_table_with(broker, first)
+    prestager = new_prestager()
+    prestage(prestager, broker, topic, int(time.time() * 1000) + 30_000)
+    producer.send(clicks(first, ahead), partition=partition)
+    written_ahead(prestager, topic, ahead)
+    return topic, producer, prestager
+
+
 def test_rows_written_ahead_are_committed_once_with_the_rest_in_one_file(
     round_broker: BrokerProcess,
 ) -> None:
-    topic, producer = a_table_with(round_broker, 100)
-    prestager = new_prestager()
-    prestage(prestager, round_broker, topic, int(time.time() * 1000) + 30_000)
-    producer.send(clicks(100, 1000))
-    written_ahead(prestager, topic, 1000)
+    topic, producer, prestager = a_table_written_ahead(round_broker, 100, 1000)
     producer.send(clicks(1100, 300))  # after the pre-stage: the round reads these itself
     staged = prestager.take(topic)
     assert staged is not None and prestager.status() == {}
@@ -114,11 +123,7 @@ def test_rows_written_ahead_are_committed_once_with_the_rest_in_one_file(
 def test_rows_written_ahead_of_another_rounds_commit_are_dropped_and_deleted(
     round_broker: BrokerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic, producer = a_table_with(round_broker, 100)
-    prestager = new_prestager()
-    prestage(prestager, round_broker, topic, int(time.time() * 1000) + 30_000)
-    producer.send(clicks(100, 500))
-    written_ahead(prestager, topic, 500)
+    topic, producer, prestager = a_table_written_ahead(round_broker, 100, 500)
     assert run(round_broker, topic, None).rows == 500  # another round commits them first
     producer.send(clicks(600, 200))
     staged = prestager.take(topic)
@@ -135,11 +140,7 @@ def test_rows_written_ahead_of_another_rounds_commit_are_dropped_and_deleted(
 def test_rows_written_past_the_rounds_end_are_not_used(
     round_broker: BrokerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic, producer = a_table_with(round_broker, 10)
-    prestager = new_prestager()
-    prestage(prestager, round_broker, topic, int(time.time() * 1000) + 30_000)
-    producer.send(clicks(10, 400), partition=0)
-    written_ahead(prestager, topic, 400)
+    topic, producer, prestager = a_table_written_ahead(round_broker, 10, 400, partition=0)
     committed = [sum(1 for p, _ in producer.acked[:10] if p == q) for q in (0, 1)]
     until = f'{{"0": {committed[0] + 100}, "1": {committed[1]}}}'
     with caplog.at_level(logging.INFO, logger="icefall.commit_round"):
