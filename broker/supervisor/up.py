@@ -15,7 +15,7 @@ case: the broker refuses produces and serves on (``broker/storage/wal.py``).
 
 With Airflow it also starts the warm round driver (``warm_driver``: one long-lived Spark
 driver that runs the commit rounds Airflow asks for, instead of a JVM start per round),
-restarts it when it exits, and stops it with the API server, last.
+restarts it when it exits, and stops it last.
 
 ``ICEFALL_AIRFLOW_PORT`` (default 8080) moves the Airflow UI;
 ``ICEFALL_NO_AIRFLOW=1`` runs without Airflow; ``ICEFALL_DEMO_COMMIT_INTERVAL_MS``
@@ -356,13 +356,7 @@ class AirflowStack:
         return True
 
     def stop(self) -> None:
-        """The API server goes last: running tasks talk to it (execution API) until they are
-        stopped. The warm driver stops beside the others: a round it runs is a task's, and the
-        task stops with the scheduler's process group (a round re-run commits each record once)."""
-        warm = None
-        if self.warm is not None:
-            warm = threading.Thread(target=self.warm.stop, name="stop-warm-driver")
-            warm.start()
+        """The API server goes last: running tasks talk to it (execution API) until they are stopped."""
         first = [p for name, p in self.procs.items() if name != "api-server"]
         first += [self.db_sync] if self.db_sync is not None else []
         for (
@@ -373,8 +367,8 @@ class AirflowStack:
             _stop(proc, 15)
         if "api-server" in self.procs:
             _stop(self.procs["api-server"], 15)
-        if warm is not None:
-            warm.join()
+        if self.warm is not None:
+            self.warm.stop()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
