@@ -228,7 +228,9 @@ def high_watermark(consumer: Consumer, topic: str, partition: int, timeout: floa
     """The partition's high watermark. librdkafka's ``get_watermark_offsets`` raises at once
     when the broker it asks no longer leads the partition (a lease lapsed while the cluster's
     database was away, a broker restarted) and refreshes its metadata meanwhile: asked again,
-    as a Kafka client retries, until ``timeout`` (then the last error is reported)."""
+    as a Kafka client retries, until ``timeout`` (then the last error is reported).
+    A partition its cached metadata shows without a leader is "Unknown partition" to it until
+    that cache is refreshed, hence the short refresh interval of ``read_partitions``."""
 
     def ask() -> tuple[int]:  # a tuple: a high watermark of 0 is an answer too
         return (consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1],)
@@ -244,6 +246,9 @@ def read_partitions(bootstrap: str, topic: str, partitions: int, timeout: float 
             "group.id": f"read-{uuid.uuid4()}",
             "enable.auto.commit": False,
             "auto.offset.reset": "error",
+            # a partition seen leaderless (its lease moving) is asked for again within a second,
+            # not after librdkafka's default five minutes
+            "topic.metadata.refresh.interval.ms": 1000,
         }
     )
     try:
