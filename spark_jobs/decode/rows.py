@@ -341,7 +341,6 @@ class RowConverter:
         target: IcebergType,
         bad: dict[int, _Failure],
     ) -> pa.Array:
-        arrow_type = avro_schema.arrow_type(target, self.flavor)
         if kind == "raw":
             return pa.array(data, pa.binary())
         if kind == "string":
@@ -350,6 +349,8 @@ class RowConverter:
             array = self._columns(role, data, bad)
             if array is not None:
                 return array
+        # the type is built here only: building it costs as much as converting a chunk's keys
+        arrow_type = avro_schema.arrow_type(target, self.flavor)
         return _to_arrow(self._decode_all(role, data, bad), arrow_type, role, bad)
 
     def _column_plan(self, role: str, schema_id: int) -> avro_columns.ColumnPlan | None:
