@@ -29,10 +29,6 @@ end offsets for that time once flushed. A pre-stage no round takes within ``KEEP
 interval's end is dropped; one for a round that would run on Spark (over
 ``--in-driver-max-bytes``), or for a table whose rows cannot stream (partitioned, not Parquet,
 upsert, JSON, format v3: ``CommitRound.prestage_start``) stops, and the round does it all.
-
-The staging thread encodes the row groups itself: nobody waits for them yet, and one thread
-doing both costs less CPU than a writer thread overlapping the decode (``streamed_files``).
-The round turns the overlap on for the rest it adds.
 """
 
 from __future__ import annotations
@@ -116,9 +112,7 @@ class StagedRows:
         ]
 
     def finish(self, ranges: list[Any]) -> TaskOutput:
-        """The round's output: ``ranges`` (the rest) added, the files closed. The round waits
-        for them: from here row groups encode while the next ones decode."""
-        self.task.background = True
+        """The round's output: ``ranges`` (the rest) added, the files closed."""
         self.task.add(ranges)
         return self.task.finish()
 
@@ -236,9 +230,7 @@ class _Staging:
             ]
         if self.staged is None:
             starts = {w.partition: w.start for w in windows}
-            # nobody waits for these rows yet: one thread decodes and encodes them, which
-            # costs less CPU than the round's overlap (streamed_files)
-            self.staged = StagedRows(OpenTask(spec, background=False), starts, dict(starts))
+            self.staged = StagedRows(OpenTask(spec), starts, dict(starts))
         staged = self.staged
         new = [
             dataclasses.replace(w, start=staged.ends[w.partition])

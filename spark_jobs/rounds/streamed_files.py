@@ -26,14 +26,6 @@ row group). Unpartitioned Parquet tables only: anything else goes to pyiceberg's
 writer (``tasks._write``). The pyiceberg internals used or mirrored here are
 pinned (``tests/test_pins.py``).
 
-The overlap costs CPU: the two threads on two cores encode and decode each slower than
-one thread alone (the writer thread's CPU seconds for the same row groups ~0.26 against
-~0.17, the round's ~0.58 against ~0.51, 100 k records of the benchmark data on two
-Xeon cores). Where nobody waits for the rows (the warm driver's pre-stage, which writes
-a round's rows before its interval ends) ``background=False`` encodes each row group in
-the caller's thread; ``background`` can be turned on again when somebody starts waiting
-(the round takes the pre-staged files over).
-
 Why not a library: neither pyiceberg nor pyarrow encodes a file from a stream of
 batches while the producer of the stream runs (pyarrow's ``ParquetWriter`` writes
 in the calling thread; its buffered row-group mode is not exposed to Python).
@@ -194,7 +186,6 @@ class StreamedDataFiles:
         write_uuid: uuid.UUID,
         counter: itertools.count[int],
         row_group_arrow_bytes: int | None = None,
-        background: bool = True,
     ) -> None:
         from pyiceberg.io.fileformat import FileFormatFactory
         from pyiceberg.io.pyarrow import pyarrow_to_schema
@@ -239,7 +230,6 @@ class StreamedDataFiles:
                 table_location=metadata.location, table_properties=properties
             ),
         )
-        self.background = background  # False: row groups encode in the caller's thread
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="icefall-parquet")
         self._pending: Future[None] | None = None
         self._group: list[pa.RecordBatch] = []
@@ -249,11 +239,7 @@ class StreamedDataFiles:
     def _hand_over(self, last: bool) -> None:
         if self._pending is not None:
             self._pending.result()  # at most one row group encodes while the next one decodes
-            self._pending = None
-        if self.background:
-            self._pending = self._pool.submit(self._writer.write, self._group, last)
-        else:
-            self._writer.write(self._group, last)
+        self._pending = self._pool.submit(self._writer.write, self._group, last)
         self._group, self._group_bytes, self._group_rows = [], 0, 0
         if last:
             self._file_bytes = 0

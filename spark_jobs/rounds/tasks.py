@@ -217,11 +217,9 @@ class OpenTask:
     calls, until ``finish``: what one ``_write`` of all the ranges would return (the same rows,
     files and report). The warm driver's pre-stage (``spark_jobs.prestage``) adds a round's
     ranges as the broker flushes them, before the round's interval ends; the round adds the
-    rest. Unpartitioned Parquet tables only (``streamed_files.streams``). ``background``: row
-    groups encode in a thread of their own while the next ones decode (``streamed_files``);
-    the attribute of the same name turns that on or off between calls."""
+    rest. Unpartitioned Parquet tables only (``streamed_files.streams``)."""
 
-    def __init__(self, spec: TaskSpec, *, background: bool = True) -> None:
+    def __init__(self, spec: TaskSpec) -> None:
         from pyiceberg.io import load_file_io
 
         metadata = _metadata(spec)
@@ -234,16 +232,7 @@ class OpenTask:
             load_file_io(dict(spec.io_properties), metadata.location),
             write_uuid=uuid.uuid4(),
             counter=itertools.count(0),
-            background=background,
         )
-
-    @property
-    def background(self) -> bool:
-        return self._files.background
-
-    @background.setter
-    def background(self, value: bool) -> None:
-        self._files.background = value
 
     def add(self, ranges: Sequence[SegmentRange], extra: Sequence[RecordChunk] = ()) -> None:
         """Decode and write ``extra``'s records, then the ranges'; on an error everything

@@ -266,37 +266,6 @@ def test_batches_written_over_several_calls_make_the_files_one_call_makes(tmp_pa
         files.write(iter(batches[:1]))
 
 
-def test_without_background_row_groups_encode_in_the_callers_thread_until_it_is_turned_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The pre-stage encodes in its own thread (less CPU than the overlap); the round that takes
-    its files over turns the writer thread on for the rest. The files are those of one call."""
-    from pyiceberg.io.pyarrow import ParquetFormatWriter
-
-    threads: list[str] = []
-    original = ParquetFormatWriter.write
-
-    def write(self: ParquetFormatWriter, table: pa.Table) -> None:
-        threads.append(threading.current_thread().name)
-        original(self, table)
-
-    batches = _batches(6, 100)
-    once = _write(_metadata(tmp_path / "once"), iter(batches), row_group_arrow_bytes=2500)
-    monkeypatch.setattr(ParquetFormatWriter, "write", write)
-    files = _files(_metadata(tmp_path / "calls"), row_group_arrow_bytes=2500, background=False)
-    files.write(iter(batches[:3]))
-    caller = threading.current_thread().name
-    assert threads and set(threads) == {caller}  # written before write() returned
-    inline = len(threads)
-    files.background = True
-    files.write(iter(batches[3:]))
-    (in_calls,) = files.finish()
-    assert len(threads) > inline
-    assert all(t.startswith("icefall-parquet") for t in threads[inline:])
-    assert in_calls.split_offsets == once[0].split_offsets  # the same row groups
-    assert pq.read_table(in_calls.file_path).equals(pq.read_table(once[0].file_path))
-
-
 def test_abandoned_files_are_deleted_and_leave_no_writer(tmp_path: Path) -> None:
     files = _files(
         _metadata(tmp_path, **{"write.target-file-size-bytes": "3000"}), row_group_arrow_bytes=1
