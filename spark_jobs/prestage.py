@@ -13,7 +13,10 @@ So the commit task, which Airflow starts a few seconds before the interval's end
 (``timetable``), first asks the warm driver to pre-stage the round (``POST /v1/prestage``,
 the round's arguments with ``--until-append-time``). A thread here then writes, every
 ``POLL_S``, the records the broker has flushed since the table's last checkpoint into the
-round's data files, kept open (``tasks.OpenTask``). When the round itself arrives (after its
+round's data files, kept open (``tasks.OpenTask``). Once the interval has ended it asks every
+``FINAL_POLL_S`` until the last of them are written: the task has the broker flush them at
+once, and the round, which comes right after, waits for the step in progress rather than
+doing that part itself after a poll's pause. When the round itself arrives (after its
 plan) it takes them: it checks that they were written for the task spec it built (the same
 table metadata, schemas and types) and that each partition's staged offsets are a start of its
 own window (the same first offset, an end not past the round's), then adds the rest of its
@@ -50,6 +53,9 @@ from spark_jobs.rounds.tasks import OpenTask, TaskOutput, TaskSpec
 log = logging.getLogger("icefall.prestage")
 # how often the broker is asked what it flushed (it flushes every segment.flush.ms, 1 s)
 POLL_S = 0.5
+# how often once the interval has ended, until its last records are written: the commit task
+# has the broker flush them at once (planning.plan_round), and the round waits for this step
+FINAL_POLL_S = 0.05
 # a pre-stage no round took this long after its interval's end is dropped
 KEEP_S = 120.0
 # this close to the interval's end, a step also asks for the end's offsets (it caps at them)
@@ -143,6 +149,7 @@ class _Staging:
         self._topic_lock = topic_lock
         self._forget = forget
         self._stop = threading.Event()
+        self._complete = False  # the round's records are all written
         self.staged: StagedRows | None = None
         self.thread = threading.Thread(
             target=self._run, name=f"icefall-prestage-{args.topic}", daemon=True
@@ -170,14 +177,17 @@ class _Staging:
             self.staged = None
 
     def _steps(self) -> Iterator[None]:
-        """A step now, then one every ``POLL_S`` until taken or ``KEEP_S`` after the end."""
+        """A step now, then one every ``POLL_S`` (``FINAL_POLL_S`` from the interval's end until
+        its records are all written) until taken or ``KEEP_S`` after the end."""
         while not self._stop.is_set():
-            if time.time() * 1000 > self.until_ms + KEEP_S * 1000:
+            now_ms = time.time() * 1000
+            if now_ms > self.until_ms + KEEP_S * 1000:
                 log.info("pre-stage of %s: no round took it; dropped", self.args.topic)
                 self._give_up()
                 return
             yield
-            self._stop.wait(POLL_S)
+            ended = time.time() * 1000 >= self.until_ms and not self._complete
+            self._stop.wait(FINAL_POLL_S if ended else POLL_S)
 
     def _stage(self) -> None:
         from spark_jobs.commit_round import CommitRound
@@ -191,9 +201,8 @@ class _Staging:
         round_: CommitRound | None = None
         found: Any = None
         spec: TaskSpec | None = None
-        complete = False
         for _ in self._steps():
-            if complete:
+            if self._complete:
                 continue
             with self._gate(self.env) as entered:
                 if not entered:  # rounds with other credentials run now: later
@@ -206,7 +215,7 @@ class _Staging:
                         return
                     spec, found = start
                 assert spec is not None
-                complete = self._step(round_, spec, found)
+                self._complete = self._step(round_, spec, found)
 
     def _step(self, round_: Any, spec: TaskSpec, found: Any) -> bool:
         """Write what the broker flushed since the last step (within the round's bound); True

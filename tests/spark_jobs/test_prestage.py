@@ -168,6 +168,30 @@ def test_after_the_interval_ends_only_its_own_records_are_written_ahead(
     assert len(table_offsets(round_broker, topic)) == 610
 
 
+def test_after_the_end_the_last_records_are_asked_for_every_final_poll(
+    round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the interval has ended, the round comes right after the flush its task forces and
+    waits for the step in progress: the step that writes the last records must not be a
+    ``POLL_S`` away. Here ``POLL_S`` is 30 s and the interval's records are "flushed" at the
+    third ask after the end; once they are written, no step is taken any more."""
+    topic, _ = a_table_with(round_broker, 10)
+    monkeypatch.setattr(prestage_module, "POLL_S", 30.0)
+    steps: list[float] = []
+
+    def step(self: Any, round_: Any, spec: Any, found: Any) -> bool:
+        steps.append(time.monotonic())
+        return len(steps) >= 3
+
+    monkeypatch.setattr(prestage_module._Staging, "_step", step)
+    prestager = new_prestager()
+    prestage(prestager, round_broker, topic, int(time.time() * 1000) - 1)  # ended just now
+    wait_for(lambda: len(steps) >= 3, timeout=10, what="three steps after the interval's end")
+    assert steps[2] - steps[0] < 10 * prestage_module.FINAL_POLL_S + 1, steps
+    prestager.take(topic)  # stops the thread (its POLL_S wait ends at once)
+    assert len(steps) == 3, "a step after the round's records were all written"
+
+
 def test_a_round_uses_only_rows_of_its_spec_starting_where_its_windows_start() -> None:
     spec = TaskSpec(
         store=cast(Any, None),
