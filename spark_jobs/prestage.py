@@ -14,9 +14,9 @@ So the commit task, which Airflow starts a few seconds before the interval's end
 the round's arguments with ``--until-append-time``). A thread here then writes, every
 ``POLL_S``, the records the broker has flushed since the table's last checkpoint into the
 round's data files, kept open (``tasks.OpenTask``). Once the interval has ended it asks every
-``FINAL_POLL_S`` until the last of them are written: the task has the broker flush them at
-once, and the round, which comes right after, waits for the step in progress rather than
-doing that part itself after a poll's pause. When the round itself arrives (after its
+``FINAL_POLL_S`` until the last of them are written (for ``FINAL_POLL_FOR_S`` at most): the
+task has the broker flush them at once, and the round, which comes right after, waits for the
+step in progress rather than doing that part itself after a poll's pause. When the round itself arrives (after its
 plan) it takes them: it checks that they were written for the task spec it built (the same
 table metadata, schemas and types) and that each partition's staged offsets are a start of its
 own window (the same first offset, an end not past the round's), then adds the rest of its
@@ -54,8 +54,10 @@ log = logging.getLogger("icefall.prestage")
 # how often the broker is asked what it flushed (it flushes every segment.flush.ms, 1 s)
 POLL_S = 0.5
 # how often once the interval has ended, until its last records are written: the commit task
-# has the broker flush them at once (planning.plan_round), and the round waits for this step
+# has the broker flush them at once (planning.plan_round), and the round waits for this step;
+# for FINAL_POLL_FOR_S at most (past that something else holds the round up: POLL_S again)
 FINAL_POLL_S = 0.05
+FINAL_POLL_FOR_S = 5.0
 # a pre-stage no round took this long after its interval's end is dropped
 KEEP_S = 120.0
 # this close to the interval's end, a step also asks for the end's offsets (it caps at them)
@@ -178,7 +180,8 @@ class _Staging:
 
     def _steps(self) -> Iterator[None]:
         """A step now, then one every ``POLL_S`` (``FINAL_POLL_S`` from the interval's end until
-        its records are all written) until taken or ``KEEP_S`` after the end."""
+        its records are all written, for ``FINAL_POLL_FOR_S`` at most) until taken or ``KEEP_S``
+        after the end."""
         while not self._stop.is_set():
             now_ms = time.time() * 1000
             if now_ms > self.until_ms + KEEP_S * 1000:
@@ -186,8 +189,9 @@ class _Staging:
                 self._give_up()
                 return
             yield
-            ended = time.time() * 1000 >= self.until_ms and not self._complete
-            self._stop.wait(FINAL_POLL_S if ended else POLL_S)
+            since_end_s = time.time() - self.until_ms / 1000
+            final = 0 <= since_end_s < FINAL_POLL_FOR_S and not self._complete
+            self._stop.wait(FINAL_POLL_S if final else POLL_S)
 
     def _stage(self) -> None:
         from spark_jobs.commit_round import CommitRound

@@ -186,10 +186,39 @@ def test_after_the_end_the_last_records_are_asked_for_every_final_poll(
     monkeypatch.setattr(prestage_module._Staging, "_step", step)
     prestager = new_prestager()
     prestage(prestager, round_broker, topic, int(time.time() * 1000) - 1)  # ended just now
-    wait_for(lambda: len(steps) >= 3, timeout=10, what="three steps after the interval's end")
-    assert steps[2] - steps[0] < 10 * prestage_module.FINAL_POLL_S + 1, steps
-    prestager.take(topic)  # stops the thread (its POLL_S wait ends at once)
+    try:
+        wait_for(lambda: len(steps) >= 3, timeout=10, what="three steps after the interval's end")
+        assert steps[2] - steps[0] < 10 * prestage_module.FINAL_POLL_S + 1, steps
+    finally:
+        prestager.take(topic)  # stops the thread (its POLL_S wait ends at once)
     assert len(steps) == 3, "a step after the round's records were all written"
+
+
+def test_fast_polls_stop_a_few_seconds_after_the_end(
+    round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round held up elsewhere (its task failed, the broker does not flush) must not have the
+    broker asked every 0.05 s until ``KEEP_S``: past ``FINAL_POLL_FOR_S`` after the end, every
+    ``POLL_S`` again (30 s here, so one step in the test's time)."""
+    topic, _ = a_table_with(round_broker, 10)
+    monkeypatch.setattr(prestage_module, "POLL_S", 30.0)
+    steps: list[float] = []
+
+    def step(self: Any, round_: Any, spec: Any, found: Any) -> bool:
+        steps.append(time.monotonic())
+        return False  # never flushed
+
+    monkeypatch.setattr(prestage_module._Staging, "_step", step)
+    prestager = new_prestager()
+    late_ms = int((time.time() - prestage_module.FINAL_POLL_FOR_S - 1) * 1000)
+    prestage(prestager, round_broker, topic, late_ms)  # ended over FINAL_POLL_FOR_S ago
+    try:
+        wait_for(lambda: steps, timeout=10, what="the first step")
+        with pytest.raises(TimeoutError):  # fast polls would take 20 steps in this second
+            wait_for(lambda: len(steps) >= 3, timeout=1.0, what="more steps")
+    finally:
+        prestager.take(topic)
+    assert len(steps) == 1, f"{len(steps)} steps: fast polls past FINAL_POLL_FOR_S"
 
 
 def test_a_round_uses_only_rows_of_its_spec_starting_where_its_windows_start() -> None:
