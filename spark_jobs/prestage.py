@@ -16,15 +16,17 @@ the round's arguments with ``--until-append-time``). A thread here then writes, 
 round's data files, kept open (``tasks.OpenTask``). Once the interval has ended it asks every
 ``FINAL_POLL_S`` until the last of them are written (for ``FINAL_POLL_FOR_S`` at most): the
 task has the broker flush them at once, and the round, which comes right after, waits for the
-step in progress rather than doing that part itself after a poll's pause. When the round itself arrives (after its
-plan) it takes them: it checks that they were written for the task spec it built (the same
-table metadata, schemas and types) and that each partition's staged offsets are a start of its
-own window (the same first offset, an end not past the round's), then adds the rest of its
-ranges to the same files, closes them and commits as always. Anything else (the table changed,
-another round committed, a partition moved on) and the round drops the staged files and reads
-everything itself. Either way the round commits exactly its plan's offsets in one snapshot:
-the pre-stage only moves work earlier, and files no round took are deleted (a driver killed
-with them open leaves them unreferenced, as a killed round does).
+step in progress rather than doing that part itself after a poll's pause.
+
+When the round itself arrives (after its plan) it takes them: it checks that they were written
+for the task spec it built (the same table metadata, schemas and types) and that each
+partition's staged offsets are a start of its own window (the same first offset, an end not
+past the round's), then adds the rest of its ranges to the same files, closes them and commits
+as always. Anything else (the table changed, another round committed, a partition moved on) and
+the round drops the staged files and reads everything itself. Either way the round commits
+exactly its plan's offsets in one snapshot: the pre-stage only moves work earlier, and files no
+round took are deleted (a driver killed with them open leaves them unreferenced, as a killed
+round does).
 
 What is staged is bounded by the round's own plan: before the broker's clock reaches the
 interval's end, only records already flushed (so appended before it); after it, only up to the
@@ -183,8 +185,7 @@ class _Staging:
         its records are all written, for ``FINAL_POLL_FOR_S`` at most) until taken or ``KEEP_S``
         after the end."""
         while not self._stop.is_set():
-            now_ms = time.time() * 1000
-            if now_ms > self.until_ms + KEEP_S * 1000:
+            if time.time() * 1000 > self.until_ms + KEEP_S * 1000:
                 log.info("pre-stage of %s: no round took it; dropped", self.args.topic)
                 self._give_up()
                 return

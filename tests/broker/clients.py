@@ -229,8 +229,9 @@ def high_watermark(consumer: Consumer, topic: str, partition: int, timeout: floa
     when the broker it asks no longer leads the partition (a lease lapsed while the cluster's
     database was away, a broker restarted) and refreshes its metadata meanwhile: asked again,
     as a Kafka client retries, until ``timeout`` (then the last error is reported).
-    A partition its cached metadata shows without a leader is "Unknown partition" to it until
-    that cache is refreshed, hence the short refresh interval of ``read_partitions``."""
+    A partition missing from its cached metadata of the topic is "Unknown partition" to it, at
+    once, until that cache is refreshed: hence the short refresh interval of ``read_partitions``
+    (seen once in CI after a Postgres outage of the cluster, for 60 s)."""
 
     def ask() -> tuple[int]:  # a tuple: a high watermark of 0 is an answer too
         return (consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1],)
@@ -246,8 +247,8 @@ def read_partitions(bootstrap: str, topic: str, partitions: int, timeout: float 
             "group.id": f"read-{uuid.uuid4()}",
             "enable.auto.commit": False,
             "auto.offset.reset": "error",
-            # a partition seen leaderless (its lease moving) is asked for again within a second,
-            # not after librdkafka's default five minutes
+            # cached metadata without a partition is refreshed within a second, not after
+            # librdkafka's default five minutes
             "topic.metadata.refresh.interval.ms": 1000,
         }
     )
