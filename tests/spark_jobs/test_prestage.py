@@ -168,6 +168,21 @@ def test_after_the_interval_ends_only_its_own_records_are_written_ahead(
     assert len(table_offsets(round_broker, topic)) == 610
 
 
+def counted_steps(monkeypatch: pytest.MonkeyPatch, done_at: int | None) -> list[float]:
+    """Pre-stage steps replaced by a counter (their times), reporting the round's records all
+    written at the ``done_at``-th step (None: never); ``POLL_S`` 30 s, so that only the fast
+    polls after the end can take several steps in a test's time."""
+    monkeypatch.setattr(prestage_module, "POLL_S", 30.0)
+    steps: list[float] = []
+
+    def step(self: Any, round_: Any, spec: Any, found: Any) -> bool:
+        steps.append(time.monotonic())
+        return done_at is not None and len(steps) >= done_at
+
+    monkeypatch.setattr(prestage_module._Staging, "_step", step)
+    return steps
+
+
 def test_after_the_end_the_last_records_are_asked_for_every_final_poll(
     round_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,14 +191,7 @@ def test_after_the_end_the_last_records_are_asked_for_every_final_poll(
     ``POLL_S`` away. Here ``POLL_S`` is 30 s and the interval's records are "flushed" at the
     third ask after the end; once they are written, no step is taken any more."""
     topic, _ = a_table_with(round_broker, 10)
-    monkeypatch.setattr(prestage_module, "POLL_S", 30.0)
-    steps: list[float] = []
-
-    def step(self: Any, round_: Any, spec: Any, found: Any) -> bool:
-        steps.append(time.monotonic())
-        return len(steps) >= 3
-
-    monkeypatch.setattr(prestage_module._Staging, "_step", step)
+    steps = counted_steps(monkeypatch, done_at=3)
     prestager = new_prestager()
     prestage(prestager, round_broker, topic, int(time.time() * 1000) - 1)  # ended just now
     try:
@@ -201,14 +209,7 @@ def test_fast_polls_stop_a_few_seconds_after_the_end(
     broker asked every 0.05 s until ``KEEP_S``: past ``FINAL_POLL_FOR_S`` after the end, every
     ``POLL_S`` again (30 s here, so one step in the test's time)."""
     topic, _ = a_table_with(round_broker, 10)
-    monkeypatch.setattr(prestage_module, "POLL_S", 30.0)
-    steps: list[float] = []
-
-    def step(self: Any, round_: Any, spec: Any, found: Any) -> bool:
-        steps.append(time.monotonic())
-        return False  # never flushed
-
-    monkeypatch.setattr(prestage_module._Staging, "_step", step)
+    steps = counted_steps(monkeypatch, done_at=None)  # never flushed
     prestager = new_prestager()
     late_ms = int((time.time() - prestage_module.FINAL_POLL_FOR_S - 1) * 1000)
     prestage(prestager, round_broker, topic, late_ms)  # ended over FINAL_POLL_FOR_S ago
