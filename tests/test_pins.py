@@ -48,6 +48,13 @@ PRIVATE_APIS: list[tuple[str, str, list[str] | None, str]] = [
     ),
     (
         "pyiceberg.io.pyarrow",
+        "ParquetFormatWriter.__init__",
+        ["self", "output_file", "file_schema", "properties"],
+        "spark_jobs/rounds/streamed_files.py: sets use_dictionary in the _parquet_writer_kwargs it "
+        "makes here, which write() hands to pyarrow's ParquetWriter",
+    ),
+    (
+        "pyiceberg.io.pyarrow",
         "ParquetFormatWriter.write",
         ["self", "table"],
         "spark_jobs/rounds/streamed_files.py: one call per row group, in the writer thread",

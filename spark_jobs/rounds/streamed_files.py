@@ -22,9 +22,11 @@ own parts: the writer (``ParquetFormatWriter``: codec, page sizes, field ids), t
 column statistics and metrics modes, the file names and the ``DataFile`` entries.
 What differs is when batches are encoded and so the row groups: several per file
 instead of one (smaller files on repetitive data: a column's dictionary covers a
-row group). Unpartitioned Parquet tables only: anything else goes to pyiceberg's
-writer (``tasks._write``). The pyiceberg internals used or mirrored here are
-pinned (``tests/test_pins.py``).
+row group), and which columns get a dictionary: not the fixed-width ones whose first
+rows show it would not pay, as parquet-mr decides (``dictionary_columns``).
+Unpartitioned Parquet tables only: anything else goes to pyiceberg's writer
+(``tasks._write``). The pyiceberg internals used or mirrored here are pinned
+(``tests/test_pins.py``).
 
 Why not a library: neither pyiceberg nor pyarrow encodes a file from a stream of
 batches while the producer of the stream runs (pyarrow's ``ParquetWriter`` writes
@@ -42,6 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
+from spark_jobs.rounds.dictionary_columns import dictionary_columns
 
 # A row group closes at this many bytes of Arrow: small enough that a round of a few tens
 # of MiB is several row groups (the overlap is all but the last one), large enough that a
@@ -92,8 +96,6 @@ class _FileWriter:
         file, then close it if ``last``."""
         from pyiceberg.io.pyarrow import _to_requested_schema
 
-        if self.current is None:
-            self.current = self._open()
         table = pa.Table.from_batches(
             [
                 _to_requested_schema(
@@ -107,11 +109,14 @@ class _FileWriter:
                 for batch in batches
             ]
         )
+        if self.current is None:
+            self.current = self._open(table)
         self.current.writer.write(table)
         if last:
             self.close()
 
-    def _open(self) -> _OpenFile:
+    def _open(self, first: pa.Table) -> _OpenFile:
+        """A new file, its columns' dictionaries chosen from its first row group (``first``)."""
         from pyiceberg.table import WriteTask
 
         task = WriteTask(
@@ -126,6 +131,8 @@ class _FileWriter:
         )
         output = self.io.new_output(path)
         writer = self.format_model.create_writer(output, self.file_schema, self.metadata.properties)
+        # pyiceberg's ParquetFormatWriter hands these to pyarrow's ParquetWriter at its first write
+        writer._parquet_writer_kwargs["use_dictionary"] = dictionary_columns(first)
         return _OpenFile(path, output, writer)
 
     def abandon(self) -> None:

@@ -121,6 +121,18 @@ def test_one_file_of_the_rows_with_pyiceberg_statistics(tmp_path: Path) -> None:
     assert read.schema.field("id").metadata == {b"PARQUET:field_id": b"1"}
 
 
+def test_a_unique_column_is_written_without_a_dictionary(tmp_path: Path) -> None:
+    """The file's writer takes ``dictionary_columns``' answer: the unique ids are plain in every
+    row group, the 13 names keep their dictionary (pyarrow alone would give both one)."""
+    (data_file,) = _write(_metadata(tmp_path), iter(_batches(3, 1000)), row_group_arrow_bytes=1)
+    meta = pq.ParquetFile(_local(data_file.file_path)).metadata
+    assert meta.num_row_groups == 3
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        chunks = {group.column(c).path_in_schema: group.column(c) for c in range(group.num_columns)}
+        assert not chunks["id"].has_dictionary_page and chunks["name"].has_dictionary_page
+
+
 def _row_groups(data_file: Any) -> list[int]:
     meta = pq.ParquetFile(_local(data_file.file_path)).metadata
     return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]

@@ -1,0 +1,79 @@
+"""Which columns of a data file are worth a Parquet dictionary, decided from its first rows.
+
+pyarrow's Parquet writer dictionary-encodes every column and gives a column chunk's
+dictionary up only when it outgrows ``write.parquet.dict-size-bytes``. A column of
+(nearly) unique fixed-width values, such as a Kafka offset, an id or an event time,
+never outgrows it in a row group of tens of thousands of rows, so each row group
+stores its values twice (the dictionary, then an index per row) and hashes every
+value on the way: on the 16-field benchmark data the Kafka offset and timestamp, the
+id and the event time cost the writer ~18 % of its CPU and made the file larger
+(``bench/BENCHMARKS.md``).
+
+parquet-mr, which Spark and Iceberg's Java writers use, checks its first page instead
+and falls back to plain encoding when the dictionary and the indices together are not
+smaller than the raw values (``DictionaryValuesWriter.isCompressionSatisfying``).
+pyarrow has no such check, so ``dictionary_columns`` applies the same test to a
+sample of the file's first row group: for each fixed-width leaf, the distinct values
+times their width plus an index of ``ceil(log2(distinct))`` bits per value, against
+the values' width per value. Strings and binaries keep their dictionary: counting
+their distinct values would cost as much as the dictionary it might save, and pyarrow
+already drops a string dictionary that outgrows its limit. Decimals and the leaves
+inside lists and maps keep it too. Booleans are never dictionary-encoded by Parquet.
+
+The answer is the column paths (``a.b`` for a struct's field, ``m.key_value.key``,
+``l.list.element``: the paths pyarrow's writer gives them) for pyarrow's
+``use_dictionary``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# Rows of the first row group the test looks at: a unique column stays unique in a sample,
+# and counting the distinct values of 8,192 rows of each fixed-width column costs ~1 ms.
+SAMPLE_ROWS = 8192
+
+
+def _leaves(fields: list[pa.Field], prefix: str, analysable: bool) -> Iterator[tuple[str, bool]]:
+    """Every leaf's Parquet path, and whether its values can be counted here (a fixed-width
+    leaf reached through structs only)."""
+    for f in fields:
+        path = prefix + f.name
+        kind = f.type
+        if pa.types.is_struct(kind):
+            yield from _leaves(list(kind), path + ".", analysable)
+        elif pa.types.is_map(kind):  # Parquet's names, whatever Arrow's fields are called
+            fields = [kind.key_field.with_name("key"), kind.item_field.with_name("value")]
+            yield from _leaves(fields, path + ".key_value.", False)
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            yield from _leaves([kind.value_field.with_name("element")], path + ".list.", False)
+        else:
+            fixed = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+            yield path, analysable and (fixed or pa.types.is_temporal(kind))
+
+
+def _dictionary_pays(column: pa.ChunkedArray) -> bool:
+    """parquet-mr's test: the dictionary and its indices smaller than the plain values."""
+    values = len(column) - column.null_count
+    if values == 0:
+        return True
+    distinct = pc.count_distinct(column).as_py()
+    width = column.type.bit_width / 8
+    index_bits = max(1, math.ceil(math.log2(max(distinct, 2))))
+    return distinct * width + values * index_bits / 8 < values * width
+
+
+def dictionary_columns(first: pa.Table) -> list[str]:
+    """The column paths to dictionary-encode in a file whose first row group is ``first``."""
+    sample = first.slice(0, SAMPLE_ROWS).flatten()
+    while any(pa.types.is_struct(f.type) for f in sample.schema):
+        sample = sample.flatten()
+    return [
+        path
+        for path, analysable in _leaves(list(first.schema), "", True)
+        if not analysable or _dictionary_pays(sample.column(path))
+    ]
