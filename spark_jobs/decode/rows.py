@@ -296,7 +296,7 @@ class RowConverter:
         values = self._column(chunk, "value", self.value_type, chunk.values, self.value_target, bad)
         columns: dict[str, pa.Array] = {
             KAFKA_KEY: keys,
-            KAFKA_HEADERS: pa.array(chunk.headers, self.arrow_schema.field(KAFKA_HEADERS).type),
+            KAFKA_HEADERS: self._headers(chunk),
             KAFKA_METADATA: self._metadata(chunk),
         }
         if self.flattened:
@@ -418,13 +418,28 @@ class RowConverter:
             take[i] = n + i
         return pa.concat_arrays([decoded.array, other]).take(pa.array(take, pa.int64()))
 
+    def _headers(self, chunk: RecordChunk) -> pa.Array:
+        """The headers column. Most records have none: a chunk without any is n empty maps
+        made from one offsets buffer, not n empty tuples converted one by one (~4 ms per
+        100,000 records, half of this module's own conversions at that size)."""
+        headers_type = self.arrow_schema.field(KAFKA_HEADERS).type
+        n = len(chunk)
+        if chunk.headers.count(()) != n:
+            return pa.array(chunk.headers, headers_type)
+        return pa.MapArray.from_arrays(
+            pa.repeat(pa.scalar(0, pa.int32()), n + 1),
+            pa.array([], headers_type.key_type),
+            pa.array([], headers_type.item_type),
+            type=headers_type,
+        )
+
     def _metadata(self, chunk: RecordChunk) -> pa.StructArray:
         n = len(chunk)
         micros = pc.multiply(pa.array(chunk.timestamps, pa.int64()), 1000)
         metadata_type = self.arrow_schema.field(KAFKA_METADATA).type
         return pa.StructArray.from_arrays(
             [
-                pa.array([chunk.partition] * n, pa.int32()),
+                pa.repeat(pa.scalar(chunk.partition, pa.int32()), n),
                 pa.array(chunk.offsets, pa.int64()),
                 micros.cast(pa.timestamp("us", tz="UTC")),
             ],

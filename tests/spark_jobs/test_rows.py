@@ -243,6 +243,21 @@ class Lookup:
         return self.schemas[schema_id]
 
 
+def test_headers_none_some_or_all_come_out_as_the_records_had_them() -> None:
+    """A chunk whose records have no headers takes a shortcut (empty maps from one offsets
+    buffer): the column must be what converting each record's empty headers gives, and one
+    record with headers among them must take the general path."""
+    table = table_schema(EVERYTHING)
+    converter = RowConverter(table, Lookup({5: EVERYTHING}))
+    headers_type = avro_schema.arrow_schema(table).field("_kafka_headers").type
+    for headers in ([()] * 4, [(), (("h", b"v"),), (), ()]):
+        bare = chunk([wire(EVERYTHING, 5, record(n)) for n in range(4)])
+        bare.headers = list(headers)
+        column = converter.convert(bare).batch.column("_kafka_headers")
+        assert column.equals(pa.array(headers, headers_type)), headers
+        assert column.to_pylist() == [list(h) for h in headers]
+
+
 def test_every_avro_type_round_trips_into_arrow() -> None:
     table = table_schema(EVERYTHING)
     converter = RowConverter(table, Lookup({5: EVERYTHING}))
