@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 from broker import contracts
@@ -71,6 +72,13 @@ def http_json(
 def topic_path(topic: str) -> str:
     """``/v1/topics/<topic>``, the name quoted whole (a ``/`` in it is part of the name)."""
     return "/v1/topics/" + urllib.parse.quote(topic, safe="")
+
+
+def _reachable(partition: contracts.PartitionPlan, offsets: Mapping[int, int]) -> int:
+    """How far a flush can bring ``partition`` towards its offset in ``offsets`` (0: none asked)."""
+    stable = partition.last_stable_offset
+    limit = partition.high_watermark if stable is None else min(stable, partition.high_watermark)
+    return min(offsets.get(partition.partition, 0), limit)
 
 
 class AdminClient:
@@ -154,6 +162,33 @@ class AdminClient:
                 )
             self.flush()
             time.sleep(0.1)  # the flush above already ran; this only spaces out re-plans
+
+    def covering_plan(
+        self, topic: str, offsets: Mapping[int, int], deadline_s: float = 60.0
+    ) -> contracts.TopicPlan:
+        """The plan of the flushed ends, once every partition's reaches ``offsets`` (a round told
+        its end offsets: the commit task's plan, which flushed them). Only a partition not
+        written that far yet makes it ask the broker to flush: ``flushed_plan`` with no time
+        flushes every partition first, and at a steady produce rate finds more appended after
+        the flush, so it flushed twice and slept, ~0.1 s a round at 12 MiB/s. An offset past
+        a partition's high watermark (or its last stable offset) waits for that only, as a
+        flush could not go further."""
+        give_up = time.monotonic() + deadline_s
+        flushed_once = False
+        while True:
+            plan = self.plan(topic, None)
+            short = [p.partition for p in plan.partitions if p.end_offset < _reachable(p, offsets)]
+            if not short:
+                return plan
+            if time.monotonic() > give_up:
+                raise BrokerError(
+                    f"the broker has not flushed partitions {short} of {topic} up to the "
+                    f"round's end offsets within {deadline_s:.0f} s"
+                )
+            if flushed_once:
+                time.sleep(0.1)  # a flush ran and did not get there: space out the next ones
+            self.flush()
+            flushed_once = True
 
     def ranges(self, topic: str, partition: int, start: int, end: int) -> contracts.TopicRanges:
         query = contracts.RangesRequest(partition=partition, start=start, end=end).query()

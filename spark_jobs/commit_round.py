@@ -341,9 +341,14 @@ class CommitRound:
 
     def run(self) -> RoundResult:
         started = time.monotonic()
-        broker_plan = self.admin.flushed_plan(
-            self.topic.topic, self.args.until_append_time, self.args.flush_deadline_s
-        )
+        if self.args.until_offsets is not None:  # the commit task's plan: it flushed them
+            broker_plan = self.admin.covering_plan(
+                self.topic.topic, self.args.until_offsets, self.args.flush_deadline_s
+            )
+        else:
+            broker_plan = self.admin.flushed_plan(
+                self.topic.topic, self.args.until_append_time, self.args.flush_deadline_s
+            )
         self.seconds["plan"] = round(time.monotonic() - started, 3)
         if not self.multi_table:
             self._catch_up_dlq()

@@ -67,6 +67,11 @@ def _dictionary_pays(column: pa.ChunkedArray) -> bool:
     return distinct * width + values * index_bits / 8 < values * width
 
 
+def column_paths(schema: pa.Schema) -> list[str]:
+    """Every leaf column's path, as pyarrow's Parquet writer names it."""
+    return [path for path, _ in _leaves(list(schema), "", True)]
+
+
 def dictionary_columns(first: pa.Table) -> list[str]:
     """The column paths to dictionary-encode in a file whose first row group is ``first``."""
     sample = first.slice(0, SAMPLE_ROWS).flatten()

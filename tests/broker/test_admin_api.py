@@ -8,11 +8,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from broker.admin_client import AdminClient as BrokerAdmin
 from broker.kafka import records
 from broker.storage.objectstore import LocalObjectStore
 from tests.support import BrokerProcess, wait_for
@@ -68,6 +71,51 @@ def test_plan_and_ranges_cover_exactly_the_records_before_the_cut(broker: Broker
     offsets = broker.admin("/v1/topics/planned/offsets")
     assert offsets["table_topic"] is True
     assert [p["high_watermark"] for p in offsets["partitions"]] == [25, 25]
+
+
+def test_a_plan_covering_given_offsets_flushes_only_when_they_are_not_written_yet(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """A round told its end offsets (the commit task's plan flushed them) asks the broker to
+    flush only if a partition's flushed end is short of them; past a partition's high
+    watermark it waits for that, not for the deadline."""
+    broker = broker_factory(["--segment-flush-ms", "600000"])  # no flush but the ones asked for
+    raw_table_topic(broker, "covered", 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+
+    def produce(count: int) -> None:
+        for i in range(count):
+            producer.produce("covered", value=f"v{i}".encode(), partition=i % 2)
+        producer.flush(10)
+
+    client = BrokerAdmin(broker.admin_url)
+    flushes: list[float] = []
+    flush = client.flush
+
+    def counted_flush() -> Any:
+        flushes.append(time.monotonic())
+        return flush()
+
+    client.flush = counted_flush  # type: ignore[method-assign]
+
+    produce(10)
+    plan = client.covering_plan("covered", {0: 5, 1: 5}, deadline_s=10)
+    assert len(flushes) == 1, "the offsets were not written: it must ask for a flush"
+    assert {p.partition: p.end_offset for p in plan.partitions} == {0: 5, 1: 5}
+
+    produce(4)  # appended, not flushed: the flushed ends stay at 5
+    plan = client.covering_plan("covered", {0: 5, 1: 4}, deadline_s=10)
+    assert len(flushes) == 1, "the offsets were written already: no flush"
+    assert {p.partition: (p.end_offset, p.high_watermark) for p in plan.partitions} == {
+        0: (5, 7),
+        1: (5, 7),
+    }
+
+    started = time.monotonic()
+    plan = client.covering_plan("covered", {0: 100}, deadline_s=30)
+    assert time.monotonic() - started < 10, "it waited for offsets that do not exist"
+    assert len(flushes) == 2
+    assert {p.partition: p.end_offset for p in plan.partitions} == {0: 7, 1: 7}
 
 
 def test_admin_errors_are_json_with_status(broker: BrokerProcess) -> None:

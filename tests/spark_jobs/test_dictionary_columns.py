@@ -9,7 +9,7 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spark_jobs.rounds.dictionary_columns import SAMPLE_ROWS, dictionary_columns
+from spark_jobs.rounds.dictionary_columns import SAMPLE_ROWS, column_paths, dictionary_columns
 
 ROWS = 20_000
 
@@ -74,7 +74,8 @@ def test_the_paths_are_the_writers_own() -> None:
     table = _table()
     chosen = dictionary_columns(table)
     encoded = _encoded(table, chosen)
-    assert set(chosen) <= set(encoded), "a path that is not one of the file's columns"
+    assert column_paths(table.schema) == list(encoded), "not the file's columns, in order"
+    assert set(chosen) <= set(encoded)
     assert set(encoded) - set(chosen) == {"id", "event_time", "price", "meta.offset"}
     with_dictionary = {path for path, has in encoded.items() if has}
     assert with_dictionary == set(chosen) - {"flag"}
