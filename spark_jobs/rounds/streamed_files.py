@@ -23,7 +23,8 @@ column statistics and metrics modes, the file names and the ``DataFile`` entries
 What differs is when batches are encoded and so the row groups: several per file
 instead of one (smaller files on repetitive data: a column's dictionary covers a
 row group), and which columns get a dictionary: not the fixed-width ones whose first
-rows show it would not pay, as parquet-mr decides (``dictionary_columns``).
+rows show it would not pay (parquet-mr's first-page test, once per file:
+``dictionary_columns``).
 Unpartitioned Parquet tables only: anything else goes to pyiceberg's writer
 (``tasks._write``). The pyiceberg internals used or mirrored here are pinned
 (``tests/test_pins.py``).
@@ -85,6 +86,7 @@ class _FileWriter:
     file_schema: Any
     target_bytes: int
     row_group_rows: int
+    page_rows: int  # write.parquet.page-row-limit: the rows dictionary_columns judges
     downcast_ns: bool
     format_model: Any
     location_provider: Any
@@ -132,7 +134,7 @@ class _FileWriter:
         output = self.io.new_output(path)
         writer = self.format_model.create_writer(output, self.file_schema, self.metadata.properties)
         # pyiceberg's ParquetFormatWriter hands these to pyarrow's ParquetWriter at its first write
-        writer._parquet_writer_kwargs["use_dictionary"] = dictionary_columns(first)
+        writer._parquet_writer_kwargs["use_dictionary"] = dictionary_columns(first, self.page_rows)
         return _OpenFile(path, output, writer)
 
     def abandon(self) -> None:
@@ -231,6 +233,12 @@ class StreamedDataFiles:
                 TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
             )
             or TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT,
+            page_rows=property_as_int(
+                properties,
+                TableProperties.PARQUET_PAGE_ROW_LIMIT,
+                TableProperties.PARQUET_PAGE_ROW_LIMIT_DEFAULT,
+            )
+            or TableProperties.PARQUET_PAGE_ROW_LIMIT_DEFAULT,
             downcast_ns=downcast_ns,
             format_model=FileFormatFactory.get(FileFormat.PARQUET),
             location_provider=load_location_provider(

@@ -23,7 +23,15 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import new_table_metadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+)
 
 from spark_jobs.rounds import streamed_files
 
@@ -131,6 +139,76 @@ def test_a_unique_column_is_written_without_a_dictionary(tmp_path: Path) -> None
         group = meta.row_group(i)
         chunks = {group.column(c).path_in_schema: group.column(c) for c in range(group.num_columns)}
         assert not chunks["id"].has_dictionary_page and chunks["name"].has_dictionary_page
+
+
+def test_dictionaries_in_a_round_shaped_file_follow_the_parquet_paths(tmp_path: Path) -> None:
+    """The columns of a round's file (a map of headers, a struct of Kafka metadata), converted
+    by pyiceberg and written with field ids: every chosen path is one of the file's column
+    chunks, the map's and the partition's keep a dictionary, the unique ones do not."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(
+            2,
+            "headers",
+            MapType(3, StringType(), 4, BinaryType(), value_required=False),
+            required=False,
+        ),
+        NestedField(
+            5,
+            "meta",
+            StructType(
+                NestedField(6, "partition", IntegerType(), required=True),
+                NestedField(7, "offset", LongType(), required=True),
+            ),
+            required=False,
+        ),
+    )
+    arrow = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("headers", pa.map_(pa.string(), pa.binary())),
+            pa.field(
+                "meta",
+                pa.struct(
+                    [
+                        pa.field("partition", pa.int32(), nullable=False),
+                        pa.field("offset", pa.int64(), nullable=False),
+                    ]
+                ),
+            ),
+        ]
+    )
+    rows = 30_000
+    batch = pa.record_batch(
+        [
+            pa.array(range(rows), pa.int64()),
+            pa.array([[("h", b"v")]] * rows, arrow.field("headers").type),
+            pa.array(
+                [{"partition": i % 4, "offset": i} for i in range(rows)], arrow.field("meta").type
+            ),
+        ],
+        schema=arrow,
+    )
+    metadata = new_table_metadata(schema, PartitionSpec(), UNSORTED_SORT_ORDER, str(tmp_path), {})
+    (data_file,) = streamed_files.write_data_files(
+        metadata,
+        iter([batch]),
+        arrow,
+        load_file_io({}, metadata.location),
+        write_uuid=uuid.uuid4(),
+        counter=itertools.count(0),
+    )
+    group = pq.ParquetFile(_local(data_file.file_path)).metadata.row_group(0)
+    chunks = {group.column(c).path_in_schema: group.column(c) for c in range(group.num_columns)}
+    assert set(chunks) == {
+        "id",
+        "headers.key_value.key",
+        "headers.key_value.value",
+        "meta.partition",
+        "meta.offset",
+    }
+    with_dictionary = {path for path, chunk in chunks.items() if chunk.has_dictionary_page}
+    assert with_dictionary == {"headers.key_value.key", "headers.key_value.value", "meta.partition"}
 
 
 def _row_groups(data_file: Any) -> list[int]:
