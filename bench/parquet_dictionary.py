@@ -44,7 +44,7 @@ MIB = 1 << 20
 WAYS = ("chosen", "every column")
 
 
-def _every_column(first: pa.Table) -> list[str]:
+def _every_column(first: pa.Table, sample_rows: int = 0) -> list[str]:
     """Every column path, dictionary-encoded as pyarrow does by default."""
     return dictionary_columns.column_paths(first.schema)
 
