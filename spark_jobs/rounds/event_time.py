@@ -51,7 +51,7 @@ CLOSED = "icefall.event-time.closed"  # [window start ms, ...] closed by this sn
 COLUMN = "icefall.event-time.column"
 GRANULARITY = "icefall.event-time.granularity"
 
-_UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 0.001, "ns": 0.000001}
+_UNIT_SCALE = {"s": (1000, 1), "ms": (1, 1), "us": (1, 1000), "ns": (1, 1_000_000)}
 
 
 @dataclass(frozen=True)
@@ -125,42 +125,45 @@ def _column(batch: pa.RecordBatch, path: str) -> pa.Array | None:
     return array
 
 
-def _millis(array: pa.Array) -> pa.Array | None:
-    """The non-null values as int64 ms since the epoch (floor), or None for a column of another type."""
-    values = array.drop_null()
-    if pa.types.is_timestamp(array.type):
-        raw = values.cast(pa.int64())
-        factor = _UNIT_MS[array.type.unit]
-        if factor >= 1:
-            return pc.multiply(raw, int(factor))
-        per_ms = int(round(1 / factor))
-        # floor division (pre-1970 values too): (x - (x mod n)) / n
-        return pc.divide(pc.subtract(raw, _mod(raw, per_ms)), per_ms)
-    if pa.types.is_date32(array.type):
-        return pc.multiply(values.cast(pa.int64()), WINDOW_MS["day"])
+def _scale(kind: pa.DataType) -> tuple[int, int] | None:
+    """(multiplier, divisor) from a column's int64 values to ms, or None for a column of another type."""
+    if pa.types.is_timestamp(kind):
+        return _UNIT_SCALE[kind.unit]
+    if pa.types.is_date32(kind):
+        return WINDOW_MS["day"], 1
     return None
 
 
-def _mod(raw: pa.Array, n: int) -> pa.Array:
-    remainder = pc.subtract(raw, pc.multiply(pc.divide(raw, n), n))  # truncating: sign of raw
-    return pc.if_else(pc.less(remainder, 0), pc.add(remainder, n), remainder)
-
-
 def observe(spec: EventTimeSpec, batch: pa.RecordBatch, partition: int, into: Observed) -> None:
-    """Add one batch of rows (all of Kafka partition ``partition``) to ``into``."""
+    """Add one batch of rows (all of Kafka partition ``partition``) to ``into``.
+
+    Why not convert the column to ms first: the range needs only its two ends (a floor is
+    monotonic, so the ends of the raw values give the ends in ms, converted in Python), and the
+    windows one division of values made non-negative (then truncation is the floor). Converting
+    every value took ~8 passes over the batch (a floor for pre-1970 values in Arrow's truncating
+    division): 6 % of the warm driver's CPU at 10,000 records/s (py-spy, vs_connect.py)."""
     if not batch.num_rows:
         return
     column = _column(batch, spec.column)
-    ms = None if column is None else _millis(column)
-    if ms is None or not len(ms):
+    scale = None if column is None else _scale(column.type)
+    if scale is None or column is None or column.null_count == len(column):
         return
-    bounds = pc.min_max(ms)
-    low, high = int(bounds["min"].as_py()), int(bounds["max"].as_py())
-    into.merge(Observed({partition: (low, high)}))
+    # days to int64 by way of int32 (Arrow has no direct cast; the day partitions of a date column)
+    raw = (column.cast(pa.int32()) if pa.types.is_date32(column.type) else column).cast(pa.int64())
+    bounds = pc.min_max(raw)
+    mul, div = scale
+    low_raw, high_raw = int(bounds["min"].as_py()), int(bounds["max"].as_py())
+    into.merge(Observed({partition: (low_raw * mul // div, high_raw * mul // div)}))
     window = spec.window_ms
     if window:
-        starts = pc.subtract(ms, _mod(ms, window))
-        into.windows.update(int(w) for w in pc.unique(starts).to_pylist())
+        if mul != 1:  # seconds or days: whole ms, so the values in ms (no floor needed)
+            raw, low_raw, div = pc.multiply_checked(raw, mul), low_raw * mul, 1
+        per_window = div * window  # raw units in a window
+        first = low_raw // per_window  # Python's floor: the first window's number
+        numbers = pc.divide(pc.subtract_checked(raw, first * per_window), per_window)
+        into.windows.update(
+            (first + n) * window for n in pc.unique(numbers).to_pylist() if n is not None
+        )
 
 
 @dataclass(frozen=True)
