@@ -3,7 +3,7 @@ partitioned data files, and changing the config evolves the spec at the next rou
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
@@ -155,6 +155,29 @@ def test_event_time_range_watermark_and_closed_hours(
     assert third.closed_windows == [_ms(_hour(11))], third
     assert third.watermark_before_ms == _ms(_hour(11, 30))
     assert table(round_broker, topic).scan().to_arrow().num_rows == 6
+
+
+def test_day_windows_of_a_date_column(spark: Any, round_broker: BrokerProcess) -> None:
+    """Partitioned by ``day(on)`` of an Avro ``date`` (Arrow date32): the round reports the days'
+    range in ms and closes the day its rows moved past (date32 has no cast to int64 in Arrow:
+    this round failed before ``observe`` widened it by way of int32)."""
+    schema = {
+        **CLICK_V1,
+        "fields": [
+            *CLICK_V1["fields"],
+            {"name": "on", "type": {"type": "int", "logicalType": "date"}},
+        ],
+    }
+    topic = new_topic(round_broker, partitions=1, configs={PARTITION_BY: "[day(on)]"})
+    producer = AvroProducer(round_broker, topic, schema)
+    days = [date(1969, 12, 31), date(2026, 1, 2)]
+    producer.send([{**clicks(i, 1)[0], "on": day} for i, day in enumerate(days)])
+    done = run_round(spark, round_broker, topic, "--in-driver-max-bytes", str(1 << 20))
+    assert done.status == "committed" and done.rows == 2, done.message
+    assert (done.event_time_column, done.event_time_granularity) == ("on", "day")
+    day_ms = [_ms(datetime(d.year, d.month, d.day, tzinfo=UTC)) for d in days]
+    assert (done.event_time_min_ms, done.event_time_max_ms) == (day_ms[0], day_ms[1])
+    assert done.closed_windows == [day_ms[0]]
 
 
 def test_an_in_driver_round_writes_a_partitioned_table_in_slices(
