@@ -12,9 +12,12 @@ import importlib
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from crc32c import crc32c
+
+if TYPE_CHECKING:
+    import cramjam
 
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # base offset + batch length
@@ -320,12 +323,21 @@ def _bytes_field(buf: bytes, pos: int) -> tuple[bytes | None, int]:
 
 
 def decompress(codec: int, data: bytes) -> bytes:
+    out = decompress_buffer(codec, data)
+    return out if isinstance(out, bytes) else bytes(out)
+
+
+def decompress_buffer(codec: int, data: Buffer) -> Buffer | cramjam.Buffer:
+    """``data`` decompressed, as cramjam's own read-only buffer where it can (any object with
+    the buffer protocol in, a bytes-like object out): for a reader that only reads it, the
+    round's record decoder, which copied each batch's compressed bytes out of its segment range
+    and the decompressed ones out of cramjam's buffer (a quarter of its decompress time)."""
     import cramjam
 
     if codec == COMPRESSION_NONE:
         return data
     if codec == COMPRESSION_GZIP:
-        return bytes(cramjam.gzip.decompress(data))
+        return cramjam.gzip.decompress(data)
     if codec == COMPRESSION_SNAPPY:
         # Kafka's Java client frames snappy in the xerial format; librdkafka may too.
         if data[:8] == b"\x82SNAPPY\x00":
@@ -345,11 +357,11 @@ def decompress(codec: int, data: bytes) -> bytes:
                 out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + length]))
                 pos += length
             return bytes(out)
-        return bytes(cramjam.snappy.decompress_raw(data))
+        return cramjam.snappy.decompress_raw(data)
     if codec == COMPRESSION_LZ4:
-        return bytes(cramjam.lz4.decompress(data))
+        return cramjam.lz4.decompress(data)
     if codec == COMPRESSION_ZSTD:
-        return bytes(cramjam.zstd.decompress(data))
+        return cramjam.zstd.decompress(data)
     raise CorruptBatchError(f"unknown compression codec {codec}")
 
 

@@ -43,9 +43,10 @@ from broker.kafka.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     BatchHeader,
+    Buffer,
     CorruptBatchError,
     Headers,
-    decompress,
+    decompress_buffer,
     iter_records,
     read_header,
 )
@@ -57,6 +58,8 @@ except ImportError:  # pragma: no cover - a build without the extension
     _kafka_records = None
 
 if TYPE_CHECKING:  # executors import this module: only the type of an answer, not the models
+    import cramjam
+
     from broker.contracts import TopicRanges
 
 ATTR_LOG_APPEND_TIME = 0x08
@@ -370,11 +373,12 @@ def _decode_batch(
     data: bytes, pos: int, end: int, header: BatchHeader, lo: int, hi: int, chunk: RecordChunk
 ) -> None:
     """Append the batch's records with lo <= offset < hi to ``chunk``."""
+    buf: Buffer | cramjam.Buffer
     if header.compression == COMPRESSION_NONE:
         buf, p, stop = data, pos + HEADER_SIZE, end
     else:
         try:
-            buf = decompress(header.compression, data[pos + HEADER_SIZE : end])
+            buf = decompress_buffer(header.compression, memoryview(data)[pos + HEADER_SIZE : end])
         except CorruptBatchError:
             raise
         except Exception as exc:  # cramjam's DecompressionError and friends
@@ -416,7 +420,7 @@ def _decode_batch(
     )
     try:  # the fallback of _kafka_records.decode_records: plain, not fast
         for record in iter_records(
-            buf,
+            buf if isinstance(buf, bytes) else bytes(buf),
             header.record_count,
             p,
             stop,
