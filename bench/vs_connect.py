@@ -36,7 +36,8 @@ b) ``rounds``, Icefall without the warm driver: ``python -m spark_jobs.commit_ro
    without a warm driver runs a round), on a table topic of its own;
 c) ``sink``, the Apache Iceberg Kafka Connect sink (``iceberg-kafka-connect`` 1.10.1, the
    Iceberg of the pinned Spark runtime) in a standalone Kafka Connect 4.1.1 worker,
-   ``iceberg.control.commit.interval-ms`` = the interval. Maven Central has no Confluent Avro
+   ``iceberg.control.commit.interval-ms`` = the interval, ``tasks.max`` = ``--sink-tasks`` (1 by
+   default: one consumer and writer thread, as the rounds' in-driver task). Maven Central has no Confluent Avro
    converter (io.confluent lives on packages.confluent.io), so this side reads the same records
    as schemaless JSON (Kafka Connect's JsonConverter) from a topic of its own: its decode cost
    is JSON's, and its values are ~1.4x the Avro bytes;
@@ -335,7 +336,7 @@ def process(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Ite
 
 
 def connect_side(
-    broker: BrokerProcess, topic: str, interval_s: float, folder: Path
+    broker: BrokerProcess, topic: str, interval_s: float, folder: Path, tasks: int = 1
 ) -> contextlib.AbstractContextManager[Any]:
     worker = folder / "worker.properties"
     worker.write_text(
@@ -362,7 +363,7 @@ def connect_side(
             [
                 "name=iceberg-sink",
                 "connector.class=org.apache.iceberg.connect.IcebergSinkConnector",
-                "tasks.max=1",
+                f"tasks.max={tasks}",
                 f"topics={topic}",
                 f"iceberg.tables={NAMESPACE}.sink",
                 "iceberg.catalog.type=rest",
@@ -1009,7 +1010,10 @@ def run_shared(args: argparse.Namespace, folder: Path) -> list[Side]:
             print("[Iceberg Kafka Connect sink]", file=sys.stderr, flush=True)
             where = folder / "connect"
             where.mkdir()
-            with connect_side(broker, "sink-json", args.interval_s, where) as (_, cpu):
+            with connect_side(broker, "sink-json", args.interval_s, where, args.sink_tasks) as (
+                _,
+                cpu,
+            ):
                 sides.append(
                     measure_side(
                         "Iceberg Kafka Connect sink (JSON)",
@@ -1117,8 +1121,17 @@ def main() -> None:
         help="which sides run, comma-separated, of warm,airflow,rounds,sink,streaming (default: "
         "all five; --quick: warm,sink,streaming); the ratios need the sink",
     )
+    parser.add_argument(
+        "--sink-tasks",
+        type=int,
+        default=1,
+        help="the sink's tasks.max (each task consumes some of the partitions and writes its own "
+        "files; more than one lets it use both cores at a rate one task cannot keep up with)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
+    if not 1 <= args.sink_tasks <= args.partitions:
+        parser.error("--sink-tasks: from 1 to --partitions")
     if args.quick:
         args.rate, args.seconds, args.interval_s = 1000, 8, 4
         args.drain_s = 30.0 if args.drain_s is None else args.drain_s
