@@ -51,6 +51,7 @@ CLOSED = "icefall.event-time.closed"  # [window start ms, ...] closed by this sn
 COLUMN = "icefall.event-time.column"
 GRANULARITY = "icefall.event-time.granularity"
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _UNIT_SCALE = {"s": (1000, 1), "ms": (1, 1), "us": (1, 1000), "ns": (1, 1_000_000)}
 
 
@@ -139,7 +140,8 @@ def observe(spec: EventTimeSpec, batch: pa.RecordBatch, partition: int, into: Ob
 
     Why not convert the column to ms first: the range needs only its two ends (a floor is
     monotonic, so the ends of the raw values give the ends in ms, converted in Python), and the
-    windows one division of values made non-negative (then truncation is the floor). Converting
+    windows one division of values made non-negative (then truncation is the floor; no value
+    can overflow, ``_window_numbers``). Converting
     every value took ~8 passes over the batch (a floor for pre-1970 values in Arrow's truncating
     division): 6 % of the warm driver's CPU at 10,000 records/s (py-spy, vs_connect.py)."""
     if not batch.num_rows:
@@ -156,14 +158,32 @@ def observe(spec: EventTimeSpec, batch: pa.RecordBatch, partition: int, into: Ob
     into.merge(Observed({partition: (low_raw * mul // div, high_raw * mul // div)}))
     window = spec.window_ms
     if window:
-        if mul != 1:  # seconds or days: whole ms, so the values in ms (no floor needed)
-            raw, low_raw, div = pc.multiply_checked(raw, mul), low_raw * mul, 1
-        per_window = div * window  # raw units in a window
-        first = low_raw // per_window  # Python's floor: the first window's number
-        numbers = pc.divide(pc.subtract_checked(raw, first * per_window), per_window)
         into.windows.update(
-            (first + n) * window for n in pc.unique(numbers).to_pylist() if n is not None
+            n * window for n in _window_numbers(raw, low_raw, high_raw, window, scale)
         )
+
+
+def _window_numbers(
+    raw: pa.Array, low: int, high: int, window_ms: int, scale: tuple[int, int]
+) -> list[int]:
+    """floor(ms / window_ms) of every value, each once; ``low``/``high`` the values' ends."""
+    mul, div = scale
+    per_window, rest = divmod(window_ms * div, mul)  # raw units in a window
+    if rest or not per_window:  # not a whole number of units (no spec has one): value by value
+        values = pc.unique(raw).drop_null().to_pylist()
+        return sorted({(v * mul // div) // window_ms for v in values})
+    first = low // per_window  # Python's floor: the first window's number
+    base = first * per_window
+    if base >= _INT64_MIN and high - base <= _INT64_MAX:
+        # shifted to be non-negative, Arrow's truncating division is the floor
+        after_first = pc.divide(pc.subtract(raw, base), per_window)
+        return [first + n for n in pc.unique(after_first).to_pylist() if n is not None]
+    # values spread wider than int64 holds their differences (a -2**63 placeholder, centuries
+    # of ns): truncated, then one less where that rounded a negative value up
+    truncated = pc.divide(raw, per_window)
+    below = pc.less(raw, pc.multiply(truncated, per_window))
+    numbers = pc.subtract(truncated, below.cast(pa.int64()))
+    return [n for n in pc.unique(numbers).to_pylist() if n is not None]
 
 
 @dataclass(frozen=True)

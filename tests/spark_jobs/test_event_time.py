@@ -4,6 +4,8 @@ columns of other types add nothing. The expected figures are worked out by hand.
 
 from __future__ import annotations
 
+import random
+
 import pyarrow as pa
 import pytest
 
@@ -73,3 +75,55 @@ def test_a_missing_column_adds_nothing() -> None:
     into = Observed()
     observe(EventTimeSpec("at", "hour"), batch, 0, into)
     assert into == Observed()
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _reference(
+    values: list[int | None], unit: str, window: int
+) -> tuple[tuple[int, int], set[int]]:
+    """Python's floor on Python's ints, value by value."""
+    mul, div = {"s": (1000, 1), "ms": (1, 1), "us": (1, 1000), "ns": (1, 1_000_000)}[unit]
+    ms = [v * mul // div for v in values if v is not None]
+    return (min(ms), max(ms)), {m // window * window for m in ms}
+
+
+@pytest.mark.parametrize(
+    ("values", "unit"),
+    [
+        ([INT64_MIN, 0, 5], "us"),  # a "missing" placeholder beside real values
+        ([INT64_MIN, INT64_MAX], "ns"),
+        ([-(2**62), 2**62, None], "ns"),  # centuries apart
+        ([INT64_MIN + 1, -1, INT64_MAX], "ms"),
+        ([-(10**15), 10**15], "s"),
+    ],
+)
+@pytest.mark.parametrize("granularity", ["hour", "day"])
+def test_values_at_the_ends_of_int64_neither_overflow_nor_fail(
+    values: list[int | None], unit: str, granularity: str
+) -> None:
+    window = HOUR if granularity == "hour" else DAY
+    seen = _observed(pa.array(values, pa.timestamp(unit)), granularity)
+    ms_range, windows = _reference(values, unit, window)
+    assert seen.ranges == {3: ms_range}
+    assert seen.windows == windows
+
+
+def test_random_values_match_the_reference() -> None:
+    rng = random.Random(20261128)
+    for _ in range(300):
+        unit = rng.choice(["s", "ms", "us", "ns"])
+        span = rng.choice([10**3, 10**9, 10**13, 2**62])
+        values: list[int | None] = [
+            None if rng.random() < 0.1 else rng.randint(-span, span) for _ in range(20)
+        ]
+        if all(v is None for v in values):
+            continue
+        if unit == "s":  # seconds in ms must fit int64, as Arrow's own timestamps
+            values = [None if v is None else v // 1000 for v in values]
+        granularity = rng.choice(["hour", "day"])
+        window = HOUR if granularity == "hour" else DAY
+        seen = _observed(pa.array(values, pa.timestamp(unit)), granularity)
+        ms_range, windows = _reference(values, unit, window)
+        assert (seen.ranges, seen.windows) == ({3: ms_range}, windows), (unit, values)
