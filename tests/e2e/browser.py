@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +36,7 @@ class Browser:
 
     def __init__(self, profile: Path, width: int = 1280, height: int = 900) -> None:
         assert CHROMIUM is not None, "Debian's chromium is not installed"
+        self.tmp = tempfile.mkdtemp(prefix="icefall-chromium-")
         self.proc = subprocess.Popen(
             [
                 CHROMIUM,
@@ -52,6 +54,11 @@ class Browser:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            # killed (close), chromium leaves its org.chromium.Chromium.* directory behind: they
+            # gathered in /tmp. So a directory of its own, which close removes; under /tmp, not in
+            # the test's profile: there chromium never wrote its DevTools port (a path too long for
+            # its sockets, it seems).
+            env={**os.environ, "TMPDIR": self.tmp},
         )
         self.ids = itertools.count(1)
         self.ws: ClientConnection | None = None
@@ -125,6 +132,7 @@ class Browser:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> Browser:
         return self
