@@ -349,7 +349,8 @@ def test_scheduler_crash_clear_and_backfill_keep_the_table_exact(
         return runs if runs and all(r["state"] in ("success", "failed") for r in runs) else None
 
     backfilled = wait_for(backfill_done, 300, interval=2, what="the backfill runs to finish")
-    assert all(r["state"] == "success" for r in backfilled), backfilled
+    failed = [r["dag_run_id"] for r in backfilled if r["state"] != "success"]
+    assert not failed, (failed, _task_errors(home))
     for run in backfilled:
         assert airflow.task_states(run["dag_run_id"])["commit"] == "skipped", run
 
@@ -361,6 +362,21 @@ def _epoch(iso: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(iso).timestamp()
+
+
+def _task_errors(home: Path) -> dict[str, str]:
+    """The error each failed task try logged (its log file's path under the DAG's logs: the error),
+    so that a failure says why Airflow failed the runs."""
+    errors = {}
+    for log in sorted((home / "airflow" / "logs" / f"dag_id={DAG_ID}").glob("run_id=*/*/*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if '"exc_value"' in line:
+                record = json.loads(line)
+                details = record.get("error_detail") or [{}]
+                errors[str(log.relative_to(log.parents[2]))] = str(details[0].get("exc_value"))[
+                    :300
+                ]
+    return errors
 
 
 def _task_instances(home: Path) -> list[tuple[str, int, str]]:
