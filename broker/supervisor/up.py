@@ -183,13 +183,10 @@ class AirflowStack:
             "AIRFLOW__CORE__PARALLELISM": "8",  # LocalExecutor worker processes (the default 32 costs ~4 GB)
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
-            # No connection pool on SQLite: a session closed with a result still open (Airflow's
-            # backfill code leaves one when the scheduler holds the lock) keeps a read snapshot on
-            # its connection, and every later request that pooled connection served saw the
-            # database as it was then: tasks "not found", heartbeats failing, every round failed
-            # until a restart. Closed with its session, a connection takes its snapshot with it;
-            # SQLite opens one in microseconds (tests/supervisor/test_airflow_db_sessions.py).
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_ENABLED": "False",
+            # A pooled SQLite connection that hit "database is locked" is replaced before its next
+            # use: one Airflow's backfill left with an old read snapshot failed every later task
+            # ("Task Instance not found") until a restart (icefall_airflow.db_sessions).
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER": "icefall_airflow.db_sessions.session_maker",
             "AIRFLOW__API__PORT": str(port),
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
