@@ -183,8 +183,8 @@ class AirflowStack:
             "AIRFLOW__CORE__PARALLELISM": "8",  # LocalExecutor worker processes (the default 32 costs ~4 GB)
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
-            # A pooled SQLite connection that hit "database is locked" is replaced before its next
-            # use: one Airflow's backfill left with an old read snapshot failed every later task
+            # A pooled SQLite connection that hit "database is locked" is replaced at its next
+            # checkout: one Airflow's backfill left with an old read snapshot failed every later task
             # ("Task Instance not found") until a restart (icefall_airflow.db_sessions).
             "AIRFLOW__DATABASE__SQL_ALCHEMY_SESSION_MAKER": "icefall_airflow.db_sessions.session_maker",
             "AIRFLOW__API__PORT": str(port),

@@ -1,5 +1,5 @@
 """Airflow's session maker under ``icefall up`` (``[database] sql_alchemy_session_maker``): on
-SQLite, a pooled connection that hit "database is locked" is replaced before it is used again.
+SQLite, a pooled connection that hit "database is locked" is replaced at its next checkout.
 
 Why: Airflow's backfill code, when the scheduler holds SQLite's lock, leaves a query result
 unread on its connection (the ``SELECT`` of ``_create_backfill_dag_run_non_partitioned``, kept
@@ -13,7 +13,10 @@ tests/reliability/test_airflow_faults.py; checked in tests/plugins/test_db_sessi
 There the connection that keeps the old snapshot is the one whose write was refused, so the
 lock error marks it, and the pool's next checkout of it throws it away and opens a fresh one
 (SQLAlchemy's documented ``DisconnectionError`` at checkout), outside any caller's transaction.
-A connection left on an old snapshot some other way is replaced after its first refused write.
+A connection left on an old snapshot some other way is replaced only once one of its writes is
+refused; what it read before that was old. The guard is on Airflow's sync engine, which the
+execution API, the scheduler and the backfill code use; its async engine (multi-team lookups,
+the DAG-run wait service) is pooled without it.
 Without a pool (``NullPool``) there is nothing to mark, but every session opens a connection and
 reads the schema again: twice Airflow's idle CPU (bench/BENCHMARKS.md, "Airflow's database
 connections").

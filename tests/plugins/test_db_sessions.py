@@ -55,7 +55,7 @@ finally:
     session.close()
 
 seen, updated = [], []
-for _ in range(8):  # more sessions than the pool keeps connections
+for _ in range(8):  # one after another: each takes the connection the last one returned
     session = settings.NonScopedSession()
     try:
         seen.append(sorted(session.execute(text("SELECT id FROM task")).scalars()))

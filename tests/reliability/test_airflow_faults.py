@@ -370,12 +370,13 @@ def _task_errors(home: Path) -> dict[str, str]:
     errors = {}
     for log in sorted((home / "airflow" / "logs" / f"dag_id={DAG_ID}").glob("run_id=*/*/*.log")):
         for line in log.read_text(errors="replace").splitlines():
-            if '"exc_value"' in line:
-                record = json.loads(line)
-                details = record.get("error_detail") or [{}]
-                errors[str(log.relative_to(log.parents[2]))] = str(details[0].get("exc_value"))[
-                    :300
-                ]
+            if '"exc_value"' not in line:
+                continue
+            try:
+                details = json.loads(line).get("error_detail") or [{}]
+            except ValueError:  # not a JSON record: the line itself
+                details = [{"exc_value": line}]
+            errors[str(log.relative_to(log.parents[2]))] = str(details[0].get("exc_value"))[:300]
     return errors
 
 
