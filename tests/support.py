@@ -128,6 +128,27 @@ def why_it_failed(stderr: str, limit: int = 6000) -> str:
     return "\n".join([*errors, "...", *traceback])[-limit:]
 
 
+def python_json(
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path | None = None,
+    timeout: float = 120,
+) -> Any:
+    """``python args...`` in a process of its own (Airflow and Spark read their settings at
+    import): the JSON its last line of output prints; a non-zero exit fails with what it said."""
+    done = subprocess.run(
+        [sys.executable, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, why_it_failed(done.stderr)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @contextlib.contextmanager
 def serving(server: ThreadingHTTPServer) -> Iterator[str]:
     """``server`` (bound to a loopback port) serving from a thread: its URL; shut down and

@@ -7,14 +7,11 @@ files' own imports; this checks the chain."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.dags import manifests
-from tests.support import REPO
+from tests.support import REPO, python_json
 
 HEAVY = (
     "pyspark",
@@ -57,17 +54,7 @@ def test_parsing_the_dag_files_loads_no_heavy_module(tmp_path: Path) -> None:
     )
     # icefall_airflow is installed with the distribution: no PYTHONPATH
     env = {**os.environ, "ICEFALL_HOME": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(REPO / "dags")],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    modules = python_json(["-c", SCRIPT, str(REPO / "dags")], env, cwd=REPO)
     loaded = {name.split(".")[0] for name in modules}
     assert "icefall_airflow.commit_operator" in modules  # the factories ran
     assert loaded.isdisjoint(HEAVY), f"parsing dags/ loads {sorted(loaded & set(HEAVY))}"

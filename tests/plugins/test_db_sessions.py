@@ -13,9 +13,6 @@ the stack's environment, in a process of its own (Airflow reads its settings at 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +20,7 @@ import pytest
 from broker.config import BrokerConfig
 from broker.supervisor import warm_driver
 from broker.supervisor.up import AirflowStack
-from tests.support import free_port
+from tests.support import free_port, python_json
 
 SCRIPT = """
 import json, sqlite3, sys
@@ -77,16 +74,7 @@ def test_a_session_left_with_an_open_result_does_not_give_later_ones_an_old_data
     home = tmp_path / "home"
     stack = AirflowStack(BrokerConfig(home=home), home, free_port())
     stack.home.mkdir(parents=True)
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        env=stack.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = python_json(["-c", SCRIPT], stack.env)
     assert "database is locked" in report["error"], report  # the lock error, as in Airflow
     assert report["seen"] == [["new", "old"]] * 8, report
     assert report["updated"] == [1] * 8, report

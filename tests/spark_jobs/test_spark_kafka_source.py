@@ -7,9 +7,7 @@ its JVM starts, and this process's JVM is the other Spark tests' (their jars onl
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,7 +16,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from spark_jobs.jars import iceberg_jars
-from tests.support import REPO, BrokerProcess, why_it_failed
+from tests.support import REPO, BrokerProcess, python_json
 
 SPARK_KAFKA_JARS = Path(sys.prefix) / "share" / "icefall" / "test-jars" / "spark-kafka"
 
@@ -73,25 +71,12 @@ def test_spark_kafka_source_reads_a_topic_batch_and_streaming(
     assert producer.flush(30) == 0
 
     jars = ",".join([*iceberg_jars(), *map(str, sorted(SPARK_KAFKA_JARS.glob("*.jar")))])
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            READER,
-            round_broker.bootstrap,
-            topic,
-            str(tmp_path / "checkpoint"),
-            jars,
-        ],
+    result = python_json(
+        ["-c", READER, round_broker.bootstrap, topic, str(tmp_path / "checkpoint"), jars],
+        {**os.environ, "PYSPARK_PYTHON": sys.executable},
         cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=600,
-        check=False,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )
-    assert done.returncode == 0, why_it_failed(done.stderr)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     batch = result["batch"]
     assert sorted(k for k, _, _, _ in batch) == sorted(f"k{i}" for i in range(120))
     assert all(v == "v" + k[1:] for k, v, _, _ in batch)
