@@ -22,6 +22,7 @@ task's end (``round_stages``, from Airflow's metadata: the scheduler creating th
 queued, running, its plan made, done).
 
     .venv/bin/python bench/airflow_cpu.py                 # 60 s idle, 180 s of 20 s rounds
+    .venv/bin/python bench/airflow_cpu.py --keep          # and keep its temporary folder
     .venv/bin/python bench/airflow_cpu.py --stages HOME/airflow/airflow.db --dag-id D
                                                 # the stages of a kept run (vs_connect --keep)
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -288,6 +290,7 @@ def main() -> None:
     parser.add_argument("--interval-s", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=0.05, help="MiB/s to the table topic")
     parser.add_argument("--label", default="")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument(
         "--stages", type=Path, help="only print the round stages of this airflow.db"
     )
@@ -297,8 +300,20 @@ def main() -> None:
         print_stages(args.stages, args.dag_id)
         return
     become_subreaper()
-    load = os.getloadavg()
     folder = Path(tempfile.mkdtemp(prefix="icefall-airflow-cpu-"))
+    try:
+        measure(args, folder)
+    finally:
+        if args.keep:
+            print(f"kept {folder}", file=sys.stderr)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, folder: Path) -> None:
+    """The idle window, then the rounds window, under ``icefall up`` in ``folder``; prints the
+    tables and, last, their JSON."""
+    load = os.getloadavg()
     home = folder / "up"
     print(f"working in {folder}; load average {load}", flush=True)
     with icefall_up(home, warm=True) as (proc, bootstrap, registry, catalog_url):
