@@ -17,6 +17,7 @@ A connection left on an old snapshot some other way is replaced only once one of
 refused; what it read before that was old. The guard is on Airflow's sync engine, which the
 execution API, the scheduler and the backfill code use; its async engine (multi-team lookups,
 the DAG-run wait service) is pooled without it.
+
 Without a pool (``NullPool``) there is nothing to mark, but every session opens a connection and
 reads the schema again: twice Airflow's idle CPU (bench/BENCHMARKS.md, "Airflow's database
 connections").
