@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker import contracts
@@ -148,20 +148,16 @@ class AdminClient:
         self, topic: str, until_append_ms: int | None, deadline_s: float = 60.0
     ) -> contracts.TopicPlan:
         """The plan, once every offset it names is in segment objects (asks the broker to flush)."""
-        give_up = time.monotonic() + deadline_s
-        while True:
-            if until_append_ms is None:
-                self.flush()
-            plan = self.plan(topic, until_append_ms)
-            if plan.flushed:
-                return plan
-            if time.monotonic() > give_up:
-                raise BrokerError(
-                    f"the broker has not flushed partitions {plan.not_flushed} of {topic} "
-                    f"within {deadline_s:.0f} s"
-                )
+        if until_append_ms is None:
             self.flush()
-            time.sleep(0.1)  # the flush above already ran; this only spaces out re-plans
+        return self._plan_once(
+            topic,
+            until_append_ms,
+            lambda plan: plan.not_flushed,
+            "",
+            deadline_s,
+            flushed=until_append_ms is None,
+        )
 
     def covering_plan(
         self, topic: str, offsets: Mapping[int, int], deadline_s: float = 60.0
@@ -173,22 +169,43 @@ class AdminClient:
         the flush, so it flushed twice and slept, ~0.1 s a round at 12 MiB/s. An offset past
         a partition's high watermark (or its last stable offset) waits for that only, as a
         flush could not go further."""
+        return self._plan_once(
+            topic,
+            None,
+            lambda plan: [
+                p.partition for p in plan.partitions if p.end_offset < _reachable(p, offsets)
+            ],
+            " up to the round's end offsets",
+            deadline_s,
+        )
+
+    def _plan_once(
+        self,
+        topic: str,
+        until_append_ms: int | None,
+        short_of: Callable[[contracts.TopicPlan], list[int]],
+        what: str,
+        deadline_s: float,
+        flushed: bool = False,
+    ) -> contracts.TopicPlan:
+        """Re-plan until ``short_of`` names no partition, asking the broker to flush between
+        plans (``flushed``: a flush already ran, so the next one waits 0.1 s first: a flush
+        that did not get there is not asked again at once); BrokerError past ``deadline_s``."""
         give_up = time.monotonic() + deadline_s
-        flushed_once = False
         while True:
-            plan = self.plan(topic, None)
-            short = [p.partition for p in plan.partitions if p.end_offset < _reachable(p, offsets)]
+            plan = self.plan(topic, until_append_ms)
+            short = short_of(plan)
             if not short:
                 return plan
             if time.monotonic() > give_up:
                 raise BrokerError(
-                    f"the broker has not flushed partitions {short} of {topic} up to the "
-                    f"round's end offsets within {deadline_s:.0f} s"
+                    f"the broker has not flushed partitions {short} of {topic}{what} "
+                    f"within {deadline_s:.0f} s"
                 )
-            if flushed_once:
-                time.sleep(0.1)  # a flush ran and did not get there: space out the next ones
+            if flushed:
+                time.sleep(0.1)  # spaces out flushes that did not get there
             self.flush()
-            flushed_once = True
+            flushed = True
 
     def ranges(self, topic: str, partition: int, start: int, end: int) -> contracts.TopicRanges:
         query = contracts.RangesRequest(partition=partition, start=start, end=end).query()
