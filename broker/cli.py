@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from pathlib import Path
 
+from broker import log_setup
 from broker.config import (
     SCALAR_FIELDS,
     SECRET_FIELDS,
@@ -119,10 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "cluster":
         return _cluster_command(args)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        log_setup.configure(args.log_level)
+    except ValueError as exc:
+        print(f"icefall: --log-level: {exc}", file=sys.stderr)
+        return 2
     try:
         config = _broker_config(args)
     except ConfigError as exc:

@@ -53,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker import checkpoint
+from broker import checkpoint, log_setup
 from broker.catalog.glue_check import glue_problem
 from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_from_env
 from broker.contracts import ROUND_SPARK_NEEDED, CatalogSpec, RoundResult, TopicPlan
@@ -1000,9 +1000,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_setup.configure(args.log_level)
     return run(argv)[0]
 
 

@@ -43,7 +43,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from broker import checkpoint
+from broker import checkpoint, log_setup
 from broker.config import ObjectStoreConfig, object_store_from_env
 from broker.contracts import CatalogSpec, ReprocessResult
 from spark_jobs import commit_round, job_args, job_output
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     )
     parser.add_argument("--result", type=Path)
     args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_setup.configure("INFO")
     started = time.monotonic()
     try:
         result = reprocess(args, spark)

@@ -49,7 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from broker import contracts
+from broker import contracts, log_setup
 from spark_jobs import job_args, job_output
 from spark_jobs.broker_client import AdminClient
 from spark_jobs.maintain import s3tables as s3tables_maintenance
@@ -702,9 +702,7 @@ def run(argv: list[str] | None = None, spark: Any = None) -> tuple[int, Maintena
 
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_setup.configure(args.log_level)
     return run(argv, spark)[0]
 
 

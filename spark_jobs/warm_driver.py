@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from broker import log_setup
 from broker.http_security.client import (
     CATALOG_CREDENTIAL_ENV,
     CATALOG_TOKEN_ENV,
@@ -375,9 +376,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_setup.configure(args.log_level)
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         print(f"warm_driver: set {TOKEN_ENV} (the token every request must carry)", file=sys.stderr)
