@@ -66,7 +66,12 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ready-file", default=None, help="write the pid here once listening (for tests)"
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default INFO; above DEBUG without the per-call "
+        "INFO lines of pyiceberg, httpx and py4j)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
