@@ -118,6 +118,11 @@ class CatalogConfig(BaseModel):
         return self.type == "rest" and self.uri is None
 
 
+# A TCP port, as a listener's (``broker.security.listeners``): uvloop binds 99999 as 34463
+# (the low 16 bits) without a word, so a typo would serve on a port nobody asked for.
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
 class BrokerConfig(BaseSettings):
     """Settings of one broker process (Kafka listener, registry, catalog, admin API)."""
 
@@ -130,10 +135,10 @@ class BrokerConfig(BaseSettings):
     advertised_host: str | None = Field(
         default=None, description="host name given to clients in Metadata"
     )
-    kafka_port: int = Field(default=9092, description="Kafka listener")
-    registry_port: int = Field(default=8081, description="schema registry")
-    catalog_port: int = Field(default=8181, description="Iceberg REST catalog")
-    admin_port: int = Field(default=8090, description="admin HTTP API and Prometheus /metrics")
+    kafka_port: Port = Field(default=9092, description="Kafka listener")
+    registry_port: Port = Field(default=8081, description="schema registry")
+    catalog_port: Port = Field(default=8181, description="Iceberg REST catalog")
+    admin_port: Port = Field(default=8090, description="admin HTTP API and Prometheus /metrics")
     admin_host: str = Field(
         default="127.0.0.1",
         description=(
@@ -141,7 +146,9 @@ class BrokerConfig(BaseSettings):
             "its network is trusted (0.0.0.0 where Airflow or Spark run on other hosts)"
         ),
     )
-    node_id: int = Field(default=0, description="this broker's id in Metadata")
+    node_id: int = Field(
+        default=0, ge=0, lt=2**31, description="this broker's id in Metadata (an INT32)"
+    )
     broker_rack: str | None = Field(
         default=None, description="this broker's rack in Metadata (cluster mode)"
     )

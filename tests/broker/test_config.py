@@ -96,6 +96,14 @@ def test_unknown_keys_and_bad_values_name_the_setting(tmp_path: Path) -> None:
     assert (
         glue.tables_catalog.type == "glue" and "uri" not in glue.tables_catalog.spark_properties()
     )
+    # a port out of range is refused (uvloop would bind 99999 as 34463 without a word)
+    with pytest.raises(ConfigError, match=r"kafka.port: .*less than or equal to 65535"):
+        parse(["--kafka-port", "99999"])
+    with pytest.raises(ConfigError, match=r"admin.port: .*greater than or equal to 0"):
+        parse(["--override", "admin.port=-1"])
+    assert parse(["--override", "catalog.port=65535"]).catalog_port == 65535
+    with pytest.raises(ConfigError, match=r"node.id: .*greater than or equal to 0"):
+        parse(["--node-id", "-1"])
     with pytest.raises(ConfigError, match="cannot read the config file"):
         parse(["--config", str(tmp_path / "missing.properties")])
     with pytest.raises(ConfigError, match="key=value"):
