@@ -131,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         config = _broker_config(args)
+        if args.command == "up":
+            from broker.supervisor.up_settings import load_up_settings
+
+            up_settings = load_up_settings()
     except ConfigError as exc:
         print(f"icefall: {exc}", file=sys.stderr)
         return 2
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         from broker.supervisor.up import run_up
 
-        return run_up(config, args.demo_rate)
+        return run_up(config, args.demo_rate, up_settings)
     return 2
 
 

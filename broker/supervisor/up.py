@@ -46,6 +46,7 @@ from broker import names, topic_configs
 from broker.config import BrokerConfig, secret_env, to_overrides
 from broker.http_security.client import registry_user_info
 from broker.supervisor import parse_request, warm_driver
+from broker.supervisor.up_settings import UpSettings, load_up_settings
 
 DEMO_TOPIC = "clicks"
 DEMO_KAFKA_USER_INFO_ENV = "ICEFALL_DEMO_KAFKA_USER_INFO"
@@ -111,14 +112,13 @@ def demo_registry_config(config: BrokerConfig) -> dict[str, str]:
     return out
 
 
-def _ensure_demo_topic(kafka: dict[str, str | int | float | bool]) -> None:
+def _ensure_demo_topic(kafka: dict[str, str | int | float | bool], interval_ms: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient(kafka)
     if DEMO_TOPIC in admin.list_topics(timeout=10).topics:
         return
-    interval = os.environ.get("ICEFALL_DEMO_COMMIT_INTERVAL_MS", "60000")
-    config = {topic_configs.ENABLE: "true", topic_configs.COMMIT_INTERVAL_MS: interval}
+    config = {topic_configs.ENABLE: "true", topic_configs.COMMIT_INTERVAL_MS: str(interval_ms)}
     for future in admin.create_topics([NewTopic(DEMO_TOPIC, 3, 1, config=config)]).values():
         future.result(10)
 
@@ -159,7 +159,11 @@ class AirflowStack:
     """Airflow 3 as ``airflow standalone`` runs it, but with Icefall's settings and
     every component in a process group of its own (logs in ``AIRFLOW_HOME/logs``)."""
 
-    def __init__(self, config: BrokerConfig, home: Path, port: int) -> None:
+    def __init__(
+        self, config: BrokerConfig, home: Path, port: int, settings: UpSettings | None = None
+    ) -> None:
+        """``settings``: the run's (default: from the environment, ``load_up_settings``)."""
+        settings = settings or load_up_settings()
         self.home = home / "airflow"
         self.port = port
         self.url = f"http://{config.advertised}:{port}"
@@ -220,8 +224,13 @@ class AirflowStack:
         }
         # the warm round driver: its JVM starts with Airflow, its connection is in Airflow's env
         self.warm: warm_driver.WarmDriverProcess | None = None
-        if warm_driver.enabled():
-            self.warm = warm_driver.WarmDriverProcess(dict(self.env), self.home / "logs")
+        if not settings.no_warm_driver:
+            self.warm = warm_driver.WarmDriverProcess(
+                dict(self.env),
+                self.home / "logs",
+                settings.warm_driver_port or None,
+                settings.warm_driver_master,
+            )
             self.env.update(self.warm.airflow_connection())
 
     def _log(self, name: str) -> Any:
@@ -562,7 +571,9 @@ class SupervisedBroker:
         _stop(self.proc)
 
 
-def run_up(config: BrokerConfig, demo_rate: float) -> int:
+def run_up(config: BrokerConfig, demo_rate: float, settings: UpSettings) -> int:
+    """Until Ctrl-C or SIGTERM; whatever happens after the broker starts (an error included),
+    every process started is stopped on the way out."""
     home = config.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     ready = home / "broker.ready"
@@ -574,13 +585,13 @@ def run_up(config: BrokerConfig, demo_rate: float) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    broker = SupervisedBroker(config, home, ready)
     airflow: AirflowStack | None = None
-    if os.environ.get("ICEFALL_NO_AIRFLOW", "") not in ("1", "true", "yes"):
-        airflow = AirflowStack(config, home, int(os.environ.get("ICEFALL_AIRFLOW_PORT", "8080")))
+    if not settings.no_airflow:
+        airflow = AirflowStack(config, home, settings.airflow_port, settings)
+    broker = SupervisedBroker(config, home, ready)
     try:
         broker.wait_ready()
-        _ensure_demo_topic(demo_kafka_config(config))
+        _ensure_demo_topic(demo_kafka_config(config), settings.demo_commit_interval_ms)
         demo = DemoProducer(config, demo_rate, stopping)
         demo.start()
         password = None

@@ -28,9 +28,7 @@ from typing import IO
 from spark_jobs.warm_driver import HEALTH_PATH, TOKEN_ENV
 
 CONN_ENV = "AIRFLOW_CONN_ICEFALL_WARM_DRIVER"
-DISABLE_ENV = "ICEFALL_NO_WARM_DRIVER"
-PORT_ENV = "ICEFALL_WARM_DRIVER_PORT"
-MASTER_ENV = "ICEFALL_WARM_DRIVER_MASTER"
+DISABLE_ENV = "ICEFALL_NO_WARM_DRIVER"  # read by broker.supervisor.up_settings, as the two below
 
 
 def _group_alive(pgid: int) -> bool:
@@ -45,10 +43,6 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def enabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "") not in ("1", "true", "yes")
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -59,8 +53,11 @@ def _free_port() -> int:
 class WarmDriverProcess:
     """One warm driver process group, with its log in ``log_dir/warm-driver.log``."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, port: int | None = None) -> None:
-        self.port = port or int(os.environ.get(PORT_ENV, "0")) or _free_port()
+    def __init__(
+        self, env: dict[str, str], log_dir: Path, port: int | None = None, master: str = "local[*]"
+    ) -> None:
+        self.port = port or _free_port()
+        self.master = master
         self.token = secrets.token_urlsafe(32)
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**env, TOKEN_ENV: self.token}
@@ -84,7 +81,7 @@ class WarmDriverProcess:
             "--port",
             str(self.port),
             "--master",
-            os.environ.get(MASTER_ENV, "local[*]"),
+            self.master,
             "--ready-file",
             str(self.ready),
         ]

@@ -7,6 +7,8 @@ page listed here lacks its marker, or a marker names no generator.
 - ``topic-configs``: every key of ``broker.topic_configs.KEYS`` with its default,
   type, accepted values (read from its validator) and meaning.
 - ``broker-flags``: the flags of ``icefall broker`` (``broker.cli._add_broker_flags``).
+- ``up-environment``: the variables ``icefall up`` reads for itself
+  (``broker.supervisor.up_settings.UpSettings``).
 - ``kafka-apis``: the Kafka APIs and versions the broker serves
   (``broker.kafka.handlers.SUPPORTED_VERSIONS``, names from kio).
 - ``acl-operations``: the operation each Kafka API needs on its resources
@@ -157,26 +159,43 @@ def acl_operations() -> str:
     return "\n".join(rows) + "\n"
 
 
+def up_environment() -> str:
+    """``icefall up``'s own variables (``broker.supervisor.up_settings.UpSettings``)."""
+    from broker.supervisor.up_settings import ENV_PREFIX, UpSettings
+
+    rows = ["| variable | default | effect |", "|---|---|---|"]
+    for name, field in UpSettings.model_fields.items():
+        default = field.default
+        shown = "unset" if default is False else _code(str(default))
+        rows.append(
+            f"| `{ENV_PREFIX}{name.upper()}` | {shown} | {_cell(field.description or '')} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "topic-configs": topic_configs,
     "broker-flags": broker_flags,
+    "up-environment": up_environment,
     "kafka-apis": kafka_apis,
     "acl-operations": acl_operations,
 }
 # The pages that must carry a marker (a moved page would otherwise lose its table quietly).
-EXPECTED = {
-    "reference/topic-configs.md": "topic-configs",
-    "reference/cli.md": "broker-flags",
-    "compatibility.md": "kafka-apis",
-    "security-acls.md": "acl-operations",
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "reference/topic-configs.md": ("topic-configs",),
+    "reference/cli.md": ("up-environment", "broker-flags"),
+    "compatibility.md": ("kafka-apis",),
+    "security-acls.md": ("acl-operations",),
 }
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     names = MARKER.findall(markdown)
-    expected = EXPECTED.get(page.file.src_uri)
-    if expected and expected not in names:
-        raise PluginError(f"{page.file.src_uri} lacks its marker <!-- generated: {expected} -->")
+    for expected in EXPECTED.get(page.file.src_uri, ()):
+        if expected not in names:
+            raise PluginError(
+                f"{page.file.src_uri} lacks its marker <!-- generated: {expected} -->"
+            )
     for name in names:
         if name not in GENERATORS:
             raise PluginError(f"{page.file.src_uri}: no generator for <!-- generated: {name} -->")

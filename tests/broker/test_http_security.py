@@ -349,7 +349,7 @@ def test_icefall_ups_demo_logs_in_to_the_registry_and_a_sasl_listener(
     monkeypatch.setenv("ICEFALL_DEMO_KAFKA_USER_INFO", f"kafka:{JAAS_SECRET}")
     kafka = up.demo_kafka_config(config)
     assert (kafka["security.protocol"], kafka["sasl.mechanism"]) == ("SASL_PLAINTEXT", "PLAIN")
-    up._ensure_demo_topic(kafka)
+    up._ensure_demo_topic(kafka, 60_000)
     event = {"user_id": 1, "page": "/", "ts": 0}
     with pytest.raises(SchemaRegistryError) as anonymous:  # the registry wants a login
         up._demo_serializer(up.demo_registry_config(config))(event)
