@@ -121,6 +121,9 @@ class AdminClient:
         qs = ("?" + urllib.parse.urlencode(query)) if query else ""
         return self._request(path + qs)
 
+    def post(self, path: str, body: Any) -> Any:
+        return self._request(path, method="POST", body=body)
+
     def health(self) -> contracts.Health:
         return contracts.Health.model_validate(self.get("/healthz"))
 
@@ -219,5 +222,5 @@ class AdminClient:
         return contracts.Pending.model_validate(self.get(topic_path(topic) + "/pending", **query))
 
     def flush(self) -> contracts.FlushAnswer:
-        answer = self._request("/v1/flush", method="POST", body={})
+        answer = self.post("/v1/flush", {})
         return contracts.FlushAnswer.model_validate(answer)

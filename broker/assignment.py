@@ -10,12 +10,13 @@ Models in the manner of ``broker.contracts``: both ends parse the same definitio
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from broker.admin_client import AdminClient
+
+ASSIGNMENT_PATH = "/v1/cluster/assignment"
 
 
 class _Model(BaseModel):
@@ -52,26 +53,16 @@ class Move(_Model):
 
 
 def get_assignment(admin_url: str, timeout: float = 10.0) -> Assignment:
-    with urllib.request.urlopen(
-        admin_url.rstrip("/") + "/v1/cluster/assignment", timeout=timeout
-    ) as resp:
-        return Assignment.model_validate(json.loads(resp.read()))
+    """BrokerError (its message the broker's) when it answers with an error or not at all."""
+    return Assignment.model_validate(AdminClient(admin_url, timeout).get(ASSIGNMENT_PATH))
 
 
 def post_move(admin_url: str, move: Move, timeout: float = 10.0) -> dict[str, Any]:
-    """The broker's answer to a move; raises ValueError with its message when refused."""
-    req = urllib.request.Request(
-        admin_url.rstrip("/") + "/v1/cluster/assignment",
-        data=move.model_dump_json().encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
+    """The broker's answer to a move; BrokerError with its message when refused."""
+    answer: dict[str, Any] = AdminClient(admin_url, timeout).post(
+        ASSIGNMENT_PATH, move.model_dump(mode="json")
     )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            answer: dict[str, Any] = json.loads(resp.read())
-            return answer
-    except urllib.error.HTTPError as exc:
-        raise ValueError(exc.read().decode(errors="replace")) from None
+    return answer
 
 
 def render(assignment: Assignment) -> str:

@@ -182,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cluster_command(args: argparse.Namespace) -> int:
     """``icefall cluster``: the assignment any broker's admin API serves; ``move``: change it."""
-    import urllib.error
-
+    from broker.admin_client import BrokerError
     from broker.assignment import Move, get_assignment, post_move, render
 
     try:
@@ -195,11 +194,8 @@ def _cluster_command(args: argparse.Namespace) -> int:
             print(f"{args.topic}-{args.partition} moves to {target} within a heartbeat")
             return 0
         assignment = get_assignment(args.admin_url)
-    except ValueError as exc:
+    except BrokerError as exc:
         print(f"icefall: {exc}", file=sys.stderr)
-        return 2
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"icefall: cannot reach the admin API at {args.admin_url}: {exc}", file=sys.stderr)
         return 2
     print(assignment.model_dump_json(indent=2) if args.json else render(assignment))
     return 0
