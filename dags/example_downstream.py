@@ -33,7 +33,12 @@ from icefall_airflow import event_partitions, manifest
 from icefall_airflow.assets import closed_partitions_asset, table_asset
 
 log = logging.getLogger(__name__)
-NAMESPACE, TABLE = os.environ.get("ICEFALL_EXAMPLE_TABLE", "default.clicks").split(".", 1)
+EXAMPLE_TABLE = os.environ.get("ICEFALL_EXAMPLE_TABLE", "default.clicks")
+NAMESPACE, _, TABLE = EXAMPLE_TABLE.partition(".")
+if not NAMESPACE or not TABLE:  # Airflow shows this as the file's import error
+    raise ValueError(
+        f"ICEFALL_EXAMPLE_TABLE={EXAMPLE_TABLE!r}: expected <namespace>.<table>, e.g. default.clicks"
+    )
 CLICKS = table_asset(NAMESPACE, TABLE)
 CLICKS_CLOSED = closed_partitions_asset(NAMESPACE, TABLE)
 

@@ -57,6 +57,7 @@ from broker import checkpoint, log_setup
 from broker.catalog.glue_check import glue_problem
 from broker.config import ObjectStoreConfig, aws_io_credentials, object_store_from_env
 from broker.contracts import ROUND_SPARK_NEEDED, CatalogSpec, RoundResult, TopicPlan
+from broker.env_values import ROUND_IN_DRIVER_MAX_BYTES
 from spark_jobs import job_args, job_output
 from spark_jobs.broker_client import AdminClient, RegistryClient, TableTopic
 from spark_jobs.decode import json_values
@@ -106,7 +107,7 @@ DRIVER_MAX_BYTES_ENV = job_args.DRIVER_MAX_BYTES_ENV
 # So on a machine of a few cores Spark pays off only above ~1 GiB; memory stays bounded either
 # way (``rounds.tasks``: streamed, or slices for a partitioned table). With a Spark cluster of
 # many executors a lower limit spreads large rounds sooner.
-DEFAULT_DRIVER_MAX_BYTES = 1 << 30
+DEFAULT_DRIVER_MAX_BYTES = ROUND_IN_DRIVER_MAX_BYTES.default
 
 
 class RoundFailed(RuntimeError):
@@ -152,12 +153,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=60.0,
         help="how long to wait for the broker to flush the planned offsets to segment objects",
     )
-    parser.add_argument(
-        "--in-driver-max-bytes",
-        type=int,
-        metavar="BYTES",
-        default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
-        help="a round reading at most this many segment bytes runs its one task in the driver "
+    job_args.add_in_driver_max_bytes(
+        parser,
+        "a round reading at most this many segment bytes runs its one task in the driver "
         f"without starting Spark (default 1 GiB or ${DRIVER_MAX_BYTES_ENV}; 0: always Spark)",
     )
     parser.add_argument(

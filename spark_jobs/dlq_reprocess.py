@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 import uuid
@@ -48,12 +47,7 @@ from broker.config import ObjectStoreConfig, object_store_from_env
 from broker.contracts import CatalogSpec, ReprocessResult
 from spark_jobs import commit_round, job_args, job_output
 from spark_jobs.broker_client import AdminClient, BrokerRequestError, RegistryClient, TableTopic
-from spark_jobs.commit_round import (
-    DEFAULT_DRIVER_MAX_BYTES,
-    DRIVER_MAX_BYTES_ENV,
-    spark_session,
-    use_catalog,
-)
+from spark_jobs.commit_round import spark_session, use_catalog
 from spark_jobs.decode.avro_decode import wire_schema_id
 from spark_jobs.decode.rows import RowConverter
 from spark_jobs.decode.segments import (
@@ -540,13 +534,11 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         "Spark master for upsert and format v3 tables (default: spark-submit's, else local[*])",
     )
     parser.add_argument("--round-id", default=None)
-    parser.add_argument(
-        "--in-driver-max-bytes",
-        type=int,
-        metavar="BYTES",
-        default=int(os.environ.get(DRIVER_MAX_BYTES_ENV, DEFAULT_DRIVER_MAX_BYTES)),
-        help="an upsert replay of at most this many segment bytes is decoded in the driver, a "
-        "longer one by Spark tasks (default 1 GiB, as commit rounds)",
+    job_args.add_in_driver_max_bytes(
+        parser,
+        "an upsert replay of at most this many segment bytes is decoded in the driver, a "
+        f"longer one by Spark tasks (default 1 GiB or ${job_args.DRIVER_MAX_BYTES_ENV}, as "
+        "commit rounds)",
     )
     parser.add_argument("--result", type=Path)
     args = parser.parse_args(argv)

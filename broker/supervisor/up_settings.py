@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from broker.config import ConfigError, Port
+from broker.env_values import TASK_NUMBERS, EnvValueError
 
 ENV_PREFIX = "ICEFALL_"
 
@@ -47,13 +48,24 @@ class UpSettings(BaseSettings):
 
 
 def load_up_settings() -> UpSettings:
-    """The run's settings from the environment; ConfigError naming each bad variable."""
+    """The run's settings from the environment; ConfigError naming each bad variable, the
+    commit tasks' own (``broker.env_values.TASK_NUMBERS``: Airflow hands them this environment)
+    included, so that a bad one stops the run before it starts, not every round after."""
+    lines = []
+    settings = None
     try:
-        return UpSettings()
+        settings = UpSettings()
     except ValidationError as exc:
         lines = [
             f"{ENV_PREFIX}{str(error['loc'][0]).upper()}: {error['msg']} "
             f"(got {error.get('input')!r})"
             for error in exc.errors()
         ]
-        raise ConfigError("bad environment:\n  " + "\n  ".join(lines)) from exc
+    for number in TASK_NUMBERS:
+        try:
+            number.read()
+        except EnvValueError as exc:
+            lines.append(str(exc))
+    if lines or settings is None:
+        raise ConfigError("bad environment:\n  " + "\n  ".join(lines))
+    return settings

@@ -160,7 +160,9 @@ def acl_operations() -> str:
 
 
 def up_environment() -> str:
-    """``icefall up``'s own variables (``broker.supervisor.up_settings.UpSettings``)."""
+    """``icefall up``'s own variables (``broker.supervisor.up_settings.UpSettings``), then the
+    commit tasks' (``broker.env_values.TASK_NUMBERS``), which it checks before it starts."""
+    from broker.env_values import TASK_NUMBERS
     from broker.supervisor.up_settings import ENV_PREFIX, UpSettings
 
     rows = ["| variable | default | effect |", "|---|---|---|"]
@@ -169,6 +171,11 @@ def up_environment() -> str:
         shown = "unset" if default is False else _code(str(default))
         rows.append(
             f"| `{ENV_PREFIX}{name.upper()}` | {shown} | {_cell(field.description or '')} |"
+        )
+    for number in TASK_NUMBERS:  # the commit tasks read these; up checks them first
+        rows.append(
+            f"| `{number.name}` | {_code(str(number.default))} | {_cell(number.meaning)}: "
+            f"{number.accepts()}, read by the commit tasks and jobs |"
         )
     return "\n".join(rows) + "\n"
 

@@ -51,6 +51,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker import contracts
+from broker.env_values import ROUND_IN_DRIVER_MAX_BYTES
 from icefall_airflow.job_operator import (
     SparkJobFailed,
     SparkJobOperator,
@@ -59,7 +60,6 @@ from icefall_airflow.job_operator import (
     spark_deploy_mode,
 )
 from icefall_airflow.warm_driver import WarmDriverClient, WarmDriverUnreachable
-from spark_jobs.job_args import DRIVER_MAX_BYTES_ENV
 
 # The spark-submit JVM (the driver, in client mode) of a round mostly waits: the rows are
 # decoded and written in Python. C1-only JIT halves its start-up CPU (about 1 s of a small
@@ -191,7 +191,7 @@ class CommitRoundOperator(SparkJobOperator):
         mode = spark_deploy_mode(self._conn_id, self._hook_args["deploy_mode"]) or (
             self.conf or {}
         ).get("spark.submit.deployMode")
-        if mode == "cluster" or os.environ.get(DRIVER_MAX_BYTES_ENV, "").strip() == "0":
+        if mode == "cluster" or ROUND_IN_DRIVER_MAX_BYTES.read() == 0:
             return False
         if not self.rounds_need_spark:
             return True

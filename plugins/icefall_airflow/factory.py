@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -41,6 +40,7 @@ from airflow.sdk import (
 )
 
 from broker import names
+from broker.env_values import PLAN_DEADLINE_S
 from icefall_airflow import event_partitions, freshness, manifest, planning, publish
 from icefall_airflow.assets import closed_partitions_asset, pending_asset, table_asset
 from icefall_airflow.broker_client import BrokerClient, BrokerError
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 # Fixed, in the past: the scheduler starts at the latest interval (catchup off);
 # earlier intervals are there for the UI's Backfill.
 START_DATE = datetime(2026, 1, 1, tzinfo=UTC)
-PLAN_DEADLINE_ENV = "ICEFALL_PLAN_DEADLINE_S"
 EVENT_LOOKBACK_MS = 10 * 60 * 1000
 
 DOC = """\
@@ -119,7 +118,7 @@ def _plan(entry: manifest.TableTopic) -> dict[str, Any]:
     client = BrokerClient(manifest.admin_url())
     if request.until_append_ms is not None and request.until_append_ms > time.time() * 1000:
         _prestage(request)  # the interval has not ended: a warm driver can start on its rows
-    plan = planning.plan_round(client, request, float(os.environ.get(PLAN_DEADLINE_ENV, "120")))
+    plan = planning.plan_round(client, request, PLAN_DEADLINE_S.read())
     log.info(
         "round %s of %s: end offsets %s (high watermarks %s, until append time %s)",
         request.round_id,

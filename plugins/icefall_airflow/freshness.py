@@ -130,6 +130,12 @@ async def freshness_deadline_missed(
         try:
             status = await asyncio.to_thread(_post, url, event)
             log.info("freshness alert for %s posted to the webhook: HTTP %d", topic, status)
+        except ValueError:  # urllib: "unknown url type"; the URL is not echoed (it may be a secret)
+            log.warning(
+                "freshness alert for %s: %s is not an http(s) URL; nothing posted",
+                topic,
+                WEBHOOK_ENV,
+            )
         except OSError as exc:  # the alert is logged either way; a webhook down must not hide it
             # the host only: a webhook URL's path often is its secret (Slack, Teams)
             log.warning(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import duckdb
 import pyarrow as pa
+import pytest
 
 
 def test_query_keeps_only_the_offsets_of_the_commit() -> None:
@@ -28,3 +29,20 @@ def test_query_keeps_only_the_offsets_of_the_commit() -> None:
     con.register("snap", snap)
     assert dict(con.sql(module.new_rows_query(extra)).fetchall()) == {"/docs": 2, "/blog": 1}
     assert module.CLICKS.name == "icefall/default/clicks"
+
+
+def test_a_table_name_without_its_namespace_is_the_files_import_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Airflow shows a DAG file's exception as its import error: it says what to set."""
+    import importlib.util
+
+    from tests.support import REPO
+
+    monkeypatch.setenv("ICEFALL_EXAMPLE_TABLE", "clicks")
+    spec = importlib.util.spec_from_file_location(
+        "example_downstream_bad", REPO / "dags" / "example_downstream.py"
+    )
+    assert spec is not None and spec.loader is not None
+    with pytest.raises(ValueError, match=r"ICEFALL_EXAMPLE_TABLE='clicks': expected <namespace>"):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -52,3 +52,20 @@ def test_a_failing_webhook_is_logged_by_host_only(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_webhook_that_is_no_url_is_named_not_echoed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """urllib refuses it with a ValueError (it used to crash the callback in the triggerer)."""
+    from icefall_airflow import freshness
+
+    monkeypatch.setenv(freshness.WEBHOOK_ENV, "hooks.example/s3cr3t")
+    with caplog.at_level(logging.INFO, logger=freshness.__name__):
+        event = json.loads(
+            asyncio.run(freshness.freshness_deadline_missed("late", "default", "late", 1000))
+        )
+    assert event["topic"] == "late"
+    assert "missed its freshness SLA" in caplog.text
+    assert "ICEFALL_FRESHNESS_WEBHOOK_URL is not an http(s) URL" in caplog.text, caplog.text
+    assert "s3cr3t" not in caplog.text
