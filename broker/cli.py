@@ -194,7 +194,10 @@ def _cluster_command(args: argparse.Namespace) -> int:
             print(f"{args.topic}-{args.partition} moves to {target} within a heartbeat")
             return 0
         assignment = get_assignment(args.admin_url)
-    except BrokerError as exc:
+    except (
+        BrokerError,
+        ValueError,
+    ) as exc:  # ValueError: no URL, or an answer that is no assignment
         print(f"icefall: {exc}", file=sys.stderr)
         return 2
     print(assignment.model_dump_json(indent=2) if args.json else render(assignment))

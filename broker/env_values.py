@@ -8,10 +8,12 @@ and ``int()`` where they were used, ``ICEFALL_PLAN_DEADLINE_S=abc`` failed every
 "could not convert string to float" and no name; ``-1`` was a deadline already passed (the
 task blamed the broker's flush), ``nan`` one that never passes. ``icefall up`` checks every
 one of ``TASK_NUMBERS`` before it starts anything (``broker.supervisor.up_settings``); a task
-or job under another Airflow fails naming the variable and what it accepts.
+or job under another Airflow fails naming the variable and what it accepts (a job run by hand
+exits 2; asked of the warm driver, which ``icefall up`` starts only after the check, the round
+is refused as bad arguments and the driver's log names the variable).
 
-Plain functions, not pydantic: the Spark jobs read these on executors and in the warm driver
-too, and one message format is all they need. An empty variable counts as unset.
+A dataclass, not pydantic: the Spark jobs' drivers read these as their flags' defaults, and one
+message format is all they need. An empty variable counts as unset.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class EnvNumber(Generic[N]):
     minimum: N
     above: bool = False
     meaning: str = ""
+    read_by: str = ""
 
     def accepts(self) -> str:
         kind = "an integer" if self.kind is int else "a number"
@@ -70,6 +73,7 @@ PLAN_DEADLINE_S = EnvNumber(
     0.0,
     above=True,
     meaning="how long a commit task waits for the broker to flush its plan's offsets (seconds)",
+    read_by="the commit task",
 )
 # The size up to which a round runs in the driver's Python process, without Spark tasks (why 1
 # GiB: ``spark_jobs.commit_round``); 0: every round with records runs on Spark.
@@ -79,6 +83,7 @@ ROUND_IN_DRIVER_MAX_BYTES = EnvNumber(
     int,
     0,
     meaning="a round reading at most this many segment bytes runs without Spark (0: always Spark)",
+    read_by="the commit task, the commit round and DLQ reprocess jobs",
 )
 TASK_NUMBERS: tuple[EnvNumber[int] | EnvNumber[float], ...] = (
     PLAN_DEADLINE_S,

@@ -12,9 +12,10 @@ are the run's: which processes ``icefall up`` starts besides the broker, on whic
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from broker import topic_configs
 from broker.config import ConfigError, Port
 from broker.env_values import TASK_NUMBERS, EnvValueError
 
@@ -32,7 +33,7 @@ class UpSettings(BaseSettings):
     no_airflow: bool = Field(default=False, description="run without Airflow")
     airflow_port: Port = Field(default=8080, description="the Airflow UI and API port")
     demo_commit_interval_ms: int = Field(
-        default=60_000, ge=1, description="the demo topic's commit interval"
+        default=60_000, description="the demo topic's commit interval (1000 to 900000)"
     )
     no_warm_driver: bool = Field(
         default=False,
@@ -45,6 +46,17 @@ class UpSettings(BaseSettings):
     warm_driver_master: str = Field(
         default="local[*]", min_length=1, description="the warm round driver's Spark master"
     )
+
+    @field_validator("demo_commit_interval_ms")
+    @classmethod
+    def _a_commit_interval(cls, value: int) -> int:
+        """The bounds of the topic setting it becomes (``topic_configs``), checked here rather
+        than when the demo topic is created, after the broker has started."""
+        try:
+            topic_configs.validate(topic_configs.COMMIT_INTERVAL_MS, str(value))
+        except topic_configs.InvalidConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
 
 def load_up_settings() -> UpSettings:

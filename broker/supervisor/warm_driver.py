@@ -7,7 +7,8 @@ their environment only (``ps`` shows neither): Airflow finds the driver through 
 instead of a process per round. ``ICEFALL_NO_WARM_DRIVER=1`` leaves it out (the tasks then run
 each round as a Python process, spark-submitted when it needs Spark);
 ``ICEFALL_WARM_DRIVER_PORT`` fixes its loopback port (default: a free one);
-``ICEFALL_WARM_DRIVER_MASTER`` its Spark master (default ``local[*]``).
+``ICEFALL_WARM_DRIVER_MASTER`` its Spark master (default ``local[*]``). ``icefall up`` reads
+the three (``up_settings``) and hands ``WarmDriverProcess`` the port and master.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from typing import IO
 from spark_jobs.warm_driver import HEALTH_PATH, TOKEN_ENV
 
 CONN_ENV = "AIRFLOW_CONN_ICEFALL_WARM_DRIVER"
-DISABLE_ENV = "ICEFALL_NO_WARM_DRIVER"  # read by broker.supervisor.up_settings, as the two below
+DISABLE_ENV = (
+    "ICEFALL_NO_WARM_DRIVER"  # read by broker.supervisor.up_settings, as its port and master
+)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -175,7 +175,7 @@ def up_environment() -> str:
     for number in TASK_NUMBERS:  # the commit tasks read these; up checks them first
         rows.append(
             f"| `{number.name}` | {_code(str(number.default))} | {_cell(number.meaning)}: "
-            f"{number.accepts()}, read by the commit tasks and jobs |"
+            f"{number.accepts()}; read by {number.read_by} |"
         )
     return "\n".join(rows) + "\n"
 

@@ -67,7 +67,9 @@ def test_defaults_and_values(clean_env: pytest.MonkeyPatch) -> None:
         ("ICEFALL_AIRFLOW_PORT", "abc", "valid integer"),
         ("ICEFALL_AIRFLOW_PORT", "70000", "less than or equal to 65535"),
         ("ICEFALL_WARM_DRIVER_PORT", "-1", "greater than or equal to 0"),
-        ("ICEFALL_DEMO_COMMIT_INTERVAL_MS", "0", "greater than or equal to 1"),
+        # the topic setting's own bounds (it used to fail creating the topic, the broker up)
+        ("ICEFALL_DEMO_COMMIT_INTERVAL_MS", "500", "outside [1000, 900000]"),
+        ("ICEFALL_DEMO_COMMIT_INTERVAL_MS", "3600000", "outside [1000, 900000]"),
         ("ICEFALL_NO_AIRFLOW", "maybe", "valid boolean"),
         ("ICEFALL_PLAN_DEADLINE_S", "-5", "expected a number > 0.0"),  # the commit tasks' own
         ("ICEFALL_ROUND_IN_DRIVER_MAX_BYTES", "1GB", "expected an integer >= 0"),
