@@ -149,6 +149,22 @@ def python_json(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def icefall_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``icefall ARGS...`` (``python -m broker.cli``) from the repository, its output captured;
+    the caller checks the exit code."""
+    return subprocess.run(
+        [sys.executable, "-m", "broker.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 @contextlib.contextmanager
 def serving(server: ThreadingHTTPServer) -> Iterator[str]:
     """``server`` (bound to a loopback port) serving from a thread: its URL; shut down and

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -20,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from broker.admin_client import AdminClient as BrokerAdmin
 from broker.kafka import records
 from broker.storage.objectstore import LocalObjectStore
-from tests.support import REPO, BrokerProcess, wait_for
+from tests.support import BrokerProcess, icefall_cli, wait_for
 
 
 def raw_table_topic(broker: BrokerProcess, topic: str, partitions: int) -> None:
@@ -135,14 +133,7 @@ def test_icefall_cluster_on_a_lone_broker_says_it_is_no_cluster(broker: BrokerPr
     """The broker's reason reaches the user (it used to read "cannot reach the admin API ...:
     HTTP Error 404", of an API that had answered)."""
     for extra in ([], ["move", "--topic", "t", "--partition", "0", "--to", "1"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "broker.cli", "cluster", "--admin-url", broker.admin_url]
-            + extra,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = icefall_cli("cluster", "--admin-url", broker.admin_url, *extra)
         assert done.returncode == 2, done
         assert "/v1/cluster/assignment: HTTP 404: " in done.stderr, done.stderr
         assert "not a cluster: this broker keeps its metadata in SQLite" in done.stderr

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -46,7 +45,7 @@ from tests.broker.clients import (
 from tests.broker.rawkafka import _round_trip, produce_raw
 from tests.kafka_tools import kafka_tool
 from tests.postgres import PostgresServer
-from tests.support import REPO, ClusterBrokerProcess, wait_for
+from tests.support import ClusterBrokerProcess, icefall_cli, wait_for
 from tests.tls_certs import make_pki
 
 log = logging.getLogger(__name__)
@@ -171,20 +170,9 @@ def settled(
     return seen[0]
 
 
-def icefall(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "broker.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def move_leadership(cluster: Cluster, partition: int, to: int) -> subprocess.CompletedProcess[str]:
     """``icefall cluster move`` of TOPIC's ``partition`` to broker ``to``, asked of broker 1."""
-    return icefall(
+    return icefall_cli(
         "cluster",
         "--admin-url",
         cluster.brokers[1].admin_url,
@@ -286,7 +274,7 @@ def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster
             admin1.create_topics([bad_topic])["refused"].result(10)
 
     # icefall cluster: the brokers and each partition's leader and epoch, from any broker
-    shown = icefall("cluster", "--admin-url", other.admin_url)
+    shown = icefall_cli("cluster", "--admin-url", other.admin_url)
     assert shown.returncode == 0, shown.stderr
     assert "controller 1" in shown.stdout
     for p, node in by_partition.items():
@@ -616,7 +604,7 @@ def test_a_transaction_spans_brokers_that_only_have_sasl_ssl_listeners(
         )
         broker.extra_args += ["--config", str(props)]
         secured.append(broker)
-    added = icefall(
+    added = icefall_cli(
         "scram-add",
         "--config",
         str(tmp_path / "node1.properties"),

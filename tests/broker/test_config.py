@@ -5,8 +5,6 @@ the broker it starts every setting it was given."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from broker import cli, config
 from broker.config import BrokerConfig, ConfigError, load_broker_config, to_overrides
 from broker.supervisor.up import broker_command
-from tests.support import REPO
+from tests.support import icefall_cli
 
 
 def parse(argv: list[str]) -> BrokerConfig:
@@ -141,23 +139,7 @@ def test_an_unknown_catalog_property_is_refused_naming_the_nearest_one() -> None
 def test_the_cli_reports_a_bad_config_and_exits_2(tmp_path: Path) -> None:
     props = tmp_path / "server.properties"
     props.write_text("automq.table.topic.catalog.type=hive\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker.cli",
-            "broker",
-            "--config",
-            str(props),
-            "--home",
-            str(tmp_path / "home"),
-        ],
-        check=False,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = icefall_cli("broker", "--config", str(props), "--home", str(tmp_path / "home"))
     assert done.returncode == 2
     assert "automq.table.topic.catalog.type" in done.stderr and "hive" in done.stderr
 

@@ -14,7 +14,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
 from broker.log_setup import PER_CALL_LOGGERS
-from tests.support import REPO, BrokerProcess
+from tests.support import REPO, BrokerProcess, icefall_cli
 
 EMIT = """
 import logging, sys
@@ -55,13 +55,7 @@ def test_debug_shows_every_logger() -> None:
 
 
 def test_an_unknown_level_is_named() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "broker", "--log-level", "LOUD"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = icefall_cli("broker", "--log-level", "LOUD")
     assert done.returncode == 2, done
     assert "--log-level: unknown log level 'LOUD'" in done.stderr, done.stderr
 

@@ -5,15 +5,13 @@ on after the traceback of ``int('abc')``)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from broker.config import ConfigError
 from broker.supervisor.up_settings import UpSettings, load_up_settings
-from tests.support import REPO, free_port
+from tests.support import free_port, icefall_cli
 
 VARIABLES = (
     "ICEFALL_NO_AIRFLOW",
@@ -88,14 +86,15 @@ def test_a_bad_value_is_named(
 def test_icefall_up_with_a_bad_variable_starts_nothing(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
-    done = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "up", "--home", str(home)]
-        + ["--kafka-port", str(free_port()), "--admin-port", str(free_port())],
-        cwd=REPO,
+    done = icefall_cli(
+        "up",
+        "--home",
+        str(home),
+        "--kafka-port",
+        str(free_port()),
+        "--admin-port",
+        str(free_port()),
         env={**env, "ICEFALL_AIRFLOW_PORT": "abc"},
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert done.returncode == 2, done
     assert "icefall: bad environment:\n  ICEFALL_AIRFLOW_PORT: " in done.stderr, done.stderr
