@@ -128,15 +128,15 @@ def why_it_failed(stderr: str, limit: int = 6000) -> str:
     return "\n".join([*errors, "...", *traceback])[-limit:]
 
 
-def python_json(
+def run_python(
     args: list[str],
-    env: dict[str, str],
+    env: dict[str, str] | None = None,
     cwd: Path | None = None,
     timeout: float = 120,
-) -> Any:
-    """``python args...`` in a process of its own (Airflow and Spark read their settings at
-    import): the JSON its last line of output prints; a non-zero exit fails with what it said."""
-    done = subprocess.run(
+) -> subprocess.CompletedProcess[str]:
+    """``python args...`` (this interpreter) in a process of its own, its output captured as
+    text; the caller checks the exit code."""
+    return subprocess.run(
         [sys.executable, *args],
         env=env,
         cwd=cwd,
@@ -145,6 +145,17 @@ def python_json(
         timeout=timeout,
         check=False,
     )
+
+
+def python_json(
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path | None = None,
+    timeout: float = 120,
+) -> Any:
+    """``python args...`` in a process of its own (Airflow and Spark read their settings at
+    import): the JSON its last line of output prints; a non-zero exit fails with what it said."""
+    done = run_python(args, env, cwd, timeout)
     assert done.returncode == 0, why_it_failed(done.stderr)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -152,17 +163,8 @@ def python_json(
 def icefall_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """``icefall ARGS...`` (``python -m broker.cli``) from the repository, its output captured;
-    the caller checks the exit code."""
-    return subprocess.run(
-        [sys.executable, "-m", "broker.cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    """``icefall ARGS...`` (``python -m broker.cli``) from the repository."""
+    return run_python(["-m", "broker.cli", *args], env, REPO, timeout)
 
 
 @contextlib.contextmanager
