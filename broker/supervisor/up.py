@@ -19,8 +19,9 @@ restarts it when it exits, and stops it last.
 
 ``ICEFALL_AIRFLOW_PORT`` (default 8080) moves the Airflow UI;
 ``ICEFALL_NO_AIRFLOW=1`` runs without Airflow; ``ICEFALL_DEMO_COMMIT_INTERVAL_MS``
-sets the demo topic's commit interval (default 60000). On a secured broker the demo's
-clients log in with ``ICEFALL_REGISTRY_USER_INFO`` (the registry) and
+sets the demo topic's commit interval (default 60000): these and the warm driver's are
+``UpSettings`` (``up_settings``), read and checked by ``broker.cli`` before anything starts.
+On a secured broker the demo's clients log in with ``ICEFALL_REGISTRY_USER_INFO`` (the registry) and
 ``ICEFALL_DEMO_KAFKA_USER_INFO`` (a SASL listener, when there is no PLAINTEXT one); secret
 settings reach the broker in its environment, never its command line (``ps`` shows that).
 """
