@@ -14,12 +14,17 @@ cluster  a 3-broker cluster (Postgres, one shared object-store directory): ``--r
          load and its restart (tests/reliability/cluster_kills.py); failover times
          (kill to the first acknowledged produce on each moved partition), acknowledged-
          and-lost, duplicates, order violations, consumer group progress.
+pause    the same cluster (the tests' 3 s lease, 300 ms heartbeat): ``--runs`` trials, each
+         4 SIGSTOPs of a random broker for 0.5..6 s under acks=all load
+         (``cluster_kills.run_pause_trial``): a stalled broker, which loses its leases and drops
+         out of the others' Metadata when the stall outlasts a lease. Duplicates per producer
+         kind, and each trial's leadership events when a producer that never retries got one.
 rounds   ``--round-trials`` commit rounds (separate processes, Spark local[2])
          SIGKILLed at a random moment in 0..1.3 x a round's duration, each
          followed by a complete round; the table is compared with the topic
          after every trial (missing and duplicate rows).
 
-    .venv/bin/python bench/reliability.py [--only crash,wide,rounds,cluster] [--runs 5] [--kills 5]
+    .venv/bin/python bench/reliability.py [--only crash,wide,rounds,cluster,pause] [--runs 5] [--kills 5]
                                           [--round-trials 10] [--seed 1]
 
 Prints one JSON line per run and a summary JSON at the end.
@@ -43,7 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import machine
 from tests.broker.test_s3_object_store import TcpProxy
 from tests.conftest import MotoS3
-from tests.reliability.cluster_kills import ClusterTrial, run_cluster_trial, three_brokers
+from tests.reliability.cluster_kills import (
+    ClusterTrial,
+    PauseTrial,
+    run_cluster_trial,
+    run_pause_trial,
+    three_brokers,
+)
 from tests.reliability.crash_load import CrashRun, ProducerOutcome, run_crashes
 from tests.reliability.resources import run_wide
 from tests.reliability.rounds import complete_round, kill_round_at_random
@@ -141,6 +152,27 @@ def cluster_trials(args: argparse.Namespace, work: Path) -> list[ClusterTrial]:
             print(json.dumps({"cluster_trial": trial.as_dict()}), flush=True)
             trials.append(trial)
     return trials
+
+
+def pause_trials(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``args.runs`` pause trials on one 3-broker cluster with the tests' lease and heartbeat."""
+    trials: list[PauseTrial] = []
+    with three_brokers(work / "pause") as brokers:
+        for i in range(args.runs):
+            trial = run_pause_trial(brokers, seed=args.seed * 1000 + i)
+            line = trial.as_dict()
+            if not trial.producers["noretry"].duplicates:
+                del line["events"]  # only when it explains something
+            print(json.dumps({"pause_trial": line}), flush=True)
+            trials.append(trial)
+    return {
+        "trials": len(trials),
+        "pauses": sum(len(t.pauses) for t in trials),
+        "trials_with_noretry_duplicates": sum(
+            bool(t.producers["noretry"].duplicates) for t in trials
+        ),
+        "producers": producer_totals(t.producers for t in trials),
+    }
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -259,7 +291,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
-    assert only <= {"crash", "wide", "rounds", "cluster"}, only
+    assert only <= {"crash", "wide", "rounds", "cluster", "pause"}, only
     summary: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
@@ -289,6 +321,8 @@ def main() -> None:
             summary["rounds"] = round_kills(args, work)
         if "cluster" in only:
             summary["cluster"] = summarise_cluster(cluster_trials(args, work), args)
+        if "pause" in only:
+            summary["pause"] = pause_trials(args, work)
     print(json.dumps(summary, indent=2))
 
 

@@ -55,6 +55,11 @@ from broker.storage.metadata import MetadataStore
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+# A broker whose heartbeats stopped stays in the Metadata others answer for this many leases
+# (``Ownership.in_metadata``): long enough for a stalled broker to answer what it had in flight
+# (it can write nothing after its lease), short enough that a dead one leaves soon. Leaders and
+# coordinators are the live brokers' only.
+LISTED_LEASES = 3
 # (slot topic, slot, taken): the transaction coordinator reloads or drops that slot's ids
 SlotHook = Callable[[str, int, bool], Awaitable[None]]
 
@@ -127,6 +132,7 @@ class Membership:
         self.registered = leases.incarnation is not None
         self.failures = 0  # heartbeats that failed (Postgres unreachable)
         self.moves = 0  # partitions taken or given up
+        self._listed: list[Member] = []  # not live, still in Metadata (LISTED_LEASES)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -253,14 +259,21 @@ class Membership:
                 epoch = await asyncio.to_thread(self.leases.acquire, tp[0], tp[1])
                 if epoch is not None:
                     await self._take(tp, epoch)
-        brokers = await asyncio.to_thread(self.leases.live_brokers)
+        brokers = await asyncio.to_thread(
+            self.leases.live_brokers, LISTED_LEASES * self.config.broker_lease_ms
+        )
         leases = await asyncio.to_thread(self.leases.leases)
         live = {
             b.node_id: Member(b.node_id, dict(b.endpoints or {}), b.rack)
             for b in brokers
-            if b.node_id != self.config.node_id
+            if b.node_id != self.config.node_id and b.heartbeat_age_ms < self.config.broker_lease_ms
         }
         live[self.config.node_id] = self.me
+        self._listed = [
+            Member(b.node_id, dict(b.endpoints or {}), b.rack)
+            for b in brokers
+            if b.node_id not in live
+        ]
         by_tp = {(x.topic, x.partition): x for x in leases}
         self._last_leases = by_tp
         self._live = live
@@ -282,7 +295,13 @@ class Membership:
             for tp, x in leases.items()
             if x.node_id in live and x.node_id != self.config.node_id and not _expired(x)
         }
-        self.ownership.update(live.values(), leaders, self.held, getattr(self, "_deadline", 0.0))
+        self.ownership.update(
+            live.values(),
+            leaders,
+            self.held,
+            getattr(self, "_deadline", 0.0),
+            self._listed,
+        )
 
     def _universe(self) -> dict[TopicPartition, bool]:
         """Every partition the brokers share out -> has a log (False: a coordinator slot)."""

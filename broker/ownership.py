@@ -83,6 +83,8 @@ class Ownership:
     me: Member
     clustered: bool = False
     members: dict[int, Member] = field(default_factory=dict)
+    # brokers not live now but still listed in Metadata (``membership.LISTED_LEASES``)
+    listed: dict[int, Member] = field(default_factory=dict)
     # (topic, partition) -> (leader node id, lease epoch), every lease row read
     leaders: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     # what this broker holds, (topic, partition) -> epoch: the heartbeat's answer
@@ -103,12 +105,15 @@ class Ownership:
         leaders: Mapping[tuple[str, int], tuple[int, int]],
         held: Mapping[tuple[str, int], int],
         valid_until: float,
+        listed: Iterable[Member] = (),
     ) -> None:
         """A heartbeat's reading: the live brokers (this one always among them), the lease
-        of every partition whose owner is live, and what this broker holds."""
+        of every partition whose owner is live, what this broker holds, and the brokers that
+        are not live but still listed in Metadata."""
         live = {m.node_id: m for m in members}
         live[self.me.node_id] = self.me
         self.members = live
+        self.listed = {m.node_id: m for m in listed if m.node_id not in live}
         self.leaders = {tp: owner for tp, owner in leaders.items() if owner[0] in live}
         self.leaders.update({tp: (self.me.node_id, epoch) for tp, epoch in held.items()})
         self.held = dict(held)
@@ -117,6 +122,16 @@ class Ownership:
     def live(self) -> list[Member]:
         """The live brokers by node id."""
         return [self.members[n] for n in sorted(self.members)]
+
+    def in_metadata(self) -> list[Member]:
+        """The brokers Metadata and DescribeCluster list, by node id: the live ones and those
+        whose heartbeats stopped only lately. A Kafka client drops a broker missing from
+        Metadata and counts what it had in flight there as never written, re-sending it even
+        with ``retries=0`` (librdkafka since 2.10: "Broker handle destroyed", MsgNotPersisted);
+        a broker that was only stalled may have written some of it, so it stays listed past
+        its lease, while the partitions it led already show their new leaders."""
+        found = {**self.listed, **self.members}
+        return [found[n] for n in sorted(found)]
 
     @property
     def controller_id(self) -> int:

@@ -278,11 +278,12 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         }
 
     def _brokers(self, ctx: ConnectionContext) -> list[dict[str, Any]]:
-        """Every live broker on the listener the request came in on (a broker without that
-        listener is left out, as Kafka leaves out brokers without the listener's name)."""
+        """Every broker Metadata lists (``Ownership.in_metadata``: the live ones and the lately
+        stalled) on the listener the request came in on (a broker without that listener is
+        left out, as Kafka leaves out brokers without the listener's name)."""
         listener = self._broker(ctx)
         found = [listener]
-        for member in self.ownership.live():
+        for member in self.ownership.in_metadata():
             if member.node_id == self.config.node_id:
                 continue
             address = member.address(ctx.listener)
@@ -592,6 +593,12 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 await self.logs.wal.wait_durable(last_seq)
                 for entry, part, end in appended:  # cluster mode: its lease may be lost since
                     if (unacked := self.logs.ack_error(part, end)) is not None:
+                        log.info(
+                            "produce to %s-%d accepted, then refused: %s",
+                            part.topic,
+                            part.partition,
+                            unacked.message,
+                        )
                         entry.update(
                             error_code=unacked.code, error_message=unacked.message, base_offset=-1
                         )

@@ -144,15 +144,16 @@ class Leases:
             )
         return {(t, int(p)): int(e) for t, p, e in rows}
 
-    def live_brokers(self) -> list[BrokerInfo]:
-        """Brokers that heartbeated within ``lease_ms``, by node id."""
+    def live_brokers(self, within_ms: int | None = None) -> list[BrokerInfo]:
+        """Brokers that heartbeated within ``within_ms`` (default ``lease_ms``: the live ones),
+        by node id."""
         return [
             BrokerInfo(int(node_id), incarnation, json.loads(endpoints), rack, started_at, int(age))
             for node_id, incarnation, endpoints, rack, started_at, age in self.db.query(
                 "SELECT node_id, incarnation, endpoints, rack, started_at, "
                 "(extract(epoch FROM (clock_timestamp() - heartbeat_at)) * 1000)::bigint "
                 f"FROM cluster_brokers WHERE heartbeat_at > {_SINCE} ORDER BY node_id",
-                (self.lease_ms,),
+                (self.lease_ms if within_ms is None else within_ms,),
             )
         ]
 

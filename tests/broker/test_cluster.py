@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import subprocess
 import time
 import urllib.request
@@ -356,7 +357,41 @@ def test_a_transaction_over_partitions_of_every_broker_commits_and_aborts(
     assert got == {p: [f"commit-{p}", f"commit-{p}"] for p in range(PARTITIONS)}, got
 
 
+def test_a_stalled_broker_stays_listed_while_its_partitions_move(cluster: Cluster) -> None:
+    """SIGSTOP of broker 3 for longer than a lease (what a starved machine does to it): the
+    others take its partitions, and their Metadata still lists broker 3. librdkafka drops a
+    broker missing from Metadata and counts every produce it had in flight there as never
+    written ("Broker handle destroyed", re-sent even with ``retries=0``); broker 3 may have
+    written some before it stalled, so dropping it would duplicate them. Continued, broker 3
+    answers what it had, loses its leases and takes its share back."""
+    before = wait_for(lambda: settled(cluster, {1, 2, 3}), 30, 0.2, "a settled cluster")
+    stalled = cluster.brokers[3]
+    theirs = sorted(p for p, node in before.items() if node == 3)
+    assert theirs and stalled.proc is not None
+    stalled.proc.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+
+        def moved() -> tuple[set[int], dict[int, int]] | None:
+            ids, by_partition = leaders(cluster.brokers[1].bootstrap)
+            return (ids, by_partition) if all(by_partition[p] in (1, 2) for p in theirs) else None
+
+        ids, _ = wait_for(moved, 30, 0.2, "broker 3's partitions led by brokers 1 and 2")
+        moved_s = time.monotonic() - stopped
+        assert ids == {1, 2, 3}, f"broker 3 left Metadata {moved_s:.1f}s into its stall: {ids}"
+    finally:
+        stalled.proc.send_signal(signal.SIGCONT)
+    wait_for(
+        lambda: settled(cluster, {1, 2, 3}, leading=frozenset({3})),
+        30,
+        0.2,
+        "broker 3 leading its share again",
+    )
+
+
 def test_kill_9_under_load_loses_nothing_and_moves_leaders(cluster: Cluster) -> None:
+    """kill -9 of broker 2: its partitions move, and once it has been silent for
+    ``LISTED_LEASES`` leases it leaves Metadata too (``settled`` asks both)."""
     before = wait_for(lambda: settled(cluster, {1, 2, 3}), 30, 0.2, "a settled cluster")
     producer = TimedProducer(
         cluster.bootstrap, TOPIC, "kill", conf={"enable.idempotence": True}, rate=500

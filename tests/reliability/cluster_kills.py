@@ -28,11 +28,13 @@ Measured per trial:
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,9 +70,36 @@ class ClusterTrial:
     group_missing: int = 0
     seconds: float = 0.0
     producers: dict[str, ProducerOutcome] = field(default_factory=dict)
+    # the brokers' leadership moves of the topic, in time order, for a failure message
+    events: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# log lines of a partition changing hands (broker/membership.py, broker/storage/logstore.py)
+_EVENT_WORDS = ("unloaded:", "lost the leases", "took ", "released ")
+
+
+def leadership_events(
+    brokers: list[ClusterBrokerProcess], topic: str, limit: int = 80
+) -> list[str]:
+    """Each broker's log lines about ``topic`` changing hands, merged in time order (the lines
+    start with their timestamp), and per broker how many of its produces it refused."""
+    events: list[str] = []
+    counts: list[str] = []
+    for b in brokers:
+        refused = 0
+        for line in b.log_text().splitlines():
+            if topic not in line:
+                continue
+            if "refused" in line:
+                refused += 1
+            elif any(word in line for word in _EVENT_WORDS):
+                text = line[24:].split(": ", 1)[-1]
+                events.append(f"{line[11:23]} node {b.node_id}: {text[:160]}")
+        counts.append(f"node {b.node_id}: {refused} produces refused")
+    return sorted(events)[:limit] + counts
 
 
 @contextlib.contextmanager
@@ -243,5 +272,87 @@ def run_cluster_trial(
     trial.group_missing = len(acked - group.values)
     log = read_partitions(bootstrap, topic, partitions, timeout=120)
     trial.producers = analyse(log, producers)
+    trial.events = leadership_events(everyone, topic)
     trial.seconds = round(time.monotonic() - started, 1)
     return trial
+
+
+@dataclass
+class PauseTrial:
+    """SIGSTOP of random brokers of the cluster, each for longer or shorter than a lease,
+    under acks=all load; what the log holds for each producer afterwards."""
+
+    seed: int
+    topic: str
+    pauses: list[tuple[int, float]] = field(default_factory=list)  # (node id, seconds stopped)
+    seconds: float = 0.0
+    producers: dict[str, ProducerOutcome] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_pause_trial(
+    brokers: dict[int, ClusterBrokerProcess],
+    *,
+    seed: int,
+    pauses: int = 4,
+    partitions: int = 6,
+    rate: float = 3000.0,
+    longest_s: float = 6.0,
+    timeout_s: float = 90.0,
+) -> PauseTrial:
+    """``pauses`` times: a random broker of the running cluster ``brokers`` is stopped
+    (SIGSTOP) for a random 0.5..``longest_s`` seconds (the tests' lease is 3 s: a pause past it
+    costs the broker its leases, and its heartbeats stop showing it live) and continued, while
+    the three producers of ``crash_load`` run; then everything is read back and analysed.
+    A paused broker is what a starved machine or a long GC-like stall looks like to the
+    others: the case the lease fencing is for."""
+    rng = random.Random(seed)
+    started = time.monotonic()
+    topic = f"pauses-{uuid.uuid4().hex[:8]}"
+    trial = PauseTrial(seed, topic)
+    everyone = list(brokers.values())
+    bootstrap = ",".join(b.bootstrap for b in everyone)
+    create_topic(everyone[0].bootstrap, topic, partitions)
+    wait_for(lambda: settled(everyone, topic, partitions), timeout_s, 0.2, "a spread topic")
+    producers = [
+        TimedProducer(
+            bootstrap,
+            topic,
+            name,
+            {**PRODUCER_CONFS[name], "log_level": 0, "message.timeout.ms": 60000},
+            rate=rate,
+            max_in_flight=5000,
+        )
+        for name in ("noretry", "retry", "idem")
+    ]
+    for producer in producers:
+        producer.start()
+    try:
+        for _ in range(pauses):
+            wait_for(_acks_beyond(producers, 100), timeout_s, 0.1, "acks before a pause")
+            victim = rng.choice(everyone)
+            stopped_s = round(rng.uniform(0.5, longest_s), 2)
+            assert victim.proc is not None
+            os.kill(victim.proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(stopped_s)  # the pause itself is what is measured against
+            finally:
+                os.kill(victim.proc.pid, signal.SIGCONT)
+            trial.pauses.append((victim.node_id, stopped_s))
+        wait_for(_acks_beyond(producers, 200), timeout_s, 0.1, "acks after the last pause")
+    finally:
+        stop_all(producers)
+    log = read_partitions(bootstrap, topic, partitions, timeout=120)
+    trial.producers = analyse(log, producers)
+    trial.events = leadership_events(everyone, topic)
+    trial.seconds = round(time.monotonic() - started, 1)
+    return trial
+
+
+def _acks_beyond(producers: list[TimedProducer], more: int) -> Callable[[], bool]:
+    """A condition: every producer has ``more`` acknowledgements beyond what it has now."""
+    counts = [p.acked_count for p in producers]
+    return lambda: all(p.acked_count >= n + more for p, n in zip(producers, counts, strict=True))

@@ -38,6 +38,9 @@ PRODUCER_CONFS: dict[str, dict[str, Any]] = {
 }
 
 
+DUPLICATE_EXAMPLES = 5
+
+
 @dataclass
 class ProducerOutcome:
     """What one producer was promised and what the log holds for it."""
@@ -56,6 +59,9 @@ class ProducerOutcome:
         0  # per partition: a value stored after a later value of the same producer
     )
     unknown: int = 0  # values in the log this producer never sent
+    # a few duplicated values -> every (partition, offset) holding them, for a failure message:
+    # where the copies sit (how far apart, which chunks) is what tells a re-send from a re-append
+    duplicate_examples: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,18 +89,26 @@ def analyse(log: Log, producers: Sequence[ContinuousProducer]) -> dict[str, Prod
         p.name: ProducerOutcome(p.name, p.produced, p.acked_count, len(p.failed)) for p in producers
     }
     counts: Counter[str] = Counter()
+    first_at: dict[str, tuple[int, int]] = {}
     for p, entries in log.items():
         offsets = [o for o, _ in entries]
         assert offsets == list(range(len(offsets))), (
             f"partition {p}: offsets are not contiguous from 0"
         )
         highest: dict[str, int] = {}
-        for _, raw in entries:
+        for offset, raw in entries:
             assert raw is not None, f"partition {p}: a null value nobody produced"
             value = raw.decode()
             name, _, n_text = value.rpartition("-")
             counts[value] += 1
             outcome = outcomes.get(name)
+            if counts[value] == 1:
+                first_at[value] = (p, offset)
+            elif outcome is not None and (
+                value in outcome.duplicate_examples
+                or len(outcome.duplicate_examples) < DUPLICATE_EXAMPLES
+            ):
+                outcome.duplicate_examples.setdefault(value, [first_at[value]]).append((p, offset))
             if outcome is None or not n_text.isdigit() or int(n_text) >= by_name[name].produced:
                 if outcome is not None:
                     outcome.unknown += 1
@@ -239,6 +253,8 @@ def assert_guarantees(run: Outcomes) -> None:
         assert o.unknown == 0, f"{name}: {o.unknown} values that were never produced"
         assert o.acked <= o.stored <= o.produced, f"{name}: {o}"
         if name in ("noretry", "idem"):
-            assert o.duplicates == 0, f"{name}: {o.duplicates} duplicates"
+            assert o.duplicates == 0, (
+                f"{name}: {o.duplicates} duplicates, e.g. {o.duplicate_examples} ({run.as_dict()})"
+            )
         if name == "idem":
             assert o.order_violations == 0, f"{name}: {o.order_violations} order violations"
