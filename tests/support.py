@@ -309,6 +309,11 @@ class BrokerProcess:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
 
+# a test cluster's broker.lease.ms and heartbeat: a failover in a few seconds
+CLUSTER_LEASE_MS = 3000
+CLUSTER_HEARTBEAT_MS = 300
+
+
 class ClusterBrokerProcess(BrokerProcess):
     """``icefall broker`` as one member of a cluster: its own node id and ports, the Postgres
     metadata database and the object store every member shares. Short leases and heartbeats
@@ -320,8 +325,8 @@ class ClusterBrokerProcess(BrokerProcess):
         node_id: int,
         metadata_uri: str,
         object_store: str,
-        lease_ms: int = 3000,
-        heartbeat_ms: int = 300,
+        lease_ms: int = CLUSTER_LEASE_MS,
+        heartbeat_ms: int = CLUSTER_HEARTBEAT_MS,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
