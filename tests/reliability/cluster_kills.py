@@ -170,6 +170,35 @@ def _start_again(broker: ClusterBrokerProcess) -> bool:
     return True
 
 
+def _start_load(
+    everyone: list[ClusterBrokerProcess],
+    topic: str,
+    partitions: int,
+    names: tuple[str, ...],
+    rate: float,
+    timeout_s: float,
+) -> list[TimedProducer]:
+    """A new topic spread over ``everyone``, and ``crash_load``'s producers ``names`` started on
+    it at ``rate`` records/s each (acks=all)."""
+    bootstrap = ",".join(b.bootstrap for b in everyone)
+    create_topic(everyone[0].bootstrap, topic, partitions)
+    wait_for(lambda: settled(everyone, topic, partitions), timeout_s, 0.2, "a spread topic")
+    producers = [
+        TimedProducer(
+            bootstrap,
+            topic,
+            name,
+            {**PRODUCER_CONFS[name], "log_level": 0, "message.timeout.ms": 60000},
+            rate=rate,
+            max_in_flight=5000,
+        )
+        for name in names
+    ]
+    for producer in producers:
+        producer.start()
+    return producers
+
+
 def run_cluster_trial(
     brokers: dict[int, ClusterBrokerProcess],
     *,
@@ -189,21 +218,7 @@ def run_cluster_trial(
     trial = ClusterTrial(seed, victim_id, partitions, topic)
     everyone = list(brokers.values())
     bootstrap = ",".join(b.bootstrap for b in everyone)
-    create_topic(everyone[0].bootstrap, topic, partitions)
-    wait_for(lambda: settled(everyone, topic, partitions), timeout_s, 0.2, "a spread topic")
-    producers = [
-        TimedProducer(
-            bootstrap,
-            topic,
-            name,
-            {**PRODUCER_CONFS[name], "log_level": 0, "message.timeout.ms": 60000},
-            rate=rate,
-            max_in_flight=5000,
-        )
-        for name in producer_names
-    ]
-    for producer in producers:
-        producer.start()
+    producers = _start_load(everyone, topic, partitions, producer_names, rate, timeout_s)
     group = GroupReader(bootstrap, topic, f"kills-{uuid.uuid4().hex[:8]}", {"log_level": 0})
     try:
         wait_for(lambda: all(p.acked_count >= 200 for p in producers), timeout_s, 0.1, "first acks")
@@ -315,21 +330,9 @@ def run_pause_trial(
     trial = PauseTrial(seed, topic)
     everyone = list(brokers.values())
     bootstrap = ",".join(b.bootstrap for b in everyone)
-    create_topic(everyone[0].bootstrap, topic, partitions)
-    wait_for(lambda: settled(everyone, topic, partitions), timeout_s, 0.2, "a spread topic")
-    producers = [
-        TimedProducer(
-            bootstrap,
-            topic,
-            name,
-            {**PRODUCER_CONFS[name], "log_level": 0, "message.timeout.ms": 60000},
-            rate=rate,
-            max_in_flight=5000,
-        )
-        for name in ("noretry", "retry", "idem")
-    ]
-    for producer in producers:
-        producer.start()
+    producers = _start_load(
+        everyone, topic, partitions, ("noretry", "retry", "idem"), rate, timeout_s
+    )
     try:
         for _ in range(pauses):
             wait_for(_acks_beyond(producers, 100), timeout_s, 0.1, "acks before a pause")
