@@ -263,17 +263,14 @@ class Membership:
             self.leases.live_brokers, LISTED_LEASES * self.config.broker_lease_ms
         )
         leases = await asyncio.to_thread(self.leases.leases)
-        live = {
-            b.node_id: Member(b.node_id, dict(b.endpoints or {}), b.rack)
+        seen = [
+            (Member(b.node_id, dict(b.endpoints or {}), b.rack), b.heartbeat_age_ms)
             for b in brokers
-            if b.node_id != self.config.node_id and b.heartbeat_age_ms < self.config.broker_lease_ms
-        }
-        live[self.config.node_id] = self.me
-        self._listed = [
-            Member(b.node_id, dict(b.endpoints or {}), b.rack)
-            for b in brokers
-            if b.node_id not in live
+            if b.node_id != self.config.node_id
         ]
+        live = {m.node_id: m for m, age in seen if age < self.config.broker_lease_ms}
+        live[self.config.node_id] = self.me
+        self._listed = [m for m, _ in seen if m.node_id not in live]
         by_tp = {(x.topic, x.partition): x for x in leases}
         self._last_leases = by_tp
         self._live = live
