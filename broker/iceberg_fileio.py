@@ -35,11 +35,21 @@ driver runs it) reads every fact it needs from the metadata the catalog answers 
 no file. So ``IcefallFileIO`` is a ``FileIO`` that hands ``new_input``, ``new_output`` and
 ``delete`` (the whole interface pyiceberg calls) to the PyArrow FileIO it makes at the first of
 them, ``DelayedOpenFileIO`` in ``broker.pyarrow_fileio``.
+
+That PyArrow FileIO is shared by the ``IcefallFileIO``s of a process with the same properties
+(the last ``SHARED_MAX`` sets). pyiceberg makes a FileIO at every ``load_table`` and commit (its
+SQL catalog, the broker's own, reads the table's metadata file through it), and each PyArrow
+FileIO makes its own file systems: on S3 a new AWS client and a new connection (on AWS a TLS
+handshake) for every table load and commit, the one file they open. Shared, the connections of
+one file system serve them all. A file system is not carried into a forked child (the AWS SDK
+is not fork-safe): the child starts with none shared.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from pyiceberg.io import FileIO, InputFile, OutputFile
@@ -49,6 +59,28 @@ if TYPE_CHECKING:
     from broker.pyarrow_fileio import DelayedOpenFileIO
 
 
+# property sets whose PyArrow FileIO (and its file systems) are kept for the next FileIO
+SHARED_MAX = 64
+_shared: OrderedDict[tuple[tuple[str, str], ...], DelayedOpenFileIO] = OrderedDict()
+_sharing = threading.Lock()
+os.register_at_fork(after_in_child=_shared.clear)
+
+
+def _shared_pyarrow_io(properties: Properties) -> DelayedOpenFileIO:
+    """The PyArrow FileIO of these properties in this process, made at the first call."""
+    key = tuple(sorted((name, str(value)) for name, value in properties.items()))
+    with _sharing:
+        if (made := _shared.get(key)) is not None:
+            _shared.move_to_end(key)
+            return made
+        from broker.pyarrow_fileio import DelayedOpenFileIO
+
+        made = _shared[key] = DelayedOpenFileIO(properties)
+        if len(_shared) > SHARED_MAX:
+            _shared.popitem(last=False)
+        return made
+
+
 class IcefallFileIO(FileIO):
     """pyiceberg's PyArrow FileIO, made at the first file and with S3 output streams opened
     lazily (see the module)."""
@@ -56,16 +88,12 @@ class IcefallFileIO(FileIO):
     def __init__(self, properties: Properties = EMPTY_DICT) -> None:
         super().__init__(properties)
         self._made: DelayedOpenFileIO | None = None
-        self._making = threading.Lock()
 
     def pyarrow_io(self) -> DelayedOpenFileIO:
-        """The PyArrow FileIO every call goes to, made (and pyarrow's modules imported) once."""
+        """The PyArrow FileIO every call goes to: the process's for these properties, made
+        (and pyarrow's modules imported) at the first file."""
         if self._made is None:
-            with self._making:
-                if self._made is None:
-                    from broker.pyarrow_fileio import DelayedOpenFileIO
-
-                    self._made = DelayedOpenFileIO(self.properties)
+            self._made = _shared_pyarrow_io(self.properties)
         return self._made
 
     def new_input(self, location: str) -> InputFile:
@@ -78,7 +106,7 @@ class IcefallFileIO(FileIO):
         self.pyarrow_io().delete(location)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled as its properties (a Spark task's copy makes its own file systems)."""
+        """Pickled as its properties (a Spark task's copy uses its own process's file systems)."""
         return {"properties": self.properties}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ from broker.kafka.security_apis import SecurityApis
 from broker.kafka.transactions import TransactionCoordinator
 from broker.kafka.txn_apis import TransactionApis, fenced_for
 from broker.ownership import KEY_GROUP, KEY_TRANSACTION, Ownership, local_member
+from broker.repeated_log import RepeatedLog
 from broker.security.listeners import Listener
 from broker.storage.failures import StorageFailureLog, is_storage_failure
 from broker.storage.logstore import LogStore, PartitionLog, ProduceError
@@ -201,6 +202,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
         self.gate: DataQualityGate | None = None  # set once the schema registry is up
         self.authorizer = open_authorizer(config, cluster.metadata)
         self.storage_failures = StorageFailureLog(log)  # a full disk: a line a minute
+        # refused produces: a line a partition and reason every 10 s, with the count
+        self.refusals = RepeatedLog(log)
         self.by_key: dict[int, Handler] = {
             0: self.produce,
             1: self.fetch,
@@ -542,7 +545,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     rejection := await self._gate_rejection(topic.configs, pd.records)
                     or _keyless_in_compacted(topic.config("cleanup.policy"), pd.records)
                 ) is not None:
-                    log.info(
+                    self.refusals.log(
+                        (td.name, pd.index, rejection.rule),
                         "produce to %s-%d refused by %s: %s",
                         td.name,
                         pd.index,
@@ -583,7 +587,13 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                     except ProduceError as exc:
                         # a WAL that cannot write logs that once, not once per produce
                         if exc.code != ErrorCode.kafka_storage_error:
-                            log.info("produce to %s-%d refused: %s", td.name, pd.index, exc.message)
+                            self.refusals.log(
+                                (td.name, pd.index, exc.code),
+                                "produce to %s-%d refused: %s",
+                                td.name,
+                                pd.index,
+                                exc.message,
+                            )
                         entry.update(error_code=exc.code, error_message=exc.message)
                 partitions.append(entry)
             results.append((td.name, partitions))
@@ -593,7 +603,8 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
                 await self.logs.wal.wait_durable(last_seq)
                 for entry, part, end in appended:  # cluster mode: its lease may be lost since
                     if (unacked := self.logs.ack_error(part, end)) is not None:
-                        log.info(
+                        self.refusals.log(
+                            (part.topic, part.partition, "unacked"),
                             "produce to %s-%d accepted, then refused: %s",
                             part.topic,
                             part.partition,
@@ -1190,16 +1201,19 @@ class KafkaHandlers(TransactionApis, ReplicaApis, ConsumerGroupApis, SecurityApi
     def _broker_resource_problem(self, name: str) -> str | None:
         """A BROKER resource is this broker (its node id) or the cluster default (``""``); in a
         cluster another live broker's configs are its own to answer (Kafka's admin client sends
-        a BROKER resource to that broker), as Kafka refuses an unexpected broker id."""
+        a BROKER resource to that broker), as Kafka refuses an unexpected broker id. A broker
+        silent for less than ``membership.LISTED_LEASES`` leases is still one DescribeCluster
+        lists, so it is named as one, not as unknown."""
         if name in ("", str(self.config.node_id)):
             return None
-        if name in {str(m.node_id) for m in self.ownership.live()}:
+        listed = [m.node_id for m in self.ownership.in_metadata()] or [self.config.node_id]
+        if name in {str(n) for n in listed}:
             return (
                 f"Unexpected broker id, expected {self.config.node_id} or empty string, but "
                 f"received {name}: ask broker {name} for its own configs"
             )
-        live = ", ".join(str(m.node_id) for m in self.ownership.live()) or str(self.config.node_id)
-        return f"broker {name!r} does not exist: the live brokers are {live}"
+        brokers = ", ".join(str(n) for n in listed)
+        return f"broker {name!r} does not exist: the brokers are {brokers}"
 
     def _broker_config_entries(self, resource_name: str, synonyms: bool) -> list[dict[str, Any]]:
         """As Kafka describes a BROKER resource. The cluster default (``""``): the dynamic

@@ -13,6 +13,9 @@ import errno
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
+
+from broker.repeated_log import RepeatedLog
 
 # ENOSPC: the disk is full; EDQUOT: the quota is; EIO: the device failed; EROFS: remounted read-only
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
@@ -35,17 +38,13 @@ class StorageFailureLog:
     """One log line per ``every_s`` for requests refused because storage cannot write, with
     how many were refused since the last line."""
 
-    def __init__(self, logger: logging.Logger, every_s: float = 60.0) -> None:
-        self.logger = logger
-        self.every_s = every_s
-        self._last = -float("inf")
-        self._quiet = 0
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lines = RepeatedLog(logger, every_s, logging.ERROR, clock)
 
     def refused(self, what: str, exc: BaseException, code: str = "KAFKA_STORAGE_ERROR") -> None:
-        now = time.monotonic()
-        if now - self._last < self.every_s:
-            self._quiet += 1
-            return
-        more = f" ({self._quiet} more refused since the last such line)" if self._quiet else ""
-        self.logger.error("%s refused with %s, storage cannot write: %s%s", what, code, exc, more)
-        self._last, self._quiet = now, 0
+        self._lines.log(None, "%s refused with %s, storage cannot write: %s", what, code, exc)

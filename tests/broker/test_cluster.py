@@ -261,7 +261,7 @@ def test_every_broker_tells_the_same_truth_and_routes_by_leader(cluster: Cluster
     wait_for(seen_on_3, 10, 0.1, "broker 3 to see the config set through broker 2")
     # a BROKER resource is that broker's to describe: broker 3 refuses broker 2's, and a
     # broker that does not exist, each with a message naming why
-    for name, reason in (("2", "ask broker 2"), ("99", "live brokers are 1, 2, 3")):
+    for name, reason in (("2", "ask broker 2"), ("99", "the brokers are 1, 2, 3")):
         [result] = broker_configs_raw(cluster.brokers[3].bootstrap, name).results
         assert result.error_code == ErrorCode.invalid_request, result
         assert result.error_message is not None and reason in result.error_message
@@ -393,6 +393,9 @@ def test_a_stalled_broker_stays_listed_while_its_partitions_move(cluster: Cluste
         listed_s = (LISTED_LEASES * CLUSTER_LEASE_MS - CLUSTER_HEARTBEAT_MS) / 1000
         assert moved_s < listed_s, f"the move took {moved_s:.1f}s: too slow to tell"
         assert ids == {1, 2, 3}, f"broker 3 left Metadata {moved_s:.1f}s into its stall: {ids}"
+        # still listed, so still a broker whose configs are its own to describe
+        [result] = broker_configs_raw(cluster.brokers[1].bootstrap, "3").results
+        assert result.error_message is not None and "ask broker 3" in result.error_message
     finally:
         stalled.proc.send_signal(signal.SIGCONT)
     # as the kill test expects to start

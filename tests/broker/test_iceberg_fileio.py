@@ -1,7 +1,8 @@
 """broker.iceberg_fileio on moto's S3 server: a small file pyiceberg writes is one PutObject, a
 large one still a multipart upload, both read back whole; a write that fails says so at the
 latest when the file closes; every catalog Icefall opens uses it unless told otherwise; pyarrow's
-FileIO is made at the first file, not before."""
+FileIO is made at the first file, not before; table loads share one file system and its
+connections, but not with a forked child."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pyarrow.fs import FileSystem
 from pyiceberg.io import FileIO, load_file_io
 
 from broker.contracts import ICEFALL_FILE_IO, CatalogSpec, with_default_io
@@ -135,8 +137,74 @@ def test_it_reads_deletes_and_pickles_as_its_properties(tmp_path: Path) -> None:
     write(io, f"{tmp_path}/a.bin", b"payload")
     copy = pickle.loads(pickle.dumps(io))
     assert isinstance(copy, IcefallFileIO) and copy.properties == io.properties
-    assert copy.pyarrow_io() is not io.pyarrow_io()  # its own, made from its properties
     assert read(copy, f"{tmp_path}/a.bin") == b"payload"
     copy.delete(f"{tmp_path}/a.bin")
     assert not (tmp_path / "a.bin").exists()
     assert not io.new_input(f"{tmp_path}/a.bin").exists()
+
+
+def test_fileios_of_the_same_properties_share_one_pyarrow_fileio(tmp_path: Path) -> None:
+    first = load_file_io(with_default_io({"some.property": "x"}), f"file://{tmp_path}")
+    again = load_file_io(with_default_io({"some.property": "x"}), f"file://{tmp_path}")
+    other = load_file_io(with_default_io({"some.property": "y"}), f"file://{tmp_path}")
+    assert isinstance(first, IcefallFileIO) and isinstance(again, IcefallFileIO)
+    assert isinstance(other, IcefallFileIO)
+    assert again.pyarrow_io() is first.pyarrow_io()
+    assert other.pyarrow_io() is not first.pyarrow_io()
+    shared = first.pyarrow_io()
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the AWS SDK is not fork-safe, so nothing is shared into it
+        os.close(reader)
+        child = load_file_io(with_default_io({"some.property": "x"}), f"file://{tmp_path}")
+        assert isinstance(child, IcefallFileIO)
+        os.write(writer, b"own" if child.pyarrow_io() is not shared else b"shared")
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as answer:
+        told = answer.read()
+    os.waitpid(pid, 0)
+    assert told == b"own"
+
+
+def test_table_loads_on_s3_share_one_file_system(
+    moto_s3: MotoS3, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyiceberg makes a FileIO at every load_table; its SQL catalog (the broker's own) reads the
+    table's metadata file through it. With a file system each, every load made an AWS client
+    and opened a connection (on AWS a TLS handshake) for that one file. (moto's server closes
+    every connection, so the connections themselves cannot be counted here.)"""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from broker.pyarrow_fileio import DelayedOpenFileIO
+
+    made: list[str | None] = []
+    make = DelayedOpenFileIO._initialize_s3_fs
+
+    def counted(self: DelayedOpenFileIO, netloc: str | None) -> FileSystem:
+        made.append(netloc)
+        return make(self, netloc)
+
+    monkeypatch.setattr(DelayedOpenFileIO, "_initialize_s3_fs", counted)
+    catalog = SqlCatalog(
+        "loads",
+        **with_default_io(
+            {
+                "uri": f"sqlite:///{moto_s3.log_path.parent / f'{s3_bucket}.db'}",
+                "warehouse": f"s3://{s3_bucket}/warehouse",
+                "s3.endpoint": moto_s3.endpoint,
+                "s3.region": "us-east-1",
+                "s3.access-key-id": MOTO_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                "s3.secret-access-key": MOTO_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            }
+        ),
+    )
+    catalog.create_namespace("n")
+    table = catalog.create_table("n.t", pa.schema([("a", pa.int64())]))
+    table.append(pa.table({"a": [1, 2, 3]}))
+    for _ in range(20):
+        assert catalog.load_table("n.t").scan().to_arrow().num_rows == 3
+    # the table's FileIO properties (the catalog's and the table's) are the same at each load
+    # after the first commit; before it, the new table's own: two sets, one file system each
+    assert made == [s3_bucket] * len(made) and len(made) <= 2, made
