@@ -37,12 +37,11 @@ no file. So ``IcefallFileIO`` is a ``FileIO`` that hands ``new_input``, ``new_ou
 them, ``DelayedOpenFileIO`` in ``broker.pyarrow_fileio``.
 
 That PyArrow FileIO is shared by the ``IcefallFileIO``s of a process with the same properties
-(the last ``SHARED_MAX`` sets). pyiceberg makes a FileIO at every ``load_table`` and commit (its
-SQL catalog, the broker's own, reads the table's metadata file through it), and each PyArrow
-FileIO makes its own file systems: on S3 a new AWS client and a new connection (on AWS a TLS
-handshake) for every table load and commit, the one file they open. Shared, the connections of
-one file system serve them all. A file system is not carried into a forked child (the AWS SDK
-is not fork-safe): the child starts with none shared.
+(the last ``SHARED_MAX`` sets). pyiceberg makes a FileIO at every ``load_table`` and commit, and
+each PyArrow FileIO makes its own file systems: on S3 a new AWS client and new connections (on
+AWS a TLS handshake each) for every table load and commit that opens a file (a round's data
+and manifest files, a commit's metadata file). Shared, one client's connections serve them
+all. A forked child starts with none shared (the AWS SDK is not fork-safe).
 """
 
 from __future__ import annotations
