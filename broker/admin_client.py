@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker import contracts
+from broker.http_security.client import admin_user_info, basic_auth_header
 from broker.topic_configs import ENABLE
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -84,13 +85,18 @@ def _reachable(partition: contracts.PartitionPlan, offsets: Mapping[int, int]) -
 class AdminClient:
     """``admin_url``: one broker's admin API, or several, comma-separated (a cluster: any
     broker answers for every partition). A request goes to the one that answered last and,
-    when it does not answer at all, to the next; an HTTP error is an answer and is raised."""
+    when it does not answer at all, to the next; an HTTP error is an answer and is raised.
+    ``user_info``: ``user:password`` of an admin API that requires a login
+    (``admin.authentication.method=BASIC``); unset, ``ICEFALL_ADMIN_USER_INFO`` if set."""
 
-    def __init__(self, admin_url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, admin_url: str, timeout: float = DEFAULT_TIMEOUT_S, user_info: str | None = None
+    ) -> None:
         self.urls = [u.strip().rstrip("/") for u in admin_url.split(",") if u.strip()]
         if not self.urls:
             raise ValueError("no admin API URL")
         self.timeout = timeout
+        self._headers = basic_auth_header(user_info or admin_user_info())
 
     @property
     def url(self) -> str:
@@ -105,7 +111,13 @@ class AdminClient:
         failures = []
         for url in list(self.urls):
             try:
-                answer = http_json(url + path, method=method, body=body, timeout=self.timeout)
+                answer = http_json(
+                    url + path,
+                    method=method,
+                    body=body,
+                    timeout=self.timeout,
+                    headers=self._headers,
+                )
             except BrokerError as exc:
                 if exc.status is not None or len(self.urls) == 1:
                     raise

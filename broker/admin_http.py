@@ -22,6 +22,7 @@ from aiohttp import web
 from broker import contracts, manifest, names, topic_configs
 from broker.cluster import Cluster
 from broker.config import BrokerConfig
+from broker.http_security.admin_auth import AdminAuth
 from broker.http_service import HttpService
 from broker.security.stats import AuthStats
 from broker.storage import index_view
@@ -113,15 +114,22 @@ class AdminApi(HttpService):
     membership: Membership | None = None
 
     def __init__(
-        self, config: BrokerConfig, cluster: Cluster, logs: LogStore, auth: AuthStats | None = None
+        self,
+        config: BrokerConfig,
+        cluster: Cluster,
+        logs: LogStore,
+        auth: AuthStats | None = None,
+        login: AdminAuth | None = None,
     ) -> None:
+        """``auth``: the Kafka listeners' authentication figures (for /metrics); ``login``: the
+        admin API's own basic auth (``admin.authentication.method=BASIC``), None when open."""
         # the HTTP services that require credentials, by name: their failed logins on /metrics
-        self.http_auth: dict[str, Any] = {}
+        self.http_auth: dict[str, Any] = {} if login is None else {"admin": login}
         self.config = config
         self.cluster = cluster
         self.logs = logs
         self.auth = auth
-        self.app = web.Application()
+        self.app = web.Application(middlewares=[] if login is None else [login.middleware])
         self.app.add_routes(
             [
                 web.get("/healthz", self.health),

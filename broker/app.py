@@ -137,7 +137,9 @@ class Broker:
             self.handlers.mover = self.membership.move  # AlterPartitionReassignments
         self.auth_stats = AuthStats()
         self.kafka = KafkaServer(self.handlers, config.max_request_bytes, self.auth_stats)
-        self.admin = AdminApi(config, self.cluster, self.logs, self.auth_stats)
+        self.admin = AdminApi(
+            config, self.cluster, self.logs, self.auth_stats, http_setup.admin_auth(config)
+        )
         self.admin.membership = self.membership
         self.admin.members = self.leases  # GET /v1/cluster lists the live brokers
         self.schemas_topic = InternalTopic(
@@ -182,11 +184,11 @@ class Broker:
         )
         self.registry.ssl_context = http_setup.registry_tls(config)
         self.admin.tables = self.tables
-        self.admin.http_auth = {
-            name: auth
+        self.admin.http_auth.update(
+            (name, auth)
             for name, auth in (("schema-registry", registry_auth), ("catalog", self.catalog.auth))
             if auth is not None
-        }
+        )
         self.retention = Retention(
             self.cluster, self.logs, self.table_checkpoint, config.retention_check_interval_ms
         )
@@ -280,14 +282,15 @@ class Broker:
         if self.compactor is not None:
             self.compactor.start()
         log.info(
-            "icefall broker up: kafka %s, admin http://%s:%d, schema registry %s "
-            "(authentication %s), object store %s, home %s",
+            "icefall broker up: kafka %s, admin http://%s:%d (authentication %s), "
+            "schema registry %s (authentication %s), object store %s, home %s",
             ", ".join(
                 f"{x} ({x.protocol}, advertised {x.advertised_host}:{x.advertised_port})"
                 for x in self.config.listener_list()
             ),
             self.config.admin_host,
             self.config.admin_port,
+            self.config.admin_authentication_method,
             self.config.registry_url,
             self.config.registry_authentication_method,
             self.store.describe(),

@@ -142,8 +142,9 @@ class BrokerConfig(BaseSettings):
     admin_host: str = Field(
         default="127.0.0.1",
         description=(
-            "listen address of the admin HTTP API, which has no authentication: loopback unless "
-            "its network is trusted (0.0.0.0 where Airflow or Spark run on other hosts)"
+            "listen address of the admin HTTP API: loopback unless it requires a login "
+            "(admin.authentication.method) or its network is trusted (0.0.0.0 where Airflow or "
+            "Spark run on other hosts)"
         ),
     )
     node_id: int = Field(
@@ -394,6 +395,17 @@ class BrokerConfig(BaseSettings):
     registry_ssl_key_password: SecretStr | None = Field(
         default=None, description="the password of the registry's PEM private key, if encrypted"
     )
+    admin_authentication_method: Literal["NONE", "BASIC"] = Field(
+        default="NONE",
+        description=(
+            "NONE, or BASIC: HTTP basic auth on the admin API (every route but /healthz; "
+            "clients: ICEFALL_ADMIN_USER_INFO or Airflow's icefall_admin connection)"
+        ),
+    )
+    admin_users_file: Path | None = Field(
+        default=None,
+        description="the admin API's users, lines 'user: password' (as the registry's users file)",
+    )
     catalog_authentication_method: Literal["NONE", "OAUTH2"] = Field(
         default="NONE",
         description="NONE, or OAUTH2: client credentials at /v1/oauth/tokens, bearer tokens",
@@ -497,6 +509,10 @@ class BrokerConfig(BaseSettings):
             raise ValueError(
                 "schema.registry.authentication.method=BASIC needs "
                 "schema.registry.authentication.users.file"
+            )
+        if self.admin_authentication_method == "BASIC" and self.admin_users_file is None:
+            raise ValueError(
+                "admin.authentication.method=BASIC needs admin.authentication.users.file"
             )
         if self.catalog_authentication_method == "OAUTH2" and self.catalog_clients_file is None:
             raise ValueError(
@@ -686,6 +702,8 @@ KAFKA_NAMES = {
     "registry_users_file": "schema.registry.authentication.users.file",
     "registry_ssl_keystore_location": "schema.registry.ssl.keystore.location",
     "registry_ssl_key_password": "schema.registry.ssl.key.password",
+    "admin_authentication_method": "admin.authentication.method",
+    "admin_users_file": "admin.authentication.users.file",
     "catalog_clients_file": "catalog.oauth2.clients.file",
     "catalog_token_signing_key": "catalog.oauth2.token.signing.key",
     "catalog_token_lifetime_ms": "catalog.oauth2.token.lifetime.ms",

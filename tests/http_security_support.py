@@ -17,12 +17,15 @@ CLIENT_SECRETS = {"etl": "etl-secret-a41f9", "duck": "duck-secret-c7e02"}
 AWS_SECRET = "aws-secret-key-e93b1f"
 SSL_KEY_PASSWORD = "tls-key-pw-2a8d"
 JAAS_SECRET = "jaas-plain-pw-94d0"  # a SASL PLAIN user's password in a listener's JAAS text
+ADMIN_PASSWORD = "admin-api-pw-d61b"  # the admin API's user "rounds"
+ADMIN_USER_INFO = f"rounds:{ADMIN_PASSWORD}"
 # Every secret a secured broker is given: none may leave it. Extend when a setting holds a new one.
 SECRETS = [
     SIGNING_KEY,
     AWS_SECRET,
     SSL_KEY_PASSWORD,
     JAAS_SECRET,
+    ADMIN_PASSWORD,
     *PASSWORDS.values(),
     *CLIENT_SECRETS.values(),
 ]
@@ -35,7 +38,8 @@ def md5(text: str) -> str:
 
 
 def write_security_files(directory: Path) -> Path:
-    """Users (one password stored MD5-hashed, as Jetty takes it), clients and the properties."""
+    """Users (one password stored MD5-hashed, as Jetty takes it), the admin API's user, clients
+    and the properties."""
     directory.mkdir(parents=True, exist_ok=True)
     users = directory / "registry-users.properties"
     users.write_text(
@@ -46,6 +50,8 @@ def write_security_files(directory: Path) -> Path:
         f"producer: {PASSWORDS['producer']},round_writers\n"
         f"nobody: {PASSWORDS['nobody']}\n"
     )
+    admin_users = directory / "admin-users.properties"
+    admin_users.write_text(f"rounds: MD5:{md5(ADMIN_PASSWORD)}\n")
     clients = directory / "catalog-clients.properties"
     clients.write_text(f"etl: MD5:{md5(CLIENT_SECRETS['etl'])}\nduck: {CLIENT_SECRETS['duck']}\n")
     properties = directory / "server.properties"
@@ -56,6 +62,8 @@ def write_security_files(directory: Path) -> Path:
         "schema.registry.authorization.role.round_writers=write:sec_*\n"
         "schema.registry.authorization.role.orders_writers=write:orders-*\n"
         "schema.registry.authorization.role.admins=admin\n"
+        "admin.authentication.method=BASIC\n"
+        f"admin.authentication.users.file={admin_users}\n"
         "catalog.authentication.method=OAUTH2\n"
         f"catalog.oauth2.clients.file={clients}\n"
         f"catalog.oauth2.token.signing.key={SIGNING_KEY}\n"
@@ -69,6 +77,7 @@ def secured_broker(root: Path, kafka_listeners: bool = False) -> BrokerProcess:
     an SSL one (an encrypted key and its password) beside the PLAINTEXT one."""
     args, env = secured_args(root)
     broker = BrokerProcess(root / "home", [*args, "--segment-flush-ms", "100"], env)
+    broker.admin_user_info = ADMIN_USER_INFO
     if kafka_listeners:
         from tests.support import free_port
         from tests.tls_certs import make_certs
@@ -96,10 +105,13 @@ def secured_args(root: Path) -> tuple[list[str], dict[str, str]]:
 
 def airflow_connections() -> dict[str, str]:
     """``AIRFLOW_CONN_*`` variables defining the connections the Icefall operators read:
-    ``icefall_registry`` (a reader) and ``icefall_catalog`` (client ``etl``)."""
+    ``icefall_registry`` (a reader), ``icefall_catalog`` (client ``etl``) and ``icefall_admin``
+    (the admin API's user)."""
     registry = {"conn_type": "http", "login": "alice", "password": PASSWORDS["alice"]}
     catalog = {"conn_type": "http", "login": "etl", "password": CLIENT_SECRETS["etl"]}
+    admin = {"conn_type": "http", "login": "rounds", "password": ADMIN_PASSWORD}
     return {
         "AIRFLOW_CONN_ICEFALL_REGISTRY": json.dumps(registry),
         "AIRFLOW_CONN_ICEFALL_CATALOG": json.dumps(catalog),
+        "AIRFLOW_CONN_ICEFALL_ADMIN": json.dumps(admin),
     }

@@ -208,6 +208,8 @@ class BrokerProcess:
         # The tables' catalog when it is not the broker's own (Glue, S3 Tables, Nessie, ...):
         # how the tests open the tables (tests/spark_jobs/round_support.py catalog).
         self.tables_spec: CatalogSpec | None = None
+        # ``user:password`` for an admin API that requires a login (``admin()`` sends it)
+        self.admin_user_info: str | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -288,7 +290,11 @@ class BrokerProcess:
 
     def admin(self, path: str, method: str = "GET") -> dict[str, Any]:
         """The admin API's JSON answer."""
-        req = urllib.request.Request(self.admin_url + path, method=method)
+        from broker.http_security.client import basic_auth_header
+
+        req = urllib.request.Request(
+            self.admin_url + path, method=method, headers=basic_auth_header(self.admin_user_info)
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             data: dict[str, Any] = json.loads(resp.read())
             return data

@@ -690,10 +690,12 @@ def test_the_stack_runs_secured(
     mounted = _config_targets(broker)
     assert config.registry_authentication_method == "BASIC"
     assert config.catalog_authentication_method == "OAUTH2"
+    assert config.admin_authentication_method == "BASIC"
     files: dict[str, Any] = {}
     for what, path in (
         ("registry", config.registry_users_file),
         ("catalog", config.catalog_clients_file),
+        ("admin API", config.admin_users_file),
     ):
         assert str(path) in mounted, f"the {what}'s file {path} is not mounted in the broker"
         local = tmp_path / f"{what}.properties"
@@ -711,7 +713,11 @@ def test_the_stack_runs_secured(
         env = _env(services[name])
         assert env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "false") != "true"
         assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"]
-        for conn, what in (("ICEFALL_REGISTRY", "registry"), ("ICEFALL_CATALOG", "catalog")):
+        for conn, what in (
+            ("ICEFALL_REGISTRY", "registry"),
+            ("ICEFALL_CATALOG", "catalog"),
+            ("ICEFALL_ADMIN", "admin API"),
+        ):
             connection = json.loads(env[f"AIRFLOW_CONN_{conn}"])
             user = authenticate(files[what], connection["login"], connection["password"])
             assert user is not None, f"{name}: {conn} does not log in to the {what}"

@@ -6,6 +6,8 @@ the Airflow operators fill from Airflow connections at task run time
 
 * ``ICEFALL_REGISTRY_USER_INFO=user:password``: HTTP basic auth on the schema registry (what
   Confluent's clients call ``basic.auth.user.info``);
+* ``ICEFALL_ADMIN_USER_INFO=user:password``: HTTP basic auth on the broker's admin API
+  (``broker.admin_client``: every caller of the admin API, the ``icefall cluster`` command too);
 * ``ICEFALL_CATALOG_CREDENTIAL=client_id:client_secret``: the Iceberg REST catalog's OAuth2
   client credentials (the ``credential`` catalog property of pyiceberg and Spark);
 * ``ICEFALL_CATALOG_TOKEN=<token>``: a static bearer token for an external REST catalog that
@@ -22,6 +24,7 @@ import os
 from collections.abc import Mapping
 
 REGISTRY_USER_INFO_ENV = "ICEFALL_REGISTRY_USER_INFO"
+ADMIN_USER_INFO_ENV = "ICEFALL_ADMIN_USER_INFO"
 CATALOG_CREDENTIAL_ENV = "ICEFALL_CATALOG_CREDENTIAL"
 CATALOG_TOKEN_ENV = "ICEFALL_CATALOG_TOKEN"
 TOKEN_PATH = "/v1/oauth/tokens"
@@ -30,6 +33,11 @@ TOKEN_PATH = "/v1/oauth/tokens"
 def registry_user_info() -> str | None:
     """``user:password`` for the registry, or None (an open registry)."""
     return os.environ.get(REGISTRY_USER_INFO_ENV) or None
+
+
+def admin_user_info() -> str | None:
+    """``user:password`` for the admin API, or None (an open admin API)."""
+    return os.environ.get(ADMIN_USER_INFO_ENV) or None
 
 
 def basic_auth_header(user_info: str | None) -> dict[str, str]:

@@ -10,6 +10,7 @@ from pydantic import SecretStr
 
 from broker.config import REGISTRY_ROLE_PREFIX, BrokerConfig, ConfigError
 from broker.http_security import oauth, tls, users
+from broker.http_security.admin_auth import AdminAuth
 from broker.http_security.registry_auth import RegistryAuth, RoleError
 from broker.registry.store import SchemaStore
 
@@ -27,6 +28,16 @@ def registry_auth(config: BrokerConfig, store: SchemaStore) -> RegistryAuth | No
         )
     except (users.UsersFileError, RoleError) as exc:
         raise ConfigError(f"schema.registry.authentication.users.file: {exc}") from exc
+
+
+def admin_auth(config: BrokerConfig) -> AdminAuth | None:
+    if config.admin_authentication_method != "BASIC":
+        return None
+    assert config.admin_users_file is not None  # the config model checks it
+    try:
+        return AdminAuth(users.load_users(config.admin_users_file))
+    except users.UsersFileError as exc:
+        raise ConfigError(f"admin.authentication.users.file: {exc}") from exc
 
 
 def catalog_auth(config: BrokerConfig) -> oauth.CatalogAuth | None:

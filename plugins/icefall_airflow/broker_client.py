@@ -17,5 +17,10 @@ TIMEOUT_S = 10.0
 
 
 class BrokerClient(AdminClient):
+    """With the admin API's credentials of ``credentials.admin_user_info`` (looked up at each
+    client: a rotated password takes effect at the next)."""
+
     def __init__(self, admin_url: str, timeout: float = TIMEOUT_S) -> None:
-        super().__init__(admin_url, timeout)
+        from icefall_airflow.credentials import admin_user_info
+
+        super().__init__(admin_url, timeout, admin_user_info())

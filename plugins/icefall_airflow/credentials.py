@@ -2,6 +2,9 @@
 task runs (never at DAG parse time):
 
 * ``icefall_registry``: login and password of the schema registry's HTTP basic auth;
+* ``icefall_admin``: login and password of the broker's admin API's HTTP basic auth
+  (``admin.authentication.method=BASIC``), for every call of the admin API from Airflow (the
+  tasks, the triggerer's size watch, the status view) and for the Spark jobs;
 * ``icefall_catalog``: login = OAuth2 client id, password = client secret of the Iceberg REST
   catalog; or, for an external REST catalog that takes a static bearer token, the token in the
   extra (``{"token": "..."}``) or as the password of a connection without a login.
@@ -22,6 +25,7 @@ import os
 from typing import Any
 
 from broker.http_security.client import (
+    ADMIN_USER_INFO_ENV,
     CATALOG_CREDENTIAL_ENV,
     CATALOG_TOKEN_ENV,
     REGISTRY_USER_INFO_ENV,
@@ -29,6 +33,7 @@ from broker.http_security.client import (
 
 REGISTRY_CONN_ID = "icefall_registry"
 CATALOG_CONN_ID = "icefall_catalog"
+ADMIN_CONN_ID = "icefall_admin"
 
 
 def _connection(conn_id: str) -> Any | None:
@@ -105,6 +110,12 @@ def _token(connection: Any | None) -> str | None:
     return str(token) if token else None
 
 
+def admin_user_info() -> str | None:
+    """``user:password`` for the admin API: ``ICEFALL_ADMIN_USER_INFO`` of this process, else
+    the ``icefall_admin`` connection's, else None (an open admin API). Looked up anew."""
+    return os.environ.get(ADMIN_USER_INFO_ENV) or _login_password(_connection(ADMIN_CONN_ID))
+
+
 def job_env() -> dict[str, str]:
     """The environment variables carrying the connections' credentials to a Spark job (those
     already in this process's environment win: a deployment may set them there). Looked up
@@ -114,6 +125,7 @@ def job_env() -> dict[str, str]:
         REGISTRY_USER_INFO_ENV: os.environ.get(REGISTRY_USER_INFO_ENV),
         CATALOG_CREDENTIAL_ENV: os.environ.get(CATALOG_CREDENTIAL_ENV),
         CATALOG_TOKEN_ENV: os.environ.get(CATALOG_TOKEN_ENV),
+        ADMIN_USER_INFO_ENV: admin_user_info(),
     }
     if not wanted[REGISTRY_USER_INFO_ENV]:
         wanted[REGISTRY_USER_INFO_ENV] = _login_password(_connection(REGISTRY_CONN_ID))

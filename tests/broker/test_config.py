@@ -90,6 +90,18 @@ def test_unknown_keys_and_bad_values_name_the_setting(tmp_path: Path) -> None:
         parse(["--override", "automq.table.topic.catalog.type=hive"])
     with pytest.raises(ConfigError, match=r"type=glue needs automq.table.topic.catalog.warehouse"):
         parse(["--override", "automq.table.topic.catalog.type=glue"])
+    with pytest.raises(
+        ConfigError, match="admin.authentication.method=BASIC needs admin.authentication.users.file"
+    ):
+        parse(["--override", "admin.authentication.method=BASIC"])
+    missing = tmp_path / "no-such-users-file"
+    admin_login = parse(
+        ["--override", "admin.authentication.method=BASIC", "--admin-users-file", str(missing)]
+    )
+    from broker.http_security import setup as http_setup
+
+    with pytest.raises(ConfigError, match="admin.authentication.users.file: .*no-such-users-file"):
+        http_setup.admin_auth(admin_login)
     glue = parse(["--override", "automq.table.topic.catalog.type=glue", "--warehouse", "s3://b/w"])
     assert (
         glue.tables_catalog.type == "glue" and "uri" not in glue.tables_catalog.spark_properties()
@@ -229,6 +241,10 @@ def test_icefall_up_hands_the_broker_every_setting(
         "/etc/icefall/users",
         "--registry-ssl-keystore-location",
         "/etc/icefall/registry.pem",
+        "--admin-authentication-method",
+        "BASIC",
+        "--admin-users-file",
+        "/etc/icefall/admin-users",
         "--catalog-authentication-method",
         "OAUTH2",
         "--catalog-clients-file",

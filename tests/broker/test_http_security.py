@@ -1,8 +1,8 @@
 """Authentication and TLS on the schema registry and the Iceberg REST catalog, with real clients:
 Confluent's ``SchemaRegistryClient`` (``basic.auth.user.info``), pyiceberg (``credential``) and
 DuckDB (an Iceberg secret with client credentials); per-subject roles; wrong passwords, wrong
-secrets, expired, malformed and foreign tokens; TLS with a CA made here. And no secret in the
-manifest, any admin API answer or the broker's log.
+secrets, expired, malformed and foreign tokens; TLS with a CA made here; basic auth on the admin
+API. And no secret in the manifest, any admin API answer or the broker's log.
 
 One secured broker for the module (plus one on TLS); tests keep apart by subjects and namespaces.
 """
@@ -33,8 +33,13 @@ from pyiceberg.exceptions import OAuthError
 from pyiceberg.schema import Schema as IcebergSchema
 from pyiceberg.types import LongType, NestedField, StringType
 
+from broker.admin_client import AdminClient as BrokerAdminClient
+from broker.admin_client import BrokerError
 from broker.catalog import duckdb_local
+from broker.http_security.client import ADMIN_USER_INFO_ENV
 from tests.http_security_support import (
+    ADMIN_PASSWORD,
+    ADMIN_USER_INFO,
     AVRO,
     CLIENT_SECRETS,
     JAAS_SECRET,
@@ -274,8 +279,14 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
     raw(secured.registry_url + "/subjects", "writer:" + PASSWORDS["alice"])  # a wrong password
 
     def answer(path: str) -> str:
+        logged_in = urllib.request.Request(
+            secured.admin_url + path,
+            headers={
+                "Authorization": "Basic " + base64.b64encode(ADMIN_USER_INFO.encode()).decode()
+            },
+        )
         try:
-            with urllib.request.urlopen(secured.admin_url + path, timeout=10) as response:
+            with urllib.request.urlopen(logged_in, timeout=10) as response:
                 return str(response.read().decode())
         except urllib.error.HTTPError as exc:  # an error answer must not show one either
             return f"HTTP {exc.code}: {exc.read().decode()}"
@@ -326,6 +337,58 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
     assert int(failures['icefall_http_authentication_failures_total{service="catalog"}']) >= 1
     registry_failures = 'icefall_http_authentication_failures_total{service="schema-registry"}'
     assert int(failures[registry_failures]) >= 1
+    assert 'icefall_http_authentication_failures_total{service="admin"}' in failures
+
+
+def test_admin_api_basic_auth(secured: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every admin route but /healthz needs the admin API's user: none, a wrong password, a
+    registry user or another scheme is a 401 naming why (and how to log in), the broker serves
+    on, and the refusals are counted; ``broker.admin_client`` logs in from
+    ``ICEFALL_ADMIN_USER_INFO``."""
+    url = secured.admin_url
+    status, body, _ = raw(url + "/healthz")
+    assert status == 200 and body["status"] == "ok"
+    for path in ("/v1/table-topics", "/v1/cluster", "/metrics", "/v1/cluster/assignment"):
+        status, body, headers = raw(url + path)
+        assert status == 401, (path, status, body)
+        assert body["error_code"] == 401 and "ICEFALL_ADMIN_USER_INFO" in body["message"]
+        assert headers["WWW-Authenticate"].startswith('Basic realm="icefall-admin"')
+    refused = {
+        "a wrong password": (raw(url + "/v1/table-topics", "rounds:" + PASSWORDS["alice"]), ""),
+        "a registry user": (raw(url + "/v1/table-topics", f"alice:{PASSWORDS['alice']}"), ""),
+        "a bearer token": (
+            raw(url + "/v1/table-topics", headers={"Authorization": "Bearer x"}),
+            "Bearer authentication is not accepted, only Basic",
+        ),
+    }
+    for what, ((status, body, _), reason) in refused.items():
+        assert status == 401, what
+        assert (reason or "wrong user name or password") in body["message"], (what, body)
+    status, body, _ = raw(url + "/v1/flush", ADMIN_USER_INFO, method="POST", data=b"{}")
+    assert status == 200, body
+    status, body, _ = raw(url + "/v1/table-topics", ADMIN_USER_INFO)
+    assert status == 200 and "table_topics" in body
+
+    monkeypatch.delenv(ADMIN_USER_INFO_ENV, raising=False)
+    with pytest.raises(BrokerError, match="HTTP 401") as info:
+        BrokerAdminClient(url).cluster()
+    assert info.value.status == 401
+    monkeypatch.setenv(ADMIN_USER_INFO_ENV, ADMIN_USER_INFO)
+    assert BrokerAdminClient(url).cluster().catalog_url == secured.catalog_url
+    assert BrokerAdminClient(url, user_info="rounds:wrong").health().status == "ok"
+
+    logged_in = urllib.request.Request(
+        url + "/metrics",
+        headers={"Authorization": "Basic " + base64.b64encode(ADMIN_USER_INFO.encode()).decode()},
+    )
+    with urllib.request.urlopen(logged_in, timeout=10) as response:  # serving on, and counting
+        [line] = [
+            line
+            for line in response.read().decode().splitlines()
+            if line.startswith('icefall_http_authentication_failures_total{service="admin"}')
+        ]
+    assert float(line.rsplit(" ", 1)[1]) >= 8, line  # the 4 + 3 above and the client's
+    assert ADMIN_PASSWORD not in secured.log_text()
 
 
 def test_icefall_ups_demo_logs_in_to_the_registry_and_a_sasl_listener(

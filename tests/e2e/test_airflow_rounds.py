@@ -9,9 +9,10 @@ timestamps in three hours (10:00, 11:00, 12:00 UTC), one hour per round: an hour
 announced once, by a partitioned event on ``.../closed-partitions``, when a later round's
 rows pass it, and Airflow queues the example hourly DAG for that partition key.
 
-The broker's registry requires basic auth and its catalog OAuth2: the rounds, the
-plugin and the status view take their credentials from the Airflow connections
-``icefall_registry`` and ``icefall_catalog``, and no secret reaches an asset event.
+The broker's admin API and registry require basic auth and its catalog OAuth2: the rounds,
+the plugin and the status view take their credentials from the Airflow connections
+``icefall_admin``, ``icefall_registry`` and ``icefall_catalog``, and no secret reaches an
+asset event.
 """
 
 from __future__ import annotations
@@ -33,8 +34,19 @@ from tests.dags import airflow_env
 
 airflow_env.configure()
 
-from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
-from tests.http_security_support import PASSWORDS, SECRETS, airflow_connections, secured_args
+from broker.http_security.client import (
+    ADMIN_USER_INFO_ENV,
+    CATALOG_CREDENTIAL_ENV,
+    REGISTRY_USER_INFO_ENV,
+    basic_auth_header,
+)
+from tests.http_security_support import (
+    ADMIN_USER_INFO,
+    PASSWORDS,
+    SECRETS,
+    airflow_connections,
+    secured_args,
+)
 from tests.support import BrokerProcess, free_port, wait_for
 
 TOPIC = "orders"
@@ -63,6 +75,7 @@ def broker(broker_factory: Any, tmp_path: Path) -> BrokerProcess:
     """A broker whose registry and catalog require credentials."""
     args, env = secured_args(tmp_path / "security")
     started: BrokerProcess = broker_factory([*args, "--segment-flush-ms", "200"], env)
+    started.admin_user_info = ADMIN_USER_INFO
     return started
 
 
@@ -233,7 +246,7 @@ def set_task_env(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("ICEFALL_ADMIN_URL", broker.admin_url)
     for name, value in airflow_connections().items():
         monkeypatch.setenv(name, value)
-    for name in (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV):
+    for name in (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV, ADMIN_USER_INFO_ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
 
@@ -378,7 +391,10 @@ def test_two_rounds_rerun_and_rebuild(
     assert f"{TOPIC}@{int(cut2.timestamp() * 1000)}" in snapshot  # the round id, of interval cut2
     assert "<th>rows added</th><td>30</td>" in snapshot
     assert client.get("/tables/shop.orders/snapshots/1").status_code == 404
-    with urllib.request.urlopen(broker.admin_url + "/metrics", timeout=10) as response:
+    logged_in = urllib.request.Request(
+        broker.admin_url + "/metrics", headers=basic_auth_header(ADMIN_USER_INFO)
+    )
+    with urllib.request.urlopen(logged_in, timeout=10) as response:
         metrics = response.read().decode()
     labels = '{topic="orders",namespace="shop",table="orders"}'
     assert f"icefall_table_lag_records{labels} 5\n" in metrics

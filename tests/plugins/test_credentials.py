@@ -1,5 +1,5 @@
-"""The registry's and catalog's credentials come from the Airflow connections when a task runs,
-go to a Spark job as environment variables, and are masked in task logs."""
+"""The admin API's, registry's and catalog's credentials come from the Airflow connections when a
+task runs, go to a Spark job as environment variables, and are masked in task logs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from broker.contracts import CatalogSpec
 from broker.http_security.client import (
+    ADMIN_USER_INFO_ENV,
     CATALOG_CREDENTIAL_ENV,
     CATALOG_TOKEN_ENV,
     REGISTRY_USER_INFO_ENV,
@@ -22,20 +23,34 @@ def test_job_env_reads_the_connections_and_masks_them(monkeypatch: pytest.Monkey
 
     for name in (REGISTRY_USER_INFO_ENV, CATALOG_CREDENTIAL_ENV, CATALOG_TOKEN_ENV):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("AIRFLOW_CONN_ICEFALL_REGISTRY", raising=False)
-    monkeypatch.delenv("AIRFLOW_CONN_ICEFALL_CATALOG", raising=False)
+    monkeypatch.delenv(ADMIN_USER_INFO_ENV, raising=False)
+    for conn_id in ("REGISTRY", "CATALOG", "ADMIN"):
+        monkeypatch.delenv(f"AIRFLOW_CONN_ICEFALL_{conn_id}", raising=False)
     assert credentials.job_env() == {}  # no connections: the services are open
+    assert credentials.admin_user_info() is None
 
     catalog = {"conn_type": "http", "login": "etl", "password": "s3cr3t-catalog"}
     registry = {"conn_type": "http", "login": "rounds", "password": "s3cr3t-registry"}
+    admin = {"conn_type": "http", "login": "planner", "password": "s3cr3t-admin"}
     monkeypatch.setenv("AIRFLOW_CONN_ICEFALL_CATALOG", json.dumps(catalog))
     monkeypatch.setenv("AIRFLOW_CONN_ICEFALL_REGISTRY", json.dumps(registry))
+    monkeypatch.setenv("AIRFLOW_CONN_ICEFALL_ADMIN", json.dumps(admin))
     assert credentials.job_env() == {
         REGISTRY_USER_INFO_ENV: "rounds:s3cr3t-registry",
         CATALOG_CREDENTIAL_ENV: "etl:s3cr3t-catalog",
+        ADMIN_USER_INFO_ENV: "planner:s3cr3t-admin",
     }
-    logged = str(redact("round env: rounds:s3cr3t-registry etl:s3cr3t-catalog"))
+    logged = str(
+        redact("round env: rounds:s3cr3t-registry etl:s3cr3t-catalog planner:s3cr3t-admin")
+    )
     assert "s3cr3t" not in logged
+
+    # the plugin's admin API client logs in with the connection
+    from icefall_airflow.broker_client import BrokerClient
+
+    assert BrokerClient("http://broker:8090")._headers["Authorization"].startswith("Basic ")
+    monkeypatch.setenv(ADMIN_USER_INFO_ENV, "deployment:admin")  # the environment's win
+    assert credentials.admin_user_info() == "deployment:admin"
 
     monkeypatch.setenv(CATALOG_CREDENTIAL_ENV, "deployment:own")  # the environment's win
     assert credentials.job_env()[CATALOG_CREDENTIAL_ENV] == "deployment:own"

@@ -17,10 +17,15 @@ import pytest
 from broker import checkpoint
 from broker.catalog import duckdb_local
 from broker.contracts import CatalogSpec
-from broker.http_security.client import CATALOG_CREDENTIAL_ENV, REGISTRY_USER_INFO_ENV
+from broker.http_security.client import (
+    ADMIN_USER_INFO_ENV,
+    CATALOG_CREDENTIAL_ENV,
+    REGISTRY_USER_INFO_ENV,
+)
 from spark_jobs import commit_round
 from spark_jobs.broker_client import http_json
 from tests.http_security_support import (
+    ADMIN_USER_INFO,
     CLIENT_SECRETS,
     PASSWORDS,
     SECRETS,
@@ -395,15 +400,23 @@ def test_in_driver_max_bytes_must_not_be_negative(round_broker: BrokerProcess) -
 def test_a_round_authenticates_with_the_credentials_in_its_environment(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Registry basic auth and catalog OAuth2 on: the round takes both from its environment (what
-    the Airflow operator fills from the connections), Spark SQL reads the table with the client
-    credentials, and neither the result JSON nor the broker's log shows a secret."""
+    """Admin API and registry basic auth and catalog OAuth2 on: the round takes all three from
+    its environment (what the Airflow operator fills from the connections), Spark SQL reads the
+    table with the client credentials, and neither the result JSON nor the broker's log shows a
+    secret."""
     broker = secured_broker(tmp_path / "secured")
     try:
         topic = new_topic(broker, partitions=2, prefix="sec")
         producer = AvroProducer(broker, topic, CLICK_V1, f"producer:{PASSWORDS['producer']}")
         producer.send(clicks(0, 40))
 
+        monkeypatch.delenv(ADMIN_USER_INFO_ENV, raising=False)
+        code, unplanned = commit_round.run(round_args(broker, topic), spark)
+        assert code != 0 and unplanned.status == "failed"
+        assert "HTTP 401" in (unplanned.message or "")
+        assert ADMIN_USER_INFO_ENV in (unplanned.message or "")
+
+        monkeypatch.setenv(ADMIN_USER_INFO_ENV, ADMIN_USER_INFO)
         code, refused = commit_round.run(round_args(broker, topic), spark)
         assert code != 0 and refused.status == "failed"
         assert "NotAuthorizedException" in (refused.message or "")
@@ -423,6 +436,7 @@ def test_a_round_authenticates_with_the_credentials_in_its_environment(
         written = result_path.read_text()
         for secret in SECRETS:
             assert secret not in written and secret not in (refused.message or "")
+            assert secret not in (unplanned.message or "")
     finally:
         broker.stop()
     for secret in SECRETS:
