@@ -96,7 +96,8 @@ class AdminClient:
         if not self.urls:
             raise ValueError("no admin API URL")
         self.timeout = timeout
-        self._headers = basic_auth_header(user_info or admin_user_info())
+        self.user_info = user_info or admin_user_info()
+        self._headers = basic_auth_header(self.user_info)
 
     @property
     def url(self) -> str:

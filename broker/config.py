@@ -142,9 +142,9 @@ class BrokerConfig(BaseSettings):
     admin_host: str = Field(
         default="127.0.0.1",
         description=(
-            "listen address of the admin HTTP API: loopback unless it requires a login "
-            "(admin.authentication.method) or its network is trusted (0.0.0.0 where Airflow or "
-            "Spark run on other hosts)"
+            "listen address of the admin HTTP API: loopback unless its network is trusted "
+            "(0.0.0.0 where Airflow or Spark run on other hosts; it has no TLS, and a login "
+            "only with admin.authentication.method)"
         ),
     )
     node_id: int = Field(

@@ -41,7 +41,8 @@ That PyArrow FileIO is shared by the ``IcefallFileIO``s of a process with the sa
 each PyArrow FileIO makes its own file systems: on S3 a new AWS client and new connections (on
 AWS a TLS handshake each) for every table load and commit that opens a file (a round's data
 and manifest files, a commit's metadata file). Shared, one client's connections serve them
-all. A forked child starts with none shared (the AWS SDK is not fork-safe).
+all. A forked child starts with none shared (the AWS SDK is not fork-safe), the FileIOs it
+inherits too.
 """
 
 from __future__ import annotations
@@ -58,11 +59,22 @@ if TYPE_CHECKING:
     from broker.pyarrow_fileio import DelayedOpenFileIO
 
 
-# property sets whose PyArrow FileIO (and its file systems) are kept for the next FileIO
+# property sets whose PyArrow FileIO (and its file systems, connections and any credentials
+# the properties carry) are kept for the next FileIO, for the life of the process
 SHARED_MAX = 64
 _shared: OrderedDict[tuple[tuple[str, str], ...], DelayedOpenFileIO] = OrderedDict()
 _sharing = threading.Lock()
-os.register_at_fork(after_in_child=_shared.clear)
+
+
+def _forget_in_child() -> None:
+    """A forked child shares nothing made before the fork, and takes a new lock (another thread
+    of the parent may have held the old one at the fork)."""
+    global _sharing
+    _sharing = threading.Lock()
+    _shared.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _shared_pyarrow_io(properties: Properties) -> DelayedOpenFileIO:
@@ -74,7 +86,7 @@ def _shared_pyarrow_io(properties: Properties) -> DelayedOpenFileIO:
             return made
         from broker.pyarrow_fileio import DelayedOpenFileIO
 
-        made = _shared[key] = DelayedOpenFileIO(properties)
+        made = _shared[key] = DelayedOpenFileIO(dict(properties))  # not the caller's dict
         if len(_shared) > SHARED_MAX:
             _shared.popitem(last=False)
         return made
@@ -87,12 +99,13 @@ class IcefallFileIO(FileIO):
     def __init__(self, properties: Properties = EMPTY_DICT) -> None:
         super().__init__(properties)
         self._made: DelayedOpenFileIO | None = None
+        self._made_in = 0  # the process that made it: a forked child makes its own
 
     def pyarrow_io(self) -> DelayedOpenFileIO:
         """The PyArrow FileIO every call goes to: the process's for these properties, made
         (and pyarrow's modules imported) at the first file."""
-        if self._made is None:
-            self._made = _shared_pyarrow_io(self.properties)
+        if self._made is None or self._made_in != os.getpid():
+            self._made, self._made_in = _shared_pyarrow_io(self.properties), os.getpid()
         return self._made
 
     def new_input(self, location: str) -> InputFile:

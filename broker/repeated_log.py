@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 class _Seen:
     logged_at: float
     left_out: int = 0
-    # the last event left out, to sum the run up with if no event of the key comes again
+    # the last event left out (when, and its line), to sum the run up with if no event of the
+    # key comes again
+    last_at: float = 0.0
     last: tuple[str, tuple[object, ...]] = ("", ())
 
 
@@ -37,6 +39,9 @@ class RepeatedLog:
     interval_s: float = 10.0
     level: int = logging.INFO
     clock: Callable[[], float] = time.monotonic
+    # calls between the code that has the event and ``log`` (a wrapper's 1): its file and line
+    # go into the record, not this module's
+    wrappers: int = 0
     _seen: dict[Hashable, _Seen] = field(default_factory=dict)
     _swept_at: float = field(default=float("-inf"))
 
@@ -47,16 +52,18 @@ class RepeatedLog:
         seen = self._seen.get(key)
         if seen is not None and now - seen.logged_at < self.interval_s:
             seen.left_out += 1
-            seen.last = (msg, args)
+            seen.last_at, seen.last = now, (msg, args)
             return
-        self._log(msg, args, seen, now)
+        self._log(msg, args, seen, 3)
         self._seen[key] = _Seen(now)
 
-    def _log(self, msg: str, args: tuple[object, ...], seen: _Seen | None, now: float) -> None:
+    def _log(self, msg: str, args: tuple[object, ...], seen: _Seen | None, depth: int) -> None:
+        """The line, with the run it stands for: the events left out since the key's last line
+        and the seconds they spanned from it."""
         if seen is not None and seen.left_out:
-            msg += " (%d more like it in the %.0f s before)"
-            args = (*args, seen.left_out, now - seen.logged_at)
-        self.logger.log(self.level, msg, *args)
+            msg += " (%d more like it in the %.0f s after the last such line)"
+            args = (*args, seen.left_out, seen.last_at - seen.logged_at)
+        self.logger.log(self.level, msg, *args, stacklevel=depth + self.wrappers)
 
     def _sweep(self, now: float, spared: Hashable) -> None:
         """Sum up the runs that ended (no line for an interval) and forget their keys; the
@@ -66,8 +73,7 @@ class RepeatedLog:
             if key == spared or now - seen.logged_at < self.interval_s:
                 continue
             del self._seen[key]
-            if seen.left_out > 1:
+            if seen.left_out:
                 msg, args = seen.last
-                self._log(msg, args, _Seen(seen.logged_at, seen.left_out - 1), now)
-            elif seen.left_out == 1:
-                self.logger.log(self.level, seen.last[0], *seen.last[1])
+                before = _Seen(seen.logged_at, seen.left_out - 1, seen.last_at)
+                self._log(msg, args, before, 4)

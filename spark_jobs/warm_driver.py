@@ -66,12 +66,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from broker import log_setup
-from broker.http_security.client import (
-    ADMIN_USER_INFO_ENV,
-    CATALOG_CREDENTIAL_ENV,
-    CATALOG_TOKEN_ENV,
-    REGISTRY_USER_INFO_ENV,
-)
+from broker.http_security.client import CREDENTIAL_ENVS
 from spark_jobs.warm_up import WarmUp, warm_up
 
 if TYPE_CHECKING:
@@ -90,12 +85,7 @@ NOT_WARM_EXIT = 4
 STARTUP_DEADLINE_S = 300.0
 DAEMON_CONF = "spark.python.daemon.module"
 # The only variables a request may set: what ``credentials.job_env`` gives spark-submit.
-CREDENTIAL_ENV = (
-    REGISTRY_USER_INFO_ENV,
-    CATALOG_CREDENTIAL_ENV,
-    CATALOG_TOKEN_ENV,
-    ADMIN_USER_INFO_ENV,
-)
+CREDENTIAL_ENV = CREDENTIAL_ENVS
 # Flags that would change the process, not the round: the driver's session is the one to use.
 REFUSED_FLAGS = ("--result", "--master", "--log-level")
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from broker import contracts
-from broker.http_security.users import User, authenticate, basic_credentials
+from broker.http_security.users import User, basic_login
 from broker.repeated_log import RepeatedLog
 
 log = logging.getLogger(__name__)
@@ -36,18 +36,13 @@ class AdminAuth:
         self.refusals = RepeatedLog(log)  # a client retrying with a wrong password: a line in 10 s
 
     def refusal(self, header: str | None) -> str | None:
-        """Why an ``Authorization`` header does not log in, or None when it does."""
-        if not header:
-            return (
-                "Unauthorized: the admin API needs HTTP basic authentication "
-                "(ICEFALL_ADMIN_USER_INFO=user:password, or Airflow's icefall_admin connection)"
-            )
-        credentials = basic_credentials(header)
-        if isinstance(credentials, str):
-            return f"Unauthorized: {credentials}"
-        if authenticate(self.users, *credentials) is None:
-            return "Unauthorized: wrong user name or password"
-        return None
+        """Why an ``Authorization`` header does not log in (never quoting it), or None."""
+        found = basic_login(
+            self.users,
+            header,
+            "ICEFALL_ADMIN_USER_INFO=user:password, or Airflow's icefall_admin connection",
+        )
+        return found if isinstance(found, str) else None
 
     @web.middleware
     async def middleware(

@@ -28,6 +28,13 @@ ADMIN_USER_INFO_ENV = "ICEFALL_ADMIN_USER_INFO"
 CATALOG_CREDENTIAL_ENV = "ICEFALL_CATALOG_CREDENTIAL"
 CATALOG_TOKEN_ENV = "ICEFALL_CATALOG_TOKEN"
 TOKEN_PATH = "/v1/oauth/tokens"
+# every variable above: what ``icefall_airflow.credentials.job_env`` may give a job
+CREDENTIAL_ENVS = (
+    REGISTRY_USER_INFO_ENV,
+    CATALOG_CREDENTIAL_ENV,
+    CATALOG_TOKEN_ENV,
+    ADMIN_USER_INFO_ENV,
+)
 
 
 def registry_user_info() -> str | None:

@@ -29,8 +29,9 @@ from typing import Literal
 
 from aiohttp import web
 
-from broker.http_security.users import User, authenticate, basic_credentials
+from broker.http_security.users import User, basic_login
 from broker.registry.store import SchemaStore
+from broker.repeated_log import RepeatedLog
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ class RegistryAuth:
         self.store = store
         self.roles = {role: parse_role(role, text, key_prefix) for role, text in roles.items()}
         self.failures = 0  # failed logins since start
+        self.refusals = RepeatedLog(log)  # a client retrying a wrong password: a line in 10 s
 
     def principal(self, user: User) -> Principal:
         if not self.roles:
@@ -153,17 +155,8 @@ class RegistryAuth:
 
     def login(self, header: str | None) -> Principal | str:
         """The principal of an ``Authorization`` header, or why there is none."""
-        if not header:
-            return (
-                "Unauthorized: this registry needs HTTP basic authentication (basic.auth.user.info)"
-            )
-        credentials = basic_credentials(header)
-        if isinstance(credentials, str):
-            return f"Unauthorized: {credentials}"
-        user = authenticate(self.users, *credentials)
-        if user is None:
-            return "Unauthorized: wrong user name or password"
-        return self.principal(user)
+        user = basic_login(self.users, header, "basic.auth.user.info")
+        return user if isinstance(user, str) else self.principal(user)
 
     @web.middleware
     async def middleware(
@@ -172,7 +165,9 @@ class RegistryAuth:
         found = self.login(request.headers.get("Authorization"))
         if isinstance(found, str):
             self.failures += 1
-            log.info("schema registry: %s %s refused: %s", request.method, request.path, found)
+            self.refusals.log(
+                found, "schema registry: %s %s refused: %s", request.method, request.path, found
+            )
             return unauthorized(found)
         request[PRINCIPAL] = found
         route = request.match_info.route.resource

@@ -19,6 +19,9 @@ import hmac
 from dataclasses import dataclass, field
 from pathlib import Path
 
+NOT_BASIC = "only Basic authentication is accepted"
+NO_CREDENTIALS = "HTTP basic authentication is needed"
+
 
 class UsersFileError(ValueError):
     """The file cannot be used; the message names it, the line and why (never a password)."""
@@ -77,10 +80,12 @@ def authenticate(users: dict[str, User], name: str, password: str) -> User | Non
 
 def basic_credentials(header: str | None) -> tuple[str, str] | str:
     """(user, password) of an ``Authorization: Basic <base64 of user:password>`` header (the
-    registry's login, the token endpoint's client authentication), or why it holds none."""
+    registry's login, the token endpoint's client authentication), or why it holds none. The
+    reason never quotes the header: a client that sent ``user:password`` or its base64 without
+    the scheme would find its password in the answer and the broker's log."""
     scheme, _, encoded = (header or "").partition(" ")
     if scheme.lower() != "basic":
-        return f"{scheme or 'no'} authentication is not accepted, only Basic"
+        return NOT_BASIC
     try:
         user, sep, password = (
             base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
@@ -90,3 +95,16 @@ def basic_credentials(header: str | None) -> tuple[str, str] | str:
     if not sep:
         return "the Basic credentials are not base64 of user:password"
     return user, password
+
+
+def basic_login(users: dict[str, User], header: str | None, how: str) -> User | str:
+    """The user an ``Authorization`` header logs in, or why it does not: a missing header (with
+    ``how``, where a client puts the credentials), not Basic, not base64 of user:password, or a
+    wrong password; never quoting the header. The registry's and the admin API's login."""
+    if not header:
+        return f"Unauthorized: {NO_CREDENTIALS} ({how})"
+    credentials = basic_credentials(header)
+    if isinstance(credentials, str):
+        return f"Unauthorized: {credentials}"
+    user = authenticate(users, *credentials)
+    return "Unauthorized: wrong user name or password" if user is None else user

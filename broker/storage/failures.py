@@ -44,7 +44,8 @@ class StorageFailureLog:
         every_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._lines = RepeatedLog(logger, every_s, logging.ERROR, clock)
+        self._lines = RepeatedLog(logger, every_s, logging.ERROR, clock, wrappers=1)
 
     def refused(self, what: str, exc: BaseException, code: str = "KAFKA_STORAGE_ERROR") -> None:
-        self._lines.log(None, "%s refused with %s, storage cannot write: %s", what, code, exc)
+        # the message, not the exception: a held exception holds its frames (produce buffers)
+        self._lines.log(None, "%s refused with %s, storage cannot write: %s", what, code, str(exc))

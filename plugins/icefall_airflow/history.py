@@ -31,8 +31,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from broker import checkpoint, contracts
+from broker.admin_client import AdminClient
 from icefall_airflow import lag, manifest, tables
-from icefall_airflow.broker_client import BrokerClient, BrokerError
+from icefall_airflow.broker_client import TIMEOUT_S, BrokerClient, BrokerError
 
 WINDOW_MS = 6 * 3600 * 1000  # "the last hours" the charts show
 MAX_COMMITS = 60  # newest commits in the window that get lag points (two broker reads each)
@@ -160,25 +161,32 @@ def _offsets(props: dict[str, str], topic_id: str) -> dict[str, int]:
     }
 
 
+def _same_login(admin_url: str, user_info: str | None) -> AdminClient:
+    """A client of the admin API logged in as the caller's was (no second connection lookup)."""
+    return AdminClient(admin_url, TIMEOUT_S, user_info)
+
+
 @functools.lru_cache(maxsize=4096)
 def _settled_end_offsets(
-    admin_url: str, topic: str, at_ms: int
+    admin_url: str, user_info: str | None, topic: str, at_ms: int
 ) -> tuple[tuple[int, int, int], ...]:
-    return _end_offsets(BrokerClient(admin_url), topic, at_ms)
+    return _end_offsets(_same_login(admin_url, user_info), topic, at_ms)
 
 
-def _end_offsets(client: BrokerClient, topic: str, at_ms: int) -> tuple[tuple[int, int, int], ...]:
+def _end_offsets(client: AdminClient, topic: str, at_ms: int) -> tuple[tuple[int, int, int], ...]:
     """(partition, log start, end offset) of the records appended before ``at_ms``."""
     plan = client.plan(topic, at_ms)
     return tuple((p.partition, p.log_start_offset, p.end_offset) for p in plan.partitions)
 
 
 @functools.lru_cache(maxsize=16384)
-def _settled_append_ms(admin_url: str, topic: str, partition: int, offset: int) -> int | None:
-    return _append_ms(BrokerClient(admin_url), topic, partition, offset)
+def _settled_append_ms(
+    admin_url: str, user_info: str | None, topic: str, partition: int, offset: int
+) -> int | None:
+    return _append_ms(_same_login(admin_url, user_info), topic, partition, offset)
 
 
-def _append_ms(client: BrokerClient, topic: str, partition: int, offset: int) -> int | None:
+def _append_ms(client: AdminClient, topic: str, partition: int, offset: int) -> int | None:
     """Append time of the batch holding ``offset``, from the segment index (None: not flushed yet)."""
     ranges = client.ranges(topic, partition, offset, offset + 1).ranges
     return ranges[0].max_append_ms if ranges else None
@@ -190,7 +198,7 @@ def lag_at(
     """The table's lag at ``at_ms`` had it then held ``committed`` (partition -> next offset)."""
     settled = at_ms < now_ms - SETTLED_MS
     ends = (
-        _settled_end_offsets(client.admin_url, topic, at_ms)
+        _settled_end_offsets(client.admin_url, client.user_info, topic, at_ms)
         if settled
         else _end_offsets(client, topic, at_ms)
     )
@@ -198,7 +206,9 @@ def lag_at(
     def append_ms(partition: int) -> Callable[[int], int | None]:
         def at(offset: int) -> int | None:
             if settled:
-                found = _settled_append_ms(client.admin_url, topic, partition, offset)
+                found = _settled_append_ms(
+                    client.admin_url, client.user_info, topic, partition, offset
+                )
                 if found is None:  # not flushed when asked: ask again next time
                     _settled_append_ms.cache_clear()
                 return found

@@ -355,9 +355,9 @@ class SparkJobOperator(BaseOperator):
 
     def job_env(self, admin_url: str) -> dict[str, str]:
         """What the job's process gets on top of this task's environment, whichever way it runs:
-        the broker's admin URL, the operator's ``env_vars``, and the registry's and catalog's
-        credentials from the ``icefall_registry`` / ``icefall_catalog`` connections, looked up
-        now (not at parse time)."""
+        the broker's admin URL, the operator's ``env_vars``, and the registry's, catalog's and
+        admin API's credentials from the ``icefall_registry`` / ``icefall_catalog`` /
+        ``icefall_admin`` connections, looked up now (not at parse time)."""
         from icefall_airflow import credentials
 
         return {"ICEFALL_ADMIN_URL": admin_url, **(self.env_vars or {}), **credentials.job_env()}

@@ -66,7 +66,8 @@ class PendingBytesTrigger(BaseEventTrigger):
         from icefall_airflow.broker_client import BrokerClient
 
         admin_url = self.admin_url or manifest.admin_url()
-        client = BrokerClient(admin_url)
+        # off the event loop: the admin API's login may be a connection lookup
+        client = await asyncio.to_thread(BrokerClient, admin_url)
         fired: dict[str, int] = {}
         while True:
             try:
@@ -77,6 +78,8 @@ class PendingBytesTrigger(BaseEventTrigger):
                 log.warning(
                     "could not ask %s what waits for %s's table: %s", admin_url, self.topic, exc
                 )
+                if getattr(exc, "status", None) == 401:  # the admin API's login changed: anew
+                    client = await asyncio.to_thread(BrokerClient, admin_url)
             else:
                 if waiting >= self.threshold_bytes:
                     fired = ends

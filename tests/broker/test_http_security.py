@@ -36,7 +36,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 from broker.admin_client import AdminClient as BrokerAdminClient
 from broker.admin_client import BrokerError
 from broker.catalog import duckdb_local
-from broker.http_security.client import ADMIN_USER_INFO_ENV
+from broker.http_security.client import ADMIN_USER_INFO_ENV, basic_auth_header
 from tests.http_security_support import (
     ADMIN_PASSWORD,
     ADMIN_USER_INFO,
@@ -280,10 +280,7 @@ def test_no_secret_in_the_manifest_admin_answers_or_log(secured: BrokerProcess) 
 
     def answer(path: str) -> str:
         logged_in = urllib.request.Request(
-            secured.admin_url + path,
-            headers={
-                "Authorization": "Basic " + base64.b64encode(ADMIN_USER_INFO.encode()).decode()
-            },
+            secured.admin_url + path, headers=basic_auth_header(ADMIN_USER_INFO)
         )
         try:
             with urllib.request.urlopen(logged_in, timeout=10) as response:
@@ -358,12 +355,22 @@ def test_admin_api_basic_auth(secured: BrokerProcess, monkeypatch: pytest.Monkey
         "a registry user": (raw(url + "/v1/table-topics", f"alice:{PASSWORDS['alice']}"), ""),
         "a bearer token": (
             raw(url + "/v1/table-topics", headers={"Authorization": "Bearer x"}),
-            "Bearer authentication is not accepted, only Basic",
+            "only Basic authentication is accepted",
         ),
     }
+    # credentials sent without the scheme: refused without quoting them (answer and log)
+    bare = base64.b64encode(ADMIN_USER_INFO.encode()).decode()
+    for header in (ADMIN_USER_INFO, bare):
+        refused[header] = (
+            raw(url + "/v1/table-topics", headers={"Authorization": header}),
+            "only Basic authentication is accepted",
+        )
+        registry_answer = raw(secured.registry_url + "/subjects", headers={"Authorization": header})
+        assert registry_answer[0] == 401 and header not in json.dumps(registry_answer[1])
     for what, ((status, body, _), reason) in refused.items():
         assert status == 401, what
         assert (reason or "wrong user name or password") in body["message"], (what, body)
+        assert ADMIN_PASSWORD not in body["message"] and bare not in body["message"]
     status, body, _ = raw(url + "/v1/flush", ADMIN_USER_INFO, method="POST", data=b"{}")
     assert status == 200, body
     status, body, _ = raw(url + "/v1/table-topics", ADMIN_USER_INFO)
@@ -377,18 +384,15 @@ def test_admin_api_basic_auth(secured: BrokerProcess, monkeypatch: pytest.Monkey
     assert BrokerAdminClient(url).cluster().catalog_url == secured.catalog_url
     assert BrokerAdminClient(url, user_info="rounds:wrong").health().status == "ok"
 
-    logged_in = urllib.request.Request(
-        url + "/metrics",
-        headers={"Authorization": "Basic " + base64.b64encode(ADMIN_USER_INFO.encode()).decode()},
-    )
+    logged_in = urllib.request.Request(url + "/metrics", headers=basic_auth_header(ADMIN_USER_INFO))
     with urllib.request.urlopen(logged_in, timeout=10) as response:  # serving on, and counting
         [line] = [
             line
             for line in response.read().decode().splitlines()
             if line.startswith('icefall_http_authentication_failures_total{service="admin"}')
         ]
-    assert float(line.rsplit(" ", 1)[1]) >= 8, line  # the 4 + 3 above and the client's
-    assert ADMIN_PASSWORD not in secured.log_text()
+    assert float(line.rsplit(" ", 1)[1]) >= 10, line  # the 4 + 5 above and the client's
+    assert ADMIN_PASSWORD not in secured.log_text() and bare not in secured.log_text()
 
 
 def test_icefall_ups_demo_logs_in_to_the_registry_and_a_sasl_listener(

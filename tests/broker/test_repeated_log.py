@@ -41,7 +41,10 @@ def test_a_flood_makes_one_line_an_interval_with_the_count(
     assert lines(caplog) == ["produce to t-0 refused: 0"]
     clock.now += 10
     repeated.log(("t", 0), "produce to t-0 refused: %d", 500)
-    assert lines(caplog) == ["produce to t-0 refused: 500 (499 more like it in the 15 s before)"]
+    # the 499 left out spanned 4.99 s after the first line
+    assert lines(caplog) == [
+        "produce to t-0 refused: 500 (499 more like it in the 5 s after the last such line)"
+    ]
 
 
 def test_keys_are_limited_apart(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
@@ -60,14 +63,33 @@ def test_a_run_that_ended_is_summed_up_by_the_next_event_of_another_key(
     for key, n in (("a", 4), ("b", 2), ("c", 1)):
         for i in range(n):
             repeated.log(key, "%s %d", key, i)
+            clock.now += 1
     assert lines(caplog) == ["a 0", "b 0", "c 0"]
-    clock.now += 11
+    clock.now += 20
     repeated.log("d", "d 0")
-    # a's last event left out with the two before it, b's one alone, c had none
-    assert sorted(lines(caplog)) == ["a 3 (2 more like it in the 11 s before)", "b 1", "d 0"]
+    # a's last event left out with the two before it (3 s after a's line), b's one alone
+    assert sorted(lines(caplog)) == [
+        "a 3 (2 more like it in the 3 s after the last such line)",
+        "b 1",
+        "d 0",
+    ]
     clock.now += 11
     repeated.log("d", "d 1")
     assert lines(caplog) == ["d 1"]  # the runs summed up are forgotten
+
+
+def test_the_line_names_the_code_that_had_the_event(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    repeated = RepeatedLog(logging.getLogger("t"), 10.0, clock=clock)
+    repeated.log("a", "a 0")
+    repeated.log("a", "a 1")
+    clock.now += 11
+    repeated.log("b", "b 0")  # its sweep sums a up
+    assert [(r.filename, r.funcName) for r in caplog.records] == [
+        ("test_repeated_log.py", "test_the_line_names_the_code_that_had_the_event")
+    ] * 3
 
 
 def test_the_storage_failure_log_is_an_error_line_a_minute(
@@ -78,7 +100,7 @@ def test_the_storage_failure_log_is_an_error_line_a_minute(
     full = OSError(28, "No space left on device")
     for _ in range(3):
         failures.refused("produce to t-0", full)
-    clock.now += 60
+        clock.now += 20
     failures.refused("produce to t-0", full)
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (
@@ -88,6 +110,6 @@ def test_the_storage_failure_log_is_an_error_line_a_minute(
         (
             logging.ERROR,
             f"produce to t-0 refused with KAFKA_STORAGE_ERROR, storage cannot write: {full}"
-            " (2 more like it in the 60 s before)",
+            " (2 more like it in the 40 s after the last such line)",
         ),
     ]

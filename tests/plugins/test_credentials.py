@@ -14,6 +14,7 @@ from broker.http_security.client import (
     CATALOG_CREDENTIAL_ENV,
     CATALOG_TOKEN_ENV,
     REGISTRY_USER_INFO_ENV,
+    basic_auth_header,
 )
 
 
@@ -48,7 +49,7 @@ def test_job_env_reads_the_connections_and_masks_them(monkeypatch: pytest.Monkey
     # the plugin's admin API client logs in with the connection
     from icefall_airflow.broker_client import BrokerClient
 
-    assert BrokerClient("http://broker:8090")._headers["Authorization"].startswith("Basic ")
+    assert BrokerClient("http://broker:8090")._headers == basic_auth_header("planner:s3cr3t-admin")
     monkeypatch.setenv(ADMIN_USER_INFO_ENV, "deployment:admin")  # the environment's win
     assert credentials.admin_user_info() == "deployment:admin"
 

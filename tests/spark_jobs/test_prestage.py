@@ -17,12 +17,13 @@ from typing import Any, cast
 import pytest
 
 from broker.contracts import RoundResult
+from broker.http_security.client import REGISTRY_USER_INFO_ENV
 from spark_jobs import commit_round
 from spark_jobs import prestage as prestage_module
 from spark_jobs.prestage import Prestager, StagedRows
 from spark_jobs.rounds.plan import PartitionWindow
 from spark_jobs.rounds.tasks import OpenTask, TaskSpec
-from spark_jobs.warm_driver import REGISTRY_USER_INFO_ENV, CredentialGate
+from spark_jobs.warm_driver import CredentialGate
 from tests.spark_jobs.round_support import (
     CLICK_V1,
     AvroProducer,
