@@ -84,8 +84,6 @@ NOT_WARM_EXIT = 4
 # 180 s for a starting driver, then runs the round itself)
 STARTUP_DEADLINE_S = 300.0
 DAEMON_CONF = "spark.python.daemon.module"
-# The only variables a request may set: what ``credentials.job_env`` gives spark-submit.
-CREDENTIAL_ENV = CREDENTIAL_ENVS
 # Flags that would change the process, not the round: the driver's session is the one to use.
 REFUSED_FLAGS = ("--result", "--master", "--log-level")
 
@@ -121,12 +119,12 @@ class CredentialGate:
         self._running = 0
         self._waiting = 0  # rounds waiting for the running ones' credentials to be done
         self._applied: dict[str, str] | None = None
-        self._started_with = {k: os.environ[k] for k in CREDENTIAL_ENV if k in os.environ}
+        self._started_with = {k: os.environ[k] for k in CREDENTIAL_ENVS if k in os.environ}
 
     def _enter(self, wanted: dict[str, str]) -> None:
         """Apply ``wanted`` (held: ``_cond``, and nothing running with other credentials)."""
         if wanted != self._applied:
-            for key in CREDENTIAL_ENV:
+            for key in CREDENTIAL_ENVS:
                 if key in wanted:
                     os.environ[key] = wanted[key]
                 else:
@@ -206,8 +204,9 @@ class WarmDriver:
 
         if bad := [a for a in request.args if a.split("=", 1)[0] in REFUSED_FLAGS]:
             raise BadRequest(f"the warm driver sets {', '.join(bad)} itself; leave it out")
-        if unknown := sorted(set(request.env) - set(CREDENTIAL_ENV)):
-            raise BadRequest(f"env may only set {', '.join(CREDENTIAL_ENV)}, not {unknown}")
+        # the only variables a request may set: what ``credentials.job_env`` gives spark-submit
+        if unknown := sorted(set(request.env) - set(CREDENTIAL_ENVS)):
+            raise BadRequest(f"env may only set {', '.join(CREDENTIAL_ENVS)}, not {unknown}")
         try:
             args = commit_round.parse_args(request.args)
         except SystemExit as exc:  # argparse printed the reason on stderr
